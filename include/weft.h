@@ -1,0 +1,211 @@
+/* weft.h - the one public header of weft: collectives (allreduce, broadcast,
+ * barrier) that keep model parameters and gradients in sync across processes
+ * and machines, without NCCL.
+ *
+ * Conventions, for every function below:
+ *  - Every function returns a weft_status: 0 (WEFT_OK) or a negative error.
+ *    weft_strerror() gives one sentence per code; weft_last_error() gives the
+ *    detailed message of the last failure on a communicator (which rank, which
+ *    call, which peer, what was wrong).
+ *  - Every blocking call is bounded: it fails with WEFT_ERR_TIMEOUT once no
+ *    peer has made progress for the communicator's timeout (config field or
+ *    WEFT_TIMEOUT, seconds). A dead peer is WEFT_ERR_PEER_LOST on every rank.
+ *  - Threads: a communicator is used by one thread at a time. The exceptions
+ *    are weft_comm_abort() (any thread, any time) and the queries
+ *    (rank/size/last_error), which only read. Different communicators are
+ *    independent and may be driven by different threads concurrently.
+ *  - Collectives on one communicator must be called by every rank in the same
+ *    order with matching arguments (count, dtype, op, root). A count that
+ *    differs between ranks is detected and reported as WEFT_ERR_MISMATCH.
+ *  - Buffers are passed as pointers plus a count of elements. Buffers may live
+ *    in host memory now; GPU memory comes in a later release (the same calls).
+ */
+#ifndef WEFT_H
+#define WEFT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define WEFT_API
+#elif defined(__GNUC__)
+#define WEFT_API __attribute__((visibility("default")))
+#else
+#define WEFT_API
+#endif
+
+#define WEFT_VERSION_MAJOR 0
+#define WEFT_VERSION_MINOR 1
+#define WEFT_VERSION_PATCH 0
+#define WEFT_VERSION \
+  (WEFT_VERSION_MAJOR * 10000 + WEFT_VERSION_MINOR * 100 + WEFT_VERSION_PATCH)
+
+/* Status codes: X(NAME, value, message). One list generates the enum, the
+ * names and the messages, so a code can never lack its sentence. */
+#define WEFT_STATUS_MAP(X)                                                              \
+  X(OK, 0, "success")                                                                   \
+  X(ERR_INVALID, -1, "invalid argument")                                                \
+  X(ERR_NOMEM, -2, "out of memory")                                                     \
+  X(ERR_TIMEOUT, -3, "timed out: no progress from a peer within the timeout")           \
+  X(ERR_PEER_LOST, -4, "a peer died, closed its connection or failed")                  \
+  X(ERR_SYSTEM, -5, "a system call failed")                                             \
+  X(ERR_BOOTSTRAP, -6, "the rendezvous of the ranks failed")                            \
+  X(ERR_MISMATCH, -7, "ranks called a collective with different arguments")             \
+  X(ERR_ABORTED, -8, "the communicator was aborted")                                    \
+  X(ERR_UNSUPPORTED, -9, "not supported by this build or this machine")                 \
+  X(ERR_PROTOCOL, -10, "a peer sent a malformed or unexpected message")                 \
+  X(ERR_INTERNAL, -11, "internal error in weft (please report it)")
+
+typedef enum weft_status {
+#define WEFT_STATUS_ENUM_(name, value, msg) WEFT_##name = value,
+  WEFT_STATUS_MAP(WEFT_STATUS_ENUM_)
+#undef WEFT_STATUS_ENUM_
+} weft_status;
+
+/* Element types. f16 is IEEE binary16, bf16 is bfloat16; both are reduced
+ * through float and rounded to nearest even once per reduction step. */
+typedef enum weft_dtype {
+  WEFT_F32 = 0,
+  WEFT_F64 = 1,
+  WEFT_F16 = 2,
+  WEFT_BF16 = 3,
+  WEFT_I8 = 4,
+  WEFT_U8 = 5,
+  WEFT_I32 = 6,
+  WEFT_I64 = 7,
+  WEFT_DTYPE_COUNT
+} weft_dtype;
+
+/* Reduction operations. Integer sum and prod wrap (two's complement), as in
+ * NCCL and MPI. avg is the sum divided by the number of ranks; for integer
+ * types the division truncates toward zero. */
+typedef enum weft_op {
+  WEFT_SUM = 0,
+  WEFT_PROD = 1,
+  WEFT_MIN = 2,
+  WEFT_MAX = 3,
+  WEFT_AVG = 4,
+  WEFT_OP_COUNT
+} weft_op;
+
+typedef struct weft_comm weft_comm; /* opaque */
+
+/* ---- status and errors -------------------------------------------------- */
+
+/* One sentence for a status code; never NULL (unknown codes get a sentence too). */
+WEFT_API const char *weft_strerror(weft_status status);
+/* The code's name, e.g. "WEFT_ERR_TIMEOUT". Never NULL. */
+WEFT_API const char *weft_status_name(weft_status status);
+/* The detailed message of the last failed call on `comm` ("" if none). With
+ * comm == NULL: the last failure of this thread's weft_comm_init_* call. The
+ * string stays valid until the next failing call on the same communicator. */
+WEFT_API const char *weft_last_error(const weft_comm *comm);
+
+/* ---- element helpers ---------------------------------------------------- */
+
+/* Bytes per element, 0 for an unknown dtype. */
+WEFT_API size_t weft_dtype_size(weft_dtype dtype);
+/* "f32", "bf16", ...; "unknown" for out-of-range values. */
+WEFT_API const char *weft_dtype_name(weft_dtype dtype);
+/* "sum", "avg", ...; "unknown" for out-of-range values. */
+WEFT_API const char *weft_op_name(weft_op op);
+
+/* ---- creating a communicator -------------------------------------------- */
+
+#define WEFT_CONFIG_VERSION 1
+
+/* Explicit configuration. Call weft_config_init() first, then set fields. */
+typedef struct weft_config {
+  uint32_t version;       /* WEFT_CONFIG_VERSION, set by weft_config_init */
+  int rank;               /* 0 .. size-1 */
+  int size;               /* number of ranks, >= 1 */
+  int local_rank;         /* rank among the ranks of this host; -1 = unknown */
+  const char *rendezvous; /* "host:port", "[v6addr]:port"; rank 0 listens there */
+  double timeout_s;       /* <= 0: the WEFT_TIMEOUT setting */
+} weft_config;
+
+/* Fills `cfg` with defaults (rank -1, size 0, no rendezvous, timeout 0). */
+WEFT_API void weft_config_init(weft_config *cfg);
+
+/* Creates a communicator from the environment, accepting (first found wins):
+ *   weft:    WEFT_RANK, WEFT_SIZE, WEFT_LOCAL_RANK, WEFT_RENDEZVOUS=host:port
+ *   torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+ *   mpirun (Open MPI): OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK
+ *   srun (Slurm): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
+ * The rendezvous address comes from WEFT_RENDEZVOUS, else MASTER_ADDR and
+ * MASTER_PORT (a single rank needs none). Blocks until every rank arrived,
+ * bounded by the timeout. Collective over all ranks. */
+WEFT_API weft_status weft_comm_init_env(weft_comm **comm);
+
+/* Same, from an explicit configuration. Collective over all ranks. */
+WEFT_API weft_status weft_comm_init_config(const weft_config *cfg, weft_comm **comm);
+
+/* NCCL-style path for frameworks that distribute an id themselves: one process
+ * calls weft_get_unique_id() (it starts a rendezvous server in a background
+ * thread of that process, which ends once the ranks met or the timeout
+ * passed), sends the id to every rank, and each rank calls
+ * weft_comm_init_rank(). The id is plain bytes, safe to copy. */
+typedef struct weft_unique_id {
+  char bytes[128];
+} weft_unique_id;
+WEFT_API weft_status weft_get_unique_id(weft_unique_id *id);
+WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id *id, int rank,
+                                         int size);
+
+/* Queries; safe from any thread. Return -1 for an invalid communicator. */
+WEFT_API int weft_comm_rank(const weft_comm *comm);
+WEFT_API int weft_comm_size(const weft_comm *comm);
+WEFT_API int weft_comm_local_rank(const weft_comm *comm);
+
+/* Releases the communicator. Not collective, does not block on peers. Calling
+ * it twice, or on a pointer that is not a live communicator, returns
+ * WEFT_ERR_INVALID and touches nothing. */
+WEFT_API weft_status weft_comm_destroy(weft_comm *comm);
+
+/* Marks the communicator failed: every call blocked in it (from any thread)
+ * returns WEFT_ERR_ABORTED promptly, later calls too, and its peers see the
+ * abort as an error instead of waiting for their timeout. Safe from any thread
+ * and from a signal-free context only. The communicator must still be
+ * destroyed. */
+WEFT_API weft_status weft_comm_abort(weft_comm *comm);
+
+/* ---- collectives (blocking, collective over all ranks) ------------------ */
+
+/* recvbuf[i] = op over all ranks of sendbuf[i], for i < count, on every rank;
+ * bitwise identical on every rank. sendbuf == recvbuf is in place. The
+ * buffers must not overlap otherwise. */
+WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, weft_op op);
+
+/* recvbuf = root's sendbuf on every rank. sendbuf is read on root only
+ * (may be NULL elsewhere); sendbuf == recvbuf on root is in place. */
+WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, int root);
+
+/* Returns once every rank has entered the barrier. */
+WEFT_API weft_status weft_barrier(weft_comm *comm);
+
+/* ---- settings ----------------------------------------------------------- */
+
+/* Every WEFT_* environment setting is declared once, with its help text.
+ * weft_setting_describe(i, ...) for i = 0, 1, ... lists them (weft-info does);
+ * it returns WEFT_ERR_INVALID past the last one. */
+typedef struct weft_setting_desc {
+  const char *name;    /* "WEFT_TIMEOUT" */
+  const char *deflt;   /* default value as text */
+  const char *value;   /* current value as text (the environment's, or the default) */
+  const char *help;    /* one line */
+} weft_setting_desc;
+WEFT_API weft_status weft_setting_describe(int index, weft_setting_desc *desc);
+
+/* The library's version as "major.minor.patch". */
+WEFT_API const char *weft_version_string(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WEFT_H */

@@ -1,0 +1,90 @@
+/* rd_allreduce.c - latency-optimal allreduce for small buffers: recursive
+ * doubling, log2(size) exchanges of the whole buffer. For a size that is not
+ * a power of two, the first 2*rem ranks pair up first (the even one hands its
+ * data to the odd one and sits out), and get the result back at the end.
+ * Partners combine the same two values, and IEEE sum/prod/min/max are
+ * commutative, so every rank ends with the same bits. Works in place on
+ * recvbuf; needs the whole buffer to fit one chunk. */
+#include "algo.h"
+
+static int pow2_floor(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+/* Real rank of a rank of the power-of-two group. */
+static int rd_real_rank(int newrank, int rem) { return newrank < rem ? newrank * 2 + 1 : newrank + rem; }
+
+/* Sends our buffer to peer and folds the peer's into ours. */
+static weft_status rd_exchange(weft_coll *coll, int peer, size_t bytes) {
+  weft_rd_state *rd = &coll->st.rd;
+  if (!rd->sent) {
+    WEFT_STEP(weft_link_send_ready(coll, peer));
+    WEFT_STEP(weft_link_send(coll, peer, coll->recvbuf, bytes));
+    rd->sent = true;
+  }
+  const void *slot;
+  WEFT_STEP(weft_link_recv_peek(coll, peer, bytes, &slot));
+  WEFT_STEP(weft_link_send_idle(coll, peer)); /* recvbuf is about to change */
+  coll->mem->reduce(coll->recvbuf, coll->recvbuf, slot, coll->count, coll->dtype, coll->op, 1);
+  rd->sent = false;
+  return weft_link_recv_release(coll, peer);
+}
+
+static weft_status rd_advance(weft_coll *coll) {
+  weft_rd_state *rd = &coll->st.rd;
+  int n = coll->comm->size, r = coll->comm->rank;
+  int p2 = pow2_floor(n), rem = n - p2;
+  size_t bytes = coll->count * coll->elem;
+  if (rd->phase == 0) { /* fold in */
+    if (r < 2 * rem && r % 2 == 0) {
+      if (!rd->sent) {
+        WEFT_STEP(weft_link_send_ready(coll, r + 1));
+        WEFT_STEP(weft_link_send(coll, r + 1, coll->recvbuf, bytes));
+        rd->sent = true;
+      }
+      WEFT_STEP(weft_link_send_idle(coll, r + 1)); /* the result lands in recvbuf */
+      rd->sent = false;
+      rd->newrank = -1;
+    } else if (r < 2 * rem) {
+      const void *slot;
+      WEFT_STEP(weft_link_recv_peek(coll, r - 1, bytes, &slot));
+      coll->mem->reduce(coll->recvbuf, coll->recvbuf, slot, coll->count, coll->dtype, coll->op, 1);
+      WEFT_STEP(weft_link_recv_release(coll, r - 1));
+      rd->newrank = r / 2;
+    } else {
+      rd->newrank = r - rem;
+    }
+    rd->phase = 1;
+    rd->mask = 1;
+  }
+  if (rd->phase == 1) { /* doubling rounds */
+    while (rd->newrank >= 0 && rd->mask < p2) {
+      WEFT_STEP(rd_exchange(coll, rd_real_rank(rd->newrank ^ rd->mask, rem), bytes));
+      rd->mask <<= 1;
+    }
+    if (rd->newrank >= 0) coll->mem->finish(coll->recvbuf, coll->recvbuf, coll->count, coll->dtype, coll->op, n);
+    rd->phase = 2;
+  }
+  if (rd->phase == 2) { /* fold out: the odd partner returns the result */
+    if (r < 2 * rem && r % 2 == 1) {
+      WEFT_STEP(weft_link_send_ready(coll, r - 1));
+      WEFT_STEP(weft_link_send(coll, r - 1, coll->recvbuf, bytes));
+    } else if (r < 2 * rem) {
+      WEFT_STEP(weft_link_recv_into(coll, r + 1, bytes, coll->recvbuf));
+    }
+    rd->phase = 3;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_rd_allreduce_start(weft_coll *coll) {
+  if (coll->count * coll->elem > coll->comm->chunk_bytes) return WEFT_ERR_INTERNAL;
+  if (coll->sendbuf != coll->recvbuf)
+    coll->mem->copy(coll->recvbuf, coll->sendbuf, coll->count * coll->elem);
+  coll->st.rd = (weft_rd_state){.phase = 0, .mask = 1, .sent = false, .newrank = -1};
+  coll->algo = "recursive doubling";
+  coll->advance = rd_advance;
+  return WEFT_OK;
+}

@@ -1,0 +1,94 @@
+/* ring_allreduce.c - bandwidth-optimal allreduce: reduce-scatter then
+ * allgather around the ring, chunked so that every link carries a chunk
+ * while every rank reduces the previous one. The buffer is cut into loops of
+ * size*chunk elements; in each loop rank r walks 2(size-1)+1 steps:
+ *   step 0          send its own chunk r to the right
+ *   steps 1..n-2    receive chunk (r-s) from the left, add its own, send on
+ *   step n-1        the same, now complete (divided for avg): it is final
+ *   steps n..2n-3   receive a final chunk into the output, send it on
+ *   step 2n-2       receive the last final chunk
+ * Final values are computed on one rank and copied, so every rank ends with
+ * the same bits. */
+#include "algo.h"
+
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+/* Element range of chunk c in the current loop. The last loop may be short:
+ * it is split evenly, so some chunks can be empty (both ends agree). */
+static void ring_chunk(const weft_coll *coll, int c, size_t *off, size_t *cnt) {
+  const weft_ring_state *rs = &coll->st.ring;
+  size_t base = rs->loop * rs->loop_elems;
+  size_t rem = min_sz(rs->loop_elems, coll->count - base);
+  size_t n = (size_t)coll->comm->size;
+  size_t cs = rem == rs->loop_elems ? rs->chunk_elems : (rem + n - 1) / n;
+  size_t start = min_sz((size_t)c * cs, rem);
+  *off = base + start;
+  *cnt = min_sz(cs, rem - start);
+}
+
+static int mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* One step; OK when done, AGAIN when waiting (re-entered later). */
+static weft_status ring_step(weft_coll *coll) {
+  weft_ring_state *rs = &coll->st.ring;
+  int n = coll->comm->size, r = coll->comm->rank, s = rs->step;
+  int left = mod(r - 1, n), right = mod(r + 1, n);
+  int c = mod(r - s, n);
+  size_t off, cnt;
+  ring_chunk(coll, c, &off, &cnt);
+  if (cnt == 0) return WEFT_OK;
+  size_t bytes = cnt * coll->elem;
+  char *out = (char *)coll->recvbuf + off * coll->elem;
+  const char *in = (const char *)coll->sendbuf + off * coll->elem;
+
+  if (s == 0) {
+    WEFT_STEP(weft_link_send_ready(coll, right));
+    return weft_link_send(coll, right, in, bytes);
+  }
+  if (s <= n - 1) { /* reduce-scatter: receive, add own, pass on */
+    const void *slot;
+    WEFT_STEP(weft_link_recv_peek(coll, left, bytes, &slot));
+    WEFT_STEP(weft_link_send_ready(coll, right));
+    int postdiv = s == n - 1 ? n : 1;
+    coll->mem->reduce(out, in, slot, cnt, coll->dtype, coll->op, postdiv);
+    WEFT_STEP(weft_link_send(coll, right, out, bytes));
+    return weft_link_recv_release(coll, left);
+  }
+  /* allgather: the chunk lands straight in the output, then moves on */
+  if (!rs->got) {
+    WEFT_STEP(weft_link_recv_into(coll, left, bytes, out));
+    rs->got = true;
+  }
+  if (s == 2 * n - 2) return WEFT_OK;
+  WEFT_STEP(weft_link_send_ready(coll, right));
+  return weft_link_send(coll, right, out, bytes);
+}
+
+static weft_status ring_advance(weft_coll *coll) {
+  weft_ring_state *rs = &coll->st.ring;
+  int last_step = 2 * (coll->comm->size - 1);
+  while (rs->loop < rs->loops) {
+    WEFT_STEP(ring_step(coll));
+    rs->got = false;
+    if (++rs->step > last_step) {
+      rs->step = 0;
+      rs->loop++;
+    }
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_ring_allreduce_start(weft_coll *coll) {
+  weft_ring_state *rs = &coll->st.ring;
+  size_t n = (size_t)coll->comm->size;
+  rs->chunk_elems = coll->comm->chunk_bytes / coll->elem;
+  if (rs->chunk_elems == 0) rs->chunk_elems = 1;
+  rs->loop_elems = n * rs->chunk_elems;
+  rs->loops = (coll->count + rs->loop_elems - 1) / rs->loop_elems;
+  rs->loop = 0;
+  rs->step = 0;
+  rs->got = false;
+  coll->algo = "ring";
+  coll->advance = ring_advance;
+  return WEFT_OK;
+}

@@ -1,0 +1,441 @@
+/* bootstrap.c - rendezvous server (one detached thread per job) and client.
+ * Wire format: fixed-size records, integers big-endian; every record starts
+ * with a magic and is length-checked before use. */
+#include "bootstrap.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "net.h"
+#include "status.h"
+
+#define BOOT_MAGIC 0x57454642u /* "WEFB" */
+#define BOOT_VERSION 1
+#define BOOT_MSG_BYTES 256
+#define INFO_BYTES (4 + 4 + BOOT_HOST_BYTES + 2 + WEFT_TRANSPORT_ADDR_MAX)
+#define HELLO_BYTES (4 + 2 + 2 + 4 + 4 + BOOT_NONCE_BYTES + INFO_BYTES)
+#define REPLY_BYTES (4 + 4 + 4 + 8 + BOOT_MSG_BYTES)
+
+/* ---- packing ------------------------------------------------------------ */
+
+static uint8_t *put32(uint8_t *p, uint32_t v) {
+  v = htonl(v);
+  memcpy(p, &v, 4);
+  return p + 4;
+}
+static uint8_t *put16(uint8_t *p, uint16_t v) {
+  v = htons(v);
+  memcpy(p, &v, 2);
+  return p + 2;
+}
+static const uint8_t *get32(const uint8_t *p, uint32_t *v) {
+  memcpy(v, p, 4);
+  *v = ntohl(*v);
+  return p + 4;
+}
+static const uint8_t *get16(const uint8_t *p, uint16_t *v) {
+  memcpy(v, p, 2);
+  *v = ntohs(*v);
+  return p + 2;
+}
+
+static uint8_t *pack_info(uint8_t *p, const boot_rank_info *in) {
+  p = put32(p, in->rank);
+  p = put32(p, in->pid);
+  memcpy(p, in->host, BOOT_HOST_BYTES);
+  p += BOOT_HOST_BYTES;
+  p = put16(p, in->addr_len);
+  memcpy(p, in->addr, WEFT_TRANSPORT_ADDR_MAX);
+  return p + WEFT_TRANSPORT_ADDR_MAX;
+}
+
+static const uint8_t *unpack_info(const uint8_t *p, boot_rank_info *out) {
+  p = get32(p, &out->rank);
+  p = get32(p, &out->pid);
+  memcpy(out->host, p, BOOT_HOST_BYTES);
+  out->host[BOOT_HOST_BYTES - 1] = 0;
+  p += BOOT_HOST_BYTES;
+  p = get16(p, &out->addr_len);
+  if (out->addr_len > WEFT_TRANSPORT_ADDR_MAX) out->addr_len = WEFT_TRANSPORT_ADDR_MAX;
+  memcpy(out->addr, p, WEFT_TRANSPORT_ADDR_MAX);
+  return p + WEFT_TRANSPORT_ADDR_MAX;
+}
+
+static void pack_reply(uint8_t *buf, weft_status st, int size, uint64_t comm_id, const char *msg) {
+  uint8_t *p = put32(buf, BOOT_MAGIC);
+  p = put32(p, (uint32_t)(int32_t)st);
+  p = put32(p, (uint32_t)size);
+  p = put32(p, (uint32_t)(comm_id >> 32));
+  p = put32(p, (uint32_t)comm_id);
+  memset(p, 0, BOOT_MSG_BYTES);
+  snprintf((char *)p, BOOT_MSG_BYTES, "%s", msg ? msg : "");
+}
+
+/* ---- server ------------------------------------------------------------- */
+
+struct pending {
+  int fd;
+  size_t got;
+  uint8_t buf[HELLO_BYTES];
+};
+
+struct boot_server {
+  int listen_fd;
+  uint8_t nonce[BOOT_NONCE_BYTES];
+  int size; /* 0 until learned */
+  double deadline;
+  struct pending *pend;
+  int npend, cap;
+  int *rank_fd;           /* by rank, -1 until arrived */
+  boot_rank_info *infos;  /* by rank */
+  int arrived;
+  weft_status failure;    /* set once the job is known bad */
+  char why[BOOT_MSG_BYTES];
+};
+
+static void server_reply_error(int fd, const struct boot_server *s) {
+  uint8_t reply[REPLY_BYTES];
+  pack_reply(reply, s->failure, s->size, 0, s->why);
+  weft_error_sink ignore;
+  net_send_all(fd, reply, sizeof reply, weft_now() + 1.0, &ignore);
+}
+
+static void server_fail(struct boot_server *s, weft_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void server_fail(struct boot_server *s, weft_status st, const char *fmt, ...) {
+  if (s->failure) return; /* keep the first cause */
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->why, sizeof s->why, fmt, ap);
+  va_end(ap);
+  s->failure = st;
+  WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous failed: %s", s->why);
+  for (int r = 0; r < s->size; r++)
+    if (s->rank_fd[r] >= 0) {
+      server_reply_error(s->rank_fd[r], s);
+      close(s->rank_fd[r]);
+      s->rank_fd[r] = -1;
+    }
+}
+
+/* A complete hello arrived on p: validate and file it. */
+static void server_take_hello(struct boot_server *s, struct pending *p) {
+  const uint8_t *q = p->buf;
+  uint32_t magic, rank, size;
+  uint16_t version, reserved;
+  q = get32(q, &magic);
+  q = get16(q, &version);
+  q = get16(q, &reserved);
+  q = get32(q, &rank);
+  q = get32(q, &size);
+  if (magic != BOOT_MAGIC) {
+    WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: dropped a connection that is not a weft rank");
+    close(p->fd);
+    return;
+  }
+  if (memcmp(q, s->nonce, BOOT_NONCE_BYTES) != 0) {
+    /* a rank of another job (stale id, reused port): tell it, keep serving ours */
+    struct boot_server other = *s;
+    other.failure = WEFT_ERR_BOOTSTRAP;
+    snprintf(other.why, sizeof other.why,
+             "the rendezvous server belongs to another job (unique id or port reused)");
+    server_reply_error(p->fd, &other);
+    close(p->fd);
+    return;
+  }
+  q += BOOT_NONCE_BYTES;
+  if (s->failure) {
+    server_reply_error(p->fd, s);
+    close(p->fd);
+    return;
+  }
+  if (version != BOOT_VERSION) {
+    server_fail(s, WEFT_ERR_BOOTSTRAP, "rank %u runs weft protocol %u, the server %u", rank,
+                version, BOOT_VERSION);
+    server_reply_error(p->fd, s);
+    close(p->fd);
+    return;
+  }
+  if (s->size == 0) {
+    if (size < 1 || size > (1u << 20)) {
+      server_fail(s, WEFT_ERR_INVALID, "rank %u gave world size %u", rank, size);
+      server_reply_error(p->fd, s);
+      close(p->fd);
+      return;
+    }
+    s->size = (int)size;
+    s->rank_fd = malloc(sizeof(int) * size);
+    s->infos = calloc(size, sizeof *s->infos);
+    for (uint32_t r = 0; r < size; r++) s->rank_fd[r] = -1;
+  }
+  if ((int)size != s->size) {
+    server_fail(s, WEFT_ERR_MISMATCH, "rank %u says the world size is %u, but an earlier rank said %d",
+                rank, size, s->size);
+  } else if (rank >= size) {
+    server_fail(s, WEFT_ERR_INVALID, "a process claims rank %u, but the world size is %u", rank,
+                size);
+  } else if (s->rank_fd[rank] >= 0) {
+    boot_rank_info dup;
+    unpack_info(q, &dup);
+    server_fail(s, WEFT_ERR_INVALID, "two processes claim rank %u (pid %u on %s and pid %u on %s)",
+                rank, s->infos[rank].pid, s->infos[rank].host, dup.pid, dup.host);
+  }
+  if (s->failure) {
+    server_reply_error(p->fd, s);
+    close(p->fd);
+    return;
+  }
+  unpack_info(q, &s->infos[rank]);
+  s->infos[rank].rank = rank;
+  s->rank_fd[rank] = p->fd;
+  s->arrived++;
+  WEFT_INFO(WEFT_SUBSYS_BOOT, "rendezvous: rank %u of %u arrived (pid %u on %s)", rank, size,
+            s->infos[rank].pid, s->infos[rank].host);
+}
+
+static void server_send_table(struct boot_server *s) {
+  uint64_t comm_id = 0;
+  if (getrandom(&comm_id, sizeof comm_id, 0) != sizeof comm_id) comm_id = (uint64_t)weft_now();
+  size_t len = REPLY_BYTES + (size_t)s->size * INFO_BYTES;
+  uint8_t *buf = malloc(len);
+  if (!buf) {
+    server_fail(s, WEFT_ERR_NOMEM, "rendezvous server out of memory");
+    return;
+  }
+  pack_reply(buf, WEFT_OK, s->size, comm_id, "");
+  uint8_t *p = buf + REPLY_BYTES;
+  for (int r = 0; r < s->size; r++) p = pack_info(p, &s->infos[r]);
+  for (int r = 0; r < s->size; r++) {
+    weft_error_sink err;
+    if (net_send_all(s->rank_fd[r], buf, len, s->deadline, &err))
+      WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: could not answer rank %d: %s", r, err.msg);
+    close(s->rank_fd[r]);
+    s->rank_fd[r] = -1;
+  }
+  free(buf);
+}
+
+static void server_missing_ranks(struct boot_server *s) {
+  char list[160] = "";
+  int missing = 0;
+  for (int r = 0; r < s->size; r++)
+    if (s->rank_fd[r] < 0) {
+      if (missing < 12)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", missing ? ", " : "", r);
+      missing++;
+    }
+  server_fail(s, WEFT_ERR_TIMEOUT, "%d of %d ranks never reached the rendezvous in time: %s%s",
+              missing, s->size, list, missing > 12 ? ", ..." : "");
+}
+
+static void server_poll_once(struct boot_server *s) {
+  struct pollfd *fds = malloc(sizeof *fds * (size_t)(s->npend + 1));
+  if (!fds) return;
+  fds[0] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+  for (int i = 0; i < s->npend; i++) fds[i + 1] = (struct pollfd){.fd = s->pend[i].fd, .events = POLLIN};
+  double left = s->deadline - weft_now();
+  int ms = left <= 0 ? 0 : left > 0.2 ? 200 : (int)(left * 1000) + 1;
+  int n = poll(fds, (nfds_t)(s->npend + 1), ms);
+  if (n > 0) {
+    for (int i = s->npend - 1; i >= 0; i--) {
+      if (!fds[i + 1].revents) continue;
+      struct pending *p = &s->pend[i];
+      ssize_t got = recv(p->fd, p->buf + p->got, HELLO_BYTES - p->got, 0);
+      bool done = false;
+      if (got > 0) {
+        p->got += (size_t)got;
+        if (p->got == HELLO_BYTES) {
+          server_take_hello(s, p);
+          done = true;
+        }
+      } else if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
+        close(p->fd); /* hung up before finishing its hello */
+        done = true;
+      }
+      if (done) s->pend[i] = s->pend[--s->npend];
+    }
+    if (fds[0].revents) {
+      int fd;
+      while ((fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+        if (s->npend == s->cap) {
+          int cap = s->cap ? 2 * s->cap : 16;
+          struct pending *np = realloc(s->pend, sizeof *np * (size_t)cap);
+          if (!np) {
+            close(fd);
+            break;
+          }
+          s->pend = np;
+          s->cap = cap;
+        }
+        s->pend[s->npend++] = (struct pending){.fd = fd, .got = 0};
+      }
+    }
+  }
+  free(fds);
+}
+
+static void *server_main(void *arg) {
+  struct boot_server *s = arg;
+  while (weft_now() < s->deadline) {
+    server_poll_once(s);
+    if (!s->failure && s->size && s->arrived == s->size) {
+      server_send_table(s);
+      break;
+    }
+  }
+  if (!s->failure && s->size && s->arrived < s->size) server_missing_ranks(s);
+  for (int i = 0; i < s->npend; i++) close(s->pend[i].fd);
+  if (s->rank_fd)
+    for (int r = 0; r < s->size; r++)
+      if (s->rank_fd[r] >= 0) close(s->rank_fd[r]);
+  close(s->listen_fd);
+  free(s->pend);
+  free(s->rank_fd);
+  free(s->infos);
+  free(s);
+  return NULL;
+}
+
+weft_status boot_server_start(const struct sockaddr_storage *addr, socklen_t len,
+                              const uint8_t nonce[BOOT_NONCE_BYTES], int size, double timeout_s,
+                              struct sockaddr_storage *bound, socklen_t *bound_len,
+                              weft_error_sink *err) {
+  struct boot_server *s = calloc(1, sizeof *s);
+  if (!s) return WEFT_ERR_NOMEM;
+  weft_status st = net_listen(addr, len, 1024, &s->listen_fd, bound, bound_len, err);
+  if (st) {
+    free(s);
+    return st;
+  }
+  memcpy(s->nonce, nonce, BOOT_NONCE_BYTES);
+  s->deadline = weft_now() + timeout_s;
+  if (size > 0) {
+    s->size = size;
+    s->rank_fd = malloc(sizeof(int) * (size_t)size);
+    s->infos = calloc((size_t)size, sizeof *s->infos);
+    if (!s->rank_fd || !s->infos) {
+      close(s->listen_fd);
+      free(s->rank_fd);
+      free(s->infos);
+      free(s);
+      return WEFT_ERR_NOMEM;
+    }
+    for (int r = 0; r < size; r++) s->rank_fd[r] = -1;
+  }
+  pthread_t th;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int rc = pthread_create(&th, &attr, server_main, s);
+  pthread_attr_destroy(&attr);
+  if (rc) {
+    weft_error_sink_set(err, "cannot start the rendezvous thread: %s", strerror(rc));
+    close(s->listen_fd);
+    free(s->rank_fd);
+    free(s->infos);
+    free(s);
+    return WEFT_ERR_SYSTEM;
+  }
+  char where[80];
+  WEFT_INFO(WEFT_SUBSYS_BOOT, "rendezvous server listening on %s",
+            net_addr_str((struct sockaddr *)bound, where, sizeof where));
+  return WEFT_OK;
+}
+
+/* ---- client ------------------------------------------------------------- */
+
+weft_status boot_connect(const struct sockaddr_storage *server, socklen_t len, double deadline,
+                         int *fd, struct sockaddr_storage *local, socklen_t *local_len,
+                         weft_error_sink *err) {
+  weft_status st = net_connect(server, len, deadline, true, fd, err);
+  if (st) {
+    char where[80];
+    weft_error_sink tmp = *err;
+    weft_error_sink_set(err, "no rendezvous server answered at %s: %s",
+                        net_addr_str((const struct sockaddr *)server, where, sizeof where),
+                        tmp.msg);
+    return st == WEFT_ERR_TIMEOUT ? st : WEFT_ERR_BOOTSTRAP;
+  }
+  *local_len = sizeof *local;
+  getsockname(*fd, (struct sockaddr *)local, local_len);
+  return WEFT_OK;
+}
+
+weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], int rank, int size,
+                          const boot_rank_info *mine, double deadline, uint64_t *comm_id,
+                          boot_rank_info *all, weft_error_sink *err) {
+  uint8_t hello[HELLO_BYTES];
+  uint8_t *p = put32(hello, BOOT_MAGIC);
+  p = put16(p, BOOT_VERSION);
+  p = put16(p, 0);
+  p = put32(p, (uint32_t)rank);
+  p = put32(p, (uint32_t)size);
+  memcpy(p, nonce, BOOT_NONCE_BYTES);
+  p += BOOT_NONCE_BYTES;
+  pack_info(p, mine);
+  uint8_t reply[REPLY_BYTES];
+  weft_status st = net_send_all(fd, hello, sizeof hello, deadline, err);
+  if (!st) st = net_recv_all(fd, reply, sizeof reply, deadline, err);
+  if (st) {
+    weft_error_sink tmp = *err;
+    weft_error_sink_set(err, "%s before the rendezvous answered%s", tmp.msg,
+                        st == WEFT_ERR_TIMEOUT ? " (some rank did not arrive?)" : "");
+    close(fd);
+    return st == WEFT_ERR_TIMEOUT ? st : WEFT_ERR_BOOTSTRAP;
+  }
+  uint32_t magic, status, rsize, hi, lo;
+  const uint8_t *q = get32(reply, &magic);
+  q = get32(q, &status);
+  q = get32(q, &rsize);
+  q = get32(q, &hi);
+  q = get32(q, &lo);
+  if (magic != BOOT_MAGIC) {
+    weft_error_sink_set(err, "the rendezvous address answered with something that is not weft");
+    close(fd);
+    return WEFT_ERR_BOOTSTRAP;
+  }
+  if ((int32_t)status != WEFT_OK) {
+    char msg[BOOT_MSG_BYTES];
+    memcpy(msg, q, BOOT_MSG_BYTES);
+    msg[BOOT_MSG_BYTES - 1] = 0;
+    weft_error_sink_set(err, "rendezvous refused the job: %s", msg);
+    close(fd);
+    int32_t s32 = (int32_t)status;
+    return s32 < 0 && s32 >= WEFT_ERR_INTERNAL ? (weft_status)s32 : WEFT_ERR_BOOTSTRAP;
+  }
+  if ((int)rsize != size) {
+    weft_error_sink_set(err, "rendezvous answered for %u ranks, expected %d", rsize, size);
+    close(fd);
+    return WEFT_ERR_PROTOCOL;
+  }
+  *comm_id = ((uint64_t)hi << 32) | lo;
+  uint8_t rec[INFO_BYTES];
+  for (int r = 0; r < size && !st; r++) {
+    st = net_recv_all(fd, rec, sizeof rec, deadline, err);
+    if (!st) unpack_info(rec, &all[r]);
+  }
+  close(fd);
+  return st;
+}
+
+void boot_host_identity(char *out, size_t len) {
+  char host[64] = "localhost";
+  gethostname(host, sizeof host - 1);
+  char boot_id[40] = "";
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(boot_id, sizeof boot_id, f)) boot_id[0] = 0;
+    fclose(f);
+    boot_id[strcspn(boot_id, "\n")] = 0;
+  }
+  snprintf(out, len, "%.30s/%.24s", host, boot_id);
+}

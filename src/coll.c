@@ -1,0 +1,331 @@
+/* coll.c - the public collectives: argument checks with a sentence for every
+ * refusal, algorithm choice by size, the link functions algorithms use, and
+ * the driver loop that advances an algorithm, spins briefly, then sleeps in
+ * the transport's wait, and never waits longer than the timeout without
+ * progress. */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "algo/algo.h"
+#include "comm.h"
+#include "log.h"
+#include "net.h"
+#include "settings.h"
+#include "status.h"
+
+/* ---- links ---------------------------------------------------------------- */
+
+static weft_status link_conn(weft_coll *coll, int peer, weft_conn **out) {
+  weft_comm *comm = coll->comm;
+  weft_peer *p = &comm->peers[peer];
+  if (!p->conn) {
+    weft_status st = comm->tp->connect(comm->tp_ctx, peer, p->info.addr, p->info.addr_len, &p->conn);
+    if (st < 0) {
+      coll->waiting_peer = peer;
+      return st;
+    }
+  }
+  if (!p->is_active) {
+    p->is_active = true;
+    comm->active[comm->nactive++] = peer;
+  }
+  *out = p->conn;
+  return WEFT_OK;
+}
+
+static weft_status link_result(weft_coll *coll, int peer, weft_status st, const char *waiting_for) {
+  if (st == WEFT_AGAIN) coll->waiting_for = waiting_for;
+  if (st) coll->waiting_peer = peer;
+  return st;
+}
+
+weft_status weft_link_send_ready(weft_coll *coll, int peer) {
+  weft_conn *c;
+  WEFT_CHECK(link_conn(coll, peer, &c));
+  return link_result(coll, peer, coll->comm->tp->send_ready(c), "room to send to");
+}
+
+weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
+  weft_conn *c;
+  WEFT_CHECK(link_conn(coll, peer, &c));
+  weft_status st = coll->comm->tp->send(c, src, bytes, coll->seq, coll->mem);
+  if (st == WEFT_OK) {
+    coll->events++;
+    coll->comm->peers[peer].last_send_seq = coll->seq;
+  }
+  return link_result(coll, peer, st, "room to send to");
+}
+
+weft_status weft_link_send_idle(weft_coll *coll, int peer) {
+  weft_conn *c;
+  WEFT_CHECK(link_conn(coll, peer, &c));
+  return link_result(coll, peer, coll->comm->tp->send_idle(c), "a send to complete to");
+}
+
+weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes, const void **data) {
+  weft_conn *c;
+  WEFT_CHECK(link_conn(coll, peer, &c));
+  return link_result(coll, peer, coll->comm->tp->recv_peek(c, coll->seq, bytes, data), "data from");
+}
+
+weft_status weft_link_recv_release(weft_coll *coll, int peer) {
+  weft_conn *c;
+  WEFT_CHECK(link_conn(coll, peer, &c));
+  weft_status st = coll->comm->tp->recv_release(c);
+  if (st == WEFT_OK) coll->events++;
+  return link_result(coll, peer, st, "data from");
+}
+
+weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst) {
+  weft_conn *c;
+  WEFT_CHECK(link_conn(coll, peer, &c));
+  weft_status st = coll->comm->tp->recv_into(c, coll->seq, bytes, dst, coll->mem);
+  if (st == WEFT_OK) coll->events++;
+  return link_result(coll, peer, st, "data from");
+}
+
+/* ---- errors ------------------------------------------------------------- */
+
+static void coll_describe(const weft_coll *coll, char *buf, size_t len) {
+  if (!strcmp(coll->call, "weft_broadcast"))
+    snprintf(buf, len, "%s(count=%zu, %s, root=%d) call #%u", coll->call, coll->count,
+             weft_dtype_name(coll->dtype), coll->root, coll->seq);
+  else if (!strcmp(coll->call, "weft_barrier"))
+    snprintf(buf, len, "%s() call #%u", coll->call, coll->seq);
+  else
+    snprintf(buf, len, "%s(count=%zu, %s, %s) call #%u", coll->call, coll->count,
+             weft_dtype_name(coll->dtype), weft_op_name(coll->op), coll->seq);
+}
+
+/* Makes the failure sticky, tells the peers, and writes the user's sentence. */
+static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, ...) {
+  weft_comm *comm = coll->comm;
+  char what[384], desc[160];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  coll_describe(coll, desc, sizeof desc);
+  weft_comm_error(comm, st, desc, "%s", what);
+  comm->failed = st;
+  char reason[600];
+  snprintf(reason, sizeof reason, "rank %d failed in %s: %s", comm->rank, desc, what);
+  comm->tp->abort_all(comm->tp_ctx, reason);
+  return st;
+}
+
+/* ---- driver --------------------------------------------------------------- */
+
+static weft_status coll_flush(weft_coll *coll) {
+  weft_comm *comm = coll->comm;
+  for (int i = 0; i < comm->nactive; i++) {
+    int peer = comm->active[i];
+    if (comm->peers[peer].last_send_seq != coll->seq) continue;
+    WEFT_CHECK(weft_link_send_idle(coll, peer));
+  }
+  return WEFT_OK;
+}
+
+static void coll_end(weft_coll *coll) {
+  weft_comm *comm = coll->comm;
+  for (int i = 0; i < comm->nactive; i++) comm->peers[comm->active[i]].is_active = false;
+  comm->nactive = 0;
+}
+
+static weft_status coll_run_locked(weft_coll *coll);
+
+/* The lock lets weft_comm_abort tell peers itself when no call is running. */
+static weft_status coll_run(weft_coll *coll) {
+  pthread_mutex_lock(&coll->comm->call_lock);
+  weft_status st = coll_run_locked(coll);
+  coll_end(coll);
+  pthread_mutex_unlock(&coll->comm->call_lock);
+  return st;
+}
+
+static weft_status coll_run_locked(weft_coll *coll) {
+  weft_comm *comm = coll->comm;
+  double last = weft_now();
+  uint64_t seen = coll->events;
+  bool algo_done = false;
+  weft_status st;
+  for (;;) {
+    st = algo_done ? WEFT_OK : coll->advance(coll);
+    if (st == WEFT_OK) {
+      algo_done = true;
+      st = coll_flush(coll);
+      if (st == WEFT_OK) return WEFT_OK;
+    }
+    if (st < 0) break;
+    bool moved = false;
+    st = comm->tp->progress(comm->tp_ctx, &moved);
+    if (st < 0) break;
+    double now = weft_now();
+    if (moved || coll->events != seen) {
+      seen = coll->events;
+      last = now;
+      continue;
+    }
+    if (atomic_load_explicit(&comm->aborted, memory_order_relaxed)) {
+      st = WEFT_ERR_ABORTED;
+      break;
+    }
+    double idle = now - last;
+    if (idle >= comm->timeout_s) {
+      st = WEFT_ERR_TIMEOUT;
+      break;
+    }
+    if (idle * 1e6 < comm->spin_us) continue;
+    double left_ms = (comm->timeout_s - idle) * 1000;
+    st = comm->tp->wait(comm->tp_ctx, left_ms < 100 ? (int)left_ms + 1 : 100);
+    if (st < 0) break;
+  }
+  int peer = coll->waiting_peer;
+  switch (st) {
+    case WEFT_ERR_ABORTED:
+      return coll_fail(coll, st, "weft_comm_abort was called");
+    case WEFT_ERR_TIMEOUT:
+      return coll_fail(coll, st,
+                       "no progress for %.1f s while waiting for %s peer %d (%s algorithm); is "
+                       "peer %d alive and in the same call?",
+                       comm->timeout_s, coll->waiting_for ? coll->waiting_for : "", peer,
+                       coll->algo, peer);
+    default:
+      if (peer >= 0)
+        return coll_fail(coll, st, "peer %d: %s", peer, comm->sink.msg);
+      return coll_fail(coll, st, "%s", comm->sink.msg);
+  }
+}
+
+/* ---- entry points --------------------------------------------------------- */
+
+/* Common checks; fills coll. Returns an error with the message set. */
+static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call) {
+  memset(coll, 0, sizeof *coll);
+  coll->comm = comm;
+  coll->call = call;
+  coll->waiting_peer = -1;
+  if (!weft_comm_is_live(comm))
+    return weft_init_error(WEFT_ERR_INVALID, -1, call,
+                           "the communicator handle is not a live communicator (NULL, destroyed, "
+                           "or never created)");
+  if (atomic_load(&comm->aborted) && !comm->failed)
+    return weft_comm_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
+  if (comm->failed)
+    return comm->failed; /* last_error keeps the first cause */
+  return WEFT_OK;
+}
+
+static bool ranges_overlap(const void *a, const void *b, size_t bytes) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return bytes && x != y && x < y + bytes && y < x + bytes;
+}
+
+static weft_status check_buffers(weft_coll *coll, const void *sendbuf, const void *recvbuf,
+                                 bool send_needed) {
+  weft_comm *comm = coll->comm;
+  const char *call = coll->call;
+  if ((unsigned)coll->dtype >= WEFT_DTYPE_COUNT)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "unknown dtype %d", (int)coll->dtype);
+  if ((unsigned)coll->op >= WEFT_OP_COUNT)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "unknown op %d", (int)coll->op);
+  coll->elem = weft_dtype_size(coll->dtype);
+  if (coll->count > SIZE_MAX / 2 / coll->elem)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "count %zu is too large", coll->count);
+  if (coll->count == 0) return WEFT_OK;
+  if (send_needed && !sendbuf)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "sendbuf is NULL but count is %zu",
+                           coll->count);
+  if (!recvbuf)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "recvbuf is NULL but count is %zu",
+                           coll->count);
+  if (send_needed && ranges_overlap(sendbuf, recvbuf, coll->count * coll->elem))
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call,
+                           "sendbuf and recvbuf overlap without being equal (in place needs the "
+                           "same pointer)");
+  return WEFT_OK;
+}
+
+static bool algo_forced(const char *name) {
+  return !strcasecmp(weft_setting_str(WEFT_SETTING_ALGO), name);
+}
+
+WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, weft_op op) {
+  weft_coll coll;
+  WEFT_CHECK(coll_begin(comm, &coll, "weft_allreduce"));
+  coll.sendbuf = sendbuf;
+  coll.recvbuf = recvbuf;
+  coll.count = count;
+  coll.dtype = dtype;
+  coll.op = op;
+  WEFT_CHECK(check_buffers(&coll, sendbuf, recvbuf, true));
+  coll.mem = weft_mem_for(recvbuf);
+  coll.seq = ++comm->seq;
+  if (count == 0) return WEFT_OK;
+  if (comm->size == 1) {
+    coll.mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
+    return WEFT_OK;
+  }
+  size_t bytes = count * coll.elem;
+  long long rd_max = weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 16384);
+  bool use_rd = bytes <= comm->chunk_bytes &&
+                (algo_forced("rd") || (!algo_forced("ring") && (long long)bytes <= rd_max));
+  WEFT_CHECK(use_rd ? weft_rd_allreduce_start(&coll) : weft_ring_allreduce_start(&coll));
+  WEFT_TRACE(WEFT_SUBSYS_COLL, "allreduce #%u: %zu bytes, %s", coll.seq, bytes, coll.algo);
+  return coll_run(&coll);
+}
+
+WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, int root) {
+  weft_coll coll;
+  WEFT_CHECK(coll_begin(comm, &coll, "weft_broadcast"));
+  coll.sendbuf = sendbuf;
+  coll.recvbuf = recvbuf;
+  coll.count = count;
+  coll.dtype = dtype;
+  coll.op = WEFT_SUM;
+  coll.root = root;
+  if (root < 0 || root >= comm->size)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, "weft_broadcast",
+                           "root %d is out of range (size %d)", root, comm->size);
+  WEFT_CHECK(check_buffers(&coll, sendbuf, recvbuf, comm->rank == root));
+  coll.mem = weft_mem_for(recvbuf);
+  coll.seq = ++comm->seq;
+  if (count == 0) return WEFT_OK;
+  if (comm->size == 1) {
+    coll.mem->copy(recvbuf, sendbuf, count * coll.elem);
+    return WEFT_OK;
+  }
+  size_t bytes = count * coll.elem;
+  int fanout = (int)weft_setting_ll(WEFT_SETTING_BCAST_FANOUT, 0);
+  if (fanout <= 0)
+    fanout = (long long)bytes >= weft_setting_ll(WEFT_SETTING_BCAST_CHAIN_BYTES, 65536) ? 1 : 2;
+  WEFT_CHECK(weft_tree_broadcast_start(&coll, fanout));
+  WEFT_TRACE(WEFT_SUBSYS_COLL, "broadcast #%u: %zu bytes from %d, %s", coll.seq, bytes, root,
+             coll.algo);
+  return coll_run(&coll);
+}
+
+WEFT_API weft_status weft_barrier(weft_comm *comm) {
+  weft_coll coll;
+  WEFT_CHECK(coll_begin(comm, &coll, "weft_barrier"));
+  coll.seq = ++comm->seq;
+  if (comm->size == 1) return WEFT_OK;
+  /* a one-byte max-allreduce: nobody leaves before everybody contributed */
+  uint8_t token = 0;
+  coll.sendbuf = &token;
+  coll.recvbuf = &token;
+  coll.count = 1;
+  coll.dtype = WEFT_U8;
+  coll.op = WEFT_MAX;
+  coll.elem = 1;
+  coll.mem = &weft_mem_host;
+  WEFT_CHECK(weft_rd_allreduce_start(&coll));
+  return coll_run(&coll);
+}

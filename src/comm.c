@@ -1,0 +1,456 @@
+/* comm.c - creating and ending communicators: the three ways in (environment,
+ * explicit config, unique id), the rendezvous that joins them, the set of
+ * live handles that makes a double destroy an error instead of a crash, and
+ * the sentences every failure leaves in weft_last_error. */
+#include "comm.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "mem.h"
+#include "net.h"
+#include "settings.h"
+#include "status.h"
+
+/* ---- live handles --------------------------------------------------------- */
+
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static weft_comm **live;
+static int nlive, live_cap;
+
+static bool live_add(weft_comm *comm) {
+  pthread_mutex_lock(&live_lock);
+  bool ok = true;
+  if (nlive == live_cap) {
+    int cap = live_cap ? live_cap * 2 : 16;
+    weft_comm **grown = realloc(live, sizeof *grown * (size_t)cap);
+    if (grown) {
+      live = grown;
+      live_cap = cap;
+    } else {
+      ok = false;
+    }
+  }
+  if (ok) live[nlive++] = comm;
+  pthread_mutex_unlock(&live_lock);
+  return ok;
+}
+
+static bool live_remove(weft_comm *comm) {
+  pthread_mutex_lock(&live_lock);
+  bool found = false;
+  for (int i = 0; i < nlive; i++)
+    if (live[i] == comm) {
+      live[i] = live[--nlive];
+      found = true;
+      break;
+    }
+  pthread_mutex_unlock(&live_lock);
+  return found;
+}
+
+bool weft_comm_is_live(const weft_comm *comm) {
+  if (!comm) return false;
+  pthread_mutex_lock(&live_lock);
+  bool found = false;
+  for (int i = 0; i < nlive && !found; i++) found = live[i] == comm;
+  pthread_mutex_unlock(&live_lock);
+  return found;
+}
+
+/* ---- errors ----------------------------------------------------------------- */
+
+static _Thread_local char thread_error[768];
+
+weft_status weft_comm_error(weft_comm *comm, weft_status st, const char *call, const char *fmt, ...) {
+  char what[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  snprintf(comm->last_error, sizeof comm->last_error, "weft rank %d/%d %s: %s (%s)", comm->rank,
+           comm->size, call, what, weft_status_name(st));
+  WEFT_WARN(WEFT_SUBSYS_COLL, "%s", comm->last_error);
+  return st;
+}
+
+weft_status weft_init_error(weft_status st, int rank, const char *call, const char *fmt, ...) {
+  char what[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  if (rank >= 0)
+    snprintf(thread_error, sizeof thread_error, "weft rank %d %s: %s (%s)", rank, call, what,
+             weft_status_name(st));
+  else
+    snprintf(thread_error, sizeof thread_error, "weft %s: %s (%s)", call, what,
+             weft_status_name(st));
+  WEFT_WARN(WEFT_SUBSYS_INIT, "%s", thread_error);
+  return st;
+}
+
+WEFT_API const char *weft_last_error(const weft_comm *comm) {
+  if (!comm || !weft_comm_is_live(comm)) return thread_error;
+  return comm->last_error;
+}
+
+/* ---- small public helpers ------------------------------------------------- */
+
+WEFT_API size_t weft_dtype_size(weft_dtype dtype) {
+  static const size_t sizes[WEFT_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8};
+  return (unsigned)dtype < WEFT_DTYPE_COUNT ? sizes[dtype] : 0;
+}
+
+WEFT_API const char *weft_dtype_name(weft_dtype dtype) {
+  static const char *names[WEFT_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"};
+  return (unsigned)dtype < WEFT_DTYPE_COUNT ? names[dtype] : "unknown";
+}
+
+WEFT_API const char *weft_op_name(weft_op op) {
+  static const char *names[WEFT_OP_COUNT] = {"sum", "prod", "min", "max", "avg"};
+  return (unsigned)op < WEFT_OP_COUNT ? names[op] : "unknown";
+}
+
+#define WEFT_STR2_(x) #x
+#define WEFT_STR_(x) WEFT_STR2_(x)
+WEFT_API const char *weft_version_string(void) {
+  return WEFT_STR_(WEFT_VERSION_MAJOR) "." WEFT_STR_(WEFT_VERSION_MINOR) "." WEFT_STR_(WEFT_VERSION_PATCH);
+}
+
+WEFT_API void weft_config_init(weft_config *cfg) {
+  if (!cfg) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->version = WEFT_CONFIG_VERSION;
+  cfg->rank = -1;
+  cfg->local_rank = -1;
+}
+
+/* ---- creation ------------------------------------------------------------- */
+
+static double timeout_or_setting(double timeout_s) {
+  if (timeout_s > 0) return timeout_s;
+  double t = weft_setting_double(WEFT_SETTING_TIMEOUT, 300);
+  return t > 0 ? t : 300;
+}
+
+static void comm_free(weft_comm *comm) {
+  if (comm->tp && comm->tp_ctx) comm->tp->fini(comm->tp_ctx);
+  if (comm->wake_fd >= 0) close(comm->wake_fd);
+  pthread_mutex_destroy(&comm->call_lock);
+  free(comm->peers);
+  free(comm->active);
+  comm->magic = 0;
+  free(comm);
+}
+
+static int spin_default(int local_size) {
+  const char *text = weft_setting_str(WEFT_SETTING_SPIN_US);
+  if (*text && strcmp(text, "auto")) return (int)weft_setting_ll(WEFT_SETTING_SPIN_US, 50);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  /* spinning steals the core an oversubscribed peer needs to make progress */
+  return local_size > cores ? 0 : 50;
+}
+
+/* Joins the job: dial the rendezvous at `server`, publish the transport
+ * address, learn every peer's. */
+static weft_status comm_create(int rank, int size, int local_rank,
+                               const struct sockaddr_storage *server, socklen_t server_len,
+                               const uint8_t nonce[BOOT_NONCE_BYTES], double timeout_s,
+                               const char *call, weft_comm **out) {
+  weft_comm *comm = calloc(1, sizeof *comm);
+  if (!comm) return weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
+  comm->magic = WEFT_COMM_MAGIC;
+  comm->rank = rank;
+  comm->size = size;
+  comm->local_rank = local_rank;
+  comm->local_size = 1;
+  comm->timeout_s = timeout_s;
+  comm->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  pthread_mutex_init(&comm->call_lock, NULL);
+  long long chunk = weft_setting_ll(WEFT_SETTING_CHUNK_BYTES, 262144);
+  comm->chunk_bytes = chunk < 4096 ? 4096 : chunk > (64 << 20) ? (64 << 20) : (size_t)chunk;
+  comm->send_depth = 8;
+  comm->peers = calloc((size_t)size, sizeof *comm->peers);
+  comm->active = calloc((size_t)size, sizeof *comm->active);
+  weft_status st = WEFT_OK;
+  if (!comm->peers || !comm->active || comm->wake_fd < 0) {
+    st = weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
+    goto fail;
+  }
+  weft_log_set_rank(rank);
+  if (size > 1) {
+    double deadline = weft_now() + timeout_s;
+    int fd;
+    weft_transport_init_args *a = &comm->tp_args;
+    a->rank = rank;
+    a->size = size;
+    a->chunk_bytes = comm->chunk_bytes;
+    a->send_depth = comm->send_depth;
+    a->timeout_s = timeout_s;
+    a->wake_fd = comm->wake_fd;
+    a->errors = &comm->sink;
+    st = boot_connect(server, server_len, deadline, &fd, &a->local_addr, &a->local_addr_len, &comm->sink);
+    if (st) {
+      weft_init_error(st, rank, call, "%s", comm->sink.msg);
+      goto fail;
+    }
+    comm->tp = &weft_transport_tcp;
+    boot_rank_info mine = {.rank = (uint32_t)rank, .pid = (uint32_t)getpid()};
+    boot_host_identity(mine.host, sizeof mine.host);
+    size_t addr_len = 0;
+    st = comm->tp->init(a, &comm->tp_ctx, mine.addr, &addr_len);
+    if (st) {
+      close(fd);
+      weft_init_error(st, rank, call, "transport %s: %s", comm->tp->name, comm->sink.msg);
+      goto fail;
+    }
+    mine.addr_len = (uint16_t)addr_len;
+    boot_rank_info *all = calloc((size_t)size, sizeof *all);
+    if (!all) {
+      close(fd);
+      st = weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
+      goto fail;
+    }
+    st = boot_exchange(fd, nonce, rank, size, &mine, deadline, &comm->id, all, &comm->sink);
+    if (st) {
+      free(all);
+      weft_init_error(st, rank, call, "%s", comm->sink.msg);
+      goto fail;
+    }
+    a->comm_id = comm->id;
+    int local_index = 0;
+    comm->local_size = 0;
+    for (int p = 0; p < size; p++) {
+      comm->peers[p].info = all[p];
+      if (!strcmp(all[p].host, mine.host)) {
+        if (p < rank) local_index++;
+        comm->local_size++;
+      }
+    }
+    free(all);
+    if (comm->local_rank < 0) comm->local_rank = local_index;
+    for (int p = 0; p < size; p++) {
+      if (p == rank) continue;
+      const weft_peer *peer = &comm->peers[p];
+      if (!comm->tp->can_reach(comm->tp_ctx, p, peer->info.addr, peer->info.addr_len)) {
+        st = weft_init_error(WEFT_ERR_UNSUPPORTED, rank, call,
+                             "transport %s cannot reach peer %d on %s (address family differs? "
+                             "see WEFT_SOCKET_FAMILY)",
+                             comm->tp->name, p, peer->info.host);
+        goto fail;
+      }
+    }
+  } else {
+    comm->local_rank = local_rank < 0 ? 0 : local_rank;
+  }
+  comm->spin_us = spin_default(comm->local_size);
+  if (!live_add(comm)) {
+    st = weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
+    goto fail;
+  }
+  WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d/%d ready (local %d/%d, transport %s, chunk %zu B, spin %d us)",
+            rank, size, comm->local_rank, comm->local_size, comm->tp ? comm->tp->name : "none",
+            comm->chunk_bytes, comm->spin_us);
+  *out = comm;
+  return WEFT_OK;
+fail:
+  comm_free(comm);
+  return st;
+}
+
+static weft_status resolve_rendezvous(const char *text, int rank, const char *call,
+                                      struct sockaddr_storage *addr, socklen_t *len) {
+  char host[256];
+  int port;
+  weft_error_sink err;
+  int family = (int)weft_setting_ll(WEFT_SETTING_SOCKET_FAMILY, 0);
+  if (net_split_hostport(text, host, sizeof host, &port, &err) ||
+      net_resolve(host, port, family, addr, len, &err))
+    return weft_init_error(WEFT_ERR_INVALID, rank, call, "rendezvous: %s", err.msg);
+  if (port == 0)
+    return weft_init_error(WEFT_ERR_INVALID, rank, call, "rendezvous \"%s\" needs a port", text);
+  return WEFT_OK;
+}
+
+/* Rank 0 of an address-based job hosts the rendezvous server. */
+static weft_status host_rendezvous(const struct sockaddr_storage *addr, socklen_t len, int size,
+                                   double timeout_s, const char *call) {
+  static const uint8_t zero_nonce[BOOT_NONCE_BYTES];
+  struct sockaddr_storage bound;
+  socklen_t bound_len;
+  weft_error_sink err;
+  weft_status st = boot_server_start(addr, len, zero_nonce, size, timeout_s, &bound, &bound_len, &err);
+  if (st == WEFT_ERR_SYSTEM && !net_addr_is_loopback((const struct sockaddr *)addr)) {
+    /* the name resolved to an address that is not ours (NAT, alias): listen on all */
+    struct sockaddr_storage any = {0};
+    any.ss_family = addr->ss_family;
+    net_addr_set_port(&any, net_addr_port((const struct sockaddr *)addr));
+    socklen_t any_len = addr->ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+    st = boot_server_start(&any, any_len, zero_nonce, size, timeout_s, &bound, &bound_len, &err);
+  }
+  if (st)
+    return weft_init_error(st, 0, call,
+                           "cannot host the rendezvous: %s (is another job using this port?)",
+                           err.msg);
+  return WEFT_OK;
+}
+
+static weft_status init_from_address(int rank, int size, int local_rank, const char *rendezvous,
+                                     double timeout_s, const char *call, weft_comm **comm) {
+  static const uint8_t zero_nonce[BOOT_NONCE_BYTES];
+  struct sockaddr_storage addr = {0};
+  socklen_t len = 0;
+  if (size > 1) {
+    if (!rendezvous || !*rendezvous)
+      return weft_init_error(WEFT_ERR_INVALID, rank, call,
+                             "a job of %d ranks needs a rendezvous address (host:port)", size);
+    WEFT_CHECK(resolve_rendezvous(rendezvous, rank, call, &addr, &len));
+    if (rank == 0) WEFT_CHECK(host_rendezvous(&addr, len, size, timeout_s, call));
+  }
+  return comm_create(rank, size, local_rank, &addr, len, zero_nonce, timeout_s, call, comm);
+}
+
+WEFT_API weft_status weft_comm_init_env(weft_comm **comm) {
+  const char *call = "weft_comm_init_env";
+  if (!comm) return weft_init_error(WEFT_ERR_INVALID, -1, call, "comm is NULL");
+  *comm = NULL;
+  weft_settings_reload();
+  weft_env_job job;
+  char why[300];
+  if (weft_env_read(&job, why, sizeof why)) return weft_init_error(WEFT_ERR_INVALID, -1, call, "%s", why);
+  WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d of %d from the %s environment, rendezvous %s", job.rank,
+            job.size, job.source, job.rendezvous[0] ? job.rendezvous : "(none)");
+  return init_from_address(job.rank, job.size, job.local_rank, job.rendezvous,
+                           timeout_or_setting(0), call, comm);
+}
+
+WEFT_API weft_status weft_comm_init_config(const weft_config *cfg, weft_comm **comm) {
+  const char *call = "weft_comm_init_config";
+  if (!comm) return weft_init_error(WEFT_ERR_INVALID, -1, call, "comm is NULL");
+  *comm = NULL;
+  if (!cfg) return weft_init_error(WEFT_ERR_INVALID, -1, call, "cfg is NULL");
+  if (cfg->version != WEFT_CONFIG_VERSION)
+    return weft_init_error(WEFT_ERR_INVALID, -1, call,
+                           "cfg->version is %u, expected %u (call weft_config_init first)",
+                           cfg->version, WEFT_CONFIG_VERSION);
+  if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
+    return weft_init_error(WEFT_ERR_INVALID, cfg->rank, call, "rank %d is not in 0 .. size-1 (size %d)",
+                           cfg->rank, cfg->size);
+  return init_from_address(cfg->rank, cfg->size, cfg->local_rank, cfg->rendezvous,
+                           timeout_or_setting(cfg->timeout_s), call, comm);
+}
+
+/* Unique id: "WFID", address family, port, 16 address bytes, job nonce. */
+#define UID_MAGIC 0x57464944u
+
+WEFT_API weft_status weft_get_unique_id(weft_unique_id *id) {
+  const char *call = "weft_get_unique_id";
+  if (!id) return weft_init_error(WEFT_ERR_INVALID, -1, call, "id is NULL");
+  memset(id, 0, sizeof *id);
+  struct sockaddr_storage local, bound;
+  socklen_t local_len, bound_len;
+  char ifname[64];
+  weft_error_sink err;
+  weft_status st = net_pick_local_addr(weft_setting_str(WEFT_SETTING_SOCKET_IFNAME),
+                                       (int)weft_setting_ll(WEFT_SETTING_SOCKET_FAMILY, 0), NULL, 0,
+                                       &local, &local_len, ifname, sizeof ifname, &err);
+  if (st) return weft_init_error(st, -1, call, "%s", err.msg);
+  uint8_t nonce[BOOT_NONCE_BYTES];
+  if (getrandom(nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+    return weft_init_error(WEFT_ERR_SYSTEM, -1, call, "getrandom failed");
+  st = boot_server_start(&local, local_len, nonce, 0, timeout_or_setting(0), &bound, &bound_len, &err);
+  if (st) return weft_init_error(st, -1, call, "%s", err.msg);
+  uint8_t *p = (uint8_t *)id->bytes;
+  uint32_t magic = htonl(UID_MAGIC);
+  memcpy(p, &magic, 4);
+  p[4] = bound.ss_family == AF_INET ? 4 : 6;
+  uint16_t port = htons((uint16_t)net_addr_port((struct sockaddr *)&bound));
+  memcpy(p + 6, &port, 2);
+  if (bound.ss_family == AF_INET)
+    memcpy(p + 8, &((struct sockaddr_in *)&bound)->sin_addr, 4);
+  else
+    memcpy(p + 8, &((struct sockaddr_in6 *)&bound)->sin6_addr, 16);
+  memcpy(p + 24, nonce, BOOT_NONCE_BYTES);
+  return WEFT_OK;
+}
+
+WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id *id, int rank, int size) {
+  const char *call = "weft_comm_init_rank";
+  if (!comm) return weft_init_error(WEFT_ERR_INVALID, rank, call, "comm is NULL");
+  *comm = NULL;
+  if (!id) return weft_init_error(WEFT_ERR_INVALID, rank, call, "id is NULL");
+  if (size < 1 || rank < 0 || rank >= size)
+    return weft_init_error(WEFT_ERR_INVALID, rank, call, "rank %d is not in 0 .. size-1 (size %d)",
+                           rank, size);
+  const uint8_t *p = (const uint8_t *)id->bytes;
+  uint32_t magic;
+  memcpy(&magic, p, 4);
+  if (ntohl(magic) != UID_MAGIC || (p[4] != 4 && p[4] != 6))
+    return weft_init_error(WEFT_ERR_INVALID, rank, call,
+                           "the id was not made by weft_get_unique_id (or was damaged in transit)");
+  struct sockaddr_storage addr = {0};
+  socklen_t len;
+  uint16_t port;
+  memcpy(&port, p + 6, 2);
+  if (p[4] == 4) {
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&addr;
+    v4->sin_family = AF_INET;
+    v4->sin_port = port;
+    memcpy(&v4->sin_addr, p + 8, 4);
+    len = sizeof *v4;
+  } else {
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&addr;
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = port;
+    memcpy(&v6->sin6_addr, p + 8, 16);
+    len = sizeof *v6;
+  }
+  return comm_create(rank, size, -1, &addr, len, p + 24, timeout_or_setting(0), call, comm);
+}
+
+/* ---- queries, destroy, abort --------------------------------------------------- */
+
+WEFT_API int weft_comm_rank(const weft_comm *comm) { return weft_comm_is_live(comm) ? comm->rank : -1; }
+WEFT_API int weft_comm_size(const weft_comm *comm) { return weft_comm_is_live(comm) ? comm->size : -1; }
+WEFT_API int weft_comm_local_rank(const weft_comm *comm) {
+  return weft_comm_is_live(comm) ? comm->local_rank : -1;
+}
+
+WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
+  if (!live_remove(comm))
+    return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_destroy",
+                           "not a live communicator (destroyed twice, or never created)");
+  comm_free(comm);
+  return WEFT_OK;
+}
+
+WEFT_API weft_status weft_comm_abort(weft_comm *comm) {
+  if (!weft_comm_is_live(comm))
+    return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_abort", "not a live communicator");
+  atomic_store(&comm->aborted, 1);
+  uint64_t one = 1;
+  if (write(comm->wake_fd, &one, sizeof one) < 0) { /* already signalled: fine */
+  }
+  /* No call running: tell the peers from here. A running call does it
+   * itself when it sees the flag (one thread drives the transport). */
+  if (pthread_mutex_trylock(&comm->call_lock) == 0) {
+    if (!comm->failed) {
+      comm->failed = WEFT_ERR_ABORTED;
+      weft_comm_error(comm, WEFT_ERR_ABORTED, "weft_comm_abort", "the communicator was aborted");
+      char reason[128];
+      snprintf(reason, sizeof reason, "rank %d called weft_comm_abort", comm->rank);
+      if (comm->tp) comm->tp->abort_all(comm->tp_ctx, reason);
+    }
+    pthread_mutex_unlock(&comm->call_lock);
+  }
+  return WEFT_OK;
+}

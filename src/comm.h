@@ -1,0 +1,73 @@
+/* comm.h - the communicator: who the ranks are, how to reach each peer, the
+ * transport context, and the failure state that makes every later call fail
+ * fast with the first cause once anything went wrong. */
+#ifndef WEFT_COMM_H
+#define WEFT_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bootstrap.h"
+#include "transports/transport.h"
+#include "weft.h"
+
+#define WEFT_COMM_MAGIC 0x5745464343u /* "WEFCC" */
+
+typedef struct weft_peer {
+  boot_rank_info info;      /* host, pid, transport address */
+  weft_conn *conn;          /* NULL until first used */
+  uint32_t last_send_seq;   /* last collective that sent to this peer */
+  bool is_active;           /* on the comm's list of peers touched by the current call */
+} weft_peer;
+
+struct weft_comm {
+  uint64_t magic;
+  int rank;
+  int size;
+  int local_rank;
+  int local_size;
+  uint64_t id;
+  double timeout_s;
+
+  const weft_transport *tp;
+  weft_transport_ctx *tp_ctx;
+  weft_peer *peers;         /* by rank; own entry unused */
+  int *active;              /* ranks touched by the current call */
+  int nactive;
+
+  uint32_t seq;             /* collective call counter, the same on every rank */
+  size_t chunk_bytes;
+  int send_depth;
+  int spin_us;
+
+  int wake_fd;              /* eventfd: abort wakes a blocked wait */
+  atomic_int aborted;
+  pthread_mutex_t call_lock; /* held while a call drives the transport */
+  weft_status failed;       /* sticky first failure, 0 while healthy */
+  weft_error_sink sink;     /* transport error sentences land here */
+  weft_transport_init_args tp_args; /* the transport keeps a pointer to it */
+  char last_error[768];
+};
+
+/* Records a failure on `comm` with the sentence the user reads: it starts
+ * with the rank and the call. Returns st. */
+weft_status weft_comm_error(weft_comm *comm, weft_status st, const char *call, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The same for failures before a communicator exists (thread-local). */
+weft_status weft_init_error(weft_status st, int rank, const char *call, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Validates a handle from the user against the live set. */
+bool weft_comm_is_live(const weft_comm *comm);
+
+/* Environment parsing (env.c). */
+typedef struct weft_env_job {
+  int rank, size, local_rank;
+  char rendezvous[256]; /* host:port, "" if none given */
+  const char *source;   /* which convention supplied rank/size */
+} weft_env_job;
+weft_status weft_env_read(weft_env_job *job, char *why, size_t why_len);
+
+#endif

@@ -1,0 +1,28 @@
+/* reduce.h - element-wise reduction kernels for every (dtype, op) pair.
+ * Host memory only; the memory table (mem.h) routes device buffers elsewhere.
+ * Kernels are plain loops the compiler vectorizes; f16/bf16 go through float
+ * and round to nearest even once per call. */
+#ifndef WEFT_REDUCE_H
+#define WEFT_REDUCE_H
+
+#include <stddef.h>
+
+#include "weft.h"
+
+/* dst[i] = a[i] op b[i] for i < count. dst may alias a or b (exactly, not
+ * partially). WEFT_AVG reduces as WEFT_SUM; when postdiv > 1 and op is
+ * WEFT_AVG, the result is divided by postdiv in the same pass (floats: the
+ * sum is formed in the type's compute precision - float for f16/bf16 - then
+ * divided, then rounded once; integers: wrapping sum, then division
+ * truncating toward zero). postdiv is ignored for every other op.
+ * min/max propagate NaN: if either input is NaN the result is NaN.
+ * Unknown dtype/op: does nothing (callers validate first). */
+void weft_reduce(void *dst, const void *a, const void *b, size_t count, weft_dtype dtype,
+                 weft_op op, int postdiv);
+
+/* dst[i] = src[i] / postdiv when op is WEFT_AVG and postdiv > 1, otherwise a
+ * copy (or nothing when dst == src). Same division rules as weft_reduce. */
+void weft_reduce_finish(void *dst, const void *src, size_t count, weft_dtype dtype, weft_op op,
+                        int postdiv);
+
+#endif

@@ -1,0 +1,43 @@
+/* settings.h - every WEFT_* environment setting, declared once with its
+ * default and one line of help (settings.c). Read from the environment once;
+ * weft-info lists them. No other file calls getenv for a WEFT_ setting. */
+#ifndef WEFT_SETTINGS_H
+#define WEFT_SETTINGS_H
+
+#include <stddef.h>
+
+/* X(ID, default, help) */
+#define WEFT_SETTINGS_MAP(X)                                                                  \
+  X(TIMEOUT, "300", "seconds a blocking call waits without progress from a peer before failing") \
+  X(DEBUG, "WARN", "log level: NONE, WARN, INFO or TRACE")                                   \
+  X(DEBUG_SUBSYS, "ALL", "subsystems to log: ALL or a list of INIT,BOOT,NET,COLL; ^ excludes") \
+  X(RANK, "", "this process's rank (takes precedence over RANK, OMPI_*, SLURM_*)")          \
+  X(SIZE, "", "number of ranks (takes precedence over WORLD_SIZE, OMPI_*, SLURM_*)")         \
+  X(LOCAL_RANK, "", "rank among the ranks of this host")                                     \
+  X(RENDEZVOUS, "", "host:port of the rendezvous (rank 0 listens); else MASTER_ADDR:MASTER_PORT") \
+  X(SOCKET_IFNAME, "", "interfaces for data sockets: eth0 (prefix), =eth0 (exact), ^docker (exclude)") \
+  X(SOCKET_FAMILY, "", "address family for data sockets: 4, 6, or empty for either")        \
+  X(CHUNK_BYTES, "262144", "bytes per pipelined chunk (slot size) in ring and tree algorithms") \
+  X(TCP_BUF_BYTES, "0", "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning") \
+  X(SPIN_US, "auto", "microseconds to busy-poll before sleeping; auto: 50, or 0 when ranks outnumber cores") \
+  X(ALGO, "auto", "allreduce algorithm: auto, ring or rd (recursive doubling)")             \
+  X(RD_MAX_BYTES, "16384", "auto picks recursive doubling for allreduce up to this many bytes") \
+  X(BCAST_FANOUT, "0", "broadcast tree fan-out; 0 = auto (binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
+  X(BCAST_CHAIN_BYTES, "65536", "broadcasts of at least this many bytes use a pipelined chain")
+
+enum weft_setting_id {
+#define WEFT_SETTING_ENUM_(id, dflt, help) WEFT_SETTING_##id,
+  WEFT_SETTINGS_MAP(WEFT_SETTING_ENUM_)
+#undef WEFT_SETTING_ENUM_
+  WEFT_SETTING_COUNT
+};
+
+/* Current value as text ("" when empty); never NULL. */
+const char *weft_setting_str(enum weft_setting_id id);
+/* Parsed as a number; `fallback` when empty or unparsable (a warning is logged once). */
+double weft_setting_double(enum weft_setting_id id, double fallback);
+long long weft_setting_ll(enum weft_setting_id id, long long fallback);
+/* Re-reads the environment (tests change it between communicators). */
+void weft_settings_reload(void);
+
+#endif

@@ -1,0 +1,382 @@
+/* weft-bench - an nccl-tests-style sweep of weft_allreduce / weft_broadcast.
+ * Prints one row per size with nccl-tests' columns (size count type redop
+ * root, then time algbw busbw #wrong out of place and in place), so scripts
+ * written for nccl-tests read it. Runs under weftrun, mpirun, srun or
+ * torchrun alike (weft_comm_init_env).
+ *
+ * --peers switches to the CLI and row format of ../shared/peers
+ * (bench_common.h): -c allreduce|bcast, median of per-iteration times with a
+ * barrier before each, max over ranks; for side-by-side tables. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "weft.h"
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+static size_t parse_size(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  switch (*end) {
+    case 'k': case 'K': v *= 1024; break;
+    case 'm': case 'M': v *= 1024 * 1024; break;
+    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; break;
+  }
+  return (size_t)v;
+}
+
+static void *alloc_prefaulted(size_t bytes) {
+  void *p = NULL;
+  size_t len = (bytes + 4095) & ~(size_t)4095;
+  if (posix_memalign(&p, 4096, len ? len : 4096)) return NULL;
+  memset(p, 0, len ? len : 4096);
+  return p;
+}
+
+static void die(weft_comm *comm, weft_status st, const char *what) {
+  fprintf(stderr, "weft-bench: %s: %s: %s\n", what, weft_strerror(st), weft_last_error(comm));
+  exit(1);
+}
+
+static double max_over_ranks(weft_comm *comm, double v) {
+  weft_status st = weft_allreduce(comm, &v, &v, 1, WEFT_F64, WEFT_MAX);
+  if (st) die(comm, st, "allreduce of timings");
+  return v;
+}
+
+static long sum_over_ranks(weft_comm *comm, long v) {
+  int64_t x = v;
+  weft_status st = weft_allreduce(comm, &x, &x, 1, WEFT_I64, WEFT_SUM);
+  if (st) die(comm, st, "allreduce of error counts");
+  return (long)x;
+}
+
+/* ---- element access for the check, in double ----------------------------- */
+
+static double half_to_double(uint16_t h, int bf) {
+  uint32_t bits;
+  if (bf) {
+    bits = (uint32_t)h << 16;
+  } else {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023;
+    if (exp == 0) return (sign ? -1 : 1) * ldexp(man, -24);
+    if (exp == 31) return man ? NAN : (sign ? -INFINITY : INFINITY);
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+static double get_elem(const void *buf, size_t i, weft_dtype dt) {
+  switch (dt) {
+    case WEFT_F32: return ((const float *)buf)[i];
+    case WEFT_F64: return ((const double *)buf)[i];
+    case WEFT_F16: return half_to_double(((const uint16_t *)buf)[i], 0);
+    case WEFT_BF16: return half_to_double(((const uint16_t *)buf)[i], 1);
+    case WEFT_I8: return ((const int8_t *)buf)[i];
+    case WEFT_U8: return ((const uint8_t *)buf)[i];
+    case WEFT_I32: return ((const int32_t *)buf)[i];
+    case WEFT_I64: return (double)((const int64_t *)buf)[i];
+    default: return 0;
+  }
+}
+
+/* Small integers (exact in every type): 1..4 */
+static int pattern(size_t i, int rank) { return (int)((i * 7 + (size_t)rank * 3) % 4) + 1; }
+
+static void set_elem(void *buf, size_t i, weft_dtype dt, int v) {
+  switch (dt) {
+    case WEFT_F32: ((float *)buf)[i] = (float)v; break;
+    case WEFT_F64: ((double *)buf)[i] = v; break;
+    case WEFT_F16: { /* small positive integers: exact binary16 */
+      int e = 0;
+      while ((v >> e) > 1) e++;
+      uint16_t man = (uint16_t)(((unsigned)v << (10 - e)) & 1023);
+      ((uint16_t *)buf)[i] = (uint16_t)(((e + 15) << 10) | man);
+      break;
+    }
+    case WEFT_BF16: {
+      float f = (float)v;
+      uint32_t bits;
+      memcpy(&bits, &f, 4);
+      ((uint16_t *)buf)[i] = (uint16_t)(bits >> 16);
+      break;
+    }
+    case WEFT_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case WEFT_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case WEFT_I32: ((int32_t *)buf)[i] = v; break;
+    case WEFT_I64: ((int64_t *)buf)[i] = v; break;
+    default: break;
+  }
+}
+
+static double expected(size_t i, int np, weft_op op, int is_bcast, int root) {
+  if (is_bcast) return pattern(i, root);
+  double acc = pattern(i, 0);
+  for (int r = 1; r < np; r++) {
+    double v = pattern(i, r);
+    switch (op) {
+      case WEFT_SUM: case WEFT_AVG: acc += v; break;
+      case WEFT_PROD: acc *= v; break;
+      case WEFT_MIN: acc = v < acc ? v : acc; break;
+      case WEFT_MAX: acc = v > acc ? v : acc; break;
+      default: break;
+    }
+  }
+  return op == WEFT_AVG ? acc / np : acc;
+}
+
+/* ---- nccl-tests mode ------------------------------------------------------ */
+
+struct opts {
+  size_t minb, maxb;
+  int factor, iters, warmup, check, root, is_bcast;
+  weft_dtype dtype;
+  weft_op op;
+};
+
+static weft_status run_once(weft_comm *comm, const struct opts *o, const void *send, void *recv,
+                            size_t count) {
+  if (o->is_bcast) return weft_broadcast(comm, send, recv, count, o->dtype, o->root);
+  return weft_allreduce(comm, send, recv, count, o->dtype, o->op);
+}
+
+static long check_result(weft_comm *comm, const struct opts *o, void *send, void *recv,
+                         size_t count, int in_place) {
+  int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
+  for (size_t i = 0; i < count; i++) set_elem(send, i, o->dtype, pattern(i, rank));
+  if (!in_place) memset(recv, 0, count * weft_dtype_size(o->dtype));
+  void *dst = in_place ? send : recv;
+  weft_status st = run_once(comm, o, send, dst, count);
+  if (st) die(comm, st, "checked run");
+  long wrong = 0;
+  int is_int = o->dtype >= WEFT_I8;
+  double tol = o->dtype == WEFT_F16 || o->dtype == WEFT_BF16 ? 1e-2 : 1e-6;
+  for (size_t i = 0; i < count; i++) {
+    double want = expected(i, np, o->op, o->is_bcast, o->root);
+    if (is_int && o->op == WEFT_AVG) want = trunc(want);
+    if (is_int && o->dtype == WEFT_I8) want = (double)(int8_t)(int64_t)want;
+    if (is_int && o->dtype == WEFT_U8) want = (double)(uint8_t)(int64_t)want;
+    double got = get_elem(dst, i, o->dtype);
+    if (fabs(got - want) > tol * fabs(want)) wrong++;
+  }
+  return sum_over_ranks(comm, wrong);
+}
+
+static double time_batch(weft_comm *comm, const struct opts *o, const void *send, void *recv,
+                         size_t count) {
+  for (int i = 0; i < o->warmup; i++) {
+    weft_status st = run_once(comm, o, send, recv, count);
+    if (st) die(comm, st, "warmup");
+  }
+  weft_status st = weft_barrier(comm);
+  if (st) die(comm, st, "barrier");
+  double t0 = now_us();
+  for (int i = 0; i < o->iters; i++) {
+    st = run_once(comm, o, send, recv, count);
+    if (st) die(comm, st, "timed run");
+  }
+  return max_over_ranks(comm, (now_us() - t0) / o->iters);
+}
+
+static int nccl_mode(int argc, char **argv) {
+  struct opts o = {8, 64u << 20, 2, 20, 5, 1, 0, 0, WEFT_F32, WEFT_SUM};
+  const char *dnames[] = {"float", "double", "half", "bfloat16", "int8", "uint8", "int32", "int64"};
+  int c;
+  while ((c = getopt(argc, argv, "b:e:f:n:w:c:d:o:r:C:h")) != -1) {
+    switch (c) {
+      case 'b': o.minb = parse_size(optarg); break;
+      case 'e': o.maxb = parse_size(optarg); break;
+      case 'f': o.factor = atoi(optarg); break;
+      case 'n': o.iters = atoi(optarg); break;
+      case 'w': o.warmup = atoi(optarg); break;
+      case 'c': o.check = atoi(optarg); break;
+      case 'r': o.root = atoi(optarg); break;
+      case 'C': o.is_bcast = !strcmp(optarg, "broadcast") || !strcmp(optarg, "bcast"); break;
+      case 'd': {
+        int found = 0;
+        for (int d = 0; d < WEFT_DTYPE_COUNT; d++)
+          if (!strcmp(optarg, weft_dtype_name((weft_dtype)d)) || !strcmp(optarg, dnames[d])) {
+            o.dtype = (weft_dtype)d;
+            found = 1;
+          }
+        if (!found) { fprintf(stderr, "weft-bench: unknown dtype %s\n", optarg); return 2; }
+        break;
+      }
+      case 'o': {
+        int found = 0;
+        for (int p = 0; p < WEFT_OP_COUNT; p++)
+          if (!strcmp(optarg, weft_op_name((weft_op)p))) { o.op = (weft_op)p; found = 1; }
+        if (!found) { fprintf(stderr, "weft-bench: unknown op %s\n", optarg); return 2; }
+        break;
+      }
+      default:
+        fprintf(stderr,
+                "usage: weft-bench [-C allreduce|broadcast] [-b minbytes] [-e maxbytes] [-f factor]\n"
+                "                  [-n iters] [-w warmup] [-c 0|1 check] [-d dtype] [-o op] [-r root]\n"
+                "       weft-bench --peers [-c allreduce|bcast] ... (../shared/peers format)\n"
+                "Run one process per rank: weftrun -n 4 weft-bench, or under mpirun/srun/torchrun.\n");
+        return c == 'h' ? 0 : 2;
+    }
+  }
+  if (o.factor < 2) o.factor = 2;
+  weft_comm *comm;
+  weft_status st = weft_comm_init_env(&comm);
+  if (st) die(NULL, st, "init");
+  int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
+  if (o.root < 0 || o.root >= np) o.root = 0;
+  size_t esz = weft_dtype_size(o.dtype);
+  void *send = alloc_prefaulted(o.maxb), *recv = alloc_prefaulted(o.maxb);
+  if (!send || !recv) die(comm, WEFT_ERR_NOMEM, "buffers");
+  if (rank == 0) {
+    printf("# weft-bench %s: %s, %d ranks, dtype %s, op %s, iters %d, warmup %d, check %d\n",
+           weft_version_string(), o.is_bcast ? "broadcast" : "allreduce", np,
+           weft_dtype_name(o.dtype), o.is_bcast ? "none" : weft_op_name(o.op), o.iters, o.warmup, o.check);
+    printf("#%62s%34s\n", "out-of-place", "in-place");
+    printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type",
+           "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+    printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "(B)", "(elements)", "", "",
+           "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  }
+  double bw_sum = 0;
+  int rows = 0;
+  for (size_t bytes = o.minb; bytes <= o.maxb; bytes *= (size_t)o.factor) {
+    size_t count = bytes / esz;
+    double busf = o.is_bcast ? 1.0 : 2.0 * (np - 1) / np;
+    double t[2], algbw[2];
+    long wrong[2] = {0, 0};
+    for (int ip = 0; ip < 2; ip++) {
+      if (o.check) wrong[ip] = check_result(comm, &o, send, recv, count, ip);
+      t[ip] = time_batch(comm, &o, send, ip ? send : recv, count);
+      algbw[ip] = t[ip] > 0 ? count * esz / (t[ip] * 1e3) : 0;
+    }
+    if (rank == 0) {
+      printf(" %11zu %12zu %8s %6s %6d %8.2f %7.2f %7.2f %6ld %8.2f %7.2f %7.2f %6ld\n",
+             count * esz, count, dnames[o.dtype], o.is_bcast ? "none" : weft_op_name(o.op),
+             o.is_bcast ? o.root : -1, t[0], algbw[0], algbw[0] * busf, o.check ? wrong[0] : -1L,
+             t[1], algbw[1], algbw[1] * busf, o.check ? wrong[1] : -1L);
+      fflush(stdout);
+    }
+    bw_sum += algbw[1] * busf;
+    rows++;
+    if (bytes == 0) break;
+  }
+  if (rank == 0) printf("# Avg bus bandwidth    : %g\n#\n", rows ? bw_sum / rows : 0);
+  free(send);
+  free(recv);
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+/* ---- ../shared/peers mode ---------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static int peers_mode(int argc, char **argv) {
+  const char *coll = "allreduce", *label = "";
+  size_t minb = 8, maxb = 64u << 20, iter_bytes = 256u << 20;
+  int factor = 4, iters_min = 5, iters_max = 200, barrier = 1, c;
+  while ((c = getopt(argc, argv, "c:b:e:f:n:m:I:Nt:")) != -1) {
+    switch (c) {
+      case 'c': coll = optarg; break;
+      case 'b': minb = parse_size(optarg); break;
+      case 'e': maxb = parse_size(optarg); break;
+      case 'f': factor = atoi(optarg); break;
+      case 'n': iters_max = atoi(optarg); break;
+      case 'm': iters_min = atoi(optarg); break;
+      case 'I': iter_bytes = parse_size(optarg); break;
+      case 'N': barrier = 0; break;
+      case 't': label = optarg; break;
+      default: fprintf(stderr, "weft-bench --peers: see ../shared/peers/src/bench_common.h\n"); return 2;
+    }
+  }
+  int is_bcast = coll[0] == 'b';
+  if (minb < 4) minb = 4;
+  minb &= ~(size_t)3;
+  maxb &= ~(size_t)3;
+  if (factor < 2) factor = 2;
+  weft_comm *comm;
+  weft_status st = weft_comm_init_env(&comm);
+  if (st) die(NULL, st, "init");
+  int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
+  float *send = alloc_prefaulted(maxb), *recv = alloc_prefaulted(maxb);
+  double *times = malloc(sizeof(double) * (size_t)(iters_max > iters_min ? iters_max : iters_min));
+  if (!send || !recv || !times) die(comm, WEFT_ERR_NOMEM, "buffers");
+  if (rank == 0) {
+    printf("# peer=weft_%s coll=%s np=%d dtype=float32 op=%s label=\"%s\"\n", weft_version_string(),
+           coll, np, is_bcast ? "none(root=0)" : "sum", label);
+    printf("# timing: median over iters of per-iter time, max over ranks; %s; GB/s=1e9B/s\n",
+           barrier ? "barrier before each iter" : "back-to-back (no barrier)");
+    printf("# %10s %10s %6s %11s %10s %10s %6s\n", "bytes", "count", "iters", "time_us",
+           "algbw_GBs", "busbw_GBs", "check");
+    fflush(stdout);
+  }
+  for (size_t bytes = minb; bytes; bytes = bytes >= maxb ? 0 : (bytes * factor > maxb ? maxb : bytes * factor)) {
+    size_t count = bytes / 4;
+    for (size_t i = 0; i < count; i++) {
+      float v = (float)((i % 13) + 1);
+      send[i] = is_bcast ? (rank == 0 ? v : 0) : (float)(rank + 1) * v;
+      recv[i] = 0;
+    }
+    st = is_bcast ? weft_broadcast(comm, send, rank == 0 ? send : recv, count, WEFT_F32, 0)
+                  : weft_allreduce(comm, send, recv, count, WEFT_F32, WEFT_SUM);
+    if (st) die(comm, st, "checked run");
+    const float *res = is_bcast && rank == 0 ? send : recv;
+    float scale = is_bcast ? 1.0f : (float)(np * (np + 1) / 2);
+    long errs = 0;
+    for (size_t i = 0; i < count; i++)
+      if (res[i] != scale * (float)((i % 13) + 1)) errs++;
+    errs = sum_over_ranks(comm, errs);
+    size_t it = iter_bytes / bytes;
+    int iters = (int)(it < (size_t)iters_min ? (size_t)iters_min : it > (size_t)iters_max ? (size_t)iters_max : it);
+    for (int w = 0; w < iters / 10 + 1; w++) {
+      st = is_bcast ? weft_broadcast(comm, send, recv, count, WEFT_F32, 0)
+                    : weft_allreduce(comm, send, recv, count, WEFT_F32, WEFT_SUM);
+      if (st) die(comm, st, "warmup");
+    }
+    for (int k = 0; k < iters; k++) {
+      if (barrier && (st = weft_barrier(comm))) die(comm, st, "barrier");
+      double t0 = now_us();
+      st = is_bcast ? weft_broadcast(comm, send, recv, count, WEFT_F32, 0)
+                    : weft_allreduce(comm, send, recv, count, WEFT_F32, WEFT_SUM);
+      if (st) die(comm, st, "timed run");
+      times[k] = now_us() - t0;
+    }
+    qsort(times, (size_t)iters, sizeof(double), cmp_double);
+    double med = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
+    med = max_over_ranks(comm, med);
+    if (rank == 0) {
+      double algbw = bytes / (med * 1e-6) / 1e9;
+      printf("  %10zu %10zu %6d %11.2f %10.3f %10.3f %6s\n", bytes, count, iters, med, algbw,
+             algbw * (is_bcast ? 1.0 : 2.0 * (np - 1) / np), errs ? "FAIL" : "ok");
+      if (errs) printf("# FAIL: %ld wrong elements (summed over ranks)\n", errs);
+      fflush(stdout);
+    }
+  }
+  free(send);
+  free(recv);
+  free(times);
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "--peers")) {
+    argv[1] = argv[0];
+    return peers_mode(argc - 1, argv + 1);
+  }
+  return nccl_mode(argc, argv);
+}

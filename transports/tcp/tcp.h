@@ -1,0 +1,85 @@
+/* tcp.h - the TCP transport's private types. One socket per peer carries
+ * frames both ways: a 16-byte header (magic+type, seq, length) then the
+ * payload. The lower rank of a pair dials; the higher accepts. */
+#ifndef WEFT_TCP_H
+#define WEFT_TCP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "transports/transport.h"
+
+#define TCP_FRAME_MAGIC 0x57460000u /* "WF" + type in the low 16 bits */
+#define TCP_FRAME_DATA 1u
+#define TCP_FRAME_ABORT 2u
+#define TCP_ABORT_TEXT_MAX 300
+#define TCP_HANDSHAKE_MAGIC 0x57464853u /* "WFHS" */
+
+typedef struct tcp_frame_hdr {
+  uint32_t magic_type; /* network byte order on the wire, like every field */
+  uint32_t seq;
+  uint32_t len;
+  uint32_t reserved;
+} tcp_frame_hdr;
+
+typedef struct tcp_send_entry {
+  tcp_frame_hdr hdr;
+  const char *src;
+  size_t len;
+  size_t sent; /* bytes of header+payload already written */
+} tcp_send_entry;
+
+enum tcp_conn_state { TCP_CONN_AWAIT_ACCEPT, TCP_CONN_UP, TCP_CONN_DEAD };
+
+struct weft_conn {
+  struct weft_transport_ctx *ctx;
+  int peer;
+  int fd;
+  enum tcp_conn_state state;
+  weft_status dead_status; /* why, once DEAD */
+  char where[80];          /* peer's address, for messages */
+
+  tcp_send_entry *sq; /* ring of send_depth entries */
+  int sq_head, sq_count;
+
+  tcp_frame_hdr rhdr; /* header of the frame being received */
+  size_t rhdr_got;
+  size_t rpay_got;    /* payload bytes received into the target */
+  bool rframe_done;   /* header and payload complete, not yet released */
+  char *slot;         /* receive slot for recv_peek, chunk_bytes long */
+  bool want_recv;     /* a data call said AGAIN waiting for input */
+};
+
+struct weft_transport_ctx {
+  const weft_transport_init_args *args; /* owned by the core, outlives ctx */
+  int listen_fd;
+  struct sockaddr_storage addr;
+  socklen_t addr_len;
+  struct weft_conn **conns; /* by peer rank; NULL until first needed */
+  int awaiting_accept;      /* conns in TCP_CONN_AWAIT_ACCEPT */
+  struct pollfd *pfds;      /* scratch for wait, size+2 entries */
+  int nsending;             /* conns with queued sends */
+};
+
+/* tcp_conn.c */
+weft_status tcp_conn_create(struct weft_transport_ctx *ctx, int peer, struct weft_conn **out);
+weft_status tcp_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr,
+                          socklen_t len);
+weft_status tcp_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed);
+weft_status tcp_conn_push_sends(struct weft_conn *c, bool *progressed);
+weft_status tcp_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void tcp_conn_destroy(struct weft_conn *c);
+
+weft_status tcp_send_ready(struct weft_conn *c);
+weft_status tcp_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+                     const struct weft_mem_ops *mem);
+weft_status tcp_send_idle(struct weft_conn *c);
+weft_status tcp_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data);
+weft_status tcp_recv_release(struct weft_conn *c);
+weft_status tcp_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+                          const struct weft_mem_ops *mem);
+
+#endif

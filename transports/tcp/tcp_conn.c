@@ -1,0 +1,333 @@
+/* tcp_conn.c - one TCP connection to a peer: dialing and accepting with a
+ * handshake that names the communicator, and the framed data path. Sends go
+ * straight from the caller's buffer (writev of header+payload); receives read
+ * header and payload with one readv, into a slot or into the caller's buffer. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "src/log.h"
+#include "src/net.h"
+#include "src/settings.h"
+#include "src/status.h"
+#include "tcp.h"
+
+typedef struct tcp_handshake {
+  uint32_t magic;
+  uint32_t from;
+  uint32_t to;
+  uint32_t reserved;
+  uint32_t comm_hi, comm_lo;
+} tcp_handshake;
+
+weft_status tcp_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...) {
+  char what[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  weft_error_sink_set(c->ctx->args->errors, "%s", what);
+  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: connection to peer %d (%s) failed: %s", c->peer, c->where, what);
+  if (c->state == TCP_CONN_AWAIT_ACCEPT) c->ctx->awaiting_accept--;
+  if (c->sq_count) c->ctx->nsending--;
+  c->sq_count = 0;
+  c->state = TCP_CONN_DEAD;
+  c->dead_status = st;
+  return st;
+}
+
+weft_status tcp_conn_create(struct weft_transport_ctx *ctx, int peer, struct weft_conn **out) {
+  struct weft_conn *c = calloc(1, sizeof *c);
+  if (!c) return WEFT_ERR_NOMEM;
+  c->sq = calloc((size_t)ctx->args->send_depth, sizeof *c->sq);
+  if (!c->sq) {
+    free(c);
+    return WEFT_ERR_NOMEM;
+  }
+  c->ctx = ctx;
+  c->peer = peer;
+  c->fd = -1;
+  c->state = TCP_CONN_AWAIT_ACCEPT;
+  snprintf(c->where, sizeof c->where, "not connected");
+  ctx->awaiting_accept++;
+  *out = c;
+  return WEFT_OK;
+}
+
+void tcp_conn_destroy(struct weft_conn *c) {
+  if (c->fd >= 0) close(c->fd);
+  free(c->sq);
+  free(c->slot);
+  free(c);
+}
+
+static void tcp_tune_socket(int fd) {
+  net_set_nodelay(fd);
+  int bytes = (int)weft_setting_ll(WEFT_SETTING_TCP_BUF_BYTES, 0);
+  if (bytes > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+  }
+}
+
+static void tcp_conn_up(struct weft_conn *c, int fd) {
+  c->fd = fd;
+  c->state = TCP_CONN_UP;
+  c->ctx->awaiting_accept--;
+  struct sockaddr_storage peer;
+  socklen_t len = sizeof peer;
+  if (!getpeername(fd, (struct sockaddr *)&peer, &len))
+    net_addr_str((struct sockaddr *)&peer, c->where, sizeof c->where);
+  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d connected to peer %d at %s", c->ctx->args->rank,
+            c->peer, c->where);
+}
+
+weft_status tcp_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr,
+                          socklen_t len) {
+  struct weft_transport_ctx *ctx = c->ctx;
+  double deadline = weft_now() + ctx->args->timeout_s;
+  net_addr_str((const struct sockaddr *)addr, c->where, sizeof c->where);
+  int fd;
+  weft_error_sink err;
+  /* The peer's listener existed before the rendezvous ended: a refusal now
+   * means the peer is gone, so no retrying. */
+  weft_status st = net_connect(addr, len, deadline, false, &fd, &err);
+  if (st) return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "%s", err.msg);
+  tcp_tune_socket(fd);
+  tcp_handshake hs = {htonl(TCP_HANDSHAKE_MAGIC), htonl((uint32_t)ctx->args->rank),
+                      htonl((uint32_t)c->peer), 0, htonl((uint32_t)(ctx->args->comm_id >> 32)),
+                      htonl((uint32_t)ctx->args->comm_id)};
+  st = net_send_all(fd, &hs, sizeof hs, deadline, &err);
+  if (st) {
+    close(fd);
+    return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "handshake with %s: %s", c->where, err.msg);
+  }
+  tcp_conn_up(c, fd);
+  return WEFT_OK;
+}
+
+weft_status tcp_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed) {
+  int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd < 0) return WEFT_OK; /* nothing waiting (EAGAIN) or a transient failure */
+  tcp_tune_socket(fd);
+  tcp_handshake hs;
+  weft_error_sink err;
+  /* Dialers send the handshake right after connecting; a client that does
+   * not is not one of our ranks and gets a short deadline. */
+  double wait = ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
+  weft_status st = net_recv_all(fd, &hs, sizeof hs, weft_now() + wait, &err);
+  uint32_t from = ntohl(hs.from);
+  uint64_t comm = ((uint64_t)ntohl(hs.comm_hi) << 32) | ntohl(hs.comm_lo);
+  const char *why = NULL;
+  if (st)
+    why = err.msg;
+  else if (ntohl(hs.magic) != TCP_HANDSHAKE_MAGIC)
+    why = "not a weft handshake";
+  else if (comm != ctx->args->comm_id)
+    why = "handshake for another communicator";
+  else if (ntohl(hs.to) != (uint32_t)ctx->args->rank || from >= (uint32_t)ctx->args->rank)
+    why = "handshake with wrong ranks";
+  else if (ctx->conns[from] && ctx->conns[from]->state != TCP_CONN_AWAIT_ACCEPT)
+    why = "second connection from the same rank";
+  if (why) {
+    WEFT_WARN(WEFT_SUBSYS_NET, "tcp: rank %d refused an incoming connection: %s",
+              ctx->args->rank, why);
+    close(fd);
+    return WEFT_OK; /* the job goes on */
+  }
+  if (!ctx->conns[from]) WEFT_CHECK(tcp_conn_create(ctx, (int)from, &ctx->conns[from]));
+  tcp_conn_up(ctx->conns[from], fd);
+  *progressed = true;
+  return WEFT_OK;
+}
+
+/* ---- send path ---------------------------------------------------------- */
+
+weft_status tcp_conn_push_sends(struct weft_conn *c, bool *progressed) {
+  struct iovec iov[64];
+  int depth = c->ctx->args->send_depth;
+  while (c->sq_count) {
+    int n = 0;
+    for (int i = 0; i < c->sq_count && n + 2 <= 64; i++) {
+      tcp_send_entry *e = &c->sq[(c->sq_head + i) % depth];
+      size_t off = e->sent;
+      if (off < sizeof e->hdr) {
+        iov[n++] = (struct iovec){(char *)&e->hdr + off, sizeof e->hdr - off};
+        off = sizeof e->hdr;
+      }
+      if (e->len > off - sizeof e->hdr)
+        iov[n++] = (struct iovec){(char *)e->src + (off - sizeof e->hdr), e->len - (off - sizeof e->hdr)};
+    }
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EINTR) return WEFT_OK;
+      return tcp_conn_fail(c, weft_status_from_errno(errno) == WEFT_ERR_SYSTEM ? WEFT_ERR_SYSTEM
+                                                                             : WEFT_ERR_PEER_LOST,
+                           "sending to %s: %s", c->where, strerror(errno));
+    }
+    *progressed = true;
+    size_t left = (size_t)w;
+    while (left && c->sq_count) {
+      tcp_send_entry *e = &c->sq[c->sq_head];
+      size_t need = sizeof e->hdr + e->len - e->sent;
+      size_t take = left < need ? left : need;
+      e->sent += take;
+      left -= take;
+      if (e->sent == sizeof e->hdr + e->len) {
+        c->sq_head = (c->sq_head + 1) % depth;
+        if (--c->sq_count == 0) c->ctx->nsending--;
+      }
+    }
+  }
+  return WEFT_OK;
+}
+
+weft_status tcp_send_ready(struct weft_conn *c) {
+  if (c->state == TCP_CONN_UP) return c->sq_count < c->ctx->args->send_depth ? WEFT_OK : WEFT_AGAIN;
+  if (c->state == TCP_CONN_DEAD) return c->dead_status;
+  return WEFT_AGAIN;
+}
+
+weft_status tcp_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+                     const struct weft_mem_ops *mem) {
+  (void)mem; /* host memory: the socket reads it directly */
+  weft_status st = tcp_send_ready(c);
+  if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
+  if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
+  int depth = c->ctx->args->send_depth;
+  tcp_send_entry *e = &c->sq[(c->sq_head + c->sq_count) % depth];
+  e->hdr = (tcp_frame_hdr){htonl(TCP_FRAME_MAGIC | TCP_FRAME_DATA), htonl(seq),
+                           htonl((uint32_t)bytes), 0};
+  e->src = src;
+  e->len = bytes;
+  e->sent = 0;
+  if (c->sq_count++ == 0) c->ctx->nsending++;
+  bool progressed;
+  return tcp_conn_push_sends(c, &progressed);
+}
+
+weft_status tcp_send_idle(struct weft_conn *c) {
+  if (c->state == TCP_CONN_DEAD) return c->dead_status;
+  if (c->state != TCP_CONN_UP) return WEFT_OK; /* nothing was ever posted */
+  bool progressed;
+  WEFT_CHECK(tcp_conn_push_sends(c, &progressed));
+  return c->sq_count ? WEFT_AGAIN : WEFT_OK;
+}
+
+/* ---- receive path ------------------------------------------------------- */
+
+static weft_status tcp_read_abort(struct weft_conn *c, const char *target, size_t in_target) {
+  size_t len = ntohl(c->rhdr.len);
+  if (len > TCP_ABORT_TEXT_MAX) len = TCP_ABORT_TEXT_MAX;
+  char text[TCP_ABORT_TEXT_MAX + 1];
+  size_t got = in_target < len ? in_target : len;
+  memcpy(text, target, got);
+  weft_error_sink err;
+  if (got < len && net_recv_all(c->fd, text + got, len - got, weft_now() + 1.0, &err)) len = got;
+  text[len] = 0;
+  return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d failed: %s", c->peer, text);
+}
+
+static weft_status tcp_check_header(struct weft_conn *c, uint32_t seq, size_t bytes,
+                                    const char *target) {
+  uint32_t mt = ntohl(c->rhdr.magic_type);
+  if ((mt & 0xffff0000u) != TCP_FRAME_MAGIC)
+    return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "garbage on the connection from %s", c->where);
+  if ((mt & 0xffffu) == TCP_FRAME_ABORT) return tcp_read_abort(c, target, c->rpay_got);
+  if ((mt & 0xffffu) != TCP_FRAME_DATA)
+    return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "unknown frame type %u from %s", mt & 0xffffu,
+                         c->where);
+  uint32_t rseq = ntohl(c->rhdr.seq), rlen = ntohl(c->rhdr.len);
+  if (rseq != seq)
+    return tcp_conn_fail(c, WEFT_ERR_MISMATCH,
+                         "peer %d sent data of its collective call #%u while this rank is in call "
+                         "#%u (a rank skipped or added a call)",
+                         c->peer, rseq, seq);
+  if (rlen != bytes)
+    return tcp_conn_fail(c, WEFT_ERR_MISMATCH,
+                         "peer %d sent a %u-byte chunk where this rank expects %zu bytes in call "
+                         "#%u (counts or dtypes differ between ranks)",
+                         c->peer, rlen, bytes, seq);
+  return WEFT_OK;
+}
+
+/* Reads one frame of `bytes` payload into target; OK when complete. */
+static weft_status tcp_recv_frame(struct weft_conn *c, uint32_t seq, size_t bytes, char *target) {
+  if (c->state == TCP_CONN_DEAD) return c->dead_status;
+  if (c->state != TCP_CONN_UP) {
+    c->want_recv = true;
+    return WEFT_AGAIN;
+  }
+  while (c->rhdr_got < sizeof c->rhdr || c->rpay_got < bytes) {
+    struct iovec iov[2];
+    int n = 0;
+    if (c->rhdr_got < sizeof c->rhdr)
+      iov[n++] = (struct iovec){(char *)&c->rhdr + c->rhdr_got, sizeof c->rhdr - c->rhdr_got};
+    if (c->rpay_got < bytes) iov[n++] = (struct iovec){target + c->rpay_got, bytes - c->rpay_got};
+    ssize_t r = readv(c->fd, iov, n);
+    if (r == 0)
+      return tcp_conn_fail(c, WEFT_ERR_PEER_LOST,
+                           "peer %d (%s) closed the connection: its process ended or crashed",
+                           c->peer, c->where);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        c->want_recv = true;
+        return WEFT_AGAIN;
+      }
+      return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "receiving from peer %d (%s): %s", c->peer,
+                           c->where, strerror(errno));
+    }
+    size_t got = (size_t)r;
+    bool hdr_was_open = c->rhdr_got < sizeof c->rhdr;
+    if (hdr_was_open) {
+      size_t h = sizeof c->rhdr - c->rhdr_got;
+      size_t take = got < h ? got : h;
+      c->rhdr_got += take;
+      got -= take;
+    }
+    c->rpay_got += got;
+    if (hdr_was_open && c->rhdr_got == sizeof c->rhdr) WEFT_CHECK(tcp_check_header(c, seq, bytes, target));
+  }
+  return WEFT_OK;
+}
+
+weft_status tcp_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data) {
+  if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
+  if (!c->slot) {
+    c->slot = malloc(c->ctx->args->chunk_bytes ? c->ctx->args->chunk_bytes : 1);
+    if (!c->slot) return WEFT_ERR_NOMEM;
+  }
+  if (!c->rframe_done) {
+    weft_status st = tcp_recv_frame(c, seq, bytes, c->slot);
+    if (st) return st;
+    c->rframe_done = true;
+  }
+  *data = c->slot;
+  return WEFT_OK;
+}
+
+weft_status tcp_recv_release(struct weft_conn *c) {
+  if (!c->rframe_done) return c->state == TCP_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
+  c->rframe_done = false;
+  c->rhdr_got = 0;
+  c->rpay_got = 0;
+  return WEFT_OK;
+}
+
+weft_status tcp_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+                          const struct weft_mem_ops *mem) {
+  (void)mem; /* host memory: the socket writes it directly */
+  if (c->rframe_done) return WEFT_ERR_INTERNAL; /* a peeked chunk was not released */
+  weft_status st = tcp_recv_frame(c, seq, bytes, dst);
+  if (st) return st;
+  c->rhdr_got = 0;
+  c->rpay_got = 0;
+  return WEFT_OK;
+}
