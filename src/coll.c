@@ -114,7 +114,10 @@ static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, .
   weft_comm_error(comm, st, desc, "%s", what);
   comm->failed = st;
   char reason[600];
-  snprintf(reason, sizeof reason, "rank %d failed in %s: %s", comm->rank, desc, what);
+  if (comm->sink.origin[0])
+    snprintf(reason, sizeof reason, "%s", comm->sink.origin);
+  else
+    snprintf(reason, sizeof reason, "rank %d failed in %s: %s", comm->rank, desc, what);
   comm->tp->abort_all(comm->tp_ctx, reason);
   return st;
 }
@@ -126,7 +129,9 @@ static weft_status coll_flush(weft_coll *coll) {
   for (int i = 0; i < comm->nactive; i++) {
     int peer = comm->active[i];
     if (comm->peers[peer].last_send_seq != coll->seq) continue;
-    WEFT_CHECK(weft_link_send_idle(coll, peer));
+    /* the caller may reuse its buffer once we return: every chunk must be out */
+    weft_status st = weft_link_send_idle(coll, peer);
+    if (st != WEFT_OK) return st;
   }
   return WEFT_OK;
 }
@@ -188,14 +193,17 @@ static weft_status coll_run_locked(weft_coll *coll) {
   int peer = coll->waiting_peer;
   switch (st) {
     case WEFT_ERR_ABORTED:
+      comm->sink.origin[0] = 0;
       return coll_fail(coll, st, "weft_comm_abort was called");
     case WEFT_ERR_TIMEOUT:
+      comm->sink.origin[0] = 0;
       return coll_fail(coll, st,
                        "no progress for %.1f s while waiting for %s peer %d (%s algorithm); is "
                        "peer %d alive and in the same call?",
                        comm->timeout_s, coll->waiting_for ? coll->waiting_for : "", peer,
                        coll->algo, peer);
     default:
+      if (comm->sink.origin[0]) return coll_fail(coll, st, "%s", comm->sink.msg);
       if (peer >= 0)
         return coll_fail(coll, st, "peer %d: %s", peer, comm->sink.msg);
       return coll_fail(coll, st, "%s", comm->sink.msg);

@@ -26,6 +26,8 @@ static struct setting settings_table[WEFT_SETTING_COUNT] = {
 
 static pthread_mutex_t settings_lock = PTHREAD_MUTEX_INITIALIZER;
 static int settings_loaded;
+static void settings_mark_stale(void);
+static void weft_settings_register_fork(void) { pthread_atfork(NULL, NULL, settings_mark_stale); }
 
 static void settings_load_locked(void) {
   for (int i = 0; i < WEFT_SETTING_COUNT; i++) {
@@ -36,7 +38,17 @@ static void settings_load_locked(void) {
   settings_loaded = 1;
 }
 
+/* A forked child (a rank started by a launcher or a test) reads its own
+ * environment, not the parent's snapshot. */
+static void settings_mark_stale(void) {
+  pthread_mutex_init(&settings_lock, NULL); /* the fork may have copied it held */
+  settings_loaded = 0;
+  weft_log_level_now = -1;
+}
+
 static void settings_ensure(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, weft_settings_register_fork);
   pthread_mutex_lock(&settings_lock);
   if (!settings_loaded) settings_load_locked();
   pthread_mutex_unlock(&settings_lock);

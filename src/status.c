@@ -46,6 +46,7 @@ weft_status weft_status_from_errno(int err) {
 
 void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...) {
   if (!sink) return;
+  sink->origin[0] = 0;
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(sink->msg, sizeof sink->msg, fmt, ap);

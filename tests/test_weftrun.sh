@@ -135,23 +135,34 @@ check "a 50000-byte line is split into prefixed pieces, nothing lost" long_line_
 
 # ---- failures ----
 
+# Under 4 s, not just under 10: it is SIGTERM that stops the sleepers, not
+# the SIGKILL that follows 5 s later.
 rank_failure_stops_the_rest() {
-    [ "$rc" = 3 ] && [ "$elapsed" -lt 10 ] &&
+    [ "$rc" = 3 ] && [ "$elapsed" -lt 4 ] &&
         grep -q '^weftrun: rank 1 exited with status 3' "$TMP/err"
 }
 run -n 3 sh -c 'if [ "$WEFT_RANK" = 1 ]; then exit 3; fi; exec sleep 100'
-check "rank 1 exiting 3 gives exit 3, and the sleeping ranks are stopped in < 10 s" \
+check "rank 1 exiting 3 gives exit 3, and the sleeping ranks are stopped in < 4 s" \
     rank_failure_stops_the_rest
 
-# The sleeping ranks ignore SIGTERM (exec keeps it ignored): only SIGKILL,
-# 5 s later, ends them.
-run -n 3 sh -c 'trap "" TERM; if [ "$WEFT_RANK" = 1 ]; then exit 3; fi; exec sleep 100'
-check "ranks that ignore SIGTERM are killed after the grace period" \
+# The sleepers ignore SIGTERM (exec keeps it ignored): only the SIGKILL 5 s
+# later ends them. Rank 1 fails only once they are ready, or SIGTERM could
+# come before their trap.
+export READY_DIR="$TMP"
+rm -f "$TMP"/ready.*
+run -n 3 sh -c 'trap "" TERM
+    if [ "$WEFT_RANK" = 1 ]; then
+        until [ -e "$READY_DIR/ready.0" ] && [ -e "$READY_DIR/ready.2" ]; do sleep 0.05; done
+        exit 3
+    fi
+    touch "$READY_DIR/ready.$WEFT_RANK"
+    exec sleep 100'
+check "ranks that ignore SIGTERM are killed 5 s later" \
     [ "$rc" = 3 -a "$elapsed" -ge 4 -a "$elapsed" -lt 10 ]
 
 run -n 2 sh -c 'if [ "$WEFT_RANK" = 0 ]; then kill -KILL $$; fi; exec sleep 100'
-check "a rank killed by SIGKILL gives 128+9, and the rest stop in < 10 s" \
-    [ "$rc" = 137 -a "$elapsed" -lt 10 ]
+check "a rank killed by SIGKILL gives 128+9, and the rest stop in < 4 s" \
+    [ "$rc" = 137 -a "$elapsed" -lt 4 ]
 check "the signal death is named on stderr" \
     grep -q '^weftrun: rank 0 was killed by signal 9' "$TMP/err"
 
@@ -164,7 +175,7 @@ check "a program not on PATH gives 127" [ "$rc" = 127 ]
 
 # ---- signals ----
 
-# A rank that says which signal reached it, then exits 5.
+# A rank that says which signal reached it, then exits 5. READY_DIR is exported.
 cat >"$TMP/trapper.sh" <<'EOF'
 trap 'echo "got TERM"; kill $sleeper; exit 5' TERM
 trap 'echo "got USR1"; kill $sleeper; exit 5' USR1
@@ -179,7 +190,9 @@ EOF
 forward_check() {
     rm -f "$TMP"/ready.* "$TMP/pid"
     start=$(date +%s)
-    READY_DIR=$TMP timeout 20 sh -c 'echo $$ >"$0"; exec "$@"' "$TMP/pid" \
+    # KILL, not TERM, on timeout: TERM to the process group would reach the
+    # ranks without weftrun's help.
+    timeout -s KILL 20 sh -c 'echo $$ >"$0"; exec "$@"' "$TMP/pid" \
         "$WEFTRUN" -n 3 sh "$TMP/trapper.sh" >"$TMP/out" 2>"$TMP/err" &
     job=$!
     tries=0
@@ -203,7 +216,7 @@ forward_check USR1
 # ---- timeout ----
 
 run --timeout 1 -n 2 sleep 100
-check "--timeout 1 stops a job of sleepers with 124 in < 10 s" [ "$rc" = 124 -a "$elapsed" -lt 10 ]
+check "--timeout 1 stops a job of sleepers with 124 in < 5 s" [ "$rc" = 124 -a "$elapsed" -lt 5 ]
 check "the timeout is named on stderr" grep -q 'timeout' "$TMP/err"
 
 run --timeout=10 -n 2 true

@@ -49,6 +49,8 @@ struct weft_mem_ops;
 /* Where a transport writes the sentence describing its last error. */
 typedef struct weft_error_sink {
   char msg[384];
+  char origin[384]; /* when the error is a peer's failure notice: its words,
+                       passed on unchanged so every rank names the first cause */
 } weft_error_sink;
 void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -231,7 +231,9 @@ static weft_status tcp_read_abort(struct weft_conn *c, const char *target, size_
   weft_error_sink err;
   if (got < len && net_recv_all(c->fd, text + got, len - got, weft_now() + 1.0, &err)) len = got;
   text[len] = 0;
-  return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d failed: %s", c->peer, text);
+  weft_status st = tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s", c->peer, text);
+  snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
+  return st;
 }
 
 static weft_status tcp_check_header(struct weft_conn *c, uint32_t seq, size_t bytes,

@@ -1,0 +1,255 @@
+/* harness.h - runs N ranks as real processes for the tests. The parent forks
+ * first and makes the unique id afterwards (its rendezvous thread must not be
+ * copied into children), then hands the id to each child over a pipe. Every
+ * run is bounded: ranks still alive at the deadline are killed and counted
+ * as failed, so a hang is a test failure, never a stuck suite. */
+#ifndef WEFT_TEST_HARNESS_H
+#define WEFT_TEST_HARNESS_H
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "weft.h"
+
+#define HARNESS_MAX_RANKS 64
+
+/* Shared with the children: per-rank result words. */
+typedef struct harness_shared {
+  uint64_t word[HARNESS_MAX_RANKS];
+  double seconds[HARNESS_MAX_RANKS];
+  int status[HARNESS_MAX_RANKS];
+  char message[HARNESS_MAX_RANKS][256];
+} harness_shared;
+
+static harness_shared *harness_shm;
+
+static inline double harness_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static inline void harness_init(void) {
+  if (!harness_shm) {
+    harness_shm = mmap(NULL, sizeof *harness_shm, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (harness_shm == MAP_FAILED) abort();
+  }
+  memset(harness_shm, 0, sizeof *harness_shm);
+}
+
+/* A rank's body: rank, size, the job's id; returns 0 on success. */
+typedef int (*harness_rank_fn)(int rank, int size, const weft_unique_id *id, void *arg);
+
+/* Starts `n` ranks with `env` ("NAME=VALUE" strings, NULL-terminated, may
+ * be NULL) set in each; returns how many failed (non-zero exit, signal, or
+ * still running at `timeout_s`). */
+static inline int harness_run(int n, const char *const *env, double timeout_s, harness_rank_fn fn,
+                              void *arg) {
+  pid_t pids[HARNESS_MAX_RANKS];
+  int pipes[HARNESS_MAX_RANKS][2];
+  fflush(NULL);
+  for (int r = 0; r < n; r++) {
+    if (pipe(pipes[r])) abort();
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
+      close(pipes[r][1]);
+      weft_unique_id id;
+      struct pollfd p = {pipes[r][0], POLLIN, 0};
+      if (poll(&p, 1, 20000) != 1 || read(pipes[r][0], &id, sizeof id) != (ssize_t)sizeof id) _exit(90);
+      int rc = fn(r, n, &id, arg);
+      fflush(NULL);
+      _exit(rc ? 1 : 0);
+    }
+    close(pipes[r][0]);
+  }
+  weft_unique_id id;
+  if (weft_get_unique_id(&id)) {
+    fprintf(stderr, "harness: weft_get_unique_id: %s\n", weft_last_error(NULL));
+    memset(&id, 0, sizeof id);
+  }
+  for (int r = 0; r < n; r++) {
+    if (write(pipes[r][1], &id, sizeof id) != (ssize_t)sizeof id) perror("harness: write id");
+    close(pipes[r][1]);
+  }
+  int failed = 0, left = n;
+  double deadline = harness_now() + timeout_s;
+  int done[HARNESS_MAX_RANKS] = {0};
+  while (left > 0) {
+    int st;
+    pid_t pid = waitpid(-1, &st, WNOHANG);
+    if (pid > 0) {
+      for (int r = 0; r < n; r++)
+        if (pids[r] == pid && !done[r]) {
+          done[r] = 1;
+          left--;
+          if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            failed++;
+            fprintf(stderr, "harness: rank %d %s %d\n", r, WIFEXITED(st) ? "exited with" : "killed by signal",
+                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+          }
+        }
+      continue;
+    }
+    if (harness_now() > deadline) {
+      for (int r = 0; r < n; r++)
+        if (!done[r]) {
+          fprintf(stderr, "harness: rank %d still running after %.0f s: killed (a hang)\n", r, timeout_s);
+          kill(pids[r], SIGKILL);
+        }
+      while (left > 0) {
+        pid = waitpid(-1, &st, 0);
+        for (int r = 0; r < n; r++)
+          if (pids[r] == pid && !done[r]) {
+            done[r] = 1;
+            left--;
+            failed++;
+          }
+      }
+      break;
+    }
+    struct timespec pause = {0, 2000000};
+    nanosleep(&pause, NULL);
+  }
+  return failed;
+}
+
+/* Rank body helper: a communicator from the id, or a message and NULL. */
+static inline weft_comm *harness_comm(int rank, int size, const weft_unique_id *id) {
+  weft_comm *comm = NULL;
+  weft_status st = weft_comm_init_rank(&comm, id, rank, size);
+  if (st) fprintf(stderr, "rank %d: init failed: %s\n", rank, weft_last_error(NULL));
+  return comm;
+}
+
+/* ---- data and reference ------------------------------------------------ */
+
+static inline uint64_t harness_rng(uint64_t *s) {
+  uint64_t x = *s;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  *s = x;
+  return x * 0x2545F4914F6CDD1DULL;
+}
+
+static inline uint64_t harness_seed(uint64_t base, int rank, int tag) {
+  uint64_t s = base ^ (0x9E3779B97F4A7C15ULL * (uint64_t)(rank + 1)) ^ ((uint64_t)tag << 40);
+  for (int i = 0; i < 4; i++) harness_rng(&s);
+  return s ? s : 1;
+}
+
+/* Decoding written independently of the library's half.h. */
+static inline double harness_f16_to_double(uint16_t h) {
+  int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
+  double v;
+  if (exp == 0) v = ldexp(man, -24);
+  else if (exp == 31) v = man ? NAN : INFINITY;
+  else v = ldexp(1024 + man, exp - 25);
+  return sign ? -v : v;
+}
+static inline double harness_bf16_to_double(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+/* Exact encodings for values that are representable (multiples of 1/64 up to 4). */
+static inline uint16_t harness_double_to_f16_exact(double v) {
+  if (v == 0) return 0;
+  uint16_t sign = v < 0 ? 0x8000 : 0;
+  v = fabs(v);
+  int e;
+  double m = frexp(v, &e); /* v = m * 2^e, m in [0.5, 1) */
+  return (uint16_t)(sign | ((e - 1 + 15) << 10) | (uint16_t)((m * 2 - 1) * 1024));
+}
+static inline uint16_t harness_double_to_bf16_exact(double v) {
+  float f = (float)v;
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  return (uint16_t)(bits >> 16);
+}
+
+static inline double harness_get(const void *buf, size_t i, weft_dtype dt) {
+  switch (dt) {
+    case WEFT_F32: return ((const float *)buf)[i];
+    case WEFT_F64: return ((const double *)buf)[i];
+    case WEFT_F16: return harness_f16_to_double(((const uint16_t *)buf)[i]);
+    case WEFT_BF16: return harness_bf16_to_double(((const uint16_t *)buf)[i]);
+    default: return 0;
+  }
+}
+static inline int64_t harness_get_int(const void *buf, size_t i, weft_dtype dt) {
+  switch (dt) {
+    case WEFT_I8: return ((const int8_t *)buf)[i];
+    case WEFT_U8: return ((const uint8_t *)buf)[i];
+    case WEFT_I32: return ((const int32_t *)buf)[i];
+    case WEFT_I64: return ((const int64_t *)buf)[i];
+    default: return 0;
+  }
+}
+
+static inline int harness_is_float(weft_dtype dt) { return dt <= WEFT_BF16; }
+
+/* Fresh random data for (seed, rank): floats are multiples of 1/64 (exact in
+ * every float type), in [0.5, 2] for prod so products stay finite; integers
+ * use their full range (wrapping is part of the contract). */
+static inline void harness_fill(void *buf, size_t count, weft_dtype dt, weft_op op, uint64_t seed) {
+  uint64_t s = seed;
+  for (size_t i = 0; i < count; i++) {
+    uint64_t r = harness_rng(&s);
+    double v = op == WEFT_PROD ? (32 + (double)(r % 97)) / 64.0 : ((double)(r % 257) - 128) / 64.0;
+    switch (dt) {
+      case WEFT_F32: ((float *)buf)[i] = (float)v; break;
+      case WEFT_F64: ((double *)buf)[i] = v; break;
+      case WEFT_F16: ((uint16_t *)buf)[i] = harness_double_to_f16_exact(v); break;
+      case WEFT_BF16: ((uint16_t *)buf)[i] = harness_double_to_bf16_exact(v); break;
+      case WEFT_I8: ((int8_t *)buf)[i] = (int8_t)r; break;
+      case WEFT_U8: ((uint8_t *)buf)[i] = (uint8_t)r; break;
+      case WEFT_I32: ((int32_t *)buf)[i] = (int32_t)r; break;
+      case WEFT_I64: ((int64_t *)buf)[i] = (int64_t)r; break;
+      default: break;
+    }
+  }
+}
+
+static inline double harness_eps(weft_dtype dt) {
+  switch (dt) {
+    case WEFT_F32: return ldexp(1, -23);
+    case WEFT_F64: return ldexp(1, -52);
+    case WEFT_F16: return ldexp(1, -10);
+    case WEFT_BF16: return ldexp(1, -7);
+    default: return 0;
+  }
+}
+
+/* Wraps a wide integer into the dtype's width, as the dtype's type. */
+static inline int64_t harness_wrap(uint64_t v, weft_dtype dt) {
+  switch (dt) {
+    case WEFT_I8: return (int8_t)(uint8_t)v;
+    case WEFT_U8: return (uint8_t)v;
+    case WEFT_I32: return (int32_t)(uint32_t)v;
+    default: return (int64_t)v;
+  }
+}
+
+/* FNV-1a over bytes: identical results on every rank give identical hashes. */
+static inline uint64_t harness_hash(uint64_t h, const void *buf, size_t bytes) {
+  const unsigned char *p = buf;
+  for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
+#endif

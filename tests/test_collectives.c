@@ -1,0 +1,211 @@
+/* test_collectives.c - allreduce and broadcast as real processes, 1..8
+ * ranks, every dtype x op, counts 0, 1, size-1, primes and several MiB, in
+ * place and out of place, against a serial reference in double or wide
+ * integers on fresh random data. Also checks that every rank ends with the
+ * same bits. Variants force the ring with tiny chunks (many loops, empty
+ * chunks), recursive doubling on non-powers of two, and wider trees. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "harness.h"
+
+static uint64_t base_seed;
+
+typedef struct group {
+  int big;          /* include the multi-MiB cases */
+  int all_small;    /* every dtype x op at the small counts */
+} group;
+
+static int report(int rank, const char *what, size_t count, weft_dtype dt, weft_op op, int in_place,
+                  size_t i, double got, double want) {
+  fprintf(stderr,
+          "rank %d: %s count=%zu %s %s %s: element %zu is %.17g, reference %.17g (seed %llu)\n",
+          rank, what, count, weft_dtype_name(dt), weft_op_name(op), in_place ? "in-place" : "out-of-place",
+          i, got, want, (unsigned long long)base_seed);
+  return 1;
+}
+
+static int check_allreduce(weft_comm *comm, int rank, int n, size_t count, weft_dtype dt, weft_op op,
+                           int in_place, int tag, uint64_t *hash) {
+  size_t esz = weft_dtype_size(dt);
+  unsigned char *in = malloc(count * esz + 8), *out = malloc(count * esz + 8), *tmp = malloc(count * esz + 8);
+  double *acc = malloc(sizeof(double) * (count + 1)), *mag = malloc(sizeof(double) * (count + 1));
+  uint64_t *iacc = malloc(sizeof(uint64_t) * (count + 1));
+  int bad = 0;
+  harness_fill(in, count, dt, op, harness_seed(base_seed, rank, tag));
+  memset(out, 0xA5, count * esz);
+  weft_status st = weft_allreduce(comm, in, in_place ? (void *)in : out, count, dt, op);
+  if (st) {
+    fprintf(stderr, "rank %d: allreduce count=%zu %s %s failed: %s\n", rank, count, weft_dtype_name(dt),
+            weft_op_name(op), weft_last_error(comm));
+    bad = 1;
+    goto done;
+  }
+  const unsigned char *res = in_place ? in : out;
+  for (int q = 0; q < n; q++) {
+    harness_fill(tmp, count, dt, op, harness_seed(base_seed, q, tag));
+    for (size_t i = 0; i < count; i++) {
+      if (harness_is_float(dt)) {
+        double v = harness_get(tmp, i, dt);
+        if (q == 0) { acc[i] = v; mag[i] = fabs(v); continue; }
+        mag[i] += fabs(v);
+        switch (op) {
+          case WEFT_SUM: case WEFT_AVG: acc[i] += v; break;
+          case WEFT_PROD: acc[i] *= v; break;
+          case WEFT_MIN: acc[i] = v < acc[i] ? v : acc[i]; break;
+          case WEFT_MAX: acc[i] = v > acc[i] ? v : acc[i]; break;
+          default: break;
+        }
+      } else {
+        int64_t v = harness_get_int(tmp, i, dt);
+        if (q == 0) { iacc[i] = (uint64_t)v; continue; }
+        switch (op) {
+          case WEFT_SUM: case WEFT_AVG: iacc[i] += (uint64_t)v; break;
+          case WEFT_PROD: iacc[i] *= (uint64_t)v; break;
+          case WEFT_MIN: if (v < harness_wrap(iacc[i], dt)) iacc[i] = (uint64_t)v; break;
+          case WEFT_MAX: if (v > harness_wrap(iacc[i], dt)) iacc[i] = (uint64_t)v; break;
+          default: break;
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < count && bad < 3; i++) {
+    if (harness_is_float(dt)) {
+      double want = op == WEFT_AVG ? acc[i] / n : acc[i];
+      double got = harness_get(res, i, dt), eps = harness_eps(dt);
+      /* each of the n-1 roundings can be off by eps of the partial result */
+      double tol = op == WEFT_MIN || op == WEFT_MAX ? 0
+                   : op == WEFT_PROD ? (n + 1) * eps * fabs(want)
+                                     : (n + 1) * eps * (op == WEFT_AVG ? mag[i] / n : mag[i]) + eps * fabs(want);
+      if (!(fabs(got - want) <= tol))
+        bad += report(rank, "allreduce", count, dt, op, in_place, i, got, want);
+    } else {
+      int64_t want = harness_wrap(iacc[i], dt);
+      if (op == WEFT_AVG) want /= n; /* C division truncates toward zero, as documented */
+      int64_t got = harness_get_int(res, i, dt);
+      if (got != want) bad += report(rank, "allreduce", count, dt, op, in_place, i, (double)got, (double)want);
+    }
+  }
+  *hash = harness_hash(*hash, res, count * esz);
+done:
+  free(in); free(out); free(tmp); free(acc); free(mag); free(iacc);
+  return bad != 0;
+}
+
+static int check_broadcast(weft_comm *comm, int rank, int n, size_t count, weft_dtype dt, int root,
+                           int in_place, int tag) {
+  size_t esz = weft_dtype_size(dt);
+  unsigned char *send = malloc(count * esz + 8), *recv = malloc(count * esz + 8), *want = malloc(count * esz + 8);
+  int bad = 0;
+  harness_fill(want, count, dt, WEFT_SUM, harness_seed(base_seed, root, tag));
+  if (rank == root) memcpy(send, want, count * esz);
+  memset(recv, 0x5A, count * esz);
+  void *dst = rank == root && in_place ? (void *)send : recv;
+  weft_status st = weft_broadcast(comm, rank == root ? send : NULL, dst, count, dt, root);
+  if (st) {
+    fprintf(stderr, "rank %d: broadcast count=%zu root=%d failed: %s\n", rank, count, root, weft_last_error(comm));
+    bad = 1;
+  } else if (count && memcmp(dst, want, count * esz)) {
+    size_t i = 0;
+    while (((unsigned char *)dst)[i] == want[i]) i++;
+    fprintf(stderr, "rank %d: broadcast n=%d count=%zu %s root=%d: byte %zu differs (seed %llu)\n", rank, n,
+            count, weft_dtype_name(dt), root, i, (unsigned long long)base_seed);
+    bad = 1;
+  }
+  free(send); free(recv); free(want);
+  return bad;
+}
+
+static int rank_main(int rank, int n, const weft_unique_id *id, void *arg) {
+  const group *g = arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  int bad = 0, tag = 0;
+  uint64_t hash = 1469598103934665603ULL;
+  size_t small[] = {0, 1, (size_t)(n > 1 ? n - 1 : 2), 2, 7, 13, 31, 127, 1021, 4099, 65537};
+  for (size_t c = 0; c < sizeof small / sizeof small[0]; c++)
+    for (int dt = 0; dt < WEFT_DTYPE_COUNT; dt++)
+      for (int op = 0; op < WEFT_OP_COUNT; op++)
+        for (int ip = 0; ip < 2; ip++) {
+          if (!g->all_small && (dt + op + ip + (int)c) % 4) continue;
+          bad += check_allreduce(comm, rank, n, small[c], (weft_dtype)dt, (weft_op)op, ip, ++tag, &hash);
+        }
+  if (g->big) {
+    static const struct { weft_dtype dt; weft_op op; int ip; } big[] = {
+        {WEFT_F32, WEFT_SUM, 0}, {WEFT_F32, WEFT_AVG, 1}, {WEFT_BF16, WEFT_SUM, 1}, {WEFT_F16, WEFT_MAX, 0},
+        {WEFT_I32, WEFT_SUM, 0}, {WEFT_F64, WEFT_PROD, 1}, {WEFT_I8, WEFT_MIN, 0}, {WEFT_U8, WEFT_SUM, 1},
+        {WEFT_I64, WEFT_AVG, 0}};
+    for (size_t b = 0; b < sizeof big / sizeof big[0]; b++)
+      bad += check_allreduce(comm, rank, n, 786433, big[b].dt, big[b].op, big[b].ip, ++tag, &hash);
+  }
+  size_t bc[] = {0, 1, (size_t)(n > 1 ? n - 1 : 2), 13, 4099, 65537};
+  for (int root = 0; root < n; root++)
+    for (size_t c = 0; c < sizeof bc / sizeof bc[0]; c++)
+      bad += check_broadcast(comm, rank, n, bc[c], (weft_dtype)((root + (int)c) % WEFT_DTYPE_COUNT), root,
+                             (int)(c % 2), ++tag);
+  if (g->big) bad += check_broadcast(comm, rank, n, 786433 * 2, WEFT_F32, n - 1, 0, ++tag);
+  if (weft_barrier(comm)) {
+    fprintf(stderr, "rank %d: barrier failed: %s\n", rank, weft_last_error(comm));
+    bad++;
+  }
+  harness_shm->word[rank] = hash;
+  weft_comm_destroy(comm);
+  return bad != 0;
+}
+
+static void run_group(int n, const char *const *env, int big, int all_small) {
+  group g = {big, all_small};
+  harness_init();
+  int failed = harness_run(n, env, 240, rank_main, &g);
+  assert_int_equal(failed, 0);
+  for (int r = 1; r < n; r++)
+    if (harness_shm->word[r] != harness_shm->word[0]) {
+      fprintf(stderr, "rank %d's results differ bitwise from rank 0's\n", r);
+      fail();
+    }
+}
+
+#define GROUP_TEST(name, n, env, big, all)                   \
+  static void name(void **state) {                           \
+    (void)state;                                             \
+    static const char *const vars[] = env;                   \
+    run_group(n, vars, big, all);                            \
+  }
+#define NO_ENV {NULL}
+#define RING_TINY {"WEFT_ALGO=ring", "WEFT_CHUNK_BYTES=4096", NULL}
+#define RD_ONLY {"WEFT_ALGO=rd", NULL}
+#define WIDE_TREE {"WEFT_BCAST_FANOUT=3", "WEFT_BCAST_CHAIN_BYTES=1000000000", NULL}
+
+GROUP_TEST(ranks1, 1, NO_ENV, 1, 1)
+GROUP_TEST(ranks2, 2, NO_ENV, 1, 1)
+GROUP_TEST(ranks3, 3, NO_ENV, 1, 1)
+GROUP_TEST(ranks4, 4, NO_ENV, 1, 1)
+GROUP_TEST(ranks5, 5, NO_ENV, 1, 0)
+GROUP_TEST(ranks6, 6, NO_ENV, 1, 0)
+GROUP_TEST(ranks7, 7, NO_ENV, 1, 0)
+GROUP_TEST(ranks8, 8, NO_ENV, 1, 0)
+GROUP_TEST(ring_tiny_chunks3, 3, RING_TINY, 0, 1)
+GROUP_TEST(ring_tiny_chunks5, 5, RING_TINY, 0, 0)
+GROUP_TEST(ring_tiny_chunks8, 8, RING_TINY, 0, 0)
+GROUP_TEST(rd_non_power_of_two3, 3, RD_ONLY, 0, 1)
+GROUP_TEST(rd_non_power_of_two6, 6, RD_ONLY, 0, 0)
+GROUP_TEST(tree_fanout3, 7, WIDE_TREE, 0, 0)
+
+int main(void) {
+  const char *fixed = getenv("WEFT_TEST_SEED");
+  base_seed = fixed ? strtoull(fixed, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+  printf("# seed %llu (set WEFT_TEST_SEED to repeat)\n", (unsigned long long)base_seed);
+  if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(ranks1), cmocka_unit_test(ranks2), cmocka_unit_test(ranks3),
+      cmocka_unit_test(ranks4), cmocka_unit_test(ranks5), cmocka_unit_test(ranks6),
+      cmocka_unit_test(ranks7), cmocka_unit_test(ranks8), cmocka_unit_test(ring_tiny_chunks3),
+      cmocka_unit_test(ring_tiny_chunks5), cmocka_unit_test(ring_tiny_chunks8),
+      cmocka_unit_test(rd_non_power_of_two3), cmocka_unit_test(rd_non_power_of_two6),
+      cmocka_unit_test(tree_fanout3),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
