@@ -19,10 +19,10 @@
 #include "status.h"
 
 #define BOOT_MAGIC 0x57454642u /* "WEFB" */
-#define BOOT_VERSION 1
+#define BOOT_VERSION 2
 #define BOOT_MSG_BYTES 256
 #define INFO_BYTES (4 + 4 + BOOT_HOST_BYTES + 2 + WEFT_TRANSPORT_ADDR_MAX)
-#define HELLO_BYTES (4 + 2 + 2 + 4 + 4 + BOOT_NONCE_BYTES + INFO_BYTES)
+#define HELLO_BYTES (4 + 2 + 2 + 4 + 4 + 4 + BOOT_NONCE_BYTES + INFO_BYTES)
 #define REPLY_BYTES (4 + 4 + 4 + 8 + BOOT_MSG_BYTES)
 
 /* ---- packing ------------------------------------------------------------ */
@@ -137,6 +137,8 @@ static void server_take_hello(struct boot_server *s, struct pending *p) {
   q = get16(q, &reserved);
   q = get32(q, &rank);
   q = get32(q, &size);
+  uint32_t timeout_ms;
+  q = get32(q, &timeout_ms);
   if (magic != BOOT_MAGIC) {
     WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: dropped a connection that is not a weft rank");
     close(p->fd);
@@ -196,6 +198,10 @@ static void server_take_hello(struct boot_server *s, struct pending *p) {
   }
   unpack_info(q, &s->infos[rank]);
   s->infos[rank].rank = rank;
+  /* answer before the most impatient rank gives up (ranks wait a little
+   * longer than their timeout for this answer) */
+  double rank_deadline = weft_now() + timeout_ms / 1000.0;
+  if (rank_deadline < s->deadline) s->deadline = rank_deadline;
   s->rank_fd[rank] = p->fd;
   s->arrived++;
   WEFT_INFO(WEFT_SUBSYS_BOOT, "rendezvous: rank %u of %u arrived (pid %u on %s)", rank, size,
@@ -379,12 +385,17 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], int ran
   p = put16(p, 0);
   p = put32(p, (uint32_t)rank);
   p = put32(p, (uint32_t)size);
+  double left = deadline - weft_now();
+  p = put32(p, (uint32_t)(left <= 0 ? 0 : left > 4e6 ? 4e9 : left * 1000));
   memcpy(p, nonce, BOOT_NONCE_BYTES);
   p += BOOT_NONCE_BYTES;
   pack_info(p, mine);
   uint8_t reply[REPLY_BYTES];
   weft_status st = net_send_all(fd, hello, sizeof hello, deadline, err);
-  if (!st) st = net_recv_all(fd, reply, sizeof reply, deadline, err);
+  /* The server answers by its own deadline, which started before ours: wait
+   * a little past ours so that its sentence (who never arrived) reaches us. */
+  double answer_deadline = deadline + 2.0;
+  if (!st) st = net_recv_all(fd, reply, sizeof reply, answer_deadline, err);
   if (st) {
     weft_error_sink tmp = *err;
     weft_error_sink_set(err, "%s before the rendezvous answered%s", tmp.msg,
@@ -420,7 +431,7 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], int ran
   *comm_id = ((uint64_t)hi << 32) | lo;
   uint8_t rec[INFO_BYTES];
   for (int r = 0; r < size && !st; r++) {
-    st = net_recv_all(fd, rec, sizeof rec, deadline, err);
+    st = net_recv_all(fd, rec, sizeof rec, answer_deadline, err);
     if (!st) unpack_info(rec, &all[r]);
   }
   close(fd);

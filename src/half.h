@@ -28,7 +28,9 @@ static inline float weft_f32_from_bits(uint32_t u) {
   return f;
 }
 
-/* All ones when cond holds, else zero. */
+/* All ones when cond holds, else zero. Magnitudes (sign cleared) are
+ * compared as int32_t: x86 has signed vector compares only, and the unsigned
+ * ones it would otherwise emulate cost two extra instructions. */
 static inline uint32_t weft_half_mask(int cond) {
   return 0u - (uint32_t)(cond != 0);
 }
@@ -53,41 +55,45 @@ static inline float weft_f16_to_float(uint16_t h) {
   return weft_f32_from_bits(out | sign);
 }
 
-/* Round to nearest even; beyond the largest f16 (65504) rounds to Inf from
- * 65520 on; a NaN keeps the top of its payload and is made quiet. */
+/* Round to nearest even; from 65520 on (past the largest f16, 65504) the
+ * result is Inf; a NaN keeps the top of its payload and is made quiet.
+ * Every candidate is built as the f16 encoding shifted left by 13, so one
+ * shift at the end narrows the result: were the selects written on 16-bit
+ * values, compilers would narrow each candidate separately (a pack apiece). */
 static inline uint16_t weft_float_to_f16(float f) {
   uint32_t u = weft_f32_bits(f);
-  uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t mag = u & 0x7fffffffu;
   /* Normal results: rebias, then add just under half an ulp plus the last
    * kept bit, so ties go to even; a carry out of the mantissa bumps the
-   * exponent, which is the right answer, Inf included. */
-  uint32_t normal = (mag - ((127u - 15u) << 23) + 0x0fffu + ((mag >> 13) & 1u)) >> 13;
-  normal = weft_half_pick(weft_half_mask(normal < 0x7c00u), normal, 0x7c00u);
+   * exponent, which is the right answer, up to Inf (0x7c00 << 13). */
+  uint32_t normal = mag - ((127u - 15u) << 23) + 0x0fffu + ((mag >> 13) & 1u);
+  normal = normal < (0x7c00u << 13) ? normal : (0x7c00u << 13);
   /* Results below 2^-14: adding 0.5f leaves an ulp of 2^-24, the f16
    * subnormal step, so the float adder rounds to the f16 grid for us; the
    * bits above 0.5f's are the f16 encoding (0x400 = 2^-14 when it rounds up). */
-  uint32_t sub = weft_f32_bits(weft_f32_from_bits(mag) + 0.5f) - 0x3f000000u;
-  uint32_t nan = 0x7e00u | ((mag >> 13) & 0x03ffu);
-  uint32_t out = weft_half_pick(weft_half_mask(mag < (113u << 23)), sub, normal);
-  out = weft_half_pick(weft_half_mask(mag > 0x7f800000u), nan, out);
-  return (uint16_t)(out | sign);
+  uint32_t sub = (weft_f32_bits(weft_f32_from_bits(mag) + 0.5f) - 0x3f000000u) << 13;
+  uint32_t nan = (mag - 0x70000000u) | 0x00400000u; /* exponent 0x7c00, quiet bit */
+  uint32_t out = weft_half_pick(weft_half_mask((int32_t)mag < (113 << 23)), sub, normal);
+  out = weft_half_pick(weft_half_mask((int32_t)mag > 0x7f800000), nan, out);
+  return (uint16_t)((out | (u ^ mag) >> 3) >> 13);
 }
 
 /* Exact: bf16 is the top half of a float. A NaN is made quiet. */
 static inline float weft_bf16_to_float(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
-  u |= weft_half_mask((u & 0x7fffffffu) > 0x7f800000u) & 0x00400000u;
+  u |= weft_half_mask((int32_t)(u & 0x7fffffffu) > 0x7f800000) & 0x00400000u;
   return weft_f32_from_bits(u);
 }
 
 /* Round to nearest even on the low 16 bits; the carry handles subnormals,
- * the mantissa-to-exponent step and overflow to Inf alike. */
+ * the mantissa-to-exponent step and overflow to Inf alike. Both candidates
+ * keep the result in the top half, narrowed by one shift (see f16 above). */
 static inline uint16_t weft_float_to_bf16(float f) {
   uint32_t u = weft_f32_bits(f);
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  uint32_t nan = (u >> 16) | 0x0040u;
-  return (uint16_t)weft_half_pick(weft_half_mask((u & 0x7fffffffu) > 0x7f800000u), nan, rounded);
+  uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  uint32_t nan = u | 0x00400000u;
+  int is_nan = (int32_t)(u & 0x7fffffffu) > 0x7f800000;
+  return (uint16_t)(weft_half_pick(weft_half_mask(is_nan), nan, rounded) >> 16);
 }
 
 #endif

@@ -13,7 +13,7 @@
  * the kernels are built for the baseline target only. */
 #if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
-#define WEFT_KERNEL __attribute__((target_clones("avx512f", "avx2", "default")))
+#define WEFT_KERNEL __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #endif
 #endif
 #ifndef WEFT_KERNEL

@@ -148,6 +148,23 @@ weft_status tcp_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed
 
 /* ---- send path ---------------------------------------------------------- */
 
+static weft_status tcp_read_abort(struct weft_conn *c, const char *target, size_t in_target);
+
+/* A send failed because the peer is gone. If it left a failure notice that we
+ * have not read yet, report that (the first cause) instead of "broken pipe". */
+static weft_status tcp_send_failed(struct weft_conn *c, int err) {
+  if (c->rhdr_got == 0 && !c->rframe_done) {
+    tcp_frame_hdr h;
+    ssize_t n = recv(c->fd, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+    if (n == (ssize_t)sizeof h &&
+        ntohl(h.magic_type) == (TCP_FRAME_MAGIC | TCP_FRAME_ABORT) &&
+        recv(c->fd, &c->rhdr, sizeof h, MSG_DONTWAIT) == (ssize_t)sizeof h)
+      return tcp_read_abort(c, NULL, 0);
+  }
+  return tcp_conn_fail(c, weft_status_from_errno(err) == WEFT_ERR_SYSTEM ? WEFT_ERR_SYSTEM : WEFT_ERR_PEER_LOST,
+                       "sending to %s: %s", c->where, strerror(err));
+}
+
 weft_status tcp_conn_push_sends(struct weft_conn *c, bool *progressed) {
   struct iovec iov[64];
   int depth = c->ctx->args->send_depth;
@@ -167,9 +184,7 @@ weft_status tcp_conn_push_sends(struct weft_conn *c, bool *progressed) {
     ssize_t w = sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EAGAIN || errno == EINTR) return WEFT_OK;
-      return tcp_conn_fail(c, weft_status_from_errno(errno) == WEFT_ERR_SYSTEM ? WEFT_ERR_SYSTEM
-                                                                             : WEFT_ERR_PEER_LOST,
-                           "sending to %s: %s", c->where, strerror(errno));
+      return tcp_send_failed(c, errno);
     }
     *progressed = true;
     size_t left = (size_t)w;
@@ -227,7 +242,7 @@ static weft_status tcp_read_abort(struct weft_conn *c, const char *target, size_
   if (len > TCP_ABORT_TEXT_MAX) len = TCP_ABORT_TEXT_MAX;
   char text[TCP_ABORT_TEXT_MAX + 1];
   size_t got = in_target < len ? in_target : len;
-  memcpy(text, target, got);
+  if (got) memcpy(text, target, got);
   weft_error_sink err;
   if (got < len && net_recv_all(c->fd, text + got, len - got, weft_now() + 1.0, &err)) len = got;
   text[len] = 0;

@@ -1,0 +1,290 @@
+/* test_api.c - the API's contract without peers or with threads as ranks:
+ * every status has a name and a sentence, launcher environments parse as
+ * documented, bad input gets a clear status and a message naming the call,
+ * double destroy and calls after abort are errors, not crashes. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "harness.h"
+#include "src/comm.h"
+#include "src/net.h"
+#include "src/settings.h"
+
+static void clear_launcher_env(void) {
+  const char *vars[] = {"WEFT_RANK", "WEFT_SIZE", "WEFT_LOCAL_RANK", "WEFT_RENDEZVOUS", "RANK", "WORLD_SIZE",
+                        "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                        "OMPI_MCA_ess_base_jobid", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                        "SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "SLURM_STEP_ID", NULL};
+  for (int i = 0; vars[i]; i++) unsetenv(vars[i]);
+  weft_settings_reload();
+}
+
+static void every_status_has_a_message(void **state) {
+  (void)state;
+  const weft_status all[] = {
+#define ROW(name, value, msg) WEFT_##name,
+      WEFT_STATUS_MAP(ROW)
+#undef ROW
+  };
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    assert_non_null(weft_strerror(all[i]));
+    assert_true(strlen(weft_strerror(all[i])) > 5);
+    assert_true(!strncmp(weft_status_name(all[i]), "WEFT_", 5));
+    for (size_t j = 0; j < i; j++) assert_string_not_equal(weft_strerror(all[i]), weft_strerror(all[j]));
+    if (i) assert_true(all[i] < 0);
+  }
+  assert_string_equal(weft_strerror((weft_status)-12345), "unknown status code");
+  assert_string_equal(weft_status_name((weft_status)77), "WEFT_UNKNOWN_STATUS");
+  assert_int_equal(weft_dtype_size(WEFT_BF16), 2);
+  assert_int_equal(weft_dtype_size((weft_dtype)99), 0);
+  assert_string_equal(weft_dtype_name((weft_dtype)-1), "unknown");
+  assert_string_equal(weft_op_name(WEFT_AVG), "avg");
+}
+
+static void env_conventions(void **state) {
+  (void)state;
+  weft_env_job job;
+  char why[300];
+  clear_launcher_env();
+  assert_int_equal(weft_env_read(&job, why, sizeof why), WEFT_ERR_INVALID);
+  assert_non_null(strstr(why, "no rank"));
+
+  setenv("RANK", "3", 1); setenv("WORLD_SIZE", "8", 1); setenv("LOCAL_RANK", "1", 1);
+  setenv("MASTER_ADDR", "node0", 1); setenv("MASTER_PORT", "29400", 1);
+  weft_settings_reload();
+  assert_int_equal(weft_env_read(&job, why, sizeof why), WEFT_OK);
+  assert_int_equal(job.rank, 3); assert_int_equal(job.size, 8); assert_int_equal(job.local_rank, 1);
+  assert_string_equal(job.rendezvous, "node0:29400");
+  assert_string_equal(job.source, "torchrun");
+
+  setenv("MASTER_ADDR", "fe80::1", 1); unsetenv("MASTER_PORT");
+  assert_int_equal(weft_env_read(&job, why, sizeof why), WEFT_OK);
+  assert_string_equal(job.rendezvous, "[fe80::1]:29500");
+
+  /* weft's own variables take precedence */
+  setenv("WEFT_RANK", "0", 1); setenv("WEFT_SIZE", "2", 1); setenv("WEFT_RENDEZVOUS", "10.1.2.3:555", 1);
+  weft_settings_reload();
+  assert_int_equal(weft_env_read(&job, why, sizeof why), WEFT_OK);
+  assert_int_equal(job.rank, 0); assert_int_equal(job.size, 2);
+  assert_string_equal(job.rendezvous, "10.1.2.3:555");
+  assert_string_equal(job.source, "weft");
+
+  clear_launcher_env();
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1); setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1); setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
+  setenv("OMPI_MCA_ess_base_jobid", "12345", 1);
+  assert_int_equal(weft_env_read(&job, why, sizeof why), WEFT_OK);
+  assert_int_equal(job.rank, 1); assert_int_equal(job.size, 4); assert_string_equal(job.source, "mpirun");
+  assert_true(!strncmp(job.rendezvous, "127.0.0.1:", 10)); /* all local: loopback */
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);             /* two hosts: must be told */
+  assert_int_equal(weft_env_read(&job, why, sizeof why), WEFT_ERR_INVALID);
+  assert_non_null(strstr(why, "WEFT_RENDEZVOUS"));
+
+  clear_launcher_env();
+  setenv("SLURM_PROCID", "5", 1); setenv("SLURM_NTASKS", "6", 1); setenv("SLURM_LOCALID", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1); setenv("MASTER_PORT", "4000", 1);
+  assert_int_equal(weft_env_read(&job, why, sizeof why), WEFT_OK);
+  assert_int_equal(job.rank, 5); assert_int_equal(job.size, 6); assert_int_equal(job.local_rank, 2);
+  assert_string_equal(job.source, "srun");
+
+  /* malformed values are refused with the variable named */
+  setenv("SLURM_PROCID", "6", 1);
+  assert_int_equal(weft_env_read(&job, why, sizeof why), WEFT_ERR_INVALID);
+  assert_non_null(strstr(why, "SLURM_PROCID"));
+  setenv("SLURM_PROCID", "2x", 1);
+  assert_int_equal(weft_env_read(&job, why, sizeof why), WEFT_ERR_INVALID);
+  clear_launcher_env();
+  setenv("RANK", "1", 1);
+  assert_int_equal(weft_env_read(&job, why, sizeof why), WEFT_ERR_INVALID);
+  assert_non_null(strstr(why, "WORLD_SIZE"));
+  clear_launcher_env();
+}
+
+static void addresses_and_interfaces(void **state) {
+  (void)state;
+  char host[64];
+  int port;
+  weft_error_sink err;
+  assert_int_equal(net_split_hostport("node7:1234", host, sizeof host, &port, &err), WEFT_OK);
+  assert_string_equal(host, "node7"); assert_int_equal(port, 1234);
+  assert_int_equal(net_split_hostport("[::1]:99", host, sizeof host, &port, &err), WEFT_OK);
+  assert_string_equal(host, "::1"); assert_int_equal(port, 99);
+  assert_int_equal(net_split_hostport("::1:99", host, sizeof host, &port, &err), WEFT_ERR_INVALID);
+  assert_int_equal(net_split_hostport("node:", host, sizeof host, &port, &err), WEFT_ERR_INVALID);
+  assert_int_equal(net_split_hostport("node:70000", host, sizeof host, &port, &err), WEFT_ERR_INVALID);
+  assert_int_equal(net_split_hostport(":5", host, sizeof host, &port, &err), WEFT_ERR_INVALID);
+  assert_true(net_ifname_match("", "eth0"));
+  assert_true(net_ifname_match("eth", "eth0"));
+  assert_false(net_ifname_match("eth", "ib0"));
+  assert_true(net_ifname_match("=eth0", "eth0"));
+  assert_false(net_ifname_match("=eth0", "eth01"));
+  assert_false(net_ifname_match("^docker,lo", "docker0"));
+  assert_false(net_ifname_match("^docker,lo", "lo"));
+  assert_true(net_ifname_match("^docker,lo", "eth0"));
+  assert_true(net_ifname_match("ib,eth", "eth1"));
+  struct sockaddr_storage a;
+  socklen_t alen;
+  char ifname[64];
+  assert_int_equal(net_pick_local_addr("=lo", 4, NULL, 0, &a, &alen, ifname, sizeof ifname, &err), WEFT_OK);
+  assert_string_equal(ifname, "lo");
+  assert_int_equal(net_pick_local_addr("=nosuchif0", 0, NULL, 0, &a, &alen, ifname, sizeof ifname, &err),
+                   WEFT_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "nosuchif0"));
+}
+
+static weft_comm *single_rank(void) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.rank = 0;
+  cfg.size = 1;
+  weft_comm *comm = NULL;
+  assert_int_equal(weft_comm_init_config(&cfg, &comm), WEFT_OK);
+  assert_non_null(comm);
+  return comm;
+}
+
+static void bad_input(void **state) {
+  (void)state;
+  weft_comm *comm = single_rank();
+  float buf[4] = {1, 2, 3, 4}, out[4];
+  assert_int_equal(weft_allreduce(comm, NULL, out, 4, WEFT_F32, WEFT_SUM), WEFT_ERR_INVALID);
+  assert_non_null(strstr(weft_last_error(comm), "weft_allreduce"));
+  assert_non_null(strstr(weft_last_error(comm), "sendbuf is NULL"));
+  assert_non_null(strstr(weft_last_error(comm), "rank 0"));
+  assert_int_equal(weft_allreduce(comm, buf, NULL, 4, WEFT_F32, WEFT_SUM), WEFT_ERR_INVALID);
+  assert_int_equal(weft_allreduce(comm, NULL, NULL, 0, WEFT_F32, WEFT_SUM), WEFT_OK); /* nothing to do */
+  assert_int_equal(weft_allreduce(comm, buf, out, 4, (weft_dtype)42, WEFT_SUM), WEFT_ERR_INVALID);
+  assert_non_null(strstr(weft_last_error(comm), "dtype 42"));
+  assert_int_equal(weft_allreduce(comm, buf, out, 4, WEFT_F32, (weft_op)-3), WEFT_ERR_INVALID);
+  assert_non_null(strstr(weft_last_error(comm), "op -3"));
+  assert_int_equal(weft_allreduce(comm, buf, buf + 1, 3, WEFT_F32, WEFT_SUM), WEFT_ERR_INVALID);
+  assert_non_null(strstr(weft_last_error(comm), "overlap"));
+  assert_int_equal(weft_allreduce(comm, buf, out, SIZE_MAX / 2, WEFT_F32, WEFT_SUM), WEFT_ERR_INVALID);
+  assert_int_equal(weft_broadcast(comm, buf, out, 4, WEFT_F32, 1), WEFT_ERR_INVALID);
+  assert_non_null(strstr(weft_last_error(comm), "root 1"));
+  assert_int_equal(weft_broadcast(comm, buf, out, 4, WEFT_F32, -1), WEFT_ERR_INVALID);
+  /* the single-rank results are the identity */
+  assert_int_equal(weft_allreduce(comm, buf, out, 4, WEFT_F32, WEFT_AVG), WEFT_OK);
+  assert_memory_equal(buf, out, sizeof buf);
+  assert_int_equal(weft_broadcast(comm, buf, out, 4, WEFT_F32, 0), WEFT_OK);
+  assert_int_equal(weft_barrier(comm), WEFT_OK);
+  assert_int_equal(weft_comm_rank(comm), 0);
+  assert_int_equal(weft_comm_size(comm), 1);
+  /* abort: every later call fails, destroy still works, a second destroy is refused */
+  assert_int_equal(weft_comm_abort(comm), WEFT_OK);
+  assert_int_equal(weft_allreduce(comm, buf, out, 4, WEFT_F32, WEFT_SUM), WEFT_ERR_ABORTED);
+  assert_int_equal(weft_barrier(comm), WEFT_ERR_ABORTED);
+  assert_non_null(strstr(weft_last_error(comm), "abort"));
+  assert_int_equal(weft_comm_destroy(comm), WEFT_OK);
+  assert_int_equal(weft_comm_destroy(comm), WEFT_ERR_INVALID);
+  assert_non_null(strstr(weft_last_error(NULL), "weft_comm_destroy"));
+  assert_int_equal(weft_allreduce(comm, buf, out, 4, WEFT_F32, WEFT_SUM), WEFT_ERR_INVALID);
+  assert_int_equal(weft_comm_rank(comm), -1);
+  assert_int_equal(weft_allreduce(NULL, buf, out, 4, WEFT_F32, WEFT_SUM), WEFT_ERR_INVALID);
+  assert_int_equal(weft_comm_destroy(NULL), WEFT_ERR_INVALID);
+  assert_int_equal(weft_comm_abort(NULL), WEFT_ERR_INVALID);
+}
+
+static void bad_config(void **state) {
+  (void)state;
+  weft_comm *comm = (weft_comm *)0x1;
+  weft_config cfg;
+  weft_config_init(&cfg);
+  assert_int_equal(weft_comm_init_config(&cfg, &comm), WEFT_ERR_INVALID); /* size 0 */
+  assert_null(comm);
+  assert_non_null(strstr(weft_last_error(NULL), "weft_comm_init_config"));
+  cfg.rank = 2; cfg.size = 2;
+  assert_int_equal(weft_comm_init_config(&cfg, &comm), WEFT_ERR_INVALID);
+  cfg.rank = 1; cfg.rendezvous = NULL;
+  assert_int_equal(weft_comm_init_config(&cfg, &comm), WEFT_ERR_INVALID);
+  assert_non_null(strstr(weft_last_error(NULL), "rendezvous"));
+  cfg.rendezvous = "no-port-here";
+  assert_int_equal(weft_comm_init_config(&cfg, &comm), WEFT_ERR_INVALID);
+  cfg.version = 99;
+  assert_int_equal(weft_comm_init_config(&cfg, &comm), WEFT_ERR_INVALID);
+  assert_int_equal(weft_comm_init_config(NULL, &comm), WEFT_ERR_INVALID);
+  assert_int_equal(weft_comm_init_config(&cfg, NULL), WEFT_ERR_INVALID);
+  weft_unique_id junk;
+  memset(&junk, 7, sizeof junk);
+  assert_int_equal(weft_comm_init_rank(&comm, &junk, 0, 2), WEFT_ERR_INVALID);
+  assert_non_null(strstr(weft_last_error(NULL), "weft_get_unique_id"));
+  assert_int_equal(weft_comm_init_rank(&comm, NULL, 0, 2), WEFT_ERR_INVALID);
+  assert_int_equal(weft_comm_init_rank(&comm, &junk, 3, 2), WEFT_ERR_INVALID);
+  assert_int_equal(weft_get_unique_id(NULL), WEFT_ERR_INVALID);
+}
+
+static void settings_are_listed(void **state) {
+  (void)state;
+  weft_setting_desc d;
+  int n = 0, saw_timeout = 0;
+  while (weft_setting_describe(n, &d) == WEFT_OK) {
+    assert_true(!strncmp(d.name, "WEFT_", 5));
+    assert_true(strlen(d.help) > 10);
+    saw_timeout |= !strcmp(d.name, "WEFT_TIMEOUT");
+    n++;
+  }
+  assert_true(n >= 10);
+  assert_true(saw_timeout);
+  assert_int_equal(weft_setting_describe(-1, &d), WEFT_ERR_INVALID);
+}
+
+/* ---- ranks as threads in one process ------------------------------------ */
+
+typedef struct thread_rank {
+  int rank, size;
+  const weft_unique_id *id;
+  int bad;
+} thread_rank;
+
+static void *thread_rank_main(void *arg) {
+  thread_rank *t = arg;
+  weft_comm *comm = NULL;
+  if (weft_comm_init_rank(&comm, t->id, t->rank, t->size)) {
+    t->bad = 1;
+    return NULL;
+  }
+  enum { N = 100003 };
+  int64_t *v = malloc(sizeof *v * N);
+  for (int iter = 0; iter < 5; iter++) {
+    for (int i = 0; i < N; i++) v[i] = (int64_t)i * (t->rank + 1) + iter;
+    if (weft_allreduce(comm, v, v, N, WEFT_I64, WEFT_SUM)) t->bad = 1;
+    int64_t tri = (int64_t)t->size * (t->size + 1) / 2;
+    for (int i = 0; i < N && !t->bad; i++)
+      if (v[i] != (int64_t)i * tri + (int64_t)iter * t->size) t->bad = 1;
+  }
+  free(v);
+  weft_comm_destroy(comm);
+  return NULL;
+}
+
+static void ranks_as_threads(void **state) {
+  (void)state;
+  enum { R = 4 };
+  weft_unique_id id;
+  assert_int_equal(weft_get_unique_id(&id), WEFT_OK);
+  pthread_t th[R];
+  thread_rank t[R];
+  for (int r = 0; r < R; r++) {
+    t[r] = (thread_rank){r, R, &id, 0};
+    pthread_create(&th[r], NULL, thread_rank_main, &t[r]);
+  }
+  for (int r = 0; r < R; r++) {
+    pthread_join(th[r], NULL);
+    assert_int_equal(t[r].bad, 0);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(every_status_has_a_message), cmocka_unit_test(env_conventions),
+      cmocka_unit_test(addresses_and_interfaces),  cmocka_unit_test(bad_input),
+      cmocka_unit_test(bad_config),                cmocka_unit_test(settings_are_listed),
+      cmocka_unit_test(ranks_as_threads),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,306 @@
+/* test_faults.c - a rank that dies, never arrives, disagrees or stalls: the
+ * others get a clear error within a bound the test enforces (the harness
+ * kills anything still running, which counts as a hang), never a hang or
+ * wrong data. Each rank records its status, time and message for the parent
+ * to judge. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "harness.h"
+
+static void record(int rank, weft_status st, double t0, const weft_comm *comm) {
+  harness_shm->status[rank] = st;
+  harness_shm->seconds[rank] = harness_now() - t0;
+  snprintf(harness_shm->message[rank], sizeof harness_shm->message[rank], "%s", weft_last_error(comm));
+  if (st) fprintf(stderr, "  rank %d -> %s after %.2f s: %s\n", rank, weft_status_name(st),
+                  harness_shm->seconds[rank], weft_last_error(comm));
+}
+
+static void expect_error_within(int rank, double seconds) {
+  assert_true(harness_shm->status[rank] < 0);
+  assert_true(harness_shm->seconds[rank] < seconds);
+}
+
+/* ---- a rank dies --------------------------------------------------------- */
+
+static int dies_before_call(int rank, int size, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  if (rank == size - 1) _exit(0); /* gone without a word */
+  float v[1000] = {0};
+  double t0 = harness_now();
+  record(rank, weft_allreduce(comm, v, v, 1000, WEFT_F32, WEFT_SUM), t0, comm);
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+static void peer_dies_before_the_call(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=20", NULL};
+  harness_init();
+  assert_int_equal(harness_run(3, env, 60, dies_before_call, NULL), 0);
+  for (int r = 0; r < 2; r++) {
+    expect_error_within(r, 10);
+    assert_true(harness_shm->status[r] == WEFT_ERR_PEER_LOST);
+  }
+}
+
+static int killed_mid_stream(int rank, int size, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  size_t n = 1 << 20;
+  float *v = calloc(n, sizeof *v);
+  double t0 = harness_now();
+  weft_status st = WEFT_OK;
+  for (int iter = 0; iter < 100000 && !st; iter++) {
+    if (rank == 1 && iter == 5) raise(SIGKILL);
+    t0 = harness_now();
+    st = weft_allreduce(comm, v, v, n, WEFT_F32, WEFT_SUM);
+  }
+  record(rank, st, t0, comm);
+  free(v);
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+static void peer_killed_during_allreduce(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=20", NULL};
+  harness_init();
+  /* rank 1 dies by SIGKILL: the harness counts it as failed, the others must not */
+  assert_int_equal(harness_run(4, env, 60, killed_mid_stream, NULL), 1);
+  for (int r = 0; r < 4; r++) {
+    if (r == 1) continue;
+    expect_error_within(r, 10);
+    assert_non_null(strstr(harness_shm->message[r], "peer 1") ? harness_shm->message[r]
+                                                              : strstr(harness_shm->message[r], "rank 1"));
+  }
+}
+
+/* ---- rendezvous failures ---------------------------------------------------- */
+
+static int joins_with_size(int rank, int size, const weft_unique_id *id, void *arg) {
+  const int *sizes = arg;
+  (void)size;
+  weft_comm *comm = NULL;
+  double t0 = harness_now();
+  weft_status st = weft_comm_init_rank(&comm, id, rank, sizes[rank]);
+  record(rank, st, t0, NULL);
+  if (!st) weft_comm_destroy(comm);
+  return 0;
+}
+
+static void rank_never_arrives(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=3", NULL};
+  static const int sizes[] = {3, 3};
+  harness_init();
+  assert_int_equal(harness_run(2, env, 30, joins_with_size, (void *)sizes), 0);
+  for (int r = 0; r < 2; r++) {
+    expect_error_within(r, 8);
+    assert_non_null(strstr(harness_shm->message[r], "never reached"));
+  }
+}
+
+static void wrong_world_size(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=20", NULL};
+  static const int sizes[] = {2, 3};
+  harness_init();
+  assert_int_equal(harness_run(2, env, 30, joins_with_size, (void *)sizes), 0);
+  for (int r = 0; r < 2; r++) {
+    expect_error_within(r, 5);
+    assert_int_equal(harness_shm->status[r], WEFT_ERR_MISMATCH);
+    assert_non_null(strstr(harness_shm->message[r], "world size"));
+  }
+}
+
+static int free_port(int *listen_fd) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &len)) abort();
+  if (listen_fd) {
+    listen(s, 1);
+    *listen_fd = s;
+  } else {
+    close(s);
+  }
+  return ntohs(a.sin_port);
+}
+
+static void busy_port(void **state) {
+  (void)state;
+  int holder;
+  int port = free_port(&holder);
+  char where[64];
+  snprintf(where, sizeof where, "127.0.0.1:%d", port);
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.rank = 0;
+  cfg.size = 2;
+  cfg.rendezvous = where;
+  cfg.timeout_s = 20;
+  weft_comm *comm = NULL;
+  double t0 = harness_now();
+  weft_status st = weft_comm_init_config(&cfg, &comm);
+  assert_int_equal(st, WEFT_ERR_BOOTSTRAP);
+  assert_true(harness_now() - t0 < 3);
+  assert_non_null(strstr(weft_last_error(NULL), "in use"));
+  close(holder);
+}
+
+static void rendezvous_unreachable(void **state) {
+  (void)state;
+  char where[64];
+  snprintf(where, sizeof where, "127.0.0.1:%d", free_port(NULL));
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.rank = 1;
+  cfg.size = 2;
+  cfg.rendezvous = where;
+  cfg.timeout_s = 2;
+  weft_comm *comm = NULL;
+  double t0 = harness_now();
+  weft_status st = weft_comm_init_config(&cfg, &comm);
+  assert_true(st == WEFT_ERR_TIMEOUT || st == WEFT_ERR_BOOTSTRAP);
+  assert_true(harness_now() - t0 < 5);
+  assert_non_null(strstr(weft_last_error(NULL), where));
+}
+
+/* ---- disagreeing calls ----------------------------------------------------------- */
+
+typedef struct disagreement {
+  size_t count[2];
+  int skip_one; /* rank 1 skips the allreduce */
+} disagreement;
+
+static int disagrees(int rank, int size, const weft_unique_id *id, void *arg) {
+  const disagreement *d = arg;
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  size_t n = d->count[rank];
+  float *v = calloc(n + 1, sizeof *v);
+  double t0 = harness_now();
+  weft_status st = WEFT_OK;
+  if (!(d->skip_one && rank == 1)) st = weft_allreduce(comm, v, v, n, WEFT_F32, WEFT_SUM);
+  if (!st) st = weft_barrier(comm);
+  record(rank, st, t0, comm);
+  free(v);
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+static void check_disagreement(const disagreement *d) {
+  static const char *const env[] = {"WEFT_TIMEOUT=20", NULL};
+  harness_init();
+  assert_int_equal(harness_run(2, env, 60, disagrees, (void *)d), 0);
+  int mismatches = 0;
+  for (int r = 0; r < 2; r++) {
+    expect_error_within(r, 10);
+    mismatches += harness_shm->status[r] == WEFT_ERR_MISMATCH;
+  }
+  assert_true(mismatches >= 1); /* the other rank may learn it as a peer failure */
+}
+
+static void counts_differ_small(void **state) {
+  (void)state;
+  disagreement d = {{100, 101}, 0};
+  check_disagreement(&d);
+}
+
+static void counts_differ_large(void **state) {
+  (void)state;
+  disagreement d = {{1 << 20, (1 << 20) + 5}, 0};
+  check_disagreement(&d);
+}
+
+static void rank_skips_a_call(void **state) {
+  (void)state;
+  disagreement d = {{1000, 1000}, 1};
+  check_disagreement(&d);
+}
+
+/* ---- abort and timeout ------------------------------------------------------------ */
+
+static void *abort_later(void *arg) {
+  struct timespec pause = {0, 300000000};
+  nanosleep(&pause, NULL);
+  weft_comm_abort(arg);
+  return NULL;
+}
+
+static int abort_or_stall(int rank, int size, const weft_unique_id *id, void *arg) {
+  int use_abort = *(const int *)arg;
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  float v[64] = {0};
+  double t0 = harness_now();
+  if (rank == 0) {
+    pthread_t th;
+    if (use_abort) pthread_create(&th, NULL, abort_later, comm);
+    record(rank, weft_allreduce(comm, v, v, 64, WEFT_F32, WEFT_SUM), t0, comm);
+    if (use_abort) pthread_join(th, NULL);
+  } else {
+    sleep(use_abort ? 2 : 4); /* late: rank 0 must not wait for us forever */
+    t0 = harness_now();
+    /* rank 0's data of the first call was out before it failed, so that
+     * call may complete; the failure must show by the next one at the latest */
+    weft_status st = weft_allreduce(comm, v, v, 64, WEFT_F32, WEFT_SUM);
+    if (!st) st = weft_barrier(comm);
+    record(rank, st, t0, comm);
+  }
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+static void abort_releases_a_blocked_call(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
+  int use_abort = 1;
+  harness_init();
+  assert_int_equal(harness_run(2, env, 60, abort_or_stall, &use_abort), 0);
+  assert_int_equal(harness_shm->status[0], WEFT_ERR_ABORTED);
+  assert_true(harness_shm->seconds[0] < 3);
+  /* the peer learns it at once, naming the abort */
+  expect_error_within(1, 3);
+  assert_non_null(strstr(harness_shm->message[1], "abort"));
+}
+
+static void silent_peer_times_out(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=1", NULL};
+  int use_abort = 0;
+  harness_init();
+  assert_int_equal(harness_run(2, env, 60, abort_or_stall, &use_abort), 0);
+  assert_int_equal(harness_shm->status[0], WEFT_ERR_TIMEOUT);
+  assert_true(harness_shm->seconds[0] >= 0.9 && harness_shm->seconds[0] < 3);
+  assert_non_null(strstr(harness_shm->message[0], "peer 1"));
+  expect_error_within(1, 3); /* the late rank finds the failure, it does not hang */
+}
+
+int main(void) {
+  if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(peer_dies_before_the_call),
+      cmocka_unit_test(peer_killed_during_allreduce),
+      cmocka_unit_test(rank_never_arrives),
+      cmocka_unit_test(wrong_world_size),
+      cmocka_unit_test(busy_port),
+      cmocka_unit_test(rendezvous_unreachable),
+      cmocka_unit_test(counts_differ_small),
+      cmocka_unit_test(counts_differ_large),
+      cmocka_unit_test(rank_skips_a_call),
+      cmocka_unit_test(abort_releases_a_blocked_call),
+      cmocka_unit_test(silent_peer_times_out),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
