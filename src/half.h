@@ -11,10 +11,13 @@
 /* Every result below is computed unconditionally and picked with a bit
  * mask, never with if/else or ?: around a float operation: compilers will not
  * hoist a float operation out of a branch (it might trap), so a branch there
- * stops the loop from vectorizing, while masks become vector blends. The float additions rely on the default rounding
- * mode (to nearest even) and on float arithmetic without excess precision,
- * which every x86-64 and AArch64 target has. Flush-to-zero does not change
- * any result: no step produces or needs a float subnormal. */
+ * stops the loop from vectorizing, while masks become vector blends.
+ * Magnitudes (sign cleared) are compared as int32_t: x86 has signed vector
+ * compares only and would emulate unsigned ones with two more instructions.
+ * The float additions rely on the default rounding mode (to nearest even) and
+ * on float arithmetic without excess precision, which every x86-64 and
+ * AArch64 target has. Flush-to-zero changes no result: no step produces or
+ * needs a float subnormal. */
 
 static inline uint32_t weft_f32_bits(float f) {
   uint32_t u;
@@ -28,9 +31,7 @@ static inline float weft_f32_from_bits(uint32_t u) {
   return f;
 }
 
-/* All ones when cond holds, else zero. Magnitudes (sign cleared) are
- * compared as int32_t: x86 has signed vector compares only, and the unsigned
- * ones it would otherwise emulate cost two extra instructions. */
+/* All ones when cond holds, else zero. */
 static inline uint32_t weft_half_mask(int cond) {
   return 0u - (uint32_t)(cond != 0);
 }
@@ -75,7 +76,8 @@ static inline uint16_t weft_float_to_f16(float f) {
   uint32_t nan = (mag - 0x70000000u) | 0x00400000u; /* exponent 0x7c00, quiet bit */
   uint32_t out = weft_half_pick(weft_half_mask((int32_t)mag < (113 << 23)), sub, normal);
   out = weft_half_pick(weft_half_mask((int32_t)mag > 0x7f800000), nan, out);
-  return (uint16_t)((out | (u ^ mag) >> 3) >> 13);
+  uint32_t sign = (u ^ mag) >> 3; /* bit 31 to bit 15 + 13 */
+  return (uint16_t)((out | sign) >> 13);
 }
 
 /* Exact: bf16 is the top half of a float. A NaN is made quiet. */

@@ -21,9 +21,9 @@
 #endif
 
 /* The loops read a[i] and b[i] before writing dst[i], so dst == a or dst == b
- * carries no dependence between iterations. Without this pragma compilers
- * either guard the vector loop with an overlap test that in-place calls fail
- * (clang) or may; `restrict` would be a lie when dst == a. */
+ * carries no dependence between iterations; `restrict` would be a lie there.
+ * The pragma says so instead: without it clang guards the vector loop with an
+ * overlap test that in-place calls fail, and runs those scalar. */
 #if defined(__clang__)
 /* At -O0/-O1 clang does not vectorize and would warn that the pragma's
  * request failed, which breaks -Werror debug builds. */

@@ -614,6 +614,40 @@ static void test_minmax_signed_zero(void **state) {
   }
 }
 
+/* Hand-worked integer averages: the quotient of a negative (or wrapped)
+ * sum truncates toward zero, never toward minus infinity. */
+static void test_avg_truncates_toward_zero(void **state) {
+  (void)state;
+  static const struct {
+    weft_dtype dtype;
+    int64_t a, b;
+    int postdiv;
+    int64_t want;
+  } cases[] = {
+      {WEFT_I32, -7, 0, 4, -1},           {WEFT_I32, -7, 0, 3, -2},
+      {WEFT_I32, 7, 0, 4, 1},             {WEFT_I32, -2147483647 - 1, -1, 3, 715827882},
+      {WEFT_I32, -2147483647 - 1, 0, 2147483647, -1},
+      {WEFT_I8, -128, -1, 3, 42},         {WEFT_I8, -100, -27, 4, -31},
+      {WEFT_I8, -1, -2, 4, 0},            {WEFT_U8, 255, 2, 3, 0},
+      {WEFT_U8, 200, 50, 3, 83},          {WEFT_I64, -9, 0, 4, -2},
+      {WEFT_I64, INT64_MIN, -1, 3, 3074457345618258602},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const dtype_info *t = NULL;
+    for (size_t i = 0; i < NUM_DTYPES; i++)
+      if (DTYPES[i].dtype == cases[k].dtype)
+        t = &DTYPES[i];
+    unsigned char a[8], b[8], d[8];
+    set_bits(a, 0, t->size, (uint64_t)cases[k].a);
+    set_bits(b, 0, t->size, (uint64_t)cases[k].b);
+    weft_reduce(d, a, b, 1, t->dtype, WEFT_AVG, cases[k].postdiv);
+    int64_t got = int_value(t, get_bits(d, 0, t->size));
+    CHECK(got == cases[k].want, "%s avg(%lld, %lld) / %d: got %lld, want %lld", t->name,
+          (long long)cases[k].a, (long long)cases[k].b, cases[k].postdiv, (long long)got,
+          (long long)cases[k].want);
+  }
+}
+
 /* Unknown dtype or op: nothing is written. */
 static void test_unknown_does_nothing(void **state) {
   (void)state;
@@ -856,6 +890,7 @@ int main(void) {
       ADD_TEST(test_minmax_nan, &DTYPES[t], "minmax_nan_%s", DTYPES[t].name);
       ADD_TEST(test_minmax_signed_zero, &DTYPES[t], "minmax_signed_zero_%s", DTYPES[t].name);
     }
+  ADD_TEST(test_avg_truncates_toward_zero, NULL, "avg_truncates_toward_zero");
   ADD_TEST(test_unknown_does_nothing, NULL, "unknown_dtype_op_does_nothing");
   ADD_TEST(test_reference_self_check, NULL, "reference_self_check");
   ADD_TEST(test_half_exhaustive, &HALF_F16, "f16_exhaustive_round_trip");

@@ -1,0 +1,18 @@
+#!/bin/sh
+# setup-debian.sh - installs what a fresh Debian 12 machine lacks to build and
+# test weft (compiler, meson, ninja, pkg-config, hwloc, CMocka, rdma-core
+# headers). Installs only missing packages; needs root (or sudo).
+set -eu
+packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libcmocka-dev libibverbs-dev iproute2"
+missing=""
+for p in $packages; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "setup: installing$missing" >&2
+as_root=""
+[ "$(id -u)" -eq 0 ] || as_root="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$as_root apt-get update -qq
+# shellcheck disable=SC2086
+$as_root apt-get install -y -qq --no-install-recommends $missing >/dev/null
