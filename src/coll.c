@@ -3,6 +3,7 @@
  * the driver loop that advances an algorithm, spins briefly, then sleeps in
  * the transport's wait, and never waits longer than the timeout without
  * progress. */
+#include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -186,6 +187,10 @@ static weft_status coll_run_locked(weft_coll *coll) {
       break;
     }
     if (idle * 1e6 < comm->spin_us) continue;
+    if (idle * 1e6 < comm->spin_us + comm->yield_us) {
+      sched_yield();
+      continue;
+    }
     double left_ms = (comm->timeout_s - idle) * 1000;
     st = comm->tp->wait(comm->tp_ctx, left_ms < 100 ? (int)left_ms + 1 : 100);
     if (st < 0) break;
@@ -281,7 +286,7 @@ WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *
     return WEFT_OK;
   }
   size_t bytes = count * coll.elem;
-  long long rd_max = weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 16384);
+  long long rd_max = weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 262144);
   bool use_rd = bytes <= comm->chunk_bytes &&
                 (algo_forced("rd") || (!algo_forced("ring") && (long long)bytes <= rd_max));
   WEFT_CHECK(use_rd ? weft_rd_allreduce_start(&coll) : weft_ring_allreduce_start(&coll));

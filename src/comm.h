@@ -41,6 +41,7 @@ struct weft_comm {
   size_t chunk_bytes;
   int send_depth;
   int spin_us;
+  int yield_us;             /* then sched_yield this long before sleeping */
 
   int wake_fd;              /* eventfd: abort wakes a blocked wait */
   atomic_int aborted;

@@ -19,9 +19,10 @@
   X(SOCKET_FAMILY, "", "address family for data sockets: 4, 6, or empty for either")        \
   X(CHUNK_BYTES, "262144", "bytes per pipelined chunk (slot size) in ring and tree algorithms") \
   X(TCP_BUF_BYTES, "0", "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning") \
-  X(SPIN_US, "auto", "microseconds to busy-poll before sleeping; auto: 50, or 0 when ranks outnumber cores") \
+  X(SPIN_US, "auto", "microseconds to busy-poll a waiting call; auto: 50, or 0 when ranks outnumber cores") \
+  X(YIELD_US, "100000", "then microseconds to poll with sched_yield before sleeping in poll(); 0 sleeps at once") \
   X(ALGO, "auto", "allreduce algorithm: auto, ring or rd (recursive doubling)")             \
-  X(RD_MAX_BYTES, "16384", "auto picks recursive doubling for allreduce up to this many bytes") \
+  X(RD_MAX_BYTES, "262144", "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk)") \
   X(BCAST_FANOUT, "0", "broadcast tree fan-out; 0 = auto (binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
   X(BCAST_CHAIN_BYTES, "65536", "broadcasts of at least this many bytes use a pipelined chain")
 
