@@ -226,10 +226,27 @@ check "the timeout is named on stderr" grep -q 'timeout' "$TMP/err"
 run --timeout=10 -n 2 true
 check "a job that ends before --timeout exits 0 at once" [ "$rc" = 0 -a "$elapsed" -lt 5 ]
 
+# ---- binding ----
+
+cpus_allowed='grep Cpus_allowed_list /proc/self/status | cut -f2'
+ncpu=$(nproc)
+if [ "$ncpu" -ge 2 ]; then
+    run -n 2 sh -c "$cpus_allowed"
+    check "with ranks <= CPUs each rank is bound to its own single CPU" \
+        [ "$(sed 's/^\[.\] //' "$TMP/out" | sort -u | wc -l)" = 2 -a \
+          "$(grep -c -- '[-,]' "$TMP/out")" = 0 ]
+fi
+run -n 2 --bind none sh -c "$cpus_allowed"
+check "--bind none leaves the ranks' CPUs alone" \
+    [ "$(sed 's/^\[.\] //' "$TMP/out" | sort -u)" = "$(sh -c "$cpus_allowed")" ]
+run -n $((ncpu + 1)) sh -c "$cpus_allowed"
+check "oversubscribed ranks are not bound by default" \
+    [ "$(sed 's/^\[.*\] //' "$TMP/out" | sort -u)" = "$(sh -c "$cpus_allowed")" ]
+
 # ---- usage ----
 
 for args in "" "-n 0 true" "-n 4097 true" "-n abc true" "-n" "--bogus true" \
-    "-x true" "--timeout 0 true" "--timeout soon true"; do
+    "-x true" "--timeout 0 true" "--timeout soon true" "--bind socket true"; do
     run $args
     check "bad usage '$args' gives 2 and a usage message" \
         [ "$rc" = 2 -a "$(grep -c '^usage: weftrun' "$TMP/err")" = 1 ]

@@ -8,6 +8,7 @@
  * (bench_common.h): -c allreduce|bcast, median of per-iteration times with a
  * barrier before each, max over ranks; for side-by-side tables. */
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,23 @@ static void *alloc_prefaulted(size_t bytes) {
   if (posix_memalign(&p, 4096, len ? len : 4096)) return NULL;
   memset(p, 0, len ? len : 4096);
   return p;
+}
+
+/* --bind: pin this rank to CPU (local rank mod usable CPUs), as mpirun does
+ * by default, for launchers that do not (torchrun, the peer harness). */
+static int bind_requested;
+
+static void bind_to_core(weft_comm *comm) {
+  cpu_set_t allowed, one;
+  if (!bind_requested || sched_getaffinity(0, sizeof allowed, &allowed)) return;
+  int count = CPU_COUNT(&allowed), want = weft_comm_local_rank(comm) % (count ? count : 1);
+  for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; cpu++)
+    if (CPU_ISSET(cpu, &allowed) && seen++ == want) {
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      sched_setaffinity(0, sizeof one, &one);
+      return;
+    }
 }
 
 static void die(weft_comm *comm, weft_status st, const char *what) {
@@ -225,6 +243,7 @@ static int nccl_mode(int argc, char **argv) {
                 "usage: weft-bench [-C allreduce|broadcast] [-b minbytes] [-e maxbytes] [-f factor]\n"
                 "                  [-n iters] [-w warmup] [-c 0|1 check] [-d dtype] [-o op] [-r root]\n"
                 "       weft-bench --peers [-c allreduce|bcast] ... (../shared/peers format)\n"
+                "  --bind: pin each rank to one CPU by local rank (as mpirun does)\n"
                 "Run one process per rank: weftrun -n 4 weft-bench, or under mpirun/srun/torchrun.\n");
         return c == 'h' ? 0 : 2;
     }
@@ -233,6 +252,7 @@ static int nccl_mode(int argc, char **argv) {
   weft_comm *comm;
   weft_status st = weft_comm_init_env(&comm);
   if (st) die(NULL, st, "init");
+  bind_to_core(comm);
   int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
   if (o.root < 0 || o.root >= np) o.root = 0;
   size_t esz = weft_dtype_size(o.dtype);
@@ -311,6 +331,7 @@ static int peers_mode(int argc, char **argv) {
   weft_comm *comm;
   weft_status st = weft_comm_init_env(&comm);
   if (st) die(NULL, st, "init");
+  bind_to_core(comm);
   int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
   float *send = alloc_prefaulted(maxb), *recv = alloc_prefaulted(maxb);
   double *times = malloc(sizeof(double) * (size_t)(iters_max > iters_min ? iters_max : iters_min));
@@ -374,6 +395,13 @@ static int peers_mode(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) /* --bind may stand anywhere: take it out */
+    if (!strcmp(argv[i], "--bind")) {
+      bind_requested = 1;
+      memmove(&argv[i], &argv[i + 1], sizeof *argv * (size_t)(argc - i));
+      argc--;
+      i--;
+    }
   if (argc > 1 && !strcmp(argv[1], "--peers")) {
     argv[1] = argv[0];
     return peers_mode(argc - 1, argv + 1);
