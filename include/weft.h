@@ -160,6 +160,8 @@ WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id 
 WEFT_API int weft_comm_rank(const weft_comm *comm);
 WEFT_API int weft_comm_size(const weft_comm *comm);
 WEFT_API int weft_comm_local_rank(const weft_comm *comm);
+/* Number of ranks on this rank's host. */
+WEFT_API int weft_comm_local_size(const weft_comm *comm);
 
 /* Releases the communicator. Not collective, does not block on peers. Calling
  * it twice, or on a pointer that is not a live communicator, returns

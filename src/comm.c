@@ -430,6 +430,9 @@ WEFT_API int weft_comm_size(const weft_comm *comm) { return weft_comm_is_live(co
 WEFT_API int weft_comm_local_rank(const weft_comm *comm) {
   return weft_comm_is_live(comm) ? comm->local_rank : -1;
 }
+WEFT_API int weft_comm_local_size(const weft_comm *comm) {
+  return weft_comm_is_live(comm) ? comm->local_size : -1;
+}
 
 WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
   if (!live_remove(comm))

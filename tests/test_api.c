@@ -175,6 +175,8 @@ static void bad_input(void **state) {
   assert_int_equal(weft_barrier(comm), WEFT_OK);
   assert_int_equal(weft_comm_rank(comm), 0);
   assert_int_equal(weft_comm_size(comm), 1);
+  assert_int_equal(weft_comm_local_rank(comm), 0);
+  assert_int_equal(weft_comm_local_size(comm), 1);
   /* abort: every later call fails, destroy still works, a second destroy is refused */
   assert_int_equal(weft_comm_abort(comm), WEFT_OK);
   assert_int_equal(weft_allreduce(comm, buf, out, 4, WEFT_F32, WEFT_SUM), WEFT_ERR_ABORTED);

@@ -51,6 +51,7 @@ static void bind_to_core(weft_comm *comm) {
   cpu_set_t allowed, one;
   if (!bind_requested || sched_getaffinity(0, sizeof allowed, &allowed)) return;
   int count = CPU_COUNT(&allowed), want = weft_comm_local_rank(comm) % (count ? count : 1);
+  if (weft_comm_local_size(comm) > count) return; /* oversubscribed: mpirun binds to none too */
   for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; cpu++)
     if (CPU_ISSET(cpu, &allowed) && seen++ == want) {
       CPU_ZERO(&one);
