@@ -1,20 +1,32 @@
 #!/bin/sh
 # test.sh - the README's second command (and what .ci/run calls): install
-# what is missing, build with warnings as errors, run the whole suite, then
-# print one closing line "weft: N passed, M failed".
+# what is missing, then build and run the whole suite twice: optimized with
+# warnings as errors, and under AddressSanitizer + UndefinedBehaviorSanitizer
+# (WEFT_TEST_SANITIZE=0 skips that pass). Ends with one line
+# "weft: N passed, M failed, K skipped" over both passes.
 set -u
 cd "$(dirname "$0")/.."
 sh tools/setup-debian.sh || exit 1
-dir=build-test
-[ -d "$dir" ] || meson setup "$dir" --buildtype=debugoptimized -Dwerror=true -Dtests=true >/dev/null || exit 1
-ninja -C "$dir" || exit 1
-meson test -C "$dir" --print-errorlogs --num-processes 1 "$@"
-rc=$?
-log="$dir/meson-logs/testlog.json"
-if [ -f "$log" ]; then
-  passed=$(grep -c '"result": "OK"' "$log")
-  failed=$(grep -c '"result": "\(FAIL\|TIMEOUT\|ERROR\)"' "$log")
-  skipped=$(grep -c '"result": "SKIP"' "$log")
-  echo "weft: $passed passed, $failed failed, $skipped skipped"
+
+passed=0 failed=0 skipped=0 rc=0
+run_suite() { # DIR SETUP-ARGS...
+  dir=$1
+  shift
+  [ -d "$dir" ] || meson setup "$dir" -Dwerror=true -Dtests=true "$@" >/dev/null || return 1
+  ninja -C "$dir" || return 1
+  echo "== tests in $dir ($*)"
+  meson test -C "$dir" --print-errorlogs --num-processes 1 || rc=1
+  log="$dir/meson-logs/testlog.json"
+  [ -f "$log" ] || return 1
+  passed=$((passed + $(grep -c '"result": "OK"' "$log")))
+  failed=$((failed + $(grep -c '"result": "\(FAIL\|TIMEOUT\|ERROR\)"' "$log")))
+  skipped=$((skipped + $(grep -c '"result": "SKIP"' "$log")))
+}
+
+run_suite build-test --buildtype=debugoptimized || rc=1
+if [ "${WEFT_TEST_SANITIZE:-1}" != 0 ]; then
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+  run_suite build-sanitize --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false || rc=1
 fi
+echo "weft: $passed passed, $failed failed, $skipped skipped"
 exit $rc
