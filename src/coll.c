@@ -218,11 +218,11 @@ static weft_status coll_run_locked(weft_coll *coll) {
 /* ---- entry points --------------------------------------------------------- */
 
 /* Common checks; fills coll. Returns an error with the message set. */
-static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call) {
-  memset(coll, 0, sizeof *coll);
-  coll->comm = comm;
-  coll->call = call;
-  coll->waiting_peer = -1;
+static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call,
+                              const void *sendbuf, void *recvbuf, size_t count, weft_dtype dtype,
+                              weft_op op, int root) {
+  *coll = (weft_coll){.comm = comm, .call = call, .sendbuf = sendbuf, .recvbuf = recvbuf,
+                      .count = count, .dtype = dtype, .op = op, .root = root, .waiting_peer = -1};
   if (!weft_comm_is_live(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, call,
                            "the communicator handle is not a live communicator (NULL, destroyed, "
@@ -271,12 +271,7 @@ static bool algo_forced(const char *name) {
 WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, weft_op op) {
   weft_coll coll;
-  WEFT_CHECK(coll_begin(comm, &coll, "weft_allreduce"));
-  coll.sendbuf = sendbuf;
-  coll.recvbuf = recvbuf;
-  coll.count = count;
-  coll.dtype = dtype;
-  coll.op = op;
+  WEFT_CHECK(coll_begin(comm, &coll, "weft_allreduce", sendbuf, recvbuf, count, dtype, op, 0));
   WEFT_CHECK(check_buffers(&coll, sendbuf, recvbuf, true));
   coll.mem = weft_mem_for(recvbuf);
   coll.seq = ++comm->seq;
@@ -297,13 +292,7 @@ WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *
 WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, int root) {
   weft_coll coll;
-  WEFT_CHECK(coll_begin(comm, &coll, "weft_broadcast"));
-  coll.sendbuf = sendbuf;
-  coll.recvbuf = recvbuf;
-  coll.count = count;
-  coll.dtype = dtype;
-  coll.op = WEFT_SUM;
-  coll.root = root;
+  WEFT_CHECK(coll_begin(comm, &coll, "weft_broadcast", sendbuf, recvbuf, count, dtype, WEFT_SUM, root));
   if (root < 0 || root >= comm->size)
     return weft_comm_error(comm, WEFT_ERR_INVALID, "weft_broadcast",
                            "root %d is out of range (size %d)", root, comm->size);
@@ -326,19 +315,14 @@ WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *
 }
 
 WEFT_API weft_status weft_barrier(weft_comm *comm) {
-  weft_coll coll;
-  WEFT_CHECK(coll_begin(comm, &coll, "weft_barrier"));
-  coll.seq = ++comm->seq;
-  if (comm->size == 1) return WEFT_OK;
   /* a one-byte max-allreduce: nobody leaves before everybody contributed */
   uint8_t token = 0;
-  coll.sendbuf = &token;
-  coll.recvbuf = &token;
-  coll.count = 1;
-  coll.dtype = WEFT_U8;
-  coll.op = WEFT_MAX;
+  weft_coll coll;
+  WEFT_CHECK(coll_begin(comm, &coll, "weft_barrier", &token, &token, 1, WEFT_U8, WEFT_MAX, 0));
   coll.elem = 1;
   coll.mem = &weft_mem_host;
+  coll.seq = ++comm->seq;
+  if (comm->size == 1) return WEFT_OK;
   WEFT_CHECK(weft_rd_allreduce_start(&coll));
   return coll_run(&coll);
 }

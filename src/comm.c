@@ -355,7 +355,7 @@ WEFT_API weft_status weft_comm_init_config(const weft_config *cfg, weft_comm **c
                            timeout_or_setting(cfg->timeout_s), call, comm);
 }
 
-/* Unique id: "WFID", address family, port, 16 address bytes, job nonce. */
+/* Unique id: "WFID", the rendezvous address packed (net.h), job nonce. */
 #define UID_MAGIC 0x57464944u
 
 WEFT_API weft_status weft_get_unique_id(weft_unique_id *id) {
@@ -378,13 +378,7 @@ WEFT_API weft_status weft_get_unique_id(weft_unique_id *id) {
   uint8_t *p = (uint8_t *)id->bytes;
   uint32_t magic = htonl(UID_MAGIC);
   memcpy(p, &magic, 4);
-  p[4] = bound.ss_family == AF_INET ? 4 : 6;
-  uint16_t port = htons((uint16_t)net_addr_port((struct sockaddr *)&bound));
-  memcpy(p + 6, &port, 2);
-  if (bound.ss_family == AF_INET)
-    memcpy(p + 8, &((struct sockaddr_in *)&bound)->sin_addr, 4);
-  else
-    memcpy(p + 8, &((struct sockaddr_in6 *)&bound)->sin6_addr, 16);
+  net_addr_pack(&bound, p + 4);
   memcpy(p + 24, nonce, BOOT_NONCE_BYTES);
   return WEFT_OK;
 }
@@ -400,26 +394,11 @@ WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id 
   const uint8_t *p = (const uint8_t *)id->bytes;
   uint32_t magic;
   memcpy(&magic, p, 4);
-  if (ntohl(magic) != UID_MAGIC || (p[4] != 4 && p[4] != 6))
+  struct sockaddr_storage addr;
+  socklen_t len;
+  if (ntohl(magic) != UID_MAGIC || !net_addr_unpack(p + 4, &addr, &len))
     return weft_init_error(WEFT_ERR_INVALID, rank, call,
                            "the id was not made by weft_get_unique_id (or was damaged in transit)");
-  struct sockaddr_storage addr = {0};
-  socklen_t len;
-  uint16_t port;
-  memcpy(&port, p + 6, 2);
-  if (p[4] == 4) {
-    struct sockaddr_in *v4 = (struct sockaddr_in *)&addr;
-    v4->sin_family = AF_INET;
-    v4->sin_port = port;
-    memcpy(&v4->sin_addr, p + 8, 4);
-    len = sizeof *v4;
-  } else {
-    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&addr;
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = port;
-    memcpy(&v6->sin6_addr, p + 8, 16);
-    len = sizeof *v6;
-  }
   return comm_create(rank, size, -1, &addr, len, p + 24, timeout_or_setting(0), call, comm);
 }
 

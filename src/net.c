@@ -114,6 +114,41 @@ bool net_addr_is_loopback(const struct sockaddr *addr) {
   return false;
 }
 
+void net_addr_pack(const struct sockaddr_storage *a, uint8_t out[NET_ADDR_PACKED]) {
+  memset(out, 0, NET_ADDR_PACKED);
+  uint16_t port = htons((uint16_t)net_addr_port((const struct sockaddr *)a));
+  memcpy(out + 2, &port, 2);
+  if (a->ss_family == AF_INET) {
+    out[0] = 4;
+    memcpy(out + 4, &((const struct sockaddr_in *)a)->sin_addr, 4);
+  } else {
+    out[0] = 6;
+    memcpy(out + 4, &((const struct sockaddr_in6 *)a)->sin6_addr, 16);
+  }
+}
+
+bool net_addr_unpack(const uint8_t in[NET_ADDR_PACKED], struct sockaddr_storage *a,
+                     socklen_t *alen) {
+  if (in[0] != 4 && in[0] != 6) return false;
+  memset(a, 0, sizeof *a);
+  uint16_t port;
+  memcpy(&port, in + 2, 2);
+  if (in[0] == 4) {
+    struct sockaddr_in *v4 = (struct sockaddr_in *)a;
+    v4->sin_family = AF_INET;
+    v4->sin_port = port;
+    memcpy(&v4->sin_addr, in + 4, 4);
+    *alen = sizeof *v4;
+  } else {
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)a;
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = port;
+    memcpy(&v6->sin6_addr, in + 4, 16);
+    *alen = sizeof *v6;
+  }
+  return true;
+}
+
 bool net_ifname_match(const char *rules, const char *ifname) {
   if (!rules || !*rules) return true;
   bool exclude = rules[0] == '^';

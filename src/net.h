@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/socket.h>
 
 #include "transports/transport.h"
@@ -26,6 +27,12 @@ const char *net_addr_str(const struct sockaddr *addr, char *buf, size_t len);
 int net_addr_port(const struct sockaddr *addr);
 void net_addr_set_port(struct sockaddr_storage *addr, int port);
 bool net_addr_is_loopback(const struct sockaddr *addr);
+/* A socket address as 20 portable bytes (family 4 or 6, 0, big-endian port,
+ * 16 address bytes), for the transport's published address and the unique id. */
+#define NET_ADDR_PACKED 20
+void net_addr_pack(const struct sockaddr_storage *addr, uint8_t out[NET_ADDR_PACKED]);
+bool net_addr_unpack(const uint8_t in[NET_ADDR_PACKED], struct sockaddr_storage *addr,
+                     socklen_t *len);
 
 /* Does `ifname` pass the WEFT_SOCKET_IFNAME rules? Rules: comma-separated
  * prefixes; "=name" matches exactly; a leading '^' turns the list into

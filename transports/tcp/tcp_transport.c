@@ -14,43 +14,10 @@
 #include "src/status.h"
 #include "tcp.h"
 
-/* Address blob: family (4 or 6), 0, port (big-endian), 16 address bytes. */
-#define TCP_ADDR_BYTES 20
-
-static void tcp_addr_pack(const struct sockaddr_storage *a, uint8_t *out) {
-  memset(out, 0, TCP_ADDR_BYTES);
-  uint16_t port = htons((uint16_t)net_addr_port((const struct sockaddr *)a));
-  memcpy(out + 2, &port, 2);
-  if (a->ss_family == AF_INET) {
-    out[0] = 4;
-    memcpy(out + 4, &((const struct sockaddr_in *)a)->sin_addr, 4);
-  } else {
-    out[0] = 6;
-    memcpy(out + 4, &((const struct sockaddr_in6 *)a)->sin6_addr, 16);
-  }
-}
-
+/* The published address is the listener's, packed (net.h). */
 static bool tcp_addr_unpack(const void *blob, size_t len, struct sockaddr_storage *a,
                             socklen_t *alen) {
-  const uint8_t *in = blob;
-  if (len != TCP_ADDR_BYTES || (in[0] != 4 && in[0] != 6)) return false;
-  memset(a, 0, sizeof *a);
-  uint16_t port;
-  memcpy(&port, in + 2, 2);
-  if (in[0] == 4) {
-    struct sockaddr_in *v4 = (struct sockaddr_in *)a;
-    v4->sin_family = AF_INET;
-    v4->sin_port = port;
-    memcpy(&v4->sin_addr, in + 4, 4);
-    *alen = sizeof *v4;
-  } else {
-    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)a;
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = port;
-    memcpy(&v6->sin6_addr, in + 4, 16);
-    *alen = sizeof *v6;
-  }
-  return true;
+  return len == NET_ADDR_PACKED && net_addr_unpack(blob, a, alen);
 }
 
 static weft_status tcp_init(const weft_transport_init_args *args, weft_transport_ctx **out,
@@ -91,8 +58,8 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_transport
     free(ctx);
     return st;
   }
-  tcp_addr_pack(&ctx->addr, addr);
-  *addr_len = TCP_ADDR_BYTES;
+  net_addr_pack(&ctx->addr, addr);
+  *addr_len = NET_ADDR_PACKED;
   char where[80];
   WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d listens on %s", args->rank,
             net_addr_str((struct sockaddr *)&ctx->addr, where, sizeof where));
