@@ -163,6 +163,13 @@ WEFT_API int weft_comm_local_rank(const weft_comm *comm);
 /* Number of ranks on this rank's host. */
 WEFT_API int weft_comm_local_size(const weft_comm *comm);
 
+/* Which transport carries data between this rank and `peer`, and why it
+ * was chosen, e.g. "shm" / "same host vm/3f2a..., shared /dev/shm; 8 slots
+ * of 256 KiB each way". For the own rank: "self". The strings live as long
+ * as the communicator. WEFT_ERR_INVALID for a bad handle or peer. */
+WEFT_API weft_status weft_comm_peer_transport(const weft_comm *comm, int peer,
+                                             const char **transport, const char **reason);
+
 /* Releases the communicator. Not collective, does not block on peers. Calling
  * it twice, or on a pointer that is not a live communicator, returns
  * WEFT_ERR_INVALID and touches nothing. */

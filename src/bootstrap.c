@@ -19,9 +19,9 @@
 #include "status.h"
 
 #define BOOT_MAGIC 0x57454642u /* "WEFB" */
-#define BOOT_VERSION 2
+#define BOOT_VERSION 3
 #define BOOT_MSG_BYTES 256
-#define INFO_BYTES (4 + 4 + BOOT_HOST_BYTES + 2 + WEFT_TRANSPORT_ADDR_MAX)
+#define INFO_BYTES (4 + 4 + BOOT_HOST_BYTES + 2 + BOOT_ADDR_BYTES)
 #define HELLO_BYTES (4 + 2 + 2 + 4 + 4 + 4 + BOOT_NONCE_BYTES + INFO_BYTES)
 #define REPLY_BYTES (4 + 4 + 4 + 8 + BOOT_MSG_BYTES)
 
@@ -54,8 +54,8 @@ static uint8_t *pack_info(uint8_t *p, const boot_rank_info *in) {
   memcpy(p, in->host, BOOT_HOST_BYTES);
   p += BOOT_HOST_BYTES;
   p = put16(p, in->addr_len);
-  memcpy(p, in->addr, WEFT_TRANSPORT_ADDR_MAX);
-  return p + WEFT_TRANSPORT_ADDR_MAX;
+  memcpy(p, in->addr, BOOT_ADDR_BYTES);
+  return p + BOOT_ADDR_BYTES;
 }
 
 static const uint8_t *unpack_info(const uint8_t *p, boot_rank_info *out) {
@@ -65,9 +65,9 @@ static const uint8_t *unpack_info(const uint8_t *p, boot_rank_info *out) {
   out->host[BOOT_HOST_BYTES - 1] = 0;
   p += BOOT_HOST_BYTES;
   p = get16(p, &out->addr_len);
-  if (out->addr_len > WEFT_TRANSPORT_ADDR_MAX) out->addr_len = WEFT_TRANSPORT_ADDR_MAX;
-  memcpy(out->addr, p, WEFT_TRANSPORT_ADDR_MAX);
-  return p + WEFT_TRANSPORT_ADDR_MAX;
+  if (out->addr_len > BOOT_ADDR_BYTES) out->addr_len = BOOT_ADDR_BYTES;
+  memcpy(out->addr, p, BOOT_ADDR_BYTES);
+  return p + BOOT_ADDR_BYTES;
 }
 
 static void pack_reply(uint8_t *buf, weft_status st, int size, uint64_t comm_id, const char *msg) {

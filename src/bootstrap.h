@@ -14,14 +14,16 @@
 
 #define BOOT_NONCE_BYTES 16
 #define BOOT_HOST_BYTES 64
+/* Room for every transport's address: entries of (transport index, length, bytes). */
+#define BOOT_ADDR_BYTES 512
 
 /* What one rank tells the others. */
 typedef struct boot_rank_info {
   uint32_t rank;
   uint32_t pid;
   char host[BOOT_HOST_BYTES]; /* host identity: ranks with the same one share a host */
-  uint16_t addr_len;          /* transport address blob */
-  uint8_t addr[WEFT_TRANSPORT_ADDR_MAX];
+  uint16_t addr_len;          /* transport addresses, see BOOT_ADDR_BYTES */
+  uint8_t addr[BOOT_ADDR_BYTES];
 } boot_rank_info;
 
 /* Starts the server in a detached thread listening on `addr`; it serves one

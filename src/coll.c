@@ -19,13 +19,25 @@
 
 /* ---- links ---------------------------------------------------------------- */
 
+static inline const weft_transport *peer_ops(const weft_comm *comm, int peer) {
+  return comm->tps[comm->peers[peer].tp].ops;
+}
+
+static inline int peer_tp_index(const weft_comm *comm, int peer) {
+  return peer >= 0 && peer != comm->rank ? comm->peers[peer].tp : 0;
+}
+
 static weft_status link_conn(weft_coll *coll, int peer, weft_conn **out) {
   weft_comm *comm = coll->comm;
   weft_peer *p = &comm->peers[peer];
   if (!p->conn) {
-    weft_status st = comm->tp->connect(comm->tp_ctx, peer, p->info.addr, p->info.addr_len, &p->conn);
+    const weft_comm_transport *t = &comm->tps[p->tp];
+    const void *addr;
+    size_t len;
+    weft_comm_peer_address(comm, peer, t->builtin, &addr, &len);
+    weft_status st = t->ops->connect(t->ctx, peer, addr, len, &p->conn);
     if (st < 0) {
-      coll->waiting_peer = peer;
+      coll->waiting_peer = coll->fail_peer = peer;
       return st;
     }
   }
@@ -40,19 +52,20 @@ static weft_status link_conn(weft_coll *coll, int peer, weft_conn **out) {
 static weft_status link_result(weft_coll *coll, int peer, weft_status st, const char *waiting_for) {
   if (st == WEFT_AGAIN) coll->waiting_for = waiting_for;
   if (st) coll->waiting_peer = peer;
+  if (st < 0) coll->fail_peer = peer;
   return st;
 }
 
 weft_status weft_link_send_ready(weft_coll *coll, int peer) {
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
-  return link_result(coll, peer, coll->comm->tp->send_ready(c), "room to send to");
+  return link_result(coll, peer, peer_ops(coll->comm, peer)->send_ready(c), "room to send to");
 }
 
 weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
-  weft_status st = coll->comm->tp->send(c, src, bytes, coll->seq, coll->mem);
+  weft_status st = peer_ops(coll->comm, peer)->send(c, src, bytes, coll->seq, coll->mem);
   if (st == WEFT_OK) {
     coll->events++;
     coll->comm->peers[peer].last_send_seq = coll->seq;
@@ -63,19 +76,19 @@ weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t by
 weft_status weft_link_send_idle(weft_coll *coll, int peer) {
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
-  return link_result(coll, peer, coll->comm->tp->send_idle(c), "a send to complete to");
+  return link_result(coll, peer, peer_ops(coll->comm, peer)->send_idle(c), "a send to complete to");
 }
 
 weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes, const void **data) {
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
-  return link_result(coll, peer, coll->comm->tp->recv_peek(c, coll->seq, bytes, data), "data from");
+  return link_result(coll, peer, peer_ops(coll->comm, peer)->recv_peek(c, coll->seq, bytes, data), "data from");
 }
 
 weft_status weft_link_recv_release(weft_coll *coll, int peer) {
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
-  weft_status st = coll->comm->tp->recv_release(c);
+  weft_status st = peer_ops(coll->comm, peer)->recv_release(c);
   if (st == WEFT_OK) coll->events++;
   return link_result(coll, peer, st, "data from");
 }
@@ -83,7 +96,7 @@ weft_status weft_link_recv_release(weft_coll *coll, int peer) {
 weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst) {
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
-  weft_status st = coll->comm->tp->recv_into(c, coll->seq, bytes, dst, coll->mem);
+  weft_status st = peer_ops(coll->comm, peer)->recv_into(c, coll->seq, bytes, dst, coll->mem);
   if (st == WEFT_OK) coll->events++;
   return link_result(coll, peer, st, "data from");
 }
@@ -119,7 +132,7 @@ static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, .
     snprintf(reason, sizeof reason, "%s", comm->sink.origin);
   else
     snprintf(reason, sizeof reason, "rank %d failed in %s: %s", comm->rank, desc, what);
-  comm->tp->abort_all(comm->tp_ctx, reason);
+  for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->abort_all(comm->tps[t].ctx, reason);
   return st;
 }
 
@@ -169,7 +182,11 @@ static weft_status coll_run_locked(weft_coll *coll) {
     }
     if (st < 0) break;
     bool moved = false;
-    st = comm->tp->progress(comm->tp_ctx, &moved);
+    for (int t = 0; t < comm->ntps && st >= 0; t++) {
+      bool this_moved = false;
+      st = comm->tps[t].ops->progress(comm->tps[t].ctx, &this_moved);
+      moved |= this_moved;
+    }
     if (st < 0) break;
     double now = weft_now();
     if (moved || coll->events != seen) {
@@ -192,7 +209,10 @@ static weft_status coll_run_locked(weft_coll *coll) {
       continue;
     }
     double left_ms = (comm->timeout_s - idle) * 1000;
-    st = comm->tp->wait(comm->tp_ctx, left_ms < 100 ? (int)left_ms + 1 : 100);
+    /* sleep on what the algorithm waits for; other transports are polled
+     * every round and their waits are bounded slices */
+    const weft_comm_transport *t = &comm->tps[peer_tp_index(comm, coll->waiting_peer)];
+    st = t->ops->wait(t->ctx, left_ms < 100 ? (int)left_ms + 1 : 100);
     if (st < 0) break;
   }
   int peer = coll->waiting_peer;
@@ -209,8 +229,8 @@ static weft_status coll_run_locked(weft_coll *coll) {
                        coll->algo, peer);
     default:
       if (comm->sink.origin[0]) return coll_fail(coll, st, "%s", comm->sink.msg);
-      if (peer >= 0)
-        return coll_fail(coll, st, "peer %d: %s", peer, comm->sink.msg);
+      if (coll->fail_peer >= 0)
+        return coll_fail(coll, st, "peer %d: %s", coll->fail_peer, comm->sink.msg);
       return coll_fail(coll, st, "%s", comm->sink.msg);
   }
 }
@@ -222,7 +242,8 @@ static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call
                               const void *sendbuf, void *recvbuf, size_t count, weft_dtype dtype,
                               weft_op op, int root) {
   *coll = (weft_coll){.comm = comm, .call = call, .sendbuf = sendbuf, .recvbuf = recvbuf,
-                      .count = count, .dtype = dtype, .op = op, .root = root, .waiting_peer = -1};
+                      .count = count, .dtype = dtype, .op = op, .root = root, .waiting_peer = -1,
+                      .fail_peer = -1};
   if (!weft_comm_is_live(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, call,
                            "the communicator handle is not a live communicator (NULL, destroyed, "

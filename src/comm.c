@@ -19,6 +19,7 @@
 #include "net.h"
 #include "settings.h"
 #include "status.h"
+#include "topo.h"
 
 /* ---- live handles --------------------------------------------------------- */
 
@@ -143,7 +144,7 @@ static double timeout_or_setting(double timeout_s) {
 }
 
 static void comm_free(weft_comm *comm) {
-  if (comm->tp && comm->tp_ctx) comm->tp->fini(comm->tp_ctx);
+  for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->fini(comm->tps[t].ctx);
   if (comm->wake_fd >= 0) close(comm->wake_fd);
   pthread_mutex_destroy(&comm->call_lock);
   free(comm->peers);
@@ -160,8 +161,120 @@ static int spin_default(int local_size) {
   return local_size > cores ? 0 : 50;
 }
 
+/* ---- transports ------------------------------------------------------------ */
+
+/* Every transport this build has; the index is what ranks publish. */
+static const weft_transport *const builtin_transports[] = {&weft_transport_shm, &weft_transport_tcp};
+#define BUILTIN_COUNT ((int)(sizeof builtin_transports / sizeof builtin_transports[0]))
+
+/* hwloc's discovery takes milliseconds: once per process. */
+static weft_topo process_topo;
+static weft_status process_topo_status;
+static void process_topo_load(void) {
+  weft_error_sink err;
+  process_topo_status = weft_topo_load(NULL, &process_topo, &err);
+  if (process_topo_status) {
+    WEFT_WARN(WEFT_SUBSYS_INIT, "topology: %s; continuing without it", err.msg);
+    memset(&process_topo, 0, sizeof process_topo);
+    gethostname(process_topo.hostname, sizeof process_topo.hostname - 1);
+    process_topo.source = "none";
+  }
+}
+static const weft_topo *topo_here(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, process_topo_load);
+  return &process_topo;
+}
+
+void weft_comm_peer_address(const weft_comm *comm, int peer, int builtin, const void **addr,
+                            size_t *len) {
+  const boot_rank_info *info = &comm->peers[peer].info;
+  *addr = NULL;
+  *len = 0;
+  /* entries: transport index, length, bytes (lengths checked: peers' data) */
+  for (size_t off = 0; off + 2 <= info->addr_len;) {
+    size_t n = info->addr[off + 1];
+    if (off + 2 + n > info->addr_len) return;
+    if (info->addr[off] == builtin) {
+      *addr = &info->addr[off + 2];
+      *len = n;
+      return;
+    }
+    off += 2 + n;
+  }
+}
+
+/* Starts the transports in selection order and packs their addresses. */
+static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const char *call) {
+  const char *built[BUILTIN_COUNT], *order[BUILTIN_COUNT];
+  for (int b = 0; b < BUILTIN_COUNT; b++) built[b] = builtin_transports[b]->name;
+  char why[256] = "";
+  int n = weft_select_order(topo_here(), built, BUILTIN_COUNT,
+                            weft_setting_str(WEFT_SETTING_TRANSPORT), order, why, sizeof why);
+  if (n <= 0) return weft_init_error(WEFT_ERR_INVALID, comm->rank, call, "%s", why);
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    int b = 0;
+    while (b < BUILTIN_COUNT && strcmp(builtin_transports[b]->name, order[i])) b++;
+    if (b == BUILTIN_COUNT) continue;
+    const weft_transport *ops = builtin_transports[b];
+    uint8_t blob[WEFT_TRANSPORT_ADDR_MAX];
+    size_t len = 0;
+    weft_transport_ctx *ctx = NULL;
+    weft_status st = ops->init(&comm->tp_args, &ctx, blob, &len);
+    if (st == WEFT_ERR_UNSUPPORTED && n > 1) {
+      WEFT_INFO(WEFT_SUBSYS_INIT, "transport %s unusable here: %s", ops->name, comm->sink.msg);
+      continue;
+    }
+    if (st) return weft_init_error(st, comm->rank, call, "transport %s: %s", ops->name, comm->sink.msg);
+    comm->tps[comm->ntps++] = (weft_comm_transport){.ops = ops, .ctx = ctx, .builtin = b};
+    if (len > 255 || off + 2 + len > sizeof mine->addr)
+      return weft_init_error(WEFT_ERR_INTERNAL, comm->rank, call, "transport addresses too long");
+    mine->addr[off] = (uint8_t)b;
+    mine->addr[off + 1] = (uint8_t)len;
+    memcpy(&mine->addr[off + 2], blob, len);
+    off += 2 + len;
+  }
+  mine->addr_len = (uint16_t)off;
+  return WEFT_OK;
+}
+
+/* First transport, in order, that reaches each peer; its reason is kept. */
+static weft_status transports_choose(weft_comm *comm, const char *call) {
+  for (int p = 0; p < comm->size; p++) {
+    weft_peer *peer = &comm->peers[p];
+    peer->tp = -1;
+    if (p == comm->rank) {
+      snprintf(peer->why, sizeof peer->why, "this rank");
+      continue;
+    }
+    char refusals[512] = "";
+    for (int t = 0; t < comm->ntps && peer->tp < 0; t++) {
+      const void *addr;
+      size_t len;
+      weft_comm_peer_address(comm, p, comm->tps[t].builtin, &addr, &len);
+      char why[192] = "the peer did not start this transport";
+      if (addr && comm->tps[t].ops->can_reach(comm->tps[t].ctx, p, addr, len, why, sizeof why)) {
+        peer->tp = t;
+        snprintf(peer->why, sizeof peer->why, "%s", why);
+      } else {
+        size_t used = strlen(refusals);
+        snprintf(refusals + used, sizeof refusals - used, "%s%s: %s", used ? "; " : "",
+                 comm->tps[t].ops->name, why);
+      }
+    }
+    if (peer->tp < 0)
+      return weft_init_error(WEFT_ERR_UNSUPPORTED, comm->rank, call,
+                             "no transport reaches peer %d on %s (%s)", p, peer->info.host,
+                             refusals);
+    WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d -> peer %d: %s (%s)", comm->rank, p,
+              comm->tps[peer->tp].ops->name, peer->why);
+  }
+  return WEFT_OK;
+}
+
 /* Joins the job: dial the rendezvous at `server`, publish the transport
- * address, learn every peer's. */
+ * addresses, learn every peer's, choose a transport per peer. */
 static weft_status comm_create(int rank, int size, int local_rank,
                                const struct sockaddr_storage *server, socklen_t server_len,
                                const uint8_t nonce[BOOT_NONCE_BYTES], double timeout_s,
@@ -187,6 +300,7 @@ static weft_status comm_create(int rank, int size, int local_rank,
     goto fail;
   }
   weft_log_set_rank(rank);
+  weft_place_here(topo_here(), &comm->place);
   if (size > 1) {
     double deadline = weft_now() + timeout_s;
     int fd;
@@ -198,22 +312,19 @@ static weft_status comm_create(int rank, int size, int local_rank,
     a->timeout_s = timeout_s;
     a->wake_fd = comm->wake_fd;
     a->errors = &comm->sink;
+    a->place = &comm->place;
     st = boot_connect(server, server_len, deadline, &fd, &a->local_addr, &a->local_addr_len, &comm->sink);
     if (st) {
       weft_init_error(st, rank, call, "%s", comm->sink.msg);
       goto fail;
     }
-    comm->tp = &weft_transport_tcp;
     boot_rank_info mine = {.rank = (uint32_t)rank, .pid = (uint32_t)getpid()};
-    boot_host_identity(mine.host, sizeof mine.host);
-    size_t addr_len = 0;
-    st = comm->tp->init(a, &comm->tp_ctx, mine.addr, &addr_len);
+    snprintf(mine.host, sizeof mine.host, "%s", comm->place.host_id);
+    st = transports_start(comm, &mine, call);
     if (st) {
       close(fd);
-      weft_init_error(st, rank, call, "transport %s: %s", comm->tp->name, comm->sink.msg);
       goto fail;
     }
-    mine.addr_len = (uint16_t)addr_len;
     boot_rank_info *all = calloc((size_t)size, sizeof *all);
     if (!all) {
       close(fd);
@@ -238,19 +349,12 @@ static weft_status comm_create(int rank, int size, int local_rank,
     }
     free(all);
     if (comm->local_rank < 0) comm->local_rank = local_index;
-    for (int p = 0; p < size; p++) {
-      if (p == rank) continue;
-      const weft_peer *peer = &comm->peers[p];
-      if (!comm->tp->can_reach(comm->tp_ctx, p, peer->info.addr, peer->info.addr_len)) {
-        st = weft_init_error(WEFT_ERR_UNSUPPORTED, rank, call,
-                             "transport %s cannot reach peer %d on %s (address family differs? "
-                             "see WEFT_SOCKET_FAMILY)",
-                             comm->tp->name, p, peer->info.host);
-        goto fail;
-      }
-    }
+    a->local_size = comm->local_size;
+    st = transports_choose(comm, call);
+    if (st) goto fail;
   } else {
     comm->local_rank = local_rank < 0 ? 0 : local_rank;
+    comm->peers[0].tp = -1;
   }
   comm->spin_us = spin_default(comm->local_size);
   /* Yielding instead of sleeping keeps a waiting rank runnable: a sleeping one
@@ -263,9 +367,8 @@ static weft_status comm_create(int rank, int size, int local_rank,
     st = weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
     goto fail;
   }
-  WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d/%d ready (local %d/%d, transport %s, chunk %zu B, spin %d us)",
-            rank, size, comm->local_rank, comm->local_size, comm->tp ? comm->tp->name : "none",
-            comm->chunk_bytes, comm->spin_us);
+  WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d/%d ready (local %d/%d, chunk %zu B, spin %d us)", rank,
+            size, comm->local_rank, comm->local_size, comm->chunk_bytes, comm->spin_us);
   *out = comm;
   return WEFT_OK;
 fail:
@@ -413,6 +516,16 @@ WEFT_API int weft_comm_local_size(const weft_comm *comm) {
   return weft_comm_is_live(comm) ? comm->local_size : -1;
 }
 
+WEFT_API weft_status weft_comm_peer_transport(const weft_comm *comm, int peer,
+                                             const char **transport, const char **reason) {
+  if (!weft_comm_is_live(comm) || peer < 0 || peer >= comm->size || !transport || !reason)
+    return WEFT_ERR_INVALID;
+  const weft_peer *p = &comm->peers[peer];
+  *transport = p->tp < 0 ? "self" : comm->tps[p->tp].ops->name;
+  *reason = p->tp < 0 ? "this rank" : p->why;
+  return WEFT_OK;
+}
+
 WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
   if (!live_remove(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_destroy",
@@ -436,7 +549,7 @@ WEFT_API weft_status weft_comm_abort(weft_comm *comm) {
       weft_comm_error(comm, WEFT_ERR_ABORTED, "weft_comm_abort", "the communicator was aborted");
       char reason[128];
       snprintf(reason, sizeof reason, "rank %d called weft_comm_abort", comm->rank);
-      if (comm->tp) comm->tp->abort_all(comm->tp_ctx, reason);
+      for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->abort_all(comm->tps[t].ctx, reason);
     }
     pthread_mutex_unlock(&comm->call_lock);
   }

@@ -10,13 +10,25 @@
 #include <stdint.h>
 
 #include "bootstrap.h"
+#include "select.h"
 #include "transports/transport.h"
 #include "weft.h"
 
 #define WEFT_COMM_MAGIC 0x5745464343u /* "WEFCC" */
 
+#define WEFT_MAX_TRANSPORTS 3
+
+/* A transport running in this communicator. */
+typedef struct weft_comm_transport {
+  const weft_transport *ops;
+  weft_transport_ctx *ctx;
+  int builtin;              /* index in the built-in table (the id peers publish) */
+} weft_comm_transport;
+
 typedef struct weft_peer {
-  boot_rank_info info;      /* host, pid, transport address */
+  boot_rank_info info;      /* host, pid, transport addresses */
+  int tp;                   /* index into comm->tps; -1 for this rank */
+  char why[192];            /* why that transport was chosen */
   weft_conn *conn;          /* NULL until first used */
   uint32_t last_send_seq;   /* last collective that sent to this peer */
   bool is_active;           /* on the comm's list of peers touched by the current call */
@@ -31,8 +43,9 @@ struct weft_comm {
   uint64_t id;
   double timeout_s;
 
-  const weft_transport *tp;
-  weft_transport_ctx *tp_ctx;
+  weft_comm_transport tps[WEFT_MAX_TRANSPORTS]; /* in selection order */
+  int ntps;
+  weft_place place;         /* where this rank runs */
   weft_peer *peers;         /* by rank; own entry unused */
   int *active;              /* ranks touched by the current call */
   int nactive;
@@ -59,6 +72,10 @@ weft_status weft_comm_error(weft_comm *comm, weft_status st, const char *call, c
 /* The same for failures before a communicator exists (thread-local). */
 weft_status weft_init_error(weft_status st, int rank, const char *call, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* The address `peer` published for built-in transport `builtin` (NULL, 0 if none). */
+void weft_comm_peer_address(const weft_comm *comm, int peer, int builtin, const void **addr,
+                            size_t *len);
 
 /* Validates a handle from the user against the live set. */
 bool weft_comm_is_live(const weft_comm *comm);

@@ -18,13 +18,16 @@
   X(SOCKET_IFNAME, "", "interfaces for data sockets: eth0 (prefix), =eth0 (exact), ^docker (exclude)") \
   X(SOCKET_FAMILY, "", "address family for data sockets: 4, 6, or empty for either")        \
   X(CHUNK_BYTES, "262144", "bytes per pipelined chunk (slot size) in ring and tree algorithms") \
+  X(SHM_SLOTS, "8", "chunks in flight per direction between two ranks of one host (2..64)") \
   X(TCP_BUF_BYTES, "0", "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning") \
   X(SPIN_US, "auto", "microseconds to busy-poll a waiting call; auto: 50, or 0 when ranks outnumber cores") \
   X(YIELD_US, "100000", "then microseconds to poll with sched_yield before sleeping in poll(); 0 sleeps at once") \
   X(ALGO, "auto", "allreduce algorithm: auto, ring or rd (recursive doubling)")             \
   X(RD_MAX_BYTES, "262144", "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk)") \
   X(BCAST_FANOUT, "0", "broadcast tree fan-out; 0 = auto (binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
-  X(BCAST_CHAIN_BYTES, "65536", "broadcasts of at least this many bytes use a pipelined chain")
+  X(BCAST_CHAIN_BYTES, "65536", "broadcasts of at least this many bytes use a pipelined chain") \
+  X(HOST_ID, "", "host identity for transport choice; ranks with the same one use shared memory (tests, containers)") \
+  X(TRANSPORT, "", "force one transport for every peer: shm, tcp (or ibv when built); empty = choose per peer")
 
 enum weft_setting_id {
 #define WEFT_SETTING_ENUM_(id, dflt, help) WEFT_SETTING_##id,

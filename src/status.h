@@ -32,6 +32,13 @@
     }                                                                             \
   } while (0)
 
+/* Return anything but OK (an error or WEFT_AGAIN) to the caller. */
+#define WEFT_STATUS_PASS(expr)                \
+  do {                                        \
+    weft_status pass_status_ = (expr);        \
+    if (pass_status_ != WEFT_OK) return pass_status_; \
+  } while (0)
+
 /* errno -> status at the edge: resets and EOF mean the peer is gone. */
 weft_status weft_status_from_errno(int err);
 

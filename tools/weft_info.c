@@ -1,26 +1,75 @@
 /* weft-info - what this build of weft has and how it is set: version,
- * transports, and every WEFT_* setting with its default, current value and
- * help line (the one settings table, through the public API). */
+ * transports, this machine's topology (or a saved hwloc XML file's), and
+ * every WEFT_* setting with its default, current value and help line. */
 #include <stdio.h>
 #include <string.h>
 
 #include "weft.h"
+/* Internal headers: the topology is no part of the public API. */
+#include "src/select.h"
+#include "src/topo.h"
 
-int main(int argc, char **argv) {
-  int settings_only = argc > 1 && !strcmp(argv[1], "-s");
-  if (argc > 1 && !settings_only) {
-    fprintf(stderr, "usage: weft-info [-s]   (-s: settings only)\n");
-    return 2;
+static void print_devices(const char *kind, const weft_topo_device *devs, int n) {
+  for (int i = 0; i < n; i++) {
+    char numa[16] = "?";
+    if (devs[i].numa_node >= 0) snprintf(numa, sizeof numa, "%d", devs[i].numa_node);
+    printf("  %-5s %-12s NUMA node %-3s PCI %s\n", kind, devs[i].name, numa,
+           devs[i].pci_bus_id[0] ? devs[i].pci_bus_id : "-");
   }
-  if (!settings_only) {
-    printf("weft %s\n", weft_version_string());
-    printf("transports: tcp (built, usable)\n");
-    printf("dtypes: f32 f64 f16 bf16 i8 u8 i32 i64; ops: sum prod min max avg\n\n");
+}
+
+/* Prints the topology section; xml_path NULL is this machine. */
+static int print_topology(const char *xml_path) {
+  weft_topo topo;
+  weft_error_sink err = {0};
+  weft_status st = weft_topo_load(xml_path, &topo, &err);
+  if (st != WEFT_OK) {
+    fprintf(stderr, "weft-info: %s\n", err.msg);
+    return 1;
   }
+  char line[1024];
+  weft_topo_describe(&topo, line, sizeof line);
+  printf("topology (%s%s%s):\n  %s\n", topo.source, xml_path ? " " : "", xml_path ? xml_path : "",
+         line);
+  print_devices("net", topo.net, topo.n_net);
+  print_devices("rdma", topo.rdma, topo.n_rdma);
+  print_devices("gpu", topo.gpu, topo.n_gpu);
+  if (!xml_path) { /* what this rank would publish for transport choice */
+    weft_place here;
+    weft_place_here(&topo, &here);
+    printf("  place: host id %s, /dev/shm id %#llx, pid namespace %llu\n", here.host_id,
+           (unsigned long long)here.shm_ns, (unsigned long long)here.pid_ns);
+  }
+  return 0;
+}
+
+static void print_settings(void) {
   printf("%-24s %-10s %-12s %s\n", "setting", "default", "value", "help");
   weft_setting_desc d;
   for (int i = 0; weft_setting_describe(i, &d) == WEFT_OK; i++)
     printf("%-24s %-10s %-12s %s\n", d.name, *d.deflt ? d.deflt : "-", *d.value ? d.value : "-",
            d.help);
+}
+
+static int usage(void) {
+  fprintf(stderr,
+          "usage: weft-info [-s | --topo-xml FILE]\n"
+          "  -s               settings only\n"
+          "  --topo-xml FILE  describe a saved hwloc topology (lstopo --of xml) instead\n");
+  return 2;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "--topo-xml")) return print_topology(argv[2]);
+  int settings_only = argc == 2 && !strcmp(argv[1], "-s");
+  if (argc > 1 && !settings_only) return usage();
+  if (!settings_only) {
+    printf("weft %s\n", weft_version_string());
+    printf("transports: tcp (built, usable)\n");
+    printf("dtypes: f32 f64 f16 bf16 i8 u8 i32 i64; ops: sum prod min max avg\n\n");
+    print_topology(NULL); /* a failure is said on stderr; the settings still help */
+    printf("\n");
+  }
+  print_settings();
   return 0;
 }

@@ -69,6 +69,9 @@ typedef struct weft_transport_init_args {
                                          from: the default interface for sockets */
   socklen_t local_addr_len;
   weft_error_sink *errors;   /* owned by the core, outlives the context */
+  const struct weft_place *place; /* where this rank runs (host, namespaces, devices) */
+  int local_size;            /* ranks on this host; known after the rendezvous, before
+                                the first can_reach */
 } weft_transport_init_args;
 
 typedef struct weft_transport {
@@ -85,8 +88,11 @@ typedef struct weft_transport {
                       size_t *addr_len);
 
   /* Whether this transport can carry data to `peer`, given its published
-   * address. Pure and cheap: selection asks every transport in order. */
-  bool (*can_reach)(weft_transport_ctx *ctx, int peer, const void *peer_addr, size_t addr_len);
+   * address, with the reason in `why` (shown by weft_comm_peer_transport).
+   * Pure and cheap: selection asks every transport in order. Both ranks of a
+   * pair must reach the same answer from the same published facts. */
+  bool (*can_reach)(weft_transport_ctx *ctx, int peer, const void *peer_addr, size_t addr_len,
+                    char *why, size_t why_len);
 
   /* Starts a connection to `peer` and returns its handle at once; the
    * connection finishes in later calls (data calls return WEFT_AGAIN until it
@@ -144,7 +150,8 @@ typedef struct weft_transport {
   void (*fini)(weft_transport_ctx *ctx);
 } weft_transport;
 
-/* The transports built into this library, best first. */
+/* The transports built into this library. */
+extern const weft_transport weft_transport_shm;
 extern const weft_transport weft_transport_tcp;
 
 #endif

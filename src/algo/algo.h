@@ -67,6 +67,7 @@ struct weft_coll {
   uint32_t seq;
   uint64_t events;     /* bumped on every completed send/receive: progress */
   int waiting_peer;    /* peer of the last WEFT_AGAIN, for timeout messages */
+  int fail_peer;       /* peer whose link failed, -1 if the failure was elsewhere */
   const char *waiting_for;
   weft_status (*advance)(weft_coll *coll);
   union {

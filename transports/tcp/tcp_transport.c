@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -73,11 +74,22 @@ nomem:
 }
 
 static bool tcp_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_addr,
-                          size_t addr_len) {
+                          size_t addr_len, char *why, size_t why_len) {
   struct sockaddr_storage a;
   socklen_t alen;
+  char where[80];
   (void)peer;
-  return tcp_addr_unpack(peer_addr, addr_len, &a, &alen) && a.ss_family == ctx->addr.ss_family;
+  if (!tcp_addr_unpack(peer_addr, addr_len, &a, &alen)) {
+    snprintf(why, why_len, "tcp: the peer published no usable address");
+    return false;
+  }
+  if (a.ss_family != ctx->addr.ss_family) {
+    snprintf(why, why_len, "tcp: the peer listens on %s, another address family than ours",
+             net_addr_str((struct sockaddr *)&a, where, sizeof where));
+    return false;
+  }
+  snprintf(why, why_len, "tcp to %s", net_addr_str((struct sockaddr *)&a, where, sizeof where));
+  return true;
 }
 
 static weft_status tcp_connect(weft_transport_ctx *ctx, int peer, const void *peer_addr,

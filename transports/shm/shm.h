@@ -1,0 +1,107 @@
+/* shm.h - the shared-memory transport's private types. Two ranks of one host
+ * share one segment per pair: two FIFOs (lower->higher, higher->lower) of
+ * `nslots` slots of chunk_bytes. Counters are 32-bit and double as futex
+ * words, so a sleeping side is woken by the other with no extra state. */
+#ifndef WEFT_SHM_H
+#define WEFT_SHM_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "src/select.h"
+#include "transports/transport.h"
+
+#define SHM_SEG_MAGIC 0x5745534du /* "WESM" */
+#define SHM_SEG_VERSION 1
+#define SHM_MAX_SLOTS 64
+#define SHM_ABORT_TEXT 300
+
+/* One direction. Fields written by different sides sit on different cache
+ * lines so the two processes do not fight over one line per chunk. */
+typedef struct shm_fifo {
+  _Alignas(64) atomic_uint head;     /* chunks published by the sender (futex word) */
+  atomic_uint recv_sleeping;         /* receiver is (about to be) in futex_wait on head */
+  _Alignas(64) atomic_uint tail;     /* chunks released by the receiver (futex word) */
+  atomic_uint send_sleeping;         /* sender waits for room on tail */
+  _Alignas(64) atomic_uint aborted;  /* the sender failed; abort_text says why */
+  char abort_text[SHM_ABORT_TEXT];
+  struct {
+    uint32_t seq, len;
+  } slot[SHM_MAX_SLOTS];             /* written by the sender before head moves */
+} shm_fifo;
+
+typedef struct shm_segment {
+  atomic_uint magic;                 /* written last by the creator */
+  uint32_t version, nslots;
+  uint64_t slot_bytes;
+  atomic_uint peer_mapped;           /* the opener has mapped (and unlinked) it */
+  _Alignas(64) shm_fifo fifo[2];     /* [0] lower->higher, [1] higher->lower */
+  /* then 2 * nslots * slot_bytes of slot data, page aligned */
+} shm_segment;
+
+/* What a rank publishes for this transport. */
+typedef struct shm_addr {
+  uint32_t magic;
+  uint32_t pid;
+  uint64_t shm_free;                 /* free bytes of /dev/shm seen at init */
+  weft_place place;
+} shm_addr;
+
+enum shm_conn_state { SHM_CONN_OPENING, SHM_CONN_UP, SHM_CONN_DEAD };
+enum shm_want { SHM_WANT_NONE, SHM_WANT_RECV, SHM_WANT_SEND, SHM_WANT_OPEN };
+
+struct weft_conn {
+  struct weft_transport_ctx *ctx;
+  int peer;
+  enum shm_conn_state state;
+  weft_status dead_status;
+  bool creator;                      /* this rank made the segment (lower rank) */
+  bool maybe_linked;                 /* the name may still exist: unlink at the end */
+  char name[64];
+  shm_segment *seg;
+  size_t seg_bytes;
+  shm_fifo *tx, *rx;
+  char *tx_slots, *rx_slots;
+  uint32_t tx_head;                  /* local copy: chunks we published */
+  uint32_t rx_tail;                  /* local copy: chunks we released */
+  bool peeked;
+  int pidfd;                         /* readable once the peer process ended; -1 */
+  bool peer_ended;                   /* its process is gone: what it sent is still read */
+  uint32_t peer_pid;
+};
+
+struct weft_transport_ctx {
+  const weft_transport_init_args *args;
+  shm_addr self;
+  int nslots;
+  struct weft_conn **conns;          /* by peer rank */
+  struct weft_conn *want_conn;       /* the last connection a data call said AGAIN for */
+  enum shm_want want;
+  double next_liveness_check;
+  bool warned_capacity;
+};
+
+/* shm_conn.c */
+size_t shm_segment_bytes(int nslots, size_t slot_bytes);
+weft_status shm_conn_create(struct weft_transport_ctx *ctx, int peer, const shm_addr *peer_addr,
+                            struct weft_conn **out);
+weft_status shm_conn_try_open(struct weft_conn *c);
+void shm_conn_check_peer(struct weft_conn *c);
+weft_status shm_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void shm_conn_notify_abort(struct weft_conn *c, const char *reason);
+void shm_conn_destroy(struct weft_conn *c);
+void shm_futex_wake(atomic_uint *word);
+void shm_futex_wait(atomic_uint *word, uint32_t expected, int timeout_ms);
+
+weft_status shm_send_ready(struct weft_conn *c);
+weft_status shm_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+                     const struct weft_mem_ops *mem);
+weft_status shm_send_idle(struct weft_conn *c);
+weft_status shm_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data);
+weft_status shm_recv_release(struct weft_conn *c);
+weft_status shm_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+                          const struct weft_mem_ops *mem);
+
+#endif

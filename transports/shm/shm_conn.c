@@ -1,0 +1,311 @@
+/* shm_conn.c - one shared-memory connection: the pair segment (created by the
+ * lower rank, unlinked by the higher as soon as it has mapped it, so a crash
+ * leaves no name behind), the FIFO data path, futex sleeping, and noticing a
+ * dead peer through its pidfd. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shm.h"
+#include "src/log.h"
+#include "src/mem.h"
+#include "src/net.h"
+#include "src/status.h"
+
+size_t shm_segment_bytes(int nslots, size_t slot_bytes) {
+  size_t head = (sizeof(shm_segment) + 4095) & ~(size_t)4095;
+  return head + 2 * (size_t)nslots * slot_bytes;
+}
+
+/* ---- futex ------------------------------------------------------------------ */
+
+/* Not FUTEX_PRIVATE: the word is shared between processes. */
+void shm_futex_wake(atomic_uint *word) { syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0); }
+
+void shm_futex_wait(atomic_uint *word, uint32_t expected, int timeout_ms) {
+  struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+/* ---- set-up and teardown -------------------------------------------------- */
+
+weft_status shm_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...) {
+  char what[300];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  weft_error_sink_set(c->ctx->args->errors, "%s", what);
+  WEFT_INFO(WEFT_SUBSYS_NET, "shm: connection to peer %d failed: %s", c->peer, what);
+  c->state = SHM_CONN_DEAD;
+  c->dead_status = st;
+  return st;
+}
+
+static void shm_conn_map_fifos(struct weft_conn *c) {
+  bool lower = c->ctx->args->rank < c->peer;
+  size_t head = (sizeof(shm_segment) + 4095) & ~(size_t)4095;
+  size_t fifo_bytes = (size_t)c->seg->nslots * c->seg->slot_bytes;
+  char *data = (char *)c->seg + head;
+  c->tx = &c->seg->fifo[lower ? 0 : 1];
+  c->rx = &c->seg->fifo[lower ? 1 : 0];
+  c->tx_slots = data + (lower ? 0 : fifo_bytes);
+  c->rx_slots = data + (lower ? fifo_bytes : 0);
+  c->tx_head = atomic_load(&c->tx->head);
+  c->rx_tail = atomic_load(&c->rx->tail);
+}
+
+static weft_status shm_conn_make_segment(struct weft_conn *c) {
+  struct weft_transport_ctx *ctx = c->ctx;
+  int fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return shm_conn_fail(c, WEFT_ERR_SYSTEM, "cannot create shared memory %s: %s", c->name,
+                         strerror(errno));
+  c->maybe_linked = true;
+  /* fallocate, not ftruncate: a full /dev/shm is an error now, not a SIGBUS
+   * later when a page is first touched. */
+  int rc = posix_fallocate(fd, 0, (off_t)c->seg_bytes);
+  if (rc) {
+    close(fd);
+    shm_unlink(c->name);
+    c->maybe_linked = false;
+    return shm_conn_fail(c, WEFT_ERR_NOMEM, "/dev/shm cannot hold %zu more bytes for %s: %s",
+                         c->seg_bytes, c->name, strerror(rc));
+  }
+  void *p = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(c->name);
+    c->maybe_linked = false;
+    return shm_conn_fail(c, WEFT_ERR_SYSTEM, "mmap of %s: %s", c->name, strerror(errno));
+  }
+  c->seg = p;
+  c->seg->version = SHM_SEG_VERSION;
+  c->seg->nslots = (uint32_t)ctx->nslots;
+  c->seg->slot_bytes = ctx->args->chunk_bytes;
+  atomic_store_explicit(&c->seg->magic, SHM_SEG_MAGIC, memory_order_release);
+  shm_conn_map_fifos(c);
+  c->state = SHM_CONN_UP;
+  WEFT_INFO(WEFT_SUBSYS_NET, "shm: rank %d made %s (%zu bytes) for peer %d", ctx->args->rank,
+            c->name, c->seg_bytes, c->peer);
+  return WEFT_OK;
+}
+
+/* The higher rank: map the segment once the lower rank made it, then take
+ * the name away (nobody needs it any more). WEFT_AGAIN until it exists. */
+weft_status shm_conn_try_open(struct weft_conn *c) {
+  int fd = shm_open(c->name, O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == ENOENT) return WEFT_AGAIN;
+    return shm_conn_fail(c, WEFT_ERR_SYSTEM, "cannot open shared memory %s: %s", c->name,
+                         strerror(errno));
+  }
+  struct stat st;
+  if (fstat(fd, &st) || (size_t)st.st_size < c->seg_bytes) {
+    close(fd); /* still being sized by its creator */
+    return WEFT_AGAIN;
+  }
+  void *p = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED)
+    return shm_conn_fail(c, WEFT_ERR_SYSTEM, "mmap of %s: %s", c->name, strerror(errno));
+  shm_segment *seg = p;
+  if (atomic_load_explicit(&seg->magic, memory_order_acquire) != SHM_SEG_MAGIC) {
+    munmap(p, c->seg_bytes);
+    return WEFT_AGAIN;
+  }
+  if (seg->version != SHM_SEG_VERSION || seg->nslots != (uint32_t)c->ctx->nslots ||
+      seg->slot_bytes != c->ctx->args->chunk_bytes) {
+    munmap(p, c->seg_bytes);
+    return shm_conn_fail(c, WEFT_ERR_MISMATCH,
+                         "peer %d made %s with other settings (slots, WEFT_CHUNK_BYTES)", c->peer,
+                         c->name);
+  }
+  c->seg = seg;
+  shm_unlink(c->name);
+  atomic_store(&seg->peer_mapped, 1);
+  shm_conn_map_fifos(c);
+  c->state = SHM_CONN_UP;
+  return WEFT_OK;
+}
+
+weft_status shm_conn_create(struct weft_transport_ctx *ctx, int peer, const shm_addr *peer_addr,
+                            struct weft_conn **out) {
+  struct weft_conn *c = calloc(1, sizeof *c);
+  if (!c) return WEFT_ERR_NOMEM;
+  c->ctx = ctx;
+  c->peer = peer;
+  c->pidfd = -1;
+  c->peer_pid = peer_addr->pid;
+  c->state = SHM_CONN_OPENING;
+  c->seg_bytes = shm_segment_bytes(ctx->nslots, ctx->args->chunk_bytes);
+  int lo = ctx->args->rank < peer ? ctx->args->rank : peer;
+  int hi = ctx->args->rank < peer ? peer : ctx->args->rank;
+  snprintf(c->name, sizeof c->name, "/weft-%016llx-%d-%d", (unsigned long long)ctx->args->comm_id,
+           lo, hi);
+#ifdef SYS_pidfd_open
+  c->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)peer_addr->pid, 0);
+#endif
+  *out = c;
+  if (ctx->args->rank < peer) {
+    c->creator = true;
+    return shm_conn_make_segment(c);
+  }
+  weft_status st = shm_conn_try_open(c);
+  return st == WEFT_AGAIN ? WEFT_OK : st;
+}
+
+void shm_conn_notify_abort(struct weft_conn *c, const char *reason) {
+  if (c->state != SHM_CONN_UP) return;
+  snprintf(c->tx->abort_text, sizeof c->tx->abort_text, "%s", reason);
+  atomic_store_explicit(&c->tx->aborted, 1, memory_order_release);
+  /* bump both words the peer may sleep on, so it wakes and sees the flag */
+  shm_futex_wake(&c->tx->head);
+  shm_futex_wake(&c->rx->tail);
+  c->state = SHM_CONN_DEAD;
+  c->dead_status = WEFT_ERR_ABORTED;
+}
+
+void shm_conn_destroy(struct weft_conn *c) {
+  if (c->seg) munmap(c->seg, c->seg_bytes);
+  if (c->maybe_linked) shm_unlink(c->name); /* the peer never mapped it */
+  if (c->pidfd >= 0) close(c->pidfd);
+  free(c);
+}
+
+/* ---- liveness ------------------------------------------------------------------ */
+
+static weft_status shm_peer_gone(struct weft_conn *c) {
+  if (c->rx && atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) {
+    char text[SHM_ABORT_TEXT];
+    snprintf(text, sizeof text, "%s", c->rx->abort_text);
+    weft_status st = shm_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s",
+                                   c->peer, text);
+    snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
+    return st;
+  }
+  return WEFT_OK;
+}
+
+/* Notes whether the peer process has ended (one poll of its pidfd). Not an
+ * error by itself: a peer may finish and exit while its last chunks still
+ * wait in our FIFO. It becomes one when we need more from it. */
+void shm_conn_check_peer(struct weft_conn *c) {
+  if (c->peer_ended || c->state == SHM_CONN_DEAD) return;
+  if (c->pidfd >= 0) {
+    struct pollfd p = {.fd = c->pidfd, .events = POLLIN};
+    c->peer_ended = poll(&p, 1, 0) == 1;
+  } else if (c->peer_pid) {
+    c->peer_ended = kill((pid_t)c->peer_pid, 0) != 0 && errno == ESRCH;
+  }
+}
+
+static weft_status shm_peer_ended(struct weft_conn *c, const char *needing) {
+  weft_status st = shm_peer_gone(c); /* a failure notice says more than the exit */
+  if (st) return st;
+  return shm_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d (pid %u) ended or crashed while this rank "
+                       "waited for %s", c->peer, c->peer_pid, needing);
+}
+
+/* ---- data path ------------------------------------------------------------------ */
+
+static weft_status shm_conn_usable(struct weft_conn *c) {
+  if (c->state == SHM_CONN_UP) return WEFT_OK;
+  if (c->state == SHM_CONN_DEAD) return c->dead_status;
+  if (c->peer_ended) return shm_peer_ended(c, "its shared memory");
+  weft_status st = shm_conn_try_open(c);
+  if (st == WEFT_AGAIN) {
+    c->ctx->want_conn = c;
+    c->ctx->want = SHM_WANT_OPEN;
+  }
+  return st;
+}
+
+weft_status shm_send_ready(struct weft_conn *c) {
+  WEFT_STATUS_PASS(shm_conn_usable(c));
+  if (atomic_load_explicit(&c->rx->aborted, memory_order_relaxed)) return shm_peer_gone(c);
+  if (c->peer_ended) return shm_peer_ended(c, "room to send");
+  uint32_t tail = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
+  if (c->tx_head - tail < (uint32_t)c->ctx->nslots) return WEFT_OK;
+  c->ctx->want_conn = c;
+  c->ctx->want = SHM_WANT_SEND;
+  return WEFT_AGAIN;
+}
+
+weft_status shm_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+                     const struct weft_mem_ops *mem) {
+  weft_status st = shm_send_ready(c);
+  if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
+  if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
+  uint32_t slot = c->tx_head % (uint32_t)c->ctx->nslots;
+  mem->copy(c->tx_slots + (size_t)slot * c->ctx->args->chunk_bytes, src, bytes);
+  c->tx->slot[slot].seq = seq;
+  c->tx->slot[slot].len = (uint32_t)bytes;
+  c->tx_head++;
+  /* seq_cst store then load: either the receiver sees the new head before it
+   * sleeps, or we see that it sleeps and wake it (no lost wake-up) */
+  atomic_store(&c->tx->head, c->tx_head);
+  if (atomic_load(&c->tx->recv_sleeping)) shm_futex_wake(&c->tx->head);
+  return WEFT_OK;
+}
+
+/* A chunk is complete once copied into the slot. */
+weft_status shm_send_idle(struct weft_conn *c) {
+  return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_OK;
+}
+
+weft_status shm_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data) {
+  WEFT_STATUS_PASS(shm_conn_usable(c));
+  uint32_t slot = c->rx_tail % (uint32_t)c->ctx->nslots;
+  if (!c->peeked) {
+    if (atomic_load_explicit(&c->rx->head, memory_order_acquire) == c->rx_tail) {
+      if (atomic_load_explicit(&c->rx->aborted, memory_order_relaxed)) return shm_peer_gone(c);
+      if (c->peer_ended) return shm_peer_ended(c, "data");
+      c->ctx->want_conn = c;
+      c->ctx->want = SHM_WANT_RECV;
+      return WEFT_AGAIN;
+    }
+    uint32_t rseq = c->rx->slot[slot].seq, rlen = c->rx->slot[slot].len;
+    if (rseq != seq)
+      return shm_conn_fail(c, WEFT_ERR_MISMATCH,
+                           "peer %d sent data of its collective call #%u while this rank is in "
+                           "call #%u (a rank skipped or added a call)",
+                           c->peer, rseq, seq);
+    if (rlen != bytes)
+      return shm_conn_fail(c, WEFT_ERR_MISMATCH,
+                           "peer %d sent a %u-byte chunk where this rank expects %zu bytes in "
+                           "call #%u (counts or dtypes differ between ranks)",
+                           c->peer, rlen, bytes, seq);
+    c->peeked = true;
+  }
+  *data = c->rx_slots + (size_t)slot * c->ctx->args->chunk_bytes;
+  return WEFT_OK;
+}
+
+weft_status shm_recv_release(struct weft_conn *c) {
+  if (!c->peeked) return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
+  c->peeked = false;
+  c->rx_tail++;
+  atomic_store(&c->rx->tail, c->rx_tail);
+  if (atomic_load(&c->rx->send_sleeping)) shm_futex_wake(&c->rx->tail);
+  return WEFT_OK;
+}
+
+weft_status shm_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+                          const struct weft_mem_ops *mem) {
+  const void *slot = NULL;
+  WEFT_STATUS_PASS(shm_recv_peek(c, seq, bytes, &slot));
+  mem->copy(dst, slot, bytes);
+  return shm_recv_release(c);
+}
