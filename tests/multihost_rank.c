@@ -1,7 +1,9 @@
-/* multihost_rank.c - one rank of the two-"host" test (test_multihost.sh):
- * checks that peers on its own host id use shared memory and the others TCP,
- * then runs allreduce and broadcast against a serial reference. Exit 0 only
- * when everything matched. */
+/* multihost_rank.c - one rank of the transport-choice tests
+ * (test_multihost.sh, test_small_shm.sh): `multihost_rank N [TRANSPORT]`
+ * checks that peers within its group of N ranks (one host id) use shared
+ * memory and the others TCP, or that every peer uses TRANSPORT, then runs
+ * allreduce and broadcast against a serial reference. Exit 0 only when
+ * everything matched. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 
 int main(int argc, char **argv) {
   int ranks_per_host = argc > 1 ? atoi(argv[1]) : 2;
+  const char *only = argc > 2 ? argv[2] : NULL; /* every peer must use this transport */
   weft_comm *comm;
   if (weft_comm_init_env(&comm)) {
     fprintf(stderr, "init: %s\n", weft_last_error(NULL));
@@ -21,7 +24,7 @@ int main(int argc, char **argv) {
     if (p == rank) continue;
     const char *tp, *why;
     weft_comm_peer_transport(comm, p, &tp, &why);
-    const char *want = p / ranks_per_host == rank / ranks_per_host ? "shm" : "tcp";
+    const char *want = only ? only : p / ranks_per_host == rank / ranks_per_host ? "shm" : "tcp";
     printf("rank %d -> peer %d: %s (%s)\n", rank, p, tp, why);
     if (strcmp(tp, want)) {
       fprintf(stderr, "rank %d: peer %d uses %s, expected %s\n", rank, p, tp, want);

@@ -27,6 +27,7 @@ run_suite() { # DIR SETUP-ARGS...
 run_suite build-test --buildtype=debugoptimized || rc=1
 if [ "${WEFT_TEST_SANITIZE:-1}" != 0 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+  export WEFT_TEST_QUICK=1 # sanitizers are slow: a lighter collective matrix
   run_suite build-sanitize --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false || rc=1
 fi
 echo "weft: $passed passed, $failed failed, $skipped skipped"

@@ -48,16 +48,19 @@ static weft_status shm_init(const weft_transport_init_args *args, weft_transport
   return WEFT_OK;
 }
 
-static const shm_addr *shm_addr_check(const void *blob, size_t len) {
-  const shm_addr *a = blob;
-  return len == sizeof *a && a->magic == SHM_ADDR_MAGIC ? a : NULL;
+/* Peers' addresses arrive packed at any alignment: copy before reading. */
+static bool shm_addr_read(const void *blob, size_t len, shm_addr *out) {
+  if (len != sizeof *out) return false;
+  memcpy(out, blob, sizeof *out);
+  return out->magic == SHM_ADDR_MAGIC;
 }
 
 static bool shm_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_addr,
                           size_t addr_len, char *why, size_t why_len) {
-  const shm_addr *pa = shm_addr_check(peer_addr, addr_len);
+  shm_addr peer_copy;
+  const shm_addr *pa = &peer_copy;
   (void)peer;
-  if (!pa) {
+  if (!shm_addr_read(peer_addr, addr_len, &peer_copy)) {
     snprintf(why, why_len, "shm: the peer published no shared-memory address");
     return false;
   }
@@ -86,8 +89,9 @@ static bool shm_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_ad
 
 static weft_status shm_connect(weft_transport_ctx *ctx, int peer, const void *peer_addr,
                                size_t addr_len, weft_conn **conn) {
-  const shm_addr *pa = shm_addr_check(peer_addr, addr_len);
-  if (!pa || peer < 0 || peer >= ctx->args->size || peer == ctx->args->rank) return WEFT_ERR_INVALID;
+  shm_addr peer_copy;
+  const shm_addr *pa = &peer_copy;
+  if (!shm_addr_read(peer_addr, addr_len, &peer_copy) || peer < 0 || peer >= ctx->args->size || peer == ctx->args->rank) return WEFT_ERR_INVALID;
   if (!ctx->conns[peer]) WEFT_CHECK(shm_conn_create(ctx, peer, pa, &ctx->conns[peer]));
   *conn = ctx->conns[peer];
   return WEFT_OK;
