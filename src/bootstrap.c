@@ -448,5 +448,6 @@ void boot_host_identity(char *out, size_t len) {
     fclose(f);
     boot_id[strcspn(boot_id, "\n")] = 0;
   }
-  snprintf(out, len, "%.30s/%.24s", host, boot_id);
+  /* 8 hex digits of the boot id tell reinstalled or cloned machines with one name apart */
+  snprintf(out, len, "%.40s/%.8s", host, boot_id);
 }

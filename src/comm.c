@@ -204,6 +204,32 @@ void weft_comm_peer_address(const weft_comm *comm, int peer, int builtin, const 
   }
 }
 
+void weft_transports_describe(char *buf, size_t len) {
+  weft_place place;
+  weft_place_here(topo_here(), &place);
+  weft_error_sink sink = {{0}, {0}};
+  weft_transport_init_args args = {.rank = 0, .size = 2, .chunk_bytes = 262144, .send_depth = 8,
+                                   .timeout_s = 1, .wake_fd = -1, .errors = &sink, .place = &place,
+                                   .local_size = 1};
+  struct sockaddr_in *lo = (struct sockaddr_in *)&args.local_addr;
+  lo->sin_family = AF_INET;
+  lo->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  args.local_addr_len = sizeof *lo;
+  size_t used = 0;
+  buf[0] = 0;
+  for (int b = 0; b < BUILTIN_COUNT; b++) {
+    uint8_t blob[WEFT_TRANSPORT_ADDR_MAX];
+    size_t blob_len;
+    weft_transport_ctx *ctx = NULL;
+    weft_status st = builtin_transports[b]->init(&args, &ctx, blob, &blob_len);
+    if (st == WEFT_OK) builtin_transports[b]->fini(ctx);
+    used += (size_t)snprintf(buf + used, used < len ? len - used : 0, "%s%s (built, %s%s)",
+                             b ? ", " : "", builtin_transports[b]->name,
+                             st == WEFT_OK ? "usable here" : "not usable here: ",
+                             st == WEFT_OK ? "" : sink.msg);
+  }
+}
+
 /* Starts the transports in selection order and packs their addresses. */
 static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const char *call) {
   const char *built[BUILTIN_COUNT], *order[BUILTIN_COUNT];

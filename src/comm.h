@@ -77,6 +77,9 @@ weft_status weft_init_error(weft_status st, int rank, const char *call, const ch
 void weft_comm_peer_address(const weft_comm *comm, int peer, int builtin, const void **addr,
                             size_t *len);
 
+/* "shm (built, usable here), tcp (built, usable here)": for weft-info. */
+void weft_transports_describe(char *buf, size_t len);
+
 /* Validates a handle from the user against the live set. */
 bool weft_comm_is_live(const weft_comm *comm);
 

@@ -6,6 +6,7 @@
 
 #include "weft.h"
 /* Internal headers: the topology is no part of the public API. */
+#include "src/comm.h"
 #include "src/select.h"
 #include "src/topo.h"
 
@@ -65,7 +66,9 @@ int main(int argc, char **argv) {
   if (argc > 1 && !settings_only) return usage();
   if (!settings_only) {
     printf("weft %s\n", weft_version_string());
-    printf("transports: tcp (built, usable)\n");
+    char transports[512];
+    weft_transports_describe(transports, sizeof transports);
+    printf("transports: %s\n", transports);
     printf("dtypes: f32 f64 f16 bf16 i8 u8 i32 i64; ops: sum prod min max avg\n\n");
     print_topology(NULL); /* a failure is said on stderr; the settings still help */
     printf("\n");
