@@ -285,10 +285,6 @@ static weft_status check_buffers(weft_coll *coll, const void *sendbuf, const voi
   return WEFT_OK;
 }
 
-static bool algo_forced(const char *name) {
-  return !strcasecmp(weft_setting_str(WEFT_SETTING_ALGO), name);
-}
-
 WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, weft_op op) {
   weft_coll coll;
@@ -302,9 +298,8 @@ WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *
     return WEFT_OK;
   }
   size_t bytes = count * coll.elem;
-  long long rd_max = weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 262144);
   bool use_rd = bytes <= comm->chunk_bytes &&
-                (algo_forced("rd") || (!algo_forced("ring") && (long long)bytes <= rd_max));
+                (comm->algo_forced == 2 || (comm->algo_forced == 0 && bytes <= comm->rd_max_bytes));
   WEFT_CHECK(use_rd ? weft_rd_allreduce_start(&coll) : weft_ring_allreduce_start(&coll));
   WEFT_TRACE(WEFT_SUBSYS_COLL, "allreduce #%u: %zu bytes, %s", coll.seq, bytes, coll.algo);
   return coll_run(&coll);
@@ -326,9 +321,7 @@ WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *
     return WEFT_OK;
   }
   size_t bytes = count * coll.elem;
-  int fanout = (int)weft_setting_ll(WEFT_SETTING_BCAST_FANOUT, 0);
-  if (fanout <= 0)
-    fanout = (long long)bytes >= weft_setting_ll(WEFT_SETTING_BCAST_CHAIN_BYTES, 65536) ? 1 : 2;
+  int fanout = comm->bcast_fanout > 0 ? comm->bcast_fanout : bytes >= comm->bcast_chain_bytes ? 1 : 2;
   WEFT_CHECK(weft_tree_broadcast_start(&coll, fanout));
   WEFT_TRACE(WEFT_SUBSYS_COLL, "broadcast #%u: %zu bytes from %d, %s", coll.seq, bytes, root,
              coll.algo);

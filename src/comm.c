@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -383,6 +384,13 @@ static weft_status comm_create(int rank, int size, int local_rank,
     comm->peers[0].tp = -1;
   }
   comm->spin_us = spin_default(comm->local_size);
+  const char *algo = weft_setting_str(WEFT_SETTING_ALGO);
+  comm->algo_forced = !strcasecmp(algo, "ring") ? 1 : !strcasecmp(algo, "rd") ? 2 : 0;
+  if (comm->algo_forced == 0 && strcasecmp(algo, "auto") && *algo)
+    WEFT_WARN(WEFT_SUBSYS_INIT, "WEFT_ALGO=\"%s\" is not auto, ring or rd; using auto", algo);
+  comm->rd_max_bytes = (size_t)weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 262144);
+  comm->bcast_fanout = (int)weft_setting_ll(WEFT_SETTING_BCAST_FANOUT, 0);
+  comm->bcast_chain_bytes = (size_t)weft_setting_ll(WEFT_SETTING_BCAST_CHAIN_BYTES, 65536);
   /* Yielding instead of sleeping keeps a waiting rank runnable: a sleeping one
    * costs a cross-CPU wake-up per chunk, which dominates on oversubscribed or
    * virtualized hosts (measured: 4 ranks on 2 vCPUs, 64 MiB allreduce

@@ -53,6 +53,11 @@ struct weft_comm {
   uint32_t seq;             /* collective call counter, the same on every rank */
   size_t chunk_bytes;
   int send_depth;
+  /* algorithm choice, read from the settings once at creation (not per call) */
+  size_t rd_max_bytes;      /* recursive doubling up to this size */
+  int algo_forced;          /* WEFT_ALGO: 0 auto, 1 ring, 2 rd */
+  int bcast_fanout;         /* 0 = by size */
+  size_t bcast_chain_bytes;
   int spin_us;
   int yield_us;             /* then sched_yield this long before sleeping */
 
