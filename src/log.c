@@ -10,8 +10,8 @@
 
 #include "settings.h"
 
-int weft_log_level_now = -1;
-int weft_log_subsys_now = WEFT_SUBSYS_ALL;
+_Atomic int weft_log_level_now = -1;
+_Atomic int weft_log_subsys_now = WEFT_SUBSYS_ALL;
 static _Thread_local int log_rank = -1;
 
 static const struct {
@@ -41,8 +41,9 @@ static int parse_subsys(const char *text) {
 }
 
 void weft_log_init(void) {
-  weft_log_subsys_now = parse_subsys(weft_setting_str(WEFT_SETTING_DEBUG_SUBSYS));
-  weft_log_level_now = parse_level(weft_setting_str(WEFT_SETTING_DEBUG));
+  /* the filter first: a thread that sees the level also sees its filter */
+  atomic_store(&weft_log_subsys_now, parse_subsys(weft_setting_str(WEFT_SETTING_DEBUG_SUBSYS)));
+  atomic_store(&weft_log_level_now, parse_level(weft_setting_str(WEFT_SETTING_DEBUG)));
 }
 
 void weft_log_set_rank(int rank) { log_rank = rank; }

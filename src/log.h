@@ -15,8 +15,12 @@ enum weft_subsys {
   WEFT_SUBSYS_ALL = 0xffff,
 };
 
-extern int weft_log_level_now;  /* resolved once from settings */
-extern int weft_log_subsys_now;
+#include <stdatomic.h>
+
+/* Resolved lazily by whichever thread logs first (the rendezvous thread may):
+ * atomics, read relaxed, so a disabled log still costs one load. */
+extern _Atomic int weft_log_level_now;
+extern _Atomic int weft_log_subsys_now;
 void weft_log_init(void);
 void weft_log_write(int level, int subsys, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -25,8 +29,13 @@ void weft_log_set_rank(int rank);
 
 #define WEFT_LOG_(lvl, sub, ...)                                                      \
   do {                                                                               \
-    if (weft_log_level_now < 0) weft_log_init();                                     \
-    if (weft_log_level_now >= (lvl) && (weft_log_subsys_now & (sub)))                \
+    int log_level_ = atomic_load_explicit(&weft_log_level_now, memory_order_relaxed); \
+    if (log_level_ < 0) {                                                            \
+      weft_log_init();                                                               \
+      log_level_ = atomic_load_explicit(&weft_log_level_now, memory_order_relaxed);  \
+    }                                                                                \
+    if (log_level_ >= (lvl) &&                                                       \
+        (atomic_load_explicit(&weft_log_subsys_now, memory_order_relaxed) & (sub)))  \
       weft_log_write((lvl), (sub), __FILE__, __LINE__, __VA_ARGS__);                 \
   } while (0)
 #define WEFT_WARN(sub, ...) WEFT_LOG_(WEFT_LOG_WARN, sub, __VA_ARGS__)

@@ -11,7 +11,10 @@
 
 /* target_clones needs ifunc support (glibc) and is x86 specific; elsewhere
  * the kernels are built for the baseline target only. */
-#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
+/* ThreadSanitizer instruments the ifunc resolver, which runs before the
+ * sanitizer is up and crashes at load: plain kernels there. */
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute) && \
+    !defined(__SANITIZE_THREAD__)
 #if __has_attribute(target_clones)
 #define WEFT_KERNEL __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #endif

@@ -43,7 +43,7 @@ static void settings_load_locked(void) {
 static void settings_mark_stale(void) {
   pthread_mutex_init(&settings_lock, NULL); /* the fork may have copied it held */
   settings_loaded = 0;
-  weft_log_level_now = -1;
+  atomic_store(&weft_log_level_now, -1);
 }
 
 static void settings_ensure(void) {
@@ -58,7 +58,7 @@ void weft_settings_reload(void) {
   pthread_mutex_lock(&settings_lock);
   settings_load_locked();
   pthread_mutex_unlock(&settings_lock);
-  weft_log_level_now = -1; /* the log re-reads its level lazily */
+  atomic_store(&weft_log_level_now, -1); /* the log re-reads its level lazily */
 }
 
 const char *weft_setting_str(enum weft_setting_id id) {
