@@ -14,16 +14,22 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "log.h"
 #include "net.h"
 #include "status.h"
 
 #define BOOT_MAGIC 0x57454642u /* "WEFB" */
-#define BOOT_VERSION 3
+#define BOOT_VERSION 4
 #define BOOT_MSG_BYTES 256
 #define INFO_BYTES (4 + 4 + BOOT_HOST_BYTES + 2 + BOOT_ADDR_BYTES)
 #define HELLO_BYTES (4 + 2 + 2 + 4 + 4 + 4 + BOOT_NONCE_BYTES + INFO_BYTES)
 #define REPLY_BYTES (4 + 4 + 4 + 8 + BOOT_MSG_BYTES)
+/* After the hello: the rank's own challenge and its proof over both. */
+#define HELLO_AUTH_BYTES (HELLO_BYTES + WEFT_AUTH_CHALLENGE_BYTES + WEFT_AUTH_MAC_BYTES)
+#define CHALLENGE_MSG_BYTES (4 + WEFT_AUTH_CHALLENGE_BYTES)
+static const char boot_hello_context[] = "weft rendezvous hello";
+static const char boot_reply_context[] = "weft rendezvous answer";
 
 /* ---- packing ------------------------------------------------------------ */
 
@@ -85,7 +91,8 @@ static void pack_reply(uint8_t *buf, weft_status st, int size, uint64_t comm_id,
 struct pending {
   int fd;
   size_t got;
-  uint8_t buf[HELLO_BYTES];
+  uint8_t challenge[WEFT_AUTH_CHALLENGE_BYTES]; /* ours, sent on accept */
+  uint8_t buf[HELLO_AUTH_BYTES];
 };
 
 struct boot_server {
@@ -95,16 +102,22 @@ struct boot_server {
   double deadline;
   struct pending *pend;
   int npend, cap;
+  weft_auth_key key;
   int *rank_fd;           /* by rank, -1 until arrived */
+  uint8_t (*rank_challenge)[WEFT_AUTH_CHALLENGE_BYTES]; /* each rank's, for our answer's proof */
   boot_rank_info *infos;  /* by rank */
   int arrived;
   weft_status failure;    /* set once the job is known bad */
   char why[BOOT_MSG_BYTES];
 };
 
-static void server_reply_error(int fd, const struct boot_server *s) {
-  uint8_t reply[REPLY_BYTES];
+/* Every answer ends with a proof over the rank's challenge, so a rank knows
+ * the answer came from its job's server. */
+static void server_reply_error(int fd, const struct boot_server *s,
+                               const uint8_t challenge[WEFT_AUTH_CHALLENGE_BYTES]) {
+  uint8_t reply[REPLY_BYTES + WEFT_AUTH_MAC_BYTES];
   pack_reply(reply, s->failure, s->size, 0, s->why);
+  weft_auth_mac(&s->key, boot_reply_context, challenge, reply, REPLY_BYTES, reply + REPLY_BYTES);
   weft_error_sink ignore;
   net_send_all(fd, reply, sizeof reply, weft_now() + 1.0, &ignore);
 }
@@ -121,7 +134,7 @@ static void server_fail(struct boot_server *s, weft_status st, const char *fmt, 
   WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous failed: %s", s->why);
   for (int r = 0; r < s->size; r++)
     if (s->rank_fd[r] >= 0) {
-      server_reply_error(s->rank_fd[r], s);
+      server_reply_error(s->rank_fd[r], s, s->rank_challenge[r]);
       close(s->rank_fd[r]);
       s->rank_fd[r] = -1;
     }
@@ -129,6 +142,15 @@ static void server_fail(struct boot_server *s, weft_status st, const char *fmt, 
 
 /* A complete hello arrived on p: validate and file it. */
 static void server_take_hello(struct boot_server *s, struct pending *p) {
+  const uint8_t *client_challenge = p->buf + HELLO_BYTES;
+  if (!weft_auth_verify(&s->key, boot_hello_context, p->challenge, p->buf,
+                        HELLO_BYTES + WEFT_AUTH_CHALLENGE_BYTES, client_challenge + WEFT_AUTH_CHALLENGE_BYTES)) {
+    /* a stranger, or a rank with another WEFT_AUTH_TOKEN: not one of ours */
+    WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: rejected a connection that did not prove the job's "
+              "token (a foreign client, or WEFT_AUTH_TOKEN differs)");
+    close(p->fd);
+    return;
+  }
   const uint8_t *q = p->buf;
   uint32_t magic, rank, size;
   uint16_t version, reserved;
@@ -150,33 +172,34 @@ static void server_take_hello(struct boot_server *s, struct pending *p) {
     other.failure = WEFT_ERR_BOOTSTRAP;
     snprintf(other.why, sizeof other.why,
              "the rendezvous server belongs to another job (unique id or port reused)");
-    server_reply_error(p->fd, &other);
+    server_reply_error(p->fd, &other, client_challenge);
     close(p->fd);
     return;
   }
   q += BOOT_NONCE_BYTES;
   if (s->failure) {
-    server_reply_error(p->fd, s);
+    server_reply_error(p->fd, s, client_challenge);
     close(p->fd);
     return;
   }
   if (version != BOOT_VERSION) {
     server_fail(s, WEFT_ERR_BOOTSTRAP, "rank %u runs weft protocol %u, the server %u", rank,
                 version, BOOT_VERSION);
-    server_reply_error(p->fd, s);
+    server_reply_error(p->fd, s, client_challenge);
     close(p->fd);
     return;
   }
   if (s->size == 0) {
     if (size < 1 || size > (1u << 20)) {
       server_fail(s, WEFT_ERR_INVALID, "rank %u gave world size %u", rank, size);
-      server_reply_error(p->fd, s);
+      server_reply_error(p->fd, s, client_challenge);
       close(p->fd);
       return;
     }
     s->size = (int)size;
     s->rank_fd = malloc(sizeof(int) * size);
     s->infos = calloc(size, sizeof *s->infos);
+    s->rank_challenge = calloc(size, sizeof *s->rank_challenge);
     for (uint32_t r = 0; r < size; r++) s->rank_fd[r] = -1;
   }
   if ((int)size != s->size) {
@@ -192,12 +215,13 @@ static void server_take_hello(struct boot_server *s, struct pending *p) {
                 rank, s->infos[rank].pid, s->infos[rank].host, dup.pid, dup.host);
   }
   if (s->failure) {
-    server_reply_error(p->fd, s);
+    server_reply_error(p->fd, s, client_challenge);
     close(p->fd);
     return;
   }
   unpack_info(q, &s->infos[rank]);
   s->infos[rank].rank = rank;
+  memcpy(s->rank_challenge[rank], client_challenge, WEFT_AUTH_CHALLENGE_BYTES);
   /* answer before the most impatient rank gives up (ranks wait a little
    * longer than their timeout for this answer) */
   double rank_deadline = weft_now() + timeout_ms / 1000.0;
@@ -212,7 +236,7 @@ static void server_send_table(struct boot_server *s) {
   uint64_t comm_id = 0;
   if (getrandom(&comm_id, sizeof comm_id, 0) != sizeof comm_id) comm_id = (uint64_t)weft_now();
   size_t len = REPLY_BYTES + (size_t)s->size * INFO_BYTES;
-  uint8_t *buf = malloc(len);
+  uint8_t *buf = malloc(len + WEFT_AUTH_MAC_BYTES);
   if (!buf) {
     server_fail(s, WEFT_ERR_NOMEM, "rendezvous server out of memory");
     return;
@@ -222,7 +246,8 @@ static void server_send_table(struct boot_server *s) {
   for (int r = 0; r < s->size; r++) p = pack_info(p, &s->infos[r]);
   for (int r = 0; r < s->size; r++) {
     weft_error_sink err;
-    if (net_send_all(s->rank_fd[r], buf, len, s->deadline, &err))
+    weft_auth_mac(&s->key, boot_reply_context, s->rank_challenge[r], buf, len, buf + len);
+    if (net_send_all(s->rank_fd[r], buf, len + WEFT_AUTH_MAC_BYTES, s->deadline, &err))
       WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: could not answer rank %d: %s", r, err.msg);
     close(s->rank_fd[r]);
     s->rank_fd[r] = -1;
@@ -255,11 +280,11 @@ static void server_poll_once(struct boot_server *s) {
     for (int i = s->npend - 1; i >= 0; i--) {
       if (!fds[i + 1].revents) continue;
       struct pending *p = &s->pend[i];
-      ssize_t got = recv(p->fd, p->buf + p->got, HELLO_BYTES - p->got, 0);
+      ssize_t got = recv(p->fd, p->buf + p->got, HELLO_AUTH_BYTES - p->got, 0);
       bool done = false;
       if (got > 0) {
         p->got += (size_t)got;
-        if (p->got == HELLO_BYTES) {
+        if (p->got == HELLO_AUTH_BYTES) {
           server_take_hello(s, p);
           done = true;
         }
@@ -282,7 +307,18 @@ static void server_poll_once(struct boot_server *s) {
           s->pend = np;
           s->cap = cap;
         }
-        s->pend[s->npend++] = (struct pending){.fd = fd, .got = 0};
+        struct pending *np = &s->pend[s->npend];
+        *np = (struct pending){.fd = fd, .got = 0};
+        /* the challenge first: a hello must prove the token over it */
+        uint8_t msg[CHALLENGE_MSG_BYTES];
+        put32(msg, WEFT_AUTH_CHALLENGE_MAGIC);
+        weft_auth_challenge(np->challenge);
+        memcpy(msg + 4, np->challenge, WEFT_AUTH_CHALLENGE_BYTES);
+        if (send(fd, msg, sizeof msg, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof msg) {
+          close(fd);
+          continue;
+        }
+        s->npend++;
       }
     }
   }
@@ -307,6 +343,7 @@ static void *server_main(void *arg) {
   free(s->pend);
   free(s->rank_fd);
   free(s->infos);
+  free(s->rank_challenge);
   free(s);
   return NULL;
 }
@@ -323,15 +360,18 @@ weft_status boot_server_start(const struct sockaddr_storage *addr, socklen_t len
     return st;
   }
   memcpy(s->nonce, nonce, BOOT_NONCE_BYTES);
+  weft_auth_key_for_job(nonce, BOOT_NONCE_BYTES, &s->key);
   s->deadline = weft_now() + timeout_s;
   if (size > 0) {
     s->size = size;
     s->rank_fd = malloc(sizeof(int) * (size_t)size);
     s->infos = calloc((size_t)size, sizeof *s->infos);
-    if (!s->rank_fd || !s->infos) {
+    s->rank_challenge = calloc((size_t)size, sizeof *s->rank_challenge);
+    if (!s->rank_fd || !s->infos || !s->rank_challenge) {
       close(s->listen_fd);
       free(s->rank_fd);
       free(s->infos);
+      free(s->rank_challenge);
       free(s);
       return WEFT_ERR_NOMEM;
     }
@@ -348,6 +388,7 @@ weft_status boot_server_start(const struct sockaddr_storage *addr, socklen_t len
     close(s->listen_fd);
     free(s->rank_fd);
     free(s->infos);
+    free(s->rank_challenge);
     free(s);
     return WEFT_ERR_SYSTEM;
   }
@@ -376,10 +417,31 @@ weft_status boot_connect(const struct sockaddr_storage *server, socklen_t len, d
   return WEFT_OK;
 }
 
+static weft_status boot_client_fail(int fd, weft_status st) {
+  close(fd);
+  return st;
+}
+
 weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], int rank, int size,
                           const boot_rank_info *mine, double deadline, uint64_t *comm_id,
                           boot_rank_info *all, weft_error_sink *err) {
-  uint8_t hello[HELLO_BYTES];
+  weft_auth_key key;
+  weft_auth_key_for_job(nonce, BOOT_NONCE_BYTES, &key);
+  /* The server speaks first: a challenge our hello must prove the token over. */
+  uint8_t challenge_msg[CHALLENGE_MSG_BYTES];
+  weft_status st = net_recv_all(fd, challenge_msg, sizeof challenge_msg, deadline, err);
+  uint32_t magic;
+  if (st) {
+    weft_error_sink tmp = *err;
+    weft_error_sink_set(err, "%s while waiting for the rendezvous server to greet us", tmp.msg);
+    return boot_client_fail(fd, st == WEFT_ERR_TIMEOUT ? st : WEFT_ERR_BOOTSTRAP);
+  }
+  get32(challenge_msg, &magic);
+  if (magic != WEFT_AUTH_CHALLENGE_MAGIC) {
+    weft_error_sink_set(err, "the rendezvous address answered with something that is not weft");
+    return boot_client_fail(fd, WEFT_ERR_BOOTSTRAP);
+  }
+  uint8_t hello[HELLO_AUTH_BYTES];
   uint8_t *p = put32(hello, BOOT_MAGIC);
   p = put16(p, BOOT_VERSION);
   p = put16(p, 0);
@@ -390,52 +452,64 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], int ran
   memcpy(p, nonce, BOOT_NONCE_BYTES);
   p += BOOT_NONCE_BYTES;
   pack_info(p, mine);
-  uint8_t reply[REPLY_BYTES];
-  weft_status st = net_send_all(fd, hello, sizeof hello, deadline, err);
+  uint8_t *my_challenge = hello + HELLO_BYTES;
+  weft_auth_challenge(my_challenge);
+  weft_auth_mac(&key, boot_hello_context, challenge_msg + 4, hello,
+                HELLO_BYTES + WEFT_AUTH_CHALLENGE_BYTES, my_challenge + WEFT_AUTH_CHALLENGE_BYTES);
+  st = net_send_all(fd, hello, sizeof hello, deadline, err);
   /* The server answers by its own deadline, which started before ours: wait
    * a little past ours so that its sentence (who never arrived) reaches us. */
   double answer_deadline = deadline + 2.0;
-  if (!st) st = net_recv_all(fd, reply, sizeof reply, answer_deadline, err);
+  size_t table_len = (size_t)size * INFO_BYTES;
+  uint8_t *answer = malloc(REPLY_BYTES + table_len + WEFT_AUTH_MAC_BYTES);
+  if (!answer) return boot_client_fail(fd, WEFT_ERR_NOMEM);
+  if (!st) st = net_recv_all(fd, answer, REPLY_BYTES, answer_deadline, err);
   if (st) {
     weft_error_sink tmp = *err;
     weft_error_sink_set(err, "%s before the rendezvous answered%s", tmp.msg,
-                        st == WEFT_ERR_TIMEOUT ? " (some rank did not arrive?)" : "");
-    close(fd);
-    return st == WEFT_ERR_TIMEOUT ? st : WEFT_ERR_BOOTSTRAP;
+                        st == WEFT_ERR_TIMEOUT ? " (some rank did not arrive?)"
+                        : st == WEFT_ERR_PEER_LOST
+                            ? " (it rejects ranks that cannot prove the job's WEFT_AUTH_TOKEN)"
+                            : "");
+    free(answer);
+    return boot_client_fail(fd, st == WEFT_ERR_TIMEOUT ? st : WEFT_ERR_BOOTSTRAP);
   }
-  uint32_t magic, status, rsize, hi, lo;
-  const uint8_t *q = get32(reply, &magic);
+  uint32_t status, rsize, hi, lo;
+  const uint8_t *q = get32(answer, &magic);
   q = get32(q, &status);
   q = get32(q, &rsize);
   q = get32(q, &hi);
   q = get32(q, &lo);
-  if (magic != BOOT_MAGIC) {
-    weft_error_sink_set(err, "the rendezvous address answered with something that is not weft");
-    close(fd);
-    return WEFT_ERR_BOOTSTRAP;
+  bool ok = (int32_t)status == WEFT_OK;
+  if (magic == BOOT_MAGIC && ok && (int)rsize != size) {
+    weft_error_sink_set(err, "rendezvous answered for %u ranks, expected %d", rsize, size);
+    free(answer);
+    return boot_client_fail(fd, WEFT_ERR_PROTOCOL);
   }
-  if ((int32_t)status != WEFT_OK) {
+  size_t body = REPLY_BYTES + (ok ? table_len : 0);
+  if (magic == BOOT_MAGIC)
+    st = net_recv_all(fd, answer + REPLY_BYTES, body - REPLY_BYTES + WEFT_AUTH_MAC_BYTES, answer_deadline, err);
+  if (magic != BOOT_MAGIC || st ||
+      !weft_auth_verify(&key, boot_reply_context, my_challenge, answer, body, answer + body)) {
+    weft_error_sink_set(err, "the rendezvous answer did not prove the job's token (not weft, another "
+                        "job, or WEFT_AUTH_TOKEN differs from rank 0's)");
+    free(answer);
+    return boot_client_fail(fd, WEFT_ERR_BOOTSTRAP);
+  }
+  if (!ok) {
     char msg[BOOT_MSG_BYTES];
     memcpy(msg, q, BOOT_MSG_BYTES);
     msg[BOOT_MSG_BYTES - 1] = 0;
     weft_error_sink_set(err, "rendezvous refused the job: %s", msg);
-    close(fd);
+    free(answer);
     int32_t s32 = (int32_t)status;
-    return s32 < 0 && s32 >= WEFT_ERR_INTERNAL ? (weft_status)s32 : WEFT_ERR_BOOTSTRAP;
-  }
-  if ((int)rsize != size) {
-    weft_error_sink_set(err, "rendezvous answered for %u ranks, expected %d", rsize, size);
-    close(fd);
-    return WEFT_ERR_PROTOCOL;
+    return boot_client_fail(fd, s32 < 0 && s32 >= WEFT_ERR_INTERNAL ? (weft_status)s32 : WEFT_ERR_BOOTSTRAP);
   }
   *comm_id = ((uint64_t)hi << 32) | lo;
-  uint8_t rec[INFO_BYTES];
-  for (int r = 0; r < size && !st; r++) {
-    st = net_recv_all(fd, rec, sizeof rec, answer_deadline, err);
-    if (!st) unpack_info(rec, &all[r]);
-  }
+  for (int r = 0; r < size; r++) unpack_info(answer + REPLY_BYTES + (size_t)r * INFO_BYTES, &all[r]);
+  free(answer);
   close(fd);
-  return st;
+  return WEFT_OK;
 }
 
 void boot_host_identity(char *out, size_t len) {

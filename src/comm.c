@@ -209,9 +209,11 @@ void weft_transports_describe(char *buf, size_t len) {
   weft_place place;
   weft_place_here(topo_here(), &place);
   weft_error_sink sink = {{0}, {0}};
+  weft_auth_key key;
+  weft_auth_key_for_job(NULL, 0, &key);
   weft_transport_init_args args = {.rank = 0, .size = 2, .chunk_bytes = 262144, .send_depth = 8,
                                    .timeout_s = 1, .wake_fd = -1, .errors = &sink, .place = &place,
-                                   .local_size = 1};
+                                   .auth = &key, .local_size = 1};
   struct sockaddr_in *lo = (struct sockaddr_in *)&args.local_addr;
   lo->sin_family = AF_INET;
   lo->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -340,6 +342,8 @@ static weft_status comm_create(int rank, int size, int local_rank,
     a->wake_fd = comm->wake_fd;
     a->errors = &comm->sink;
     a->place = &comm->place;
+    weft_auth_key_for_job(nonce, BOOT_NONCE_BYTES, &comm->auth_key);
+    a->auth = &comm->auth_key;
     st = boot_connect(server, server_len, deadline, &fd, &a->local_addr, &a->local_addr_len, &comm->sink);
     if (st) {
       weft_init_error(st, rank, call, "%s", comm->sink.msg);

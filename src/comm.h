@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "auth.h"
 #include "bootstrap.h"
 #include "select.h"
 #include "transports/transport.h"
@@ -46,6 +47,7 @@ struct weft_comm {
   weft_comm_transport tps[WEFT_MAX_TRANSPORTS]; /* in selection order */
   int ntps;
   weft_place place;         /* where this rank runs */
+  weft_auth_key auth_key;   /* what network connections of this job prove */
   weft_peer *peers;         /* by rank; own entry unused */
   int *active;              /* ranks touched by the current call */
   int nactive;

@@ -30,6 +30,7 @@ typedef struct harness_shared {
   double seconds[HARNESS_MAX_RANKS];
   int status[HARNESS_MAX_RANKS];
   char message[HARNESS_MAX_RANKS][256];
+  char transport[HARNESS_MAX_RANKS][8]; /* what a rank's test chose to record */
 } harness_shared;
 
 static harness_shared *harness_shm;

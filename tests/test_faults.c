@@ -271,6 +271,9 @@ static int abort_or_stall(int rank, int size, const weft_unique_id *id, void *ar
     t0 = harness_now();
     /* rank 0's data of the first call was out before it failed, so that
      * call may complete; the failure must show by the next one at the latest */
+    const char *tp = "", *why;
+    weft_comm_peer_transport(comm, 0, &tp, &why);
+    snprintf(harness_shm->transport[rank], sizeof harness_shm->transport[rank], "%s", tp);
     weft_status st = weft_allreduce(comm, v, v, 64, WEFT_F32, WEFT_SUM);
     if (!st) st = weft_barrier(comm);
     record(rank, st, t0, comm);
@@ -291,8 +294,7 @@ static void abort_releases_a_blocked_call(void **state) {
    * late rank never mapped is gone with rank 0, so it may only see the exit) */
   expect_error_within(1, 3);
   assert_non_null(strstr(harness_shm->message[1], "peer 0"));
-  const char *tp = getenv("WEFT_TRANSPORT");
-  if (!tp || strcmp(tp, "shm")) assert_non_null(strstr(harness_shm->message[1], "abort"));
+  if (strcmp(harness_shm->transport[1], "shm")) assert_non_null(strstr(harness_shm->message[1], "abort"));
 }
 
 static void silent_peer_times_out(void **state) {
@@ -350,6 +352,105 @@ static void config_over_ipv6(void **state) {
   assert_int_equal(harness_run(3, env, 60, joins_over_ipv6, where), 0);
 }
 
+/* ---- strangers and wrong tokens ----------------------------------------- */
+
+/* Connects to 127.0.0.1:port (retrying while the listener comes up), sends
+ * `bytes` of junk (0: nothing, just holds the line), and hangs up. */
+static void stranger(int port, size_t bytes, double hold_s) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  double until = harness_now() + 5;
+  int s = -1;
+  while (harness_now() < until) {
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    if (!connect(s, (struct sockaddr *)&a, sizeof a)) break;
+    close(s);
+    s = -1;
+    usleep(5000);
+  }
+  if (s < 0) return;
+  char junk[4096];
+  for (size_t i = 0; i < sizeof junk; i++) junk[i] = (char)(i * 131 + 7);
+  if (bytes && send(s, junk, bytes < sizeof junk ? bytes : sizeof junk, MSG_NOSIGNAL) < 0) perror("stranger");
+  if (hold_s > 0) usleep((useconds_t)(hold_s * 1e6));
+  close(s);
+}
+
+typedef struct token_job {
+  int port;              /* the rendezvous */
+  const char *token[4];  /* per rank */
+} token_job;
+
+static int joins_with_token(int rank, int size, const weft_unique_id *id, void *arg) {
+  const token_job *job = arg;
+  (void)id;
+  setenv("WEFT_AUTH_TOKEN", job->token[rank], 1);
+  if (rank > 0) usleep(800000); /* rank 0's rendezvous meets the strangers first */
+  char where[64];
+  snprintf(where, sizeof where, "127.0.0.1:%d", job->port);
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.rank = rank;
+  cfg.size = size;
+  cfg.rendezvous = where;
+  cfg.timeout_s = 4;
+  weft_comm *comm = NULL;
+  double t0 = harness_now();
+  weft_status st = weft_comm_init_config(&cfg, &comm);
+  if (st) {
+    record(rank, st, t0, NULL);
+    return 0;
+  }
+  if (rank == 0) { /* a stranger at peer 1's data port, before we dial it ourselves */
+    const char *tp, *why;
+    weft_comm_peer_transport(comm, 1, &tp, &why);
+    const char *colon = strrchr(why, ':');
+    if (!strcmp(tp, "tcp") && colon) {
+      stranger(atoi(colon + 1), 56, 0);
+      stranger(atoi(colon + 1), 0, 0);
+    }
+  }
+  int64_t v[1000];
+  for (int i = 0; i < 1000; i++) v[i] = (int64_t)i * (rank + 1);
+  st = weft_allreduce(comm, v, v, 1000, WEFT_I64, WEFT_SUM);
+  for (int i = 0; i < 1000 && !st; i++)
+    if (v[i] != (int64_t)i * size * (size + 1) / 2) st = WEFT_ERR_INTERNAL;
+  record(rank, st, t0, comm);
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+static void strangers_are_rejected(void **state) {
+  (void)state;
+  static token_job job = {0, {"s3cret", "s3cret", "s3cret"}};
+  job.port = free_port(NULL);
+  harness_init();
+  pid_t pid = fork();
+  if (pid == 0) { /* the strangers: junk, silence, a hello-sized lie, a cut-off one */
+    stranger(job.port, 300, 0);
+    stranger(job.port, 0, 0.3);
+    stranger(job.port, 1200, 0);
+    stranger(job.port, 17, 0);
+    _exit(0);
+  }
+  assert_int_equal(harness_run(3, NULL, 60, joins_with_token, &job), 0);
+  waitpid(pid, NULL, 0);
+  for (int r = 0; r < 3; r++) assert_int_equal(harness_shm->status[r], WEFT_OK);
+}
+
+static void wrong_token_is_refused(void **state) {
+  (void)state;
+  static token_job job = {0, {"s3cret", "guess"}};
+  job.port = free_port(NULL);
+  harness_init();
+  assert_int_equal(harness_run(2, NULL, 60, joins_with_token, &job), 0);
+  /* the impostor hears at once that it was refused; rank 0 that it never came */
+  expect_error_within(1, 3);
+  assert_non_null(strstr(harness_shm->message[1], "WEFT_AUTH_TOKEN"));
+  expect_error_within(0, 9);
+  assert_non_null(strstr(harness_shm->message[0], "never reached"));
+}
+
 int main(void) {
   if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
@@ -365,6 +466,8 @@ int main(void) {
       cmocka_unit_test(abort_releases_a_blocked_call),
       cmocka_unit_test(silent_peer_times_out),
       cmocka_unit_test(config_over_ipv6),
+      cmocka_unit_test(strangers_are_rejected),
+      cmocka_unit_test(wrong_token_is_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -226,6 +226,18 @@ check "the timeout is named on stderr" grep -q 'timeout' "$TMP/err"
 run --timeout=10 -n 2 true
 check "a job that ends before --timeout exits 0 at once" [ "$rc" = 0 -a "$elapsed" -lt 5 ]
 
+# ---- job token ----
+
+run -n 3 sh -c 'echo "$WEFT_AUTH_TOKEN"'
+check "every rank gets the same non-empty WEFT_AUTH_TOKEN" \
+    [ "$(sed 's/^\[.\] //' "$TMP/out" | sort -u | wc -l)" = 1 -a \
+      "$(sed 's/^\[.\] //' "$TMP/out" | sort -u | wc -c)" -gt 16 ]
+first=$(sed 's/^\[.\] //' "$TMP/out" | sort -u)
+run -n 1 sh -c 'echo "$WEFT_AUTH_TOKEN"'
+check "each job gets a fresh token" [ "$(sed 's/^\[.\] //' "$TMP/out")" != "$first" ]
+WEFT_AUTH_TOKEN=mine run -n 2 sh -c 'echo "$WEFT_AUTH_TOKEN"'
+check "a preset WEFT_AUTH_TOKEN is kept" [ "$(sed 's/^\[.\] //' "$TMP/out" | sort -u)" = mine ]
+
 # ---- binding ----
 
 cpus_allowed='grep Cpus_allowed_list /proc/self/status | cut -f2'

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -171,7 +172,8 @@ static void print_usage(FILE *to)
             "  -h, --help          print this help\n"
             "If a rank fails, the others are stopped and weftrun exits with its status\n"
             "(128+N for signal N). WEFT_RENDEZVOUS, if set, is kept; otherwise a free\n"
-            "port on 127.0.0.1 is chosen.\n",
+            "port on 127.0.0.1 is chosen. WEFT_AUTH_TOKEN, if set, is kept; otherwise a\n"
+            "random job secret is made, which every connection of the job must prove.\n",
             RANKS_MAX);
 }
 
@@ -365,6 +367,28 @@ static int split_preset_rendezvous(struct job *job, const char *preset)
     job->master_addr = strndup(host, (size_t)(host_end - host));
     job->master_port = colon ? colon + 1 : NULL;
     return job->master_addr ? 0 : -1;
+}
+
+/* A job secret for the ranks (WEFT_AUTH_TOKEN), unless the user set one:
+ * every connection of the job must prove it, so strangers cannot join. */
+static int choose_auth_token(void)
+{
+    const char *preset = getenv("WEFT_AUTH_TOKEN");
+    if (preset && preset[0] != '\0')
+        return 0;
+    unsigned char raw[16];
+    size_t got = 0;
+    while (got < sizeof raw) {
+        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+        if (n < 0 && errno != EINTR)
+            return -1;
+        if (n > 0)
+            got += (size_t)n;
+    }
+    char hex[2 * sizeof raw + 1];
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    return setenv("WEFT_AUTH_TOKEN", hex, 1);
 }
 
 static int choose_rendezvous(struct job *job)
@@ -780,6 +804,10 @@ static int prepare_job(struct job *job)
     choose_bind_cpus(job);
     if (choose_rendezvous(job) != 0) {
         say("weftrun: cannot choose a rendezvous port: %s\n", strerror(errno));
+        return -1;
+    }
+    if (choose_auth_token() != 0) {
+        say("weftrun: cannot make a job token: %s\n", strerror(errno));
         return -1;
     }
     return 0;

@@ -70,6 +70,7 @@ typedef struct weft_transport_init_args {
   socklen_t local_addr_len;
   weft_error_sink *errors;   /* owned by the core, outlives the context */
   const struct weft_place *place; /* where this rank runs (host, namespaces, devices) */
+  const struct weft_auth_key *auth; /* the job key network connections must prove (auth.h) */
   int local_size;            /* ranks on this host; known after the rendezvous, before
                                 the first can_reach */
 } weft_transport_init_args;

@@ -11,11 +11,20 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "src/auth.h"
 #include "src/log.h"
 #include "src/net.h"
 #include "src/settings.h"
 #include "src/status.h"
 #include "tcp.h"
+
+/* The dialer's first bytes: who it is, for which communicator, and an
+ * HMAC over that with the job key. Sent at once (no round trip), so a dialer
+ * that fails right after connecting still leaves its failure notice behind it.
+ * A replay gains nothing: the communicator id is random and a second
+ * connection from the same rank is refused. */
+static const char tcp_hello_context[] = "weft tcp hello";
+static const uint8_t tcp_no_challenge[WEFT_AUTH_CHALLENGE_BYTES];
 
 typedef struct tcp_handshake {
   uint32_t magic;
@@ -99,10 +108,15 @@ weft_status tcp_conn_dial(struct weft_conn *c, const struct sockaddr_storage *ad
   weft_status st = net_connect(addr, len, deadline, false, &fd, &err);
   if (st) return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "%s", err.msg);
   tcp_tune_socket(fd);
-  tcp_handshake hs = {htonl(TCP_HANDSHAKE_MAGIC), htonl((uint32_t)ctx->args->rank),
-                      htonl((uint32_t)c->peer), 0, htonl((uint32_t)(ctx->args->comm_id >> 32)),
-                      htonl((uint32_t)ctx->args->comm_id)};
-  st = net_send_all(fd, &hs, sizeof hs, deadline, &err);
+  struct {
+    tcp_handshake hs;
+    uint8_t mac[WEFT_AUTH_MAC_BYTES];
+  } proof = {.hs = {htonl(TCP_HANDSHAKE_MAGIC), htonl((uint32_t)ctx->args->rank),
+                    htonl((uint32_t)c->peer), 0, htonl((uint32_t)(ctx->args->comm_id >> 32)),
+                    htonl((uint32_t)ctx->args->comm_id)}};
+  weft_auth_mac(ctx->args->auth, tcp_hello_context, tcp_no_challenge, &proof.hs, sizeof proof.hs,
+                proof.mac);
+  st = net_send_all(fd, &proof, sizeof proof, deadline, &err);
   if (st) {
     close(fd);
     return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "handshake with %s: %s", c->where, err.msg);
@@ -115,17 +129,24 @@ weft_status tcp_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed
   int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return WEFT_OK; /* nothing waiting (EAGAIN) or a transient failure */
   tcp_tune_socket(fd);
-  tcp_handshake hs;
+  struct {
+    tcp_handshake hs;
+    uint8_t mac[WEFT_AUTH_MAC_BYTES];
+  } proof;
   weft_error_sink err;
-  /* Dialers send the handshake right after connecting; a client that does
+  /* Dialers send their proof right after connecting; a client that does
    * not is not one of our ranks and gets a short deadline. */
   double wait = ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
-  weft_status st = net_recv_all(fd, &hs, sizeof hs, weft_now() + wait, &err);
+  weft_status st = net_recv_all(fd, &proof, sizeof proof, weft_now() + wait, &err);
+  tcp_handshake hs = proof.hs;
   uint32_t from = ntohl(hs.from);
   uint64_t comm = ((uint64_t)ntohl(hs.comm_hi) << 32) | ntohl(hs.comm_lo);
   const char *why = NULL;
   if (st)
     why = err.msg;
+  else if (!weft_auth_verify(ctx->args->auth, tcp_hello_context, tcp_no_challenge, &proof.hs,
+                             sizeof proof.hs, proof.mac))
+    why = "it did not prove the job key (a foreign client, or WEFT_AUTH_TOKEN differs)";
   else if (ntohl(hs.magic) != TCP_HANDSHAKE_MAGIC)
     why = "not a weft handshake";
   else if (comm != ctx->args->comm_id)
