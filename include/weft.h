@@ -1,6 +1,7 @@
 /* weft.h - the one public header of weft: collectives (allreduce, broadcast,
- * barrier) that keep model parameters and gradients in sync across processes
- * and machines, without NCCL.
+ * reduce, allgather, reduce-scatter, gather, scatter, alltoall, barrier) that
+ * keep model parameters and gradients in sync across processes and machines,
+ * without NCCL.
  *
  * Conventions, for every function below:
  *  - Every function returns a weft_status: 0 (WEFT_OK) or a negative error.
@@ -194,6 +195,49 @@ WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *
  * (may be NULL elsewhere); sendbuf == recvbuf on root is in place. */
 WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, int root);
+
+/* The root's recvbuf[i] = op over all ranks of sendbuf[i], for i < count
+ * (avg divides by the number of ranks). sendbuf is read on every rank;
+ * recvbuf is written on root only (may be NULL elsewhere). sendbuf ==
+ * recvbuf on root is in place. Not necessarily bitwise equal to what
+ * weft_allreduce gives (another order of the same operations). */
+WEFT_API weft_status weft_reduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, weft_dtype dtype, weft_op op, int root);
+
+/* Every rank's recvbuf (size*sendcount elements) gets rank r's sendbuf
+ * (sendcount elements) as block r, at recvbuf + r*sendcount. In place when
+ * sendbuf == recvbuf + rank*sendcount (the own block already sits there); the
+ * buffers must not overlap otherwise. */
+WEFT_API weft_status weft_allgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t sendcount, weft_dtype dtype);
+
+/* sendbuf holds size blocks of recvcount elements; rank r's recvbuf gets op
+ * over all ranks of block r (avg divides by the number of ranks). In place
+ * when recvbuf == sendbuf + rank*recvcount; no other overlap. */
+WEFT_API weft_status weft_reduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                         size_t recvcount, weft_dtype dtype, weft_op op);
+
+/* The root's recvbuf (size*sendcount elements) gets rank r's sendbuf as
+ * block r. sendbuf is read on every rank; recvbuf is written on root only
+ * (may be NULL elsewhere). In place on root when sendbuf == recvbuf +
+ * root*sendcount; no other overlap. */
+WEFT_API weft_status weft_gather(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                 size_t sendcount, weft_dtype dtype, int root);
+
+/* Rank r's recvbuf (recvcount elements) gets block r of the root's sendbuf
+ * (size*recvcount elements). sendbuf is read on root only (may be NULL
+ * elsewhere). In place on root when recvbuf == sendbuf + root*recvcount; no
+ * other overlap. */
+WEFT_API weft_status weft_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                  size_t recvcount, weft_dtype dtype, int root);
+
+/* Block j of every rank's sendbuf (size blocks of count elements) goes to
+ * rank j and lands there as block i, i being the sender's rank, of its
+ * recvbuf (size*count elements). Both buffers are used on every rank. Never
+ * in place: with count > 0, sendbuf == recvbuf (or any overlap) is
+ * WEFT_ERR_INVALID. */
+WEFT_API weft_status weft_alltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, weft_dtype dtype);
 
 /* Returns once every rank has entered the barrier. */
 WEFT_API weft_status weft_barrier(weft_comm *comm);

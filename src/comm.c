@@ -392,9 +392,13 @@ static weft_status comm_create(int rank, int size, int local_rank,
   comm->algo_forced = !strcasecmp(algo, "ring") ? 1 : !strcasecmp(algo, "rd") ? 2 : 0;
   if (comm->algo_forced == 0 && strcasecmp(algo, "auto") && *algo)
     WEFT_WARN(WEFT_SUBSYS_INIT, "WEFT_ALGO=\"%s\" is not auto, ring or rd; using auto", algo);
-  comm->rd_max_bytes = (size_t)weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 262144);
-  comm->bcast_fanout = (int)weft_setting_ll(WEFT_SETTING_BCAST_FANOUT, 0);
-  comm->bcast_chain_bytes = (size_t)weft_setting_ll(WEFT_SETTING_BCAST_CHAIN_BYTES, 65536);
+  /* negative values would wrap to huge sizes: they mean "never" (0) */
+  long long rd_max = weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 262144);
+  long long chain = weft_setting_ll(WEFT_SETTING_BCAST_CHAIN_BYTES, 65536);
+  long long fanout = weft_setting_ll(WEFT_SETTING_BCAST_FANOUT, 0);
+  comm->rd_max_bytes = rd_max > 0 ? (size_t)rd_max : 0;
+  comm->bcast_chain_bytes = chain > 0 ? (size_t)chain : 0;
+  comm->bcast_fanout = fanout > 0 && fanout < size ? (int)fanout : 0;
   /* Yielding instead of sleeping keeps a waiting rank runnable: a sleeping one
    * costs a cross-CPU wake-up per chunk, which dominates on oversubscribed or
    * virtualized hosts (measured: 4 ranks on 2 vCPUs, 64 MiB allreduce

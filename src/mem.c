@@ -13,7 +13,7 @@ const weft_mem_ops weft_mem_host = {
     .kind = WEFT_MEM_HOST,
     .name = "host",
     .copy = host_copy,
-    .reduce = weft_reduce,
+    .reduce = weft_reduce_kernel,
     .finish = weft_reduce_finish,
 };
 

@@ -247,7 +247,7 @@ static const size_t elem_size[WEFT_DTYPE_COUNT] = {
 
 /* ---- entry points --------------------------------------------------------- */
 
-void weft_reduce(void *dst, const void *a, const void *b, size_t count, weft_dtype dtype,
+void weft_reduce_kernel(void *dst, const void *a, const void *b, size_t count, weft_dtype dtype,
                  weft_op op, int postdiv) {
   /* Compared as unsigned so that negative enum values are rejected too. */
   if ((unsigned)dtype >= WEFT_DTYPE_COUNT || (unsigned)op >= WEFT_OP_COUNT || count == 0)

@@ -17,11 +17,11 @@
  * truncating toward zero). postdiv is ignored for every other op.
  * min/max propagate NaN: if either input is NaN the result is NaN.
  * Unknown dtype/op: does nothing (callers validate first). */
-void weft_reduce(void *dst, const void *a, const void *b, size_t count, weft_dtype dtype,
+void weft_reduce_kernel(void *dst, const void *a, const void *b, size_t count, weft_dtype dtype,
                  weft_op op, int postdiv);
 
 /* dst[i] = src[i] / postdiv when op is WEFT_AVG and postdiv > 1, otherwise a
- * copy (or nothing when dst == src). Same division rules as weft_reduce. */
+ * copy (or nothing when dst == src). Same division rules as weft_reduce_kernel. */
 void weft_reduce_finish(void *dst, const void *src, size_t count, weft_dtype dtype, weft_op op,
                         int postdiv);
 

@@ -404,24 +404,24 @@ static void describe_run(const reduce_run *run) {
               run->count, run->offset, run->postdiv, ALIAS_NAMES[run->mode]);
 }
 
-/* Where weft_reduce writes its result, for each aliasing mode. */
+/* Where weft_reduce_kernel writes its result, for each aliasing mode. */
 static guarded *call_reduce(const reduce_run *run, guarded *a, guarded *b, guarded *d) {
   const dtype_info *t = run->t;
   switch (run->mode) {
   case ALIAS_NONE:
-    weft_reduce(d->data, a->data, b->data, run->count, t->dtype, run->op, run->postdiv);
+    weft_reduce_kernel(d->data, a->data, b->data, run->count, t->dtype, run->op, run->postdiv);
     return d;
   case ALIAS_DST_A:
-    weft_reduce(a->data, a->data, b->data, run->count, t->dtype, run->op, run->postdiv);
+    weft_reduce_kernel(a->data, a->data, b->data, run->count, t->dtype, run->op, run->postdiv);
     return a;
   case ALIAS_DST_B:
-    weft_reduce(b->data, a->data, b->data, run->count, t->dtype, run->op, run->postdiv);
+    weft_reduce_kernel(b->data, a->data, b->data, run->count, t->dtype, run->op, run->postdiv);
     return b;
   case ALIAS_A_B:
-    weft_reduce(d->data, a->data, a->data, run->count, t->dtype, run->op, run->postdiv);
+    weft_reduce_kernel(d->data, a->data, a->data, run->count, t->dtype, run->op, run->postdiv);
     return d;
   default:
-    weft_reduce(a->data, a->data, a->data, run->count, t->dtype, run->op, run->postdiv);
+    weft_reduce_kernel(a->data, a->data, a->data, run->count, t->dtype, run->op, run->postdiv);
     return a;
   }
 }
@@ -585,7 +585,7 @@ static void test_minmax_nan(void **state) {
             set_bits(a, i, t->size, nan_first ? nans[ni] : others[oi]);
             set_bits(b, i, t->size, nan_first ? others[oi] : nans[ni]);
           }
-          weft_reduce(d, a, b, N, t->dtype, (weft_op)op, 1);
+          weft_reduce_kernel(d, a, b, N, t->dtype, (weft_op)op, 1);
           for (size_t i = 0; i < N; i++)
             CHECK(fmt_is_nan(get_bits(d, i, t->size), f),
                   "%s %s(0x%llx, 0x%llx) lane %zu: got 0x%llx, want NaN", t->name,
@@ -607,9 +607,9 @@ static void test_minmax_signed_zero(void **state) {
   for (int k = 0; k < 4; k++) {
     set_bits(a, 0, t->size, pairs[k][0]);
     set_bits(b, 0, t->size, pairs[k][1]);
-    weft_reduce(d, a, b, 1, t->dtype, WEFT_MIN, 1);
+    weft_reduce_kernel(d, a, b, 1, t->dtype, WEFT_MIN, 1);
     CHECK(get_bits(d, 0, t->size) == want_min[k], "%s min of zeros %d", t->name, k);
-    weft_reduce(d, a, b, 1, t->dtype, WEFT_MAX, 1);
+    weft_reduce_kernel(d, a, b, 1, t->dtype, WEFT_MAX, 1);
     CHECK(get_bits(d, 0, t->size) == want_max[k], "%s max of zeros %d", t->name, k);
   }
 }
@@ -640,7 +640,7 @@ static void test_avg_truncates_toward_zero(void **state) {
     unsigned char a[8], b[8], d[8];
     set_bits(a, 0, t->size, (uint64_t)cases[k].a);
     set_bits(b, 0, t->size, (uint64_t)cases[k].b);
-    weft_reduce(d, a, b, 1, t->dtype, WEFT_AVG, cases[k].postdiv);
+    weft_reduce_kernel(d, a, b, 1, t->dtype, WEFT_AVG, cases[k].postdiv);
     int64_t got = int_value(t, get_bits(d, 0, t->size));
     CHECK(got == cases[k].want, "%s avg(%lld, %lld) / %d: got %lld, want %lld", t->name,
           (long long)cases[k].a, (long long)cases[k].b, cases[k].postdiv, (long long)got,
@@ -658,8 +658,8 @@ static void test_unknown_does_nothing(void **state) {
   const weft_dtype bad_dtypes[] = {WEFT_DTYPE_COUNT, (weft_dtype)-1, (weft_dtype)99};
   const weft_op bad_ops[] = {WEFT_OP_COUNT, (weft_op)-1, (weft_op)77};
   for (size_t i = 0; i < 3; i++) {
-    weft_reduce(d, a, b, 8, bad_dtypes[i], WEFT_SUM, 1);
-    weft_reduce(d, a, b, 8, WEFT_F32, bad_ops[i], 1);
+    weft_reduce_kernel(d, a, b, 8, bad_dtypes[i], WEFT_SUM, 1);
+    weft_reduce_kernel(d, a, b, 8, WEFT_F32, bad_ops[i], 1);
     weft_reduce_finish(d, a, 8, bad_dtypes[i], WEFT_AVG, 2);
     weft_reduce_finish(d, a, 8, WEFT_F32, bad_ops[i], 2);
   }

@@ -36,6 +36,16 @@ typedef struct weft_ring_state {
   bool got;            /* this step's chunk is received */
 } weft_ring_state;
 
+/* Ring reduce-scatter and allgather: loop l moves chunk l of every block. */
+typedef struct weft_ring_block_state {
+  size_t chunk_elems;
+  size_t loops;        /* chunks per block */
+  size_t loop;
+  int step;            /* 0 .. size-1 */
+  bool got;            /* this step's chunk is received (allgather) */
+  void *partial;       /* one chunk of scratch: the partial sum on its way (reduce-scatter) */
+} weft_ring_block_state;
+
 typedef struct weft_rd_state {
   int phase;           /* 0 fold-in, 1 doubling rounds, 2 fold-out, 3 done */
   int mask;
@@ -51,6 +61,26 @@ typedef struct weft_tree_state {
   bool got;            /* current chunk received (non-root) */
   int children_sent;   /* current chunk sent to this many children */
 } weft_tree_state;
+
+typedef struct weft_tree_reduce_state {
+  int fanout;
+  size_t chunk_elems;
+  size_t nchunks;
+  size_t chunk;        /* next chunk to handle */
+  int children_done;   /* current chunk: this many children folded in */
+  void *partial;       /* one chunk of scratch: the partial sum (inner ranks) */
+} weft_tree_reduce_state;
+
+/* Flat gather/scatter (root and one peer at a time) and pairwise alltoall. */
+typedef struct weft_flat_state {
+  size_t chunk_elems;
+  size_t nchunks;      /* chunks per block */
+  bool to_root;        /* gather (else scatter) */
+  size_t chunk;        /* gather/scatter: chunk being moved */
+  int peer;            /* gather/scatter: its peer (root's side) */
+  int round;           /* alltoall: 1 .. size-1 */
+  size_t sent, recvd;  /* alltoall: chunks of this round sent and received */
+} weft_flat_state;
 
 struct weft_coll {
   weft_comm *comm;
@@ -68,12 +98,16 @@ struct weft_coll {
   uint64_t events;     /* bumped on every completed send/receive: progress */
   int waiting_peer;    /* peer of the last WEFT_AGAIN, for timeout messages */
   int fail_peer;       /* peer whose link failed, -1 if the failure was elsewhere */
+  void *scratch;       /* weft_coll_scratch's memory, freed when the call ends */
   const char *waiting_for;
   weft_status (*advance)(weft_coll *coll);
   union {
     weft_ring_state ring;
     weft_rd_state rd;
     weft_tree_state tree;
+    weft_ring_block_state ringb;
+    weft_tree_reduce_state treer;
+    weft_flat_state flat;
   } st;
 };
 
@@ -85,9 +119,54 @@ weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes, const v
 weft_status weft_link_recv_release(weft_coll *coll, int peer);
 weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst);
 
+/* Scratch memory of the call's memory kind (coll.c), `bytes` long, freed when
+ * the call ends; one allocation per call. WEFT_ERR_NOMEM if none. */
+weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out);
+
+static inline int weft_mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* Steps that several algorithms share (steps.c). Each is re-entrant: after
+ * WEFT_AGAIN, call it again with the same arguments. */
+/* Elements per chunk: the communicator's chunk size, at least one element. */
+size_t weft_chunk_elems(const weft_coll *coll);
+/* Element range [*off, *off + *cnt) of chunk `k` of a block of `count`. */
+void weft_chunk_range(size_t k, size_t chunk_elems, size_t count, size_t *off, size_t *cnt);
+/* The k-ary tree around coll->root (fan-out clamped to 1 .. size-1) as this
+ * rank sees it: its parent's rank (-1 at the root) and its children, the
+ * ranks weft_tree_child(coll, &shape, 0 .. nchildren-1). */
+typedef struct weft_tree_shape {
+  int fanout;
+  int parent;
+  int first_child; /* virtual rank (the root's is 0) */
+  int nchildren;
+} weft_tree_shape;
+weft_tree_shape weft_tree_shape_of(const weft_coll *coll, int fanout);
+static inline int weft_tree_child(const weft_coll *coll, const weft_tree_shape *t, int i) {
+  return (coll->root + t->first_child + i) % coll->comm->size;
+}
+/* Sends `bytes` from `src` to `peer` once there is room. */
+weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t bytes);
+/* Receives `cnt` elements from `from`, writes dst = own op them (divided by
+ * postdiv for avg) and, when to >= 0, sends dst on to `to`. It reduces only
+ * once the send can go, so a re-entered step never reduces twice.
+ * wait_peer >= 0: dst is scratch that an earlier send to wait_peer may still
+ * be reading; the step waits for that send to complete before writing it. */
+weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, const void *own,
+                                  size_t cnt, int postdiv, int wait_peer);
+/* Receives `bytes` from `from` into dst (once: *got), then, when to >= 0,
+ * sends dst on to `to`. */
+weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst, size_t bytes,
+                                   bool *got);
+
 /* Algorithm entry points: set coll->advance and the state. */
 weft_status weft_ring_allreduce_start(weft_coll *coll);
 weft_status weft_rd_allreduce_start(weft_coll *coll);
 weft_status weft_tree_broadcast_start(weft_coll *coll, int fanout);
+weft_status weft_tree_reduce_start(weft_coll *coll, int fanout);
+weft_status weft_ring_reduce_scatter_start(weft_coll *coll);
+weft_status weft_ring_allgather_start(weft_coll *coll);
+weft_status weft_flat_gather_start(weft_coll *coll);
+weft_status weft_flat_scatter_start(weft_coll *coll);
+weft_status weft_pairwise_alltoall_start(weft_coll *coll);
 
 #endif

@@ -26,14 +26,12 @@ static void ring_chunk(const weft_coll *coll, int c, size_t *off, size_t *cnt) {
   *cnt = min_sz(cs, rem - start);
 }
 
-static int mod(int a, int n) { return ((a % n) + n) % n; }
-
 /* One step; OK when done, AGAIN when waiting (re-entered later). */
 static weft_status ring_step(weft_coll *coll) {
   weft_ring_state *rs = &coll->st.ring;
   int n = coll->comm->size, r = coll->comm->rank, s = rs->step;
-  int left = mod(r - 1, n), right = mod(r + 1, n);
-  int c = mod(r - s, n);
+  int left = weft_mod(r - 1, n), right = weft_mod(r + 1, n);
+  int c = weft_mod(r - s, n);
   size_t off, cnt;
   ring_chunk(coll, c, &off, &cnt);
   if (cnt == 0) return WEFT_OK;
@@ -41,27 +39,12 @@ static weft_status ring_step(weft_coll *coll) {
   char *out = (char *)coll->recvbuf + off * coll->elem;
   const char *in = (const char *)coll->sendbuf + off * coll->elem;
 
-  if (s == 0) {
-    WEFT_STEP(weft_link_send_ready(coll, right));
-    return weft_link_send(coll, right, in, bytes);
-  }
-  if (s <= n - 1) { /* reduce-scatter: receive, add own, pass on */
-    const void *slot;
-    WEFT_STEP(weft_link_recv_peek(coll, left, bytes, &slot));
-    WEFT_STEP(weft_link_send_ready(coll, right));
-    int postdiv = s == n - 1 ? n : 1;
-    coll->mem->reduce(out, in, slot, cnt, coll->dtype, coll->op, postdiv);
-    WEFT_STEP(weft_link_send(coll, right, out, bytes));
-    return weft_link_recv_release(coll, left);
-  }
+  if (s == 0) return weft_step_send(coll, right, in, bytes);
+  /* reduce-scatter: receive, add own, pass on; at n-1 final (divided for avg) */
+  if (s <= n - 1)
+    return weft_step_recv_reduce(coll, left, right, out, in, cnt, s == n - 1 ? n : 1, -1);
   /* allgather: the chunk lands straight in the output, then moves on */
-  if (!rs->got) {
-    WEFT_STEP(weft_link_recv_into(coll, left, bytes, out));
-    rs->got = true;
-  }
-  if (s == 2 * n - 2) return WEFT_OK;
-  WEFT_STEP(weft_link_send_ready(coll, right));
-  return weft_link_send(coll, right, out, bytes);
+  return weft_step_recv_forward(coll, left, s == 2 * n - 2 ? -1 : right, out, bytes, &rs->got);
 }
 
 static weft_status ring_advance(weft_coll *coll) {
@@ -81,8 +64,7 @@ static weft_status ring_advance(weft_coll *coll) {
 weft_status weft_ring_allreduce_start(weft_coll *coll) {
   weft_ring_state *rs = &coll->st.ring;
   size_t n = (size_t)coll->comm->size;
-  rs->chunk_elems = coll->comm->chunk_bytes / coll->elem;
-  if (rs->chunk_elems == 0) rs->chunk_elems = 1;
+  rs->chunk_elems = weft_chunk_elems(coll);
   rs->loop_elems = n * rs->chunk_elems;
   rs->loops = (coll->count + rs->loop_elems - 1) / rs->loop_elems;
   rs->loop = 0;

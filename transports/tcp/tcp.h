@@ -61,6 +61,8 @@ struct weft_transport_ctx {
   int awaiting_accept;      /* conns in TCP_CONN_AWAIT_ACCEPT */
   struct pollfd *pfds;      /* scratch for wait, size+2 entries */
   int nsending;             /* conns with queued sends */
+  bool data_moved;          /* bytes moved inside a data call since the last progress:
+                               partial progress, so no timeout while a chunk drains */
 };
 
 /* tcp_conn.c */

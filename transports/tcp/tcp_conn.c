@@ -208,6 +208,7 @@ weft_status tcp_conn_push_sends(struct weft_conn *c, bool *progressed) {
       return tcp_send_failed(c, errno);
     }
     *progressed = true;
+    c->ctx->data_moved = true;
     size_t left = (size_t)w;
     while (left && c->sq_count) {
       tcp_send_entry *e = &c->sq[c->sq_head];
@@ -323,6 +324,7 @@ static weft_status tcp_recv_frame(struct weft_conn *c, uint32_t seq, size_t byte
                            c->where, strerror(errno));
     }
     size_t got = (size_t)r;
+    c->ctx->data_moved = true;
     bool hdr_was_open = c->rhdr_got < sizeof c->rhdr;
     if (hdr_was_open) {
       size_t h = sizeof c->rhdr - c->rhdr_got;

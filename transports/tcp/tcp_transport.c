@@ -107,7 +107,8 @@ static weft_status tcp_connect(weft_transport_ctx *ctx, int peer, const void *pe
 }
 
 static weft_status tcp_progress(weft_transport_ctx *ctx, bool *progressed) {
-  *progressed = false;
+  *progressed = ctx->data_moved;
+  ctx->data_moved = false;
   if (ctx->awaiting_accept > 0) WEFT_CHECK(tcp_conn_accept_one(ctx, progressed));
   if (ctx->nsending > 0)
     for (int p = 0; p < ctx->args->size; p++) {

@@ -1,0 +1,55 @@
+/* flat_gather_scatter.c - gather to and scatter from `root`: the root
+ * exchanges each rank's block with that rank directly, chunk by chunk, taking
+ * chunk i of every rank in turn so that no link idles while another one
+ * finishes. The root's link carries (n-1)/n of the buffer, the least either
+ * call can do; a tree would only save latency for small blocks (later, if it
+ * matters). The root's own block is a local copy, skipped in place. */
+#include "algo.h"
+
+static weft_status flat_advance(weft_coll *coll) {
+  weft_flat_state *fs = &coll->st.flat;
+  int n = coll->comm->size, root = coll->root;
+  bool is_root = coll->comm->rank == root;
+  while (fs->chunk < fs->nchunks) {
+    size_t off, cnt;
+    weft_chunk_range(fs->chunk, fs->chunk_elems, coll->count, &off, &cnt);
+    size_t bytes = cnt * coll->elem;
+    if (!is_root && fs->to_root)
+      WEFT_STEP(weft_step_send(coll, root, (const char *)coll->sendbuf + off * coll->elem, bytes));
+    if (!is_root && !fs->to_root)
+      WEFT_STEP(weft_link_recv_into(coll, root, bytes, (char *)coll->recvbuf + off * coll->elem));
+    for (; is_root && fs->peer < n; fs->peer++) {
+      if (fs->peer == root) continue;
+      size_t at = ((size_t)fs->peer * coll->count + off) * coll->elem;
+      if (fs->to_root)
+        WEFT_STEP(weft_link_recv_into(coll, fs->peer, bytes, (char *)coll->recvbuf + at));
+      else
+        WEFT_STEP(weft_step_send(coll, fs->peer, (const char *)coll->sendbuf + at, bytes));
+    }
+    fs->peer = 0;
+    fs->chunk++;
+  }
+  return WEFT_OK;
+}
+
+static weft_status flat_start(weft_coll *coll, bool to_root) {
+  weft_flat_state *fs = &coll->st.flat;
+  *fs = (weft_flat_state){.chunk_elems = weft_chunk_elems(coll), .to_root = to_root};
+  fs->nchunks = (coll->count + fs->chunk_elems - 1) / fs->chunk_elems;
+  if (coll->comm->rank == coll->root) {
+    size_t block = coll->count * coll->elem, mine = (size_t)coll->root * block;
+    char *dst = to_root ? (char *)coll->recvbuf + mine : coll->recvbuf;
+    const char *src = to_root ? coll->sendbuf : (const char *)coll->sendbuf + mine;
+    if (dst != src) coll->mem->copy(dst, src, block);
+  }
+  coll->algo = "flat";
+  coll->advance = flat_advance;
+  return WEFT_OK;
+}
+
+weft_status weft_flat_gather_start(weft_coll *coll) {
+  return flat_start(coll, true);
+}
+weft_status weft_flat_scatter_start(weft_coll *coll) {
+  return flat_start(coll, false);
+}

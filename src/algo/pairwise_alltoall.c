@@ -1,0 +1,55 @@
+/* pairwise_alltoall.c - alltoall in size-1 rounds: in round k rank r sends
+ * its block (r+k)%n to that rank and receives block (r-k)%n from that one.
+ * Each directed link carries exactly one round's data, every rank sends and
+ * receives one block per round (no hot spot), and within a round sends and
+ * receives are interleaved chunk by chunk, whichever can move, so neither
+ * direction waits for the other. The own block is a local copy. */
+#include "algo.h"
+
+static weft_status a2a_round(weft_coll *coll, int to, int from) {
+  weft_flat_state *fs = &coll->st.flat;
+  for (;;) {
+    bool moved = false;
+    weft_status st;
+    size_t off, cnt;
+    if (fs->sent < fs->nchunks) {
+      weft_chunk_range(fs->sent, fs->chunk_elems, coll->count, &off, &cnt);
+      const char *src = (const char *)coll->sendbuf + ((size_t)to * coll->count + off) * coll->elem;
+      st = weft_step_send(coll, to, src, cnt * coll->elem);
+      WEFT_CHECK(st);
+      if (st == WEFT_OK) fs->sent++, moved = true;
+    }
+    /* receives last: when both wait, the driver sleeps on the data to come */
+    if (fs->recvd < fs->nchunks) {
+      weft_chunk_range(fs->recvd, fs->chunk_elems, coll->count, &off, &cnt);
+      char *dst = (char *)coll->recvbuf + ((size_t)from * coll->count + off) * coll->elem;
+      st = weft_link_recv_into(coll, from, cnt * coll->elem, dst);
+      WEFT_CHECK(st);
+      if (st == WEFT_OK) fs->recvd++, moved = true;
+    }
+    if (fs->sent == fs->nchunks && fs->recvd == fs->nchunks) return WEFT_OK;
+    if (!moved) return WEFT_AGAIN;
+  }
+}
+
+static weft_status a2a_advance(weft_coll *coll) {
+  weft_flat_state *fs = &coll->st.flat;
+  int n = coll->comm->size, r = coll->comm->rank;
+  while (fs->round < n) {
+    WEFT_STEP(a2a_round(coll, (r + fs->round) % n, weft_mod(r - fs->round, n)));
+    fs->round++;
+    fs->sent = fs->recvd = 0;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_pairwise_alltoall_start(weft_coll *coll) {
+  weft_flat_state *fs = &coll->st.flat;
+  *fs = (weft_flat_state){.chunk_elems = weft_chunk_elems(coll), .round = 1};
+  fs->nchunks = (coll->count + fs->chunk_elems - 1) / fs->chunk_elems;
+  size_t block = coll->count * coll->elem, mine = (size_t)coll->comm->rank * block;
+  coll->mem->copy((char *)coll->recvbuf + mine, (const char *)coll->sendbuf + mine, block);
+  coll->algo = "pairwise";
+  coll->advance = a2a_advance;
+  return WEFT_OK;
+}

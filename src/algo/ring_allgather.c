@@ -1,0 +1,48 @@
+/* ring_allgather.c - bandwidth-optimal allgather: the second half of
+ * ring_allreduce.c. Each block travels size-1 hops around the ring, landing
+ * in every rank's recvbuf and sent on from there (final bytes, never written
+ * again, so no scratch). Loop l moves chunk l of every block; rank r walks:
+ *   step 0          send chunk l of its own block (from sendbuf) to the right
+ *   steps 1..n-1    receive block r-s from the left into recvbuf, send it on
+ *                   (the last one stays)
+ * Its own block is copied into recvbuf at the start, unless in place. */
+#include "algo.h"
+
+static weft_status ag_step(weft_coll *coll) {
+  weft_ring_block_state *rb = &coll->st.ringb;
+  int n = coll->comm->size, r = coll->comm->rank, s = rb->step;
+  int left = weft_mod(r - 1, n), right = weft_mod(r + 1, n);
+  size_t off, cnt;
+  weft_chunk_range(rb->loop, rb->chunk_elems, coll->count, &off, &cnt);
+  size_t bytes = cnt * coll->elem;
+  if (s == 0)
+    return weft_step_send(coll, right, (const char *)coll->sendbuf + off * coll->elem, bytes);
+  size_t b = (size_t)weft_mod(r - s, n);
+  char *out = (char *)coll->recvbuf + (b * coll->count + off) * coll->elem;
+  return weft_step_recv_forward(coll, left, s == n - 1 ? -1 : right, out, bytes, &rb->got);
+}
+
+static weft_status ag_advance(weft_coll *coll) {
+  weft_ring_block_state *rb = &coll->st.ringb;
+  while (rb->loop < rb->loops) {
+    WEFT_STEP(ag_step(coll));
+    rb->got = false;
+    if (++rb->step == coll->comm->size) {
+      rb->step = 0;
+      rb->loop++;
+    }
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_ring_allgather_start(weft_coll *coll) {
+  weft_ring_block_state *rb = &coll->st.ringb;
+  *rb = (weft_ring_block_state){.chunk_elems = weft_chunk_elems(coll)};
+  rb->loops = (coll->count + rb->chunk_elems - 1) / rb->chunk_elems;
+  size_t block = coll->count * coll->elem;
+  char *mine = (char *)coll->recvbuf + (size_t)coll->comm->rank * block;
+  if (mine != coll->sendbuf) coll->mem->copy(mine, coll->sendbuf, block);
+  coll->algo = "ring";
+  coll->advance = ag_advance;
+  return WEFT_OK;
+}

@@ -1,0 +1,52 @@
+/* ring_reduce_scatter.c - bandwidth-optimal reduce-scatter: the first half of
+ * ring_allreduce.c on the blocks the caller chose. Block b of every rank's
+ * sendbuf is summed on its way around the ring and ends, final, on rank b.
+ * Loop l moves chunk l of every block; in it rank r walks size steps:
+ *   step 0          send chunk l of its block r-1 to the right
+ *   steps 1..n-2    receive the partial of block r-1-s from the left, add its
+ *                   own, send it on
+ *   step n-1        receive the partial of block r, add its own: final
+ *                   (divided for avg), straight into recvbuf
+ * Unlike the allreduce, the partials have no place in recvbuf (it holds one
+ * block), so they live in one chunk of scratch; a step waits for the previous
+ * send from it to complete before overwriting it (at once on shm, a copy into
+ * the socket buffer on tcp; a transport whose completion is a round trip
+ * would want a few scratch chunks in turn). */
+#include "algo.h"
+
+static weft_status rs_step(weft_coll *coll) {
+  weft_ring_block_state *rb = &coll->st.ringb;
+  int n = coll->comm->size, r = coll->comm->rank, s = rb->step;
+  int left = weft_mod(r - 1, n), right = weft_mod(r + 1, n);
+  int b = weft_mod(r - 1 - s, n);
+  size_t off, cnt;
+  weft_chunk_range(rb->loop, rb->chunk_elems, coll->count, &off, &cnt);
+  const char *own = (const char *)coll->sendbuf + ((size_t)b * coll->count + off) * coll->elem;
+  if (s == 0) return weft_step_send(coll, right, own, cnt * coll->elem);
+  if (s < n - 1) return weft_step_recv_reduce(coll, left, right, rb->partial, own, cnt, 1, right);
+  char *out = (char *)coll->recvbuf + off * coll->elem;
+  return weft_step_recv_reduce(coll, left, -1, out, own, cnt, n, -1);
+}
+
+static weft_status rs_advance(weft_coll *coll) {
+  weft_ring_block_state *rb = &coll->st.ringb;
+  while (rb->loop < rb->loops) {
+    WEFT_STEP(rs_step(coll));
+    if (++rb->step == coll->comm->size) {
+      rb->step = 0;
+      rb->loop++;
+    }
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_ring_reduce_scatter_start(weft_coll *coll) {
+  weft_ring_block_state *rb = &coll->st.ringb;
+  *rb = (weft_ring_block_state){.chunk_elems = weft_chunk_elems(coll)};
+  rb->loops = (coll->count + rb->chunk_elems - 1) / rb->chunk_elems;
+  size_t chunk = coll->count < rb->chunk_elems ? coll->count : rb->chunk_elems;
+  if (coll->comm->size > 2) WEFT_CHECK(weft_coll_scratch(coll, chunk * coll->elem, &rb->partial));
+  coll->algo = "ring";
+  coll->advance = rs_advance;
+  return WEFT_OK;
+}

@@ -1,0 +1,57 @@
+/* steps.c - what the chunked algorithms share: cutting a block into chunks
+ * the same way on both ends of a link (a receiver names the exact size it
+ * expects), the shape of a tree around its root, and the send /
+ * receive-reduce-send / receive-forward moves that rings, chains and trees
+ * are made of. */
+#include "algo.h"
+
+size_t weft_chunk_elems(const weft_coll *coll) {
+  size_t ce = coll->comm->chunk_bytes / coll->elem;
+  return ce ? ce : 1;
+}
+
+void weft_chunk_range(size_t k, size_t chunk_elems, size_t count, size_t *off, size_t *cnt) {
+  size_t start = k * chunk_elems < count ? k * chunk_elems : count;
+  *off = start;
+  *cnt = count - start < chunk_elems ? count - start : chunk_elems;
+}
+
+weft_tree_shape weft_tree_shape_of(const weft_coll *coll, int fanout) {
+  int n = coll->comm->size;
+  int k = fanout < 1 ? 1 : fanout > n - 1 ? (n > 1 ? n - 1 : 1) : fanout;
+  int v = weft_mod(coll->comm->rank - coll->root, n); /* virtual rank: root is 0 */
+  int first = v * k + 1;
+  return (weft_tree_shape){.fanout = k,
+                           .parent = v == 0 ? -1 : (coll->root + (v - 1) / k) % n,
+                           .first_child = first,
+                           .nchildren = first >= n ? 0 : (n - first < k ? n - first : k)};
+}
+
+weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
+  WEFT_STEP(weft_link_send_ready(coll, peer));
+  return weft_link_send(coll, peer, src, bytes);
+}
+
+weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, const void *own,
+                                  size_t cnt, int postdiv, int wait_peer) {
+  const void *slot;
+  WEFT_STEP(weft_link_recv_peek(coll, from, cnt * coll->elem, &slot));
+  /* Only after the peek: the peer drains our last send by peeking it, so
+   * waiting for that send before taking our own data could close a cycle of
+   * waits around a ring once a chunk is larger than what the link buffers. */
+  if (wait_peer >= 0) WEFT_STEP(weft_link_send_idle(coll, wait_peer));
+  if (to >= 0) WEFT_STEP(weft_link_send_ready(coll, to));
+  coll->mem->reduce(dst, own, slot, cnt, coll->dtype, coll->op, postdiv);
+  if (to >= 0) WEFT_STEP(weft_link_send(coll, to, dst, cnt * coll->elem));
+  return weft_link_recv_release(coll, from);
+}
+
+weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst, size_t bytes,
+                                   bool *got) {
+  if (!*got) {
+    WEFT_STEP(weft_link_recv_into(coll, from, bytes, dst));
+    *got = true;
+  }
+  if (to < 0) return WEFT_OK;
+  return weft_step_send(coll, to, dst, bytes);
+}

@@ -1,0 +1,617 @@
+/* test_collectives2.c - reduce, allgather, reduce-scatter, gather, scatter
+ * and alltoall as real processes, 1..8 ranks: every dtype x op for the
+ * reductions, a few dtypes for the collectives that only move bytes, counts
+ * 0, 1, a prime and one multi-MiB case each, every root, in place where the
+ * call allows it, against a serial reference (double or wide integers) on
+ * fresh random data. Buffers a rank does not need are passed as NULL, and
+ * guard bytes after each output catch writes past its end. Variants use tiny
+ * chunks (many chunks per block) with the reduce forced to a chain or to a
+ * tree, and tcp sends that stay in flight across steps (socket buffers
+ * smaller than a chunk). Then every refusal of bad input with its sentence,
+ * and ranks that disagree on the count (caught, never a hang). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "harness.h"
+
+static uint64_t base_seed;
+
+typedef struct group {
+  int small;     /* run the small-count matrix */
+  int big;       /* include the multi-MiB cases */
+  int all_small; /* every dtype x op (reductions) and more shapes at the small counts */
+  size_t prime;  /* the prime count of this group */
+} group;
+
+#define GUARD 16 /* guard bytes after every output buffer */
+
+/* Rank q's block b of call `tag`: each block has its own seed, so a rank
+ * can rebuild any block of any rank without the others' buffers. */
+static void fill_block(void *buf, size_t count, weft_dtype dt, weft_op op, int q, int tag, int b) {
+  harness_fill(buf, count, dt, op, harness_seed(base_seed, q, tag * HARNESS_MAX_RANKS + b));
+}
+
+static int guard_ok(const unsigned char *end, int rank, const char *what) {
+  for (int i = 0; i < GUARD; i++)
+    if (end[i] != 0xEE) {
+      fprintf(stderr, "rank %d: %s wrote past the end of its output (seed %llu)\n", rank, what,
+              (unsigned long long)base_seed);
+      return 0;
+    }
+  return 1;
+}
+
+static const char *yes_in_place(int ip) {
+  return ip ? "in-place" : "out-of-place";
+}
+
+/* Checks `res` (count elements) against op over ranks 0..n-1 of block b. The
+ * tolerances are test_collectives.c's: each of the n-1 roundings may be off
+ * by eps of the partial result. */
+static int check_reduced(const void *res, int rank, int n, size_t count, weft_dtype dt, weft_op op,
+                         int tag, int b, const char *what, int ip) {
+  size_t esz = weft_dtype_size(dt);
+  unsigned char *tmp = malloc(count * esz + 8);
+  double *acc = malloc(sizeof(double) * (count + 1)), *mag = malloc(sizeof(double) * (count + 1));
+  uint64_t *iacc = malloc(sizeof(uint64_t) * (count + 1));
+  int bad = 0;
+  for (int q = 0; q < n; q++) {
+    fill_block(tmp, count, dt, op, q, tag, b);
+    for (size_t i = 0; i < count; i++) {
+      if (harness_is_float(dt)) {
+        double v = harness_get(tmp, i, dt);
+        if (q == 0) {
+          acc[i] = v;
+          mag[i] = fabs(v);
+          continue;
+        }
+        mag[i] += fabs(v);
+        switch (op) {
+          case WEFT_SUM:
+          case WEFT_AVG: acc[i] += v; break;
+          case WEFT_PROD: acc[i] *= v; break;
+          case WEFT_MIN: acc[i] = v < acc[i] ? v : acc[i]; break;
+          case WEFT_MAX: acc[i] = v > acc[i] ? v : acc[i]; break;
+          default: break;
+        }
+      } else {
+        int64_t v = harness_get_int(tmp, i, dt);
+        if (q == 0) {
+          iacc[i] = (uint64_t)v;
+          continue;
+        }
+        switch (op) {
+          case WEFT_SUM:
+          case WEFT_AVG: iacc[i] += (uint64_t)v; break;
+          case WEFT_PROD: iacc[i] *= (uint64_t)v; break;
+          case WEFT_MIN:
+            if (v < harness_wrap(iacc[i], dt)) iacc[i] = (uint64_t)v;
+            break;
+          case WEFT_MAX:
+            if (v > harness_wrap(iacc[i], dt)) iacc[i] = (uint64_t)v;
+            break;
+          default: break;
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < count && bad < 3; i++) {
+    double got, want;
+    int ok;
+    if (harness_is_float(dt)) {
+      double eps = harness_eps(dt);
+      want = op == WEFT_AVG ? acc[i] / n : acc[i];
+      got = harness_get(res, i, dt);
+      double tol = op == WEFT_MIN || op == WEFT_MAX ? 0
+                   : op == WEFT_PROD
+                       ? (n + 1) * eps * fabs(want)
+                       : (n + 1) * eps * (op == WEFT_AVG ? mag[i] / n : mag[i]) + eps * fabs(want);
+      ok = fabs(got - want) <= tol;
+    } else {
+      int64_t w = harness_wrap(iacc[i], dt), g = harness_get_int(res, i, dt);
+      if (op == WEFT_AVG) w /= n; /* C division truncates toward zero, as documented */
+      ok = g == w;
+      got = (double)g;
+      want = (double)w;
+    }
+    if (!ok) {
+      fprintf(
+          stderr,
+          "rank %d: %s n=%d count=%zu %s %s %s, block %d: element %zu is %.17g, reference %.17g "
+          "(seed %llu)\n",
+          rank, what, n, count, weft_dtype_name(dt), weft_op_name(op), yes_in_place(ip), b, i, got,
+          want, (unsigned long long)base_seed);
+      bad++;
+    }
+  }
+  free(tmp);
+  free(acc);
+  free(mag);
+  free(iacc);
+  return bad != 0;
+}
+
+/* Checks that `got` holds exactly rank q's block b (a byte-moving call). */
+static int check_block(const void *got, int rank, size_t count, weft_dtype dt, int q, int tag,
+                       int b, const char *what, int ip) {
+  size_t esz = weft_dtype_size(dt);
+  unsigned char *want = malloc(count * esz + 8);
+  fill_block(want, count, dt, WEFT_SUM, q, tag, b);
+  int bad = 0;
+  if (count && memcmp(got, want, count * esz)) {
+    size_t i = 0;
+    while (((const unsigned char *)got)[i] == want[i]) i++;
+    fprintf(stderr,
+            "rank %d: %s count=%zu %s %s: byte %zu of rank %d's block %d differs (seed %llu)\n",
+            rank, what, count, weft_dtype_name(dt), yes_in_place(ip), i, q, b,
+            (unsigned long long)base_seed);
+    bad = 1;
+  }
+  free(want);
+  return bad;
+}
+
+static int failed_call(weft_comm *comm, int rank, const char *what, size_t count, weft_dtype dt,
+                       weft_status st) {
+  fprintf(stderr, "rank %d: %s count=%zu %s failed (%s): %s\n", rank, what, count,
+          weft_dtype_name(dt), weft_status_name(st), weft_last_error(comm));
+  return 1;
+}
+
+/* Allocates n blocks of count elements plus guard bytes, set to 0xEE. */
+static unsigned char *alloc_out(size_t blocks, size_t count, weft_dtype dt) {
+  size_t bytes = blocks * count * weft_dtype_size(dt);
+  unsigned char *p = malloc(bytes + GUARD);
+  memset(p, 0xEE, bytes + GUARD);
+  return p;
+}
+
+/* ---- one check per collective -------------------------------------------- */
+
+static int check_reduce(weft_comm *comm, int rank, int n, size_t count, weft_dtype dt, weft_op op,
+                        int root, int ip, int tag) {
+  size_t esz = weft_dtype_size(dt), bytes = count * esz;
+  unsigned char *in = alloc_out(1, count, dt), *out = rank == root ? alloc_out(1, count, dt) : NULL;
+  fill_block(in, count, dt, op, rank, tag, 0);
+  int in_place = ip && rank == root, bad = 0;
+  /* off the root, recvbuf is NULL: the call must not touch it */
+  weft_status st = weft_reduce(comm, in, in_place ? in : out, count, dt, op, root);
+  if (st) {
+    bad = failed_call(comm, rank, "reduce", count, dt, st);
+  } else if (rank == root) {
+    const unsigned char *res = in_place ? in : out;
+    bad += check_reduced(res, rank, n, count, dt, op, tag, 0, "reduce", in_place);
+    bad += !guard_ok(res + bytes, rank, "reduce");
+  }
+  free(in);
+  free(out);
+  return bad != 0;
+}
+
+static int check_reduce_scatter(weft_comm *comm, int rank, int n, size_t count, weft_dtype dt,
+                                weft_op op, int ip, int tag) {
+  size_t esz = weft_dtype_size(dt), bytes = count * esz;
+  unsigned char *in = alloc_out((size_t)n, count, dt), *out = alloc_out(1, count, dt);
+  for (int b = 0; b < n; b++) fill_block(in + (size_t)b * bytes, count, dt, op, rank, tag, b);
+  unsigned char *res = ip ? in + (size_t)rank * bytes : out;
+  int bad = 0;
+  weft_status st = weft_reduce_scatter(comm, in, res, count, dt, op);
+  if (st) {
+    bad = failed_call(comm, rank, "reduce_scatter", count, dt, st);
+  } else {
+    bad += check_reduced(res, rank, n, count, dt, op, tag, rank, "reduce_scatter", ip);
+    bad += !guard_ok(ip ? in + (size_t)n * bytes : out + bytes, rank, "reduce_scatter");
+  }
+  free(in);
+  free(out);
+  return bad != 0;
+}
+
+static int check_allgather(weft_comm *comm, int rank, int n, size_t count, weft_dtype dt, int ip,
+                           int tag) {
+  size_t bytes = count * weft_dtype_size(dt);
+  unsigned char *in = alloc_out(1, count, dt), *out = alloc_out((size_t)n, count, dt);
+  unsigned char *mine = ip ? out + (size_t)rank * bytes : in;
+  fill_block(mine, count, dt, WEFT_SUM, rank, tag, 0);
+  int bad = 0;
+  weft_status st = weft_allgather(comm, mine, out, count, dt);
+  if (st) {
+    bad = failed_call(comm, rank, "allgather", count, dt, st);
+  } else {
+    for (int q = 0; q < n && !bad; q++)
+      bad += check_block(out + (size_t)q * bytes, rank, count, dt, q, tag, 0, "allgather", ip);
+    bad += !guard_ok(out + (size_t)n * bytes, rank, "allgather");
+  }
+  free(in);
+  free(out);
+  return bad != 0;
+}
+
+static int check_gather(weft_comm *comm, int rank, int n, size_t count, weft_dtype dt, int root,
+                        int ip, int tag) {
+  size_t bytes = count * weft_dtype_size(dt);
+  int at_root = rank == root, in_place = ip && at_root, bad = 0;
+  unsigned char *in = alloc_out(1, count, dt),
+                *out = at_root ? alloc_out((size_t)n, count, dt) : NULL;
+  unsigned char *mine = in_place ? out + (size_t)root * bytes : in;
+  fill_block(mine, count, dt, WEFT_SUM, rank, tag, 0);
+  weft_status st = weft_gather(comm, mine, out, count, dt, root);
+  if (st) {
+    bad = failed_call(comm, rank, "gather", count, dt, st);
+  } else if (at_root) {
+    for (int q = 0; q < n && !bad; q++)
+      bad += check_block(out + (size_t)q * bytes, rank, count, dt, q, tag, 0, "gather", in_place);
+    bad += !guard_ok(out + (size_t)n * bytes, rank, "gather");
+  }
+  free(in);
+  free(out);
+  return bad != 0;
+}
+
+static int check_scatter(weft_comm *comm, int rank, int n, size_t count, weft_dtype dt, int root,
+                         int ip, int tag) {
+  size_t bytes = count * weft_dtype_size(dt);
+  int at_root = rank == root, in_place = ip && at_root, bad = 0;
+  unsigned char *in = at_root ? alloc_out((size_t)n, count, dt) : NULL,
+                *out = alloc_out(1, count, dt);
+  if (at_root)
+    for (int b = 0; b < n; b++)
+      fill_block(in + (size_t)b * bytes, count, dt, WEFT_SUM, root, tag, b);
+  unsigned char *res = in_place ? in + (size_t)root * bytes : out;
+  weft_status st = weft_scatter(comm, in, res, count, dt, root);
+  if (st) {
+    bad = failed_call(comm, rank, "scatter", count, dt, st);
+  } else {
+    bad += check_block(res, rank, count, dt, root, tag, rank, "scatter", in_place);
+    bad += !guard_ok(in_place ? in + (size_t)n * bytes : out + bytes, rank, "scatter");
+  }
+  free(in);
+  free(out);
+  return bad != 0;
+}
+
+static int check_alltoall(weft_comm *comm, int rank, int n, size_t count, weft_dtype dt, int tag) {
+  size_t bytes = count * weft_dtype_size(dt);
+  unsigned char *in = alloc_out((size_t)n, count, dt), *out = alloc_out((size_t)n, count, dt);
+  for (int b = 0; b < n; b++) fill_block(in + (size_t)b * bytes, count, dt, WEFT_SUM, rank, tag, b);
+  int bad = 0;
+  weft_status st = weft_alltoall(comm, in, out, count, dt);
+  if (st) {
+    bad = failed_call(comm, rank, "alltoall", count, dt, st);
+  } else {
+    /* block q of the output is rank q's block `rank` */
+    for (int q = 0; q < n && !bad; q++)
+      bad += check_block(out + (size_t)q * bytes, rank, count, dt, q, tag, rank, "alltoall", 0);
+    bad += !guard_ok(out + (size_t)n * bytes, rank, "alltoall");
+  }
+  free(in);
+  free(out);
+  return bad != 0;
+}
+
+/* ---- the matrix ------------------------------------------------------------ */
+
+/* Byte-moving calls only need each element size once. */
+static const weft_dtype moved[] = {WEFT_U8, WEFT_BF16, WEFT_F32, WEFT_I64};
+#define NMOVED (int)(sizeof moved / sizeof moved[0])
+#define BIG_COUNT 786433 /* 3 MiB of f32: 12 chunks of the default size */
+#define BIG_BLOCK 393241 /* a prime; 1.5 MiB blocks of f32 */
+
+static int rank_main(int rank, int n, const weft_unique_id *id, void *arg) {
+  const group *g = arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  int bad = 0, tag = 0, j = 0; /* j counts the reductions made */
+  size_t counts[] = {0, 1, g->prime};
+  if (!g->small) goto big;
+  /* reductions: every dtype x op at 1 and the prime (a quarter of them in a
+   * light group); roots and in place rotate over the calls made */
+  for (int c = 1; c < 3; c++)
+    for (int dt = 0; dt < WEFT_DTYPE_COUNT; dt++)
+      for (int op = 0; op < WEFT_OP_COUNT; op++) {
+        if (!g->all_small && (dt + op + c) % 4) continue;
+        bad += check_reduce(comm, rank, n, counts[c], (weft_dtype)dt, (weft_op)op, j % n,
+                            (j / n) % 2, ++tag);
+        bad += check_reduce_scatter(comm, rank, n, counts[c], (weft_dtype)dt, (weft_op)op, j % 2,
+                                    ++tag);
+        j++;
+      }
+  bad += check_reduce_scatter(comm, rank, n, 0, WEFT_F32, WEFT_SUM, 0, ++tag);
+  /* roots: every one, each with count 0, 1 and the prime, in place on every other */
+  for (int root = 0; root < n; root++)
+    for (int c = 0; c < 3; c++) {
+      weft_dtype dt = moved[(root + c) % NMOVED];
+      int ip = (root + c) % 2;
+      if (c == 0) bad += check_reduce(comm, rank, n, 0, WEFT_F64, WEFT_MAX, root, ip, ++tag);
+      bad += check_gather(comm, rank, n, counts[c], dt, root, ip, ++tag);
+      bad += check_scatter(comm, rank, n, counts[c], dt, root, !ip, ++tag);
+    }
+  for (int c = 0; c < 3; c++)
+    for (int d = 0; d < NMOVED; d++) {
+      if (!g->all_small && (c + d) % 2) continue;
+      bad += check_allgather(comm, rank, n, counts[c], moved[d], d % 2, ++tag);
+      bad += check_alltoall(comm, rank, n, counts[c], moved[(d + 1) % NMOVED], ++tag);
+    }
+big:
+  if (g->big) {
+    bad += check_reduce(comm, rank, n, BIG_COUNT, WEFT_F32, WEFT_SUM, n - 1, 0, ++tag);
+    bad += check_reduce(comm, rank, n, BIG_COUNT / 2, WEFT_BF16, WEFT_AVG, 0, 1, ++tag);
+    bad += check_reduce_scatter(comm, rank, n, BIG_BLOCK, WEFT_F32, WEFT_AVG, 1, ++tag);
+    bad += check_allgather(comm, rank, n, BIG_BLOCK, WEFT_F32, 1, ++tag);
+    bad += check_gather(comm, rank, n, BIG_BLOCK, WEFT_F32, n / 2, 0, ++tag);
+    bad += check_scatter(comm, rank, n, BIG_BLOCK * 2, WEFT_F16, n - 1, 1, ++tag);
+    bad += check_alltoall(comm, rank, n, BIG_BLOCK, WEFT_I32, ++tag);
+  }
+  if (weft_barrier(comm)) {
+    fprintf(stderr, "rank %d: barrier failed: %s\n", rank, weft_last_error(comm));
+    bad++;
+  }
+  weft_comm_destroy(comm);
+  return bad != 0;
+}
+
+static void run_group(int n, const char *const *env, int small, int big, int all_small,
+                      size_t prime) {
+  /* WEFT_TEST_QUICK (the sanitizer pass): the same shapes, fewer combinations */
+  if (getenv("WEFT_TEST_QUICK") && n >= 5) big = all_small = 0;
+  group g = {small, big, all_small, prime};
+  harness_init();
+  assert_int_equal(harness_run(n, env, 240, rank_main, &g), 0);
+}
+
+#define GROUP_TEST(name, n, env, small, big, all, prime) \
+  static void name(void **state) {                       \
+    (void)state;                                         \
+    static const char *const vars[] = env;               \
+    run_group(n, vars, small, big, all, prime);          \
+  }
+#define NO_ENV \
+  { NULL }
+/* 4 KiB chunks: the prime count crosses several chunks; the reduce as a
+ * chain (every size) or as a binary tree (every size) */
+#define TINY_CHAIN \
+  { "WEFT_CHUNK_BYTES=4096", "WEFT_BCAST_CHAIN_BYTES=1", NULL }
+#define TINY_TREE \
+  { "WEFT_CHUNK_BYTES=4096", "WEFT_BCAST_CHAIN_BYTES=1000000000", NULL }
+/* tcp: socket buffers smaller than a chunk, so a send is still in flight
+ * when the next step runs (scratch must wait for it; no cycle of waits) */
+#define SLOW_SENDS \
+  { "WEFT_TCP_BUF_BYTES=65536", "WEFT_CHUNK_BYTES=1048576", NULL }
+
+GROUP_TEST(ranks1, 1, NO_ENV, 1, 1, 1, 1021)
+GROUP_TEST(ranks2, 2, NO_ENV, 1, 1, 1, 1021)
+GROUP_TEST(ranks3, 3, NO_ENV, 1, 1, 1, 1021)
+GROUP_TEST(ranks4, 4, NO_ENV, 1, 1, 1, 1021)
+GROUP_TEST(ranks5, 5, NO_ENV, 1, 1, 0, 1021)
+GROUP_TEST(ranks6, 6, NO_ENV, 1, 1, 0, 1021)
+GROUP_TEST(ranks7, 7, NO_ENV, 1, 1, 0, 1021)
+GROUP_TEST(ranks8, 8, NO_ENV, 1, 1, 0, 1021)
+GROUP_TEST(tiny_chunks_chain3, 3, TINY_CHAIN, 1, 0, 1, 4099)
+GROUP_TEST(tiny_chunks_chain5, 5, TINY_CHAIN, 1, 0, 0, 4099)
+GROUP_TEST(tiny_chunks_tree6, 6, TINY_TREE, 1, 0, 0, 4099)
+GROUP_TEST(slow_sends4, 4, SLOW_SENDS, 0, 1, 0, 1021)
+
+/* ---- refusals -------------------------------------------------------------- */
+
+static int refused(const weft_comm *comm, int rank, weft_status st, const char *call,
+                   const char *words, int line) {
+  const char *e = weft_last_error(comm);
+  if (st == WEFT_ERR_INVALID && strstr(e, call) && strstr(e, words)) return 0;
+  fprintf(stderr,
+          "rank %d: line %d: expected WEFT_ERR_INVALID from %s naming \"%s\", got %s: \"%s\"\n",
+          rank, line, call, words, weft_status_name(st), e);
+  return 1;
+}
+#define REFUSED(expr, call, words) bad += refused(comm, rank, (expr), call, words, __LINE__)
+#define REFUSED_NULL(expr, call) \
+  bad += refused(NULL, rank, (expr), call, "not a live communicator", __LINE__)
+#define WORKS(expr)                                                                                \
+  do {                                                                                             \
+    weft_status st_ = (expr);                                                                      \
+    if (st_) {                                                                                     \
+      fprintf(stderr, "rank %d: line %d: %s: %s\n", rank, __LINE__, #expr, weft_last_error(comm)); \
+      bad++;                                                                                       \
+    }                                                                                              \
+  } while (0)
+
+/* Every refusal of the new calls, on every rank; then the communicator must
+ * still work (a refused call takes no sequence number). */
+static int bad_input_rank(int rank, int n, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  enum { C = 4 };
+  float a[C * 8] = {0}, b[C * 8] = {0};
+  int bad = 0, other = (rank + 1) % n;
+  size_t huge = SIZE_MAX / 4;
+
+  REFUSED_NULL(weft_reduce(NULL, a, b, C, WEFT_F32, WEFT_SUM, 0), "weft_reduce");
+  REFUSED(weft_reduce(comm, NULL, b, C, WEFT_F32, WEFT_SUM, 0), "weft_reduce",
+          "sendbuf is NULL");
+  REFUSED(weft_reduce(comm, a, NULL, C, WEFT_F32, WEFT_SUM, rank), "weft_reduce",
+          "recvbuf is NULL");
+  REFUSED(weft_reduce(comm, a, b, C, (weft_dtype)42, WEFT_SUM, 0), "weft_reduce", "dtype 42");
+  REFUSED(weft_reduce(comm, a, b, C, WEFT_F32, (weft_op)9, 0), "weft_reduce", "op 9");
+  REFUSED(weft_reduce(comm, a, b, C, WEFT_F32, WEFT_SUM, -1), "weft_reduce", "root -1");
+  REFUSED(weft_reduce(comm, a, b, C, WEFT_F32, WEFT_SUM, n), "weft_reduce", "out of range");
+  REFUSED(weft_reduce(comm, a, a + 1, C, WEFT_F32, WEFT_SUM, rank), "weft_reduce", "overlap");
+  REFUSED(weft_reduce(comm, a, b, huge, WEFT_F32, WEFT_SUM, 0), "weft_reduce", "too large");
+
+  REFUSED_NULL(weft_allgather(NULL, a, b, C, WEFT_F32), "weft_allgather");
+  REFUSED(weft_allgather(comm, NULL, b, C, WEFT_F32), "weft_allgather",
+          "sendbuf is NULL but sendcount is 4");
+  REFUSED(weft_allgather(comm, a, NULL, C, WEFT_F32), "weft_allgather", "recvbuf is NULL");
+  REFUSED(weft_allgather(comm, a, b, C, (weft_dtype)-1), "weft_allgather", "dtype -1");
+  REFUSED(weft_allgather(comm, b + 1, b, C, WEFT_F32), "weft_allgather", "rank*sendcount");
+  REFUSED(weft_allgather(comm, a, b, huge, WEFT_F32), "weft_allgather", "too large");
+  /* the own block's place is in place; another rank's place is an overlap */
+  if (n > 1)
+    REFUSED(weft_allgather(comm, b + other * C, b, C, WEFT_F32), "weft_allgather", "overlap");
+
+  REFUSED_NULL(weft_reduce_scatter(NULL, a, b, C, WEFT_F32, WEFT_SUM), "weft_reduce_scatter");
+  REFUSED(weft_reduce_scatter(comm, NULL, b, C, WEFT_F32, WEFT_SUM), "weft_reduce_scatter",
+          "sendbuf is NULL but recvcount is 4");
+  REFUSED(weft_reduce_scatter(comm, a, NULL, C, WEFT_F32, WEFT_SUM), "weft_reduce_scatter",
+          "recvbuf is NULL");
+  REFUSED(weft_reduce_scatter(comm, a, b, C, WEFT_I8, (weft_op)-3), "weft_reduce_scatter", "op -3");
+  REFUSED(weft_reduce_scatter(comm, a, a + 1, C, WEFT_F32, WEFT_SUM), "weft_reduce_scatter",
+          "overlap");
+  REFUSED(weft_reduce_scatter(comm, a, b, huge, WEFT_F32, WEFT_SUM), "weft_reduce_scatter",
+          "too large");
+  if (n > 1)
+    REFUSED(weft_reduce_scatter(comm, a, a + other * C, C, WEFT_F32, WEFT_SUM),
+            "weft_reduce_scatter", "rank*recvcount");
+
+  REFUSED_NULL(weft_gather(NULL, a, b, C, WEFT_F32, 0), "weft_gather");
+  REFUSED(weft_gather(comm, NULL, b, C, WEFT_F32, 0), "weft_gather", "sendbuf is NULL");
+  REFUSED(weft_gather(comm, a, NULL, C, WEFT_F32, rank), "weft_gather", "recvbuf is NULL");
+  REFUSED(weft_gather(comm, a, b, C, WEFT_F32, n), "weft_gather", "root");
+  REFUSED(weft_gather(comm, a, b, C, (weft_dtype)8, 0), "weft_gather", "dtype 8");
+  REFUSED(weft_gather(comm, b + 1, b, C, WEFT_F32, rank), "weft_gather", "root*sendcount");
+  REFUSED(weft_gather(comm, a, b, huge, WEFT_F32, 0), "weft_gather", "too large");
+
+  REFUSED_NULL(weft_scatter(NULL, a, b, C, WEFT_F32, 0), "weft_scatter");
+  REFUSED(weft_scatter(comm, NULL, b, C, WEFT_F32, rank), "weft_scatter", "sendbuf is NULL");
+  REFUSED(weft_scatter(comm, a, NULL, C, WEFT_F32, 0), "weft_scatter",
+          "recvbuf is NULL but recvcount is 4");
+  REFUSED(weft_scatter(comm, a, b, C, WEFT_F32, -5), "weft_scatter", "root -5");
+  REFUSED(weft_scatter(comm, a, a + 1, C, WEFT_F32, rank), "weft_scatter", "root*recvcount");
+  REFUSED(weft_scatter(comm, a, b, huge, WEFT_F32, 0), "weft_scatter", "too large");
+
+  REFUSED_NULL(weft_alltoall(NULL, a, b, C, WEFT_F32), "weft_alltoall");
+  REFUSED(weft_alltoall(comm, a, a, C, WEFT_F32), "weft_alltoall", "cannot run in place");
+  REFUSED(weft_alltoall(comm, a, a + 1, C, WEFT_F32), "weft_alltoall", "never runs in place");
+  REFUSED(weft_alltoall(comm, NULL, b, C, WEFT_F32), "weft_alltoall", "sendbuf is NULL");
+  REFUSED(weft_alltoall(comm, a, NULL, C, WEFT_F32), "weft_alltoall", "recvbuf is NULL");
+  REFUSED(weft_alltoall(comm, a, b, C, (weft_dtype)99), "weft_alltoall", "dtype 99");
+  REFUSED(weft_alltoall(comm, a, b, huge, WEFT_F32), "weft_alltoall", "too large");
+
+  /* nothing to do is no error, NULL buffers included; every rank calls these */
+  WORKS(weft_reduce(comm, NULL, NULL, 0, WEFT_F32, WEFT_SUM, 0));
+  WORKS(weft_allgather(comm, NULL, NULL, 0, WEFT_F32));
+  WORKS(weft_reduce_scatter(comm, NULL, NULL, 0, WEFT_F32, WEFT_SUM));
+  WORKS(weft_gather(comm, NULL, NULL, 0, WEFT_F32, 0));
+  WORKS(weft_scatter(comm, NULL, NULL, 0, WEFT_F32, 0));
+  WORKS(weft_alltoall(comm, NULL, NULL, 0, WEFT_F32));
+  /* and the communicator still works, every rank in the same call */
+  for (int i = 0; i < C; i++) a[i] = (float)(rank + 1);
+  WORKS(weft_reduce(comm, a, b, C, WEFT_F32, WEFT_SUM, n - 1));
+  if (rank == n - 1 && b[C - 1] != (float)(n * (n + 1) / 2)) {
+    fprintf(stderr, "rank %d: reduce after the refusals gave %g\n", rank, b[C - 1]);
+    bad++;
+  }
+  WORKS(weft_allgather(comm, a, b, C, WEFT_F32));
+  if (b[(n - 1) * C] != (float)n) {
+    fprintf(stderr, "rank %d: allgather after the refusals gave %g\n", rank, b[(n - 1) * C]);
+    bad++;
+  }
+  weft_comm_destroy(comm);
+  return bad != 0;
+}
+
+static void bad_input1(void **state) {
+  (void)state;
+  harness_init();
+  assert_int_equal(harness_run(1, NULL, 60, bad_input_rank, NULL), 0);
+}
+
+static void bad_input2(void **state) {
+  (void)state;
+  harness_init();
+  assert_int_equal(harness_run(2, NULL, 60, bad_input_rank, NULL), 0);
+}
+
+/* ---- ranks that disagree ------------------------------------------------- */
+
+typedef struct disagreement {
+  int call;        /* 0 reduce, 1 allgather, 2 reduce_scatter, 3 gather, 4 scatter, 5 alltoall */
+  size_t count[2]; /* per rank */
+} disagreement;
+
+static weft_status call_one(weft_comm *comm, int call, const void *in, void *out, size_t count,
+                            weft_dtype dt) {
+  switch (call) {
+    case 0: return weft_reduce(comm, in, out, count, dt, WEFT_SUM, 0);
+    case 1: return weft_allgather(comm, in, out, count, dt);
+    case 2: return weft_reduce_scatter(comm, in, out, count, dt, WEFT_SUM);
+    case 3: return weft_gather(comm, in, out, count, dt, 0);
+    case 4: return weft_scatter(comm, in, out, count, dt, 0);
+    default: return weft_alltoall(comm, in, out, count, dt);
+  }
+}
+
+/* Ranks call the same collective with different counts, then a one-byte
+ * allreduce. Count 0 against 1 byte is the sly case: had the rank with
+ * nothing to do skipped its sequence number, its allreduce would take the
+ * other rank's byte as its own and nobody would notice. */
+static int disagrees(int rank, int n, const weft_unique_id *id, void *arg) {
+  const disagreement *d = arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  size_t count = d->count[rank];
+  weft_dtype dt = d->count[0] == 0 ? WEFT_U8 : WEFT_F32;
+  unsigned char *in = calloc(count * (size_t)n + 1, 4), *out = calloc(count * (size_t)n + 1, 4);
+  double t0 = harness_now();
+  weft_status st = call_one(comm, d->call, in, out, count, dt);
+  /* a rank whose part ended early (a leaf, a sender) learns it in the next call */
+  uint8_t one = 1, got = 0;
+  if (!st) st = weft_allreduce(comm, &one, &got, 1, WEFT_U8, WEFT_SUM);
+  harness_shm->status[rank] = st;
+  harness_shm->seconds[rank] = harness_now() - t0;
+  free(in);
+  free(out);
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+static void counts_differ(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=20", NULL};
+  for (int call = 0; call < 6; call++)
+    for (int sly = 0; sly < 2; sly++) {
+      disagreement d = {call, {sly ? 0 : 100, sly ? 1 : 101}};
+      harness_init();
+      assert_int_equal(harness_run(2, env, 60, disagrees, &d), 0);
+      int mismatches = 0;
+      for (int r = 0; r < 2; r++) {
+        /* with 0 against 1 byte, rank 1 may finish both calls before rank 0
+         * finds the stray chunk; rank 0 must never take it as its own */
+        int may_pass = sly && r == 1;
+        if ((harness_shm->status[r] == WEFT_OK && !may_pass) || harness_shm->seconds[r] > 10) {
+          fprintf(stderr, "call %d, counts %zu/%zu, rank %d: %s after %.1f s\n", call, d.count[0],
+                  d.count[1], r, weft_status_name(harness_shm->status[r]), harness_shm->seconds[r]);
+          fail();
+        }
+        mismatches += harness_shm->status[r] == WEFT_ERR_MISMATCH;
+      }
+      assert_true(mismatches >= 1);
+    }
+}
+
+int main(void) {
+  const char *fixed = getenv("WEFT_TEST_SEED");
+  base_seed = fixed ? strtoull(fixed, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+  printf("# seed %llu (set WEFT_TEST_SEED to repeat)\n", (unsigned long long)base_seed);
+  if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(ranks1),
+      cmocka_unit_test(ranks2),
+      cmocka_unit_test(ranks3),
+      cmocka_unit_test(ranks4),
+      cmocka_unit_test(ranks5),
+      cmocka_unit_test(ranks6),
+      cmocka_unit_test(ranks7),
+      cmocka_unit_test(ranks8),
+      cmocka_unit_test(tiny_chunks_chain3),
+      cmocka_unit_test(tiny_chunks_chain5),
+      cmocka_unit_test(tiny_chunks_tree6),
+      cmocka_unit_test(slow_sends4),
+      cmocka_unit_test(bad_input1),
+      cmocka_unit_test(bad_input2),
+      cmocka_unit_test(counts_differ),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
