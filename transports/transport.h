@@ -55,6 +55,12 @@ typedef struct weft_error_sink {
 void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Every transport checks an arriving chunk's tag the same way: a chunk of
+ * another call or another size is WEFT_ERR_MISMATCH, with one sentence for
+ * each case written to `sink`. WEFT_OK when (seq, len) are the expected ones. */
+weft_status weft_chunk_check(weft_error_sink *sink, int peer, uint32_t seq, uint32_t want_seq,
+                             size_t len, size_t want_len);
+
 typedef struct weft_transport_init_args {
   int rank;
   int size;

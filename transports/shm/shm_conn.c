@@ -276,17 +276,9 @@ weft_status shm_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const
       c->ctx->want = SHM_WANT_RECV;
       return WEFT_AGAIN;
     }
-    uint32_t rseq = c->rx->slot[slot].seq, rlen = c->rx->slot[slot].len;
-    if (rseq != seq)
-      return shm_conn_fail(c, WEFT_ERR_MISMATCH,
-                           "peer %d sent data of its collective call #%u while this rank is in "
-                           "call #%u (a rank skipped or added a call)",
-                           c->peer, rseq, seq);
-    if (rlen != bytes)
-      return shm_conn_fail(c, WEFT_ERR_MISMATCH,
-                           "peer %d sent a %u-byte chunk where this rank expects %zu bytes in "
-                           "call #%u (counts or dtypes differ between ranks)",
-                           c->peer, rlen, bytes, seq);
+    weft_error_sink *sink = c->ctx->args->errors;
+    if (weft_chunk_check(sink, c->peer, c->rx->slot[slot].seq, seq, c->rx->slot[slot].len, bytes))
+      return shm_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
     c->peeked = true;
   }
   *data = c->rx_slots + (size_t)slot * c->ctx->args->chunk_bytes;

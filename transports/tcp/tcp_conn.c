@@ -282,17 +282,9 @@ static weft_status tcp_check_header(struct weft_conn *c, uint32_t seq, size_t by
   if ((mt & 0xffffu) != TCP_FRAME_DATA)
     return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "unknown frame type %u from %s", mt & 0xffffu,
                          c->where);
-  uint32_t rseq = ntohl(c->rhdr.seq), rlen = ntohl(c->rhdr.len);
-  if (rseq != seq)
-    return tcp_conn_fail(c, WEFT_ERR_MISMATCH,
-                         "peer %d sent data of its collective call #%u while this rank is in call "
-                         "#%u (a rank skipped or added a call)",
-                         c->peer, rseq, seq);
-  if (rlen != bytes)
-    return tcp_conn_fail(c, WEFT_ERR_MISMATCH,
-                         "peer %d sent a %u-byte chunk where this rank expects %zu bytes in call "
-                         "#%u (counts or dtypes differ between ranks)",
-                         c->peer, rlen, bytes, seq);
+  weft_error_sink *sink = c->ctx->args->errors;
+  if (weft_chunk_check(sink, c->peer, ntohl(c->rhdr.seq), seq, ntohl(c->rhdr.len), bytes))
+    return tcp_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
   return WEFT_OK;
 }
 
