@@ -3,7 +3,8 @@
  * place and out of place, against a serial reference in double or wide
  * integers on fresh random data. Also checks that every rank ends with the
  * same bits. Variants force the ring with tiny chunks (many loops, empty
- * chunks), recursive doubling on non-powers of two, and wider trees. */
+ * chunks), recursive doubling on non-powers of two, wider trees, and a
+ * 32-rank stress group (small counts) on this 2-core machine. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -189,6 +190,8 @@ GROUP_TEST(ranks5, 5, NO_ENV, 1, 0)
 GROUP_TEST(ranks6, 6, NO_ENV, 1, 0)
 GROUP_TEST(ranks7, 7, NO_ENV, 1, 0)
 GROUP_TEST(ranks8, 8, NO_ENV, 1, 0)
+/* the stress case: 32 ranks on this machine's 2 cores, small counts */
+GROUP_TEST(ranks32, 32, NO_ENV, 0, 0)
 GROUP_TEST(ring_tiny_chunks3, 3, RING_TINY, 0, 1)
 GROUP_TEST(ring_tiny_chunks5, 5, RING_TINY, 0, 0)
 GROUP_TEST(ring_tiny_chunks8, 8, RING_TINY, 0, 0)
@@ -204,7 +207,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(ranks1), cmocka_unit_test(ranks2), cmocka_unit_test(ranks3),
       cmocka_unit_test(ranks4), cmocka_unit_test(ranks5), cmocka_unit_test(ranks6),
-      cmocka_unit_test(ranks7), cmocka_unit_test(ranks8), cmocka_unit_test(ring_tiny_chunks3),
+      cmocka_unit_test(ranks7), cmocka_unit_test(ranks8), cmocka_unit_test(ranks32),
+      cmocka_unit_test(ring_tiny_chunks3),
       cmocka_unit_test(ring_tiny_chunks5), cmocka_unit_test(ring_tiny_chunks8),
       cmocka_unit_test(rd_non_power_of_two3), cmocka_unit_test(rd_non_power_of_two6),
       cmocka_unit_test(tree_fanout3),
