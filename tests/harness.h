@@ -248,6 +248,44 @@ static inline int64_t harness_wrap(uint64_t v, weft_dtype dt) {
   }
 }
 
+/* The serial reference: folds one rank's data (`tmp`) into the accumulators,
+ * in double for floats (with the sum of magnitudes, for the tolerance) and in
+ * wide integers that wrap like the dtype. `first` starts them. */
+static inline void harness_ref_fold(double *acc, double *mag, uint64_t *iacc, const void *tmp,
+                                    size_t count, weft_dtype dt, weft_op op, int first) {
+  for (size_t i = 0; i < count; i++) {
+    if (harness_is_float(dt)) {
+      double v = harness_get(tmp, i, dt);
+      if (first) {
+        acc[i] = v;
+        mag[i] = fabs(v);
+        continue;
+      }
+      mag[i] += fabs(v);
+      switch (op) {
+        case WEFT_SUM: case WEFT_AVG: acc[i] += v; break;
+        case WEFT_PROD: acc[i] *= v; break;
+        case WEFT_MIN: acc[i] = v < acc[i] ? v : acc[i]; break;
+        case WEFT_MAX: acc[i] = v > acc[i] ? v : acc[i]; break;
+        default: break;
+      }
+    } else {
+      int64_t v = harness_get_int(tmp, i, dt);
+      if (first) {
+        iacc[i] = (uint64_t)v;
+        continue;
+      }
+      switch (op) {
+        case WEFT_SUM: case WEFT_AVG: iacc[i] += (uint64_t)v; break;
+        case WEFT_PROD: iacc[i] *= (uint64_t)v; break;
+        case WEFT_MIN: if (v < harness_wrap(iacc[i], dt)) iacc[i] = (uint64_t)v; break;
+        case WEFT_MAX: if (v > harness_wrap(iacc[i], dt)) iacc[i] = (uint64_t)v; break;
+        default: break;
+      }
+    }
+  }
+}
+
 /* FNV-1a over bytes: identical results on every rank give identical hashes. */
 static inline uint64_t harness_hash(uint64_t h, const void *buf, size_t bytes) {
   const unsigned char *p = buf;

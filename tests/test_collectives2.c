@@ -60,43 +60,7 @@ static int check_reduced(const void *res, int rank, int n, size_t count, weft_dt
   int bad = 0;
   for (int q = 0; q < n; q++) {
     fill_block(tmp, count, dt, op, q, tag, b);
-    for (size_t i = 0; i < count; i++) {
-      if (harness_is_float(dt)) {
-        double v = harness_get(tmp, i, dt);
-        if (q == 0) {
-          acc[i] = v;
-          mag[i] = fabs(v);
-          continue;
-        }
-        mag[i] += fabs(v);
-        switch (op) {
-          case WEFT_SUM:
-          case WEFT_AVG: acc[i] += v; break;
-          case WEFT_PROD: acc[i] *= v; break;
-          case WEFT_MIN: acc[i] = v < acc[i] ? v : acc[i]; break;
-          case WEFT_MAX: acc[i] = v > acc[i] ? v : acc[i]; break;
-          default: break;
-        }
-      } else {
-        int64_t v = harness_get_int(tmp, i, dt);
-        if (q == 0) {
-          iacc[i] = (uint64_t)v;
-          continue;
-        }
-        switch (op) {
-          case WEFT_SUM:
-          case WEFT_AVG: iacc[i] += (uint64_t)v; break;
-          case WEFT_PROD: iacc[i] *= (uint64_t)v; break;
-          case WEFT_MIN:
-            if (v < harness_wrap(iacc[i], dt)) iacc[i] = (uint64_t)v;
-            break;
-          case WEFT_MAX:
-            if (v > harness_wrap(iacc[i], dt)) iacc[i] = (uint64_t)v;
-            break;
-          default: break;
-        }
-      }
-    }
+    harness_ref_fold(acc, mag, iacc, tmp, count, dt, op, q == 0);
   }
   for (size_t i = 0; i < count && bad < 3; i++) {
     double got, want;
