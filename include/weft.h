@@ -242,6 +242,97 @@ WEFT_API weft_status weft_alltoall(weft_comm *comm, const void *sendbuf, void *r
 /* Returns once every rank has entered the barrier. */
 WEFT_API weft_status weft_barrier(weft_comm *comm);
 
+/* ---- point to point ----------------------------------------------------- */
+
+/* Sends `count` elements of `dtype` to rank `peer`, labelled `tag` (>= 0).
+ * Messages from one rank to another with the same tag arrive in the order
+ * they were sent; messages with different tags may be received in any
+ * order (one not yet expected is kept by the receiver until its weft_recv).
+ * A weft_recv must name the same peer, tag, count and dtype: a message of
+ * another size or dtype is WEFT_ERR_MISMATCH. Point-to-point messages never
+ * interfere with collectives on the same communicator. */
+WEFT_API weft_status weft_send(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
+                               int peer, int tag);
+WEFT_API weft_status weft_recv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
+                               int peer, int tag);
+
+/* ---- non-blocking operations -------------------------------------------- */
+
+/* Every collective and send/recv has a non-blocking form, weft_iNAME, that
+ * checks its arguments, starts the operation and returns at once with a
+ * request in *req (NULL when it returned an error: nothing was started).
+ * Data moves while the caller computes: a progress thread of the
+ * communicator drives outstanding requests, so no further call is needed
+ * for them to advance.
+ *
+ * Rules:
+ *  - The buffers of a request belong to weft until it completes: do not
+ *    write them (nor read a receive buffer) before weft_wait / weft_test
+ *    report completion.
+ *  - Collectives are matched across ranks in issue order, blocking and
+ *    non-blocking counted together, as in MPI: every rank issues the same
+ *    sequence of collectives on a communicator. They complete in issue
+ *    order; requests may be waited for or tested in any order.
+ *  - Any number of requests may be outstanding, on one communicator or many.
+ *  - A request is completed (and freed) exactly once, by weft_wait,
+ *    weft_wait_all, or a weft_test that reports done; the handle is set to
+ *    NULL then. A NULL handle is complete with WEFT_OK.
+ *  - A failure of the communicator (peer lost, timeout, abort) completes
+ *    every outstanding request with that error.
+ *  - The thread rule of the communicator holds for issuing; weft_wait and
+ *    weft_test on different requests may be called from different threads. */
+typedef struct weft_request weft_request; /* opaque */
+
+WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, weft_dtype dtype, weft_op op,
+                                     weft_request **req);
+WEFT_API weft_status weft_ibroadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, weft_dtype dtype, int root, weft_request **req);
+WEFT_API weft_status weft_ireduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                  size_t count, weft_dtype dtype, weft_op op, int root,
+                                  weft_request **req);
+WEFT_API weft_status weft_iallgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t sendcount, weft_dtype dtype, weft_request **req);
+WEFT_API weft_status weft_ireduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                          size_t recvcount, weft_dtype dtype, weft_op op,
+                                          weft_request **req);
+WEFT_API weft_status weft_igather(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                  size_t sendcount, weft_dtype dtype, int root,
+                                  weft_request **req);
+WEFT_API weft_status weft_iscatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t recvcount, weft_dtype dtype, int root,
+                                   weft_request **req);
+WEFT_API weft_status weft_ialltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, weft_request **req);
+WEFT_API weft_status weft_ibarrier(weft_comm *comm, weft_request **req);
+WEFT_API weft_status weft_isend(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
+                                int peer, int tag, weft_request **req);
+WEFT_API weft_status weft_irecv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
+                                int peer, int tag, weft_request **req);
+
+/* Blocks until *req completes, frees it, sets *req = NULL and returns its
+ * status. Bounded by the communicator's timeout like a blocking call. */
+WEFT_API weft_status weft_wait(weft_request **req);
+/* Does not block. *done = 1 when the request completed: then it is freed,
+ * *req set to NULL, and its status returned. *done = 0: WEFT_OK, the
+ * request is still running. */
+WEFT_API weft_status weft_test(weft_request **req, int *done);
+/* Waits for all `n` requests (NULL entries allowed) and sets each to NULL.
+ * Returns WEFT_OK, or the first error among them in array order; every
+ * request is completed and freed either way. */
+WEFT_API weft_status weft_wait_all(weft_request **reqs, int n);
+
+/* ---- sub-communicators -------------------------------------------------- */
+
+/* Like MPI_Comm_split: collective over `comm`. Ranks passing the same
+ * `color` (>= 0) form a new communicator, ordered by `key` then by rank in
+ * `comm`. color == WEFT_UNDEFINED: the rank joins none and gets *newcomm =
+ * NULL. The new communicator has its own connections and sequence of
+ * collectives: calls on it and on `comm` may interleave freely. It is
+ * destroyed with weft_comm_destroy, independently of `comm`. */
+#define WEFT_UNDEFINED (-1)
+WEFT_API weft_status weft_comm_split(weft_comm *comm, int color, int key, weft_comm **newcomm);
+
 /* ---- settings ----------------------------------------------------------- */
 
 /* Every WEFT_* environment setting is declared once, with its help text.
