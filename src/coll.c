@@ -13,6 +13,7 @@
 
 #include "algo/algo.h"
 #include "comm.h"
+#include "engine.h"
 #include "log.h"
 #include "net.h"
 #include "settings.h"
@@ -28,6 +29,21 @@ static inline int peer_tp_index(const weft_comm *comm, int peer) {
   return peer >= 0 && peer != comm->rank ? comm->peers[peer].tp : 0;
 }
 
+/* A group member's rank in the communicator. */
+static inline int link_peer(const weft_coll *coll, int member) {
+  return coll->group ? coll->group[member] : member;
+}
+
+/* What the call waits for (a phase reports to its call): for the engine's
+ * sleep and for the timeout's sentence. Peers here are communicator ranks. */
+static weft_status link_result(weft_coll *coll, int peer, weft_status st, const char *waiting_for) {
+  weft_coll *call = coll->outer ? coll->outer : coll;
+  if (st == WEFT_AGAIN) call->waiting_for = waiting_for;
+  if (st) call->waiting_peer = peer;
+  if (st < 0) call->fail_peer = peer;
+  return st;
+}
+
 static weft_status link_conn(weft_coll *coll, int peer, weft_conn **out) {
   weft_comm *comm = coll->comm;
   weft_peer *p = &comm->peers[peer];
@@ -37,10 +53,7 @@ static weft_status link_conn(weft_coll *coll, int peer, weft_conn **out) {
     size_t len;
     weft_comm_peer_address(comm, peer, t->builtin, &addr, &len);
     weft_status st = t->ops->connect(t->ctx, peer, addr, len, &p->conn);
-    if (st < 0) {
-      coll->waiting_peer = coll->fail_peer = peer;
-      return st;
-    }
+    if (st < 0) return link_result(coll, peer, st, "a connection to");
   }
   if (!p->is_active) {
     p->is_active = true;
@@ -50,55 +63,55 @@ static weft_status link_conn(weft_coll *coll, int peer, weft_conn **out) {
   return WEFT_OK;
 }
 
-static weft_status link_result(weft_coll *coll, int peer, weft_status st, const char *waiting_for) {
-  if (st == WEFT_AGAIN) coll->waiting_for = waiting_for;
-  if (st) coll->waiting_peer = peer;
-  if (st < 0) coll->fail_peer = peer;
-  return st;
-}
-
 weft_status weft_link_send_ready(weft_coll *coll, int peer) {
+  peer = link_peer(coll, peer);
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
   return link_result(coll, peer, peer_ops(coll->comm, peer)->send_ready(c), "room to send to");
 }
 
 weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
+  peer = link_peer(coll, peer);
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
   weft_status st = peer_ops(coll->comm, peer)->send(c, src, bytes, coll->seq, coll->mem);
   if (st == WEFT_OK) {
-    coll->events++;
+    coll->comm->events++;
     coll->comm->peers[peer].last_send_seq = coll->seq;
   }
   return link_result(coll, peer, st, "room to send to");
 }
 
 weft_status weft_link_send_idle(weft_coll *coll, int peer) {
+  peer = link_peer(coll, peer);
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
   return link_result(coll, peer, peer_ops(coll->comm, peer)->send_idle(c), "a send to complete to");
 }
 
 weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes, const void **data) {
+  peer = link_peer(coll, peer);
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
-  return link_result(coll, peer, peer_ops(coll->comm, peer)->recv_peek(c, coll->seq, bytes, data), "data from");
+  return link_result(coll, peer, peer_ops(coll->comm, peer)->recv_peek(c, coll->seq, bytes, data),
+                     "data from");
 }
 
 weft_status weft_link_recv_release(weft_coll *coll, int peer) {
+  peer = link_peer(coll, peer);
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
   weft_status st = peer_ops(coll->comm, peer)->recv_release(c);
-  if (st == WEFT_OK) coll->events++;
+  if (st == WEFT_OK) coll->comm->events++;
   return link_result(coll, peer, st, "data from");
 }
 
 weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst) {
+  peer = link_peer(coll, peer);
   weft_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
   weft_status st = peer_ops(coll->comm, peer)->recv_into(c, coll->seq, bytes, dst, coll->mem);
-  if (st == WEFT_OK) coll->events++;
+  if (st == WEFT_OK) coll->comm->events++;
   return link_result(coll, peer, st, "data from");
 }
 
@@ -124,9 +137,11 @@ static const coll_kind coll_kinds[] = {
     {"weft_alltoall", "count", false, false, true},
 };
 
+/* The non-blocking form "weft_iNAME" takes the rules of "weft_NAME". */
 static const coll_kind *coll_kind_of(const char *call) {
+  const char *name = !strncmp(call, "weft_i", 6) ? call + 6 : call + 5;
   for (size_t i = 1; i < sizeof coll_kinds / sizeof coll_kinds[0]; i++)
-    if (!strcmp(coll_kinds[i].call, call)) return &coll_kinds[i];
+    if (!strcmp(coll_kinds[i].call + 5, name)) return &coll_kinds[i];
   return &coll_kinds[0];
 }
 
@@ -157,6 +172,7 @@ static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, .
   coll_describe(coll, desc, sizeof desc);
   weft_comm_error(comm, st, desc, "%s", what);
   comm->failed = st;
+  if (coll->quiet_failure) return st; /* every rank saw it itself */
   char reason[600];
   if (comm->sink.origin[0])
     snprintf(reason, sizeof reason, "%s", comm->sink.origin);
@@ -166,35 +182,24 @@ static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, .
   return st;
 }
 
-/* ---- driver --------------------------------------------------------------- */
+/* ---- what the engine asks of a collective ------------------------------- */
 
-static weft_status coll_flush(weft_coll *coll) {
+weft_status weft_coll_flush(weft_coll *coll) {
   weft_comm *comm = coll->comm;
   for (int i = 0; i < comm->nactive; i++) {
     int peer = comm->active[i];
     if (comm->peers[peer].last_send_seq != coll->seq) continue;
-    /* the caller may reuse its buffer once we return: every chunk must be out */
+    /* the caller may reuse its buffer once the call completes: every chunk must be out */
     weft_status st = weft_link_send_idle(coll, peer);
     if (st != WEFT_OK) return st;
   }
   return WEFT_OK;
 }
 
-static void coll_end(weft_coll *coll) {
+void weft_coll_end(weft_coll *coll) {
   weft_comm *comm = coll->comm;
   for (int i = 0; i < comm->nactive; i++) comm->peers[comm->active[i]].is_active = false;
   comm->nactive = 0;
-}
-
-static weft_status coll_run_locked(weft_coll *coll);
-
-/* The lock lets weft_comm_abort tell peers itself when no call is running. */
-static weft_status coll_run(weft_coll *coll) {
-  pthread_mutex_lock(&coll->comm->call_lock);
-  weft_status st = coll_run_locked(coll);
-  coll_end(coll);
-  pthread_mutex_unlock(&coll->comm->call_lock);
-  return st;
 }
 
 /* Host memory for now: the memory table has no allocator yet. When a CUDA
@@ -207,89 +212,211 @@ weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out) {
   return WEFT_OK;
 }
 
-/* Runs the algorithm that `started` (its start function's status) set up.
- * A start that failed here fails the call and tells the peers, which would
- * otherwise wait for this rank until their timeout. */
-static weft_status coll_go(weft_coll *coll, weft_status started) {
-  weft_status st = started;
-  if (st < 0) {
-    st = coll_fail(coll, st, "could not start the algorithm: %s", weft_strerror(st));
-  } else {
-    WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %zu bytes (per block), %s algorithm", coll->call,
-               coll->seq, coll->count * coll->elem, coll->algo);
-    st = coll_run(coll);
-  }
-  free(coll->scratch);
-  coll->scratch = NULL;
-  return st;
-}
-
-static weft_status coll_run_locked(weft_coll *coll) {
+/* The sentence for a failure the engine saw while driving this collective. */
+weft_status weft_coll_failed(weft_coll *coll, weft_status st) {
   weft_comm *comm = coll->comm;
-  double last = weft_now();
-  uint64_t seen = coll->events;
-  bool algo_done = false;
-  weft_status st;
-  for (;;) {
-    st = algo_done ? WEFT_OK : coll->advance(coll);
-    if (st == WEFT_OK) {
-      algo_done = true;
-      st = coll_flush(coll);
-      if (st == WEFT_OK) return WEFT_OK;
-    }
-    if (st < 0) break;
-    bool moved = false;
-    for (int t = 0; t < comm->ntps && st >= 0; t++) {
-      bool this_moved = false;
-      st = comm->tps[t].ops->progress(comm->tps[t].ctx, &this_moved);
-      moved |= this_moved;
-    }
-    if (st < 0) break;
-    double now = weft_now();
-    if (moved || coll->events != seen) {
-      seen = coll->events;
-      last = now;
-      continue;
-    }
-    if (atomic_load_explicit(&comm->aborted, memory_order_relaxed)) {
-      st = WEFT_ERR_ABORTED;
-      break;
-    }
-    double idle = now - last;
-    if (idle >= comm->timeout_s) {
-      st = WEFT_ERR_TIMEOUT;
-      break;
-    }
-    if (idle * 1e6 < comm->spin_us) continue;
-    if (idle * 1e6 < comm->spin_us + comm->yield_us) {
-      sched_yield();
-      continue;
-    }
-    double left_ms = (comm->timeout_s - idle) * 1000;
-    /* sleep on what the algorithm waits for; other transports are polled
-     * every round and their waits are bounded slices */
-    const weft_comm_transport *t = &comm->tps[peer_tp_index(comm, coll->waiting_peer)];
-    st = t->ops->wait(t->ctx, left_ms < 100 ? (int)left_ms + 1 : 100);
-    if (st < 0) break;
-  }
   int peer = coll->waiting_peer;
   switch (st) {
     case WEFT_ERR_ABORTED:
       comm->sink.origin[0] = 0;
+      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st);
+      weft_recorder_dump(comm, "aborted");
       return coll_fail(coll, st, "weft_comm_abort was called");
     case WEFT_ERR_TIMEOUT:
       comm->sink.origin[0] = 0;
+      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st);
+      weft_recorder_dump(comm, "timeout");
       return coll_fail(coll, st,
                        "no progress for %.1f s while waiting for %s peer %d (%s algorithm); is "
                        "peer %d alive and in the same call?",
                        comm->timeout_s, coll->waiting_for ? coll->waiting_for : "", peer,
                        coll->algo, peer);
     default:
+      if (comm->failed) return comm->failed; /* the algorithm worded it (coll_fail) */
       if (comm->sink.origin[0]) return coll_fail(coll, st, "%s", comm->sink.msg);
       if (coll->fail_peer >= 0)
         return coll_fail(coll, st, "peer %d: %s", coll->fail_peer, comm->sink.msg);
       return coll_fail(coll, st, "%s", comm->sink.msg);
   }
+}
+
+/* ---- issuing ---------------------------------------------------------------- */
+
+/* ---- WEFT_CHECK: fingerprints before every collective ----------------------- */
+
+/* What every rank must agree on. Fields a call does not use are zero. */
+typedef struct coll_print {
+  uint32_t seq;
+  int32_t kind; /* index in coll_kinds */
+  int32_t dtype, op, root, pad;
+  uint64_t count;
+} coll_print;
+
+/* The fingerprint phase: a ring allgather of every rank's print, then the
+ * algorithm itself. Every rank makes the same exchange whatever its
+ * arguments, so a disagreement is seen by all and never leaves one waiting. */
+typedef struct coll_check {
+  weft_coll inner;
+  coll_print mine;
+  weft_status (*then)(weft_coll *coll);
+  coll_print prints[];
+} coll_check;
+
+static coll_print print_of(const weft_coll *coll) {
+  const coll_kind *k = coll_kind_of(coll->call);
+  return (coll_print){.seq = coll->seq,
+                      .kind = (int32_t)(k - coll_kinds),
+                      .dtype = k->count_name ? (int32_t)coll->dtype : 0,
+                      .op = k->has_op ? (int32_t)coll->op : 0,
+                      .root = k->has_root ? coll->root : 0,
+                      .count = k->count_name ? coll->count : 0};
+}
+
+static void print_describe(const coll_print *p, char *buf, size_t len) {
+  const coll_kind *k =
+      &coll_kinds[p->kind >= 0 && (size_t)p->kind < sizeof coll_kinds / sizeof coll_kinds[0]
+                      ? p->kind
+                      : 0];
+  char op[32] = "", root[32] = "";
+  if (k->has_op) snprintf(op, sizeof op, ", %s", weft_op_name((weft_op)p->op));
+  if (k->has_root) snprintf(root, sizeof root, ", root=%d", p->root);
+  if (!k->count_name)
+    snprintf(buf, len, "%s()", k->call);
+  else
+    snprintf(buf, len, "%s(%s=%llu, %s%s%s)", k->call, k->count_name, (unsigned long long)p->count,
+             weft_dtype_name((weft_dtype)p->dtype), op, root);
+}
+
+static void check_cleanup_free(weft_coll *coll);
+void weft_coll_release(weft_coll *coll) {
+  check_cleanup_free(coll);
+}
+
+static void check_cleanup_free(weft_coll *coll) {
+  coll_check *ck = coll->check;
+  if (!ck) return;
+  free(ck->inner.scratch);
+  free(ck);
+  coll->check = NULL;
+}
+
+static weft_status check_advance(weft_coll *coll) {
+  coll_check *ck = coll->check;
+  WEFT_STEP(ck->inner.advance(&ck->inner));
+  int n = coll->comm->size;
+  for (int r = 0; r < n; r++) {
+    if (!memcmp(&ck->prints[r], &ck->prints[0], sizeof(coll_print))) continue;
+    /* Every rank holds the same table and fails the same way by itself:
+     * deliver our part first (a peer may still be reading it), and send
+     * no failure notice that could overtake it. */
+    WEFT_STEP(weft_coll_flush(coll));
+    coll->quiet_failure = true;
+    char a[160], b[160];
+    print_describe(&ck->prints[0], a, sizeof a);
+    print_describe(&ck->prints[r], b, sizeof b);
+    coll->comm->sink.origin[0] = 0;
+    return coll_fail(coll, WEFT_ERR_MISMATCH,
+                     "WEFT_CHECK: ranks disagree on call #%u: rank 0 called %s, rank %d called %s",
+                     coll->seq, a, r, b);
+  }
+  coll->advance = ck->then;
+  check_cleanup_free(coll);
+  return coll->advance(coll);
+}
+
+/* Puts the fingerprint phase in front of the algorithm `coll` was started with. */
+static weft_status check_start(weft_coll *coll) {
+  int n = coll->comm->size;
+  coll_check *ck = calloc(1, sizeof *ck + sizeof(coll_print) * (size_t)n);
+  if (!ck) return coll_fail(coll, WEFT_ERR_NOMEM, "no memory for the WEFT_CHECK fingerprints");
+  ck->mine = print_of(coll);
+  ck->then = coll->advance;
+  ck->inner = (weft_coll){.comm = coll->comm,
+                          .call = coll->call,
+                          .rank = coll->rank,
+                          .size = coll->size,
+                          .avg_div = 1,
+                          .sendbuf = &ck->mine,
+                          .recvbuf = ck->prints,
+                          .count = sizeof(coll_print),
+                          .dtype = WEFT_U8,
+                          .elem = 1,
+                          .mem = &weft_mem_host,
+                          .seq = coll->seq,
+                          .waiting_peer = -1,
+                          .fail_peer = -1,
+                          .outer = coll};
+  coll->check = ck;
+  weft_status st = weft_ring_allgather_start(&ck->inner);
+  if (st < 0) return coll_fail(coll, st, "could not start the WEFT_CHECK exchange");
+  coll->advance = check_advance;
+  return WEFT_OK;
+}
+
+/* A setup function's answer besides OK (queue it) and errors: the call is
+ * already complete on this rank (count 0, one rank). */
+#define COLL_DONE ((weft_status)2)
+
+/* What the algorithm's start function said. A start that failed fails the
+ * call and tells the peers, which would otherwise wait for this rank until
+ * their timeout. */
+static weft_status coll_start(weft_coll *coll, weft_status started) {
+  if (started < 0) {
+    free(coll->scratch);
+    coll->scratch = NULL;
+    return coll_fail(coll, started, "could not start the algorithm: %s", weft_strerror(started));
+  }
+  WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %zu bytes (per block), %s algorithm", coll->call, coll->seq,
+             coll->count * coll->elem, coll->algo);
+  weft_recorder_issue(&coll->comm->recorder, coll);
+  if (coll->comm->check_calls) return check_start(coll);
+  return WEFT_OK;
+}
+
+static void request_init(weft_request *r, bool on_heap) {
+  r->comm = r->coll.comm;
+  r->kind = WEFT_REQ_COLL;
+  r->on_heap = on_heap;
+  r->algo_done = false;
+  r->started = false;
+  r->status = WEFT_OK;
+}
+
+/* A blocking call: its request lives on the caller's stack, and the caller
+ * drives it (behind any earlier non-blocking ones). */
+static weft_status coll_blocking(weft_request *r, weft_status setup) {
+  if (setup == COLL_DONE) return WEFT_OK;
+  if (setup < 0) return setup;
+  request_init(r, false);
+  weft_engine_submit(r, false);
+  return weft_engine_wait(r);
+}
+
+static weft_status coll_request_new(weft_comm *comm, const char *call, weft_request **req,
+                                    weft_request **out) {
+  if (!req)
+    return weft_comm_is_live(comm) ? weft_comm_error(comm, WEFT_ERR_INVALID, call, "req is NULL")
+                                   : weft_init_error(WEFT_ERR_INVALID, -1, call, "req is NULL");
+  *req = NULL;
+  *out = calloc(1, sizeof **out);
+  if (!*out) return WEFT_ERR_NOMEM;
+  return WEFT_OK;
+}
+
+/* A non-blocking call: queued, and the progress thread moves it. */
+static weft_status coll_issue(weft_request *r, weft_request **req, weft_status setup) {
+  if (setup < 0) {
+    free(r);
+    return setup;
+  }
+  request_init(r, true);
+  if (setup == COLL_DONE) {
+    atomic_store(&r->done, 1);
+  } else {
+    weft_engine_submit(r, true);
+  }
+  *req = r;
+  return WEFT_OK;
 }
 
 /* ---- entry points --------------------------------------------------------- */
@@ -298,8 +425,18 @@ static weft_status coll_run_locked(weft_coll *coll) {
 static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call,
                               const void *sendbuf, void *recvbuf, size_t count, weft_dtype dtype,
                               weft_op op, int root) {
-  *coll = (weft_coll){.comm = comm, .call = call, .sendbuf = sendbuf, .recvbuf = recvbuf,
-                      .count = count, .dtype = dtype, .op = op, .root = root, .waiting_peer = -1,
+  *coll = (weft_coll){.comm = comm,
+                      .call = call,
+                      .rank = comm ? comm->rank : 0,
+                      .size = comm ? comm->size : 1,
+                      .avg_div = comm ? comm->size : 1,
+                      .sendbuf = sendbuf,
+                      .recvbuf = recvbuf,
+                      .count = count,
+                      .dtype = dtype,
+                      .op = op,
+                      .root = root,
+                      .waiting_peer = -1,
                       .fail_peer = -1};
   if (!weft_comm_is_live(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, call,
@@ -307,8 +444,7 @@ static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call
                            "or never created)");
   if (atomic_load(&comm->aborted) && !comm->failed)
     return weft_comm_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
-  if (comm->failed)
-    return comm->failed; /* last_error keeps the first cause */
+  if (comm->failed) return comm->failed; /* last_error keeps the first cause */
   const coll_kind *k = coll_kind_of(call);
   if (k->has_root && (root < 0 || root >= comm->size))
     return weft_comm_error(comm, WEFT_ERR_INVALID, call, "root %d is out of range (size %d)", root,
@@ -367,152 +503,300 @@ static void coll_take_seq(weft_coll *coll) {
   coll->seq = ++coll->comm->seq;
 }
 
-WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t count, weft_dtype dtype, weft_op op) {
-  weft_coll coll;
-  WEFT_CHECK(coll_begin(comm, &coll, "weft_allreduce", sendbuf, recvbuf, count, dtype, op, 0));
-  WEFT_CHECK(check_buffers(&coll, (coll_span){count, count, 0, 0, SAME_POINTER}));
-  coll_take_seq(&coll);
-  if (count == 0) return WEFT_OK;
-  if (comm->size == 1) {
-    coll.mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
-    return WEFT_OK;
-  }
-  size_t bytes = count * coll.elem;
-  bool use_rd = bytes <= comm->chunk_bytes &&
-                (comm->algo_forced == 2 || (comm->algo_forced == 0 && bytes <= comm->rd_max_bytes));
-  return coll_go(&coll, use_rd ? weft_rd_allreduce_start(&coll) : weft_ring_allreduce_start(&coll));
-}
-
-WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t count, weft_dtype dtype, int root) {
-  weft_coll coll;
-  WEFT_CHECK(coll_begin(comm, &coll, "weft_broadcast", sendbuf, recvbuf, count, dtype, WEFT_SUM, root));
-  bool at_root = comm->rank == root;
-  WEFT_CHECK(check_buffers(&coll, (coll_span){at_root ? count : 0, count, 0, 0, SAME_POINTER}));
-  coll_take_seq(&coll);
-  if (count == 0) return WEFT_OK;
-  if (comm->size == 1) {
-    coll.mem->copy(recvbuf, sendbuf, count * coll.elem);
-    return WEFT_OK;
-  }
-  size_t bytes = count * coll.elem;
-  int fanout = comm->bcast_fanout > 0 ? comm->bcast_fanout : bytes >= comm->bcast_chain_bytes ? 1 : 2;
-  return coll_go(&coll, weft_tree_broadcast_start(&coll, fanout));
-}
-
-WEFT_API weft_status weft_reduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                      size_t count, weft_dtype dtype, weft_op op, int root) {
-  weft_coll coll;
-  WEFT_CHECK(coll_begin(comm, &coll, "weft_reduce", sendbuf, recvbuf, count, dtype, op, root));
-  bool at_root = comm->rank == root;
-  WEFT_CHECK(check_buffers(&coll, (coll_span){count, at_root ? count : 0, 0, 0, SAME_POINTER}));
-  coll_take_seq(&coll);
-  if (count == 0) return WEFT_OK;
-  if (comm->size == 1) {
-    coll.mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
-    return WEFT_OK;
-  }
-  /* the mirror of a broadcast: a chain from the size where broadcasts take one */
-  int fanout = count * coll.elem >= comm->bcast_chain_bytes ? 1 : 2;
-  return coll_go(&coll, weft_tree_reduce_start(&coll, fanout));
-}
-
 /* The own block's local copy for one rank; nothing when in place. */
 static weft_status coll_copy_alone(weft_coll *coll) {
   if (coll->recvbuf != coll->sendbuf)
     coll->mem->copy(coll->recvbuf, coll->sendbuf, coll->count * coll->elem);
-  return WEFT_OK;
+  return COLL_DONE;
+}
+
+static weft_status allreduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                   const void *sendbuf, void *recvbuf, size_t count,
+                                   weft_dtype dtype, weft_op op) {
+  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, count, dtype, op, 0));
+  WEFT_CHECK(check_buffers(coll, (coll_span){count, count, 0, 0, SAME_POINTER}));
+  coll_take_seq(coll);
+  if (count == 0) return COLL_DONE;
+  if (comm->size == 1) {
+    coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
+    return COLL_DONE;
+  }
+  /* Ranks sharing hosts, on several hosts: only leaders cross the network.
+   * Otherwise recursive doubling while the buffer fits one chunk and the
+   * rd_max setting (latency), the ring above (bandwidth). */
+  bool hier = comm->algo_forced == 3 ||
+              (comm->algo_forced == 0 && comm->nhosts > 1 && comm->size > comm->nhosts);
+  if (hier) return coll_start(coll, weft_hier_allreduce_start(coll));
+  size_t bytes = count * coll->elem;
+  bool use_rd = bytes <= comm->chunk_bytes &&
+                (comm->algo_forced == 2 || (comm->algo_forced == 0 && bytes <= comm->rd_max_bytes));
+  return coll_start(coll, use_rd ? weft_rd_allreduce_start(coll) : weft_ring_allreduce_start(coll));
+}
+
+static weft_status broadcast_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                   const void *sendbuf, void *recvbuf, size_t count,
+                                   weft_dtype dtype, int root) {
+  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, count, dtype, WEFT_SUM, root));
+  bool at_root = comm->rank == root;
+  WEFT_CHECK(check_buffers(coll, (coll_span){at_root ? count : 0, count, 0, 0, SAME_POINTER}));
+  coll_take_seq(coll);
+  if (count == 0) return COLL_DONE;
+  if (comm->size == 1) {
+    coll->mem->copy(recvbuf, sendbuf, count * coll->elem);
+    return COLL_DONE;
+  }
+  size_t bytes = count * coll->elem;
+  int fanout = comm->bcast_fanout > 0             ? comm->bcast_fanout
+               : bytes >= comm->bcast_chain_bytes ? 1
+                                                  : 2;
+  return coll_start(coll, weft_tree_broadcast_start(coll, fanout));
+}
+
+static weft_status reduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                const void *sendbuf, void *recvbuf, size_t count, weft_dtype dtype,
+                                weft_op op, int root) {
+  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, count, dtype, op, root));
+  bool at_root = comm->rank == root;
+  WEFT_CHECK(check_buffers(coll, (coll_span){count, at_root ? count : 0, 0, 0, SAME_POINTER}));
+  coll_take_seq(coll);
+  if (count == 0) return COLL_DONE;
+  if (comm->size == 1) {
+    coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
+    return COLL_DONE;
+  }
+  /* the mirror of a broadcast: a chain from the size where broadcasts take one */
+  int fanout = count * coll->elem >= comm->bcast_chain_bytes ? 1 : 2;
+  return coll_start(coll, weft_tree_reduce_start(coll, fanout));
+}
+
+static weft_status allgather_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                   const void *sendbuf, void *recvbuf, size_t sendcount,
+                                   weft_dtype dtype) {
+  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, sendcount, dtype, WEFT_SUM, 0));
+  size_t n = (size_t)comm->size, r = (size_t)comm->rank;
+  WEFT_CHECK(check_buffers(
+      coll, (coll_span){sendcount, n * sendcount, 0, r * sendcount,
+                        "in place needs sendbuf == recvbuf + rank*sendcount elements"}));
+  coll_take_seq(coll);
+  if (sendcount == 0) return COLL_DONE;
+  if (n == 1) return coll_copy_alone(coll);
+  return coll_start(coll, weft_ring_allgather_start(coll));
+}
+
+static weft_status reduce_scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                        const void *sendbuf, void *recvbuf, size_t recvcount,
+                                        weft_dtype dtype, weft_op op) {
+  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, recvcount, dtype, op, 0));
+  size_t n = (size_t)comm->size, r = (size_t)comm->rank;
+  WEFT_CHECK(check_buffers(
+      coll, (coll_span){n * recvcount, recvcount, r * recvcount, 0,
+                        "in place needs recvbuf == sendbuf + rank*recvcount elements"}));
+  coll_take_seq(coll);
+  if (recvcount == 0) return COLL_DONE;
+  if (n == 1) {
+    coll->mem->finish(recvbuf, sendbuf, recvcount, dtype, op, 1);
+    return COLL_DONE;
+  }
+  return coll_start(coll, weft_ring_reduce_scatter_start(coll));
+}
+
+static weft_status gather_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                const void *sendbuf, void *recvbuf, size_t sendcount,
+                                weft_dtype dtype, int root) {
+  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, sendcount, dtype, WEFT_SUM, root));
+  size_t n = (size_t)comm->size;
+  bool at_root = comm->rank == root;
+  WEFT_CHECK(check_buffers(
+      coll, (coll_span){sendcount, at_root ? n * sendcount : 0, 0, (size_t)root * sendcount,
+                        "in place needs sendbuf == recvbuf + root*sendcount elements"}));
+  coll_take_seq(coll);
+  if (sendcount == 0) return COLL_DONE;
+  if (n == 1) return coll_copy_alone(coll);
+  return coll_start(coll, weft_flat_gather_start(coll));
+}
+
+static weft_status scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                 const void *sendbuf, void *recvbuf, size_t recvcount,
+                                 weft_dtype dtype, int root) {
+  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, recvcount, dtype, WEFT_SUM, root));
+  size_t n = (size_t)comm->size;
+  bool at_root = comm->rank == root;
+  WEFT_CHECK(check_buffers(
+      coll, (coll_span){at_root ? n * recvcount : 0, recvcount, (size_t)root * recvcount, 0,
+                        "in place needs recvbuf == sendbuf + root*recvcount elements"}));
+  coll_take_seq(coll);
+  if (recvcount == 0) return COLL_DONE;
+  if (n == 1) return coll_copy_alone(coll);
+  return coll_start(coll, weft_flat_scatter_start(coll));
+}
+
+static weft_status alltoall_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                  const void *sendbuf, void *recvbuf, size_t count,
+                                  weft_dtype dtype) {
+  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, count, dtype, WEFT_SUM, 0));
+  if (count && sendbuf && sendbuf == recvbuf)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call,
+                           "sendbuf == recvbuf, but alltoall cannot run in place (a block would be "
+                           "overwritten before it is sent); pass two separate buffers");
+  size_t n = (size_t)comm->size;
+  WEFT_CHECK(check_buffers(coll, (coll_span){n * count, n * count, 0, 0, NULL}));
+  coll_take_seq(coll);
+  if (count == 0) return COLL_DONE;
+  if (n == 1) return coll_copy_alone(coll);
+  return coll_start(coll, weft_pairwise_alltoall_start(coll));
+}
+
+static weft_status barrier_setup(weft_coll *coll, const char *call, weft_comm *comm) {
+  /* a one-byte max-allreduce: nobody leaves before everybody contributed */
+  WEFT_CHECK(coll_begin(comm, coll, call, NULL, NULL, 1, WEFT_U8, WEFT_MAX, 0));
+  coll->token = 0;
+  coll->sendbuf = coll->recvbuf = &coll->token;
+  coll->mem = &weft_mem_host;
+  coll->seq = ++comm->seq;
+  if (comm->size == 1) return COLL_DONE;
+  return coll_start(coll, weft_rd_allreduce_start(coll));
+}
+
+/* ---- the public calls: blocking and non-blocking forms of each ---------- */
+
+WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, weft_op op) {
+  weft_request r;
+  return coll_blocking(
+      &r, allreduce_setup(&r.coll, "weft_allreduce", comm, sendbuf, recvbuf, count, dtype, op));
+}
+
+WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, weft_dtype dtype, weft_op op,
+                                     weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(coll_request_new(comm, "weft_iallreduce", req, &r));
+  return coll_issue(
+      r, req,
+      allreduce_setup(&r->coll, "weft_iallreduce", comm, sendbuf, recvbuf, count, dtype, op));
+}
+
+WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, int root) {
+  weft_request r;
+  return coll_blocking(
+      &r, broadcast_setup(&r.coll, "weft_broadcast", comm, sendbuf, recvbuf, count, dtype, root));
+}
+
+WEFT_API weft_status weft_ibroadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, weft_dtype dtype, int root, weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(coll_request_new(comm, "weft_ibroadcast", req, &r));
+  return coll_issue(
+      r, req,
+      broadcast_setup(&r->coll, "weft_ibroadcast", comm, sendbuf, recvbuf, count, dtype, root));
+}
+
+WEFT_API weft_status weft_reduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                 weft_dtype dtype, weft_op op, int root) {
+  weft_request r;
+  return coll_blocking(
+      &r, reduce_setup(&r.coll, "weft_reduce", comm, sendbuf, recvbuf, count, dtype, op, root));
+}
+
+WEFT_API weft_status weft_ireduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                  weft_dtype dtype, weft_op op, int root, weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(coll_request_new(comm, "weft_ireduce", req, &r));
+  return coll_issue(
+      r, req,
+      reduce_setup(&r->coll, "weft_ireduce", comm, sendbuf, recvbuf, count, dtype, op, root));
 }
 
 WEFT_API weft_status weft_allgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t sendcount, weft_dtype dtype) {
-  weft_coll coll;
-  WEFT_CHECK(
-      coll_begin(comm, &coll, "weft_allgather", sendbuf, recvbuf, sendcount, dtype, WEFT_SUM, 0));
-  size_t n = (size_t)comm->size, r = (size_t)comm->rank;
-  WEFT_CHECK(check_buffers(
-      &coll, (coll_span){sendcount, n * sendcount, 0, r * sendcount,
-                         "in place needs sendbuf == recvbuf + rank*sendcount elements"}));
-  coll_take_seq(&coll);
-  if (sendcount == 0) return WEFT_OK;
-  if (n == 1) return coll_copy_alone(&coll);
-  return coll_go(&coll, weft_ring_allgather_start(&coll));
+  weft_request r;
+  return coll_blocking(
+      &r, allgather_setup(&r.coll, "weft_allgather", comm, sendbuf, recvbuf, sendcount, dtype));
+}
+
+WEFT_API weft_status weft_iallgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t sendcount, weft_dtype dtype, weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(coll_request_new(comm, "weft_iallgather", req, &r));
+  return coll_issue(
+      r, req,
+      allgather_setup(&r->coll, "weft_iallgather", comm, sendbuf, recvbuf, sendcount, dtype));
 }
 
 WEFT_API weft_status weft_reduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                          size_t recvcount, weft_dtype dtype, weft_op op) {
-  weft_coll coll;
-  WEFT_CHECK(
-      coll_begin(comm, &coll, "weft_reduce_scatter", sendbuf, recvbuf, recvcount, dtype, op, 0));
-  size_t n = (size_t)comm->size, r = (size_t)comm->rank;
-  WEFT_CHECK(check_buffers(
-      &coll, (coll_span){n * recvcount, recvcount, r * recvcount, 0,
-                         "in place needs recvbuf == sendbuf + rank*recvcount elements"}));
-  coll_take_seq(&coll);
-  if (recvcount == 0) return WEFT_OK;
-  if (n == 1) {
-    coll.mem->finish(recvbuf, sendbuf, recvcount, dtype, op, 1);
-    return WEFT_OK;
-  }
-  return coll_go(&coll, weft_ring_reduce_scatter_start(&coll));
+  weft_request r;
+  return coll_blocking(&r, reduce_scatter_setup(&r.coll, "weft_reduce_scatter", comm, sendbuf,
+                                                recvbuf, recvcount, dtype, op));
+}
+
+WEFT_API weft_status weft_ireduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                          size_t recvcount, weft_dtype dtype, weft_op op,
+                                          weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(coll_request_new(comm, "weft_ireduce_scatter", req, &r));
+  return coll_issue(r, req,
+                    reduce_scatter_setup(&r->coll, "weft_ireduce_scatter", comm, sendbuf, recvbuf,
+                                         recvcount, dtype, op));
 }
 
 WEFT_API weft_status weft_gather(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                  size_t sendcount, weft_dtype dtype, int root) {
-  weft_coll coll;
-  WEFT_CHECK(
-      coll_begin(comm, &coll, "weft_gather", sendbuf, recvbuf, sendcount, dtype, WEFT_SUM, root));
-  size_t n = (size_t)comm->size;
-  bool at_root = comm->rank == root;
-  WEFT_CHECK(check_buffers(
-      &coll, (coll_span){sendcount, at_root ? n * sendcount : 0, 0, (size_t)root * sendcount,
-                         "in place needs sendbuf == recvbuf + root*sendcount elements"}));
-  coll_take_seq(&coll);
-  if (sendcount == 0) return WEFT_OK;
-  if (n == 1) return coll_copy_alone(&coll);
-  return coll_go(&coll, weft_flat_gather_start(&coll));
+  weft_request r;
+  return coll_blocking(
+      &r, gather_setup(&r.coll, "weft_gather", comm, sendbuf, recvbuf, sendcount, dtype, root));
+}
+
+WEFT_API weft_status weft_igather(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                  size_t sendcount, weft_dtype dtype, int root,
+                                  weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(coll_request_new(comm, "weft_igather", req, &r));
+  return coll_issue(
+      r, req,
+      gather_setup(&r->coll, "weft_igather", comm, sendbuf, recvbuf, sendcount, dtype, root));
 }
 
 WEFT_API weft_status weft_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                   size_t recvcount, weft_dtype dtype, int root) {
-  weft_coll coll;
-  WEFT_CHECK(
-      coll_begin(comm, &coll, "weft_scatter", sendbuf, recvbuf, recvcount, dtype, WEFT_SUM, root));
-  size_t n = (size_t)comm->size;
-  bool at_root = comm->rank == root;
-  WEFT_CHECK(check_buffers(
-      &coll, (coll_span){at_root ? n * recvcount : 0, recvcount, (size_t)root * recvcount, 0,
-                         "in place needs recvbuf == sendbuf + root*recvcount elements"}));
-  coll_take_seq(&coll);
-  if (recvcount == 0) return WEFT_OK;
-  if (n == 1) return coll_copy_alone(&coll);
-  return coll_go(&coll, weft_flat_scatter_start(&coll));
+  weft_request r;
+  return coll_blocking(
+      &r, scatter_setup(&r.coll, "weft_scatter", comm, sendbuf, recvbuf, recvcount, dtype, root));
+}
+
+WEFT_API weft_status weft_iscatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t recvcount, weft_dtype dtype, int root,
+                                   weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(coll_request_new(comm, "weft_iscatter", req, &r));
+  return coll_issue(
+      r, req,
+      scatter_setup(&r->coll, "weft_iscatter", comm, sendbuf, recvbuf, recvcount, dtype, root));
 }
 
 WEFT_API weft_status weft_alltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                    size_t count, weft_dtype dtype) {
-  weft_coll coll;
-  WEFT_CHECK(coll_begin(comm, &coll, "weft_alltoall", sendbuf, recvbuf, count, dtype, WEFT_SUM, 0));
-  if (count && sendbuf && sendbuf == recvbuf)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, "weft_alltoall",
-                           "sendbuf == recvbuf, but alltoall cannot run in place (a block would be "
-                           "overwritten before it is sent); pass two separate buffers");
-  size_t n = (size_t)comm->size;
-  WEFT_CHECK(check_buffers(&coll, (coll_span){n * count, n * count, 0, 0, NULL}));
-  coll_take_seq(&coll);
-  if (count == 0) return WEFT_OK;
-  if (n == 1) return coll_copy_alone(&coll);
-  return coll_go(&coll, weft_pairwise_alltoall_start(&coll));
+  weft_request r;
+  return coll_blocking(
+      &r, alltoall_setup(&r.coll, "weft_alltoall", comm, sendbuf, recvbuf, count, dtype));
+}
+
+WEFT_API weft_status weft_ialltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(coll_request_new(comm, "weft_ialltoall", req, &r));
+  return coll_issue(
+      r, req, alltoall_setup(&r->coll, "weft_ialltoall", comm, sendbuf, recvbuf, count, dtype));
 }
 
 WEFT_API weft_status weft_barrier(weft_comm *comm) {
-  /* a one-byte max-allreduce: nobody leaves before everybody contributed */
-  uint8_t token = 0;
-  weft_coll coll;
-  WEFT_CHECK(coll_begin(comm, &coll, "weft_barrier", &token, &token, 1, WEFT_U8, WEFT_MAX, 0));
-  coll.mem = &weft_mem_host;
-  coll.seq = ++comm->seq;
-  if (comm->size == 1) return WEFT_OK;
-  return coll_go(&coll, weft_rd_allreduce_start(&coll));
+  weft_request r;
+  return coll_blocking(&r, barrier_setup(&r.coll, "weft_barrier", comm));
+}
+
+WEFT_API weft_status weft_ibarrier(weft_comm *comm, weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(coll_request_new(comm, "weft_ibarrier", req, &r));
+  return coll_issue(r, req, barrier_setup(&r->coll, "weft_ibarrier", comm));
 }

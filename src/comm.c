@@ -4,6 +4,9 @@
  * the sentences every failure leaves in weft_last_error. */
 #include "comm.h"
 
+#include "engine.h"
+#include "p2p.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdarg.h>
@@ -46,6 +49,12 @@ static bool live_add(weft_comm *comm) {
   return ok;
 }
 
+void weft_comm_dump_all(const char *why) {
+  pthread_mutex_lock(&live_lock);
+  for (int i = 0; i < nlive; i++) weft_recorder_dump(live[i], why);
+  pthread_mutex_unlock(&live_lock);
+}
+
 static bool live_remove(weft_comm *comm) {
   pthread_mutex_lock(&live_lock);
   bool found = false;
@@ -72,7 +81,8 @@ bool weft_comm_is_live(const weft_comm *comm) {
 
 static _Thread_local char thread_error[768];
 
-weft_status weft_comm_error(weft_comm *comm, weft_status st, const char *call, const char *fmt, ...) {
+weft_status weft_comm_error(weft_comm *comm, weft_status st, const char *call, const char *fmt,
+                            ...) {
   char what[512];
   va_list ap;
   va_start(ap, fmt);
@@ -113,7 +123,8 @@ WEFT_API size_t weft_dtype_size(weft_dtype dtype) {
 }
 
 WEFT_API const char *weft_dtype_name(weft_dtype dtype) {
-  static const char *names[WEFT_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"};
+  static const char *names[WEFT_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16",
+                                                "i8",  "u8",  "i32", "i64"};
   return (unsigned)dtype < WEFT_DTYPE_COUNT ? names[dtype] : "unknown";
 }
 
@@ -125,7 +136,8 @@ WEFT_API const char *weft_op_name(weft_op op) {
 #define WEFT_STR2_(x) #x
 #define WEFT_STR_(x) WEFT_STR2_(x)
 WEFT_API const char *weft_version_string(void) {
-  return WEFT_STR_(WEFT_VERSION_MAJOR) "." WEFT_STR_(WEFT_VERSION_MINOR) "." WEFT_STR_(WEFT_VERSION_PATCH);
+  return WEFT_STR_(WEFT_VERSION_MAJOR) "." WEFT_STR_(WEFT_VERSION_MINOR) "." WEFT_STR_(
+      WEFT_VERSION_PATCH);
 }
 
 WEFT_API void weft_config_init(weft_config *cfg) {
@@ -145,11 +157,21 @@ static double timeout_or_setting(double timeout_s) {
 }
 
 static void comm_free(weft_comm *comm) {
+  if (comm->p2p) {
+    weft_engine_stop(comm->p2p);
+    weft_p2p_lane_free(comm->p2p);
+    comm_free(comm->p2p);
+  }
   for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->fini(comm->tps[t].ctx);
   if (comm->wake_fd >= 0) close(comm->wake_fd);
   pthread_mutex_destroy(&comm->call_lock);
+  pthread_mutex_destroy(&comm->q_lock);
+  pthread_cond_destroy(&comm->q_cond);
   free(comm->peers);
   free(comm->active);
+  weft_recorder_free(&comm->recorder);
+  free(comm->host_members);
+  free(comm->leaders);
   comm->magic = 0;
   free(comm);
 }
@@ -165,7 +187,8 @@ static int spin_default(int local_size) {
 /* ---- transports ------------------------------------------------------------ */
 
 /* Every transport this build has; the index is what ranks publish. */
-static const weft_transport *const builtin_transports[] = {&weft_transport_shm, &weft_transport_tcp};
+static const weft_transport *const builtin_transports[] = {&weft_transport_shm,
+                                                           &weft_transport_tcp};
 #define BUILTIN_COUNT ((int)(sizeof builtin_transports / sizeof builtin_transports[0]))
 
 /* hwloc's discovery takes milliseconds: once per process. */
@@ -196,7 +219,7 @@ void weft_comm_peer_address(const weft_comm *comm, int peer, int builtin, const 
   for (size_t off = 0; off + 2 <= info->addr_len;) {
     size_t n = info->addr[off + 1];
     if (off + 2 + n > info->addr_len) return;
-    if (info->addr[off] == builtin) {
+    if (info->addr[off] == (builtin | comm->addr_tag)) {
       *addr = &info->addr[off + 2];
       *len = n;
       return;
@@ -211,9 +234,16 @@ void weft_transports_describe(char *buf, size_t len) {
   weft_error_sink sink = {{0}, {0}};
   weft_auth_key key;
   weft_auth_key_for_job(NULL, 0, &key);
-  weft_transport_init_args args = {.rank = 0, .size = 2, .chunk_bytes = 262144, .send_depth = 8,
-                                   .timeout_s = 1, .wake_fd = -1, .errors = &sink, .place = &place,
-                                   .auth = &key, .local_size = 1};
+  weft_transport_init_args args = {.rank = 0,
+                                   .size = 2,
+                                   .chunk_bytes = 262144,
+                                   .send_depth = 8,
+                                   .timeout_s = 1,
+                                   .wake_fd = -1,
+                                   .errors = &sink,
+                                   .place = &place,
+                                   .auth = &key,
+                                   .local_size = 1};
   struct sockaddr_in *lo = (struct sockaddr_in *)&args.local_addr;
   lo->sin_family = AF_INET;
   lo->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -226,10 +256,10 @@ void weft_transports_describe(char *buf, size_t len) {
     weft_transport_ctx *ctx = NULL;
     weft_status st = builtin_transports[b]->init(&args, &ctx, blob, &blob_len);
     if (st == WEFT_OK) builtin_transports[b]->fini(ctx);
-    used += (size_t)snprintf(buf + used, used < len ? len - used : 0, "%s%s (built, %s%s)",
-                             b ? ", " : "", builtin_transports[b]->name,
-                             st == WEFT_OK ? "usable here" : "not usable here: ",
-                             st == WEFT_OK ? "" : sink.msg);
+    used += (size_t)snprintf(
+        buf + used, used < len ? len - used : 0, "%s%s (built, %s%s)", b ? ", " : "",
+        builtin_transports[b]->name,
+        st == WEFT_OK ? "usable here" : "not usable here: ", st == WEFT_OK ? "" : sink.msg);
   }
 }
 
@@ -241,7 +271,7 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
   int n = weft_select_order(topo_here(), built, BUILTIN_COUNT,
                             weft_setting_str(WEFT_SETTING_TRANSPORT), order, why, sizeof why);
   if (n <= 0) return weft_init_error(WEFT_ERR_INVALID, comm->rank, call, "%s", why);
-  size_t off = 0;
+  size_t off = mine->addr_len; /* a lane appends to comm's */
   for (int i = 0; i < n; i++) {
     int b = 0;
     while (b < BUILTIN_COUNT && strcmp(builtin_transports[b]->name, order[i])) b++;
@@ -255,11 +285,12 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
       WEFT_INFO(WEFT_SUBSYS_INIT, "transport %s unusable here: %s", ops->name, comm->sink.msg);
       continue;
     }
-    if (st) return weft_init_error(st, comm->rank, call, "transport %s: %s", ops->name, comm->sink.msg);
+    if (st)
+      return weft_init_error(st, comm->rank, call, "transport %s: %s", ops->name, comm->sink.msg);
     comm->tps[comm->ntps++] = (weft_comm_transport){.ops = ops, .ctx = ctx, .builtin = b};
     if (len > 255 || off + 2 + len > sizeof mine->addr)
       return weft_init_error(WEFT_ERR_INTERNAL, comm->rank, call, "transport addresses too long");
-    mine->addr[off] = (uint8_t)b;
+    mine->addr[off] = (uint8_t)(b | comm->addr_tag);
     mine->addr[off + 1] = (uint8_t)len;
     memcpy(&mine->addr[off + 2], blob, len);
     off += 2 + len;
@@ -302,14 +333,10 @@ static weft_status transports_choose(weft_comm *comm, const char *call) {
   return WEFT_OK;
 }
 
-/* Joins the job: dial the rendezvous at `server`, publish the transport
- * addresses, learn every peer's, choose a transport per peer. */
-static weft_status comm_create(int rank, int size, int local_rank,
-                               const struct sockaddr_storage *server, socklen_t server_len,
-                               const uint8_t nonce[BOOT_NONCE_BYTES], double timeout_s,
-                               const char *call, weft_comm **out) {
+/* A communicator with its settings, before it knows its peers. NULL: no memory. */
+static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_s) {
   weft_comm *comm = calloc(1, sizeof *comm);
-  if (!comm) return weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
+  if (!comm) return NULL;
   comm->magic = WEFT_COMM_MAGIC;
   comm->rank = rank;
   comm->size = size;
@@ -318,80 +345,28 @@ static weft_status comm_create(int rank, int size, int local_rank,
   comm->timeout_s = timeout_s;
   comm->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   pthread_mutex_init(&comm->call_lock, NULL);
+  pthread_mutex_init(&comm->q_lock, NULL);
+  pthread_cond_init(&comm->q_cond, NULL);
   long long chunk = weft_setting_ll(WEFT_SETTING_CHUNK_BYTES, 262144);
   comm->chunk_bytes = chunk < 4096 ? 4096 : chunk > (64 << 20) ? (64 << 20) : (size_t)chunk;
   comm->send_depth = 8;
   comm->peers = calloc((size_t)size, sizeof *comm->peers);
   comm->active = calloc((size_t)size, sizeof *comm->active);
-  weft_status st = WEFT_OK;
   if (!comm->peers || !comm->active || comm->wake_fd < 0) {
-    st = weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
-    goto fail;
+    comm_free(comm);
+    return NULL;
   }
-  weft_log_set_rank(rank);
-  weft_place_here(topo_here(), &comm->place);
-  if (size > 1) {
-    double deadline = weft_now() + timeout_s;
-    int fd;
-    weft_transport_init_args *a = &comm->tp_args;
-    a->rank = rank;
-    a->size = size;
-    a->chunk_bytes = comm->chunk_bytes;
-    a->send_depth = comm->send_depth;
-    a->timeout_s = timeout_s;
-    a->wake_fd = comm->wake_fd;
-    a->errors = &comm->sink;
-    a->place = &comm->place;
-    weft_auth_key_for_job(nonce, BOOT_NONCE_BYTES, &comm->auth_key);
-    a->auth = &comm->auth_key;
-    st = boot_connect(server, server_len, deadline, &fd, &a->local_addr, &a->local_addr_len, &comm->sink);
-    if (st) {
-      weft_init_error(st, rank, call, "%s", comm->sink.msg);
-      goto fail;
-    }
-    boot_rank_info mine = {.rank = (uint32_t)rank, .pid = (uint32_t)getpid()};
-    snprintf(mine.host, sizeof mine.host, "%s", comm->place.host_id);
-    st = transports_start(comm, &mine, call);
-    if (st) {
-      close(fd);
-      goto fail;
-    }
-    boot_rank_info *all = calloc((size_t)size, sizeof *all);
-    if (!all) {
-      close(fd);
-      st = weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
-      goto fail;
-    }
-    st = boot_exchange(fd, nonce, rank, size, &mine, deadline, &comm->id, all, &comm->sink);
-    if (st) {
-      free(all);
-      weft_init_error(st, rank, call, "%s", comm->sink.msg);
-      goto fail;
-    }
-    a->comm_id = comm->id;
-    int local_index = 0;
-    comm->local_size = 0;
-    for (int p = 0; p < size; p++) {
-      comm->peers[p].info = all[p];
-      if (!strcmp(all[p].host, mine.host)) {
-        if (p < rank) local_index++;
-        comm->local_size++;
-      }
-    }
-    free(all);
-    if (comm->local_rank < 0) comm->local_rank = local_index;
-    a->local_size = comm->local_size;
-    st = transports_choose(comm, call);
-    if (st) goto fail;
-  } else {
-    comm->local_rank = local_rank < 0 ? 0 : local_rank;
-    comm->peers[0].tp = -1;
-  }
-  comm->spin_us = spin_default(comm->local_size);
+  comm->spin_us = spin_default(1);
+  weft_recorder_init(&comm->recorder);
+  if (comm->recorder.cap) weft_recorder_install_signal();
+  comm->check_calls = weft_setting_ll(WEFT_SETTING_CHECK, 0) != 0;
   const char *algo = weft_setting_str(WEFT_SETTING_ALGO);
-  comm->algo_forced = !strcasecmp(algo, "ring") ? 1 : !strcasecmp(algo, "rd") ? 2 : 0;
-  if (comm->algo_forced == 0 && strcasecmp(algo, "auto") && *algo)
-    WEFT_WARN(WEFT_SUBSYS_INIT, "WEFT_ALGO=\"%s\" is not auto, ring or rd; using auto", algo);
+  comm->algo_forced = !strcasecmp(algo, "ring")   ? 1
+                      : !strcasecmp(algo, "rd")   ? 2
+                      : !strcasecmp(algo, "hier") ? 3
+                                                  : 0;
+  if (comm->algo_forced == 0 && strcasecmp(algo, "auto") && *algo && rank == 0)
+    WEFT_WARN(WEFT_SUBSYS_INIT, "WEFT_ALGO=\"%s\" is not auto, ring, rd or hier; using auto", algo);
   /* negative values would wrap to huge sizes: they mean "never" (0) */
   long long rd_max = weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 262144);
   long long chain = weft_setting_ll(WEFT_SETTING_BCAST_CHAIN_BYTES, 65536);
@@ -405,16 +380,274 @@ static weft_status comm_create(int rank, int size, int local_rank,
    * 0.69 -> 1.28 GB/s busbw); sched_yield still hands the core to any
    * runnable thread, so it does not starve the caller's other work. */
   comm->yield_us = (int)weft_setting_ll(WEFT_SETTING_YIELD_US, 100000);
-  if (!live_add(comm)) {
-    st = weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
-    goto fail;
+  return comm;
+}
+
+/* What the transports of `comm` get; `like` (may be comm itself) supplies
+ * the interface the rendezvous was reached from. */
+static void comm_tp_args(weft_comm *comm, const weft_comm *like) {
+  weft_transport_init_args *a = &comm->tp_args;
+  a->rank = comm->rank;
+  a->size = comm->size;
+  a->chunk_bytes = comm->chunk_bytes;
+  a->send_depth = comm->send_depth;
+  a->timeout_s = comm->timeout_s;
+  a->wake_fd = comm->wake_fd;
+  a->errors = &comm->sink;
+  a->place = &comm->place;
+  a->auth = &comm->auth_key;
+  if (like != comm) {
+    a->local_addr = like->tp_args.local_addr;
+    a->local_addr_len = like->tp_args.local_addr_len;
   }
-  WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d/%d ready (local %d/%d, chunk %zu B, spin %d us)", rank,
-            size, comm->local_rank, comm->local_size, comm->chunk_bytes, comm->spin_us);
+}
+
+/* Everybody's infos arrived: who is on this host, which transport reaches
+ * each peer. `all` is indexed by rank in `comm`. */
+static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64_t id,
+                              const char *call) {
+  comm->id = id;
+  comm->tp_args.comm_id = id;
+  const char *my_host = all[comm->rank].host;
+  int local_index = 0;
+  comm->local_size = 0;
+  for (int p = 0; p < comm->size; p++) {
+    comm->peers[p].info = all[p];
+    if (!strcmp(all[p].host, my_host)) {
+      if (p < comm->rank) local_index++;
+      comm->local_size++;
+    }
+  }
+  if (comm->local_rank < 0) comm->local_rank = local_index;
+  comm->tp_args.local_size = comm->local_size;
+  /* hosts: members of mine, and every host's lowest rank, both ascending */
+  comm->host_members = malloc(sizeof(int) * (size_t)comm->local_size);
+  comm->leaders = malloc(sizeof(int) * (size_t)comm->size);
+  if (!comm->host_members || !comm->leaders)
+    return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
+  comm->nhosts = 0;
+  int m = 0;
+  for (int p = 0; p < comm->size; p++) {
+    if (!strcmp(all[p].host, my_host)) {
+      if (p == comm->rank) comm->host_index = m;
+      comm->host_members[m++] = p;
+    }
+    bool first = true;
+    for (int q = 0; q < p && first; q++) first = strcmp(all[q].host, all[p].host) != 0;
+    if (!first) continue;
+    if (!strcmp(all[p].host, my_host)) comm->leader_index = comm->nhosts;
+    comm->leaders[comm->nhosts++] = p;
+  }
+  comm->spin_us = spin_default(comm->local_size);
+  if (comm->size == 1) {
+    comm->peers[0].tp = -1;
+    return WEFT_OK;
+  }
+  return transports_choose(comm, call);
+}
+
+/* The lane of `comm` for send/recv (p2p.h): its transports start now so
+ * their addresses travel with comm's; it learns its peers with comm. */
+static weft_status lane_open(weft_comm *comm, boot_rank_info *mine, const char *call) {
+  weft_comm *lane = comm_alloc(comm->rank, comm->size, comm->local_rank, comm->timeout_s);
+  if (!lane) return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
+  comm->p2p = lane;
+  lane->owner = comm;
+  lane->addr_tag = LANE_ADDR_TAG;
+  lane->place = comm->place;
+  lane->auth_key = comm->auth_key;
+  comm_tp_args(lane, comm);
+  if (weft_p2p_lane_create(lane))
+    return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
+  return comm->size > 1 ? transports_start(lane, mine, call) : WEFT_OK;
+}
+
+/* Both lanes learn the same table; the lane's id differs from comm's so
+ * its connections can never be mistaken for comm's. */
+static weft_status comm_learn_both(weft_comm *comm, const boot_rank_info *all, uint64_t id,
+                                   const char *call) {
+  WEFT_CHECK(comm_learn(comm, all, id, call));
+  return comm_learn(comm->p2p, all, id ^ 0x9e3779b97f4a7c15ull, call);
+}
+
+static weft_status comm_publish(weft_comm *comm, weft_comm *like, const char *call) {
+  if (!live_add(comm)) return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
+  (void)like;
+  WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d/%d ready (local %d/%d, chunk %zu B, spin %d us)", comm->rank,
+            comm->size, comm->local_rank, comm->local_size, comm->chunk_bytes, comm->spin_us);
+  return WEFT_OK;
+}
+
+/* Joins the job: dial the rendezvous at `server`, publish the transport
+ * addresses (both lanes), learn every peer's, choose a transport per peer. */
+static weft_status comm_create(int rank, int size, int local_rank,
+                               const struct sockaddr_storage *server, socklen_t server_len,
+                               const uint8_t nonce[BOOT_NONCE_BYTES], double timeout_s,
+                               const char *call, weft_comm **out) {
+  weft_comm *comm = comm_alloc(rank, size, local_rank, timeout_s);
+  if (!comm) return weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
+  weft_status st = WEFT_OK;
+  weft_log_set_rank(rank);
+  weft_place_here(topo_here(), &comm->place);
+  weft_auth_key_for_job(nonce, BOOT_NONCE_BYTES, &comm->auth_key);
+  comm_tp_args(comm, comm);
+  boot_rank_info mine = {.rank = (uint32_t)rank, .pid = (uint32_t)getpid()};
+  snprintf(mine.host, sizeof mine.host, "%s", comm->place.host_id);
+  if (size > 1) {
+    double deadline = weft_now() + timeout_s;
+    int fd;
+    weft_transport_init_args *a = &comm->tp_args;
+    st = boot_connect(server, server_len, deadline, &fd, &a->local_addr, &a->local_addr_len,
+                      &comm->sink);
+    if (st) {
+      weft_init_error(st, rank, call, "%s", comm->sink.msg);
+      goto fail;
+    }
+    st = transports_start(comm, &mine, call);
+    if (!st) st = lane_open(comm, &mine, call);
+    if (st) {
+      close(fd);
+      goto fail;
+    }
+    boot_rank_info *all = calloc((size_t)size, sizeof *all);
+    if (!all) {
+      close(fd);
+      st = weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
+      goto fail;
+    }
+    uint64_t id;
+    st = boot_exchange(fd, nonce, rank, size, &mine, deadline, &id, all, &comm->sink);
+    if (st)
+      weft_init_error(st, rank, call, "%s", comm->sink.msg);
+    else
+      st = comm_learn_both(comm, all, id, call);
+    free(all);
+    if (st) goto fail;
+  } else {
+    comm->local_rank = local_rank < 0 ? 0 : local_rank;
+    st = lane_open(comm, &mine, call);
+    if (!st) st = comm_learn_both(comm, &mine, 1, call);
+    if (st) goto fail;
+  }
+  st = comm_publish(comm, comm, call);
+  if (st) goto fail;
   *out = comm;
   return WEFT_OK;
 fail:
   comm_free(comm);
+  return st;
+}
+
+/* ---- sub-communicators ---------------------------------------------------- */
+
+static uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+typedef struct split_entry {
+  int32_t color, key;
+  boot_rank_info info; /* the new communicator's addresses (both lanes) */
+} split_entry;
+
+/* Two allgathers over the parent: everybody's (color, key), then everybody's
+ * new addresses; ranks of one color build their communicator from what the
+ * members published. Every rank makes both calls, whatever its color, so the
+ * parent's collectives stay matched. */
+WEFT_API weft_status weft_comm_split(weft_comm *parent, int color, int key, weft_comm **newcomm) {
+  const char *call = "weft_comm_split";
+  if (!newcomm) {
+    if (weft_comm_is_live(parent))
+      return weft_comm_error(parent, WEFT_ERR_INVALID, call, "newcomm is NULL");
+    return weft_init_error(WEFT_ERR_INVALID, -1, call, "newcomm is NULL");
+  }
+  *newcomm = NULL;
+  if (!weft_comm_is_live(parent))
+    return weft_init_error(WEFT_ERR_INVALID, -1, call, "the parent is not a live communicator");
+  if (color < 0 && color != WEFT_UNDEFINED)
+    return weft_comm_error(parent, WEFT_ERR_INVALID, call,
+                           "color %d is negative (colors are >= 0, or WEFT_UNDEFINED)", color);
+  int n = parent->size;
+  int32_t mine_ck[2] = {color, key};
+  int32_t *ck = malloc(sizeof(int32_t) * 2 * (size_t)n);
+  split_entry *all = calloc((size_t)n, sizeof *all);
+  weft_comm *comm = NULL;
+  weft_status st;
+  if (!ck || !all) {
+    free(ck);
+    free(all);
+    return weft_comm_error(parent, WEFT_ERR_NOMEM, call, "out of memory");
+  }
+  st = weft_allgather(parent, mine_ck, ck, 2, WEFT_I32);
+  if (st) goto done;
+  /* members of my color ordered by (key, parent rank): my new rank and size */
+  int size = 0, rank = 0;
+  for (int p = 0; p < n && color != WEFT_UNDEFINED; p++) {
+    if (ck[2 * p] != color) continue;
+    size++;
+    if (ck[2 * p + 1] < key || (ck[2 * p + 1] == key && p < parent->rank)) rank++;
+  }
+  split_entry me = {.color = color, .key = key};
+  weft_status local = WEFT_OK;
+  if (color != WEFT_UNDEFINED) {
+    comm = comm_alloc(rank, size, -1, parent->timeout_s);
+    if (!comm) {
+      local = weft_comm_error(parent, WEFT_ERR_NOMEM, call, "out of memory");
+    } else {
+      comm->place = parent->place;
+      comm->auth_key = parent->auth_key;
+      comm_tp_args(comm, parent);
+      me.info.rank = (uint32_t)rank;
+      me.info.pid = (uint32_t)getpid();
+      snprintf(me.info.host, sizeof me.info.host, "%s", parent->place.host_id);
+      local = size > 1 ? transports_start(comm, &me.info, call) : WEFT_OK;
+      if (!local) local = lane_open(comm, &me.info, call);
+      if (local)
+        snprintf(parent->last_error, sizeof parent->last_error, "%s", weft_last_error(NULL));
+    }
+  }
+  /* a rank that failed locally still takes part (color -2 tells the others) */
+  if (local) me.color = -2;
+  st = weft_allgather(parent, &me, all, sizeof me, WEFT_U8);
+  if (st) goto done;
+  for (int p = 0; p < n; p++)
+    if (all[p].color == -2) {
+      st = local
+               ? local
+               : weft_comm_error(parent, WEFT_ERR_PEER_LOST, call,
+                                 "rank %d of the parent could not set up its part of the split", p);
+      goto done;
+    }
+  if (color == WEFT_UNDEFINED) goto done;
+  boot_rank_info *infos = calloc((size_t)size, sizeof *infos);
+  if (!infos) {
+    st = weft_comm_error(parent, WEFT_ERR_NOMEM, call, "out of memory");
+    goto done;
+  }
+  for (int p = 0; p < n; p++)
+    if (all[p].color == color) infos[all[p].info.rank] = all[p].info;
+  /* the same on every member: the parent, how many calls it has seen, the color */
+  uint64_t id = mix64(parent->id ^ mix64(((uint64_t)parent->seq << 32) | (uint32_t)color));
+  comm->local_rank = -1;
+  comm->p2p->local_rank = -1;
+  st = comm_learn_both(comm, infos, id, call);
+  free(infos);
+  if (st) {
+    snprintf(parent->last_error, sizeof parent->last_error, "%s", weft_last_error(NULL));
+    goto done;
+  }
+  st = comm_publish(comm, parent, call);
+  if (st) goto done;
+  WEFT_INFO(WEFT_SUBSYS_INIT, "split: parent rank %d, color %d, key %d -> rank %d of %d",
+            parent->rank, color, key, rank, size);
+  *newcomm = comm;
+  comm = NULL;
+done:
+  if (comm) comm_free(comm);
+  free(ck);
+  free(all);
   return st;
 }
 
@@ -439,19 +672,20 @@ static weft_status host_rendezvous(const struct sockaddr_storage *addr, socklen_
   struct sockaddr_storage bound;
   socklen_t bound_len;
   weft_error_sink err;
-  weft_status st = boot_server_start(addr, len, zero_nonce, size, timeout_s, &bound, &bound_len, &err);
+  weft_status st =
+      boot_server_start(addr, len, zero_nonce, size, timeout_s, &bound, &bound_len, &err);
   if (st == WEFT_ERR_SYSTEM && !net_addr_is_loopback((const struct sockaddr *)addr)) {
     /* the name resolved to an address that is not ours (NAT, alias): listen on all */
     struct sockaddr_storage any = {0};
     any.ss_family = addr->ss_family;
     net_addr_set_port(&any, net_addr_port((const struct sockaddr *)addr));
-    socklen_t any_len = addr->ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+    socklen_t any_len =
+        addr->ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
     st = boot_server_start(&any, any_len, zero_nonce, size, timeout_s, &bound, &bound_len, &err);
   }
   if (st)
-    return weft_init_error(st, 0, call,
-                           "cannot host the rendezvous: %s (is another job using this port?)",
-                           err.msg);
+    return weft_init_error(
+        st, 0, call, "cannot host the rendezvous: %s (is another job using this port?)", err.msg);
   return WEFT_OK;
 }
 
@@ -477,7 +711,8 @@ WEFT_API weft_status weft_comm_init_env(weft_comm **comm) {
   weft_settings_reload();
   weft_env_job job;
   char why[300];
-  if (weft_env_read(&job, why, sizeof why)) return weft_init_error(WEFT_ERR_INVALID, -1, call, "%s", why);
+  if (weft_env_read(&job, why, sizeof why))
+    return weft_init_error(WEFT_ERR_INVALID, -1, call, "%s", why);
   WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d of %d from the %s environment, rendezvous %s", job.rank,
             job.size, job.source, job.rendezvous[0] ? job.rendezvous : "(none)");
   return init_from_address(job.rank, job.size, job.local_rank, job.rendezvous,
@@ -494,8 +729,8 @@ WEFT_API weft_status weft_comm_init_config(const weft_config *cfg, weft_comm **c
                            "cfg->version is %u, expected %u (call weft_config_init first)",
                            cfg->version, WEFT_CONFIG_VERSION);
   if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
-    return weft_init_error(WEFT_ERR_INVALID, cfg->rank, call, "rank %d is not in 0 .. size-1 (size %d)",
-                           cfg->rank, cfg->size);
+    return weft_init_error(WEFT_ERR_INVALID, cfg->rank, call,
+                           "rank %d is not in 0 .. size-1 (size %d)", cfg->rank, cfg->size);
   return init_from_address(cfg->rank, cfg->size, cfg->local_rank, cfg->rendezvous,
                            timeout_or_setting(cfg->timeout_s), call, comm);
 }
@@ -518,7 +753,8 @@ WEFT_API weft_status weft_get_unique_id(weft_unique_id *id) {
   uint8_t nonce[BOOT_NONCE_BYTES];
   if (getrandom(nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
     return weft_init_error(WEFT_ERR_SYSTEM, -1, call, "getrandom failed");
-  st = boot_server_start(&local, local_len, nonce, 0, timeout_or_setting(0), &bound, &bound_len, &err);
+  st = boot_server_start(&local, local_len, nonce, 0, timeout_or_setting(0), &bound, &bound_len,
+                         &err);
   if (st) return weft_init_error(st, -1, call, "%s", err.msg);
   uint8_t *p = (uint8_t *)id->bytes;
   uint32_t magic = htonl(UID_MAGIC);
@@ -528,7 +764,8 @@ WEFT_API weft_status weft_get_unique_id(weft_unique_id *id) {
   return WEFT_OK;
 }
 
-WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id *id, int rank, int size) {
+WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id *id, int rank,
+                                         int size) {
   const char *call = "weft_comm_init_rank";
   if (!comm) return weft_init_error(WEFT_ERR_INVALID, rank, call, "comm is NULL");
   *comm = NULL;
@@ -549,8 +786,12 @@ WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id 
 
 /* ---- queries, destroy, abort --------------------------------------------------- */
 
-WEFT_API int weft_comm_rank(const weft_comm *comm) { return weft_comm_is_live(comm) ? comm->rank : -1; }
-WEFT_API int weft_comm_size(const weft_comm *comm) { return weft_comm_is_live(comm) ? comm->size : -1; }
+WEFT_API int weft_comm_rank(const weft_comm *comm) {
+  return weft_comm_is_live(comm) ? comm->rank : -1;
+}
+WEFT_API int weft_comm_size(const weft_comm *comm) {
+  return weft_comm_is_live(comm) ? comm->size : -1;
+}
 WEFT_API int weft_comm_local_rank(const weft_comm *comm) {
   return weft_comm_is_live(comm) ? comm->local_rank : -1;
 }
@@ -559,7 +800,7 @@ WEFT_API int weft_comm_local_size(const weft_comm *comm) {
 }
 
 WEFT_API weft_status weft_comm_peer_transport(const weft_comm *comm, int peer,
-                                             const char **transport, const char **reason) {
+                                              const char **transport, const char **reason) {
   if (!weft_comm_is_live(comm) || peer < 0 || peer >= comm->size || !transport || !reason)
     return WEFT_ERR_INVALID;
   const weft_peer *p = &comm->peers[peer];
@@ -572,13 +813,12 @@ WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
   if (!live_remove(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_destroy",
                            "not a live communicator (destroyed twice, or never created)");
+  weft_engine_stop(comm);
   comm_free(comm);
   return WEFT_OK;
 }
 
-WEFT_API weft_status weft_comm_abort(weft_comm *comm) {
-  if (!weft_comm_is_live(comm))
-    return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_abort", "not a live communicator");
+static void comm_abort_one(weft_comm *comm, int rank) {
   atomic_store(&comm->aborted, 1);
   uint64_t one = 1;
   if (write(comm->wake_fd, &one, sizeof one) < 0) { /* already signalled: fine */
@@ -590,10 +830,17 @@ WEFT_API weft_status weft_comm_abort(weft_comm *comm) {
       comm->failed = WEFT_ERR_ABORTED;
       weft_comm_error(comm, WEFT_ERR_ABORTED, "weft_comm_abort", "the communicator was aborted");
       char reason[128];
-      snprintf(reason, sizeof reason, "rank %d called weft_comm_abort", comm->rank);
+      snprintf(reason, sizeof reason, "rank %d called weft_comm_abort", rank);
       for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->abort_all(comm->tps[t].ctx, reason);
     }
     pthread_mutex_unlock(&comm->call_lock);
   }
+}
+
+WEFT_API weft_status weft_comm_abort(weft_comm *comm) {
+  if (!weft_comm_is_live(comm))
+    return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_abort", "not a live communicator");
+  comm_abort_one(comm, comm->rank);
+  if (comm->p2p) comm_abort_one(comm->p2p, comm->rank);
   return WEFT_OK;
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "auth.h"
+#include "recorder.h"
 #include "bootstrap.h"
 #include "select.h"
 #include "transports/transport.h"
@@ -18,6 +19,8 @@
 #define WEFT_COMM_MAGIC 0x5745464343u /* "WEFCC" */
 
 #define WEFT_MAX_TRANSPORTS 3
+/* Address entries a lane publishes carry the transport index | this bit. */
+#define LANE_ADDR_TAG 0x80
 
 /* A transport running in this communicator. */
 typedef struct weft_comm_transport {
@@ -57,7 +60,13 @@ struct weft_comm {
   int send_depth;
   /* algorithm choice, read from the settings once at creation (not per call) */
   size_t rd_max_bytes;      /* recursive doubling up to this size */
-  int algo_forced;          /* WEFT_ALGO: 0 auto, 1 ring, 2 rd */
+  int algo_forced;          /* WEFT_ALGO: 0 auto, 1 ring, 2 rd, 3 hier */
+  /* hosts, for hierarchical algorithms: ranks in ascending order */
+  int nhosts;
+  int *host_members;        /* the ranks on this rank's host (local_size of them) */
+  int host_index;           /* this rank's index there; 0: the host's leader */
+  int *leaders;             /* the lowest rank of every host (nhosts of them) */
+  int leader_index;         /* this host's index among the leaders */
   int bcast_fanout;         /* 0 = by size */
   size_t bcast_chain_bytes;
   int spin_us;
@@ -70,6 +79,23 @@ struct weft_comm {
   weft_error_sink sink;     /* transport error sentences land here */
   weft_transport_init_args tp_args; /* the transport keeps a pointer to it */
   char last_error[768];
+
+  /* the engine (engine.c) */
+  pthread_mutex_t q_lock;   /* guards the queue, the lane's new posts, the thread's flags */
+  pthread_cond_t q_cond;    /* the progress thread sleeps here while idle or stepping aside */
+  struct weft_request *q_head, *q_tail; /* collectives in issue order; the head runs */
+  pthread_t progress;
+  bool progress_started, progress_stop;
+  atomic_bool progress_driving;  /* the thread holds call_lock: wake its transport wait */
+  atomic_int drivers_waiting;    /* callers that want call_lock: the thread steps aside */
+  uint64_t events;          /* completed sends/receives: progress, for the timeout */
+  double last_moved;        /* when anything last moved while work was outstanding */
+  struct weft_p2p_lane *lane; /* set on a point-to-point lane */
+  struct weft_comm *p2p;    /* a user's communicator: its lane for send/recv */
+  struct weft_comm *owner;  /* a lane: the user's communicator it serves */
+  weft_recorder recorder;   /* the last calls, for the flight recorder */
+  bool check_calls;         /* WEFT_CHECK: compare fingerprints before every collective */
+  uint8_t addr_tag;         /* 0, or LANE_ADDR_TAG on a lane: which published addresses are its */
 };
 
 /* Records a failure on `comm` with the sentence the user reads: it starts
@@ -86,6 +112,9 @@ void weft_comm_peer_address(const weft_comm *comm, int peer, int builtin, const 
 
 /* "shm (built, usable here), tcp (built, usable here)": for weft-info. */
 void weft_transports_describe(char *buf, size_t len);
+
+/* Prints every live communicator's flight recorder to stderr. */
+void weft_comm_dump_all(const char *why);
 
 /* Validates a handle from the user against the live set. */
 bool weft_comm_is_live(const weft_comm *comm);

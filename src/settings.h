@@ -23,10 +23,12 @@
   X(TCP_BUF_BYTES, "0", "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning") \
   X(SPIN_US, "auto", "microseconds to busy-poll a waiting call; auto: 50, or 0 when ranks outnumber cores") \
   X(YIELD_US, "100000", "then microseconds to poll with sched_yield before sleeping in poll(); 0 sleeps at once") \
-  X(ALGO, "auto", "allreduce algorithm: auto, ring or rd (recursive doubling)")             \
+  X(ALGO, "auto", "allreduce algorithm: auto, ring, rd (recursive doubling) or hier (within hosts, then across)")             \
   X(RD_MAX_BYTES, "262144", "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk)") \
   X(BCAST_FANOUT, "0", "broadcast tree fan-out; 0 = auto (binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
   X(BCAST_CHAIN_BYTES, "65536", "broadcasts of at least this many bytes use a pipelined chain") \
+  X(CHECK, "0", "1: every collective first compares a fingerprint (call, count, dtype, op, root) across ranks; a difference fails every rank naming both sides") \
+  X(RECORDER, "64", "calls each communicator remembers (flight recorder), printed on timeout, abort and SIGUSR1; 0 = off") \
   X(HOST_ID, "", "host identity for transport choice; ranks with the same one use shared memory (tests, containers)") \
   X(TRANSPORT, "", "force one transport for every peer: shm, tcp (or ibv when built); empty = choose per peer")
 

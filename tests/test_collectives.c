@@ -18,6 +18,7 @@ static uint64_t base_seed;
 typedef struct group {
   int big;          /* include the multi-MiB cases */
   int all_small;    /* every dtype x op at the small counts */
+  int hosts;        /* 0: one host; 1: uneven hosts {0,1,2} {3,4} {5..}; 2: rank % 3 */
 } group;
 
 static int report(int rank, const char *what, size_t count, weft_dtype dt, weft_op op, int in_place,
@@ -99,6 +100,16 @@ static int check_broadcast(weft_comm *comm, int rank, int n, size_t count, weft_
 
 static int rank_main(int rank, int n, const weft_unique_id *id, void *arg) {
   const group *g = arg;
+  if (g->hosts) {
+    /* pretend hosts: the hierarchical allreduce runs (shm within a pretend
+     * host, tcp across; or tcp throughout when the suite forces tcp) */
+    char host[32];
+    snprintf(host, sizeof host, "pretend-host-%d",
+             g->hosts == 1 ? (rank < 3 ? 0 : rank < 5 ? 1 : 2) : rank % 3);
+    setenv("WEFT_HOST_ID", host, 1);
+    const char *tp = getenv("WEFT_TRANSPORT");
+    if (tp && !strcmp(tp, "shm")) unsetenv("WEFT_TRANSPORT");
+  }
   weft_comm *comm = harness_comm(rank, n, id);
   if (!comm) return 1;
   int bad = 0, tag = 0;
@@ -134,10 +145,10 @@ static int rank_main(int rank, int n, const weft_unique_id *id, void *arg) {
   return bad != 0;
 }
 
-static void run_group(int n, const char *const *env, int big, int all_small) {
+static void run_group(int n, const char *const *env, int big, int all_small, int hosts) {
   /* WEFT_TEST_QUICK (the sanitizer pass): the same shapes, fewer combinations */
   if (getenv("WEFT_TEST_QUICK") && n >= 5) big = all_small = 0;
-  group g = {big, all_small};
+  group g = {big, all_small, hosts};
   harness_init();
   int failed = harness_run(n, env, 240, rank_main, &g);
   assert_int_equal(failed, 0);
@@ -152,7 +163,13 @@ static void run_group(int n, const char *const *env, int big, int all_small) {
   static void name(void **state) {                           \
     (void)state;                                             \
     static const char *const vars[] = env;                   \
-    run_group(n, vars, big, all);                            \
+    run_group(n, vars, big, all, 0);                         \
+  }
+#define HOSTS_TEST(name, n, env, big, all, hosts) \
+  static void name(void **state) {                \
+    (void)state;                                  \
+    static const char *const vars[] = env;        \
+    run_group(n, vars, big, all, hosts);          \
   }
 #define NO_ENV {NULL}
 #define RING_TINY {"WEFT_ALGO=ring", "WEFT_CHUNK_BYTES=4096", NULL}
@@ -175,6 +192,13 @@ GROUP_TEST(ring_tiny_chunks8, 8, RING_TINY, 0, 0)
 GROUP_TEST(rd_non_power_of_two3, 3, RD_ONLY, 0, 1)
 GROUP_TEST(rd_non_power_of_two6, 6, RD_ONLY, 0, 0)
 GROUP_TEST(tree_fanout3, 7, WIDE_TREE, 0, 0)
+/* hierarchical allreduce: one host (reduce, divide, broadcast), uneven and
+ * interleaved pretend hosts, tiny chunks so every phase runs many chunks */
+#define HIER {"WEFT_ALGO=hier", NULL}
+#define HIER_TINY {"WEFT_CHUNK_BYTES=4096", NULL}
+GROUP_TEST(hier_one_host5, 5, HIER, 0, 1)
+HOSTS_TEST(hier_uneven_hosts6, 6, NO_ENV, 1, 0, 1)
+HOSTS_TEST(hier_interleaved_hosts8, 8, HIER_TINY, 0, 0, 2)
 
 int main(void) {
   const char *fixed = getenv("WEFT_TEST_SEED");
@@ -188,7 +212,8 @@ int main(void) {
       cmocka_unit_test(ring_tiny_chunks3),
       cmocka_unit_test(ring_tiny_chunks5), cmocka_unit_test(ring_tiny_chunks8),
       cmocka_unit_test(rd_non_power_of_two3), cmocka_unit_test(rd_non_power_of_two6),
-      cmocka_unit_test(tree_fanout3),
+      cmocka_unit_test(tree_fanout3), cmocka_unit_test(hier_one_host5),
+      cmocka_unit_test(hier_uneven_hosts6), cmocka_unit_test(hier_interleaved_hosts8),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

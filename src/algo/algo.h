@@ -18,89 +18,108 @@ typedef struct weft_coll weft_coll;
 
 /* In algorithms: stop this advance on anything but OK - an error, or
  * WEFT_AGAIN (the state is kept and the step re-entered later). */
-#define WEFT_STEP(expr)                      \
-  do {                                       \
-    weft_status step_status_ = (expr);       \
-    if (step_status_ != WEFT_OK) {           \
+#define WEFT_STEP(expr)                               \
+  do {                                                \
+    weft_status step_status_ = (expr);                \
+    if (step_status_ != WEFT_OK) {                    \
       if (step_status_ < 0) WEFT_CHECK(step_status_); \
-      return step_status_;                   \
-    }                                        \
+      return step_status_;                            \
+    }                                                 \
   } while (0)
 
 typedef struct weft_ring_state {
-  size_t loop_elems;   /* elements per loop: size * chunk_elems */
+  size_t loop_elems; /* elements per loop: size * chunk_elems */
   size_t chunk_elems;
   size_t loops;
   size_t loop;
-  int step;            /* 0 .. 2*(size-1) */
-  bool got;            /* this step's chunk is received */
+  int step; /* 0 .. 2*(size-1) */
+  bool got; /* this step's chunk is received */
 } weft_ring_state;
 
 /* Ring reduce-scatter and allgather: loop l moves chunk l of every block. */
 typedef struct weft_ring_block_state {
   size_t chunk_elems;
-  size_t loops;        /* chunks per block */
+  size_t loops; /* chunks per block */
   size_t loop;
-  int step;            /* 0 .. size-1 */
-  bool got;            /* this step's chunk is received (allgather) */
-  void *partial;       /* one chunk of scratch: the partial sum on its way (reduce-scatter) */
+  int step;      /* 0 .. size-1 */
+  bool got;      /* this step's chunk is received (allgather) */
+  void *partial; /* one chunk of scratch: the partial sum on its way (reduce-scatter) */
 } weft_ring_block_state;
 
 typedef struct weft_rd_state {
-  int phase;           /* 0 fold-in, 1 doubling rounds, 2 fold-out, 3 done */
+  int phase; /* 0 fold-in, 1 doubling rounds, 2 fold-out, 3 done */
   int mask;
-  bool sent;           /* this round's send is posted */
-  int newrank;         /* rank among the power-of-two group, -1 if folded out */
+  bool sent;   /* this round's send is posted */
+  int newrank; /* rank among the power-of-two group, -1 if folded out */
 } weft_rd_state;
 
 typedef struct weft_tree_state {
   int fanout;
   size_t chunk_elems;
   size_t nchunks;
-  size_t chunk;        /* next chunk to handle */
-  bool got;            /* current chunk received (non-root) */
-  int children_sent;   /* current chunk sent to this many children */
+  size_t chunk;      /* next chunk to handle */
+  bool got;          /* current chunk received (non-root) */
+  int children_sent; /* current chunk sent to this many children */
 } weft_tree_state;
 
 typedef struct weft_tree_reduce_state {
   int fanout;
   size_t chunk_elems;
   size_t nchunks;
-  size_t chunk;        /* next chunk to handle */
-  int children_done;   /* current chunk: this many children folded in */
-  void *partial;       /* one chunk of scratch: the partial sum (inner ranks) */
+  size_t chunk;      /* next chunk to handle */
+  int children_done; /* current chunk: this many children folded in */
+  void *partial;     /* one chunk of scratch: the partial sum (inner ranks) */
 } weft_tree_reduce_state;
 
 /* Flat gather/scatter (root and one peer at a time) and pairwise alltoall. */
 typedef struct weft_flat_state {
   size_t chunk_elems;
-  size_t nchunks;      /* chunks per block */
-  bool to_root;        /* gather (else scatter) */
-  size_t chunk;        /* gather/scatter: chunk being moved */
-  int peer;            /* gather/scatter: its peer (root's side) */
-  int round;           /* alltoall: 1 .. size-1 */
-  size_t sent, recvd;  /* alltoall: chunks of this round sent and received */
+  size_t nchunks;     /* chunks per block */
+  bool to_root;       /* gather (else scatter) */
+  size_t chunk;       /* gather/scatter: chunk being moved */
+  int peer;           /* gather/scatter: its peer (root's side) */
+  int round;          /* alltoall: 1 .. size-1 */
+  size_t sent, recvd; /* alltoall: chunks of this round sent and received */
 } weft_flat_state;
+
+/* Hierarchical allreduce: the phase running (its state in `inner`). */
+typedef struct weft_hier_state {
+  int phase;    /* 0 reduce within the host, 1 leaders, 2 broadcast within the host */
+  bool running; /* `inner` holds the phase in progress */
+  struct weft_coll *inner;
+} weft_hier_state;
 
 struct weft_coll {
   weft_comm *comm;
-  const char *call;    /* "weft_allreduce": the name the user called */
-  const char *algo;    /* "ring", "rd", "tree": for messages and logs */
+  /* The ranks the algorithm runs among: members 0 .. size-1 of a group,
+   * this rank being member `rank`; group[i] is member i's rank in comm
+   * (NULL: the whole communicator). Algorithms only see members; the link
+   * functions map them. A hierarchical algorithm runs its phases on groups. */
+  int rank, size;
+  const int *group;
+  int avg_div;      /* what avg divides by once the sum is complete: the
+                       communicator's size, or 1 in a phase that only sums */
+  const char *call; /* "weft_allreduce": the name the user called */
+  const char *algo; /* "ring", "rd", "tree": for messages and logs */
   const void *sendbuf;
   void *recvbuf;
   size_t count;
   weft_dtype dtype;
   weft_op op;
   int root;
-  size_t elem;         /* bytes per element */
+  size_t elem; /* bytes per element */
   const weft_mem_ops *mem;
   uint32_t seq;
-  uint64_t events;     /* bumped on every completed send/receive: progress */
-  int waiting_peer;    /* peer of the last WEFT_AGAIN, for timeout messages */
-  int fail_peer;       /* peer whose link failed, -1 if the failure was elsewhere */
-  void *scratch;       /* weft_coll_scratch's memory, freed when the call ends */
+  int waiting_peer; /* peer of the last WEFT_AGAIN, for timeout messages */
+  int fail_peer;    /* peer whose link failed, -1 if the failure was elsewhere */
+  void *scratch;    /* weft_coll_scratch's memory, freed when the call ends */
   const char *waiting_for;
+  uint8_t token; /* weft_barrier's one byte */
   weft_status (*advance)(weft_coll *coll);
+  struct weft_coll *outer;          /* a phase: the call it belongs to (NULL for a call) */
+  void (*cleanup)(weft_coll *coll); /* releases what the algorithm holds besides scratch */
+  bool quiet_failure;  /* its failure is seen by every rank: no notice to peers */
+  void *check;         /* WEFT_CHECK's fingerprint phase (coll.c), NULL when off or done */
   union {
     weft_ring_state ring;
     weft_rd_state rd;
@@ -108,6 +127,7 @@ struct weft_coll {
     weft_ring_block_state ringb;
     weft_tree_reduce_state treer;
     weft_flat_state flat;
+    weft_hier_state hier;
   } st;
 };
 
@@ -123,7 +143,9 @@ weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *d
  * the call ends; one allocation per call. WEFT_ERR_NOMEM if none. */
 weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out);
 
-static inline int weft_mod(int a, int n) { return ((a % n) + n) % n; }
+static inline int weft_mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
 
 /* Steps that several algorithms share (steps.c). Each is re-entrant: after
  * WEFT_AGAIN, call it again with the same arguments. */
@@ -168,5 +190,6 @@ weft_status weft_ring_allgather_start(weft_coll *coll);
 weft_status weft_flat_gather_start(weft_coll *coll);
 weft_status weft_flat_scatter_start(weft_coll *coll);
 weft_status weft_pairwise_alltoall_start(weft_coll *coll);
+weft_status weft_hier_allreduce_start(weft_coll *coll);
 
 #endif

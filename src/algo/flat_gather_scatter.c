@@ -8,8 +8,8 @@
 
 static weft_status flat_advance(weft_coll *coll) {
   weft_flat_state *fs = &coll->st.flat;
-  int n = coll->comm->size, root = coll->root;
-  bool is_root = coll->comm->rank == root;
+  int n = coll->size, root = coll->root;
+  bool is_root = coll->rank == root;
   while (fs->chunk < fs->nchunks) {
     size_t off, cnt;
     weft_chunk_range(fs->chunk, fs->chunk_elems, coll->count, &off, &cnt);
@@ -36,7 +36,7 @@ static weft_status flat_start(weft_coll *coll, bool to_root) {
   weft_flat_state *fs = &coll->st.flat;
   *fs = (weft_flat_state){.chunk_elems = weft_chunk_elems(coll), .to_root = to_root};
   fs->nchunks = (coll->count + fs->chunk_elems - 1) / fs->chunk_elems;
-  if (coll->comm->rank == coll->root) {
+  if (coll->rank == coll->root) {
     size_t block = coll->count * coll->elem, mine = (size_t)coll->root * block;
     char *dst = to_root ? (char *)coll->recvbuf + mine : coll->recvbuf;
     const char *src = to_root ? coll->sendbuf : (const char *)coll->sendbuf + mine;

@@ -34,7 +34,7 @@ static weft_status a2a_round(weft_coll *coll, int to, int from) {
 
 static weft_status a2a_advance(weft_coll *coll) {
   weft_flat_state *fs = &coll->st.flat;
-  int n = coll->comm->size, r = coll->comm->rank;
+  int n = coll->size, r = coll->rank;
   while (fs->round < n) {
     WEFT_STEP(a2a_round(coll, (r + fs->round) % n, weft_mod(r - fs->round, n)));
     fs->round++;
@@ -47,7 +47,7 @@ weft_status weft_pairwise_alltoall_start(weft_coll *coll) {
   weft_flat_state *fs = &coll->st.flat;
   *fs = (weft_flat_state){.chunk_elems = weft_chunk_elems(coll), .round = 1};
   fs->nchunks = (coll->count + fs->chunk_elems - 1) / fs->chunk_elems;
-  size_t block = coll->count * coll->elem, mine = (size_t)coll->comm->rank * block;
+  size_t block = coll->count * coll->elem, mine = (size_t)coll->rank * block;
   coll->mem->copy((char *)coll->recvbuf + mine, (const char *)coll->sendbuf + mine, block);
   coll->algo = "pairwise";
   coll->advance = a2a_advance;

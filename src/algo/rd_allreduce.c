@@ -14,7 +14,9 @@ static int pow2_floor(int n) {
 }
 
 /* Real rank of a rank of the power-of-two group. */
-static int rd_real_rank(int newrank, int rem) { return newrank < rem ? newrank * 2 + 1 : newrank + rem; }
+static int rd_real_rank(int newrank, int rem) {
+  return newrank < rem ? newrank * 2 + 1 : newrank + rem;
+}
 
 /* Sends our buffer to peer and folds the peer's into ours. */
 static weft_status rd_exchange(weft_coll *coll, int peer, size_t bytes) {
@@ -34,7 +36,7 @@ static weft_status rd_exchange(weft_coll *coll, int peer, size_t bytes) {
 
 static weft_status rd_advance(weft_coll *coll) {
   weft_rd_state *rd = &coll->st.rd;
-  int n = coll->comm->size, r = coll->comm->rank;
+  int n = coll->size, r = coll->rank;
   int p2 = pow2_floor(n), rem = n - p2;
   size_t bytes = coll->count * coll->elem;
   if (rd->phase == 0) { /* fold in */
@@ -64,7 +66,9 @@ static weft_status rd_advance(weft_coll *coll) {
       WEFT_STEP(rd_exchange(coll, rd_real_rank(rd->newrank ^ rd->mask, rem), bytes));
       rd->mask <<= 1;
     }
-    if (rd->newrank >= 0) coll->mem->finish(coll->recvbuf, coll->recvbuf, coll->count, coll->dtype, coll->op, n);
+    if (rd->newrank >= 0)
+      coll->mem->finish(coll->recvbuf, coll->recvbuf, coll->count, coll->dtype, coll->op,
+                        coll->avg_div);
     rd->phase = 2;
   }
   if (rd->phase == 2) { /* fold out: the odd partner returns the result */

@@ -10,7 +10,7 @@
 
 static weft_status ag_step(weft_coll *coll) {
   weft_ring_block_state *rb = &coll->st.ringb;
-  int n = coll->comm->size, r = coll->comm->rank, s = rb->step;
+  int n = coll->size, r = coll->rank, s = rb->step;
   int left = weft_mod(r - 1, n), right = weft_mod(r + 1, n);
   size_t off, cnt;
   weft_chunk_range(rb->loop, rb->chunk_elems, coll->count, &off, &cnt);
@@ -27,7 +27,7 @@ static weft_status ag_advance(weft_coll *coll) {
   while (rb->loop < rb->loops) {
     WEFT_STEP(ag_step(coll));
     rb->got = false;
-    if (++rb->step == coll->comm->size) {
+    if (++rb->step == coll->size) {
       rb->step = 0;
       rb->loop++;
     }
@@ -40,7 +40,7 @@ weft_status weft_ring_allgather_start(weft_coll *coll) {
   *rb = (weft_ring_block_state){.chunk_elems = weft_chunk_elems(coll)};
   rb->loops = (coll->count + rb->chunk_elems - 1) / rb->chunk_elems;
   size_t block = coll->count * coll->elem;
-  char *mine = (char *)coll->recvbuf + (size_t)coll->comm->rank * block;
+  char *mine = (char *)coll->recvbuf + (size_t)coll->rank * block;
   if (mine != coll->sendbuf) coll->mem->copy(mine, coll->sendbuf, block);
   coll->algo = "ring";
   coll->advance = ag_advance;

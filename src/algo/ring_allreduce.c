@@ -11,7 +11,9 @@
  * the same bits. */
 #include "algo.h"
 
-static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+static size_t min_sz(size_t a, size_t b) {
+  return a < b ? a : b;
+}
 
 /* Element range of chunk c in the current loop. The last loop may be short:
  * it is split evenly, so some chunks can be empty (both ends agree). */
@@ -19,7 +21,7 @@ static void ring_chunk(const weft_coll *coll, int c, size_t *off, size_t *cnt) {
   const weft_ring_state *rs = &coll->st.ring;
   size_t base = rs->loop * rs->loop_elems;
   size_t rem = min_sz(rs->loop_elems, coll->count - base);
-  size_t n = (size_t)coll->comm->size;
+  size_t n = (size_t)coll->size;
   size_t cs = rem == rs->loop_elems ? rs->chunk_elems : (rem + n - 1) / n;
   size_t start = min_sz((size_t)c * cs, rem);
   *off = base + start;
@@ -29,7 +31,7 @@ static void ring_chunk(const weft_coll *coll, int c, size_t *off, size_t *cnt) {
 /* One step; OK when done, AGAIN when waiting (re-entered later). */
 static weft_status ring_step(weft_coll *coll) {
   weft_ring_state *rs = &coll->st.ring;
-  int n = coll->comm->size, r = coll->comm->rank, s = rs->step;
+  int n = coll->size, r = coll->rank, s = rs->step;
   int left = weft_mod(r - 1, n), right = weft_mod(r + 1, n);
   int c = weft_mod(r - s, n);
   size_t off, cnt;
@@ -42,14 +44,15 @@ static weft_status ring_step(weft_coll *coll) {
   if (s == 0) return weft_step_send(coll, right, in, bytes);
   /* reduce-scatter: receive, add own, pass on; at n-1 final (divided for avg) */
   if (s <= n - 1)
-    return weft_step_recv_reduce(coll, left, right, out, in, cnt, s == n - 1 ? n : 1, -1);
+    return weft_step_recv_reduce(coll, left, right, out, in, cnt, s == n - 1 ? coll->avg_div : 1,
+                                 -1);
   /* allgather: the chunk lands straight in the output, then moves on */
   return weft_step_recv_forward(coll, left, s == 2 * n - 2 ? -1 : right, out, bytes, &rs->got);
 }
 
 static weft_status ring_advance(weft_coll *coll) {
   weft_ring_state *rs = &coll->st.ring;
-  int last_step = 2 * (coll->comm->size - 1);
+  int last_step = 2 * (coll->size - 1);
   while (rs->loop < rs->loops) {
     WEFT_STEP(ring_step(coll));
     rs->got = false;
@@ -63,7 +66,7 @@ static weft_status ring_advance(weft_coll *coll) {
 
 weft_status weft_ring_allreduce_start(weft_coll *coll) {
   weft_ring_state *rs = &coll->st.ring;
-  size_t n = (size_t)coll->comm->size;
+  size_t n = (size_t)coll->size;
   rs->chunk_elems = weft_chunk_elems(coll);
   rs->loop_elems = n * rs->chunk_elems;
   rs->loops = (coll->count + rs->loop_elems - 1) / rs->loop_elems;

@@ -16,7 +16,7 @@
 
 static weft_status rs_step(weft_coll *coll) {
   weft_ring_block_state *rb = &coll->st.ringb;
-  int n = coll->comm->size, r = coll->comm->rank, s = rb->step;
+  int n = coll->size, r = coll->rank, s = rb->step;
   int left = weft_mod(r - 1, n), right = weft_mod(r + 1, n);
   int b = weft_mod(r - 1 - s, n);
   size_t off, cnt;
@@ -25,14 +25,14 @@ static weft_status rs_step(weft_coll *coll) {
   if (s == 0) return weft_step_send(coll, right, own, cnt * coll->elem);
   if (s < n - 1) return weft_step_recv_reduce(coll, left, right, rb->partial, own, cnt, 1, right);
   char *out = (char *)coll->recvbuf + off * coll->elem;
-  return weft_step_recv_reduce(coll, left, -1, out, own, cnt, n, -1);
+  return weft_step_recv_reduce(coll, left, -1, out, own, cnt, coll->avg_div, -1);
 }
 
 static weft_status rs_advance(weft_coll *coll) {
   weft_ring_block_state *rb = &coll->st.ringb;
   while (rb->loop < rb->loops) {
     WEFT_STEP(rs_step(coll));
-    if (++rb->step == coll->comm->size) {
+    if (++rb->step == coll->size) {
       rb->step = 0;
       rb->loop++;
     }
@@ -45,7 +45,7 @@ weft_status weft_ring_reduce_scatter_start(weft_coll *coll) {
   *rb = (weft_ring_block_state){.chunk_elems = weft_chunk_elems(coll)};
   rb->loops = (coll->count + rb->chunk_elems - 1) / rb->chunk_elems;
   size_t chunk = coll->count < rb->chunk_elems ? coll->count : rb->chunk_elems;
-  if (coll->comm->size > 2) WEFT_CHECK(weft_coll_scratch(coll, chunk * coll->elem, &rb->partial));
+  if (coll->size > 2) WEFT_CHECK(weft_coll_scratch(coll, chunk * coll->elem, &rb->partial));
   coll->algo = "ring";
   coll->advance = rs_advance;
   return WEFT_OK;

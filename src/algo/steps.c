@@ -17,9 +17,9 @@ void weft_chunk_range(size_t k, size_t chunk_elems, size_t count, size_t *off, s
 }
 
 weft_tree_shape weft_tree_shape_of(const weft_coll *coll, int fanout) {
-  int n = coll->comm->size;
+  int n = coll->size;
   int k = fanout < 1 ? 1 : fanout > n - 1 ? (n > 1 ? n - 1 : 1) : fanout;
-  int v = weft_mod(coll->comm->rank - coll->root, n); /* virtual rank: root is 0 */
+  int v = weft_mod(coll->rank - coll->root, n); /* virtual rank: root is 0 */
   int first = v * k + 1;
   return (weft_tree_shape){.fanout = k,
                            .parent = v == 0 ? -1 : (coll->root + (v - 1) / k) % n,

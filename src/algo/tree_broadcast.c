@@ -38,7 +38,7 @@ weft_status weft_tree_broadcast_start(weft_coll *coll, int fanout) {
   ts->chunk = 0;
   ts->got = false;
   ts->children_sent = 0;
-  if (coll->comm->rank == coll->root && coll->sendbuf != coll->recvbuf)
+  if (coll->rank == coll->root && coll->sendbuf != coll->recvbuf)
     coll->mem->copy(coll->recvbuf, coll->sendbuf, coll->count * coll->elem);
   coll->algo = ts->fanout == 1 ? "chain" : "tree";
   coll->advance = tree_advance;

@@ -33,7 +33,7 @@ static weft_status treer_advance(weft_coll *coll) {
        * for avg); before the first refills the scratch, its last send must
        * be out */
       WEFT_STEP(weft_step_recv_reduce(coll, child, last ? t.parent : -1, acc, first ? own : acc,
-                                      cnt, last && is_root ? coll->comm->size : 1,
+                                      cnt, last && is_root ? coll->avg_div : 1,
                                       first && !is_root ? t.parent : -1));
       ts->children_done++;
     }

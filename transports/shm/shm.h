@@ -79,7 +79,6 @@ struct weft_transport_ctx {
   struct weft_conn *want_conn;       /* the last connection a data call said AGAIN for */
   enum shm_want want;
   double next_liveness_check;
-  bool warned_capacity;
 };
 
 /* shm_conn.c */

@@ -31,7 +31,9 @@ size_t shm_segment_bytes(int nslots, size_t slot_bytes) {
 /* ---- futex ------------------------------------------------------------------ */
 
 /* Not FUTEX_PRIVATE: the word is shared between processes. */
-void shm_futex_wake(atomic_uint *word) { syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0); }
+void shm_futex_wake(atomic_uint *word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
 
 void shm_futex_wait(atomic_uint *word, uint32_t expected, int timeout_ms) {
   struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
@@ -190,8 +192,8 @@ static weft_status shm_peer_gone(struct weft_conn *c) {
   if (c->rx && atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) {
     char text[SHM_ABORT_TEXT];
     snprintf(text, sizeof text, "%s", c->rx->abort_text);
-    weft_status st = shm_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s",
-                                   c->peer, text);
+    weft_status st =
+        shm_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s", c->peer, text);
     snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
     return st;
   }
@@ -214,8 +216,10 @@ void shm_conn_check_peer(struct weft_conn *c) {
 static weft_status shm_peer_ended(struct weft_conn *c, const char *needing) {
   weft_status st = shm_peer_gone(c); /* a failure notice says more than the exit */
   if (st) return st;
-  return shm_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d (pid %u) ended or crashed while this rank "
-                       "waited for %s", c->peer, c->peer_pid, needing);
+  return shm_conn_fail(c, WEFT_ERR_PEER_LOST,
+                       "peer %d (pid %u) ended or crashed while this rank "
+                       "waited for %s",
+                       c->peer, c->peer_pid, needing);
 }
 
 /* ---- data path ------------------------------------------------------------------ */
@@ -262,7 +266,16 @@ weft_status shm_send(struct weft_conn *c, const void *src, size_t bytes, uint32_
 
 /* A chunk is complete once copied into the slot. */
 weft_status shm_send_idle(struct weft_conn *c) {
-  return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_OK;
+  if (c->state == SHM_CONN_DEAD) return c->dead_status;
+  /* Chunks sit in a segment only the peer's mapping can reach: until it has
+   * mapped it, they are not delivered (this rank ending now would unlink
+   * the segment with them). */
+  if (c->maybe_linked && c->seg &&
+      !atomic_load_explicit(&c->seg->peer_mapped, memory_order_acquire)) {
+    if (c->peer_ended) return shm_peer_ended(c, "to map the shared memory");
+    return WEFT_AGAIN;
+  }
+  return WEFT_OK;
 }
 
 weft_status shm_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data) {

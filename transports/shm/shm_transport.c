@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/statvfs.h>
 #include <time.h>
@@ -55,8 +56,8 @@ static bool shm_addr_read(const void *blob, size_t len, shm_addr *out) {
   return out->magic == SHM_ADDR_MAGIC;
 }
 
-static bool shm_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_addr,
-                          size_t addr_len, char *why, size_t why_len) {
+static bool shm_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_addr, size_t addr_len,
+                          char *why, size_t why_len) {
   shm_addr peer_copy;
   const shm_addr *pa = &peer_copy;
   (void)peer;
@@ -77,8 +78,9 @@ static bool shm_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_ad
              "WEFT_CHUNK_BYTES)",
              (unsigned long long)(have >> 20), (unsigned long long)ctx->args->local_size,
              (unsigned long long)(need >> 20));
-    if (!ctx->warned_capacity) WEFT_WARN(WEFT_SUBSYS_INIT, "shm: %s", why);
-    ctx->warned_capacity = true;
+    /* once per process: every communicator (and its p2p lane) decides alike */
+    static atomic_bool warned;
+    if (!atomic_exchange(&warned, true)) WEFT_WARN(WEFT_SUBSYS_INIT, "shm: %s", why);
     return false;
   }
   size_t used = strlen(why);
@@ -91,7 +93,9 @@ static weft_status shm_connect(weft_transport_ctx *ctx, int peer, const void *pe
                                size_t addr_len, weft_conn **conn) {
   shm_addr peer_copy;
   const shm_addr *pa = &peer_copy;
-  if (!shm_addr_read(peer_addr, addr_len, &peer_copy) || peer < 0 || peer >= ctx->args->size || peer == ctx->args->rank) return WEFT_ERR_INVALID;
+  if (!shm_addr_read(peer_addr, addr_len, &peer_copy) || peer < 0 || peer >= ctx->args->size ||
+      peer == ctx->args->rank)
+    return WEFT_ERR_INVALID;
   if (!ctx->conns[peer]) WEFT_CHECK(shm_conn_create(ctx, peer, pa, &ctx->conns[peer]));
   *conn = ctx->conns[peer];
   return WEFT_OK;

@@ -1,0 +1,361 @@
+/* engine.c - the one loop that moves data: it advances the collective at the
+ * head of the queue (then the next, at once), the point-to-point lane, and
+ * every transport; spins briefly, then yields, then sleeps in the transport's
+ * wait; and fails the communicator once nothing moved for the timeout.
+ *
+ * Who drives: the holder of comm->call_lock. A caller that waits (weft_wait,
+ * any blocking call) takes it and drives on its own thread, so a blocking
+ * call costs no thread hand-off. The progress thread, started by the first
+ * non-blocking call, drives only while no caller wants to: it checks
+ * drivers_waiting on every round and steps aside. */
+#include "engine.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "net.h"
+#include "status.h"
+
+/* The progress thread competes with the caller's own work for the cores:
+ * it yields for a short while only, then sleeps in slices short enough that
+ * it notices a caller who wants to drive, or new work, promptly. */
+#define THREAD_YIELD_US 1000
+#define THREAD_SLICE_MS 5
+
+static weft_status lane_pass(weft_comm *comm) {
+  return comm->lane ? weft_p2p_pass(comm) : WEFT_OK;
+}
+
+static bool has_work_locked(weft_comm *comm) {
+  return comm->q_head || (comm->lane && weft_p2p_busy(comm));
+}
+
+/* Completes everything queued with `st` (the first cause is already in
+ * last_error). Caller holds call_lock. */
+static void fail_all(weft_comm *comm, weft_status st) {
+  pthread_mutex_lock(&comm->q_lock);
+  weft_request *r = comm->q_head;
+  comm->q_head = comm->q_tail = NULL;
+  pthread_mutex_unlock(&comm->q_lock);
+  while (r) {
+    weft_request *next = r->next;
+    weft_coll_end(&r->coll);
+    weft_request_complete(r, st);
+    r = next;
+  }
+  if (comm->lane) weft_p2p_fail_all(comm, st);
+}
+
+void weft_request_complete(weft_request *req, weft_status st) {
+  if (req->coll.cleanup) req->coll.cleanup(&req->coll);
+  weft_coll_release(&req->coll);
+  free(req->coll.scratch);
+  req->coll.scratch = NULL;
+  req->status = st;
+  atomic_store_explicit(&req->done, 1, memory_order_release);
+}
+
+/* Advances the head collectives as far as they go. Negative: the head failed. */
+static weft_status queue_pass(weft_comm *comm, weft_request **failed) {
+  for (;;) {
+    pthread_mutex_lock(&comm->q_lock);
+    weft_request *head = comm->q_head;
+    pthread_mutex_unlock(&comm->q_lock);
+    if (!head) return WEFT_OK;
+    weft_coll *coll = &head->coll;
+    if (!head->started) {
+      head->started = true;
+      weft_recorder_update(&comm->recorder, coll, WEFT_REC_RUNNING, WEFT_OK);
+    }
+    weft_status st = head->algo_done ? WEFT_OK : coll->advance(coll);
+    if (st == WEFT_OK) {
+      head->algo_done = true;
+      st = weft_coll_flush(coll);
+    }
+    if (st == WEFT_AGAIN) return WEFT_OK;
+    if (st < 0) {
+      *failed = head;
+      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st);
+      return st;
+    }
+    weft_recorder_update(&comm->recorder, coll, WEFT_REC_DONE, WEFT_OK);
+    weft_coll_end(coll);
+    pthread_mutex_lock(&comm->q_lock);
+    comm->q_head = head->next;
+    if (!comm->q_head) comm->q_tail = NULL;
+    pthread_mutex_unlock(&comm->q_lock);
+    comm->events++;
+    weft_request_complete(head, WEFT_OK);
+  }
+}
+
+/* The peer the engine waits for, and its transport. */
+static const weft_comm_transport *waited_transport(weft_comm *comm) {
+  int peer = -1;
+  if (comm->q_head) peer = comm->q_head->coll.waiting_peer;
+  if (peer < 0 && comm->lane) peer = weft_p2p_waiting_peer(comm, NULL);
+  int t = peer >= 0 && peer != comm->rank ? comm->peers[peer].tp : 0;
+  return &comm->tps[t < 0 ? 0 : t];
+}
+
+/* A failure seen while driving: the head collective words it (or the lane),
+ * the communicator fails, every request completes with the error. */
+static weft_status drive_failed(weft_comm *comm, weft_request *head, weft_status st) {
+  if (!head) head = comm->q_head;
+  if (head) {
+    st = weft_coll_failed(&head->coll, st);
+  } else if (!comm->failed) {
+    const char *what = NULL;
+    int peer = comm->lane ? weft_p2p_waiting_peer(comm, &what) : -1;
+    if (st == WEFT_ERR_TIMEOUT)
+      weft_comm_error(comm, st, "weft_send/weft_recv",
+                      "no progress for %.1f s while waiting for %s peer %d; is peer %d alive and "
+                      "does it send/receive the matching message?",
+                      comm->timeout_s, what ? what : "", peer, peer);
+    else if (st == WEFT_ERR_ABORTED)
+      weft_comm_error(comm, st, "weft_send/weft_recv", "weft_comm_abort was called");
+    else
+      weft_comm_error(comm, st, "weft_send/weft_recv", "%s",
+                      comm->sink.origin[0] ? comm->sink.origin : comm->sink.msg);
+    comm->failed = st;
+    for (int t = 0; t < comm->ntps; t++)
+      comm->tps[t].ops->abort_all(comm->tps[t].ctx, comm->last_error);
+  }
+  fail_all(comm, comm->failed ? comm->failed : st);
+  return st;
+}
+
+typedef enum drive_mode { DRIVE_WAIT, DRIVE_ONCE, DRIVE_THREAD } drive_mode;
+
+/* Caller holds call_lock. Returns when `target` is done (DRIVE_WAIT), after
+ * one pass (DRIVE_ONCE), or when there is no work left or a caller wants to
+ * drive (DRIVE_THREAD). */
+static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
+  bool thread = mode == DRIVE_THREAD;
+  int yield_us = thread && comm->yield_us > THREAD_YIELD_US ? THREAD_YIELD_US : comm->yield_us;
+  for (;;) {
+    uint64_t seen = comm->events;
+    weft_request *failed = NULL;
+    weft_status st = queue_pass(comm, &failed);
+    if (st >= 0) st = lane_pass(comm);
+    if (st < 0) {
+      drive_failed(comm, failed, st);
+      return;
+    }
+    if (target && atomic_load_explicit(&target->done, memory_order_acquire)) return;
+    if (thread) {
+      if (atomic_load_explicit(&comm->drivers_waiting, memory_order_relaxed) > 0) return;
+      pthread_mutex_lock(&comm->q_lock);
+      bool work = has_work_locked(comm) && !comm->progress_stop;
+      pthread_mutex_unlock(&comm->q_lock);
+      if (!work) return;
+    }
+    bool moved = false;
+    for (int t = 0; t < comm->ntps && st >= 0; t++) {
+      bool this_moved = false;
+      st = comm->tps[t].ops->progress(comm->tps[t].ctx, &this_moved);
+      moved |= this_moved;
+    }
+    if (st < 0) {
+      drive_failed(comm, NULL, st);
+      return;
+    }
+    double now = weft_now();
+    if (moved || comm->events != seen) {
+      comm->last_moved = now;
+      continue;
+    }
+    if (mode == DRIVE_ONCE) return;
+    if (atomic_load_explicit(&comm->aborted, memory_order_relaxed)) {
+      comm->sink.origin[0] = 0;
+      drive_failed(comm, NULL, WEFT_ERR_ABORTED);
+      return;
+    }
+    double idle = now - comm->last_moved;
+    if (idle >= comm->timeout_s) {
+      comm->sink.origin[0] = 0;
+      drive_failed(comm, NULL, WEFT_ERR_TIMEOUT);
+      return;
+    }
+    if (idle * 1e6 < comm->spin_us) continue;
+    weft_recorder_poll_signal();
+    if (idle * 1e6 < comm->spin_us + yield_us) {
+      sched_yield();
+      continue;
+    }
+    double left_ms = (comm->timeout_s - idle) * 1000;
+    if (comm->q_head) /* what it waits for, for a dump */
+      weft_recorder_update(&comm->recorder, &comm->q_head->coll, WEFT_REC_RUNNING, WEFT_OK);
+    int slice = thread ? THREAD_SLICE_MS : 100;
+    /* sleep on what the head waits for; other transports are polled every
+     * round and the waits are bounded slices */
+    int ms = left_ms < slice ? (int)left_ms + 1 : slice;
+    if (comm->ntps == 0) { /* one rank: only a message to itself can come */
+      struct timespec pause = {0, 1000000};
+      nanosleep(&pause, NULL);
+      continue;
+    }
+    const weft_comm_transport *t = waited_transport(comm);
+    st = t->ops->wait(t->ctx, ms);
+    uint64_t drained;
+    if (read(comm->wake_fd, &drained, sizeof drained) < 0 && errno != EAGAIN) { /* best effort */
+    }
+    if (st < 0) {
+      drive_failed(comm, NULL, st);
+      return;
+    }
+  }
+}
+
+static void *progress_main(void *arg) {
+  weft_comm *comm = arg;
+  weft_log_set_rank(comm->rank);
+  pthread_mutex_lock(&comm->q_lock);
+  for (;;) {
+    while (!comm->progress_stop &&
+           (!has_work_locked(comm) || atomic_load(&comm->drivers_waiting) > 0))
+      pthread_cond_wait(&comm->q_cond, &comm->q_lock);
+    if (comm->progress_stop) break;
+    pthread_mutex_unlock(&comm->q_lock);
+    pthread_mutex_lock(&comm->call_lock);
+    atomic_store(&comm->progress_driving, true);
+    drive(comm, NULL, DRIVE_THREAD);
+    atomic_store(&comm->progress_driving, false);
+    pthread_mutex_unlock(&comm->call_lock);
+    pthread_mutex_lock(&comm->q_lock);
+  }
+  pthread_mutex_unlock(&comm->q_lock);
+  return NULL;
+}
+
+void weft_engine_submit(weft_request *req, bool wake) {
+  weft_comm *comm = req->comm;
+  req->next = NULL;
+  atomic_store_explicit(&req->done, 0, memory_order_relaxed);
+  pthread_mutex_lock(&comm->q_lock);
+  if (!has_work_locked(comm)) comm->last_moved = weft_now(); /* the timeout counts from here */
+  if (req->kind == WEFT_REQ_COLL) {
+    if (comm->q_tail)
+      comm->q_tail->next = req;
+    else
+      comm->q_head = req;
+    comm->q_tail = req;
+  } else {
+    weft_p2p_post(req);
+  }
+  if (wake && !comm->progress_started && !comm->progress_stop) {
+    if (pthread_create(&comm->progress, NULL, progress_main, comm) == 0)
+      comm->progress_started = true;
+    else /* still correct: waits drive it; it just does not overlap */
+      WEFT_WARN(WEFT_SUBSYS_COLL, "cannot start the progress thread; requests move only in waits");
+  }
+  if (wake) pthread_cond_signal(&comm->q_cond);
+  pthread_mutex_unlock(&comm->q_lock);
+}
+
+/* Takes the call lock as a driver: the progress thread steps aside. */
+static void driver_enter(weft_comm *comm) {
+  atomic_fetch_add(&comm->drivers_waiting, 1);
+  if (atomic_load(&comm->progress_driving)) {
+    uint64_t one = 1; /* ends a transport wait the thread may be sleeping in */
+    if (write(comm->wake_fd, &one, sizeof one) < 0) { /* already signalled */
+    }
+  }
+  pthread_mutex_lock(&comm->call_lock);
+  atomic_fetch_sub(&comm->drivers_waiting, 1);
+}
+
+static void driver_leave(weft_comm *comm) {
+  pthread_mutex_unlock(&comm->call_lock);
+  if (comm->progress_started) {
+    pthread_mutex_lock(&comm->q_lock);
+    pthread_cond_signal(&comm->q_cond);
+    pthread_mutex_unlock(&comm->q_lock);
+  }
+}
+
+weft_status weft_engine_wait(weft_request *req) {
+  if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
+    weft_comm *comm = req->comm;
+    driver_enter(comm);
+    drive(comm, req, DRIVE_WAIT);
+    driver_leave(comm);
+  }
+  return req->status;
+}
+
+bool weft_engine_test(weft_request *req) {
+  if (atomic_load_explicit(&req->done, memory_order_acquire)) return true;
+  weft_comm *comm = req->comm;
+  if (pthread_mutex_trylock(&comm->call_lock) == 0) {
+    drive(comm, req, DRIVE_ONCE);
+    pthread_mutex_unlock(&comm->call_lock);
+  }
+  return atomic_load_explicit(&req->done, memory_order_acquire);
+}
+
+void weft_engine_stop(weft_comm *comm) {
+  pthread_mutex_lock(&comm->q_lock);
+  comm->progress_stop = true;
+  pthread_cond_signal(&comm->q_cond);
+  bool started = comm->progress_started;
+  pthread_mutex_unlock(&comm->q_lock);
+  uint64_t one = 1;
+  if (write(comm->wake_fd, &one, sizeof one) < 0) { /* already signalled */
+  }
+  if (started) pthread_join(comm->progress, NULL);
+  comm->progress_started = false;
+  pthread_mutex_lock(&comm->call_lock);
+  if (comm->q_head || (comm->lane && weft_p2p_busy(comm))) {
+    if (!comm->failed)
+      weft_comm_error(comm, WEFT_ERR_ABORTED, "weft_comm_destroy",
+                      "the communicator was destroyed with requests outstanding");
+    fail_all(comm, WEFT_ERR_ABORTED);
+  }
+  pthread_mutex_unlock(&comm->call_lock);
+}
+
+/* ---- the public request calls --------------------------------------------- */
+
+static weft_status request_finish(weft_request **req) {
+  weft_status st = (*req)->status;
+  free(*req);
+  *req = NULL;
+  return st;
+}
+
+WEFT_API weft_status weft_wait(weft_request **req) {
+  if (!req) return weft_init_error(WEFT_ERR_INVALID, -1, "weft_wait", "req is NULL");
+  if (!*req) return WEFT_OK;
+  weft_engine_wait(*req);
+  return request_finish(req);
+}
+
+WEFT_API weft_status weft_test(weft_request **req, int *done) {
+  if (!req || !done)
+    return weft_init_error(WEFT_ERR_INVALID, -1, "weft_test", "req or done is NULL");
+  *done = 1;
+  if (!*req) return WEFT_OK;
+  if (!weft_engine_test(*req)) {
+    *done = 0;
+    return WEFT_OK;
+  }
+  return request_finish(req);
+}
+
+WEFT_API weft_status weft_wait_all(weft_request **reqs, int n) {
+  if (n < 0 || (n > 0 && !reqs))
+    return weft_init_error(WEFT_ERR_INVALID, -1, "weft_wait_all", "reqs is NULL or n < 0");
+  weft_status first = WEFT_OK;
+  for (int i = 0; i < n; i++) {
+    weft_status st = weft_wait(&reqs[i]);
+    if (st && !first) first = st;
+  }
+  return first;
+}

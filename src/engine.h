@@ -1,0 +1,62 @@
+/* engine.h - requests and the engine that drives them. Every operation, the
+ * blocking ones included, is a request: collectives wait in one queue per
+ * communicator and run one at a time in issue order (the order that matches
+ * them across ranks); point-to-point messages run beside them on their own
+ * lane (p2p.h). Whoever holds the communicator's call lock drives: a caller
+ * blocked in weft_wait or a blocking call, or else the communicator's
+ * progress thread, which steps aside as soon as a caller wants to drive, so
+ * a blocking call never hands its data off to another thread. */
+#ifndef WEFT_ENGINE_H
+#define WEFT_ENGINE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "algo/algo.h"
+#include "comm.h"
+#include "p2p.h"
+
+typedef enum weft_req_kind { WEFT_REQ_COLL, WEFT_REQ_SEND, WEFT_REQ_RECV } weft_req_kind;
+
+struct weft_request {
+  weft_comm *comm;
+  weft_req_kind kind;
+  bool on_heap;    /* made by a weft_iNAME call: freed by wait/test; else it
+                      lives on a blocking caller's stack */
+  bool started;         /* the engine has advanced it (the recorder knows) */
+  bool algo_done;  /* the algorithm finished; its sends may still be draining */
+  atomic_int done; /* set last, with `status`: the driver never touches it after */
+  weft_status status;
+  weft_request *next; /* collective queue, or the p2p lane's per-peer list */
+  weft_coll coll;     /* collectives: the state machine */
+  weft_p2p_op p2p;    /* send/recv: the message */
+};
+
+/* Appends a started request to its communicator's queue (collectives) or
+ * lane (send/recv). With `wake`, the progress thread is started if needed
+ * and told there is work: non-blocking calls; a blocking caller drives
+ * itself right after. Never blocks on the network. */
+void weft_engine_submit(weft_request *req, bool wake);
+
+/* Drives until `req` is done; returns its status. Bounded by the timeout:
+ * no progress for that long fails the communicator. */
+weft_status weft_engine_wait(weft_request *req);
+
+/* One non-blocking pass when nobody else is driving; true when `req` is done. */
+bool weft_engine_test(weft_request *req);
+
+/* Marks `req` done with `st`. The driver's last touch of it. */
+void weft_request_complete(weft_request *req, weft_status st);
+
+/* For destroy: stops the progress thread and completes every outstanding
+ * request with WEFT_ERR_ABORTED. */
+void weft_engine_stop(weft_comm *comm);
+
+/* The collectives' side (coll.c), used by the engine. */
+weft_status weft_coll_flush(weft_coll *coll);
+void weft_coll_end(weft_coll *coll);
+weft_status weft_coll_failed(weft_coll *coll, weft_status st);
+/* Frees what the call's setup held besides the algorithm (WEFT_CHECK's phase). */
+void weft_coll_release(weft_coll *coll);
+
+#endif

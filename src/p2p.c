@@ -1,0 +1,521 @@
+/* p2p.c - weft_send / weft_recv and their non-blocking forms, on the lane
+ * (p2p.h says why a lane, and what a message looks like on the wire).
+ *
+ * Per peer, sends go out one message at a time in issue order; incoming
+ * messages are taken in arrival order, and each is matched, at its header,
+ * to the oldest posted receive with its tag, or kept as unexpected. A
+ * receive posted later takes the oldest unexpected message with its tag, so
+ * messages with one tag are never overtaken by each other. Incoming data is
+ * only pulled from a peer while a receive from it is posted: a peer that
+ * sends what nobody receives fills its own credits and waits, bounded by
+ * the timeout like everything else. */
+#include "p2p.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "mem.h"
+#include "status.h"
+
+#define HEADER_MAGIC 0x57503250u /* "WP2P" */
+
+struct weft_p2p_unexpected {
+  weft_p2p_unexpected *next;
+  int tag;
+  weft_dtype dtype;
+  size_t bytes;
+  bool complete;
+  weft_request *taker; /* a receive matched while the data still arrives */
+  unsigned char data[];
+};
+
+typedef struct p2p_peer {
+  weft_request *sends, *sends_tail; /* in issue order; the head is on the wire */
+  weft_request *recvs, *recvs_tail; /* posted and not matched yet, in post order */
+  uint32_t sent_msgs, recvd_msgs;   /* messages started each way: their chunk tag */
+  /* the incoming message being received */
+  bool in_busy;
+  int in_tag;
+  weft_dtype in_dtype;
+  size_t in_bytes, in_moved;
+  weft_request *in_req; /* its receive, or NULL: into in_ux */
+  weft_p2p_unexpected *in_ux;
+  weft_p2p_unexpected *ux, *ux_tail; /* unexpected messages, in arrival order */
+} p2p_peer;
+
+struct weft_p2p_lane {
+  p2p_peer *peers;
+  weft_request *posted, *posted_tail; /* handed over by weft_p2p_post (q_lock) */
+  atomic_int outstanding;             /* posted and not complete */
+  weft_coll link;                     /* what the link functions need: comm, tag, memory */
+  int waiting_peer;
+  const char *waiting_for;
+};
+
+weft_status weft_p2p_lane_create(weft_comm *lane) {
+  weft_p2p_lane *l = calloc(1, sizeof *l);
+  if (!l) return WEFT_ERR_NOMEM;
+  l->peers = calloc((size_t)lane->size, sizeof *l->peers);
+  if (!l->peers) {
+    free(l);
+    return WEFT_ERR_NOMEM;
+  }
+  l->link = (weft_coll){.comm = lane,
+                        .call = "weft_send/weft_recv",
+                        .algo = "p2p",
+                        .waiting_peer = -1,
+                        .fail_peer = -1,
+                        .elem = 1};
+  l->waiting_peer = -1;
+  lane->lane = l;
+  return WEFT_OK;
+}
+
+static void ux_free_list(weft_p2p_unexpected *u) {
+  while (u) {
+    weft_p2p_unexpected *next = u->next;
+    free(u);
+    u = next;
+  }
+}
+
+void weft_p2p_lane_free(weft_comm *lane) {
+  weft_p2p_lane *l = lane->lane;
+  if (!l) return;
+  for (int p = 0; p < lane->size; p++) ux_free_list(l->peers[p].ux);
+  free(l->peers);
+  free(l);
+  lane->lane = NULL;
+}
+
+static void complete(weft_comm *lane, weft_request *r, weft_status st) {
+  atomic_fetch_sub(&lane->lane->outstanding, 1);
+  weft_request_complete(r, st);
+}
+
+/* A failure of the lane worded by p2p itself (a mismatch): every rank of the
+ * pair hears of it, like a collective's mismatch. */
+static weft_status lane_fail(weft_comm *lane, weft_status st, const char *call, const char *fmt,
+                             ...) __attribute__((format(printf, 4, 5)));
+static weft_status lane_fail(weft_comm *lane, weft_status st, const char *call, const char *fmt,
+                             ...) {
+  char what[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  weft_comm_error(lane, st, call, "%s", what);
+  lane->failed = st;
+  for (int t = 0; t < lane->ntps; t++)
+    lane->tps[t].ops->abort_all(lane->tps[t].ctx, lane->last_error);
+  return st;
+}
+
+static void append(weft_request **head, weft_request **tail, weft_request *r) {
+  r->next = NULL;
+  if (*tail)
+    (*tail)->next = r;
+  else
+    *head = r;
+  *tail = r;
+}
+
+static weft_status check_match(weft_comm *lane, const weft_request *r, int peer, int tag,
+                               weft_dtype dtype, size_t bytes) {
+  const weft_p2p_op *o = &r->p2p;
+  if (o->bytes == bytes && o->dtype == dtype) return WEFT_OK;
+  return lane_fail(lane, WEFT_ERR_MISMATCH, "weft_recv",
+                   "the message from peer %d with tag %d is %zu bytes of %s, but the receive "
+                   "posted for it expects %zu elements of %s (%zu bytes)",
+                   peer, tag, bytes, weft_dtype_name(dtype), o->count, weft_dtype_name(o->dtype),
+                   o->bytes);
+}
+
+/* Data of a complete unexpected message into the receive that takes it. */
+static weft_status ux_deliver(weft_comm *lane, p2p_peer *pp, weft_p2p_unexpected *u,
+                              weft_request *r) {
+  if (u->bytes) weft_mem_for(r->p2p.recv_buf)->copy(r->p2p.recv_buf, u->data, u->bytes);
+  weft_p2p_unexpected **at = &pp->ux, *prev = NULL;
+  while (*at != u) {
+    prev = *at;
+    at = &(*at)->next;
+  }
+  *at = u->next;
+  if (pp->ux_tail == u) pp->ux_tail = prev;
+  free(u);
+  complete(lane, r, WEFT_OK);
+  return WEFT_OK;
+}
+
+/* A new receive: the oldest unexpected message with its tag, else it waits. */
+static weft_status post_recv(weft_comm *lane, weft_request *r) {
+  p2p_peer *pp = &lane->lane->peers[r->p2p.peer];
+  for (weft_p2p_unexpected *u = pp->ux; u; u = u->next) {
+    if (u->tag != r->p2p.tag || u->taker) continue;
+    WEFT_CHECK(check_match(lane, r, r->p2p.peer, u->tag, u->dtype, u->bytes));
+    if (u->complete) return ux_deliver(lane, pp, u, r);
+    u->taker = r; /* still arriving: delivered when complete */
+    return WEFT_OK;
+  }
+  append(&pp->recvs, &pp->recvs_tail, r);
+  return WEFT_OK;
+}
+
+/* A send to this rank itself: straight into a posted receive, or kept. */
+static weft_status post_self_send(weft_comm *lane, weft_request *r) {
+  p2p_peer *pp = &lane->lane->peers[lane->rank];
+  const weft_p2p_op *o = &r->p2p;
+  weft_request **at = &pp->recvs, *prev = NULL;
+  for (; *at; prev = *at, at = &(*at)->next) {
+    weft_request *rr = *at;
+    if (rr->p2p.tag != o->tag) continue;
+    WEFT_CHECK(check_match(lane, rr, lane->rank, o->tag, o->dtype, o->bytes));
+    *at = rr->next;
+    if (pp->recvs_tail == rr) pp->recvs_tail = prev;
+    if (o->bytes) weft_mem_for(rr->p2p.recv_buf)->copy(rr->p2p.recv_buf, o->send_buf, o->bytes);
+    complete(lane, rr, WEFT_OK);
+    complete(lane, r, WEFT_OK);
+    return WEFT_OK;
+  }
+  weft_p2p_unexpected *u = malloc(sizeof *u + o->bytes);
+  if (!u) return lane_fail(lane, WEFT_ERR_NOMEM, o->call, "no memory to keep a message to self");
+  *u = (weft_p2p_unexpected){.tag = o->tag, .dtype = o->dtype, .bytes = o->bytes, .complete = true};
+  if (o->bytes) weft_mem_for(o->send_buf)->copy(u->data, o->send_buf, o->bytes);
+  if (pp->ux_tail)
+    pp->ux_tail->next = u;
+  else
+    pp->ux = u;
+  pp->ux_tail = u;
+  complete(lane, r, WEFT_OK);
+  return WEFT_OK;
+}
+
+static weft_status take_posted(weft_comm *lane) {
+  weft_p2p_lane *l = lane->lane;
+  pthread_mutex_lock(&lane->q_lock);
+  weft_request *r = l->posted;
+  l->posted = l->posted_tail = NULL;
+  pthread_mutex_unlock(&lane->q_lock);
+  weft_status st = WEFT_OK;
+  while (r) {
+    weft_request *next = r->next;
+    if (st < 0) {
+      complete(lane, r, st);
+    } else if (r->kind == WEFT_REQ_RECV) {
+      st = post_recv(lane, r);
+      if (st < 0) complete(lane, r, st);
+    } else if (r->p2p.peer == lane->rank) {
+      st = post_self_send(lane, r);
+      if (st < 0) complete(lane, r, st);
+    } else {
+      p2p_peer *pp = &l->peers[r->p2p.peer];
+      append(&pp->sends, &pp->sends_tail, r);
+    }
+    r = next;
+  }
+  return st;
+}
+
+/* The link functions tag chunks with coll->seq: here, the message number. */
+static void link_tagged(weft_comm *lane, uint32_t msg, const void *buf) {
+  weft_coll *link = &lane->lane->link;
+  link->seq = msg;
+  link->mem = buf ? weft_mem_for(buf) : &weft_mem_host;
+}
+
+/* Moves the head send of `peer` as far as it goes; OK when the peer has no
+ * more sends or it waits. */
+static weft_status push_sends(weft_comm *lane, int peer) {
+  p2p_peer *pp = &lane->lane->peers[peer];
+  weft_coll *link = &lane->lane->link;
+  while (pp->sends) {
+    weft_request *r = pp->sends;
+    weft_p2p_op *o = &r->p2p;
+    link_tagged(lane, pp->sent_msgs, o->send_buf);
+    if (!o->header_moved) {
+      WEFT_STATUS_PASS(weft_step_send(link, peer, o->header, sizeof o->header));
+      o->header_moved = true;
+    }
+    while (o->moved < o->bytes) {
+      size_t n = o->bytes - o->moved < lane->chunk_bytes ? o->bytes - o->moved : lane->chunk_bytes;
+      WEFT_STATUS_PASS(weft_step_send(link, peer, (const char *)o->send_buf + o->moved, n));
+      o->moved += n;
+    }
+    /* complete only when the buffer may be reused: every chunk is out */
+    WEFT_STATUS_PASS(weft_link_send_idle(link, peer));
+    pp->sends = r->next;
+    if (!pp->sends) pp->sends_tail = NULL;
+    pp->sent_msgs++;
+    complete(lane, r, WEFT_OK);
+  }
+  return WEFT_OK;
+}
+
+/* Starts the next incoming message of `peer` at its header. */
+static weft_status take_header(weft_comm *lane, int peer) {
+  p2p_peer *pp = &lane->lane->peers[peer];
+  weft_coll *link = &lane->lane->link;
+  link_tagged(lane, pp->recvd_msgs, NULL);
+  const void *slot;
+  WEFT_STATUS_PASS(weft_link_recv_peek(link, peer, WEFT_P2P_HEADER_BYTES, &slot));
+  uint8_t h[WEFT_P2P_HEADER_BYTES];
+  memcpy(h, slot, sizeof h);
+  WEFT_STATUS_PASS(weft_link_recv_release(link, peer));
+  uint32_t magic, tag, dtype;
+  uint64_t bytes;
+  memcpy(&magic, h, 4);
+  memcpy(&tag, h + 4, 4);
+  memcpy(&bytes, h + 8, 8);
+  dtype = tag >> 24;
+  tag &= 0xFFFFFF;
+  if (magic != HEADER_MAGIC || dtype >= WEFT_DTYPE_COUNT || bytes > SIZE_MAX / 2 ||
+      bytes % weft_dtype_size((weft_dtype)dtype))
+    return lane_fail(lane, WEFT_ERR_PROTOCOL, "weft_recv",
+                     "peer %d sent a malformed message header (message #%u)", peer, pp->recvd_msgs);
+  pp->in_busy = true;
+  pp->in_tag = (int)tag;
+  pp->in_dtype = (weft_dtype)dtype;
+  pp->in_bytes = (size_t)bytes;
+  pp->in_moved = 0;
+  pp->in_req = NULL;
+  pp->in_ux = NULL;
+  weft_request **at = &pp->recvs, *prev = NULL;
+  for (; *at; prev = *at, at = &(*at)->next) {
+    if ((*at)->p2p.tag != pp->in_tag) continue;
+    weft_request *r = *at;
+    WEFT_CHECK(check_match(lane, r, peer, pp->in_tag, pp->in_dtype, pp->in_bytes));
+    *at = r->next;
+    if (pp->recvs_tail == r) pp->recvs_tail = prev;
+    pp->in_req = r;
+    return WEFT_OK;
+  }
+  weft_p2p_unexpected *u = malloc(sizeof *u + pp->in_bytes);
+  if (!u)
+    return lane_fail(lane, WEFT_ERR_NOMEM, "weft_recv",
+                     "no memory to keep an unexpected message of %zu bytes from peer %d (tag %d)",
+                     pp->in_bytes, peer, pp->in_tag);
+  *u = (weft_p2p_unexpected){.tag = pp->in_tag, .dtype = pp->in_dtype, .bytes = pp->in_bytes};
+  if (pp->ux_tail)
+    pp->ux_tail->next = u;
+  else
+    pp->ux = u;
+  pp->ux_tail = u;
+  pp->in_ux = u;
+  return WEFT_OK;
+}
+
+/* Receives from `peer` while a receive from it is posted (or a message is
+ * half in). */
+static weft_status pull_recvs(weft_comm *lane, int peer) {
+  p2p_peer *pp = &lane->lane->peers[peer];
+  weft_coll *link = &lane->lane->link;
+  while (pp->in_busy || pp->recvs) {
+    if (!pp->in_busy) WEFT_STATUS_PASS(take_header(lane, peer));
+    unsigned char *dst = pp->in_req ? pp->in_req->p2p.recv_buf : pp->in_ux->data;
+    link_tagged(lane, pp->recvd_msgs, pp->in_req ? (void *)dst : NULL);
+    while (pp->in_moved < pp->in_bytes) {
+      size_t left = pp->in_bytes - pp->in_moved;
+      size_t n = left < lane->chunk_bytes ? left : lane->chunk_bytes;
+      WEFT_STATUS_PASS(weft_link_recv_into(link, peer, n, dst + pp->in_moved));
+      pp->in_moved += n;
+    }
+    pp->in_busy = false;
+    pp->recvd_msgs++;
+    if (pp->in_req) {
+      complete(lane, pp->in_req, WEFT_OK);
+    } else {
+      pp->in_ux->complete = true;
+      if (pp->in_ux->taker) WEFT_CHECK(ux_deliver(lane, pp, pp->in_ux, pp->in_ux->taker));
+    }
+    pp->in_req = NULL;
+    pp->in_ux = NULL;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_p2p_pass(weft_comm *lane) {
+  weft_p2p_lane *l = lane->lane;
+  WEFT_CHECK(take_posted(lane));
+  if (atomic_load(&l->outstanding) == 0) return WEFT_OK;
+  l->waiting_peer = -1;
+  for (int p = 0; p < lane->size; p++) {
+    if (p == lane->rank) continue;
+    p2p_peer *pp = &l->peers[p];
+    if (pp->sends) {
+      weft_status st = push_sends(lane, p);
+      if (st < 0) return st;
+      if (st == WEFT_AGAIN && l->waiting_peer < 0) {
+        l->waiting_peer = p;
+        l->waiting_for = "room to send to";
+      }
+    }
+    if (pp->in_busy || pp->recvs) {
+      weft_status st = pull_recvs(lane, p);
+      if (st < 0) return st;
+      if (st == WEFT_AGAIN && l->waiting_peer < 0) {
+        l->waiting_peer = p;
+        l->waiting_for = "a message from";
+      }
+    }
+  }
+  return WEFT_OK;
+}
+
+bool weft_p2p_busy(weft_comm *lane) {
+  return lane->lane->posted || atomic_load(&lane->lane->outstanding) > 0;
+}
+
+int weft_p2p_waiting_peer(weft_comm *lane, const char **what) {
+  if (what) *what = lane->lane->waiting_for;
+  return lane->lane->waiting_peer;
+}
+
+static void fail_list(weft_comm *lane, weft_request *r, weft_status st) {
+  while (r) {
+    weft_request *next = r->next;
+    complete(lane, r, st);
+    r = next;
+  }
+}
+
+void weft_p2p_fail_all(weft_comm *lane, weft_status st) {
+  weft_p2p_lane *l = lane->lane;
+  pthread_mutex_lock(&lane->q_lock);
+  weft_request *posted = l->posted;
+  l->posted = l->posted_tail = NULL;
+  pthread_mutex_unlock(&lane->q_lock);
+  fail_list(lane, posted, st);
+  for (int p = 0; p < lane->size; p++) {
+    p2p_peer *pp = &l->peers[p];
+    fail_list(lane, pp->sends, st);
+    fail_list(lane, pp->recvs, st);
+    if (pp->in_req) complete(lane, pp->in_req, st);
+    for (weft_p2p_unexpected *u = pp->ux; u; u = u->next)
+      if (u->taker) complete(lane, u->taker, st);
+    ux_free_list(pp->ux);
+    memset(pp, 0, sizeof *pp);
+  }
+  /* the user reads weft_last_error on the communicator it called */
+  if (lane->owner) memcpy(lane->owner->last_error, lane->last_error, sizeof lane->last_error);
+}
+
+void weft_p2p_post(weft_request *req) {
+  weft_p2p_lane *l = req->comm->lane;
+  atomic_fetch_add(&l->outstanding, 1);
+  req->next = NULL;
+  if (l->posted_tail)
+    l->posted_tail->next = req;
+  else
+    l->posted = req;
+  l->posted_tail = req;
+}
+
+/* ---- the public calls --------------------------------------------------------- */
+
+static weft_status p2p_setup(weft_request *r, weft_comm *comm, const char *call, bool is_send,
+                             const void *buf, size_t count, weft_dtype dtype, int peer, int tag) {
+  if (!weft_comm_is_live(comm))
+    return weft_init_error(WEFT_ERR_INVALID, -1, call,
+                           "the communicator handle is not a live communicator (NULL, destroyed, "
+                           "or never created)");
+  weft_comm *lane = comm->p2p;
+  if (atomic_load(&comm->aborted))
+    return weft_comm_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
+  if (lane && lane->failed) {
+    memcpy(comm->last_error, lane->last_error, sizeof comm->last_error);
+    return lane->failed;
+  }
+  if (peer < 0 || peer >= comm->size)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "peer %d is out of range (size %d)", peer,
+                           comm->size);
+  if (tag < 0 || tag > 0xFFFFFF)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "tag %d is not in 0 .. %d", tag, 0xFFFFFF);
+  if ((unsigned)dtype >= WEFT_DTYPE_COUNT)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "unknown dtype %d", (int)dtype);
+  size_t elem = weft_dtype_size(dtype);
+  if (count > SIZE_MAX / 2 / elem)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "count %zu is too large", count);
+  if (count && !buf)
+    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "buf is NULL but count is %zu", count);
+  if (!lane)
+    return weft_comm_error(comm, WEFT_ERR_INTERNAL, call, "this communicator has no p2p lane");
+  *r = (weft_request){.comm = lane, .kind = is_send ? WEFT_REQ_SEND : WEFT_REQ_RECV};
+  weft_p2p_op *o = &r->p2p;
+  *o = (weft_p2p_op){.call = call,
+                     .peer = peer,
+                     .tag = tag,
+                     .dtype = dtype,
+                     .count = count,
+                     .bytes = count * elem};
+  if (is_send) {
+    o->send_buf = buf;
+    uint32_t magic = HEADER_MAGIC, word = (uint32_t)tag | (uint32_t)dtype << 24;
+    uint64_t bytes = o->bytes;
+    memcpy(o->header, &magic, 4);
+    memcpy(o->header + 4, &word, 4);
+    memcpy(o->header + 8, &bytes, 8);
+  } else {
+    o->recv_buf = (void *)buf;
+  }
+  return WEFT_OK;
+}
+
+static weft_status p2p_blocking(weft_comm *comm, weft_request *r, weft_status setup) {
+  if (setup < 0) return setup;
+  weft_engine_submit(r, false);
+  weft_status st = weft_engine_wait(r);
+  if (st < 0) memcpy(comm->last_error, r->comm->last_error, sizeof comm->last_error);
+  return st;
+}
+
+static weft_status p2p_issue(weft_request **req, weft_request *r, weft_status setup) {
+  if (setup < 0) {
+    free(r);
+    return setup;
+  }
+  r->on_heap = true;
+  weft_engine_submit(r, true);
+  *req = r;
+  return WEFT_OK;
+}
+
+static weft_status p2p_request_new(weft_comm *comm, const char *call, weft_request **req,
+                                   weft_request **out) {
+  if (!req)
+    return weft_comm_is_live(comm) ? weft_comm_error(comm, WEFT_ERR_INVALID, call, "req is NULL")
+                                   : weft_init_error(WEFT_ERR_INVALID, -1, call, "req is NULL");
+  *req = NULL;
+  *out = calloc(1, sizeof **out);
+  return *out ? WEFT_OK : WEFT_ERR_NOMEM;
+}
+
+WEFT_API weft_status weft_send(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
+                               int peer, int tag) {
+  weft_request r = {.kind = WEFT_REQ_SEND};
+  return p2p_blocking(comm, &r,
+                      p2p_setup(&r, comm, "weft_send", true, buf, count, dtype, peer, tag));
+}
+
+WEFT_API weft_status weft_recv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype, int peer,
+                               int tag) {
+  weft_request r = {.kind = WEFT_REQ_SEND};
+  return p2p_blocking(comm, &r,
+                      p2p_setup(&r, comm, "weft_recv", false, buf, count, dtype, peer, tag));
+}
+
+WEFT_API weft_status weft_isend(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
+                                int peer, int tag, weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(p2p_request_new(comm, "weft_isend", req, &r));
+  return p2p_issue(req, r, p2p_setup(r, comm, "weft_isend", true, buf, count, dtype, peer, tag));
+}
+
+WEFT_API weft_status weft_irecv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
+                                int peer, int tag, weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(p2p_request_new(comm, "weft_irecv", req, &r));
+  return p2p_issue(req, r, p2p_setup(r, comm, "weft_irecv", false, buf, count, dtype, peer, tag));
+}

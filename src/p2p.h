@@ -1,0 +1,58 @@
+/* p2p.h - point-to-point messages (weft_send / weft_recv) on their own lane:
+ * a hidden communicator with the same ranks and its own connections, so a
+ * message never sits in front of a collective's chunks (or behind them).
+ *
+ * On the wire a message is a 16-byte header chunk (tag, dtype, bytes) then
+ * its data in chunks of at most chunk_bytes, all tagged with the message's
+ * number on that pair and direction, so the transport's tag check catches a
+ * lost or extra message. The receiver takes the messages of each peer in
+ * order: a header whose tag a posted receive wants goes straight into that
+ * buffer; any other is kept (unexpected) until its receive is posted. */
+#ifndef WEFT_P2P_H
+#define WEFT_P2P_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "weft.h"
+
+typedef struct weft_comm weft_comm;
+typedef struct weft_request weft_request;
+typedef struct weft_p2p_unexpected weft_p2p_unexpected;
+
+#define WEFT_P2P_HEADER_BYTES 16
+
+/* One send or receive. */
+typedef struct weft_p2p_op {
+  const char *call; /* "weft_send", "weft_recv": for messages */
+  int peer, tag;
+  weft_dtype dtype;
+  size_t count, bytes;
+  const void *send_buf;
+  void *recv_buf;
+  size_t moved; /* bytes of data sent or received so far */
+  bool header_moved;
+  uint8_t header[WEFT_P2P_HEADER_BYTES]; /* send: what goes first */
+} weft_p2p_op;
+
+/* The lane's state, one per lane communicator (p2p.c). */
+typedef struct weft_p2p_lane weft_p2p_lane;
+
+weft_status weft_p2p_lane_create(weft_comm *lane);
+void weft_p2p_lane_free(weft_comm *lane);
+
+/* Called by the engine, which holds the lane's call lock: takes newly posted
+ * requests, moves every peer's messages as far as they go, completes what
+ * is done. Negative: the lane failed (the engine then fails everything). */
+weft_status weft_p2p_pass(weft_comm *lane);
+/* Whether anything is outstanding (under the lane's queue lock). */
+bool weft_p2p_busy(weft_comm *lane);
+/* A peer the lane waits for, for the transport's wait and for messages; -1 if none. */
+int weft_p2p_waiting_peer(weft_comm *lane, const char **what);
+/* Completes every outstanding send and receive with `st`. */
+void weft_p2p_fail_all(weft_comm *lane, weft_status st);
+/* Hands a new request to the lane (under the lane's queue lock). */
+void weft_p2p_post(weft_request *req);
+
+#endif

@@ -1,0 +1,60 @@
+/* recorder.h - the flight recorder: the last calls of each communicator
+ * (what, how big, which algorithm, when issued, started and ended, what it
+ * waited for, how it ended), kept in a ring and printed when a call times
+ * out, when the communicator is aborted, and on SIGUSR1, so a stuck job
+ * tells where each rank is. */
+#ifndef WEFT_RECORDER_H
+#define WEFT_RECORDER_H
+
+#include <stdint.h>
+
+#include "weft.h"
+
+typedef struct weft_comm weft_comm;
+typedef struct weft_coll weft_coll;
+
+typedef enum weft_rec_state {
+  WEFT_REC_QUEUED,
+  WEFT_REC_RUNNING,
+  WEFT_REC_DONE,
+  WEFT_REC_FAILED
+} weft_rec_state;
+
+typedef struct weft_rec_entry {
+  uint32_t seq;
+  const char *call, *algo;
+  size_t count;
+  weft_dtype dtype;
+  weft_op op;
+  int root;
+  weft_rec_state state;
+  double issued, started, ended; /* weft_now() seconds; 0 = not yet */
+  int waiting_peer;
+  const char *waiting_for;
+  weft_status status;
+} weft_rec_entry;
+
+typedef struct weft_recorder {
+  weft_rec_entry *ring;
+  uint32_t cap;  /* 0: off */
+  uint64_t next; /* entries ever recorded */
+} weft_recorder;
+
+/* Sized by WEFT_RECORDER; never fails (off when there is no memory). */
+void weft_recorder_init(weft_recorder *rec);
+void weft_recorder_free(weft_recorder *rec);
+/* A call was issued (seq taken, algorithm chosen). */
+void weft_recorder_issue(weft_recorder *rec, const weft_coll *coll);
+/* The call's state changed; looked up by seq (no-op once it left the ring). */
+void weft_recorder_update(weft_recorder *rec, const weft_coll *coll, weft_rec_state state,
+                          weft_status status);
+/* Prints the ring of `comm` to stderr, oldest first, with `why`. */
+void weft_recorder_dump(weft_comm *comm, const char *why);
+/* SIGUSR1 sets a flag; drivers print every live communicator's ring at
+ * their next round (a signal handler may not format or lock). Installed
+ * once, only where SIGUSR1 still has its default action. */
+void weft_recorder_install_signal(void);
+/* Called by drivers every round: prints if SIGUSR1 arrived. */
+void weft_recorder_poll_signal(void);
+
+#endif
