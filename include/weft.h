@@ -280,7 +280,12 @@ WEFT_API weft_status weft_recv(weft_comm *comm, void *buf, size_t count, weft_dt
  *  - A failure of the communicator (peer lost, timeout, abort) completes
  *    every outstanding request with that error.
  *  - The thread rule of the communicator holds for issuing; weft_wait and
- *    weft_test on different requests may be called from different threads. */
+ *    weft_test on different requests may be called from different threads.
+ *  - weft_comm_destroy with requests outstanding completes them with
+ *    WEFT_ERR_ABORTED; they must still be waited for (which frees them).
+ *  - With WEFT_CHECK=1 every collective first compares (call, count, dtype,
+ *    op, root) across ranks and fails on every rank, naming both sides,
+ *    when they differ. */
 typedef struct weft_request weft_request; /* opaque */
 
 WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,

@@ -25,10 +25,6 @@ static inline const weft_transport *peer_ops(const weft_comm *comm, int peer) {
   return comm->tps[comm->peers[peer].tp].ops;
 }
 
-static inline int peer_tp_index(const weft_comm *comm, int peer) {
-  return peer >= 0 && peer != comm->rank ? comm->peers[peer].tp : 0;
-}
-
 /* A group member's rank in the communicator. */
 static inline int link_peer(const weft_coll *coll, int member) {
   return coll->group ? coll->group[member] : member;
@@ -427,9 +423,6 @@ static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call
                               weft_op op, int root) {
   *coll = (weft_coll){.comm = comm,
                       .call = call,
-                      .rank = comm ? comm->rank : 0,
-                      .size = comm ? comm->size : 1,
-                      .avg_div = comm ? comm->size : 1,
                       .sendbuf = sendbuf,
                       .recvbuf = recvbuf,
                       .count = count,
@@ -442,6 +435,8 @@ static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call
     return weft_init_error(WEFT_ERR_INVALID, -1, call,
                            "the communicator handle is not a live communicator (NULL, destroyed, "
                            "or never created)");
+  coll->rank = comm->rank; /* only now: a dead handle must not be read */
+  coll->size = coll->avg_div = comm->size;
   if (atomic_load(&comm->aborted) && !comm->failed)
     return weft_comm_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
   if (comm->failed) return comm->failed; /* last_error keeps the first cause */

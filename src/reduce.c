@@ -13,8 +13,13 @@
  * the kernels are built for the baseline target only. */
 /* ThreadSanitizer instruments the ifunc resolver, which runs before the
  * sanitizer is up and crashes at load: plain kernels there. */
+#if defined(__has_feature) /* clang spells "under ThreadSanitizer" this way */
+#if __has_feature(thread_sanitizer)
+#define WEFT_UNDER_TSAN 1
+#endif
+#endif
 #if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute) && \
-    !defined(__SANITIZE_THREAD__)
+    !defined(__SANITIZE_THREAD__) && !defined(WEFT_UNDER_TSAN)
 #if __has_attribute(target_clones)
 #define WEFT_KERNEL __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #endif

@@ -3,7 +3,7 @@
 # test weft (compiler, meson, ninja, pkg-config, hwloc, CMocka, rdma-core
 # headers). Installs only missing packages; needs root (or sudo).
 set -eu
-packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libcmocka-dev libibverbs-dev libssl-dev iproute2"
+packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libcmocka-dev libibverbs-dev libssl-dev iproute2 clang"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

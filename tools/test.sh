@@ -2,8 +2,10 @@
 # test.sh - the README's second command (and what .ci/run calls): install
 # what is missing, then build and run the whole suite twice: optimized with
 # warnings as errors, and under AddressSanitizer + UndefinedBehaviorSanitizer
-# (WEFT_TEST_SANITIZE=0 skips that pass). Ends with one line
-# "weft: N passed, M failed, K skipped" over both passes.
+# (WEFT_TEST_SANITIZE=0 skips that pass); then the tests that run threads
+# (the progress engine, abort from another thread) under ThreadSanitizer,
+# built with clang (WEFT_TEST_TSAN=0 skips it). Ends with one line
+# "weft: N passed, M failed, K skipped" over every pass.
 set -u
 cd "$(dirname "$0")/.."
 sh tools/setup-debian.sh || exit 1
@@ -15,7 +17,8 @@ run_suite() { # DIR SETUP-ARGS...
   [ -d "$dir" ] || meson setup "$dir" -Dwerror=true -Dtests=true "$@" >/dev/null || return 1
   ninja -C "$dir" || return 1
   echo "== tests in $dir ($*)"
-  meson test -C "$dir" --print-errorlogs --num-processes 1 || rc=1
+  # shellcheck disable=SC2086
+  meson test -C "$dir" --print-errorlogs --num-processes 1 ${SUITE_ARGS:-} || rc=1
   log="$dir/meson-logs/testlog.json"
   [ -f "$log" ] || return 1
   passed=$((passed + $(grep -c '"result": "OK"' "$log")))
@@ -29,6 +32,16 @@ if [ "${WEFT_TEST_SANITIZE:-1}" != 0 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   export WEFT_TEST_QUICK=1 # sanitizers are slow: a lighter collective matrix
   run_suite build-sanitize --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false || rc=1
+  unset ASAN_OPTIONS UBSAN_OPTIONS
+fi
+if [ "${WEFT_TEST_TSAN:-1}" != 0 ] && command -v clang >/dev/null; then
+  # ranks are forked children of a single-threaded parent; a report makes
+  # the rank exit 66, which its test counts as a failure
+  export TSAN_OPTIONS=die_after_fork=0:exitcode=66 WEFT_TEST_QUICK=1
+  CC=clang SUITE_ARGS="--suite threads" run_suite build-tsan --buildtype=debugoptimized \
+    -Db_sanitize=thread -Db_lundef=false || rc=1
+elif [ "${WEFT_TEST_TSAN:-1}" != 0 ]; then
+  echo "== ThreadSanitizer pass skipped: clang is not installed"
 fi
 echo "weft: $passed passed, $failed failed, $skipped skipped"
 exit $rc
