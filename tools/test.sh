@@ -2,7 +2,8 @@
 # test.sh - the README's second command (and what .ci/run calls): install
 # what is missing, then build and run the whole suite twice: optimized with
 # warnings as errors, and under AddressSanitizer + UndefinedBehaviorSanitizer
-# (WEFT_TEST_SANITIZE=0 skips that pass). Ends with one line
+# (WEFT_TEST_SANITIZE=0 skips that pass), then the fuzz targets briefly
+# (tools/fuzz.sh; skipped without clang). Ends with one line
 # "weft: N passed, M failed, K skipped" over both passes.
 set -u
 cd "$(dirname "$0")/.."
@@ -29,6 +30,17 @@ if [ "${WEFT_TEST_SANITIZE:-1}" != 0 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   export WEFT_TEST_QUICK=1 # sanitizers are slow: a lighter collective matrix
   run_suite build-sanitize --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false || rc=1
+fi
+# Third pass: the fuzz targets for every parser of network input, a few
+# seconds each (WEFT_TEST_FUZZ=0 skips; tools/fuzz.sh runs longer).
+if [ "${WEFT_TEST_FUZZ:-1}" != 0 ]; then
+  echo "== fuzz targets (tools/fuzz.sh ${WEFT_FUZZ_SECONDS:-8})"
+  sh tools/fuzz.sh "${WEFT_FUZZ_SECONDS:-8}"
+  case $? in
+    0) passed=$((passed + 1)) ;;
+    77) skipped=$((skipped + 1)) ;;
+    *) failed=$((failed + 1)) rc=1 ;;
+  esac
 fi
 echo "weft: $passed passed, $failed failed, $skipped skipped"
 exit $rc
