@@ -162,6 +162,7 @@ static void server_reply_error(int fd, const struct boot_server *s,
   uint8_t reply[REPLY_BYTES + WEFT_AUTH_MAC_BYTES];
   pack_reply(reply, s->failure, s->size, 0, s->why);
   weft_auth_mac(&s->key, boot_reply_context, challenge, reply, REPLY_BYTES, reply + REPLY_BYTES);
+  weft_auth_thread_done(); /* before the answer: its rank may exit as soon as it has it */
   weft_error_sink ignore;
   net_send_all(fd, reply, sizeof reply, weft_now() + 1.0, &ignore);
 }
@@ -187,8 +188,11 @@ static void server_fail(struct boot_server *s, weft_status st, const char *fmt, 
 /* A complete hello arrived on p: validate and file it. */
 static void server_take_hello(struct boot_server *s, struct pending *p) {
   const uint8_t *client_challenge = p->buf + HELLO_BYTES;
-  if (!weft_auth_verify(&s->key, boot_hello_context, p->challenge, p->buf,
-                        HELLO_BYTES + WEFT_AUTH_CHALLENGE_BYTES, client_challenge + WEFT_AUTH_CHALLENGE_BYTES)) {
+  bool proven = weft_auth_verify(&s->key, boot_hello_context, p->challenge, p->buf,
+                                 HELLO_BYTES + WEFT_AUTH_CHALLENGE_BYTES,
+                                 client_challenge + WEFT_AUTH_CHALLENGE_BYTES);
+  weft_auth_thread_done();
+  if (!proven) {
     /* a stranger, or a rank with another WEFT_AUTH_TOKEN: not one of ours */
     WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: rejected a connection that did not prove the job's "
               "token (a foreign client, or WEFT_AUTH_TOKEN differs)");
@@ -281,6 +285,7 @@ static void server_send_table(struct boot_server *s) {
   for (int r = 0; r < s->size; r++) {
     weft_error_sink err;
     weft_auth_mac(&s->key, boot_reply_context, s->rank_challenge[r], buf, len, buf + len);
+    weft_auth_thread_done(); /* before the answer: its rank may exit as soon as it has it */
     if (net_send_all(s->rank_fd[r], buf, len + WEFT_AUTH_MAC_BYTES, s->deadline, &err))
       WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: could not answer rank %d: %s", r, err.msg);
     close(s->rank_fd[r]);
