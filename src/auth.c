@@ -67,3 +67,5 @@ bool weft_auth_verify(const weft_auth_key *key, const char *context,
   return CRYPTO_memcmp(want, zero, sizeof want) != 0 &&
          CRYPTO_memcmp(want, mac, WEFT_AUTH_MAC_BYTES) == 0;
 }
+
+void weft_auth_thread_done(void) { OPENSSL_thread_stop(); }

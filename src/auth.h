@@ -37,4 +37,11 @@ bool weft_auth_verify(const weft_auth_key *key, const char *context,
                       const uint8_t challenge[WEFT_AUTH_CHALLENGE_BYTES], const void *msg,
                       size_t len, const uint8_t mac[WEFT_AUTH_MAC_BYTES]);
 
+/* Frees the calling thread's OpenSSL state (its error queue). Only for
+ * threads weft owns (the rendezvous server): a detached thread still
+ * holding it when the process exits shows up as a leak, and the process may
+ * exit as soon as the thread's last answer arrived. Never call it on a
+ * user's thread: it would clear their OpenSSL errors. */
+void weft_auth_thread_done(void);
+
 #endif

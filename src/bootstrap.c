@@ -19,12 +19,9 @@
 #include "net.h"
 #include "status.h"
 
-#define BOOT_MAGIC 0x57454642u /* "WEFB" */
-#define BOOT_VERSION 4
-#define BOOT_MSG_BYTES 256
-#define INFO_BYTES (4 + 4 + BOOT_HOST_BYTES + 2 + BOOT_ADDR_BYTES)
-#define HELLO_BYTES (4 + 2 + 2 + 4 + 4 + 4 + BOOT_NONCE_BYTES + INFO_BYTES)
-#define REPLY_BYTES (4 + 4 + 4 + 8 + BOOT_MSG_BYTES)
+#define INFO_BYTES BOOT_INFO_BYTES
+#define HELLO_BYTES BOOT_HELLO_BYTES
+#define REPLY_BYTES BOOT_REPLY_BYTES
 /* After the hello: the rank's own challenge and its proof over both. */
 #define HELLO_AUTH_BYTES (HELLO_BYTES + WEFT_AUTH_CHALLENGE_BYTES + WEFT_AUTH_MAC_BYTES)
 #define CHALLENGE_MSG_BYTES (4 + WEFT_AUTH_CHALLENGE_BYTES)
@@ -76,6 +73,53 @@ static const uint8_t *unpack_info(const uint8_t *p, boot_rank_info *out) {
   return p + BOOT_ADDR_BYTES;
 }
 
+weft_status boot_hello_parse(const uint8_t *buf, size_t len, boot_hello *out) {
+  uint32_t magic;
+  uint16_t reserved;
+  if (len < HELLO_BYTES) return WEFT_ERR_PROTOCOL;
+  const uint8_t *q = get32(buf, &magic);
+  if (magic != BOOT_MAGIC) return WEFT_ERR_PROTOCOL;
+  q = get16(q, &out->version);
+  q = get16(q, &reserved);
+  q = get32(q, &out->rank);
+  q = get32(q, &out->size);
+  q = get32(q, &out->timeout_ms);
+  memcpy(out->nonce, q, BOOT_NONCE_BYTES);
+  unpack_info(q + BOOT_NONCE_BYTES, &out->info);
+  return WEFT_OK;
+}
+
+weft_status boot_reply_parse(const uint8_t *buf, size_t len, boot_reply *out) {
+  uint32_t magic, status, hi, lo;
+  if (len < REPLY_BYTES) return WEFT_ERR_PROTOCOL;
+  const uint8_t *q = get32(buf, &magic);
+  if (magic != BOOT_MAGIC) return WEFT_ERR_PROTOCOL;
+  q = get32(q, &status);
+  q = get32(q, &out->size);
+  q = get32(q, &hi);
+  q = get32(q, &lo);
+  out->status = (int32_t)status;
+  out->comm_id = ((uint64_t)hi << 32) | lo;
+  memcpy(out->msg, q, BOOT_MSG_BYTES);
+  out->msg[BOOT_MSG_BYTES - 1] = 0;
+  return WEFT_OK;
+}
+
+weft_status boot_table_parse(const uint8_t *buf, size_t len, int size, boot_rank_info *all) {
+  if (size < 0 || len / INFO_BYTES < (size_t)size) return WEFT_ERR_PROTOCOL;
+  for (int r = 0; r < size; r++) unpack_info(buf + (size_t)r * INFO_BYTES, &all[r]);
+  return WEFT_OK;
+}
+
+weft_status boot_challenge_parse(const uint8_t *buf, size_t len, const uint8_t **challenge) {
+  uint32_t magic;
+  if (len < CHALLENGE_MSG_BYTES) return WEFT_ERR_PROTOCOL;
+  get32(buf, &magic);
+  if (magic != WEFT_AUTH_CHALLENGE_MAGIC) return WEFT_ERR_PROTOCOL;
+  *challenge = buf + 4;
+  return WEFT_OK;
+}
+
 static void pack_reply(uint8_t *buf, weft_status st, int size, uint64_t comm_id, const char *msg) {
   uint8_t *p = put32(buf, BOOT_MAGIC);
   p = put32(p, (uint32_t)(int32_t)st);
@@ -118,6 +162,7 @@ static void server_reply_error(int fd, const struct boot_server *s,
   uint8_t reply[REPLY_BYTES + WEFT_AUTH_MAC_BYTES];
   pack_reply(reply, s->failure, s->size, 0, s->why);
   weft_auth_mac(&s->key, boot_reply_context, challenge, reply, REPLY_BYTES, reply + REPLY_BYTES);
+  weft_auth_thread_done(); /* before the answer: its rank may exit as soon as it has it */
   weft_error_sink ignore;
   net_send_all(fd, reply, sizeof reply, weft_now() + 1.0, &ignore);
 }
@@ -143,30 +188,26 @@ static void server_fail(struct boot_server *s, weft_status st, const char *fmt, 
 /* A complete hello arrived on p: validate and file it. */
 static void server_take_hello(struct boot_server *s, struct pending *p) {
   const uint8_t *client_challenge = p->buf + HELLO_BYTES;
-  if (!weft_auth_verify(&s->key, boot_hello_context, p->challenge, p->buf,
-                        HELLO_BYTES + WEFT_AUTH_CHALLENGE_BYTES, client_challenge + WEFT_AUTH_CHALLENGE_BYTES)) {
+  bool proven = weft_auth_verify(&s->key, boot_hello_context, p->challenge, p->buf,
+                                 HELLO_BYTES + WEFT_AUTH_CHALLENGE_BYTES,
+                                 client_challenge + WEFT_AUTH_CHALLENGE_BYTES);
+  weft_auth_thread_done();
+  if (!proven) {
     /* a stranger, or a rank with another WEFT_AUTH_TOKEN: not one of ours */
     WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: rejected a connection that did not prove the job's "
               "token (a foreign client, or WEFT_AUTH_TOKEN differs)");
     close(p->fd);
     return;
   }
-  const uint8_t *q = p->buf;
-  uint32_t magic, rank, size;
-  uint16_t version, reserved;
-  q = get32(q, &magic);
-  q = get16(q, &version);
-  q = get16(q, &reserved);
-  q = get32(q, &rank);
-  q = get32(q, &size);
-  uint32_t timeout_ms;
-  q = get32(q, &timeout_ms);
-  if (magic != BOOT_MAGIC) {
+  boot_hello hello;
+  if (boot_hello_parse(p->buf, HELLO_BYTES, &hello)) {
     WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: dropped a connection that is not a weft rank");
     close(p->fd);
     return;
   }
-  if (memcmp(q, s->nonce, BOOT_NONCE_BYTES) != 0) {
+  uint32_t rank = hello.rank, size = hello.size, timeout_ms = hello.timeout_ms;
+  uint16_t version = hello.version;
+  if (memcmp(hello.nonce, s->nonce, BOOT_NONCE_BYTES) != 0) {
     /* a rank of another job (stale id, reused port): tell it, keep serving ours */
     struct boot_server other = *s;
     other.failure = WEFT_ERR_BOOTSTRAP;
@@ -176,7 +217,6 @@ static void server_take_hello(struct boot_server *s, struct pending *p) {
     close(p->fd);
     return;
   }
-  q += BOOT_NONCE_BYTES;
   if (s->failure) {
     server_reply_error(p->fd, s, client_challenge);
     close(p->fd);
@@ -209,17 +249,15 @@ static void server_take_hello(struct boot_server *s, struct pending *p) {
     server_fail(s, WEFT_ERR_INVALID, "a process claims rank %u, but the world size is %u", rank,
                 size);
   } else if (s->rank_fd[rank] >= 0) {
-    boot_rank_info dup;
-    unpack_info(q, &dup);
     server_fail(s, WEFT_ERR_INVALID, "two processes claim rank %u (pid %u on %s and pid %u on %s)",
-                rank, s->infos[rank].pid, s->infos[rank].host, dup.pid, dup.host);
+                rank, s->infos[rank].pid, s->infos[rank].host, hello.info.pid, hello.info.host);
   }
   if (s->failure) {
     server_reply_error(p->fd, s, client_challenge);
     close(p->fd);
     return;
   }
-  unpack_info(q, &s->infos[rank]);
+  s->infos[rank] = hello.info;
   s->infos[rank].rank = rank;
   memcpy(s->rank_challenge[rank], client_challenge, WEFT_AUTH_CHALLENGE_BYTES);
   /* answer before the most impatient rank gives up (ranks wait a little
@@ -247,6 +285,7 @@ static void server_send_table(struct boot_server *s) {
   for (int r = 0; r < s->size; r++) {
     weft_error_sink err;
     weft_auth_mac(&s->key, boot_reply_context, s->rank_challenge[r], buf, len, buf + len);
+    weft_auth_thread_done(); /* before the answer: its rank may exit as soon as it has it */
     if (net_send_all(s->rank_fd[r], buf, len + WEFT_AUTH_MAC_BYTES, s->deadline, &err))
       WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: could not answer rank %d: %s", r, err.msg);
     close(s->rank_fd[r]);
@@ -430,14 +469,13 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], int ran
   /* The server speaks first: a challenge our hello must prove the token over. */
   uint8_t challenge_msg[CHALLENGE_MSG_BYTES];
   weft_status st = net_recv_all(fd, challenge_msg, sizeof challenge_msg, deadline, err);
-  uint32_t magic;
   if (st) {
     weft_error_sink tmp = *err;
     weft_error_sink_set(err, "%s while waiting for the rendezvous server to greet us", tmp.msg);
     return boot_client_fail(fd, st == WEFT_ERR_TIMEOUT ? st : WEFT_ERR_BOOTSTRAP);
   }
-  get32(challenge_msg, &magic);
-  if (magic != WEFT_AUTH_CHALLENGE_MAGIC) {
+  const uint8_t *server_challenge;
+  if (boot_challenge_parse(challenge_msg, sizeof challenge_msg, &server_challenge)) {
     weft_error_sink_set(err, "the rendezvous address answered with something that is not weft");
     return boot_client_fail(fd, WEFT_ERR_BOOTSTRAP);
   }
@@ -454,7 +492,7 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], int ran
   pack_info(p, mine);
   uint8_t *my_challenge = hello + HELLO_BYTES;
   weft_auth_challenge(my_challenge);
-  weft_auth_mac(&key, boot_hello_context, challenge_msg + 4, hello,
+  weft_auth_mac(&key, boot_hello_context, server_challenge, hello,
                 HELLO_BYTES + WEFT_AUTH_CHALLENGE_BYTES, my_challenge + WEFT_AUTH_CHALLENGE_BYTES);
   st = net_send_all(fd, hello, sizeof hello, deadline, err);
   /* The server answers by its own deadline, which started before ours: wait
@@ -474,22 +512,18 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], int ran
     free(answer);
     return boot_client_fail(fd, st == WEFT_ERR_TIMEOUT ? st : WEFT_ERR_BOOTSTRAP);
   }
-  uint32_t status, rsize, hi, lo;
-  const uint8_t *q = get32(answer, &magic);
-  q = get32(q, &status);
-  q = get32(q, &rsize);
-  q = get32(q, &hi);
-  q = get32(q, &lo);
-  bool ok = (int32_t)status == WEFT_OK;
-  if (magic == BOOT_MAGIC && ok && (int)rsize != size) {
-    weft_error_sink_set(err, "rendezvous answered for %u ranks, expected %d", rsize, size);
+  boot_reply reply = {0};
+  bool weft_answer = boot_reply_parse(answer, REPLY_BYTES, &reply) == WEFT_OK;
+  bool ok = reply.status == WEFT_OK;
+  if (weft_answer && ok && (int)reply.size != size) {
+    weft_error_sink_set(err, "rendezvous answered for %u ranks, expected %d", reply.size, size);
     free(answer);
     return boot_client_fail(fd, WEFT_ERR_PROTOCOL);
   }
   size_t body = REPLY_BYTES + (ok ? table_len : 0);
-  if (magic == BOOT_MAGIC)
+  if (weft_answer)
     st = net_recv_all(fd, answer + REPLY_BYTES, body - REPLY_BYTES + WEFT_AUTH_MAC_BYTES, answer_deadline, err);
-  if (magic != BOOT_MAGIC || st ||
+  if (!weft_answer || st ||
       !weft_auth_verify(&key, boot_reply_context, my_challenge, answer, body, answer + body)) {
     weft_error_sink_set(err, "the rendezvous answer did not prove the job's token (not weft, another "
                         "job, or WEFT_AUTH_TOKEN differs from rank 0's)");
@@ -497,16 +531,13 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], int ran
     return boot_client_fail(fd, WEFT_ERR_BOOTSTRAP);
   }
   if (!ok) {
-    char msg[BOOT_MSG_BYTES];
-    memcpy(msg, q, BOOT_MSG_BYTES);
-    msg[BOOT_MSG_BYTES - 1] = 0;
-    weft_error_sink_set(err, "rendezvous refused the job: %s", msg);
+    weft_error_sink_set(err, "rendezvous refused the job: %s", reply.msg);
     free(answer);
-    int32_t s32 = (int32_t)status;
+    int32_t s32 = reply.status;
     return boot_client_fail(fd, s32 < 0 && s32 >= WEFT_ERR_INTERNAL ? (weft_status)s32 : WEFT_ERR_BOOTSTRAP);
   }
-  *comm_id = ((uint64_t)hi << 32) | lo;
-  for (int r = 0; r < size; r++) unpack_info(answer + REPLY_BYTES + (size_t)r * INFO_BYTES, &all[r]);
+  *comm_id = reply.comm_id;
+  boot_table_parse(answer + REPLY_BYTES, table_len, size, all);
   free(answer);
   close(fd);
   return WEFT_OK;

@@ -26,6 +26,46 @@ typedef struct boot_rank_info {
   uint8_t addr[BOOT_ADDR_BYTES];
 } boot_rank_info;
 
+/* ---- wire parsers ----------------------------------------------------------
+ * Pure functions over bytes a peer sent, so they can be fuzzed on their own
+ * (tests/fuzz/). Each checks the length first and never reads past `len`;
+ * strings come out NUL-terminated and addr_len at most BOOT_ADDR_BYTES. */
+
+#define BOOT_MAGIC 0x57454642u /* "WEFB" */
+#define BOOT_VERSION 4
+#define BOOT_MSG_BYTES 256
+#define BOOT_INFO_BYTES (4 + 4 + BOOT_HOST_BYTES + 2 + BOOT_ADDR_BYTES)
+#define BOOT_HELLO_BYTES (4 + 2 + 2 + 4 + 4 + 4 + BOOT_NONCE_BYTES + BOOT_INFO_BYTES)
+#define BOOT_REPLY_BYTES (4 + 4 + 4 + 8 + BOOT_MSG_BYTES)
+
+/* A rank's hello, as the rendezvous server reads it (after checking its MAC). */
+typedef struct boot_hello {
+  uint16_t version;
+  uint32_t rank, size, timeout_ms;
+  uint8_t nonce[BOOT_NONCE_BYTES];
+  boot_rank_info info;
+} boot_hello;
+
+/* The fixed part of the server's answer; a table of `size` infos follows it
+ * when status is WEFT_OK. */
+typedef struct boot_reply {
+  int32_t status;
+  uint32_t size;
+  uint64_t comm_id;
+  char msg[BOOT_MSG_BYTES];
+} boot_reply;
+
+/* WEFT_ERR_PROTOCOL when shorter than BOOT_HELLO_BYTES or not a weft hello (magic). */
+weft_status boot_hello_parse(const uint8_t *buf, size_t len, boot_hello *out);
+/* WEFT_ERR_PROTOCOL when shorter than BOOT_REPLY_BYTES or not a weft answer (magic). */
+weft_status boot_reply_parse(const uint8_t *buf, size_t len, boot_reply *out);
+/* The table after an answer: `size` infos, indexed by rank.
+ * WEFT_ERR_PROTOCOL when `len` cannot hold them or size is negative. */
+weft_status boot_table_parse(const uint8_t *buf, size_t len, int size, boot_rank_info *all);
+/* The server's greeting: WEFT_AUTH_CHALLENGE_MAGIC then the challenge.
+ * WEFT_ERR_PROTOCOL when short or another magic. */
+weft_status boot_challenge_parse(const uint8_t *buf, size_t len, const uint8_t **challenge);
+
 /* Starts the server in a detached thread listening on `addr`; it serves one
  * job and ends when every rank has its answer or at the timeout. `size` 0
  * means "learn it from the first rank". *bound gets the real address. */

@@ -31,7 +31,7 @@ weft_status net_split_hostport(const char *text, char *host, size_t host_len, in
     weft_error_sink_set(err, "empty rendezvous address (want host:port)");
     return WEFT_ERR_INVALID;
   }
-  const char *colon;
+  const char *colon, *whole = text; /* the message quotes what the user wrote */
   size_t hlen;
   if (text[0] == '[') {
     const char *close = strchr(text, ']');
@@ -53,7 +53,7 @@ weft_status net_split_hostport(const char *text, char *host, size_t host_len, in
   *port = (int)p;
   return WEFT_OK;
 bad:
-  weft_error_sink_set(err, "malformed address \"%s\" (want host:port or [v6addr]:port)", text);
+  weft_error_sink_set(err, "malformed address \"%s\" (want host:port or [v6addr]:port)", whole);
   return WEFT_ERR_INVALID;
 }
 

@@ -1,9 +1,9 @@
 #!/bin/sh
 # setup-debian.sh - installs what a fresh Debian 12 machine lacks to build and
 # test weft (compiler, meson, ninja, pkg-config, hwloc, CMocka, rdma-core
-# headers). Installs only missing packages; needs root (or sudo).
+# headers, clang + libFuzzer for tools/fuzz.sh, valgrind). Installs only missing packages; needs root (or sudo).
 set -eu
-packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libcmocka-dev libibverbs-dev libssl-dev iproute2 clang"
+packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libcmocka-dev libibverbs-dev libssl-dev iproute2 clang libclang-rt-14-dev valgrind"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -4,7 +4,8 @@
 # warnings as errors, and under AddressSanitizer + UndefinedBehaviorSanitizer
 # (WEFT_TEST_SANITIZE=0 skips that pass); then the tests that run threads
 # (the progress engine, abort from another thread) under ThreadSanitizer,
-# built with clang (WEFT_TEST_TSAN=0 skips it). Ends with one line
+# built with clang (WEFT_TEST_TSAN=0 skips it); then the fuzz targets
+# briefly (tools/fuzz.sh; WEFT_TEST_FUZZ=0 skips). Ends with one line
 # "weft: N passed, M failed, K skipped" over every pass.
 set -u
 cd "$(dirname "$0")/.."
@@ -42,6 +43,17 @@ if [ "${WEFT_TEST_TSAN:-1}" != 0 ] && command -v clang >/dev/null; then
     -Db_sanitize=thread -Db_lundef=false || rc=1
 elif [ "${WEFT_TEST_TSAN:-1}" != 0 ]; then
   echo "== ThreadSanitizer pass skipped: clang is not installed"
+fi
+# Last pass: the fuzz targets for every parser of network input, a few
+# seconds each (WEFT_TEST_FUZZ=0 skips; tools/fuzz.sh runs longer).
+if [ "${WEFT_TEST_FUZZ:-1}" != 0 ]; then
+  echo "== fuzz targets (tools/fuzz.sh ${WEFT_FUZZ_SECONDS:-8})"
+  sh tools/fuzz.sh "${WEFT_FUZZ_SECONDS:-8}"
+  case $? in
+    0) passed=$((passed + 1)) ;;
+    77) skipped=$((skipped + 1)) ;;
+    *) failed=$((failed + 1)) rc=1 ;;
+  esac
 fi
 echo "weft: $passed passed, $failed failed, $skipped skipped"
 exit $rc

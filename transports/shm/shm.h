@@ -48,6 +48,25 @@ typedef struct shm_addr {
   weft_place place;
 } shm_addr;
 
+/* ---- parsers of what a peer wrote: pure functions, fuzzed on their own
+ * (tests/fuzz/). They check the length first and never read past it. */
+
+/* A peer's published address (arrives at any alignment). WEFT_ERR_PROTOCOL
+ * when the length or magic is not an shm address's. */
+weft_status shm_addr_parse(const uint8_t *buf, size_t len, shm_addr *out);
+
+/* The fixed header of a pair segment, as its creator wrote it. */
+typedef struct shm_segment_info {
+  uint32_t magic, version, nslots;
+  uint64_t slot_bytes;
+} shm_segment_info;
+/* WEFT_ERR_PROTOCOL when `len` cannot hold the header. */
+weft_status shm_segment_parse(const uint8_t *buf, size_t len, shm_segment_info *out);
+/* NULL when a segment with this header can be used with (nslots,
+ * slot_bytes) and mapped in `seg_bytes`; else why not. */
+const char *shm_segment_check(const shm_segment_info *info, uint32_t nslots, uint64_t slot_bytes,
+                              size_t seg_bytes);
+
 enum shm_conn_state { SHM_CONN_OPENING, SHM_CONN_UP, SHM_CONN_DEAD };
 enum shm_want { SHM_WANT_NONE, SHM_WANT_RECV, SHM_WANT_SEND, SHM_WANT_OPEN };
 

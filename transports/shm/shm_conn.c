@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,28 @@ void shm_futex_wake(atomic_uint *word) {
 void shm_futex_wait(atomic_uint *word, uint32_t expected, int timeout_ms) {
   struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
   syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+/* ---- segment header ---------------------------------------------------------- */
+
+weft_status shm_segment_parse(const uint8_t *buf, size_t len, shm_segment_info *out) {
+  if (len < sizeof(shm_segment)) return WEFT_ERR_PROTOCOL;
+  memcpy(&out->magic, buf + offsetof(shm_segment, magic), 4);
+  memcpy(&out->version, buf + offsetof(shm_segment, version), 4);
+  memcpy(&out->nslots, buf + offsetof(shm_segment, nslots), 4);
+  memcpy(&out->slot_bytes, buf + offsetof(shm_segment, slot_bytes), 8);
+  return WEFT_OK;
+}
+
+const char *shm_segment_check(const shm_segment_info *info, uint32_t nslots, uint64_t slot_bytes,
+                              size_t seg_bytes) {
+  if (info->magic != SHM_SEG_MAGIC) return "not a weft segment";
+  if (info->version != SHM_SEG_VERSION || info->nslots != nslots || info->slot_bytes != slot_bytes)
+    return "made with other settings (slots, WEFT_CHUNK_BYTES)";
+  /* the FIFOs index slots by these numbers: they must fit what was mapped */
+  if (nslots == 0 || nslots > SHM_MAX_SLOTS || shm_segment_bytes((int)nslots, slot_bytes) > seg_bytes)
+    return "larger than its mapping";
+  return NULL;
 }
 
 /* ---- set-up and teardown -------------------------------------------------- */
@@ -127,8 +150,9 @@ weft_status shm_conn_try_open(struct weft_conn *c) {
     munmap(p, c->seg_bytes);
     return WEFT_AGAIN;
   }
-  if (seg->version != SHM_SEG_VERSION || seg->nslots != (uint32_t)c->ctx->nslots ||
-      seg->slot_bytes != c->ctx->args->chunk_bytes) {
+  shm_segment_info info = {0};
+  if (shm_segment_parse(p, c->seg_bytes, &info) ||
+      shm_segment_check(&info, (uint32_t)c->ctx->nslots, c->ctx->args->chunk_bytes, c->seg_bytes)) {
     munmap(p, c->seg_bytes);
     return shm_conn_fail(c, WEFT_ERR_MISMATCH,
                          "peer %d made %s with other settings (slots, WEFT_CHUNK_BYTES)", c->peer,
@@ -190,10 +214,11 @@ void shm_conn_destroy(struct weft_conn *c) {
 
 static weft_status shm_peer_gone(struct weft_conn *c) {
   if (c->rx && atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) {
+    /* the peer's text: bounded here, whether or not it ended it */
     char text[SHM_ABORT_TEXT];
-    snprintf(text, sizeof text, "%s", c->rx->abort_text);
-    weft_status st =
-        shm_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s", c->peer, text);
+    snprintf(text, sizeof text, "%.*s", SHM_ABORT_TEXT - 1, c->rx->abort_text);
+    weft_status st = shm_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s",
+                                   c->peer, text);
     snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
     return st;
   }

@@ -50,10 +50,14 @@ static weft_status shm_init(const weft_transport_init_args *args, weft_transport
 }
 
 /* Peers' addresses arrive packed at any alignment: copy before reading. */
+weft_status shm_addr_parse(const uint8_t *buf, size_t len, shm_addr *out) {
+  if (len != sizeof *out) return WEFT_ERR_PROTOCOL;
+  memcpy(out, buf, sizeof *out);
+  return out->magic == SHM_ADDR_MAGIC ? WEFT_OK : WEFT_ERR_PROTOCOL;
+}
+
 static bool shm_addr_read(const void *blob, size_t len, shm_addr *out) {
-  if (len != sizeof *out) return false;
-  memcpy(out, blob, sizeof *out);
-  return out->magic == SHM_ADDR_MAGIC;
+  return shm_addr_parse(blob, len, out) == WEFT_OK;
 }
 
 static bool shm_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_addr, size_t addr_len,

@@ -24,6 +24,40 @@ typedef struct tcp_frame_hdr {
   uint32_t reserved;
 } tcp_frame_hdr;
 
+/* The dialer's first bytes (all big-endian), followed by an HMAC over them. */
+typedef struct tcp_handshake {
+  uint32_t magic;
+  uint32_t from;
+  uint32_t to;
+  uint32_t reserved;
+  uint32_t comm_hi, comm_lo;
+} tcp_handshake;
+#define TCP_HANDSHAKE_BYTES (sizeof(tcp_handshake) + 32) /* + WEFT_AUTH_MAC_BYTES */
+
+/* ---- wire parsers: pure functions over bytes a peer sent, fuzzed on their
+ * own (tests/fuzz/). They check the length first and never read past it. */
+
+typedef struct tcp_handshake_info {
+  uint32_t magic, from, to;
+  uint64_t comm_id;
+  const uint8_t *signed_part; /* sizeof(tcp_handshake) bytes the MAC covers */
+  const uint8_t *mac;         /* WEFT_AUTH_MAC_BYTES */
+} tcp_handshake_info;
+
+typedef struct tcp_frame_info {
+  uint32_t type; /* TCP_FRAME_DATA, TCP_FRAME_ABORT, or anything a peer sent */
+  uint32_t seq;
+  uint32_t len;
+} tcp_frame_info;
+
+/* WEFT_ERR_PROTOCOL when shorter than TCP_HANDSHAKE_BYTES. */
+weft_status tcp_handshake_parse(const uint8_t *buf, size_t len, tcp_handshake_info *out);
+/* After the MAC was verified: NULL when the handshake is one `my_rank` of
+ * communicator `comm_id` accepts, else why not. */
+const char *tcp_handshake_check(const tcp_handshake_info *hs, uint32_t my_rank, uint64_t comm_id);
+/* WEFT_ERR_PROTOCOL when shorter than a header or not a weft frame (magic). */
+weft_status tcp_frame_parse(const uint8_t *buf, size_t len, tcp_frame_info *out);
+
 typedef struct tcp_send_entry {
   tcp_frame_hdr hdr;
   const char *src;

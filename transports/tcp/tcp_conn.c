@@ -4,6 +4,7 @@
  * header and payload with one readv, into a slot or into the caller's buffer. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stddef.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,13 +27,44 @@
 static const char tcp_hello_context[] = "weft tcp hello";
 static const uint8_t tcp_no_challenge[WEFT_AUTH_CHALLENGE_BYTES];
 
-typedef struct tcp_handshake {
-  uint32_t magic;
-  uint32_t from;
-  uint32_t to;
-  uint32_t reserved;
-  uint32_t comm_hi, comm_lo;
-} tcp_handshake;
+_Static_assert(TCP_HANDSHAKE_BYTES == sizeof(tcp_handshake) + WEFT_AUTH_MAC_BYTES,
+               "tcp.h's handshake length");
+
+static uint32_t tcp_get32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return ntohl(v);
+}
+
+weft_status tcp_handshake_parse(const uint8_t *buf, size_t len, tcp_handshake_info *out) {
+  if (len < TCP_HANDSHAKE_BYTES) return WEFT_ERR_PROTOCOL;
+  out->magic = tcp_get32(buf + offsetof(tcp_handshake, magic));
+  out->from = tcp_get32(buf + offsetof(tcp_handshake, from));
+  out->to = tcp_get32(buf + offsetof(tcp_handshake, to));
+  out->comm_id = ((uint64_t)tcp_get32(buf + offsetof(tcp_handshake, comm_hi)) << 32) |
+                 tcp_get32(buf + offsetof(tcp_handshake, comm_lo));
+  out->signed_part = buf;
+  out->mac = buf + sizeof(tcp_handshake);
+  return WEFT_OK;
+}
+
+const char *tcp_handshake_check(const tcp_handshake_info *hs, uint32_t my_rank, uint64_t comm_id) {
+  if (hs->magic != TCP_HANDSHAKE_MAGIC) return "not a weft handshake";
+  if (hs->comm_id != comm_id) return "handshake for another communicator";
+  /* the lower rank dials: a dialer claims a rank below ours */
+  if (hs->to != my_rank || hs->from >= my_rank) return "handshake with wrong ranks";
+  return NULL;
+}
+
+weft_status tcp_frame_parse(const uint8_t *buf, size_t len, tcp_frame_info *out) {
+  if (len < sizeof(tcp_frame_hdr)) return WEFT_ERR_PROTOCOL;
+  uint32_t mt = tcp_get32(buf + offsetof(tcp_frame_hdr, magic_type));
+  if ((mt & 0xffff0000u) != TCP_FRAME_MAGIC) return WEFT_ERR_PROTOCOL;
+  out->type = mt & 0xffffu;
+  out->seq = tcp_get32(buf + offsetof(tcp_frame_hdr, seq));
+  out->len = tcp_get32(buf + offsetof(tcp_frame_hdr, len));
+  return WEFT_OK;
+}
 
 weft_status tcp_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...) {
   char what[256];
@@ -129,30 +161,23 @@ weft_status tcp_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed
   int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return WEFT_OK; /* nothing waiting (EAGAIN) or a transient failure */
   tcp_tune_socket(fd);
-  struct {
-    tcp_handshake hs;
-    uint8_t mac[WEFT_AUTH_MAC_BYTES];
-  } proof;
+  uint8_t proof[TCP_HANDSHAKE_BYTES];
   weft_error_sink err;
   /* Dialers send their proof right after connecting; a client that does
    * not is not one of our ranks and gets a short deadline. */
   double wait = ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
-  weft_status st = net_recv_all(fd, &proof, sizeof proof, weft_now() + wait, &err);
-  tcp_handshake hs = proof.hs;
-  uint32_t from = ntohl(hs.from);
-  uint64_t comm = ((uint64_t)ntohl(hs.comm_hi) << 32) | ntohl(hs.comm_lo);
+  weft_status st = net_recv_all(fd, proof, sizeof proof, weft_now() + wait, &err);
+  tcp_handshake_info hs = {0};
+  if (!st) st = tcp_handshake_parse(proof, sizeof proof, &hs);
+  uint32_t from = hs.from;
   const char *why = NULL;
   if (st)
     why = err.msg;
-  else if (!weft_auth_verify(ctx->args->auth, tcp_hello_context, tcp_no_challenge, &proof.hs,
-                             sizeof proof.hs, proof.mac))
+  else if (!weft_auth_verify(ctx->args->auth, tcp_hello_context, tcp_no_challenge, hs.signed_part,
+                             sizeof(tcp_handshake), hs.mac))
     why = "it did not prove the job key (a foreign client, or WEFT_AUTH_TOKEN differs)";
-  else if (ntohl(hs.magic) != TCP_HANDSHAKE_MAGIC)
-    why = "not a weft handshake";
-  else if (comm != ctx->args->comm_id)
-    why = "handshake for another communicator";
-  else if (ntohl(hs.to) != (uint32_t)ctx->args->rank || from >= (uint32_t)ctx->args->rank)
-    why = "handshake with wrong ranks";
+  else if ((why = tcp_handshake_check(&hs, (uint32_t)ctx->args->rank, ctx->args->comm_id)))
+    ;
   else if (ctx->conns[from] && ctx->conns[from]->state != TCP_CONN_AWAIT_ACCEPT)
     why = "second connection from the same rank";
   if (why) {
@@ -275,15 +300,14 @@ static weft_status tcp_read_abort(struct weft_conn *c, const char *target, size_
 
 static weft_status tcp_check_header(struct weft_conn *c, uint32_t seq, size_t bytes,
                                     const char *target) {
-  uint32_t mt = ntohl(c->rhdr.magic_type);
-  if ((mt & 0xffff0000u) != TCP_FRAME_MAGIC)
+  tcp_frame_info f;
+  if (tcp_frame_parse((const uint8_t *)&c->rhdr, sizeof c->rhdr, &f))
     return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "garbage on the connection from %s", c->where);
-  if ((mt & 0xffffu) == TCP_FRAME_ABORT) return tcp_read_abort(c, target, c->rpay_got);
-  if ((mt & 0xffffu) != TCP_FRAME_DATA)
-    return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "unknown frame type %u from %s", mt & 0xffffu,
-                         c->where);
+  if (f.type == TCP_FRAME_ABORT) return tcp_read_abort(c, target, c->rpay_got);
+  if (f.type != TCP_FRAME_DATA)
+    return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "unknown frame type %u from %s", f.type, c->where);
   weft_error_sink *sink = c->ctx->args->errors;
-  if (weft_chunk_check(sink, c->peer, ntohl(c->rhdr.seq), seq, ntohl(c->rhdr.len), bytes))
+  if (weft_chunk_check(sink, c->peer, f.seq, seq, f.len, bytes))
     return tcp_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
   return WEFT_OK;
 }
