@@ -10,7 +10,7 @@
 #define WEFT_SETTINGS_MAP(X)                                                                  \
   X(TIMEOUT, "300", "seconds a blocking call waits without progress from a peer before failing") \
   X(DEBUG, "WARN", "log level: NONE, WARN, INFO or TRACE")                                   \
-  X(DEBUG_SUBSYS, "ALL", "subsystems to log: ALL or a list of INIT,BOOT,NET,COLL; ^ excludes") \
+  X(DEBUG_SUBSYS, "ALL", "subsystems to log: ALL or a list of INIT,BOOT,NET,COLL,GRAD; ^ excludes") \
   X(RANK, "", "this process's rank (takes precedence over RANK, OMPI_*, SLURM_*)")          \
   X(SIZE, "", "number of ranks (takes precedence over WORLD_SIZE, OMPI_*, SLURM_*)")         \
   X(LOCAL_RANK, "", "rank among the ranks of this host")                                     \
@@ -28,7 +28,8 @@
   X(BCAST_FANOUT, "0", "broadcast tree fan-out; 0 = auto (binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
   X(BCAST_CHAIN_BYTES, "65536", "broadcasts of at least this many bytes use a pipelined chain") \
   X(HOST_ID, "", "host identity for transport choice; ranks with the same one use shared memory (tests, containers)") \
-  X(TRANSPORT, "", "force one transport for every peer: shm, tcp (or ibv when built); empty = choose per peer")
+  X(TRANSPORT, "", "force one transport for every peer: shm, tcp (or ibv when built); empty = choose per peer") \
+  X(GRAD_CHECK, "0", "1: every gradient set checks at each step that all ranks agree (one small allgather a step; debug)")
 
 enum weft_setting_id {
 #define WEFT_SETTING_ENUM_(id, dflt, help) WEFT_SETTING_##id,
