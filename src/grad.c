@@ -51,9 +51,9 @@ struct weft_grad {
   weft_tensor *regs; /* as registered; ptr is the bucket view once owned */
   int ntensors, cap_tensors;
   int *bucket_of;
-  size_t *offset_of;       /* elements into the bucket */
-  uint64_t *ready_stamp;   /* step + 1 when marked ready in the current step */
-  int *order;              /* fill order from weft_grad_set_order, or NULL */
+  size_t *offset_of;     /* elements into the bucket */
+  uint64_t *ready_stamp; /* step + 1 when marked ready in the current step */
+  int *order;            /* fill order from weft_grad_set_order, or NULL */
   weft_tensor *params;
   int nparams;
 
@@ -72,7 +72,9 @@ struct weft_grad {
 
 /* ---- errors ---------------------------------------------------------------- */
 
-static int grad_ok(const weft_grad *g) { return g && g->magic == GRAD_MAGIC; }
+static int grad_ok(const weft_grad *g) {
+  return g && g->magic == GRAD_MAGIC;
+}
 
 static weft_status bad_handle(const char *call) {
   return weft_init_error(WEFT_ERR_INVALID, -1, call, "the gradient set is NULL or destroyed");
@@ -223,8 +225,7 @@ static weft_status agree_list(weft_comm *comm, const agree_spec *s, const uint64
                          (unsigned long long)e[3 * r], weft_dtype_name((weft_dtype)e[3 * r + 1]),
                          memory_name((weft_memory)e[3 * r + 2]));
       }
-      if (used < len)
-        snprintf(msg + used, len - used, " (the %d before agree)", lo);
+      if (used < len) snprintf(msg + used, len - used, " (the %d before agree)", lo);
     }
   } else if (!st) {
     char who[96];
@@ -275,8 +276,10 @@ static weft_status agree(weft_comm *comm, const agree_spec *s) {
         free(all);
         return WEFT_ERR_MISMATCH; /* the caller keeps this rank's own message */
       }
-      snprintf(msg, sizeof msg, "rank(s) %s refused their own arguments (their weft_last_error "
-               "says why)", who);
+      snprintf(msg, sizeof msg,
+               "rank(s) %s refused their own arguments (their weft_last_error "
+               "says why)",
+               who);
     } else if (ranks_differing(all, size, FP_LEN, FP_N, who, sizeof who) ||
                ranks_differing(all, size, FP_LEN, FP_HASH, who, sizeof who)) {
       st = agree_list(comm, s, all, size, msg, sizeof msg);
@@ -373,7 +376,7 @@ static weft_status fuse_run(weft_comm *comm, const char *call, const weft_tensor
     fuse_msg *m = &msgs[k];
     size_t count = m->bytes / weft_dtype_size(m->dtype);
     st = m->average ? weft_iallreduce(comm, m->buf, m->buf, count, m->dtype, WEFT_AVG, &m->req)
-                : weft_ibroadcast(comm, m->buf, m->buf, count, m->dtype, root, &m->req);
+                    : weft_ibroadcast(comm, m->buf, m->buf, count, m->dtype, root, &m->req);
   }
   weft_status first = st;
   for (int k = 0; k < nmsgs; k++) {
@@ -424,8 +427,13 @@ static weft_status list_call(weft_comm *comm, const char *call, const weft_tenso
                              int root, int mode) {
   WEFT_CHECK(comm_check(comm, call));
   weft_status local = check_list(comm, call, t, n, root);
-  agree_spec s = {.call = call, .noun = "tensor", .list = t, .n = n, .local_error = local != 0,
-                  .nfields = 2, .field_name = {"root", "mode"},
+  agree_spec s = {.call = call,
+                  .noun = "tensor",
+                  .list = t,
+                  .n = n,
+                  .local_error = local != 0,
+                  .nfields = 2,
+                  .field_name = {"root", "mode"},
                   .field = {(uint64_t)root, (uint64_t)mode}};
   weft_status st = agree(comm, &s);
   if (local) return local;
@@ -473,38 +481,36 @@ WEFT_API weft_status weft_metrics_average(weft_comm *comm, double *values, doubl
     if (!(counts[i] >= 0) || isinf(counts[i]))
       local = weft_comm_error(comm, WEFT_ERR_INVALID, call,
                               "counts[%d] is %g (must be finite and >= 0)", i, counts[i]);
-  int m = local ? 0 : n;
-  /* [value*count..., count..., ranks refusing their input]: one sum does it all */
-  double *buf = calloc(2 * (size_t)m + 1, sizeof *buf);
+  /* agree on n first (one small allgather): a sum of differently sized
+   * buffers would fail differently on different ranks */
+  agree_spec s = {.call = call,
+                  .noun = "metric",
+                  .local_error = local != 0,
+                  .nfields = 1,
+                  .field_name = {"the number of metrics"},
+                  .field = {(uint64_t)n}};
+  weft_status st = agree(comm, &s);
+  if (local) return local;
+  if (st) return st;
+  /* [value*count..., count...]: one sum does it all */
+  double *buf = calloc(2 * (size_t)n + 1, sizeof *buf);
   if (!buf) return weft_comm_error(comm, WEFT_ERR_NOMEM, call, "no memory");
-  for (int i = 0; i < m; i++) {
+  for (int i = 0; i < n; i++) {
     double c = counts ? counts[i] : 1.0;
     buf[i] = c ? values[i] * c : 0.0; /* a zero weight drops even a NaN value */
-    buf[m + i] = c;
+    buf[n + i] = c;
   }
-  buf[2 * m] = local ? 1.0 : 0.0;
-  weft_status st = weft_allreduce(comm, buf, buf, 2 * (size_t)m + 1, WEFT_F64, WEFT_SUM);
-  if (local) {
-    free(buf);
-    return local;
-  }
+  st = weft_allreduce(comm, buf, buf, 2 * (size_t)n, WEFT_F64, WEFT_SUM);
   if (st) {
     free(buf);
-    return wrap_error(comm, st, call, "summing the metrics (n may differ between ranks)");
+    return wrap_error(comm, st, call, "summing the metrics");
   }
-  if (buf[2 * m] > 0) {
-    st = weft_comm_error(comm, WEFT_ERR_MISMATCH, call,
-                         "%.0f rank(s) refused their own arguments (their weft_last_error says "
-                         "why)",
-                         buf[2 * m]);
-  } else {
-    for (int i = 0; i < m; i++) {
-      values[i] = buf[m + i] > 0 ? buf[i] / buf[m + i] : NAN;
-      if (counts) counts[i] = buf[m + i];
-    }
+  for (int i = 0; i < n; i++) {
+    values[i] = buf[n + i] > 0 ? buf[i] / buf[n + i] : NAN;
+    if (counts) counts[i] = buf[n + i];
   }
   free(buf);
-  return st;
+  return WEFT_OK;
 }
 
 /* ---- the gradient set: creation and registration --------------------------- */
@@ -611,9 +617,9 @@ WEFT_API weft_status weft_grad_set_order(weft_grad *g, const int *order, int n) 
   }
   for (int i = 0; i < n; i++) {
     if (order[i] < 0 || order[i] >= n || seen[order[i]]) {
-      weft_status st = weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                                       "order[%d] = %d: not a permutation of 0..%d", i, order[i],
-                                       n - 1);
+      weft_status st =
+          weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
+                          "order[%d] = %d: not a permutation of 0..%d", i, order[i], n - 1);
       free(seen);
       free(copy);
       return st;
@@ -645,7 +651,9 @@ WEFT_API weft_status weft_grad_set_params(weft_grad *g, const weft_tensor *param
 
 /* ---- bucket formation -------------------------------------------------------- */
 
-static size_t align_up(size_t bytes) { return (bytes + GRAD_ALIGN - 1) / GRAD_ALIGN * GRAD_ALIGN; }
+static size_t align_up(size_t bytes) {
+  return (bytes + GRAD_ALIGN - 1) / GRAD_ALIGN * GRAD_ALIGN;
+}
 
 /* DDP's assignment with a strict cap: walk the fill order; each (dtype,
  * memory) key has one open bucket; a tensor that does not fit closes it and
@@ -673,8 +681,8 @@ static weft_status form_buckets(weft_grad *g) {
     if (*b >= 0 && *u + bytes > *cap) *b = -1;
     if (*b < 0) {
       *b = g->nbuckets++;
-      *cap = formed[t->dtype][t->memory]++ ? g->opts.bucket_cap_bytes
-                                           : g->opts.first_bucket_cap_bytes;
+      *cap =
+          formed[t->dtype][t->memory]++ ? g->opts.bucket_cap_bytes : g->opts.first_bucket_cap_bytes;
       grad_bucket *nb = &g->buckets[*b];
       nb->dtype = t->dtype;
       nb->memory = t->memory;
@@ -728,9 +736,15 @@ static uint64_t order_hash(const weft_grad *g) {
 static void grad_fill_spec(const weft_grad *g, agree_spec *s, const char *call) {
   *s = (agree_spec){.call = call, .noun = "tensor", .list = g->regs, .n = g->ntensors};
   const weft_grad_options *o = &g->opts;
-  const char *names[] = {"bucket_cap_bytes", "first_bucket_cap_bytes", "op",
-                         "prediv (bits)",   "owned_storage",          "check_every_step",
-                         "bcast_period",    "bcast_root",             "fill order",
+  const char *names[] = {"bucket_cap_bytes",
+                         "first_bucket_cap_bytes",
+                         "op",
+                         "prediv (bits)",
+                         "owned_storage",
+                         "check_every_step",
+                         "bcast_period",
+                         "bcast_root",
+                         "fill order",
                          "number of parameters (weft_grad_set_params)"};
   uint64_t vals[] = {o->bucket_cap_bytes,
                      o->first_bucket_cap_bytes,
@@ -806,8 +820,11 @@ static weft_status step_begin(weft_grad *g, const char *call) {
   if (g->step_checked) return WEFT_OK;
   g->step_checked = 1;
   if (!g->check_every_step) return WEFT_OK;
-  agree_spec s = {.call = "weft_grad step check", .noun = "tensor", .list = g->regs,
-                  .n = g->ntensors, .nfields = 2,
+  agree_spec s = {.call = "weft_grad step check",
+                  .noun = "tensor",
+                  .list = g->regs,
+                  .n = g->ntensors,
+                  .nfields = 2,
                   .field_name = {"the step number", "synchronisation on (weft_grad_set_sync)"},
                   .field = {g->step, (uint64_t)g->sync}};
   weft_status st = agree(g->comm, &s);
@@ -906,8 +923,8 @@ static void step_reset(weft_grad *g) {
 static void bucket_finish(weft_grad *g, grad_bucket *bk) {
   size_t esz = weft_dtype_size(bk->dtype);
   if (g->opts.prediv > 1) {
-    double post = g->opts.op == WEFT_AVG ? g->opts.prediv / weft_comm_size(g->comm)
-                                         : g->opts.prediv;
+    double post =
+        g->opts.op == WEFT_AVG ? g->opts.prediv / weft_comm_size(g->comm) : g->opts.prediv;
     bk->mem->scale(bk->flat, bk->count, bk->dtype, post);
     g->stats.bytes_scaled += bk->count * esz;
   }
@@ -958,9 +975,11 @@ WEFT_API weft_status weft_grad_wait(weft_grad *g) {
   if (first && !st) {
     grad_bucket *bk = &g->buckets[failed_bucket];
     char ctx[200];
-    snprintf(ctx, sizeof ctx, "bucket %d of %d (%zu %s elements, %d tensors from tensor %d) in "
-             "step %llu", failed_bucket, g->nbuckets, bk->count, weft_dtype_name(bk->dtype),
-             bk->nmembers, bk->members[0], (unsigned long long)g->step);
+    snprintf(ctx, sizeof ctx,
+             "bucket %d of %d (%zu %s elements, %d tensors from tensor %d) in "
+             "step %llu",
+             failed_bucket, g->nbuckets, bk->count, weft_dtype_name(bk->dtype), bk->nmembers,
+             bk->members[0], (unsigned long long)g->step);
     st = g->broken = wrap_error(g->comm, first, call, ctx);
   }
   int synced = g->sync;
@@ -1026,7 +1045,7 @@ WEFT_API weft_status weft_grad_bucket_info(const weft_grad *g, int bucket,
   d->bytes = bk->count * weft_dtype_size(bk->dtype);
   d->ntensors = bk->nmembers;
   d->first_tensor = bk->members[0];
-  d->state = bk->launched      ? WEFT_GRAD_BUCKET_LAUNCHED
+  d->state = bk->launched       ? WEFT_GRAD_BUCKET_LAUNCHED
              : bk->pending == 0 ? WEFT_GRAD_BUCKET_FULL
                                 : WEFT_GRAD_BUCKET_FILLING;
   return WEFT_OK;
