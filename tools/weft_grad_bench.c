@@ -4,7 +4,8 @@
  * simulated backward (a sleep per layer, in reverse order) with buckets
  * reduced while it runs against compute alone plus blocking communication.
  * Run it under a launcher: weftrun -n 4 build/tools/weft-grad-bench.
- * Times are the median over steps of the slowest rank's step. */
+ * Times are the median over steps of the slowest rank's step; the modes
+ * take turns step by step. */
 #include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -170,36 +171,50 @@ static weft_grad *make_set(bench *b, int owned, float **grads) {
   return g;
 }
 
-static void run_mode(bench *b, enum mode m, result *r) {
-  static float *grads[MAX_TENSORS];
+/* Modes take turns step by step (not one block each), so load from other
+ * processes on a shared machine falls on every mode alike. */
+static void run_all(bench *b, const int *want, result *r) {
+  static float *grads[NMODES][MAX_TENSORS];
   static weft_request *reqs[MAX_TENSORS];
-  weft_grad *g = NULL;
-  if (m == BUCKETED || m == OWNED || m == OVERLAP)
-    g = make_set(b, m != BUCKETED, grads);
-  else
-    for (int t = 0; t < b->n; t++) grads[t] = b->mine[t];
-  double *times = malloc(sizeof(double) * (size_t)(b->steps + 1));
-  weft_grad_stats s0 = {0}, s1 = {0};
-  for (int k = -1; k < b->steps; k++) { /* step -1: warm-up and the correctness check */
-    if (m != COMPUTE)
-      for (int t = 0; t < b->n; t++) fill(grads[t], b->count[t], b->rank);
-    if (k == 0 && g) CHECK(b->comm, weft_grad_get_stats(g, &s0));
-    double dt = max_over_ranks(b, step(b, m, g, grads, reqs));
-    if (k < 0)
-      r->wrong = m == COMPUTE ? 0 : wrong(b, grads);
-    else
-      times[k] = dt;
+  weft_grad *copies = NULL, *owned = NULL, *set[NMODES] = {NULL};
+  if (want[BUCKETED]) copies = make_set(b, 0, grads[BUCKETED]);
+  if (want[OWNED] || want[OVERLAP]) owned = make_set(b, 1, grads[OWNED]);
+  set[BUCKETED] = copies;
+  set[OWNED] = set[OVERLAP] = owned;
+  for (int m = 0; m < NMODES; m++)
+    if (!set[m])
+      for (int t = 0; t < b->n; t++) grads[m][t] = b->mine[t];
+  memcpy(grads[OVERLAP], grads[OWNED], sizeof grads[OWNED]);
+  double *times = malloc(sizeof(double) * NMODES * (size_t)b->steps);
+  weft_grad_stats s0[NMODES] = {{0}}, s1[NMODES] = {{0}};
+  for (int k = -1; k < b->steps; k++) /* round -1: warm-up and the correctness check */
+    for (int m = 0; m < NMODES; m++) {
+      if (!want[m]) continue;
+      if (m != COMPUTE)
+        for (int t = 0; t < b->n; t++) fill(grads[m][t], b->count[t], b->rank);
+      if (set[m]) CHECK(b->comm, weft_grad_get_stats(set[m], &s0[m]));
+      double dt = max_over_ranks(b, step(b, (enum mode)m, set[m], grads[m], reqs));
+      if (set[m]) CHECK(b->comm, weft_grad_get_stats(set[m], &s1[m]));
+      if (k < 0) {
+        r[m].wrong = m == COMPUTE ? 0 : wrong(b, grads[m]);
+        continue;
+      }
+      times[m * b->steps + k] = dt;
+      r[m].copied_bytes += (double)(s1[m].bytes_copied - s0[m].bytes_copied) / b->steps;
+    }
+  for (int m = 0; m < NMODES; m++) {
+    if (!want[m]) continue;
+    double *tm = times + m * b->steps;
+    qsort(tm, (size_t)b->steps, sizeof *tm, cmp_double);
+    r[m].median_s = tm[b->steps / 2];
+    r[m].min_s = tm[0];
+    r[m].ran = 1;
   }
-  if (g) CHECK(b->comm, weft_grad_get_stats(g, &s1));
-  qsort(times, (size_t)b->steps, sizeof *times, cmp_double);
-  r->median_s = times[b->steps / 2];
-  r->min_s = times[0];
-  r->copied_bytes = (double)(s1.bytes_copied - s0.bytes_copied) / b->steps;
-  r->ran = 1;
-  if (g && m == BUCKETED && b->rank == 0)
-    printf("# %d buckets (cap %zu B, first %zu B)\n", weft_grad_bucket_count(g), b->cap,
+  if (copies && b->rank == 0)
+    printf("# %d buckets (cap %zu B, first %zu B)\n", weft_grad_bucket_count(copies), b->cap,
            b->first_cap);
-  weft_grad_destroy(g);
+  weft_grad_destroy(copies);
+  weft_grad_destroy(owned);
   free(times);
 }
 
@@ -254,8 +269,7 @@ int main(int argc, char **argv) {
         "compute %.0f ms\n",
         path, b.n, b.total, b.total * 4.0 / 1048576, b.size, tp, b.steps, b.compute_s * 1e3);
   result r[NMODES] = {{0}};
-  for (int m = 0; m < NMODES; m++)
-    if (want[m]) run_mode(&b, (enum mode)m, &r[m]);
+  run_all(&b, want, r);
   if (b.rank == 0) {
     printf("%-34s %10s %10s %14s %7s\n", "# mode", "median_ms", "min_ms", "copied_MiB/step",
            "wrong");
