@@ -41,6 +41,7 @@ typedef struct bench {
   int steps;
   double compute_s; /* simulated backward, spread over layers by size */
   size_t cap, first_cap;
+  size_t max_numel; /* -x: only tensors up to this size (the latency-bound part) */
 } bench;
 
 static int load(bench *b, const char *path) {
@@ -57,6 +58,7 @@ static int load(bench *b, const char *path) {
     if (line[0] == '#' || sscanf(line, "%lld %511s %255s %llu", &idx, name, shape, &numel) != 4)
       continue; /* header and comment lines */
     if (b->n == MAX_TENSORS) break;
+    if (b->max_numel && numel > b->max_numel) continue;
     b->count[b->n++] = (size_t)numel;
     b->total += (size_t)numel;
   }
@@ -221,7 +223,7 @@ static void run_all(bench *b, const int *want, result *r) {
 static void usage(void) {
   fprintf(stderr,
           "usage: weft-grad-bench [-f grads.tsv] [-n steps] [-c compute_ms] [-b cap_MiB]\n"
-          "                       [-B first_cap_KiB] [-m mode,mode...]\n"
+          "                       [-B first_cap_KiB] [-m mode,mode...] [-x max_numel]\n"
           "modes: 0 per-tensor, 1 per-tensor non-blocking, 2 buckets, 3 owned, 4 compute,\n"
           "       5 overlap (default: all)\n");
 }
@@ -234,13 +236,14 @@ int main(int argc, char **argv) {
   b.compute_s = 0.3;
   b.cap = 25u << 20;
   b.first_cap = 1u << 20;
-  while ((opt = getopt(argc, argv, "f:n:c:b:B:m:h")) != -1) {
+  while ((opt = getopt(argc, argv, "f:n:c:b:B:m:x:h")) != -1) {
     switch (opt) {
       case 'f': path = optarg; break;
       case 'n': b.steps = atoi(optarg); break;
       case 'c': b.compute_s = atof(optarg) / 1000; break;
       case 'b': b.cap = (size_t)(atof(optarg) * 1048576); break;
       case 'B': b.first_cap = (size_t)(atof(optarg) * 1024); break;
+      case 'x': b.max_numel = (size_t)atoll(optarg); break;
       case 'm': {
         memset(want, 0, sizeof want);
         for (char *tok = strtok(optarg, ","); tok; tok = strtok(NULL, ","))
