@@ -404,6 +404,12 @@ typedef struct weft_grad_options {
    * tensors into buckets at ready time and back at wait (a bucket of one
    * tensor is reduced in place, without copies). */
   int owned_storage;
+  /* Copies only: a tensor of at least this many bytes is not copied; it gets
+   * a bucket of its own, reduced where it lies, and closes the bucket being
+   * filled, so buckets still leave in backward order. Default 1 MiB: one
+   * more allreduce costs less than copying 2 MiB in and out. 0: every tensor
+   * goes through a bucket buffer, as in DDP and Horovod. */
+  size_t inplace_min_bytes;
   /* 1: weft_grad_wait also checks, at the start of each step, that every
    * rank is in the same step with the same registrations and sync flag (one
    * small allgather per step). Also on when the WEFT_GRAD_CHECK setting is 1. */

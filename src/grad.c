@@ -521,6 +521,7 @@ WEFT_API void weft_grad_options_init(weft_grad_options *opts) {
   opts->version = WEFT_GRAD_OPTIONS_VERSION;
   opts->bucket_cap_bytes = 25u << 20;
   opts->first_bucket_cap_bytes = 1u << 20;
+  opts->inplace_min_bytes = 1u << 20;
   opts->op = WEFT_AVG;
   opts->bcast_period = 0;
   opts->bcast_root = 0;
@@ -657,8 +658,10 @@ static size_t align_up(size_t bytes) {
 
 /* DDP's assignment with a strict cap: walk the fill order; each (dtype,
  * memory) key has one open bucket; a tensor that does not fit closes it and
- * opens the next; the first bucket of a key has the smaller cap. Buckets are
- * numbered as they open, i.e. by when their first gradient is expected. */
+ * opens the next; the first bucket of a key has the smaller cap. In copy
+ * mode a tensor of inplace_min_bytes or more gets a bucket of its own.
+ * Buckets are numbered as they open, i.e. by when their first gradient is
+ * expected. */
 static weft_status form_buckets(weft_grad *g) {
   int n = g->ntensors;
   g->bucket_of = malloc(sizeof(int) * ((size_t)n + 1));
@@ -677,6 +680,21 @@ static weft_status form_buckets(weft_grad *g) {
     const weft_tensor *t = &g->regs[i];
     size_t esz = weft_dtype_size(t->dtype), bytes = t->count * esz;
     int *b = &open[t->dtype][t->memory];
+    if (!g->opts.owned_storage && g->opts.inplace_min_bytes && bytes >= g->opts.inplace_min_bytes) {
+      /* large: reduced where it lies; the open bucket closes so that buckets
+       * keep backward's order (a later-filling bucket never holds it up) */
+      *b = -1;
+      grad_bucket *nb = &g->buckets[g->nbuckets];
+      nb->dtype = t->dtype;
+      nb->memory = t->memory;
+      nb->members = malloc(sizeof(int));
+      if (!nb->members) return WEFT_ERR_NOMEM;
+      nb->members[nb->nmembers++] = i;
+      nb->count = t->count;
+      g->bucket_of[i] = g->nbuckets++;
+      g->offset_of[i] = 0;
+      continue;
+    }
     size_t *u = &used[t->dtype][t->memory], *cap = &open_cap[t->dtype][t->memory];
     if (*b >= 0 && *u + bytes > *cap) *b = -1;
     if (*b < 0) {
@@ -738,6 +756,7 @@ static void grad_fill_spec(const weft_grad *g, agree_spec *s, const char *call) 
   const weft_grad_options *o = &g->opts;
   const char *names[] = {"bucket_cap_bytes",
                          "first_bucket_cap_bytes",
+                         "inplace_min_bytes",
                          "op",
                          "prediv (bits)",
                          "owned_storage",
@@ -748,6 +767,7 @@ static void grad_fill_spec(const weft_grad *g, agree_spec *s, const char *call) 
                          "number of parameters (weft_grad_set_params)"};
   uint64_t vals[] = {o->bucket_cap_bytes,
                      o->first_bucket_cap_bytes,
+                     o->owned_storage ? 0 : o->inplace_min_bytes,
                      (uint64_t)o->op,
                      double_bits(o->prediv > 1 ? o->prediv : 1),
                      (uint64_t)(o->owned_storage != 0),

@@ -144,8 +144,8 @@ static void shuffle(int *p, int n, int rank, int step) {
  * registration order; per dtype one open bucket; a tensor that does not fit
  * closes it; the first bucket of a dtype has the first cap; a bucket is
  * closed once full; offsets are rounded up to 64 bytes. */
-static void expected_layout(const model *m, size_t cap, size_t first_cap, const int *order,
-                            int *bucket, size_t *offset, int *nbuckets) {
+static void expected_layout(const model *m, size_t cap, size_t first_cap, size_t inplace,
+                            const int *order, int *bucket, size_t *offset, int *nbuckets) {
   int open[WEFT_DTYPE_COUNT], formed[WEFT_DTYPE_COUNT] = {0};
   size_t used[WEFT_DTYPE_COUNT] = {0}, ocap[WEFT_DTYPE_COUNT] = {0};
   for (int d = 0; d < WEFT_DTYPE_COUNT; d++) open[d] = -1;
@@ -155,6 +155,12 @@ static void expected_layout(const model *m, size_t cap, size_t first_cap, const 
     int i = order ? order[k] : m->n - 1 - k;
     int d = m->dt[i];
     size_t esz = weft_dtype_size(m->dt[i]), bytes = m->count[i] * esz;
+    if (inplace && bytes >= inplace) { /* copies: alone, and the open bucket closes */
+      open[d] = -1;
+      bucket[i] = (*nbuckets)++;
+      offset[i] = 0;
+      continue;
+    }
     if (open[d] >= 0 && used[d] + bytes > ocap[d]) open[d] = -1;
     if (open[d] < 0) {
       open[d] = (*nbuckets)++;
@@ -176,6 +182,7 @@ typedef struct grad_case {
   int skip_unused; /* step 1: tensor 3 is never marked ready (an unused parameter) */
   size_t cap, first_cap;
   int given_order; /* weft_grad_set_order with a random permutation (the same on every rank) */
+  size_t inplace;  /* inplace_min_bytes (copy mode) */
 } grad_case;
 
 static const weft_dtype float_mix[] = {WEFT_F32, WEFT_F16, WEFT_F32, WEFT_F64, WEFT_BF16};
@@ -202,6 +209,7 @@ static int reduce_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   o.prediv = gc->prediv;
   o.bucket_cap_bytes = gc->cap;
   o.first_bucket_cap_bytes = gc->first_cap;
+  o.inplace_min_bytes = gc->inplace;
   FAILS(weft_grad_create(comm, &o, &g), "create");
   for (int i = 0; i < m.n; i++) {
     mine[i] = malloc(m.count[i] * 8 + 8);
@@ -222,8 +230,8 @@ static int reduce_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   /* layout: as the rule says, and sane on its own terms */
   int want_b[MAX_T], nb;
   size_t want_off[MAX_T];
-  expected_layout(&m, gc->cap, gc->first_cap, gc->given_order ? order : NULL, want_b, want_off,
-                  &nb);
+  expected_layout(&m, gc->cap, gc->first_cap, gc->owned ? 0 : gc->inplace,
+                  gc->given_order ? order : NULL, want_b, want_off, &nb);
   if (weft_grad_bucket_count(g) != nb) {
     fprintf(stderr, "rank %d: %d buckets, the rule gives %d\n", rank, weft_grad_bucket_count(g),
             nb);
@@ -316,37 +324,43 @@ static void run_reduce(int n, grad_case gc) {
 /* formation: mixed dtypes and sizes, one tensor over the cap, 1 and 2 ranks */
 static void formation_mixed(void **state) {
   (void)state;
-  grad_case gc = {0, WEFT_SUM, 0, 1, 0, 4096, 1024, 0};
+  grad_case gc = {0, WEFT_SUM, 0, 1, 0, 4096, 1024, 0, 0};
   run_reduce(1, gc);
   run_reduce(2, gc);
 }
 /* mean and sum, copies and owned storage, 1..4 ranks */
 static void mean_copy_1to4(void **state) {
   (void)state;
-  for (int n = 1; n <= 4; n++) run_reduce(n, (grad_case){0, WEFT_AVG, 0, 1, 1, 2048, 512, 0});
+  for (int n = 1; n <= 4; n++) run_reduce(n, (grad_case){0, WEFT_AVG, 0, 1, 1, 2048, 512, 0, 0});
 }
 static void sum_owned_3(void **state) {
   (void)state;
-  run_reduce(3, (grad_case){1, WEFT_SUM, 0, 1, 1, 2048, 512, 0});
+  run_reduce(3, (grad_case){1, WEFT_SUM, 0, 1, 1, 2048, 512, 0, 0});
 }
 static void mean_owned_4(void **state) {
   (void)state;
-  run_reduce(4, (grad_case){1, WEFT_AVG, 0, 1, 0, 3000, 0, 0});
+  run_reduce(4, (grad_case){1, WEFT_AVG, 0, 1, 0, 3000, 0, 0, 0});
 }
 static void prediv_mean_and_sum(void **state) {
   (void)state;
-  run_reduce(3, (grad_case){0, WEFT_AVG, 2, 0, 0, 2048, 512, 0});
-  run_reduce(2, (grad_case){1, WEFT_SUM, 3, 0, 1, 2048, 512, 0});
+  run_reduce(3, (grad_case){0, WEFT_AVG, 2, 0, 0, 2048, 512, 0, 0});
+  run_reduce(2, (grad_case){1, WEFT_SUM, 3, 0, 1, 2048, 512, 0, 0});
 }
 static void default_caps_one_bucket_per_dtype(void **state) {
   (void)state;
-  run_reduce(2, (grad_case){0, WEFT_AVG, 0, 1, 0, 25u << 20, 1u << 20, 0});
+  run_reduce(2, (grad_case){0, WEFT_AVG, 0, 1, 0, 25u << 20, 1u << 20, 0, 0});
 }
 /* the caller's order instead of reverse registration */
 static void given_order(void **state) {
   (void)state;
-  run_reduce(3, (grad_case){0, WEFT_SUM, 0, 1, 0, 2048, 256, 1});
-  run_reduce(2, (grad_case){1, WEFT_AVG, 0, 0, 1, 1500, 0, 1});
+  run_reduce(3, (grad_case){0, WEFT_SUM, 0, 1, 0, 2048, 256, 1, 0});
+  run_reduce(2, (grad_case){1, WEFT_AVG, 0, 0, 1, 1500, 0, 1, 0});
+}
+/* copies: large tensors reduced where they lie, in buckets of their own */
+static void large_tensors_in_place(void **state) {
+  (void)state;
+  run_reduce(3, (grad_case){0, WEFT_AVG, 0, 1, 1, 4096, 1024, 0, 1024});
+  run_reduce(2, (grad_case){0, WEFT_SUM, 0, 0, 0, 2048, 512, 1, 700});
 }
 
 /* ---- out-of-order ready: buckets still leave in index order ---------------- */
@@ -927,21 +941,14 @@ int main(void) {
   printf("# seed %llu (set WEFT_TEST_SEED to repeat)\n", (unsigned long long)base_seed);
   if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(formation_mixed),
-      cmocka_unit_test(mean_copy_1to4),
-      cmocka_unit_test(sum_owned_3),
-      cmocka_unit_test(mean_owned_4),
-      cmocka_unit_test(prediv_mean_and_sum),
-      cmocka_unit_test(default_caps_one_bucket_per_dtype),
-      cmocka_unit_test(given_order),
-      cmocka_unit_test(out_of_order_ready),
-      cmocka_unit_test(accumulation),
-      cmocka_unit_test(mismatch_every_rank),
-      cmocka_unit_test(local_refusal_every_rank),
-      cmocka_unit_test(periodic_broadcast),
-      cmocka_unit_test(buffers_sync),
-      cmocka_unit_test(metrics_weighted),
-      cmocka_unit_test(bad_input),
+      cmocka_unit_test(formation_mixed),     cmocka_unit_test(mean_copy_1to4),
+      cmocka_unit_test(sum_owned_3),         cmocka_unit_test(mean_owned_4),
+      cmocka_unit_test(prediv_mean_and_sum), cmocka_unit_test(default_caps_one_bucket_per_dtype),
+      cmocka_unit_test(given_order),         cmocka_unit_test(large_tensors_in_place),
+      cmocka_unit_test(out_of_order_ready),  cmocka_unit_test(accumulation),
+      cmocka_unit_test(mismatch_every_rank), cmocka_unit_test(local_refusal_every_rank),
+      cmocka_unit_test(periodic_broadcast),  cmocka_unit_test(buffers_sync),
+      cmocka_unit_test(metrics_weighted),    cmocka_unit_test(bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -97,13 +97,12 @@ static void sleep_s(double s) {
   nanosleep(&ts, NULL);
 }
 
-enum mode { PER_TENSOR, PER_TENSOR_NB, BUCKETED, OWNED, COMPUTE, OVERLAP, NMODES };
-static const char *const mode_names[NMODES] = {"per-tensor allreduce (blocking)",
-                                               "per-tensor iallreduce + wait_all",
-                                               "buckets, copies",
-                                               "buckets, owned storage",
-                                               "compute alone (sleep per layer)",
-                                               "backward + buckets (owned)"};
+enum mode { PER_TENSOR, PER_TENSOR_NB, COPY_ALL, BUCKETED, OWNED, COMPUTE, OVERLAP, NMODES };
+static const char *const mode_names[NMODES] = {
+    "per-tensor allreduce (blocking)", "per-tensor iallreduce + wait_all",
+    "buckets, every tensor copied",    "buckets, copies under 1 MiB",
+    "buckets, owned storage",          "compute alone (sleep per layer)",
+    "backward + buckets (owned)"};
 
 typedef struct result {
   double median_s, min_s;
@@ -128,6 +127,7 @@ static double step(bench *b, enum mode m, weft_grad *g, float **grads, weft_requ
                                        &reqs[t]));
       CHECK(b->comm, weft_wait_all(reqs, b->n));
       break;
+    case COPY_ALL:
     case BUCKETED:
     case OWNED:
       for (int t = b->n - 1; t >= 0; t--) CHECK(b->comm, weft_grad_ready(g, t));
@@ -148,10 +148,12 @@ static double step(bench *b, enum mode m, weft_grad *g, float **grads, weft_requ
   return now_s() - t0;
 }
 
-static weft_grad *make_set(bench *b, int owned, float **grads) {
+/* copy_all: DDP's and Horovod's way, every gradient through a bucket buffer */
+static weft_grad *make_set(bench *b, int owned, int copy_all, float **grads) {
   weft_grad_options o;
   weft_grad_options_init(&o);
   o.owned_storage = owned;
+  if (copy_all) o.inplace_min_bytes = 0;
   o.bucket_cap_bytes = b->cap;
   o.first_bucket_cap_bytes = b->first_cap;
   weft_grad *g;
@@ -178,9 +180,11 @@ static weft_grad *make_set(bench *b, int owned, float **grads) {
 static void run_all(bench *b, const int *want, result *r) {
   static float *grads[NMODES][MAX_TENSORS];
   static weft_request *reqs[MAX_TENSORS];
-  weft_grad *copies = NULL, *owned = NULL, *set[NMODES] = {NULL};
-  if (want[BUCKETED]) copies = make_set(b, 0, grads[BUCKETED]);
-  if (want[OWNED] || want[OVERLAP]) owned = make_set(b, 1, grads[OWNED]);
+  weft_grad *copy_all = NULL, *copies = NULL, *owned = NULL, *set[NMODES] = {NULL};
+  if (want[COPY_ALL]) copy_all = make_set(b, 0, 1, grads[COPY_ALL]);
+  if (want[BUCKETED]) copies = make_set(b, 0, 0, grads[BUCKETED]);
+  if (want[OWNED] || want[OVERLAP]) owned = make_set(b, 1, 0, grads[OWNED]);
+  set[COPY_ALL] = copy_all;
   set[BUCKETED] = copies;
   set[OWNED] = set[OVERLAP] = owned;
   for (int m = 0; m < NMODES; m++)
@@ -212,9 +216,13 @@ static void run_all(bench *b, const int *want, result *r) {
     r[m].min_s = tm[0];
     r[m].ran = 1;
   }
-  if (copies && b->rank == 0)
-    printf("# %d buckets (cap %zu B, first %zu B)\n", weft_grad_bucket_count(copies), b->cap,
-           b->first_cap);
+  if (b->rank == 0)
+    printf(
+        "# buckets (cap %zu B, first %zu B): %d with every tensor copied, %d with copies under "
+        "1 MiB, %d owned\n",
+        b->cap, b->first_cap, weft_grad_bucket_count(copy_all), weft_grad_bucket_count(copies),
+        weft_grad_bucket_count(owned));
+  weft_grad_destroy(copy_all);
   weft_grad_destroy(copies);
   weft_grad_destroy(owned);
   free(times);
@@ -224,14 +232,14 @@ static void usage(void) {
   fprintf(stderr,
           "usage: weft-grad-bench [-f grads.tsv] [-n steps] [-c compute_ms] [-b cap_MiB]\n"
           "                       [-B first_cap_KiB] [-m mode,mode...] [-x max_numel]\n"
-          "modes: 0 per-tensor, 1 per-tensor non-blocking, 2 buckets, 3 owned, 4 compute,\n"
-          "       5 overlap (default: all)\n");
+          "modes: 0 per-tensor, 1 per-tensor non-blocking, 2 buckets copying all, 3 buckets,\n"
+          "       4 owned, 5 compute, 6 overlap (default: all)\n");
 }
 
 int main(int argc, char **argv) {
   static bench b;
   const char *path = "tools/data/resnet50_grads.tsv";
-  int want[NMODES] = {1, 1, 1, 1, 1, 1}, opt;
+  int want[NMODES] = {1, 1, 1, 1, 1, 1, 1}, opt;
   b.steps = 5;
   b.compute_s = 0.3;
   b.cap = 25u << 20;
@@ -280,14 +288,14 @@ int main(int argc, char **argv) {
       if (r[m].ran)
         printf("%-34s %10.1f %10.1f %14.1f %7ld\n", mode_names[m], r[m].median_s * 1e3,
                r[m].min_s * 1e3, r[m].copied_bytes / 1048576, r[m].wrong);
-    if (r[PER_TENSOR].ran && r[BUCKETED].ran)
-      printf("# buckets vs one allreduce per tensor: %.2fx faster (owned storage: %.2fx)\n",
-             r[PER_TENSOR].median_s / r[BUCKETED].median_s,
-             r[OWNED].ran ? r[PER_TENSOR].median_s / r[OWNED].median_s : 0);
-    if (r[OWNED].ran && r[BUCKETED].ran)
-      printf("# owned storage saves %.1f MiB of copies and %.1f ms per step\n",
-             (r[BUCKETED].copied_bytes - r[OWNED].copied_bytes) / 1048576,
-             (r[BUCKETED].median_s - r[OWNED].median_s) * 1e3);
+    for (int m = COPY_ALL; m <= OWNED; m++)
+      if (r[PER_TENSOR].ran && r[m].ran)
+        printf("# %s vs one allreduce per tensor: %.2fx faster\n", mode_names[m],
+               r[PER_TENSOR].median_s / r[m].median_s);
+    if (r[OWNED].ran && r[COPY_ALL].ran)
+      printf("# owned storage saves %.1f MiB of copies and %.1f ms per step against copying all\n",
+             (r[COPY_ALL].copied_bytes - r[OWNED].copied_bytes) / 1048576,
+             (r[COPY_ALL].median_s - r[OWNED].median_s) * 1e3);
     if (r[COMPUTE].ran && r[OWNED].ran && r[OVERLAP].ran) {
       double comm = r[OWNED].median_s, serial = r[COMPUTE].median_s + comm;
       printf(
