@@ -433,8 +433,9 @@ WEFT_API weft_status weft_grad_create(weft_comm *comm, const weft_grad_options *
  * parameters; *index gets its id (0, 1, ...). Before weft_grad_finalize. */
 WEFT_API weft_status weft_grad_register(weft_grad *grad, const weft_tensor *tensor, int *index);
 
-/* Optional, before weft_grad_finalize: the order in which backward produces
- * the gradients (a permutation of 0..n-1), instead of reverse registration. */
+/* Optional, after the last weft_grad_register and before weft_grad_finalize:
+ * the order in which backward produces the gradients (a permutation of
+ * 0..n-1), instead of reverse registration. */
 WEFT_API weft_status weft_grad_set_order(weft_grad *grad, const int *order, int n);
 
 /* Optional, before weft_grad_finalize: the parameters to broadcast from

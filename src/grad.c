@@ -259,9 +259,14 @@ static weft_status agree(weft_comm *comm, const agree_spec *s) {
   char who[96], msg[512] = "";
   int differ;
   if ((differ = ranks_differing(all, size, FP_LEN, FP_CALL, who, sizeof who))) {
-    snprintf(msg, sizeof msg, "rank(s) %s%s called another function than %s%s", who,
-             all[FP_CALL] == mine[FP_CALL] ? "" : " (or rank 0)", s->call,
-             all[FP_CALL] == mine[FP_CALL] ? "" : ", this rank among them");
+    if (all[FP_CALL] == mine[FP_CALL])
+      snprintf(msg, sizeof msg, "rank(s) %s are in another call than %s (rank 0 is in %s)", who,
+               s->call, s->call);
+    else
+      snprintf(msg, sizeof msg,
+               "this rank is in %s, rank 0 in another call (ranks differing "
+               "from rank 0: %s)",
+               s->call, who);
   } else {
     int bad = 0;
     who[0] = 0;
@@ -580,6 +585,10 @@ WEFT_API weft_status weft_grad_register(weft_grad *g, const weft_tensor *t, int 
     return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
                            "tensor %d registered after weft_grad_finalize", g->ntensors);
   if (!t) return weft_comm_error(g->comm, WEFT_ERR_INVALID, call, "tensor is NULL");
+  if (g->order)
+    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
+                           "tensor %d registered after weft_grad_set_order (set the order last)",
+                           g->ntensors);
   char why[128];
   if (tensor_invalid(t, !g->opts.owned_storage, why, sizeof why))
     return weft_comm_error(g->comm, WEFT_ERR_INVALID, call, "tensor %d: %s", g->ntensors, why);

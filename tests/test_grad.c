@@ -544,6 +544,7 @@ enum {
   MIS_PARAMS,
   MIS_METRICS,
   MIS_STEP_SYNC,
+  MIS_CALL,
   MIS_KINDS
 };
 /* what the message on every rank must say */
@@ -555,7 +556,8 @@ static const char *const mis_words[MIS_KINDS] = {
     "fill order differs",
     "tensor 2 differs: rank 0 has 16 f32 (host), rank 2 has 3 f32 (host)",
     "the number of metrics differs: rank 0 has 4, rank(s) 3 not (rank 3: 3)",
-    "synchronisation on (weft_grad_set_sync) differs: rank 0 has 1, rank(s) 2 not"};
+    "synchronisation on (weft_grad_set_sync) differs: rank 0 has 1, rank(s) 2 not",
+    "another call"};
 
 static int mismatch_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   int kind = *(const int *)arg, odd = rank == n - 1, bad = 0;
@@ -578,6 +580,10 @@ static int mismatch_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   if (kind == MIS_PARAMS) {
     if (odd) t[2].count = 3;
     st = weft_params_broadcast(comm, t, nt, 0);
+  } else if (kind == MIS_CALL) {
+    /* the odd rank broadcasts parameters while the others sync buffers */
+    st = odd ? weft_params_broadcast(comm, t, nt, 0)
+             : weft_buffers_sync(comm, t, nt, WEFT_SYNC_AVERAGE, 0);
   } else if (kind == MIS_METRICS) {
     double v[4] = {1, 2, 3, 4};
     st = weft_metrics_average(comm, v, NULL, odd ? 3 : 4);
@@ -896,6 +902,8 @@ static int bad_input_rank(int rank, int n, const weft_unique_id *id, void *arg) 
   REFUSED(weft_grad_ready(g, 0), WEFT_ERR_INVALID, "not finalized");
   REFUSED(weft_grad_set_order(g, (int[]){1, 1}, 2), WEFT_ERR_INVALID, "not a permutation");
   REFUSED(weft_grad_set_order(g, (int[]){0}, 1), WEFT_ERR_INVALID, "2 tensors are registered");
+  FAILS(weft_grad_set_order(g, (int[]){0, 1}, 2), "set_order");
+  REFUSED(weft_grad_register(g, &t, NULL), WEFT_ERR_INVALID, "after weft_grad_set_order");
   void *p;
   REFUSED(weft_grad_tensor_ptr(g, 0, &p), WEFT_ERR_INVALID, "not finalized");
   FAILS(weft_grad_finalize(g), "finalize");
