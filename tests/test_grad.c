@@ -574,7 +574,8 @@ static int mismatch_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   weft_grad_options o;
   weft_grad_options_init(&o);
   if (odd && kind == MIS_CAP) o.bucket_cap_bytes = 1000;
-  if (kind == MIS_STEP_SYNC) o.check_every_step = 1;
+  /* the per-step check by option here; by WEFT_GRAD_CHECK=1 in the second run */
+  if (kind == MIS_STEP_SYNC && !getenv("WEFT_GRAD_CHECK")) o.check_every_step = 1;
   double t0 = harness_now();
   weft_status st = WEFT_OK;
   if (kind == MIS_PARAMS) {
@@ -627,6 +628,10 @@ static void mismatch_every_rank(void **state) {
       fail();
     }
   }
+  static const char *const env_check[] = {"WEFT_TIMEOUT=20", "WEFT_GRAD_CHECK=1", NULL};
+  int kind = MIS_STEP_SYNC;
+  harness_init();
+  assert_int_equal(harness_run(3, env_check, 60, mismatch_rank, &kind), 0);
 }
 
 /* a rank that refuses its own arguments still joins the agreement: it gets
