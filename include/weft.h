@@ -354,7 +354,9 @@ WEFT_API weft_status weft_comm_split(weft_comm *comm, int color, int key, weft_c
  *    gradients) unless weft_grad_set_order gives another order; a bucket
  *    takes tensors while they fit in its cap (the first bucket's cap is
  *    first_bucket_cap_bytes, so communication starts early); a tensor larger
- *    than the cap gets a bucket of its own.
+ *    than the cap gets a bucket of its own, and so does, without owned
+ *    storage, one of inplace_min_bytes or more (it closes the bucket being
+ *    filled). Buckets are numbered in the order their first tensor is due.
  *  - Buckets are launched (a non-blocking allreduce each) in bucket index
  *    order on every rank, whatever order weft_grad_ready calls arrive in: a
  *    bucket whose tensors are all ready waits until every earlier bucket has
@@ -364,8 +366,8 @@ WEFT_API weft_status weft_comm_split(weft_comm *comm, int color, int key, weft_c
  *    buckets are issued on `comm` at moments that differ between ranks: issue
  *    no other collective on that communicator meanwhile (give the gradient
  *    set its own communicator with weft_comm_split if the framework needs to).
- *  - While a tensor's bucket is in flight (from its launch to the end of
- *    weft_grad_wait) its gradient must not be written.
+ *  - A gradient marked ready is final for the step: it must not be written
+ *    again until weft_grad_wait returns (its bucket may be in flight).
  *  - A gradient set is used by one thread at a time, like its communicator. */
 
 /* Memory holding a tensor. Device memory needs a CUDA build: until then it is
