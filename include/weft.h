@@ -338,6 +338,219 @@ WEFT_API weft_status weft_wait_all(weft_request **reqs, int n);
 #define WEFT_UNDEFINED (-1)
 WEFT_API weft_status weft_comm_split(weft_comm *comm, int color, int key, weft_comm **newcomm);
 
+/* ---- gradient buckets, parameters and metrics --------------------------- */
+
+/* What an optimizer needs around a data-parallel step: gradients packed into
+ * buckets and reduced while the backward pass still runs (the DDP reducer,
+ * Horovod's tensor fusion, MegEngine's AllreduceCallback), parameters
+ * broadcast at start and every N steps, buffers and metrics synchronised.
+ *
+ * A step, as a framework drives it:
+ *   weft_grad_options o; weft_grad_options_init(&o);       (25 MiB buckets, mean)
+ *   weft_grad_create(comm, &o, &g);
+ *   for each parameter p, in declaration order: weft_grad_register(g, &grad_p, &id_p);
+ *   weft_grad_finalize(g);                 (collective: checks every rank agrees)
+ *   each step: backward calls weft_grad_ready(g, id) as each gradient is final;
+ *              weft_grad_wait(g) before the optimizer step: gradients reduced in place.
+ *
+ * Rules:
+ *  - Buckets hold tensors of one dtype and one memory kind. They are filled
+ *    in the reverse of registration order (the order backward produces
+ *    gradients) unless weft_grad_set_order gives another order; a bucket
+ *    takes tensors while they fit in its cap (the first bucket's cap is
+ *    first_bucket_cap_bytes, so communication starts early); a tensor larger
+ *    than the cap gets a bucket of its own, and so does, without owned
+ *    storage, one of inplace_min_bytes or more (it closes the bucket being
+ *    filled). Buckets are numbered in the order their first tensor is due.
+ *  - Buckets are launched (a non-blocking allreduce each) in bucket index
+ *    order on every rank, whatever order weft_grad_ready calls arrive in: a
+ *    bucket whose tensors are all ready waits until every earlier bucket has
+ *    been launched. So every rank issues the same collectives in the same
+ *    order (the matching rule above) even when backward runs differently.
+ *  - Between the first weft_grad_ready of a step and its weft_grad_wait,
+ *    buckets are issued on `comm` at moments that differ between ranks: issue
+ *    no other collective on that communicator meanwhile (give the gradient
+ *    set its own communicator with weft_comm_split if the framework needs to).
+ *  - A gradient marked ready is final for the step: it must not be written
+ *    again until weft_grad_wait returns (its bucket may be in flight).
+ *  - A gradient set is used by one thread at a time, like its communicator. */
+
+/* Memory holding a tensor. Device memory needs a CUDA build: until then it is
+ * WEFT_ERR_UNSUPPORTED. */
+typedef enum weft_memory {
+  WEFT_MEMORY_HOST = 0,
+  WEFT_MEMORY_DEVICE = 1,
+  WEFT_MEMORY_COUNT
+} weft_memory;
+
+/* A tensor as weft sees it: a flat buffer of `count` elements. */
+typedef struct weft_tensor {
+  void *ptr;          /* may be NULL when count is 0, or for owned gradients */
+  size_t count;       /* elements */
+  weft_dtype dtype;
+  weft_memory memory;
+} weft_tensor;
+
+typedef struct weft_grad weft_grad; /* opaque */
+
+#define WEFT_GRAD_OPTIONS_VERSION 1
+
+typedef struct weft_grad_options {
+  uint32_t version;              /* WEFT_GRAD_OPTIONS_VERSION, set by weft_grad_options_init */
+  size_t bucket_cap_bytes;       /* default 25 MiB, as DDP; >= 1 */
+  size_t first_bucket_cap_bytes; /* cap of bucket 0; default 1 MiB; 0 = bucket_cap_bytes */
+  weft_op op;                    /* WEFT_AVG (mean over ranks, default) or WEFT_SUM */
+  /* > 1: each rank's gradient is divided by prediv before the sum and the
+   * result multiplied by prediv/size (avg) or prediv (sum) after, so the
+   * same result with smaller partial sums (f16/bf16 ranges). 0 or 1: none. */
+  double prediv;
+  /* 1: weft allocates each bucket's flat buffer; weft_grad_tensor_ptr gives
+   * every tensor's place in it, the framework writes gradients there and no
+   * copy in or out is made (DDP's gradient_as_bucket_view). Registered
+   * pointers are then ignored (may be NULL). 0: weft copies registered
+   * tensors into buckets at ready time and back at wait (a bucket of one
+   * tensor is reduced in place, without copies). */
+  int owned_storage;
+  /* Copies only: a tensor of at least this many bytes is not copied; it gets
+   * a bucket of its own, reduced where it lies, and closes the bucket being
+   * filled, so buckets still leave in backward order. Default 1 MiB: one
+   * more allreduce costs less than copying 2 MiB in and out. 0: every tensor
+   * goes through a bucket buffer, as in DDP and Horovod. */
+  size_t inplace_min_bytes;
+  /* 1: weft_grad_wait also checks, at the start of each step, that every
+   * rank is in the same step with the same registrations and sync flag (one
+   * small allgather per step). Also on when the WEFT_GRAD_CHECK setting is 1. */
+  int check_every_step;
+  /* Parameter broadcast from bcast_root (see weft_grad_set_params): -1 never,
+   * 0 only in weft_grad_finalize (default), N > 0 also after the reduction
+   * of every N-th synchronised step, inside weft_grad_wait. */
+  int bcast_period;
+  int bcast_root;
+} weft_grad_options;
+
+/* Fills `opts` with the defaults above. */
+WEFT_API void weft_grad_options_init(weft_grad_options *opts);
+
+/* A gradient set on `comm` (not collective; weft_grad_finalize is). `opts`
+ * NULL means the defaults. The communicator must outlive the set. */
+WEFT_API weft_status weft_grad_create(weft_comm *comm, const weft_grad_options *opts,
+                                      weft_grad **grad);
+
+/* Registers one gradient tensor, once, in the order the framework declares
+ * parameters; *index gets its id (0, 1, ...). Before weft_grad_finalize. */
+WEFT_API weft_status weft_grad_register(weft_grad *grad, const weft_tensor *tensor, int *index);
+
+/* Optional, after the last weft_grad_register and before weft_grad_finalize:
+ * the order in which backward produces the gradients (a permutation of
+ * 0..n-1), instead of reverse registration. */
+WEFT_API weft_status weft_grad_set_order(weft_grad *grad, const int *order, int n);
+
+/* Optional, before weft_grad_finalize: the parameters to broadcast from
+ * opts.bcast_root (weft_params_broadcast) at finalize and every
+ * opts.bcast_period synchronised steps. The array is copied; the buffers must
+ * stay valid as long as the set. */
+WEFT_API weft_status weft_grad_set_params(weft_grad *grad, const weft_tensor *params, int n);
+
+/* Collective over the communicator: forms the buckets, allocates owned
+ * storage, and checks that every rank registered the same tensors (number,
+ * counts, dtypes, memory kinds), order, parameters and options. Any
+ * difference (or a rank whose own registration was invalid) gives
+ * WEFT_ERR_MISMATCH on every rank, with weft_last_error naming the first
+ * difference and the ranks involved; it never hangs. Then broadcasts the
+ * parameters when opts.bcast_period >= 0 and some were set. */
+WEFT_API weft_status weft_grad_finalize(weft_grad *grad);
+
+/* Owned storage: the place of tensor `index` inside its bucket (zero-filled
+ * at finalize; aligned to 64 bytes). After weft_grad_finalize. */
+WEFT_API weft_status weft_grad_tensor_ptr(const weft_grad *grad, int index, void **ptr);
+
+/* The gradient of tensor `index` is final for this step. When that completes
+ * the bucket with the lowest index not yet launched, that bucket and every
+ * complete bucket after it are launched at once (non-blocking). Marking a
+ * tensor twice in one step is WEFT_ERR_INVALID. While synchronisation is off
+ * (weft_grad_set_sync) it only records the call. */
+WEFT_API weft_status weft_grad_ready(weft_grad *grad, int index);
+
+/* Ends the step: launches the buckets not yet launched (a tensor never marked
+ * ready goes in as it is, e.g. the zeros of an unused parameter), waits for
+ * every bucket, and leaves each registered (or owned) gradient holding the
+ * mean or sum over ranks. Bounded by the communicator's timeout. On an error
+ * every bucket is still waited for; weft_last_error names the bucket. */
+WEFT_API weft_status weft_grad_wait(weft_grad *grad);
+
+/* Gradient accumulation (DDP's no_sync): sync = 0 makes the following steps
+ * local (weft_grad_ready records, weft_grad_wait returns at once, gradients
+ * are left as they are, so the framework keeps accumulating into them);
+ * sync = 1 makes the next step reduce what accumulated. Call it between
+ * steps, with the same sequence on every rank. */
+WEFT_API weft_status weft_grad_set_sync(weft_grad *grad, int sync);
+
+/* Describes bucket `bucket` (0 .. count-1) or tensor placement, for tests
+ * and tools. */
+typedef enum weft_grad_bucket_state {
+  WEFT_GRAD_BUCKET_FILLING = 0, /* some tensors not ready yet this step */
+  WEFT_GRAD_BUCKET_FULL = 1,    /* every tensor ready; waits for an earlier bucket */
+  WEFT_GRAD_BUCKET_LAUNCHED = 2 /* its allreduce is issued; completes in weft_grad_wait */
+} weft_grad_bucket_state;
+typedef struct weft_grad_bucket_desc {
+  weft_dtype dtype;
+  weft_memory memory;
+  size_t count;     /* elements reduced, padding included */
+  size_t bytes;
+  int ntensors;
+  int first_tensor; /* the tensor filled first (the bucket's tensors in fill order: weft_grad_tensor_place) */
+  weft_grad_bucket_state state;
+} weft_grad_bucket_desc;
+WEFT_API int weft_grad_bucket_count(const weft_grad *grad);
+WEFT_API weft_status weft_grad_bucket_info(const weft_grad *grad, int bucket,
+                                           weft_grad_bucket_desc *desc);
+/* Tensor `index` lies in bucket *bucket at element *offset. */
+WEFT_API weft_status weft_grad_tensor_place(const weft_grad *grad, int index, int *bucket,
+                                            size_t *offset);
+
+/* Counters since creation: what moved, for benchmarks and tests. */
+typedef struct weft_grad_stats {
+  uint64_t steps;            /* weft_grad_wait calls that completed */
+  uint64_t synced_steps;     /* of which reduced gradients */
+  uint64_t buckets_launched;
+  uint64_t bytes_reduced;    /* bytes handed to allreduce */
+  uint64_t bytes_copied;     /* bytes copied into and out of buckets */
+  uint64_t bytes_scaled;     /* bytes passed over by prediv scaling */
+  uint64_t params_broadcasts;
+} weft_grad_stats;
+WEFT_API weft_status weft_grad_get_stats(const weft_grad *grad, weft_grad_stats *stats);
+
+/* Frees the set and its owned storage, after waiting for buckets still in
+ * flight. Not collective. NULL is a no-op. */
+WEFT_API weft_status weft_grad_destroy(weft_grad *grad);
+
+/* Collective: every rank's tensors get the root's values. First checks that
+ * every rank passes the same number of tensors with the same counts, dtypes
+ * and memory kinds (WEFT_ERR_MISMATCH on every rank otherwise, never a hang,
+ * demucs' parameter-count check done fully); small tensors are packed into
+ * a few broadcasts. */
+WEFT_API weft_status weft_params_broadcast(weft_comm *comm, const weft_tensor *tensors, int n,
+                                           int root);
+
+/* How weft_buffers_sync treats floating-point buffers (running means...);
+ * integer buffers (counters) are always broadcast from root. */
+typedef enum weft_sync_mode { WEFT_SYNC_AVERAGE = 0, WEFT_SYNC_BROADCAST = 1 } weft_sync_mode;
+
+/* Collective: averages the floating-point buffers over ranks (or broadcasts
+ * them from root) and broadcasts integer buffers from root, after the same
+ * check as weft_params_broadcast. */
+WEFT_API weft_status weft_buffers_sync(weft_comm *comm, const weft_tensor *tensors, int n,
+                                       weft_sync_mode mode, int root);
+
+/* Collective: values[i] becomes the mean over ranks weighted by counts[i]
+ * (sum of value*count / sum of count, in double) and counts[i] the total
+ * count; counts NULL weighs every rank 1. A metric no rank counted (total 0)
+ * becomes NaN; a NaN value (a diverged loss) stays NaN. A negative or
+ * non-finite count on any rank fails the call on every rank
+ * (WEFT_ERR_INVALID there, WEFT_ERR_MISMATCH elsewhere); an `n` that differs
+ * between ranks is WEFT_ERR_MISMATCH. */
+WEFT_API weft_status weft_metrics_average(weft_comm *comm, double *values, double *counts, int n);
+
 /* ---- settings ----------------------------------------------------------- */
 
 /* Every WEFT_* environment setting is declared once, with its help text.

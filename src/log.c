@@ -19,6 +19,7 @@ static const struct {
   int bit;
 } subsys_names[] = {{"INIT", WEFT_SUBSYS_INIT}, {"BOOT", WEFT_SUBSYS_BOOT},
                     {"NET", WEFT_SUBSYS_NET},   {"COLL", WEFT_SUBSYS_COLL},
+                    {"GRAD", WEFT_SUBSYS_GRAD},
                     {"ALL", WEFT_SUBSYS_ALL}};
 
 static int parse_level(const char *text) {

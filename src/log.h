@@ -12,6 +12,7 @@ enum weft_subsys {
   WEFT_SUBSYS_BOOT = 1 << 1,  /* rendezvous */
   WEFT_SUBSYS_NET = 1 << 2,   /* transports, connections */
   WEFT_SUBSYS_COLL = 1 << 3,  /* collectives, algorithm choice */
+  WEFT_SUBSYS_GRAD = 1 << 4,  /* gradient buckets, parameter and metric sync */
   WEFT_SUBSYS_ALL = 0xffff,
 };
 

@@ -22,10 +22,21 @@ typedef struct weft_mem_ops {
   /* dst = src / postdiv for WEFT_AVG, else a copy (nothing when dst == src). */
   void (*finish)(void *dst, const void *src, size_t count, weft_dtype dtype, weft_op op,
                  int postdiv);
+  /* buf[i] *= factor in place (gradient pre/post-division): floats computed
+   * in float (double for f64) and rounded once; integers through double,
+   * truncated toward zero. */
+  void (*scale)(void *buf, size_t count, weft_dtype dtype, double factor);
+  /* `bytes` of zero-filled memory of this kind (owned gradient buckets), or
+   * NULL; freed with release (NULL is a no-op). */
+  void *(*alloc)(size_t bytes);
+  void (*release)(void *ptr);
 } weft_mem_ops;
 
 /* The table for the memory holding `ptr` (host for every pointer today). */
 const weft_mem_ops *weft_mem_for(const void *ptr);
+
+/* The table of a memory kind, or NULL when this build has none for it. */
+const weft_mem_ops *weft_mem_by_kind(weft_mem_kind kind);
 
 extern const weft_mem_ops weft_mem_host;
 

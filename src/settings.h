@@ -10,7 +10,7 @@
 #define WEFT_SETTINGS_MAP(X)                                                                  \
   X(TIMEOUT, "300", "seconds a blocking call waits without progress from a peer before failing") \
   X(DEBUG, "WARN", "log level: NONE, WARN, INFO or TRACE")                                   \
-  X(DEBUG_SUBSYS, "ALL", "subsystems to log: ALL or a list of INIT,BOOT,NET,COLL; ^ excludes") \
+  X(DEBUG_SUBSYS, "ALL", "subsystems to log: ALL or a list of INIT,BOOT,NET,COLL,GRAD; ^ excludes") \
   X(RANK, "", "this process's rank (takes precedence over RANK, OMPI_*, SLURM_*)")          \
   X(SIZE, "", "number of ranks (takes precedence over WORLD_SIZE, OMPI_*, SLURM_*)")         \
   X(LOCAL_RANK, "", "rank among the ranks of this host")                                     \
@@ -30,7 +30,8 @@
   X(CHECK, "0", "1: every collective first compares a fingerprint (call, count, dtype, op, root) across ranks; a difference fails every rank naming both sides") \
   X(RECORDER, "64", "calls each communicator remembers (flight recorder), printed on timeout, abort and SIGUSR1; 0 = off") \
   X(HOST_ID, "", "host identity for transport choice; ranks with the same one use shared memory (tests, containers)") \
-  X(TRANSPORT, "", "force one transport for every peer: shm, tcp (or ibv when built); empty = choose per peer")
+  X(TRANSPORT, "", "force one transport for every peer: shm, tcp (or ibv when built); empty = choose per peer") \
+  X(GRAD_CHECK, "0", "1: every gradient set checks at each step that all ranks agree (one small allgather a step; debug)")
 
 enum weft_setting_id {
 #define WEFT_SETTING_ENUM_(id, dflt, help) WEFT_SETTING_##id,
