@@ -29,7 +29,7 @@ typedef struct harness_shared {
   uint64_t word[HARNESS_MAX_RANKS];
   double seconds[HARNESS_MAX_RANKS];
   int status[HARNESS_MAX_RANKS];
-  char message[HARNESS_MAX_RANKS][256];
+  char message[HARNESS_MAX_RANKS][768]; /* room for a wrapped message (a gradient set quoting its allreduce) */
   char transport[HARNESS_MAX_RANKS][8]; /* what a rank's test chose to record */
 } harness_shared;
 

@@ -70,18 +70,51 @@ static void peer_dies_before_the_call(void **state) {
   assert_int_equal(weft_segments_left(), 0);
 }
 
+/* What rank 1 is killed in the middle of (at its 6th call or step). */
+typedef enum killed_in { IN_ALLREDUCE, IN_BROADCAST, IN_BUCKETED_STEP } killed_in;
+
+/* A bucketed step of 8 tensors of 256 Ki floats each, 2 per bucket; rank 1
+ * dies after marking half of them ready, so some buckets are in flight. */
+static weft_status bucketed_steps(weft_comm *comm, int rank, double *t0) {
+  enum { NT = 8, COUNT = 1 << 18 };
+  weft_grad_options o;
+  weft_grad_options_init(&o);
+  o.bucket_cap_bytes = 2 * COUNT * sizeof(float);
+  o.first_bucket_cap_bytes = 0;
+  o.owned_storage = 1;
+  weft_grad *g;
+  weft_status st = weft_grad_create(comm, &o, &g);
+  for (int i = 0; i < NT && !st; i++) {
+    weft_tensor t = {NULL, COUNT, WEFT_F32, WEFT_MEMORY_HOST};
+    st = weft_grad_register(g, &t, NULL);
+  }
+  if (!st) st = weft_grad_finalize(g);
+  for (int step = 0; step < 100000 && !st; step++) {
+    *t0 = harness_now();
+    for (int i = NT - 1; i >= 0 && !st; i--) {
+      if (rank == 1 && step == 5 && i == NT / 2) raise(SIGKILL);
+      st = weft_grad_ready(g, i);
+    }
+    if (!st) st = weft_grad_wait(g);
+  }
+  weft_grad_destroy(g);
+  return st;
+}
+
 static int killed_mid_stream(int rank, int size, const weft_unique_id *id, void *arg) {
-  (void)arg;
+  killed_in what = *(const killed_in *)arg;
   weft_comm *comm = harness_comm(rank, size, id);
   if (!comm) return 1;
   size_t n = 1 << 20;
   float *v = calloc(n, sizeof *v);
   double t0 = harness_now();
   weft_status st = WEFT_OK;
-  for (int iter = 0; iter < 100000 && !st; iter++) {
+  if (what == IN_BUCKETED_STEP) st = bucketed_steps(comm, rank, &t0);
+  for (int iter = 0; iter < 100000 && !st && what != IN_BUCKETED_STEP; iter++) {
     if (rank == 1 && iter == 5) raise(SIGKILL);
     t0 = harness_now();
-    st = weft_allreduce(comm, v, v, n, WEFT_F32, WEFT_SUM);
+    st = what == IN_ALLREDUCE ? weft_allreduce(comm, v, v, n, WEFT_F32, WEFT_SUM)
+                              : weft_broadcast(comm, v, v, n, WEFT_F32, iter % size);
   }
   record(rank, st, t0, comm);
   free(v);
@@ -89,12 +122,11 @@ static int killed_mid_stream(int rank, int size, const weft_unique_id *id, void 
   return 0;
 }
 
-static void peer_killed_during_allreduce(void **state) {
-  (void)state;
+static void run_killed(killed_in what) {
   static const char *const env[] = {"WEFT_TIMEOUT=20", NULL};
   harness_init();
   /* rank 1 dies by SIGKILL: the harness counts it as failed, the others must not */
-  assert_int_equal(harness_run(4, env, 60, killed_mid_stream, NULL), 1);
+  assert_int_equal(harness_run(4, env, 60, killed_mid_stream, &what), 1);
   for (int r = 0; r < 4; r++) {
     if (r == 1) continue;
     expect_error_within(r, 10);
@@ -102,6 +134,21 @@ static void peer_killed_during_allreduce(void **state) {
                                                               : strstr(harness_shm->message[r], "rank 1"));
   }
   assert_int_equal(weft_segments_left(), 0);
+}
+
+static void peer_killed_during_allreduce(void **state) {
+  (void)state;
+  run_killed(IN_ALLREDUCE);
+}
+
+static void peer_killed_during_broadcast(void **state) {
+  (void)state;
+  run_killed(IN_BROADCAST);
+}
+
+static void peer_killed_during_a_bucketed_step(void **state) {
+  (void)state;
+  run_killed(IN_BUCKETED_STEP);
 }
 
 /* ---- rendezvous failures ---------------------------------------------------- */
@@ -458,6 +505,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(peer_dies_before_the_call),
       cmocka_unit_test(peer_killed_during_allreduce),
+      cmocka_unit_test(peer_killed_during_broadcast),
+      cmocka_unit_test(peer_killed_during_a_bucketed_step),
       cmocka_unit_test(rank_never_arrives),
       cmocka_unit_test(wrong_world_size),
       cmocka_unit_test(busy_port),
