@@ -959,11 +959,11 @@ static void emu_sq_pop(emu_qp *q) {
   q->sq_count--;
 }
 
-/* Moves one QP's send queue forward as far as it can now. */
-static void emu_qp_progress(emu_qp *q) {
+/* Moves one QP's send queue forward, at most `max` work requests. */
+static void emu_qp_progress(emu_qp *q, int max) {
   emu_region *me = emu.region;
   double now = emu_now();
-  while (q->sq_count) {
+  for (int done = 0; q->sq_count && done < max; done++) {
     emu_swqe *w = &q->sq[q->sq_head];
     enum ibv_qp_state state = me->qp[q->idx].state;
     if (state == IBV_QPS_ERR) { /* everything after an error is flushed */
@@ -1010,17 +1010,33 @@ static void emu_qp_progress(emu_qp *q) {
   }
 }
 
+/* Serves the queue pairs; with `reorder`, one request at a time from a
+ * randomly chosen QP, so QPs overtake each other (never within one). */
 static void emu_progress_all(void) {
-  int order[EMU_MAX_QP], n = 0;
-  for (int i = 0; i < EMU_MAX_QP; i++)
-    if (emu.qps[i] && emu.qps[i]->sq_count) order[n++] = i;
-  if (emu.cfg.reorder)
-    for (int i = n - 1; i > 0; i--) {
-      int j = rand() % (i + 1), t = order[i];
-      order[i] = order[j];
-      order[j] = t;
+  if (!emu.cfg.reorder) {
+    for (int i = 0; i < EMU_MAX_QP; i++)
+      if (emu.qps[i] && emu.qps[i]->sq_count) emu_qp_progress(emu.qps[i], 1 << 30);
+    return;
+  }
+  for (int round = 0; round < 4 * EMU_MAX_SQ; round++) {
+    int order[EMU_MAX_QP], n = 0;
+    for (int i = 0; i < EMU_MAX_QP; i++)
+      if (emu.qps[i] && emu.qps[i]->sq_count) order[n++] = i;
+    if (n == 0) return;
+    emu_qp *q = emu.qps[order[rand() % n]];
+    uint32_t before = q->sq_count;
+    emu_qp_progress(q, 1);
+    if (q->sq_count == before) { /* not ready: let any other ready QP go */
+      bool moved = false;
+      for (int i = 0; i < n && !moved; i++) {
+        emu_qp *o = emu.qps[order[i]];
+        uint32_t b = o->sq_count;
+        emu_qp_progress(o, 1);
+        moved = o->sq_count != b;
+      }
+      if (!moved) return;
     }
-  for (int i = 0; i < n; i++) emu_qp_progress(emu.qps[order[i]]);
+  }
 }
 
 static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
@@ -1043,7 +1059,9 @@ static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct 
     *w = (emu_swqe){.wr_id = wr->wr_id, .opcode = wr->opcode, .flags = wr->send_flags,
                     .imm = wr->imm_data, .raddr = wr->wr.rdma.remote_addr,
                     .rkey = wr->wr.rdma.rkey, .num_sge = wr->num_sge,
-                    .ready_at = emu.cfg.delay_us ? emu_now() + emu.cfg.delay_us * 1e-6 : 0};
+                    .ready_at = emu.cfg.delay_us ? emu_now() + emu.cfg.delay_us * 1e-6 *
+                                                                   (emu.cfg.reorder ? rand() / (double)RAND_MAX : 1)
+                                                 : 0};
     if (wr->send_flags & IBV_SEND_INLINE) { /* the data is copied now: the buffer is free */
       w->inline_data = malloc(total ? total : 1);
       if (!w->inline_data) {
@@ -1061,7 +1079,7 @@ static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct 
     q->outstanding++;
   }
   if (rc) *bad = wr;
-  if (!emu.cfg.delay_us && !emu.cfg.reorder) emu_qp_progress(q);
+  if (!emu.cfg.delay_us && !emu.cfg.reorder) emu_qp_progress(q, 1 << 30);
   emu.stats.data_calls++;
   emu.stats.emu_ns += emu_ns() - t0;
   return rc;
