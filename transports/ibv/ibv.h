@@ -74,6 +74,9 @@ struct weft_conn {
   enum ibv_conn_state state;
   weft_status dead_status;
   bool peer_ended;  /* its side socket closed: what it wrote is still read */
+  bool abort_sent;  /* our failure notice went out */
+  bool peer_said_abort; /* it failed first and told us */
+  bool alive_before;    /* scratch for progress: not dead when it started */
   char where[80];
   uint8_t rbuf[sizeof(ibv_qp_info) + WEFT_AUTH_MAC_BYTES + IBV_ABORT_TEXT]; /* partial reads */
   size_t rgot;

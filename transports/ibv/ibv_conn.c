@@ -26,6 +26,7 @@
 #define IBV_HELLO_BYTES (sizeof(ibv_qp_info) + WEFT_AUTH_MAC_BYTES)
 #define IBV_WR_SIGNALED_KIND (1ull << 63)
 #define IBV_WR_CREDIT_KIND (1ull << 62)
+#define IBV_WR_DATA_KIND (1ull << 61)
 
 static const char ibv_hello_context[] = "weft ibv hello";
 static const uint8_t ibv_no_challenge[WEFT_AUTH_CHALLENGE_BYTES];
@@ -353,6 +354,7 @@ static weft_status ibv_side_frame(struct weft_conn *c) {
   if (type == IBV_FRAME_ABORT) {
     char text[IBV_ABORT_TEXT + 1];
     snprintf(text, sizeof text, "%.*s", (int)len, (const char *)c->rbuf + sizeof hdr);
+    c->peer_said_abort = true;
     weft_status st = ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s",
                                    c->peer, text);
     snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
@@ -408,7 +410,10 @@ static weft_status ibv_side_read(struct weft_conn *c, bool *progressed) {
 }
 
 void ibv_conn_notify_abort(struct weft_conn *c, const char *reason) {
-  if (c->state == IBV_CONN_DEAD || c->fd < 0) return;
+  /* a connection whose queue pair failed still has its socket: the peer
+   * must hear why rather than see only the end of the process */
+  if (c->fd < 0 || c->abort_sent || c->peer_said_abort) return;
+  c->abort_sent = true;
   size_t tlen = strnlen(reason, IBV_ABORT_TEXT);
   uint8_t frame[8 + IBV_ABORT_TEXT];
   uint32_t hdr[2] = {htonl(IBV_FRAME_ABORT), htonl((uint32_t)tlen)};
@@ -417,6 +422,7 @@ void ibv_conn_notify_abort(struct weft_conn *c, const char *reason) {
   if (send(c->fd, frame, 8 + tlen, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
     WEFT_INFO(WEFT_SUBSYS_NET, "ibv: abort notice to peer %d not sent: %s", c->peer,
               strerror(errno));
+  if (c->state == IBV_CONN_DEAD) return;
   if (c->state != IBV_CONN_UP) c->ctx->not_up--;
   c->state = IBV_CONN_DEAD;
   c->dead_status = WEFT_ERR_ABORTED;
@@ -426,6 +432,19 @@ void ibv_conn_notify_abort(struct weft_conn *c, const char *reason) {
 
 static weft_status ibv_completion(struct weft_conn *c, const struct ibv_wc *wc) {
   struct weft_transport_ctx *ctx = c->ctx;
+  if (wc->status != IBV_WC_SUCCESS && !(wc->wr_id & IBV_WR_DATA_KIND)) {
+    /* A credit or an empty write that found no peer: a peer that finished
+     * and exited needs no credits. Like its socket closing, this is an error
+     * only once we need something from it; a lost chunk is one at once. */
+    if (!c->peer_ended && wc->status != IBV_WC_WR_FLUSH_ERR)
+      WEFT_INFO(WEFT_SUBSYS_NET, "ibv: a credit to peer %d was not delivered (%s): peer gone?",
+                c->peer, ctx->api->wc_status_str(wc->status));
+    c->peer_ended = true;
+    /* the QP is in error now: every request on it completes (flushed), none
+     * will free queue slots through a signaled success */
+    for (int q = 0; q < ctx->nqp; q++) c->qps[q].sq_used = c->qps[q].unsignaled = 0;
+    return WEFT_OK;
+  }
   if (wc->status != IBV_WC_SUCCESS)
     return ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
                          "ibv: a work request to peer %d (%s) failed: %s (status %d, vendor "
@@ -451,7 +470,8 @@ static weft_status ibv_completion(struct weft_conn *c, const struct ibv_wc *wc) 
   return WEFT_OK;
 }
 
-static weft_status ibv_post_write(struct weft_conn *c, int q, struct ibv_send_wr *wr) {
+static weft_status ibv_post_write(struct weft_conn *c, int q, struct ibv_send_wr *wr,
+                                  bool signal) {
   ibv_conn_qp *qs = &c->qps[q];
   int depth = ibv_sq_depth(c->ctx);
   if (qs->sq_used >= depth) return WEFT_AGAIN;
@@ -459,7 +479,7 @@ static weft_status ibv_post_write(struct weft_conn *c, int q, struct ibv_send_wr
    * queue is half full) one is signaled, and its completion frees them all. */
   int every = c->ctx->nslots / 2 > 0 ? c->ctx->nslots / 2 : 1;
   qs->unsignaled++;
-  if (qs->unsignaled >= every || qs->sq_used + 1 >= depth / 2) {
+  if (signal || qs->unsignaled >= every || qs->sq_used + 1 >= depth / 2) {
     wr->send_flags |= IBV_SEND_SIGNALED;
     wr->wr_id |= IBV_WR_SIGNALED_KIND | ((uint64_t)q << 16) | (uint64_t)qs->unsignaled;
     qs->unsignaled = 0;
@@ -483,14 +503,16 @@ static weft_status ibv_send_credit(struct weft_conn *c) {
                            .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_INLINE};
   wr.wr.rdma.remote_addr = c->r_credit;
   wr.wr.rdma.rkey = c->r_credit_rkey;
-  weft_status st = ibv_post_write(c, 0, &wr);
+  weft_status st = ibv_post_write(c, 0, &wr, false);
   c->credit_dirty = st == WEFT_AGAIN;
   return st == WEFT_AGAIN ? WEFT_OK : st;
 }
 
-weft_status ibv_conn_poll(struct weft_conn *c, bool *progressed) {
+/* Completions only: the side socket is read by progress, and by the data
+ * calls before they answer WEFT_AGAIN (a syscall per chunk would cost more
+ * than the rest of the data path). */
+static weft_status ibv_conn_poll_cq(struct weft_conn *c, bool *progressed) {
   if (c->state == IBV_CONN_DEAD) return c->dead_status;
-  WEFT_CHECK(ibv_side_read(c, progressed));
   if (c->state != IBV_CONN_UP && c->state != IBV_CONN_AWAIT_READY) return WEFT_OK;
   struct ibv_wc wc[16];
   int n;
@@ -506,28 +528,42 @@ weft_status ibv_conn_poll(struct weft_conn *c, bool *progressed) {
   return WEFT_OK;
 }
 
+weft_status ibv_conn_poll(struct weft_conn *c, bool *progressed) {
+  if (c->state == IBV_CONN_DEAD) return c->dead_status;
+  WEFT_CHECK(ibv_side_read(c, progressed));
+  return ibv_conn_poll_cq(c, progressed);
+}
+
 /* ---- data path ---------------------------------------------------------------------- */
 
-static weft_status ibv_conn_usable(struct weft_conn *c) {
+/* Polls completions; with `side`, reads the side socket too (handshake,
+ * failure notices, the peer's end). */
+static weft_status ibv_conn_usable(struct weft_conn *c, bool side) {
   bool progressed = false;
-  WEFT_CHECK(ibv_conn_poll(c, &progressed));
+  WEFT_CHECK(side ? ibv_conn_poll(c, &progressed) : ibv_conn_poll_cq(c, &progressed));
   if (progressed) c->ctx->moved = true;
   return WEFT_OK;
 }
 
+static weft_status ibv_send_room(struct weft_conn *c) {
+  uint32_t in_flight = c->tx_head - (uint32_t)c->ctrl->credits;
+  int q = (int)(c->tx_head % (uint32_t)c->ctx->nqp);
+  return in_flight < (uint32_t)c->ctx->nslots && c->qps[q].sq_used < ibv_sq_depth(c->ctx)
+             ? WEFT_OK : WEFT_AGAIN;
+}
+
 weft_status ibv_send_ready(struct weft_conn *c) {
-  WEFT_CHECK(ibv_conn_usable(c));
+  if (c->state == IBV_CONN_UP && ibv_send_room(c) == WEFT_OK) return WEFT_OK;
+  WEFT_CHECK(ibv_conn_usable(c, false));
+  if (c->state == IBV_CONN_UP && ibv_send_room(c) == WEFT_OK) return WEFT_OK;
+  WEFT_CHECK(ibv_conn_usable(c, true));
   if (c->state != IBV_CONN_UP) {
     if (c->peer_ended)
       return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d ended or crashed during the verbs "
                            "handshake", c->peer);
     return WEFT_AGAIN;
   }
-  uint32_t credits = (uint32_t)c->ctrl->credits;
-  uint32_t in_flight = c->tx_head - credits;
-  int q = (int)(c->tx_head % (uint32_t)c->ctx->nqp);
-  if (in_flight < (uint32_t)c->ctx->nslots && c->qps[q].sq_used < ibv_sq_depth(c->ctx))
-    return WEFT_OK;
+  if (ibv_send_room(c) == WEFT_OK) return WEFT_OK;
   if (c->peer_ended)
     return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d (%s) ended or crashed while this rank "
                          "waited for room to send", c->peer, c->where);
@@ -547,21 +583,41 @@ weft_status ibv_send(struct weft_conn *c, const void *src, size_t bytes, uint32_
   if (bytes) mem->copy(bounce + IBV_TAG_BYTES, src, bytes);
   struct ibv_sge sge = {.addr = (uintptr_t)bounce, .length = (uint32_t)(IBV_TAG_BYTES + bytes),
                         .lkey = c->tx_mr->lkey};
-  struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
-                           .imm_data = htonl(k)};
+  struct ibv_send_wr wr = {.wr_id = IBV_WR_DATA_KIND, .sg_list = &sge, .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_WRITE_WITH_IMM, .imm_data = htonl(k)};
   wr.wr.rdma.remote_addr = c->r_slots + (uint64_t)slot * ctx->stride;
   wr.wr.rdma.rkey = c->r_slots_rkey;
-  WEFT_CHECK(ibv_post_write(c, (int)(k % (uint32_t)ctx->nqp), &wr));
+  WEFT_CHECK(ibv_post_write(c, (int)(k % (uint32_t)ctx->nqp), &wr, false));
   c->tx_head++;
   uint32_t in_flight = c->tx_head - (uint32_t)c->ctrl->credits;
   if (in_flight > c->max_in_flight) c->max_in_flight = in_flight;
   return WEFT_OK;
 }
 
-/* The chunk was copied into a bounce slot: the caller's buffer is free. The
- * slot itself is reused only after the peer released its copy (credits). */
+/* Complete means the NIC is done with every posted write: the caller may
+ * then destroy the communicator without cutting a write short. A queue whose
+ * last requests were unsignaled gets a signaled empty write behind them (a
+ * QP completes in order), so their completion becomes visible. */
 weft_status ibv_send_idle(struct weft_conn *c) {
-  return c->state == IBV_CONN_DEAD ? c->dead_status : WEFT_OK;
+  if (c->state == IBV_CONN_DEAD) return c->dead_status;
+  if (c->state != IBV_CONN_UP && c->state != IBV_CONN_AWAIT_READY) return WEFT_OK;
+  WEFT_CHECK(ibv_conn_usable(c, false));
+  bool busy = false;
+  for (int q = 0; q < c->ctx->nqp; q++) {
+    ibv_conn_qp *qs = &c->qps[q];
+    if (qs->sq_used == 0) continue;
+    busy = true;
+    if (qs->unsignaled == 0) continue; /* a signaled one is on its way */
+    struct ibv_send_wr wr = {.wr_id = 0, .sg_list = NULL, .num_sge = 0,
+                             .opcode = IBV_WR_RDMA_WRITE};
+    wr.wr.rdma.remote_addr = c->r_credit;
+    wr.wr.rdma.rkey = c->r_credit_rkey;
+    weft_status st = ibv_post_write(c, q, &wr, true);
+    if (st < 0) return st;
+  }
+  if (!busy) return WEFT_OK;
+  WEFT_CHECK(ibv_conn_usable(c, true));
+  return WEFT_AGAIN;
 }
 
 weft_status ibv_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data) {
@@ -570,7 +626,8 @@ weft_status ibv_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const
   uint32_t slot = c->rx_tail % (uint32_t)ctx->nslots;
   char *p = c->rx_buf + (size_t)slot * ctx->stride;
   if (!c->peeked) {
-    WEFT_CHECK(ibv_conn_usable(c));
+    if (!c->slot_full[slot]) WEFT_CHECK(ibv_conn_usable(c, false));
+    if (!c->slot_full[slot]) WEFT_CHECK(ibv_conn_usable(c, true));
     if (!c->slot_full[slot]) {
       if (c->peer_ended)
         return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d (%s) ended or crashed while this "

@@ -398,15 +398,24 @@ static void ibv_async_events(weft_transport_ctx *ctx, bool *progressed) {
   }
 }
 
+/* A connection that fails here (an error completion, an async event, a
+ * peer's failure notice) fails the call now: the algorithm may be waiting on
+ * another peer and never touch this one again. */
 static weft_status ibv_progress(weft_transport_ctx *ctx, bool *progressed) {
   *progressed = ctx->moved;
   ctx->moved = false;
+  weft_status st = WEFT_OK;
+  for (int p = 0; p < ctx->args->size; p++)
+    if (ctx->conns[p]) ctx->conns[p]->alive_before = ctx->conns[p]->state != IBV_CONN_DEAD;
   ibv_async_events(ctx, progressed);
   if (ctx->not_up > 0) WEFT_CHECK(ibv_conn_accept_one(ctx, progressed));
-  for (int p = 0; p < ctx->args->size; p++)
-    if (ctx->conns[p] && ctx->conns[p]->state != IBV_CONN_DEAD)
-      ibv_conn_poll(ctx->conns[p], progressed); /* a failure is the conn's, reported by its calls */
-  return WEFT_OK;
+  for (int p = 0; p < ctx->args->size; p++) {
+    weft_conn *c = ctx->conns[p];
+    if (!c) continue;
+    if (c->state != IBV_CONN_DEAD) ibv_conn_poll(c, progressed);
+    if (c->alive_before && c->state == IBV_CONN_DEAD && st == WEFT_OK) st = c->dead_status;
+  }
+  return st;
 }
 
 static weft_status ibv_wait(weft_transport_ctx *ctx, int timeout_ms) {
