@@ -86,9 +86,13 @@ static end make_end(int sq, int rq, int cqe, int max_inline) {
   end e;
   e.cq = V.create_cq(ctx, cqe, NULL, NULL, 0);
   assert_non_null(e.cq);
-  struct ibv_qp_init_attr ia = {.send_cq = e.cq, .recv_cq = e.cq, .qp_type = IBV_QPT_RC,
-                                .cap = {.max_send_wr = (uint32_t)sq, .max_recv_wr = (uint32_t)rq,
-                                        .max_send_sge = 2, .max_recv_sge = 1,
+  struct ibv_qp_init_attr ia = {.send_cq = e.cq,
+                                .recv_cq = e.cq,
+                                .qp_type = IBV_QPT_RC,
+                                .cap = {.max_send_wr = (uint32_t)sq,
+                                        .max_recv_wr = (uint32_t)rq,
+                                        .max_send_sge = 2,
+                                        .max_recv_sge = 1,
                                         .max_inline_data = (uint32_t)max_inline}};
   e.qp = V.create_qp(pd, &ia);
   assert_non_null(e.qp);
@@ -96,13 +100,17 @@ static end make_end(int sq, int rq, int cqe, int max_inline) {
 }
 
 static int to_init(struct ibv_qp *qp, int access) {
-  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = (unsigned)access};
+  struct ibv_qp_attr a = {
+      .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = (unsigned)access};
   return V.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
 static int to_rtr(struct ibv_qp *qp, uint32_t dest_qpn, uint32_t dest_pid) {
-  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
-                          .dest_qp_num = dest_qpn, .max_dest_rd_atomic = 1, .min_rnr_timer = 12};
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
+                          .path_mtu = IBV_MTU_1024,
+                          .dest_qp_num = dest_qpn,
+                          .max_dest_rd_atomic = 1,
+                          .min_rnr_timer = 12};
   a.ah_attr.port_num = 1;
   a.ah_attr.is_global = 1;
   a.ah_attr.grh.sgid_index = 3;
@@ -115,15 +123,20 @@ static int to_rtr(struct ibv_qp *qp, uint32_t dest_qpn, uint32_t dest_pid) {
     a.ah_attr.grh.dgid.raw[14] = (uint8_t)(dest_pid >> 8);
     a.ah_attr.grh.dgid.raw[15] = (uint8_t)dest_pid;
   }
-  return V.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  return V.modify_qp(qp, &a,
+                     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 }
 
 static int to_rts(struct ibv_qp *qp, int retry, int rnr_retry) {
-  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = (uint8_t)retry,
-                          .rnr_retry = (uint8_t)rnr_retry, .max_rd_atomic = 1};
-  return V.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTS,
+                          .timeout = 14,
+                          .retry_cnt = (uint8_t)retry,
+                          .rnr_retry = (uint8_t)rnr_retry,
+                          .max_rd_atomic = 1};
+  return V.modify_qp(qp, &a,
+                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                         IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
 static void connect_pair(end *a, end *b, int rnr_retry) {
@@ -138,9 +151,12 @@ static void connect_pair(end *a, end *b, int rnr_retry) {
 static int post_write(struct ibv_qp *qp, struct ibv_mr *lmr, void *src, uint32_t len,
                       uint64_t raddr, uint32_t rkey, int imm, uint32_t imm_value, int flags) {
   struct ibv_sge sge = {.addr = (uintptr_t)src, .length = len, .lkey = lmr ? lmr->lkey : 0};
-  struct ibv_send_wr wr = {.wr_id = imm_value, .sg_list = &sge, .num_sge = 1,
+  struct ibv_send_wr wr = {.wr_id = imm_value,
+                           .sg_list = &sge,
+                           .num_sge = 1,
                            .opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
-                           .send_flags = (unsigned)flags, .imm_data = htonl(imm_value)},
+                           .send_flags = (unsigned)flags,
+                           .imm_data = htonl(imm_value)},
                      *bad;
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
@@ -174,8 +190,9 @@ static void state_machine_masks(void **state) {
   struct ibv_qp_attr i = {.qp_state = IBV_QPS_INIT, .port_num = 1};
   assert_int_equal(V.modify_qp(e.qp, &i, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT), EINVAL);
   i.port_num = 2;
-  assert_int_equal(V.modify_qp(e.qp, &i, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                              IBV_QP_ACCESS_FLAGS), EINVAL); /* no port 2 */
+  assert_int_equal(
+      V.modify_qp(e.qp, &i, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+      EINVAL); /* no port 2 */
   assert_int_equal(to_init(e.qp, IBV_ACCESS_REMOTE_WRITE), 0);
   /* sending before RTS is refused */
   char buf[8];
@@ -212,10 +229,12 @@ static void write_with_immediate(void **state) {
   for (int i = 0; i < 100; i++) src[i] = (char)(rand() & 0xff);
   memset(dst, 0, sizeof dst);
   struct ibv_mr *smr = V.reg_mr(pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
-  struct ibv_mr *dmr = V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_mr *dmr =
+      V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   assert_int_equal(post_recv(b.qp, 77), 0);
-  assert_int_equal(post_write(a.qp, smr, src, 100, (uintptr_t)dst + 8, dmr->rkey, 1, 0x1234,
-                              IBV_SEND_SIGNALED), 0);
+  assert_int_equal(
+      post_write(a.qp, smr, src, 100, (uintptr_t)dst + 8, dmr->rkey, 1, 0x1234, IBV_SEND_SIGNALED),
+      0);
   struct ibv_wc wc[2];
   assert_int_equal(poll_n(a.cq, wc, 1), 1);
   assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
@@ -236,7 +255,8 @@ static void keys_ranges_and_access(void **state) {
   char src[64], dst[64];
   struct ibv_mr *smr = V.reg_mr(pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
   struct ibv_mr *ro = V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE); /* no remote write */
-  struct ibv_mr *rw = V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_mr *rw =
+      V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   assert_null(V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_REMOTE_WRITE)); /* needs LOCAL_WRITE */
   struct {
     struct ibv_mr *lmr;
@@ -245,7 +265,7 @@ static void keys_ranges_and_access(void **state) {
     uint32_t len;
     enum ibv_wc_status want;
   } cases[] = {
-      {smr, ro->rkey, (uintptr_t)dst, 8, IBV_WC_REM_ACCESS_ERR},       /* access flags */
+      {smr, ro->rkey, (uintptr_t)dst, 8, IBV_WC_REM_ACCESS_ERR},        /* access flags */
       {smr, rw->rkey + 1024, (uintptr_t)dst, 8, IBV_WC_REM_ACCESS_ERR}, /* unknown rkey */
       {smr, rw->rkey, (uintptr_t)dst + 60, 8, IBV_WC_REM_ACCESS_ERR},   /* past the end */
       {ro, rw->rkey, (uintptr_t)dst, 8, IBV_WC_LOC_PROT_ERR},           /* lkey of another range */
@@ -255,8 +275,9 @@ static void keys_ranges_and_access(void **state) {
     connect_pair(&a, &b, 7);
     assert_int_equal(post_recv(b.qp, 1), 0);
     /* unsignaled, yet an error completes; the one after it is flushed */
-    assert_int_equal(post_write(a.qp, cases[c].lmr, src, cases[c].len, cases[c].raddr,
-                                cases[c].rkey, 0, 1, 0), 0);
+    assert_int_equal(
+        post_write(a.qp, cases[c].lmr, src, cases[c].len, cases[c].raddr, cases[c].rkey, 0, 1, 0),
+        0);
     assert_int_equal(post_write(a.qp, smr, src, 8, (uintptr_t)dst, rw->rkey, 0, 2, 0), 0);
     struct ibv_wc wc[2];
     assert_int_equal(poll_n(a.cq, wc, 2), 2);
@@ -273,7 +294,8 @@ static void receiver_not_ready_then_retry_exceeded(void **state) {
   connect_pair(&a, &b, 2); /* three tries */
   char src[16], dst[16];
   struct ibv_mr *smr = V.reg_mr(pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
-  struct ibv_mr *dmr = V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_mr *dmr =
+      V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   assert_int_equal(post_write(a.qp, smr, src, 16, (uintptr_t)dst, dmr->rkey, 1, 5, 0), 0);
   struct ibv_wc wc;
   assert_int_equal(poll_n(a.cq, &wc, 1), 1);
@@ -283,7 +305,8 @@ static void receiver_not_ready_then_retry_exceeded(void **state) {
   /* a plain write needs no receive */
   end c = make_end(8, 8, 32, 0), d = make_end(8, 8, 32, 0);
   connect_pair(&c, &d, 0);
-  assert_int_equal(post_write(c.qp, smr, src, 16, (uintptr_t)dst, dmr->rkey, 0, 5, IBV_SEND_SIGNALED), 0);
+  assert_int_equal(
+      post_write(c.qp, smr, src, 16, (uintptr_t)dst, dmr->rkey, 0, 5, IBV_SEND_SIGNALED), 0);
   assert_int_equal(poll_n(c.cq, &wc, 1), 1);
   assert_int_equal(wc.status, IBV_WC_SUCCESS);
   /* a destroyed target answers nothing: transport retries, then the error */
@@ -299,13 +322,15 @@ static void unsignaled_sends_hold_queue_slots(void **state) {
   connect_pair(&a, &b, 7);
   char src[16], dst[16];
   struct ibv_mr *smr = V.reg_mr(pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
-  struct ibv_mr *dmr = V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_mr *dmr =
+      V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   for (int i = 0; i < 2; i++)
     assert_int_equal(post_write(a.qp, smr, src, 16, (uintptr_t)dst, dmr->rkey, 0, 1, 0), 0);
   struct ibv_wc wc[4];
   usleep(5000);
   assert_int_equal(a.cq->context->ops.poll_cq(a.cq, 4, wc), 0); /* no completion for them */
-  assert_int_equal(post_write(a.qp, smr, src, 16, (uintptr_t)dst, dmr->rkey, 0, 9, IBV_SEND_SIGNALED), 0);
+  assert_int_equal(
+      post_write(a.qp, smr, src, 16, (uintptr_t)dst, dmr->rkey, 0, 9, IBV_SEND_SIGNALED), 0);
   /* the queue holds 3: the fourth waits until the signaled completion is polled */
   assert_int_equal(post_write(a.qp, smr, src, 16, (uintptr_t)dst, dmr->rkey, 0, 1, 0), ENOMEM);
   assert_int_equal(poll_n(a.cq, wc, 1), 1);
@@ -318,11 +343,14 @@ static void inline_limit_and_copy(void **state) {
   end a = make_end(8, 8, 32, 16), b = make_end(8, 8, 32, 0);
   connect_pair(&a, &b, 7);
   char src[32] = "inline payload!", dst[32] = {0};
-  struct ibv_mr *dmr = V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  assert_int_equal(post_write(a.qp, NULL, src, 32, (uintptr_t)dst, dmr->rkey, 0, 1,
-                              IBV_SEND_INLINE), EINVAL); /* over max_inline_data */
+  struct ibv_mr *dmr =
+      V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  assert_int_equal(
+      post_write(a.qp, NULL, src, 32, (uintptr_t)dst, dmr->rkey, 0, 1, IBV_SEND_INLINE),
+      EINVAL); /* over max_inline_data */
   assert_int_equal(post_write(a.qp, NULL, src, 16, (uintptr_t)dst, dmr->rkey, 0, 1,
-                              IBV_SEND_INLINE | IBV_SEND_SIGNALED), 0);
+                              IBV_SEND_INLINE | IBV_SEND_SIGNALED),
+                   0);
   memset(src, 'x', sizeof src); /* inline data was taken at post time */
   struct ibv_wc wc;
   assert_int_equal(poll_n(a.cq, &wc, 1), 1);
@@ -336,10 +364,12 @@ static void cq_overrun_detected(void **state) {
   connect_pair(&a, &b, 7);
   char src[8], dst[8];
   struct ibv_mr *smr = V.reg_mr(pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
-  struct ibv_mr *dmr = V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_mr *dmr =
+      V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   for (int i = 0; i < 3; i++) {
     assert_int_equal(post_recv(b.qp, (uint64_t)i), 0);
-    assert_int_equal(post_write(a.qp, smr, src, 8, (uintptr_t)dst, dmr->rkey, 1, (uint32_t)i, 0), 0);
+    assert_int_equal(post_write(a.qp, smr, src, 8, (uintptr_t)dst, dmr->rkey, 1, (uint32_t)i, 0),
+                     0);
   }
   struct ibv_wc wc[4];
   assert_int_equal(poll_n(a.cq, wc, 1), 1); /* the third write failed at the responder */
@@ -362,11 +392,13 @@ static void order_within_a_qp_only(void **state) {
   connect_pair(&a, &b, 7);
   char src[8], dst[8];
   struct ibv_mr *smr = V.reg_mr(pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
-  struct ibv_mr *dmr = V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_mr *dmr =
+      V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   for (uint32_t i = 0; i < 50; i++) {
     assert_int_equal(post_recv(b.qp, i), 0);
     assert_int_equal(post_write(a.qp, smr, src, 8, (uintptr_t)dst, dmr->rkey, 1, i,
-                                i % 8 == 7 ? IBV_SEND_SIGNALED : 0), 0);
+                                i % 8 == 7 ? IBV_SEND_SIGNALED : 0),
+                     0);
     if (i % 8 == 7) {
       struct ibv_wc w;
       assert_int_equal(poll_n(a.cq, &w, 1), 1);
@@ -410,7 +442,8 @@ static void across_processes_with_reordering(void **state) {
     for (int i = 0; i < 4096; i++) src[i] = (char)(i * 7);
     struct ibv_mr *smr = V.reg_mr(pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
     /* everything first, plain, on QP 0: in order before QP 0's immediates */
-    if (post_write(q[0].qp, smr, src, 4096, theirs.addr, theirs.rkey, 0, 0, IBV_SEND_SIGNALED)) _exit(4);
+    if (post_write(q[0].qp, smr, src, 4096, theirs.addr, theirs.rkey, 0, 0, IBV_SEND_SIGNALED))
+      _exit(4);
     for (uint32_t i = 0; i < 40; i++)
       for (int k = 0; k < 2; k++)
         if (post_write(q[k].qp, smr, src, 64, theirs.addr, theirs.rkey, 1, i, IBV_SEND_SIGNALED))
@@ -421,12 +454,15 @@ static void across_processes_with_reordering(void **state) {
   }
   if (read(to_parent[0], &theirs, sizeof theirs) != sizeof theirs) fail();
   struct ibv_cq *cq = V.create_cq(ctx, 256, NULL, NULL, 0);
-  struct ibv_mr *mr = V.reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_mr *mr =
+      V.reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   struct ibv_qp *qp[2];
   for (int q = 0; q < 2; q++) {
-    struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-                                  .cap = {.max_send_wr = 8, .max_recv_wr = 64, .max_send_sge = 1,
-                                          .max_recv_sge = 1}};
+    struct ibv_qp_init_attr ia = {
+        .send_cq = cq,
+        .recv_cq = cq,
+        .qp_type = IBV_QPT_RC,
+        .cap = {.max_send_wr = 8, .max_recv_wr = 64, .max_send_sge = 1, .max_recv_sge = 1}};
     qp[q] = V.create_qp(pd, &ia);
     assert_non_null(qp[q]);
     assert_int_equal(post_recv(qp[q], 0), EINVAL); /* not in RESET */

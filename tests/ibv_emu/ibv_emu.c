@@ -150,12 +150,12 @@ typedef struct emu_swqe {
 typedef struct emu_qp {
   struct ibv_qp qp; /* first: the library hands out &qp */
   int idx;
-  emu_swqe *sq;     /* posted, not yet executed (ring of sq_cap) */
-  uint32_t sq_cap;  /* max_send_wr */
+  emu_swqe *sq;    /* posted, not yet executed (ring of sq_cap) */
+  uint32_t sq_cap; /* max_send_wr */
   uint32_t sq_head, sq_count;
-  uint32_t outstanding;   /* posted and not yet freed by a polled completion */
-  uint32_t unsignaled;    /* executed without a completion since the last one */
-  uint32_t *batches;      /* per completion generated: send-queue slots it frees */
+  uint32_t outstanding; /* posted and not yet freed by a polled completion */
+  uint32_t unsignaled;  /* executed without a completion since the last one */
+  uint32_t *batches;    /* per completion generated: send-queue slots it frees */
   uint32_t b_head, b_count;
   int retries, rnr_retries;
   double next_try;
@@ -178,8 +178,7 @@ typedef struct emu_ctx {
 } emu_ctx;
 
 typedef struct emu_config {
-  int devices, enosys, link_ib, mtu, max_inline, delay_us, reorder, fail_wr, fail_status,
-      retry_ms;
+  int devices, enosys, link_ib, mtu, max_inline, delay_us, reorder, fail_wr, fail_status, retry_ms;
 } emu_config;
 
 static struct {
@@ -216,7 +215,10 @@ static uint64_t emu_ns(void) {
 }
 
 static void emu_read_config(void) {
-  emu_config c = {.devices = 1, .mtu = 4096, .max_inline = 64, .fail_status = IBV_WC_RETRY_EXC_ERR,
+  emu_config c = {.devices = 1,
+                  .mtu = 4096,
+                  .max_inline = 64,
+                  .fail_status = IBV_WC_RETRY_EXC_ERR,
                   .retry_ms = 2};
   const char *env = getenv("IBV_EMU_CONFIG");
   char buf[512];
@@ -225,30 +227,45 @@ static void emu_read_config(void) {
     char *eq = strchr(tok, '=');
     int v = eq ? atoi(eq + 1) : 1;
     if (eq) *eq = 0;
-    if (!strcmp(tok, "devices")) c.devices = v < 0 ? 0 : v > EMU_MAX_DEVICES ? EMU_MAX_DEVICES : v;
-    else if (!strcmp(tok, "enosys")) c.enosys = 1;
-    else if (!strcmp(tok, "link")) c.link_ib = eq && !strcmp(eq + 1, "ib");
-    else if (!strcmp(tok, "mtu")) c.mtu = v;
-    else if (!strcmp(tok, "max_inline")) c.max_inline = v;
-    else if (!strcmp(tok, "delay_us")) c.delay_us = v;
-    else if (!strcmp(tok, "reorder")) c.reorder = 1;
-    else if (!strcmp(tok, "fail_wr")) c.fail_wr = v;
-    else if (!strcmp(tok, "fail_status")) c.fail_status = v;
-    else if (!strcmp(tok, "retry_ms")) c.retry_ms = v;
+    if (!strcmp(tok, "devices"))
+      c.devices = v < 0 ? 0 : v > EMU_MAX_DEVICES ? EMU_MAX_DEVICES : v;
+    else if (!strcmp(tok, "enosys"))
+      c.enosys = 1;
+    else if (!strcmp(tok, "link"))
+      c.link_ib = eq && !strcmp(eq + 1, "ib");
+    else if (!strcmp(tok, "mtu"))
+      c.mtu = v;
+    else if (!strcmp(tok, "max_inline"))
+      c.max_inline = v;
+    else if (!strcmp(tok, "delay_us"))
+      c.delay_us = v;
+    else if (!strcmp(tok, "reorder"))
+      c.reorder = 1;
+    else if (!strcmp(tok, "fail_wr"))
+      c.fail_wr = v;
+    else if (!strcmp(tok, "fail_status"))
+      c.fail_status = v;
+    else if (!strcmp(tok, "retry_ms"))
+      c.retry_ms = v;
   }
   emu.cfg = c;
 }
 
 static enum ibv_mtu emu_mtu_enum(int bytes) {
-  return bytes >= 4096 ? IBV_MTU_4096 : bytes >= 2048 ? IBV_MTU_2048 : bytes >= 1024 ? IBV_MTU_1024
-         : bytes >= 512 ? IBV_MTU_512 : IBV_MTU_256;
+  return bytes >= 4096   ? IBV_MTU_4096
+         : bytes >= 2048 ? IBV_MTU_2048
+         : bytes >= 1024 ? IBV_MTU_1024
+         : bytes >= 512  ? IBV_MTU_512
+                         : IBV_MTU_256;
 }
 
 static void emu_lock(emu_region *r) {
   int rc = pthread_mutex_lock(&r->lock);
   if (rc == EOWNERDEAD) pthread_mutex_consistent(&r->lock);
 }
-static void emu_unlock(emu_region *r) { pthread_mutex_unlock(&r->lock); }
+static void emu_unlock(emu_region *r) {
+  pthread_mutex_unlock(&r->lock);
+}
 
 /* The memfd region of this process, made on first use (and again in a
  * forked child, whose queue pairs are its own). */
@@ -316,8 +333,10 @@ static emu_region *emu_remote(uint32_t pid) {
     close(fd);
     if (p == MAP_FAILED) continue;
     emu_region *r = p;
-    if (r->magic == EMU_MAGIC && r->pid == pid) found = r;
-    else munmap(p, sizeof(emu_region));
+    if (r->magic == EMU_MAGIC && r->pid == pid)
+      found = r;
+    else
+      munmap(p, sizeof(emu_region));
   }
   closedir(d);
   if (found) {
@@ -343,7 +362,9 @@ static void emu_gid(uint32_t pid, int index, union ibv_gid *gid) {
   gid->raw[14] = (uint8_t)(pid >> 8);
   gid->raw[15] = (uint8_t)pid;
 }
-static int emu_gid_roce_v2(int index) { return index % 2; }
+static int emu_gid_roce_v2(int index) {
+  return index % 2;
+}
 
 /* ---- device, port, PD ------------------------------------------------------------ */
 
@@ -369,8 +390,12 @@ EMU_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
   return emu.list;
 }
 
-EMU_EXPORT void ibv_free_device_list(struct ibv_device **list) { (void)list; }
-EMU_EXPORT const char *ibv_get_device_name(struct ibv_device *d) { return d->name; }
+EMU_EXPORT void ibv_free_device_list(struct ibv_device **list) {
+  (void)list;
+}
+EMU_EXPORT const char *ibv_get_device_name(struct ibv_device *d) {
+  return d->name;
+}
 
 static int emu_data_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
@@ -449,8 +474,9 @@ EMU_EXPORT int _ibv_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_
   if (ibv_query_gid(ctx, (uint8_t)port, (int)index, &e->gid)) return ENODATA;
   e->gid_index = index;
   e->port_num = port;
-  e->gid_type = emu.cfg.link_ib ? IBV_GID_TYPE_IB
-                : emu_gid_roce_v2((int)index) ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_ROCE_V1;
+  e->gid_type = emu.cfg.link_ib               ? IBV_GID_TYPE_IB
+                : emu_gid_roce_v2((int)index) ? IBV_GID_TYPE_ROCE_V2
+                                              : IBV_GID_TYPE_ROCE_V1;
   e->ndev_ifindex = 0;
   return 0;
 }
@@ -489,8 +515,12 @@ EMU_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t lengt
     return NULL;
   }
   uint32_t key = ((++r->generation & 0x3fffff) << 10) | (uint32_t)i;
-  r->mr[i] = (emu_mr_sh){.in_use = 1, .key = key, .pd_id = ((emu_pd *)pd)->id,
-                         .addr = (uint64_t)(uintptr_t)addr, .length = length, .access = access};
+  r->mr[i] = (emu_mr_sh){.in_use = 1,
+                         .key = key,
+                         .pd_id = ((emu_pd *)pd)->id,
+                         .addr = (uint64_t)(uintptr_t)addr,
+                         .length = length,
+                         .access = access};
   emu_unlock(r);
   mr->context = pd->context;
   mr->pd = pd;
@@ -519,6 +549,12 @@ static int emu_mr_check(const emu_region *r, uint32_t key, uint32_t pd_id, uint6
   if (addr < m->addr || addr + len > m->addr + m->length || addr + len < addr) return -1;
   if ((m->access & access) != access) return -1;
   return 0;
+}
+
+static int emu_mr_unmapped(const emu_region *r, uint32_t key) {
+  const emu_mr_sh *m = &r->mr[key & 1023];
+  uintptr_t start = (uintptr_t)m->addr & ~(uintptr_t)4095;
+  return msync((void *)start, m->addr + m->length - start, MS_ASYNC) != 0 && errno == ENOMEM;
 }
 
 /* ---- completion queues --------------------------------------------------------------- */
@@ -592,7 +628,8 @@ EMU_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_at
   if (ia->qp_type != IBV_QPT_RC || ia->srq || !ia->send_cq || !ia->recv_cq ||
       ia->cap.max_send_wr < 1 || ia->cap.max_send_wr > EMU_MAX_SQ ||
       ia->cap.max_recv_wr > EMU_MAX_RQ || ia->cap.max_send_sge > EMU_MAX_SGE ||
-      ia->cap.max_recv_sge > EMU_MAX_SGE || ia->cap.max_inline_data > (uint32_t)emu.cfg.max_inline) {
+      ia->cap.max_recv_sge > EMU_MAX_SGE ||
+      ia->cap.max_inline_data > (uint32_t)emu.cfg.max_inline) {
     errno = EINVAL;
     return NULL;
   }
@@ -762,7 +799,9 @@ out:
 static void emu_qp_flush_rq(emu_region *r, emu_qp_sh *s) {
   for (; s->rq_head != s->rq_tail; s->rq_head++) {
     struct ibv_wc wc = {.wr_id = s->rq[s->rq_head % EMU_MAX_RQ].wr_id,
-                        .status = IBV_WC_WR_FLUSH_ERR, .opcode = IBV_WC_RECV, .qp_num = s->qpn};
+                        .status = IBV_WC_WR_FLUSH_ERR,
+                        .opcode = IBV_WC_RECV,
+                        .qp_num = s->qpn};
     emu_cq_push(r, s->recv_cq, &wc);
   }
 }
@@ -775,9 +814,12 @@ static int emu_data_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct 
   emu_lock(r);
   emu_qp_sh *s = &r->qp[q->idx];
   for (; wr; wr = wr->next) {
-    if (s->state == IBV_QPS_RESET) rc = EINVAL;
-    else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > s->max_recv_sge) rc = EINVAL;
-    else if (s->rq_tail - s->rq_head >= s->max_recv_wr) rc = ENOMEM;
+    if (s->state == IBV_QPS_RESET)
+      rc = EINVAL;
+    else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > s->max_recv_sge)
+      rc = EINVAL;
+    else if (s->rq_tail - s->rq_head >= s->max_recv_wr)
+      rc = ENOMEM;
     if (rc) break;
     emu_rwqe *w = &s->rq[s->rq_tail % EMU_MAX_RQ];
     w->wr_id = wr->wr_id;
@@ -812,8 +854,11 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
   } else {
     emu_lock(me);
     for (int i = 0; i < w->num_sge; i++) {
-      if (w->sge[i].length && emu_mr_check(me, w->sge[i].lkey, s.pd_id, w->sge[i].addr,
-                                           w->sge[i].length, 0)) {
+      /* a registration whose pages were unmapped since would read stale
+       * pinned pages on a NIC: refuse it */
+      if (w->sge[i].length &&
+          (emu_mr_check(me, w->sge[i].lkey, s.pd_id, w->sge[i].addr, w->sge[i].length, 0) ||
+           emu_mr_unmapped(me, w->sge[i].lkey))) {
         emu_unlock(me);
         *status = IBV_WC_LOC_PROT_ERR;
         return EMU_FAILED;
@@ -918,9 +963,12 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
     }
   }
   if (consumes) {
-    struct ibv_wc wc = {.wr_id = rw->wr_id, .status = IBV_WC_SUCCESS,
+    struct ibv_wc wc = {.wr_id = rw->wr_id,
+                        .status = IBV_WC_SUCCESS,
                         .opcode = write ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV,
-                        .byte_len = (uint32_t)len, .qp_num = t->qpn, .src_qp = s.qpn,
+                        .byte_len = (uint32_t)len,
+                        .qp_num = t->qpn,
+                        .src_qp = s.qpn,
                         .wc_flags = imm ? IBV_WC_WITH_IMM : 0};
     wc.imm_data = w->imm; /* already in network order, as the sender gave it */
     t->rq_head++;
@@ -940,9 +988,10 @@ static void emu_complete_send(emu_qp *q, const emu_swqe *w, enum ibv_wc_status s
   emu_qp_sh *s = &me->qp[q->idx];
   q->unsignaled++;
   if (!(w->flags & IBV_SEND_SIGNALED) && !force) return;
-  static const enum ibv_wc_opcode op[] = {
-      [IBV_WR_RDMA_WRITE] = IBV_WC_RDMA_WRITE, [IBV_WR_RDMA_WRITE_WITH_IMM] = IBV_WC_RDMA_WRITE,
-      [IBV_WR_SEND] = IBV_WC_SEND, [IBV_WR_SEND_WITH_IMM] = IBV_WC_SEND};
+  static const enum ibv_wc_opcode op[] = {[IBV_WR_RDMA_WRITE] = IBV_WC_RDMA_WRITE,
+                                          [IBV_WR_RDMA_WRITE_WITH_IMM] = IBV_WC_RDMA_WRITE,
+                                          [IBV_WR_SEND] = IBV_WC_SEND,
+                                          [IBV_WR_SEND_WITH_IMM] = IBV_WC_SEND};
   struct ibv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = op[w->opcode], .qp_num = s->qpn};
   if (emu_cq_push(me, s->send_cq, &wc) == 0) {
     q->batches[(q->b_head + q->b_count) % (q->sq_cap + 1)] = q->unsignaled;
@@ -1047,21 +1096,31 @@ static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct 
   for (; wr; wr = wr->next) {
     uint32_t total = 0;
     for (int i = 0; i < wr->num_sge && i < EMU_MAX_SGE; i++) total += wr->sg_list[i].length;
-    if (s->state != IBV_QPS_RTS && s->state != IBV_QPS_ERR) rc = EINVAL;
-    else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > s->max_send_sge) rc = EINVAL;
+    if (s->state != IBV_QPS_RTS && s->state != IBV_QPS_ERR)
+      rc = EINVAL;
+    else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > s->max_send_sge)
+      rc = EINVAL;
     else if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
              wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM)
       rc = EINVAL;
-    else if ((wr->send_flags & IBV_SEND_INLINE) && total > s->max_inline) rc = EINVAL;
-    else if (q->outstanding >= s->max_send_wr) rc = ENOMEM; /* unsignaled ones still count */
+    else if ((wr->send_flags & IBV_SEND_INLINE) && total > s->max_inline)
+      rc = EINVAL;
+    else if (q->outstanding >= s->max_send_wr)
+      rc = ENOMEM; /* unsignaled ones still count */
     if (rc) break;
     emu_swqe *w = &q->sq[(q->sq_head + q->sq_count) % q->sq_cap];
-    *w = (emu_swqe){.wr_id = wr->wr_id, .opcode = wr->opcode, .flags = wr->send_flags,
-                    .imm = wr->imm_data, .raddr = wr->wr.rdma.remote_addr,
-                    .rkey = wr->wr.rdma.rkey, .num_sge = wr->num_sge,
-                    .ready_at = emu.cfg.delay_us ? emu_now() + emu.cfg.delay_us * 1e-6 *
-                                                                   (emu.cfg.reorder ? rand() / (double)RAND_MAX : 1)
-                                                 : 0};
+    *w = (emu_swqe){
+        .wr_id = wr->wr_id,
+        .opcode = wr->opcode,
+        .flags = wr->send_flags,
+        .imm = wr->imm_data,
+        .raddr = wr->wr.rdma.remote_addr,
+        .rkey = wr->wr.rdma.rkey,
+        .num_sge = wr->num_sge,
+        .ready_at = emu.cfg.delay_us
+                        ? emu_now() + emu.cfg.delay_us * 1e-6 *
+                                          (emu.cfg.reorder ? rand() / (double)RAND_MAX : 1)
+                        : 0};
     if (wr->send_flags & IBV_SEND_INLINE) { /* the data is copied now: the buffer is free */
       w->inline_data = malloc(total ? total : 1);
       if (!w->inline_data) {
@@ -1142,9 +1201,12 @@ EMU_EXPORT int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_eve
       }
       memset(ev, 0, sizeof *ev);
       ev->event_type = e.type;
-      if (e.qp >= 0 && emu.qps[e.qp]) ev->element.qp = &emu.qps[e.qp]->qp;
-      else if (e.cq >= 0 && emu.cqs[e.cq]) ev->element.cq = &emu.cqs[e.cq]->cq;
-      else ev->element.port_num = 1;
+      if (e.qp >= 0 && emu.qps[e.qp])
+        ev->element.qp = &emu.qps[e.qp]->qp;
+      else if (e.cq >= 0 && emu.cqs[e.cq])
+        ev->element.cq = &emu.cqs[e.cq]->cq;
+      else
+        ev->element.port_num = 1;
       return 0;
     }
     emu_unlock(r);
@@ -1157,9 +1219,15 @@ EMU_EXPORT int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_eve
   }
 }
 
-EMU_EXPORT void ibv_ack_async_event(struct ibv_async_event *ev) { (void)ev; }
-EMU_EXPORT int ibv_fork_init(void) { return 0; }
-EMU_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
+EMU_EXPORT void ibv_ack_async_event(struct ibv_async_event *ev) {
+  (void)ev;
+}
+EMU_EXPORT int ibv_fork_init(void) {
+  return 0;
+}
+EMU_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) {
+  return IBV_FORK_UNNEEDED;
+}
 
 EMU_EXPORT const char *ibv_wc_status_str(enum ibv_wc_status st) {
   switch (st) {

@@ -23,13 +23,36 @@
 #define IBV_TAG_BYTES 8 /* {seq, len} before each chunk in a slot */
 #define IBV_ABORT_TEXT 300
 
+/* The registration cache (ibv_mr.c) for zero-copy sends from user memory. */
+#define IBV_MR_MAX_ENTRIES 256
+typedef struct ibv_mr_entry {
+  uintptr_t start, end; /* page-aligned */
+  struct ibv_mr *mr;    /* NULL: a free entry */
+  int refs;             /* posted writes reading from it */
+  uint64_t last_use;
+  bool stale; /* its pages went away while in use: dropped at release */
+} ibv_mr_entry;
+
+typedef struct ibv_mr_cache {
+  const ibv_api *api;
+  struct ibv_pd *pd;
+  size_t bytes, max_bytes;
+  uint64_t clock, hits, misses, invalidations;
+  ibv_mr_entry e[IBV_MR_MAX_ENTRIES];
+} ibv_mr_cache;
+
+weft_status ibv_mr_cache_get(ibv_mr_cache *cache, const void *addr, size_t len, ibv_mr_entry **out);
+void ibv_mr_cache_put(ibv_mr_cache *cache, ibv_mr_entry *e);
+void ibv_mr_cache_invalidate(ibv_mr_cache *cache, const void *addr, size_t len);
+void ibv_mr_cache_fini(ibv_mr_cache *cache);
+
 /* What a rank publishes (packed into the rendezvous). */
 typedef struct ibv_addr {
   uint32_t magic;
-  uint8_t link_layer;    /* IBV_LINK_LAYER_INFINIBAND or _ETHERNET */
-  uint8_t loopback_ok;   /* WEFT_TRANSPORT=ibv: same-host peers go through the NIC too */
+  uint8_t link_layer;  /* IBV_LINK_LAYER_INFINIBAND or _ETHERNET */
+  uint8_t loopback_ok; /* WEFT_TRANSPORT=ibv: same-host peers go through the NIC too */
   uint8_t reserved[2];
-  weft_place place;      /* rdma_devices: usable ports found through the verbs table */
+  weft_place place;              /* rdma_devices: usable ports found through the verbs table */
   uint8_t sock[NET_ADDR_PACKED]; /* the side socket's listener */
 } ibv_addr;
 
@@ -73,8 +96,8 @@ struct weft_conn {
   int fd; /* side socket, -1 until connected */
   enum ibv_conn_state state;
   weft_status dead_status;
-  bool peer_ended;  /* its side socket closed: what it wrote is still read */
-  bool abort_sent;  /* our failure notice went out */
+  bool peer_ended;      /* its side socket closed: what it wrote is still read */
+  bool abort_sent;      /* our failure notice went out */
   bool peer_said_abort; /* it failed first and told us */
   bool alive_before;    /* scratch for progress: not dead when it started */
   char where[80];
@@ -91,13 +114,16 @@ struct weft_conn {
   uint64_t r_slots, r_credit; /* the peer's */
   uint32_t r_slots_rkey, r_credit_rkey;
 
-  uint32_t tx_head;       /* chunks posted */
-  uint32_t rx_tail;       /* chunks released */
-  bool credit_dirty;      /* a credit update is owed to the peer (the SQ was full) */
+  uint32_t tx_head;  /* chunks posted */
+  uint32_t rx_tail;  /* chunks released */
+  bool credit_dirty; /* a credit update is owed to the peer (the SQ was full) */
   bool peeked;
   uint8_t slot_full[IBV_MAX_SLOTS];
   uint32_t slot_len[IBV_MAX_SLOTS]; /* bytes the write carried, tag included */
-  uint32_t max_in_flight; /* most chunks this rank had posted and not released */
+  uint32_t max_in_flight;           /* most chunks this rank had posted and not released */
+  ibv_mr_entry *zc[IBV_MAX_SLOTS];  /* the user region chunk k was written from, or NULL */
+  uint32_t zc_tail;                 /* oldest chunk whose region reference may still be held */
+  uint32_t zc_pending;              /* chunks holding a region reference */
 };
 
 struct weft_transport_ctx {
@@ -123,6 +149,8 @@ struct weft_transport_ctx {
   int not_up;               /* conns still handshaking */
   struct pollfd *pfds;      /* size + 3 */
   bool moved;               /* a data call completed something since the last progress */
+  size_t zcopy_bytes;       /* chunks at least this long go from user memory; 0 = never */
+  ibv_mr_cache mr;
 };
 
 /* ibv_transport.c */
@@ -131,8 +159,7 @@ int ibv_gid_score(const union ibv_gid *gid, int roce_version);
 
 /* ibv_conn.c */
 weft_status ibv_conn_create(struct weft_transport_ctx *ctx, int peer, struct weft_conn **out);
-weft_status ibv_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr,
-                          socklen_t len);
+weft_status ibv_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr, socklen_t len);
 weft_status ibv_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed);
 weft_status ibv_conn_poll(struct weft_conn *c, bool *progressed);
 weft_status ibv_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...)

@@ -42,10 +42,10 @@ static void *ibv_api_sym(void *handle, const char *name, const char *version) {
 }
 
 /* Required symbols: a library without one of them is not usable. */
-#define IBV_API_REQUIRED(api, handle, member, symbol, version, missing)      \
-  do {                                                                      \
-    *(void **)&(api)->member = ibv_api_sym(handle, symbol, version);        \
-    if (!(api)->member && !*(missing)) *(missing) = symbol "@" version;     \
+#define IBV_API_REQUIRED(api, handle, member, symbol, version, missing) \
+  do {                                                                  \
+    *(void **)&(api)->member = ibv_api_sym(handle, symbol, version);    \
+    if (!(api)->member && !*(missing)) *(missing) = symbol "@" version; \
   } while (0)
 
 static const char *ibv_api_fill(void *h, ibv_api *api) {
@@ -107,8 +107,10 @@ const ibv_api *ibv_api_load(weft_error_sink *err) {
   void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *why = dlerror();
-    weft_error_sink_set(err, "ibv: cannot load %s (%s): install rdma-core's libibverbs to use "
-                        "RDMA", name, why ? why : "not found");
+    weft_error_sink_set(err,
+                        "ibv: cannot load %s (%s): install rdma-core's libibverbs to use "
+                        "RDMA",
+                        name, why ? why : "not found");
     goto done;
   }
   ibv_api api = {0};

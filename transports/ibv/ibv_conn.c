@@ -33,7 +33,9 @@ static const uint8_t ibv_no_challenge[WEFT_AUTH_CHALLENGE_BYTES];
 
 /* Per queue pair: room for every slot's chunk plus as many credit writes,
  * with slack so periodic signalling never starves the queue. */
-static int ibv_sq_depth(const struct weft_transport_ctx *ctx) { return 2 * ctx->nslots + 8; }
+static int ibv_sq_depth(const struct weft_transport_ctx *ctx) {
+  return 2 * ctx->nslots + 8;
+}
 static int ibv_rq_depth(const struct weft_transport_ctx *ctx) {
   return (ctx->nslots + ctx->nqp - 1) / ctx->nqp + 1;
 }
@@ -87,8 +89,8 @@ static weft_status ibv_qp_to_init(struct weft_conn *c, struct ibv_qp *qp) {
                           .pkey_index = 0,
                           .port_num = c->ctx->port,
                           .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-  if (c->ctx->api->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                         IBV_QP_ACCESS_FLAGS))
+  if (c->ctx->api->modify_qp(qp, &a,
+                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
     return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: QP to INIT for peer %d: %s", c->peer,
                          strerror(errno));
   return WEFT_OK;
@@ -128,7 +130,7 @@ weft_status ibv_conn_create(struct weft_transport_ctx *ctx, int peer, struct wef
                                   .sq_sig_all = 0,
                                   .cap = {.max_send_wr = (uint32_t)sq,
                                           .max_recv_wr = (uint32_t)rq,
-                                          .max_send_sge = 1,
+                                          .max_send_sge = 2, /* tag + user data */
                                           .max_recv_sge = 1,
                                           .max_inline_data = ctx->max_inline}};
     c->qps[q].qp = api->create_qp(ctx->pd, &ia);
@@ -148,6 +150,8 @@ weft_status ibv_conn_create(struct weft_transport_ctx *ctx, int peer, struct wef
 
 void ibv_conn_destroy(struct weft_conn *c) {
   const ibv_api *api = c->ctx->api;
+  for (int s = 0; s < IBV_MAX_SLOTS; s++)
+    if (c->zc[s]) ibv_mr_cache_put(&c->ctx->mr, c->zc[s]);
   for (int q = 0; q < c->ctx->nqp; q++)
     if (c->qps[q].qp) api->destroy_qp(c->qps[q].qp);
   if (c->cq) api->destroy_cq(c->cq);
@@ -245,8 +249,12 @@ static weft_status ibv_qp_to_rts(struct weft_conn *c, struct ibv_qp *qp, const i
   struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTS,
                           /* 4.096 us * 2^18 = 1.07 s per try, 7 tries: NCCL's values,
                              long enough for a switch to reroute */
-                          .timeout = (uint8_t)(timeout < 1 ? 1 : timeout > 31 ? 31 : timeout),
-                          .retry_cnt = (uint8_t)(retry < 0 ? 0 : retry > 7 ? 7 : retry),
+                          .timeout = (uint8_t)(timeout < 1    ? 1
+                                               : timeout > 31 ? 31
+                                                              : timeout),
+                          .retry_cnt = (uint8_t)(retry < 0   ? 0
+                                                 : retry > 7 ? 7
+                                                             : retry),
                           .rnr_retry = 7, /* credits keep receives posted; never give up on RNR */
                           .sq_psn = c->psn,
                           .max_rd_atomic = 1};
@@ -267,8 +275,7 @@ static weft_status ibv_conn_use_info(struct weft_conn *c, const uint8_t *msg) {
     why = "it did not prove the job key (WEFT_AUTH_TOKEN differs?)";
   if (!why) why = ibv_info_check(c, &in);
   if (why)
-    return ibv_conn_fail(c, WEFT_ERR_MISMATCH, "ibv: peer %d (%s) sent %s", c->peer, c->where,
-                         why);
+    return ibv_conn_fail(c, WEFT_ERR_MISMATCH, "ibv: peer %d (%s) sent %s", c->peer, c->where, why);
   for (int q = 0; q < c->ctx->nqp; q++) WEFT_CHECK(ibv_qp_to_rts(c, c->qps[q].qp, &in, q));
   c->r_slots = be64toh(in.slots_addr);
   c->r_credit = be64toh(in.credit_addr);
@@ -292,8 +299,7 @@ static void ibv_conn_now_up(struct weft_conn *c) {
             c->ctx->args->rank, c->peer, c->ctx->nqp, c->ctx->nslots);
 }
 
-weft_status ibv_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr,
-                          socklen_t len) {
+weft_status ibv_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr, socklen_t len) {
   double deadline = weft_now() + c->ctx->args->timeout_s;
   net_addr_str((const struct sockaddr *)addr, c->where, sizeof c->where);
   weft_error_sink err;
@@ -320,13 +326,13 @@ weft_status ibv_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed
     from = ntohl(in.from);
     if (from >= (uint32_t)ctx->args->rank || ntohl(in.to) != (uint32_t)ctx->args->rank)
       why = "a handshake with the wrong ranks";
-    else if (ctx->conns[from] && (ctx->conns[from]->fd >= 0 ||
-                                  ctx->conns[from]->state != IBV_CONN_AWAIT_HELLO))
+    else if (ctx->conns[from] &&
+             (ctx->conns[from]->fd >= 0 || ctx->conns[from]->state != IBV_CONN_AWAIT_HELLO))
       why = "a second connection from the same rank";
   }
   if (why) {
-    WEFT_WARN(WEFT_SUBSYS_NET, "ibv: rank %d refused an incoming connection: %s",
-              ctx->args->rank, why);
+    WEFT_WARN(WEFT_SUBSYS_NET, "ibv: rank %d refused an incoming connection: %s", ctx->args->rank,
+              why);
     close(fd);
     return WEFT_OK;
   }
@@ -355,13 +361,15 @@ static weft_status ibv_side_frame(struct weft_conn *c) {
     char text[IBV_ABORT_TEXT + 1];
     snprintf(text, sizeof text, "%.*s", (int)len, (const char *)c->rbuf + sizeof hdr);
     c->peer_said_abort = true;
-    weft_status st = ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s",
-                                   c->peer, text);
+    weft_status st =
+        ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s", c->peer, text);
     snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
     return st;
   }
-  return ibv_conn_fail(c, WEFT_ERR_PROTOCOL, "ibv: unexpected message %#x on the side socket "
-                       "from peer %d (%s)", type, c->peer, c->where);
+  return ibv_conn_fail(c, WEFT_ERR_PROTOCOL,
+                       "ibv: unexpected message %#x on the side socket "
+                       "from peer %d (%s)",
+                       type, c->peer, c->where);
 }
 
 /* Reads what the side socket has: the acceptor's info (dialer), then frames. */
@@ -456,9 +464,10 @@ static weft_status ibv_completion(struct weft_conn *c, const struct ibv_wc *wc) 
     uint32_t slot = k % (uint32_t)ctx->nslots;
     if (!(wc->wc_flags & IBV_WC_WITH_IMM) || k - c->rx_tail >= (uint32_t)ctx->nslots ||
         c->slot_full[slot] || wc->byte_len < IBV_TAG_BYTES || wc->byte_len > ctx->stride)
-      return ibv_conn_fail(c, WEFT_ERR_PROTOCOL, "ibv: peer %d wrote chunk %u (%u bytes) "
-                           "outside its credits (next expected %u)", c->peer, k, wc->byte_len,
-                           c->rx_tail);
+      return ibv_conn_fail(c, WEFT_ERR_PROTOCOL,
+                           "ibv: peer %d wrote chunk %u (%u bytes) "
+                           "outside its credits (next expected %u)",
+                           c->peer, k, wc->byte_len, c->rx_tail);
     c->slot_full[slot] = 1;
     c->slot_len[slot] = wc->byte_len;
     return WEFT_OK;
@@ -470,8 +479,7 @@ static weft_status ibv_completion(struct weft_conn *c, const struct ibv_wc *wc) 
   return WEFT_OK;
 }
 
-static weft_status ibv_post_write(struct weft_conn *c, int q, struct ibv_send_wr *wr,
-                                  bool signal) {
+static weft_status ibv_post_write(struct weft_conn *c, int q, struct ibv_send_wr *wr, bool signal) {
   ibv_conn_qp *qs = &c->qps[q];
   int depth = ibv_sq_depth(c->ctx);
   if (qs->sq_used >= depth) return WEFT_AGAIN;
@@ -497,10 +505,14 @@ static weft_status ibv_post_write(struct weft_conn *c, int q, struct ibv_send_wr
  * into its credit word, no completion on its side. */
 static weft_status ibv_send_credit(struct weft_conn *c) {
   c->ctrl->credit_src = c->rx_tail;
-  struct ibv_sge sge = {.addr = (uintptr_t)&c->ctrl->credit_src, .length = sizeof(uint64_t),
+  struct ibv_sge sge = {.addr = (uintptr_t)&c->ctrl->credit_src,
+                        .length = sizeof(uint64_t),
                         .lkey = c->ctrl_mr->lkey};
-  struct ibv_send_wr wr = {.wr_id = IBV_WR_CREDIT_KIND, .sg_list = &sge, .num_sge = 1,
-                           .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_INLINE};
+  struct ibv_send_wr wr = {.wr_id = IBV_WR_CREDIT_KIND,
+                           .sg_list = &sge,
+                           .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_WRITE,
+                           .send_flags = IBV_SEND_INLINE};
   wr.wr.rdma.remote_addr = c->r_credit;
   wr.wr.rdma.rkey = c->r_credit_rkey;
   weft_status st = ibv_post_write(c, 0, &wr, false);
@@ -519,8 +531,10 @@ static weft_status ibv_conn_poll_cq(struct weft_conn *c, bool *progressed) {
   do {
     n = c->ctx->api->poll_cq(c->cq, 16, wc);
     if (n < 0)
-      return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: polling the completion queue of peer %d "
-                           "failed (overrun?)", c->peer);
+      return ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
+                           "ibv: polling the completion queue of peer %d "
+                           "failed (overrun?)",
+                           c->peer);
     for (int i = 0; i < n; i++) WEFT_CHECK(ibv_completion(c, &wc[i]));
     if (n > 0) *progressed = true;
   } while (n == 16);
@@ -545,11 +559,30 @@ static weft_status ibv_conn_usable(struct weft_conn *c, bool side) {
   return WEFT_OK;
 }
 
+/* Gives back the region references of chunks the NIC is done with: those
+ * the peer released (their write landed), or all once the queues are idle. */
+static void ibv_zc_reap(struct weft_conn *c, bool all_done) {
+  uint32_t released = (uint32_t)c->ctrl->credits;
+  while (c->zc_pending && c->zc_tail != c->tx_head) {
+    if (!all_done && (int32_t)(released - c->zc_tail) <= 0) break;
+    ibv_mr_entry **e = &c->zc[c->zc_tail % (uint32_t)c->ctx->nslots];
+    if (*e) {
+      ibv_mr_cache_put(&c->ctx->mr, *e);
+      *e = NULL;
+      c->zc_pending--;
+    }
+    c->zc_tail++;
+  }
+  if (!c->zc_pending) c->zc_tail = c->tx_head;
+}
+
 static weft_status ibv_send_room(struct weft_conn *c) {
+  if (c->zc_pending) ibv_zc_reap(c, false);
   uint32_t in_flight = c->tx_head - (uint32_t)c->ctrl->credits;
   int q = (int)(c->tx_head % (uint32_t)c->ctx->nqp);
   return in_flight < (uint32_t)c->ctx->nslots && c->qps[q].sq_used < ibv_sq_depth(c->ctx)
-             ? WEFT_OK : WEFT_AGAIN;
+             ? WEFT_OK
+             : WEFT_AGAIN;
 }
 
 weft_status ibv_send_ready(struct weft_conn *c) {
@@ -559,14 +592,18 @@ weft_status ibv_send_ready(struct weft_conn *c) {
   WEFT_CHECK(ibv_conn_usable(c, true));
   if (c->state != IBV_CONN_UP) {
     if (c->peer_ended)
-      return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d ended or crashed during the verbs "
-                           "handshake", c->peer);
+      return ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
+                           "peer %d ended or crashed during the verbs "
+                           "handshake",
+                           c->peer);
     return WEFT_AGAIN;
   }
   if (ibv_send_room(c) == WEFT_OK) return WEFT_OK;
   if (c->peer_ended)
-    return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d (%s) ended or crashed while this rank "
-                         "waited for room to send", c->peer, c->where);
+    return ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
+                         "peer %d (%s) ended or crashed while this rank "
+                         "waited for room to send",
+                         c->peer, c->where);
   return WEFT_AGAIN;
 }
 
@@ -580,14 +617,36 @@ weft_status ibv_send(struct weft_conn *c, const void *src, size_t bytes, uint32_
   char *bounce = c->tx_buf + (size_t)slot * ctx->stride;
   uint32_t tag[2] = {seq, (uint32_t)bytes};
   memcpy(bounce, tag, sizeof tag);
-  if (bytes) mem->copy(bounce + IBV_TAG_BYTES, src, bytes);
-  struct ibv_sge sge = {.addr = (uintptr_t)bounce, .length = (uint32_t)(IBV_TAG_BYTES + bytes),
-                        .lkey = c->tx_mr->lkey};
-  struct ibv_send_wr wr = {.wr_id = IBV_WR_DATA_KIND, .sg_list = &sge, .num_sge = 1,
-                           .opcode = IBV_WR_RDMA_WRITE_WITH_IMM, .imm_data = htonl(k)};
+  struct ibv_sge sge[2] = {
+      {.addr = (uintptr_t)bounce, .length = IBV_TAG_BYTES, .lkey = c->tx_mr->lkey}};
+  int nsge = 1;
+  ibv_mr_entry *zc = NULL;
+  if (ctx->zcopy_bytes && bytes >= ctx->zcopy_bytes && mem->kind == WEFT_MEM_HOST) {
+    /* the tag from the bounce slot, the data straight from the caller */
+    weft_status st = ibv_mr_cache_get(&ctx->mr, src, bytes, &zc);
+    if (st < 0)
+      return ibv_conn_fail(c, st,
+                           "ibv: registering %zu bytes at %p for peer %d "
+                           "failed (ulimit -l?)",
+                           bytes, src, c->peer);
+    if (zc)
+      sge[nsge++] =
+          (struct ibv_sge){.addr = (uintptr_t)src, .length = (uint32_t)bytes, .lkey = zc->mr->lkey};
+  }
+  if (!zc) {
+    if (bytes) mem->copy(bounce + IBV_TAG_BYTES, src, bytes);
+    sge[0].length += (uint32_t)bytes;
+  }
+  c->zc[slot] = zc;
+  struct ibv_send_wr wr = {.wr_id = IBV_WR_DATA_KIND,
+                           .sg_list = sge,
+                           .num_sge = nsge,
+                           .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                           .imm_data = htonl(k)};
   wr.wr.rdma.remote_addr = c->r_slots + (uint64_t)slot * ctx->stride;
   wr.wr.rdma.rkey = c->r_slots_rkey;
   WEFT_CHECK(ibv_post_write(c, (int)(k % (uint32_t)ctx->nqp), &wr, false));
+  if (zc) c->zc_pending++;
   c->tx_head++;
   uint32_t in_flight = c->tx_head - (uint32_t)c->ctrl->credits;
   if (in_flight > c->max_in_flight) c->max_in_flight = in_flight;
@@ -608,14 +667,17 @@ weft_status ibv_send_idle(struct weft_conn *c) {
     if (qs->sq_used == 0) continue;
     busy = true;
     if (qs->unsignaled == 0) continue; /* a signaled one is on its way */
-    struct ibv_send_wr wr = {.wr_id = 0, .sg_list = NULL, .num_sge = 0,
-                             .opcode = IBV_WR_RDMA_WRITE};
+    struct ibv_send_wr wr = {
+        .wr_id = 0, .sg_list = NULL, .num_sge = 0, .opcode = IBV_WR_RDMA_WRITE};
     wr.wr.rdma.remote_addr = c->r_credit;
     wr.wr.rdma.rkey = c->r_credit_rkey;
     weft_status st = ibv_post_write(c, q, &wr, true);
     if (st < 0) return st;
   }
-  if (!busy) return WEFT_OK;
+  if (!busy) {
+    if (c->zc_pending) ibv_zc_reap(c, true);
+    return WEFT_OK;
+  }
   WEFT_CHECK(ibv_conn_usable(c, true));
   return WEFT_AGAIN;
 }
@@ -630,8 +692,10 @@ weft_status ibv_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const
     if (!c->slot_full[slot]) WEFT_CHECK(ibv_conn_usable(c, true));
     if (!c->slot_full[slot]) {
       if (c->peer_ended)
-        return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d (%s) ended or crashed while this "
-                             "rank waited for data", c->peer, c->where);
+        return ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
+                             "peer %d (%s) ended or crashed while this "
+                             "rank waited for data",
+                             c->peer, c->where);
       return WEFT_AGAIN;
     }
     uint32_t tag[2];
@@ -641,8 +705,10 @@ weft_status ibv_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const
     if (weft_chunk_check(sink, c->peer, tag[0], seq, tag[1], bytes))
       return ibv_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
     if (carried != tag[1])
-      return ibv_conn_fail(c, WEFT_ERR_PROTOCOL, "ibv: peer %d's chunk says %u bytes but the "
-                           "write carried %zu", c->peer, tag[1], carried);
+      return ibv_conn_fail(c, WEFT_ERR_PROTOCOL,
+                           "ibv: peer %d's chunk says %u bytes but the "
+                           "write carried %zu",
+                           c->peer, tag[1], carried);
     c->peeked = true;
   }
   *data = p + IBV_TAG_BYTES;

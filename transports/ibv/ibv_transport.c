@@ -21,7 +21,7 @@
 #include "src/topo.h"
 
 #define IBV_ADDR_MAGIC 0x57454942u /* "WEIB" */
-#define IBV_WAIT_SLICE_MS 1 /* completions have no fd here: bounded naps between polls */
+#define IBV_WAIT_SLICE_MS 1        /* completions have no fd here: bounded naps between polls */
 
 /* ---- device and port choice -------------------------------------------------- */
 
@@ -59,7 +59,9 @@ int ibv_gid_score(const union ibv_gid *gid, int roce_version) {
   static const uint8_t zero[16];
   if (!memcmp(gid->raw, zero, 16)) return 0;
   static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  int family = !memcmp(gid->raw, v4mapped, 12) ? 3 : (gid->raw[0] == 0xfe && (gid->raw[1] & 0xc0) == 0x80) ? 1 : 2;
+  int family = !memcmp(gid->raw, v4mapped, 12)                         ? 3
+               : (gid->raw[0] == 0xfe && (gid->raw[1] & 0xc0) == 0x80) ? 1
+                                                                       : 2;
   return (roce_version == 2 ? 10 : 0) + family;
 }
 
@@ -71,8 +73,8 @@ static int ibv_gid_roce_version(weft_transport_ctx *ctx, int index) {
       return e.gid_type == IBV_GID_TYPE_ROCE_V2 ? 2 : 1;
   }
   char path[192], text[32] = "";
-  snprintf(path, sizeof path, "/sys/class/infiniband/%s/ports/%u/gid_attrs/types/%d",
-           ctx->dev_name, ctx->port, index);
+  snprintf(path, sizeof path, "/sys/class/infiniband/%s/ports/%u/gid_attrs/types/%d", ctx->dev_name,
+           ctx->port, index);
   FILE *f = fopen(path, "r");
   if (f) {
     if (!fgets(text, sizeof text, f)) text[0] = 0;
@@ -85,8 +87,10 @@ static weft_status ibv_pick_gid(weft_transport_ctx *ctx, int table_len) {
   long long forced = weft_setting_ll(WEFT_SETTING_IB_GID_INDEX, -1);
   if (forced >= 0) {
     if (forced >= table_len || ctx->api->query_gid(ctx->dev, ctx->port, (int)forced, &ctx->gid)) {
-      weft_error_sink_set(ctx->args->errors, "ibv: WEFT_IB_GID_INDEX=%lld does not exist on %s "
-                          "port %u (%d entries)", forced, ctx->dev_name, ctx->port, table_len);
+      weft_error_sink_set(ctx->args->errors,
+                          "ibv: WEFT_IB_GID_INDEX=%lld does not exist on %s "
+                          "port %u (%d entries)",
+                          forced, ctx->dev_name, ctx->port, table_len);
       return WEFT_ERR_INVALID;
     }
     ctx->gid_index = (int)forced;
@@ -97,7 +101,8 @@ static weft_status ibv_pick_gid(weft_transport_ctx *ctx, int table_len) {
     union ibv_gid g;
     if (ctx->api->query_gid(ctx->dev, ctx->port, i, &g)) continue;
     int score = ctx->link_layer == IBV_LINK_LAYER_ETHERNET
-                    ? ibv_gid_score(&g, ibv_gid_roce_version(ctx, i)) : ibv_gid_score(&g, 0);
+                    ? ibv_gid_score(&g, ibv_gid_roce_version(ctx, i))
+                    : ibv_gid_score(&g, 0);
     if (score > best_score) {
       best = i;
       best_score = score;
@@ -106,8 +111,10 @@ static weft_status ibv_pick_gid(weft_transport_ctx *ctx, int table_len) {
     if (ctx->link_layer != IBV_LINK_LAYER_ETHERNET && best >= 0) break; /* IB: GID 0 */
   }
   if (best < 0) {
-    weft_error_sink_set(ctx->args->errors, "ibv: %s port %u has no usable GID (is an IP address "
-                        "configured on its netdev?)", ctx->dev_name, ctx->port);
+    weft_error_sink_set(ctx->args->errors,
+                        "ibv: %s port %u has no usable GID (is an IP address "
+                        "configured on its netdev?)",
+                        ctx->dev_name, ctx->port);
     return WEFT_ERR_UNSUPPORTED;
   }
   ctx->gid_index = best;
@@ -189,8 +196,8 @@ static weft_status ibv_open(weft_transport_ctx *ctx) {
   struct ibv_device **list = ctx->api->get_device_list(&ndev);
   if (!list) {
     int e = errno;
-    weft_error_sink_set(err, "ibv: no RDMA devices: ibv_get_device_list failed: %s%s",
-                        strerror(e), e == ENOSYS ? " (no RDMA support in this kernel)" : "");
+    weft_error_sink_set(err, "ibv: no RDMA devices: ibv_get_device_list failed: %s%s", strerror(e),
+                        e == ENOSYS ? " (no RDMA support in this kernel)" : "");
     return WEFT_ERR_UNSUPPORTED;
   }
   ibv_candidate cand[16];
@@ -198,8 +205,10 @@ static weft_status ibv_open(weft_transport_ctx *ctx) {
   int n = ndev > 0 ? ibv_list_ports(ctx, list, ndev, cand, 16, why, sizeof why) : 0;
   if (n == 0) {
     ctx->api->free_device_list(list);
-    if (ndev == 0) weft_error_sink_set(err, "ibv: no RDMA device found");
-    else weft_error_sink_set(err, "ibv: %s", why);
+    if (ndev == 0)
+      weft_error_sink_set(err, "ibv: no RDMA device found");
+    else
+      weft_error_sink_set(err, "ibv: %s", why);
     return WEFT_ERR_UNSUPPORTED;
   }
   ibv_candidate *c = &cand[ibv_choose_nearest(cand, n)];
@@ -231,8 +240,8 @@ static weft_status ibv_open(weft_transport_ctx *ctx) {
   if (fl >= 0) fcntl(ctx->dev->async_fd, F_SETFL, fl | O_NONBLOCK);
   WEFT_INFO(WEFT_SUBSYS_NET, "ibv: rank %d uses %s port %u (%s, MTU %d, GID index %d)",
             ctx->args->rank, ctx->dev_name, ctx->port,
-            ctx->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
-            128 << ctx->mtu, ctx->gid_index);
+            ctx->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", 128 << ctx->mtu,
+            ctx->gid_index);
   return WEFT_OK;
 }
 
@@ -264,6 +273,7 @@ static weft_status ibv_check_memlock(weft_transport_ctx *ctx) {
 /* ---- the table's members ------------------------------------------------------ */
 
 static void ibv_close(weft_transport_ctx *ctx) {
+  ibv_mr_cache_fini(&ctx->mr);
   if (ctx->pd) ctx->api->dealloc_pd(ctx->pd);
   if (ctx->dev) ctx->api->close_device(ctx->dev);
   if (ctx->listen_fd >= 0) close(ctx->listen_fd);
@@ -287,8 +297,9 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_transport
   ctx->listen_fd = -1;
   long long qps = weft_setting_ll(WEFT_SETTING_IB_QPS_PER_PEER, 1);
   ctx->nqp = qps < 1 ? 1 : qps > IBV_MAX_QPS ? IBV_MAX_QPS : (int)qps;
-  ctx->nslots = args->send_depth < 2 ? 2 : args->send_depth > IBV_MAX_SLOTS ? IBV_MAX_SLOTS
-                                                                             : args->send_depth;
+  ctx->nslots = args->send_depth < 2               ? 2
+                : args->send_depth > IBV_MAX_SLOTS ? IBV_MAX_SLOTS
+                                                   : args->send_depth;
   ctx->stride = (IBV_TAG_BYTES + args->chunk_bytes + 63) & ~(size_t)63;
   ctx->max_inline = sizeof(uint64_t);
   ctx->conns = calloc((size_t)args->size, sizeof *ctx->conns);
@@ -296,6 +307,9 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_transport
   weft_status st = WEFT_ERR_NOMEM;
   if (!ctx->conns || !ctx->pfds) goto fail;
   if ((st = ibv_check_memlock(ctx)) || (st = ibv_open(ctx))) goto fail;
+  long long zc = weft_setting_ll(WEFT_SETTING_IB_ZCOPY_BYTES, 0);
+  ctx->zcopy_bytes = zc > 0 ? (size_t)zc : 0;
+  ctx->mr = (ibv_mr_cache){.api = api, .pd = ctx->pd, .max_bytes = (size_t)1 << 30};
   /* The side socket listens where the rendezvous was reached from: that
    * interface reaches the peers. */
   struct sockaddr_storage local = args->local_addr;
@@ -331,8 +345,8 @@ static bool ibv_addr_read(const void *blob, size_t len, ibv_addr *out) {
   return out->magic == IBV_ADDR_MAGIC;
 }
 
-static bool ibv_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_addr,
-                          size_t addr_len, char *why, size_t why_len) {
+static bool ibv_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_addr, size_t addr_len,
+                          char *why, size_t why_len) {
   ibv_addr pa;
   (void)peer;
   if (!ibv_addr_read(peer_addr, addr_len, &pa)) {
@@ -389,8 +403,10 @@ static void ibv_async_events(weft_transport_ctx *ctx, bool *progressed) {
       for (int q = 0; q < ctx->nqp && !mine; q++)
         mine = t != IBV_EVENT_CQ_ERR && ev.element.qp == c->qps[q].qp;
       if (mine)
-        ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: async event %s on the connection to peer %d "
-                      "(%s port %u)", ctx->api->event_type_str(t), p, ctx->dev_name, ctx->port);
+        ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
+                      "ibv: async event %s on the connection to peer %d "
+                      "(%s port %u)",
+                      ctx->api->event_type_str(t), p, ctx->dev_name, ctx->port);
     }
     WEFT_INFO(WEFT_SUBSYS_NET, "ibv: async event %s", ctx->api->event_type_str(t));
     ctx->api->ack_async_event(&ev);
@@ -421,7 +437,8 @@ static weft_status ibv_progress(weft_transport_ctx *ctx, bool *progressed) {
 static weft_status ibv_wait(weft_transport_ctx *ctx, int timeout_ms) {
   struct pollfd *pf = ctx->pfds;
   nfds_t n = 0;
-  if (ctx->args->wake_fd >= 0) pf[n++] = (struct pollfd){.fd = ctx->args->wake_fd, .events = POLLIN};
+  if (ctx->args->wake_fd >= 0)
+    pf[n++] = (struct pollfd){.fd = ctx->args->wake_fd, .events = POLLIN};
   pf[n++] = (struct pollfd){.fd = ctx->dev->async_fd, .events = POLLIN};
   if (ctx->not_up > 0) pf[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
   for (int p = 0; p < ctx->args->size; p++) {
