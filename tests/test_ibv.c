@@ -9,7 +9,11 @@
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <setjmp.h>
+#include <linux/capability.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -63,10 +67,25 @@ typedef struct expect {
   weft_status status;  /* of weft_comm_init_rank */
   const char *message; /* in the error or in the peer transport's reason */
   const char *transport;
+  int low_memlock; /* run as an unprivileged process would: 64 KiB, no CAP_IPC_LOCK */
 } expect;
+
+/* Drops CAP_IPC_LOCK (root ignores the memlock limit with it) and sets a small limit. */
+static void expect_low_memlock(void) {
+  struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[2];
+  if (syscall(SYS_capget, &hdr, data) == 0) {
+    data[0].effective &= ~(1u << CAP_IPC_LOCK);
+    data[0].permitted &= ~(1u << CAP_IPC_LOCK);
+    syscall(SYS_capset, &hdr, data);
+  }
+  struct rlimit rl = {65536, 65536};
+  setrlimit(RLIMIT_MEMLOCK, &rl);
+}
 
 static int expect_rank(int rank, int size, const weft_unique_id *id, void *arg) {
   const expect *e = arg;
+  if (e->low_memlock) expect_low_memlock();
   weft_comm *comm = NULL;
   weft_status st = weft_comm_init_rank(&comm, id, rank, size);
   const char *text = st ? weft_last_error(NULL) : "";
@@ -102,18 +121,24 @@ static void library_missing(void **state) {
   static const char *const forced[] = {"WEFT_IB_LIBRARY=/nonexistent/libibverbs.so.1",
                                        "WEFT_TRANSPORT=ibv", NULL};
   run_expect(forced,
-             (expect){WEFT_ERR_UNSUPPORTED, "cannot load /nonexistent/libibverbs.so.1", NULL});
+             (expect){WEFT_ERR_UNSUPPORTED, "cannot load /nonexistent/libibverbs.so.1", NULL, 0});
   /* not forced: the job runs on the other transports */
   static const char *const chosen[] = {"WEFT_IB_LIBRARY=/nonexistent/libibverbs.so.1", NULL};
-  run_expect(chosen, (expect){WEFT_OK, NULL, "shm"});
+  run_expect(chosen, (expect){WEFT_OK, NULL, "shm", 0});
+}
+
+static void memlock_limit_says_how_to_raise_it(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TRANSPORT=ibv", NULL};
+  run_expect(env, (expect){WEFT_ERR_UNSUPPORTED, "raise it with `ulimit -l unlimited`", NULL, 1});
 }
 
 static void no_device_or_no_kernel_support(void **state) {
   (void)state;
   static const char *const none[] = {"IBV_EMU_CONFIG=devices=0", "WEFT_TRANSPORT=ibv", NULL};
-  run_expect(none, (expect){WEFT_ERR_UNSUPPORTED, "no RDMA device found", NULL});
+  run_expect(none, (expect){WEFT_ERR_UNSUPPORTED, "no RDMA device found", NULL, 0});
   static const char *const enosys[] = {"IBV_EMU_CONFIG=enosys", "WEFT_TRANSPORT=ibv", NULL};
-  run_expect(enosys, (expect){WEFT_ERR_UNSUPPORTED, "no RDMA support in this kernel", NULL});
+  run_expect(enosys, (expect){WEFT_ERR_UNSUPPORTED, "no RDMA support in this kernel", NULL, 0});
   /* the real library on this machine: usable or a clear refusal, never a crash */
   char line[1024];
   unsetenv("WEFT_IB_LIBRARY");
@@ -129,17 +154,17 @@ static void hca_and_gid_settings(void **state) {
   (void)state;
   static const char *const second[] = {"IBV_EMU_CONFIG=devices=2", "WEFT_IB_HCA==emu1",
                                        "WEFT_TRANSPORT=ibv", NULL};
-  run_expect(second, (expect){WEFT_OK, "emu1 port 1", "ibv"});
+  run_expect(second, (expect){WEFT_OK, "emu1 port 1", "ibv", 0});
   static const char *const port[] = {"IBV_EMU_CONFIG=devices=2", "WEFT_IB_HCA=emu0:1",
                                      "WEFT_TRANSPORT=ibv", NULL};
-  run_expect(port, (expect){WEFT_OK, "emu0 port 1", "ibv"});
+  run_expect(port, (expect){WEFT_OK, "emu0 port 1", "ibv", 0});
   static const char *const excluded[] = {"IBV_EMU_CONFIG=devices=2", "WEFT_IB_HCA=^emu",
                                          "WEFT_TRANSPORT=ibv", NULL};
-  run_expect(excluded, (expect){WEFT_ERR_UNSUPPORTED, "WEFT_IB_HCA=^emu", NULL});
+  run_expect(excluded, (expect){WEFT_ERR_UNSUPPORTED, "WEFT_IB_HCA=^emu", NULL, 0});
   static const char *const gid[] = {"WEFT_IB_GID_INDEX=9", "WEFT_TRANSPORT=ibv", NULL};
-  run_expect(gid, (expect){WEFT_ERR_INVALID, "WEFT_IB_GID_INDEX=9 does not exist", NULL});
+  run_expect(gid, (expect){WEFT_ERR_INVALID, "WEFT_IB_GID_INDEX=9 does not exist", NULL, 0});
   static const char *const gid1[] = {"WEFT_IB_GID_INDEX=1", "WEFT_TRANSPORT=ibv", NULL};
-  run_expect(gid1, (expect){WEFT_OK, "emu0", "ibv"});
+  run_expect(gid1, (expect){WEFT_OK, "emu0", "ibv", 0});
 }
 
 /* ---- data over unusual fabrics ------------------------------------------------------ */
@@ -455,6 +480,7 @@ int main(void) {
       cmocka_unit_test(hca_rules_and_gid_order),
       cmocka_unit_test(library_missing),
       cmocka_unit_test(no_device_or_no_kernel_support),
+      cmocka_unit_test(memlock_limit_says_how_to_raise_it),
       cmocka_unit_test(hca_and_gid_settings),
       cmocka_unit_test(infiniband_lids_and_mixed_mtu),
       cmocka_unit_test(several_qps_reordered),

@@ -187,6 +187,7 @@ static struct {
   emu_region *region;
   emu_config cfg;
   emu_qp *qps[EMU_MAX_QP];
+  struct ibv_mr *mrs[EMU_MAX_MR]; /* what the caller holds, also reachable from here */
   emu_cq *cqs[EMU_MAX_CQ];
   struct {
     uint32_t pid;
@@ -277,6 +278,7 @@ static int emu_setup(void) {
     for (int i = 0; i < emu.nremotes; i++) munmap(emu.remotes[i].region, sizeof(emu_region));
     memset(emu.qps, 0, sizeof emu.qps);
     memset(emu.cqs, 0, sizeof emu.cqs);
+    memset(emu.mrs, 0, sizeof emu.mrs);
     emu.nremotes = 0;
     emu.region = NULL;
   }
@@ -528,13 +530,17 @@ EMU_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t lengt
   mr->length = length;
   mr->handle = (uint32_t)i;
   mr->lkey = mr->rkey = key;
+  emu.mrs[i] = mr;
   return mr;
 }
 
 EMU_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) {
   emu_region *r = emu.region;
   emu_lock(r);
-  if (mr->handle < EMU_MAX_MR && r->mr[mr->handle].key == mr->lkey) r->mr[mr->handle].in_use = 0;
+  if (mr->handle < EMU_MAX_MR && r->mr[mr->handle].key == mr->lkey) {
+    r->mr[mr->handle].in_use = 0;
+    emu.mrs[mr->handle] = NULL;
+  }
   emu_unlock(r);
   free(mr);
   return 0;
