@@ -187,8 +187,12 @@ static int spin_default(int local_size) {
 /* ---- transports ------------------------------------------------------------ */
 
 /* Every transport this build has; the index is what ranks publish. */
-static const weft_transport *const builtin_transports[] = {&weft_transport_shm,
-                                                           &weft_transport_tcp};
+static const weft_transport *const builtin_transports[] = {
+    &weft_transport_shm, &weft_transport_tcp,
+#ifdef WEFT_HAVE_IBV
+    &weft_transport_ibv, /* last: the index is what ranks publish, keep the others' */
+#endif
+};
 #define BUILTIN_COUNT ((int)(sizeof builtin_transports / sizeof builtin_transports[0]))
 
 /* hwloc's discovery takes milliseconds: once per process. */

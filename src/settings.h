@@ -31,7 +31,14 @@
   X(RECORDER, "64", "calls each communicator remembers (flight recorder), printed on timeout, abort and SIGUSR1; 0 = off") \
   X(HOST_ID, "", "host identity for transport choice; ranks with the same one use shared memory (tests, containers)") \
   X(TRANSPORT, "", "force one transport for every peer: shm, tcp (or ibv when built); empty = choose per peer") \
-  X(GRAD_CHECK, "0", "1: every gradient set checks at each step that all ranks agree (one small allgather a step; debug)")
+  X(GRAD_CHECK, "0", "1: every gradient set checks at each step that all ranks agree (one small allgather a step; debug)") \
+  X(IB_HCA, "", "RDMA devices/ports for verbs: mlx5 (prefix), =mlx5_0 (exact), mlx5_0:1 (port), ^mlx5_1 (exclude)") \
+  X(IB_GID_INDEX, "", "RoCE GID index to use; empty = auto (RoCE v2, IPv4-mapped first, as NCCL and perftest)") \
+  X(IB_QPS_PER_PEER, "1", "RC queue pairs per peer for verbs (1..8); chunks go round-robin over them") \
+  X(IB_ZCOPY_BYTES, "0", "verbs chunks of at least this many bytes are sent from the user's buffer (registration cache); 0 = always copy (see README)") \
+  X(IB_TIMEOUT, "18", "verbs ACK timeout exponent: 4.096 us * 2^N per try (1..31)")         \
+  X(IB_RETRY_CNT, "7", "verbs transport retries before a work request fails (0..7)")         \
+  X(IB_LIBRARY, "", "for tests: the verbs library to dlopen instead of libibverbs.so.1 (the in-tree emulator)")
 
 enum weft_setting_id {
 #define WEFT_SETTING_ENUM_(id, dflt, help) WEFT_SETTING_##id,

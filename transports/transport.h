@@ -160,5 +160,8 @@ typedef struct weft_transport {
 /* The transports built into this library. */
 extern const weft_transport weft_transport_shm;
 extern const weft_transport weft_transport_tcp;
+#ifdef WEFT_HAVE_IBV
+extern const weft_transport weft_transport_ibv; /* built when rdma-core's headers are found */
+#endif
 
 #endif

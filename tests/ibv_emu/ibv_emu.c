@@ -1,0 +1,1268 @@
+/* ibv_emu.c - a loopback emulator of the verbs calls weft makes, for tests on
+ * machines without an RDMA NIC. Built as a shared library that exports the
+ * libibverbs symbols (same names and versions), loaded through WEFT_IB_LIBRARY;
+ * never part of the library build.
+ *
+ * The fabric crosses processes: each process keeps its queue pairs, CQs and
+ * memory regions in a memfd (no name in any file system, so nothing is ever
+ * left behind) that peers map through /proc/<pid>/fd. A port's LID (InfiniBand)
+ * or GID (RoCE) names the owning process. The NIC's work is done by the
+ * sender's process when it posts or polls: an RDMA write moves the bytes into
+ * the target process with process_vm_writev after checking the rkey, the range
+ * and the access flags, consumes a posted receive for an immediate, and pushes
+ * the receive completion into the target's CQ.
+ *
+ * RC semantics enforced: the QP state machine with the attribute masks of
+ * ibv_modify_qp(3); lkey/rkey, range and access checks; receiver-not-ready
+ * retries then IBV_WC_RNR_RETRY_EXC_ERR; unreachable peers retried then
+ * IBV_WC_RETRY_EXC_ERR; unsignaled sends make no completion and hold their
+ * send-queue slot until a later signaled completion is polled; CQ overrun;
+ * an error moves the QP to ERR and flushes everything after it; send-queue
+ * depth and inline limits; order only within a QP.
+ *
+ * IBV_EMU_CONFIG (comma-separated): devices=N (default 1), enosys (the device
+ * list fails like a kernel without RDMA), link=ib|eth (default eth), mtu=BYTES,
+ * max_inline=BYTES, delay_us=N (a send executes N us after posting),
+ * reorder (queue pairs are served in random order), fail_wr=N (the N-th
+ * executed work request of this process fails), fail_status=N (its
+ * ibv_wc_status, default retry exceeded), retry_ms=N (pause between retries). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+
+#include "ibv_emu.h"
+
+#undef ibv_get_device_list
+#undef ibv_query_port
+#undef ibv_reg_mr
+
+#define EMU_EXPORT __attribute__((visibility("default")))
+#define EMU_MAGIC 0x454d5556u /* "EMUV" */
+#define EMU_MAX_QP 256
+#define EMU_MAX_CQ 128
+#define EMU_MAX_MR 1024
+#define EMU_MAX_RQ 256
+#define EMU_MAX_SQ 1024
+#define EMU_MAX_CQE 4096
+#define EMU_MAX_SGE 4
+#define EMU_MAX_EVENTS 64
+#define EMU_MAX_DEVICES 4
+#define EMU_MAX_REMOTES 128
+#define EMU_GIDS_ETH 4
+
+/* ---- the shared region: what peers may read and change ------------------------ */
+
+typedef struct emu_sge {
+  uint64_t addr;
+  uint32_t length, lkey;
+} emu_sge;
+
+typedef struct emu_rwqe {
+  uint64_t wr_id;
+  int num_sge;
+  emu_sge sge[EMU_MAX_SGE];
+} emu_rwqe;
+
+typedef struct emu_qp_sh {
+  int in_use;
+  uint32_t qpn;
+  enum ibv_qp_state state;
+  uint32_t pd_id;
+  int send_cq, recv_cq;
+  int port, access;
+  uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
+  /* path, from INIT -> RTR -> RTS */
+  uint32_t dest_pid, dest_qpn;
+  enum ibv_mtu mtu;
+  uint8_t timeout, retry_cnt, rnr_retry, min_rnr_timer;
+  uint32_t sq_psn, rq_psn;
+  /* receive queue: peers consume, the owner posts */
+  uint32_t rq_head, rq_tail, rq_high; /* rq_high: most receives ever posted at once */
+  emu_rwqe rq[EMU_MAX_RQ];
+} emu_qp_sh;
+
+typedef struct emu_cq_sh {
+  int in_use;
+  int cqe;
+  uint32_t head, tail;
+  int overrun;
+  struct ibv_wc wc[EMU_MAX_CQE];
+} emu_cq_sh;
+
+typedef struct emu_mr_sh {
+  int in_use;
+  uint32_t key, pd_id;
+  uint64_t addr, length;
+  int access;
+} emu_mr_sh;
+
+typedef struct emu_event {
+  enum ibv_event_type type;
+  int qp, cq; /* indices, -1 when not about one */
+} emu_event;
+
+typedef struct emu_region {
+  uint32_t magic, pid;
+  pthread_mutex_t lock; /* robust and process-shared: a peer may die holding it */
+  uint32_t generation;
+  uint32_t ev_head, ev_tail;
+  emu_event ev[EMU_MAX_EVENTS];
+  uint32_t max_rq_deficit;
+  uint64_t recv_landed;
+  emu_mr_sh mr[EMU_MAX_MR];
+  emu_qp_sh qp[EMU_MAX_QP];
+  emu_cq_sh cq[EMU_MAX_CQ];
+} emu_region;
+
+/* ---- this process's side ---------------------------------------------------------- */
+
+typedef struct emu_swqe {
+  uint64_t wr_id;
+  enum ibv_wr_opcode opcode;
+  unsigned int flags;
+  uint32_t imm;
+  uint64_t raddr;
+  uint32_t rkey;
+  int num_sge;
+  emu_sge sge[EMU_MAX_SGE];
+  uint32_t inline_len;
+  uint8_t *inline_data; /* owned copy when IBV_SEND_INLINE */
+  double ready_at;
+} emu_swqe;
+
+typedef struct emu_qp {
+  struct ibv_qp qp; /* first: the library hands out &qp */
+  int idx;
+  emu_swqe *sq;    /* posted, not yet executed (ring of sq_cap) */
+  uint32_t sq_cap; /* max_send_wr */
+  uint32_t sq_head, sq_count;
+  uint32_t outstanding; /* posted and not yet freed by a polled completion */
+  uint32_t unsignaled;  /* executed without a completion since the last one */
+  uint32_t *batches;    /* per completion generated: send-queue slots it frees */
+  uint32_t b_head, b_count;
+  int retries, rnr_retries;
+  double next_try;
+} emu_qp;
+
+typedef struct emu_cq {
+  struct ibv_cq cq;
+  int idx;
+} emu_cq;
+
+typedef struct emu_pd {
+  struct ibv_pd pd;
+  uint32_t id;
+} emu_pd;
+
+typedef struct emu_ctx {
+  struct ibv_context ctx;
+  int dev;
+  int event_signaled;
+} emu_ctx;
+
+typedef struct emu_config {
+  int devices, enosys, link_ib, mtu, max_inline, delay_us, reorder, fail_wr, fail_status, retry_ms;
+} emu_config;
+
+static struct {
+  pid_t pid; /* owner of what follows: a forked child starts afresh */
+  int memfd;
+  emu_region *region;
+  emu_config cfg;
+  emu_qp *qps[EMU_MAX_QP];
+  struct ibv_mr *mrs[EMU_MAX_MR]; /* what the caller holds, also reachable from here */
+  emu_cq *cqs[EMU_MAX_CQ];
+  struct {
+    uint32_t pid;
+    emu_region *region;
+  } remotes[EMU_MAX_REMOTES];
+  int nremotes;
+  uint32_t next_pd;
+  uint64_t executed;
+  ibv_emu_counters stats;
+  struct ibv_device devices[EMU_MAX_DEVICES];
+  struct ibv_device *list[EMU_MAX_DEVICES + 1];
+} emu;
+
+static pthread_mutex_t emu_local_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static double emu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t emu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void emu_read_config(void) {
+  emu_config c = {.devices = 1,
+                  .mtu = 4096,
+                  .max_inline = 64,
+                  .fail_status = IBV_WC_RETRY_EXC_ERR,
+                  .retry_ms = 2};
+  const char *env = getenv("IBV_EMU_CONFIG");
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", env ? env : "");
+  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(tok, '=');
+    int v = eq ? atoi(eq + 1) : 1;
+    if (eq) *eq = 0;
+    if (!strcmp(tok, "devices"))
+      c.devices = v < 0 ? 0 : v > EMU_MAX_DEVICES ? EMU_MAX_DEVICES : v;
+    else if (!strcmp(tok, "enosys"))
+      c.enosys = 1;
+    else if (!strcmp(tok, "link"))
+      c.link_ib = eq && !strcmp(eq + 1, "ib");
+    else if (!strcmp(tok, "mtu"))
+      c.mtu = v;
+    else if (!strcmp(tok, "max_inline"))
+      c.max_inline = v;
+    else if (!strcmp(tok, "delay_us"))
+      c.delay_us = v;
+    else if (!strcmp(tok, "reorder"))
+      c.reorder = 1;
+    else if (!strcmp(tok, "fail_wr"))
+      c.fail_wr = v;
+    else if (!strcmp(tok, "fail_status"))
+      c.fail_status = v;
+    else if (!strcmp(tok, "retry_ms"))
+      c.retry_ms = v;
+  }
+  emu.cfg = c;
+}
+
+static enum ibv_mtu emu_mtu_enum(int bytes) {
+  return bytes >= 4096   ? IBV_MTU_4096
+         : bytes >= 2048 ? IBV_MTU_2048
+         : bytes >= 1024 ? IBV_MTU_1024
+         : bytes >= 512  ? IBV_MTU_512
+                         : IBV_MTU_256;
+}
+
+static void emu_lock(emu_region *r) {
+  int rc = pthread_mutex_lock(&r->lock);
+  if (rc == EOWNERDEAD) pthread_mutex_consistent(&r->lock);
+}
+static void emu_unlock(emu_region *r) {
+  pthread_mutex_unlock(&r->lock);
+}
+
+/* The memfd region of this process, made on first use (and again in a
+ * forked child, whose queue pairs are its own). */
+static int emu_setup(void) {
+  if (emu.region && emu.pid == getpid()) return 0;
+  if (emu.region) { /* a forked child: the parent's objects are not ours */
+    munmap(emu.region, sizeof *emu.region);
+    close(emu.memfd);
+    for (int i = 0; i < emu.nremotes; i++) munmap(emu.remotes[i].region, sizeof(emu_region));
+    memset(emu.qps, 0, sizeof emu.qps);
+    memset(emu.cqs, 0, sizeof emu.cqs);
+    memset(emu.mrs, 0, sizeof emu.mrs);
+    emu.nremotes = 0;
+    emu.region = NULL;
+  }
+  emu_read_config();
+  memset(&emu.stats, 0, sizeof emu.stats);
+  emu.executed = 0;
+  /* peers write our memory with process_vm_writev: Yama must allow it */
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  int fd = memfd_create("weft-ibv-emu", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, sizeof(emu_region))) {
+    close(fd);
+    return -1;
+  }
+  emu_region *r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (r == MAP_FAILED) {
+    close(fd);
+    return -1;
+  }
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&r->lock, &a);
+  pthread_mutexattr_destroy(&a);
+  r->pid = (uint32_t)getpid();
+  r->generation = (uint32_t)getpid() & 0xff;
+  r->magic = EMU_MAGIC;
+  emu.pid = getpid();
+  emu.memfd = fd;
+  emu.region = r;
+  return 0;
+}
+
+/* A peer's region, mapped through /proc/<pid>/fd; NULL when it is gone. */
+static emu_region *emu_remote(uint32_t pid) {
+  if (pid == (uint32_t)getpid()) return emu.region;
+  for (int i = 0; i < emu.nremotes; i++)
+    if (emu.remotes[i].pid == pid) return emu.remotes[i].region;
+  if (emu.nremotes == EMU_MAX_REMOTES) return NULL;
+  char dir[64];
+  snprintf(dir, sizeof dir, "/proc/%u/fd", pid);
+  DIR *d = opendir(dir);
+  if (!d) return NULL;
+  emu_region *found = NULL;
+  for (struct dirent *e; !found && (e = readdir(d));) {
+    char path[320], link[128] = "";
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n <= 0 || !strstr(link, "memfd:weft-ibv-emu")) continue;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) continue;
+    void *p = mmap(NULL, sizeof(emu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) continue;
+    emu_region *r = p;
+    if (r->magic == EMU_MAGIC && r->pid == pid)
+      found = r;
+    else
+      munmap(p, sizeof(emu_region));
+  }
+  closedir(d);
+  if (found) {
+    emu.remotes[emu.nremotes].pid = pid;
+    emu.remotes[emu.nremotes].region = found;
+    emu.nremotes++;
+  }
+  return found;
+}
+
+/* GIDs and LIDs name the process: pid in the last three bytes. */
+static void emu_gid(uint32_t pid, int index, union ibv_gid *gid) {
+  memset(gid, 0, sizeof *gid);
+  if (index < 2) {
+    gid->raw[0] = 0xfe;
+    gid->raw[1] = 0x80;
+  } else {
+    gid->raw[10] = 0xff;
+    gid->raw[11] = 0xff;
+    gid->raw[12] = 10;
+  }
+  gid->raw[13] = (uint8_t)(pid >> 16);
+  gid->raw[14] = (uint8_t)(pid >> 8);
+  gid->raw[15] = (uint8_t)pid;
+}
+static int emu_gid_roce_v2(int index) {
+  return index % 2;
+}
+
+/* ---- device, port, PD ------------------------------------------------------------ */
+
+EMU_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
+  pthread_mutex_lock(&emu_local_lock);
+  int rc = emu_setup();
+  pthread_mutex_unlock(&emu_local_lock);
+  if (rc || emu.cfg.enosys) {
+    errno = rc ? errno : ENOSYS;
+    return NULL;
+  }
+  for (int i = 0; i < emu.cfg.devices; i++) {
+    struct ibv_device *d = &emu.devices[i];
+    memset(d, 0, sizeof *d);
+    snprintf(d->name, sizeof d->name, "emu%d", i);
+    snprintf(d->dev_name, sizeof d->dev_name, "uverbs%d", i);
+    d->node_type = IBV_NODE_CA;
+    d->transport_type = IBV_TRANSPORT_IB;
+    emu.list[i] = d;
+  }
+  emu.list[emu.cfg.devices] = NULL;
+  if (num) *num = emu.cfg.devices;
+  return emu.list;
+}
+
+EMU_EXPORT void ibv_free_device_list(struct ibv_device **list) {
+  (void)list;
+}
+EMU_EXPORT const char *ibv_get_device_name(struct ibv_device *d) {
+  return d->name;
+}
+
+static int emu_data_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+static int emu_data_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+
+EMU_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *d) {
+  if (emu_setup()) return NULL;
+  emu_ctx *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->ctx.device = d;
+  c->dev = (int)(d - emu.devices);
+  c->ctx.async_fd = eventfd(0, EFD_CLOEXEC);
+  c->ctx.num_comp_vectors = 1;
+  c->ctx.ops.poll_cq = emu_data_poll_cq;
+  c->ctx.ops.post_send = emu_data_post_send;
+  c->ctx.ops.post_recv = emu_data_post_recv;
+  pthread_mutex_init(&c->ctx.mutex, NULL);
+  return &c->ctx;
+}
+
+EMU_EXPORT int ibv_close_device(struct ibv_context *ctx) {
+  close(ctx->async_fd);
+  free(ctx);
+  return 0;
+}
+
+EMU_EXPORT int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a) {
+  (void)ctx;
+  memset(a, 0, sizeof *a);
+  snprintf(a->fw_ver, sizeof a->fw_ver, "weft-emu");
+  a->max_qp = EMU_MAX_QP;
+  a->max_qp_wr = EMU_MAX_SQ;
+  a->max_sge = EMU_MAX_SGE;
+  a->max_cq = EMU_MAX_CQ;
+  a->max_cqe = EMU_MAX_CQE;
+  a->max_mr = EMU_MAX_MR;
+  a->max_pd = 1 << 20;
+  a->phys_port_cnt = 1;
+  return 0;
+}
+
+EMU_EXPORT int ibv_query_port(struct ibv_context *ctx, uint8_t port,
+                              struct _compat_ibv_port_attr *out) {
+  (void)ctx;
+  if (port != 1) return EINVAL;
+  struct ibv_port_attr a = {0};
+  a.state = IBV_PORT_ACTIVE;
+  a.max_mtu = IBV_MTU_4096;
+  a.active_mtu = emu_mtu_enum(emu.cfg.mtu);
+  a.gid_tbl_len = emu.cfg.link_ib ? 1 : EMU_GIDS_ETH;
+  a.max_msg_sz = 1u << 30;
+  a.pkey_tbl_len = 1;
+  a.lid = emu.cfg.link_ib ? (uint16_t)getpid() : 0;
+  a.sm_lid = emu.cfg.link_ib ? 1 : 0;
+  a.active_width = 2;
+  a.active_speed = 32;
+  a.phys_state = 5;
+  a.link_layer = emu.cfg.link_ib ? IBV_LINK_LAYER_INFINIBAND : IBV_LINK_LAYER_ETHERNET;
+  /* callers of the 1.1 symbol may pass the older, shorter struct */
+  memcpy(out, &a, offsetof(struct ibv_port_attr, flags));
+  return 0;
+}
+
+EMU_EXPORT int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid) {
+  (void)ctx;
+  int len = emu.cfg.link_ib ? 1 : EMU_GIDS_ETH;
+  if (port != 1 || index < 0 || index >= len) return -1;
+  emu_gid((uint32_t)getpid(), emu.cfg.link_ib ? 0 : index, gid);
+  return 0;
+}
+
+EMU_EXPORT int _ibv_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
+                                 struct ibv_gid_entry *e, uint32_t flags, size_t size) {
+  (void)flags;
+  if (size < sizeof *e) return EINVAL;
+  if (ibv_query_gid(ctx, (uint8_t)port, (int)index, &e->gid)) return ENODATA;
+  e->gid_index = index;
+  e->port_num = port;
+  e->gid_type = emu.cfg.link_ib               ? IBV_GID_TYPE_IB
+                : emu_gid_roce_v2((int)index) ? IBV_GID_TYPE_ROCE_V2
+                                              : IBV_GID_TYPE_ROCE_V1;
+  e->ndev_ifindex = 0;
+  return 0;
+}
+
+EMU_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx) {
+  emu_pd *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->pd.context = ctx;
+  p->id = __atomic_add_fetch(&emu.next_pd, 1, __ATOMIC_RELAXED);
+  return &p->pd;
+}
+
+EMU_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
+  free(pd);
+  return 0;
+}
+
+/* ---- memory regions ---------------------------------------------------------------- */
+
+EMU_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+      !(access & IBV_ACCESS_LOCAL_WRITE)) {
+    errno = EINVAL; /* as ibv_reg_mr(3) requires */
+    return NULL;
+  }
+  emu_region *r = emu.region;
+  struct ibv_mr *mr = calloc(1, sizeof *mr);
+  if (!mr) return NULL;
+  emu_lock(r);
+  int i = 0;
+  while (i < EMU_MAX_MR && r->mr[i].in_use) i++;
+  if (i == EMU_MAX_MR) {
+    emu_unlock(r);
+    free(mr);
+    errno = ENOMEM;
+    return NULL;
+  }
+  uint32_t key = ((++r->generation & 0x3fffff) << 10) | (uint32_t)i;
+  r->mr[i] = (emu_mr_sh){.in_use = 1,
+                         .key = key,
+                         .pd_id = ((emu_pd *)pd)->id,
+                         .addr = (uint64_t)(uintptr_t)addr,
+                         .length = length,
+                         .access = access};
+  emu_unlock(r);
+  mr->context = pd->context;
+  mr->pd = pd;
+  mr->addr = addr;
+  mr->length = length;
+  mr->handle = (uint32_t)i;
+  mr->lkey = mr->rkey = key;
+  emu.mrs[i] = mr;
+  return mr;
+}
+
+EMU_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) {
+  emu_region *r = emu.region;
+  emu_lock(r);
+  if (mr->handle < EMU_MAX_MR && r->mr[mr->handle].key == mr->lkey) {
+    r->mr[mr->handle].in_use = 0;
+    emu.mrs[mr->handle] = NULL;
+  }
+  emu_unlock(r);
+  free(mr);
+  return 0;
+}
+
+/* The region `key` names, if it covers [addr, addr+len) with `access`. */
+static int emu_mr_check(const emu_region *r, uint32_t key, uint32_t pd_id, uint64_t addr,
+                        uint64_t len, int access) {
+  uint32_t i = key & 1023;
+  const emu_mr_sh *m = &r->mr[i];
+  if (!m->in_use || m->key != key || m->pd_id != pd_id) return -1;
+  if (addr < m->addr || addr + len > m->addr + m->length || addr + len < addr) return -1;
+  if ((m->access & access) != access) return -1;
+  return 0;
+}
+
+static int emu_mr_unmapped(const emu_region *r, uint32_t key) {
+  const emu_mr_sh *m = &r->mr[key & 1023];
+  uintptr_t start = (uintptr_t)m->addr & ~(uintptr_t)4095;
+  return msync((void *)start, m->addr + m->length - start, MS_ASYNC) != 0 && errno == ENOMEM;
+}
+
+/* ---- completion queues --------------------------------------------------------------- */
+
+EMU_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *user,
+                                        struct ibv_comp_channel *ch, int vec) {
+  (void)vec;
+  if (ch || cqe < 1 || cqe > EMU_MAX_CQE) {
+    errno = EINVAL;
+    return NULL;
+  }
+  emu_region *r = emu.region;
+  emu_cq *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  emu_lock(r);
+  int i = 0;
+  while (i < EMU_MAX_CQ && r->cq[i].in_use) i++;
+  if (i == EMU_MAX_CQ) {
+    emu_unlock(r);
+    free(c);
+    errno = ENOMEM;
+    return NULL;
+  }
+  emu_cq_sh *s = &r->cq[i];
+  s->in_use = 1;
+  s->cqe = cqe;
+  s->head = s->tail = 0;
+  s->overrun = 0;
+  emu_unlock(r);
+  c->idx = i;
+  c->cq.context = ctx;
+  c->cq.cq_context = user;
+  c->cq.cqe = cqe;
+  emu.cqs[i] = c;
+  return &c->cq;
+}
+
+EMU_EXPORT int ibv_destroy_cq(struct ibv_cq *cq) {
+  emu_cq *c = (emu_cq *)cq;
+  emu_lock(emu.region);
+  emu.region->cq[c->idx].in_use = 0;
+  emu_unlock(emu.region);
+  emu.cqs[c->idx] = NULL;
+  free(c);
+  return 0;
+}
+
+static void emu_event_push(emu_region *r, enum ibv_event_type type, int qp, int cq) {
+  if (r->ev_tail - r->ev_head >= EMU_MAX_EVENTS) return;
+  r->ev[r->ev_tail % EMU_MAX_EVENTS] = (emu_event){type, qp, cq};
+  r->ev_tail++;
+}
+
+/* With `r` locked. An overrun CQ is an error for every QP feeding it. */
+static int emu_cq_push(emu_region *r, int cq, const struct ibv_wc *wc) {
+  emu_cq_sh *s = &r->cq[cq];
+  if (!s->in_use) return -1;
+  if (s->overrun || s->tail - s->head >= (uint32_t)s->cqe) {
+    if (!s->overrun) emu_event_push(r, IBV_EVENT_CQ_ERR, -1, cq);
+    s->overrun = 1;
+    return -1;
+  }
+  s->wc[s->tail % EMU_MAX_CQE] = *wc;
+  s->tail++;
+  return 0;
+}
+
+/* ---- queue pairs ------------------------------------------------------------------ */
+
+EMU_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia) {
+  if (ia->qp_type != IBV_QPT_RC || ia->srq || !ia->send_cq || !ia->recv_cq ||
+      ia->cap.max_send_wr < 1 || ia->cap.max_send_wr > EMU_MAX_SQ ||
+      ia->cap.max_recv_wr > EMU_MAX_RQ || ia->cap.max_send_sge > EMU_MAX_SGE ||
+      ia->cap.max_recv_sge > EMU_MAX_SGE ||
+      ia->cap.max_inline_data > (uint32_t)emu.cfg.max_inline) {
+    errno = EINVAL;
+    return NULL;
+  }
+  emu_region *r = emu.region;
+  emu_qp *q = calloc(1, sizeof *q);
+  if (!q) return NULL;
+  q->sq = calloc(ia->cap.max_send_wr, sizeof *q->sq);
+  q->batches = calloc(ia->cap.max_send_wr + 1, sizeof *q->batches);
+  if (!q->sq || !q->batches) {
+    free(q->sq);
+    free(q->batches);
+    free(q);
+    errno = ENOMEM;
+    return NULL;
+  }
+  emu_lock(r);
+  int i = 0;
+  while (i < EMU_MAX_QP && r->qp[i].in_use) i++;
+  if (i == EMU_MAX_QP) {
+    emu_unlock(r);
+    free(q->sq);
+    free(q->batches);
+    free(q);
+    errno = ENOMEM;
+    return NULL;
+  }
+  emu_qp_sh *s = &r->qp[i];
+  memset(s, 0, sizeof *s);
+  s->in_use = 1;
+  s->qpn = ((++r->generation & 0xffff) << 8) | (uint32_t)i;
+  s->state = IBV_QPS_RESET;
+  s->pd_id = ((emu_pd *)pd)->id;
+  s->send_cq = ((emu_cq *)ia->send_cq)->idx;
+  s->recv_cq = ((emu_cq *)ia->recv_cq)->idx;
+  s->max_send_wr = ia->cap.max_send_wr;
+  s->max_recv_wr = ia->cap.max_recv_wr;
+  s->max_send_sge = ia->cap.max_send_sge;
+  s->max_recv_sge = ia->cap.max_recv_sge;
+  s->max_inline = ia->cap.max_inline_data;
+  emu_unlock(r);
+  q->idx = i;
+  q->sq_cap = ia->cap.max_send_wr;
+  q->qp.context = pd->context;
+  q->qp.qp_context = ia->qp_context;
+  q->qp.pd = pd;
+  q->qp.send_cq = ia->send_cq;
+  q->qp.recv_cq = ia->recv_cq;
+  q->qp.qp_num = s->qpn;
+  q->qp.state = IBV_QPS_RESET;
+  q->qp.qp_type = IBV_QPT_RC;
+  pthread_mutex_init(&q->qp.mutex, NULL);
+  pthread_cond_init(&q->qp.cond, NULL);
+  emu.qps[i] = q;
+  return &q->qp;
+}
+
+EMU_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {
+  emu_qp *q = (emu_qp *)qp;
+  emu_lock(emu.region);
+  emu.region->qp[q->idx].in_use = 0;
+  emu_unlock(emu.region);
+  emu.qps[q->idx] = NULL;
+  for (uint32_t i = 0; i < q->sq_count; i++) free(q->sq[(q->sq_head + i) % q->sq_cap].inline_data);
+  free(q->sq);
+  free(q->batches);
+  free(q);
+  return 0;
+}
+
+/* ibv_modify_qp(3): the attributes each RC transition requires and allows. */
+static int emu_transition(enum ibv_qp_state from, enum ibv_qp_state to, int *required,
+                          int *optional) {
+  *required = IBV_QP_STATE;
+  *optional = 0;
+  if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) return 0;
+  if (from == IBV_QPS_RESET && to == IBV_QPS_INIT) {
+    *required |= IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    return 0;
+  }
+  if (from == IBV_QPS_INIT && to == IBV_QPS_INIT) {
+    *optional = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    return 0;
+  }
+  if (from == IBV_QPS_INIT && to == IBV_QPS_RTR) {
+    *required |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    *optional = IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX;
+    return 0;
+  }
+  if (from == IBV_QPS_RTR && to == IBV_QPS_RTS) {
+    *required |= IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                 IBV_QP_MAX_QP_RD_ATOMIC;
+    *optional = IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
+                IBV_QP_PATH_MIG_STATE;
+    return 0;
+  }
+  if (from == IBV_QPS_RTS && to == IBV_QPS_RTS) {
+    *optional = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE |
+                IBV_QP_MIN_RNR_TIMER;
+    return 0;
+  }
+  return -1;
+}
+
+static void emu_qp_flush_rq(emu_region *r, emu_qp_sh *s);
+
+/* The address vector names a process: LID (InfiniBand) or GID (RoCE). */
+static int emu_av_pid(const struct ibv_ah_attr *ah, uint32_t *pid) {
+  if (ah->port_num != 1) return EINVAL;
+  if (emu.cfg.link_ib) {
+    if (ah->dlid == 0) return EINVAL;
+    *pid = ah->dlid;
+    return 0;
+  }
+  if (!ah->is_global || ah->grh.sgid_index >= EMU_GIDS_ETH) return EINVAL; /* RoCE needs a GRH */
+  const uint8_t *g = ah->grh.dgid.raw;
+  *pid = ((uint32_t)g[13] << 16) | ((uint32_t)g[14] << 8) | g[15];
+  /* a GID of another type than ours reaches nothing (RoCE v1 vs v2) */
+  union ibv_gid want;
+  emu_gid(*pid, ah->grh.sgid_index, &want);
+  if (memcmp(want.raw, g, 16)) *pid = 0;
+  return 0;
+}
+
+EMU_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) {
+  emu_qp *q = (emu_qp *)qp;
+  emu_region *r = emu.region;
+  emu_lock(r);
+  emu_qp_sh *s = &r->qp[q->idx];
+  int req, opt, rc = 0;
+  enum ibv_qp_state to = (mask & IBV_QP_STATE) ? a->qp_state : s->state;
+  if (emu_transition(s->state, to, &req, &opt) || (mask & req) != req || (mask & ~(req | opt))) {
+    rc = EINVAL;
+    goto out;
+  }
+  if ((mask & IBV_QP_PORT) && a->port_num != 1) rc = EINVAL;
+  if ((mask & IBV_QP_PATH_MTU) && a->path_mtu > emu_mtu_enum(emu.cfg.mtu)) rc = EINVAL;
+  if ((mask & IBV_QP_RNR_RETRY) && a->rnr_retry > 7) rc = EINVAL;
+  if ((mask & IBV_QP_RETRY_CNT) && a->retry_cnt > 7) rc = EINVAL;
+  uint32_t pid = 0;
+  if (!rc && (mask & IBV_QP_AV)) rc = emu_av_pid(&a->ah_attr, &pid);
+  if (rc) goto out;
+  if (mask & IBV_QP_ACCESS_FLAGS) s->access = (int)a->qp_access_flags;
+  if (mask & IBV_QP_PORT) s->port = a->port_num;
+  if (mask & IBV_QP_AV) s->dest_pid = pid;
+  if (mask & IBV_QP_DEST_QPN) s->dest_qpn = a->dest_qp_num;
+  if (mask & IBV_QP_PATH_MTU) s->mtu = a->path_mtu;
+  if (mask & IBV_QP_TIMEOUT) s->timeout = a->timeout;
+  if (mask & IBV_QP_RETRY_CNT) s->retry_cnt = a->retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) s->rnr_retry = a->rnr_retry;
+  if (mask & IBV_QP_MIN_RNR_TIMER) s->min_rnr_timer = a->min_rnr_timer;
+  if (mask & IBV_QP_SQ_PSN) s->sq_psn = a->sq_psn;
+  if (mask & IBV_QP_RQ_PSN) s->rq_psn = a->rq_psn;
+  if (to == IBV_QPS_RESET) s->rq_head = s->rq_tail = 0;
+  if (to == IBV_QPS_ERR && s->state != IBV_QPS_ERR) emu_qp_flush_rq(r, s);
+  s->state = to;
+  qp->state = to;
+out:
+  emu_unlock(r);
+  if (rc) errno = rc;
+  return rc;
+}
+
+/* ---- receive side --------------------------------------------------------------- */
+
+/* With `r` locked: every posted receive completes with a flush error. */
+static void emu_qp_flush_rq(emu_region *r, emu_qp_sh *s) {
+  for (; s->rq_head != s->rq_tail; s->rq_head++) {
+    struct ibv_wc wc = {.wr_id = s->rq[s->rq_head % EMU_MAX_RQ].wr_id,
+                        .status = IBV_WC_WR_FLUSH_ERR,
+                        .opcode = IBV_WC_RECV,
+                        .qp_num = s->qpn};
+    emu_cq_push(r, s->recv_cq, &wc);
+  }
+}
+
+static int emu_data_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) {
+  uint64_t t0 = emu_ns();
+  emu_qp *q = (emu_qp *)qp;
+  emu_region *r = emu.region;
+  int rc = 0;
+  emu_lock(r);
+  emu_qp_sh *s = &r->qp[q->idx];
+  for (; wr; wr = wr->next) {
+    if (s->state == IBV_QPS_RESET)
+      rc = EINVAL;
+    else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > s->max_recv_sge)
+      rc = EINVAL;
+    else if (s->rq_tail - s->rq_head >= s->max_recv_wr)
+      rc = ENOMEM;
+    if (rc) break;
+    emu_rwqe *w = &s->rq[s->rq_tail % EMU_MAX_RQ];
+    w->wr_id = wr->wr_id;
+    w->num_sge = wr->num_sge;
+    for (int i = 0; i < wr->num_sge; i++)
+      w->sge[i] = (emu_sge){wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    s->rq_tail++;
+    if (s->rq_tail - s->rq_head > s->rq_high) s->rq_high = s->rq_tail - s->rq_head;
+    if (s->state == IBV_QPS_ERR) emu_qp_flush_rq(r, s);
+  }
+  emu_unlock(r);
+  if (rc) *bad = wr;
+  emu.stats.data_calls++;
+  emu.stats.emu_ns += emu_ns() - t0;
+  return rc;
+}
+
+/* ---- send side: the emulated NIC ----------------------------------------------------- */
+
+enum emu_outcome { EMU_DONE, EMU_RNR, EMU_UNREACHABLE, EMU_FAILED };
+
+/* Executes one work request against its target. */
+static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *status) {
+  emu_region *me = emu.region;
+  emu_qp_sh s = me->qp[q->idx]; /* a snapshot: only we change our path */
+  struct iovec local[EMU_MAX_SGE];
+  int nl = 0;
+  uint64_t len = 0;
+  if (w->inline_data) {
+    local[nl++] = (struct iovec){w->inline_data, w->inline_len};
+    len = w->inline_len;
+  } else {
+    emu_lock(me);
+    for (int i = 0; i < w->num_sge; i++) {
+      /* a registration whose pages were unmapped since would read stale
+       * pinned pages on a NIC: refuse it */
+      if (w->sge[i].length &&
+          (emu_mr_check(me, w->sge[i].lkey, s.pd_id, w->sge[i].addr, w->sge[i].length, 0) ||
+           emu_mr_unmapped(me, w->sge[i].lkey))) {
+        emu_unlock(me);
+        *status = IBV_WC_LOC_PROT_ERR;
+        return EMU_FAILED;
+      }
+      local[nl++] = (struct iovec){(void *)(uintptr_t)w->sge[i].addr, w->sge[i].length};
+      len += w->sge[i].length;
+    }
+    emu_unlock(me);
+  }
+  if (emu.cfg.fail_wr && ++emu.executed == (uint64_t)emu.cfg.fail_wr) {
+    *status = (enum ibv_wc_status)emu.cfg.fail_status;
+    return EMU_FAILED;
+  }
+  emu_region *r = s.dest_pid ? emu_remote(s.dest_pid) : NULL;
+  if (!r) return EMU_UNREACHABLE;
+  bool write = w->opcode == IBV_WR_RDMA_WRITE || w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  bool consumes = w->opcode != IBV_WR_RDMA_WRITE;
+  bool imm = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || w->opcode == IBV_WR_SEND_WITH_IMM;
+  emu_lock(r);
+  uint32_t ri = s.dest_qpn & 0xff;
+  emu_qp_sh *t = &r->qp[ri];
+  if (!t->in_use || t->qpn != s.dest_qpn || (t->state != IBV_QPS_RTR && t->state != IBV_QPS_RTS) ||
+      t->dest_pid != me->pid || t->dest_qpn != s.qpn) {
+    emu_unlock(r);
+    return EMU_UNREACHABLE; /* nobody answers: the requester times out and retries */
+  }
+  struct iovec remote[EMU_MAX_SGE];
+  int nr = 0;
+  if (write) {
+    if (!(t->access & IBV_ACCESS_REMOTE_WRITE) ||
+        emu_mr_check(r, w->rkey, t->pd_id, w->raddr, len, IBV_ACCESS_REMOTE_WRITE)) {
+      /* a responder-side protection error: both ends go to ERR */
+      emu_qp_flush_rq(r, t);
+      t->state = IBV_QPS_ERR;
+      emu_event_push(r, IBV_EVENT_QP_ACCESS_ERR, (int)ri, -1);
+      emu_unlock(r);
+      *status = IBV_WC_REM_ACCESS_ERR;
+      return EMU_FAILED;
+    }
+    remote[nr++] = (struct iovec){(void *)(uintptr_t)w->raddr, len};
+  }
+  emu_rwqe *rw = NULL;
+  if (consumes) {
+    if (t->rq_head == t->rq_tail) {
+      emu_unlock(r);
+      return EMU_RNR;
+    }
+    rw = &t->rq[t->rq_head % EMU_MAX_RQ];
+    if (!write) { /* a send scatters into the receive's buffers */
+      uint64_t room = 0;
+      for (int i = 0; i < rw->num_sge; i++) {
+        if (emu_mr_check(r, rw->sge[i].lkey, t->pd_id, rw->sge[i].addr, rw->sge[i].length,
+                         IBV_ACCESS_LOCAL_WRITE)) {
+          emu_unlock(r);
+          *status = IBV_WC_REM_OP_ERR;
+          return EMU_FAILED;
+        }
+        remote[nr++] = (struct iovec){(void *)(uintptr_t)rw->sge[i].addr, rw->sge[i].length};
+        room += rw->sge[i].length;
+      }
+      if (room < len) {
+        emu_unlock(r);
+        *status = IBV_WC_REM_INV_REQ_ERR;
+        return EMU_FAILED;
+      }
+    }
+    emu_cq_sh *rcq = &r->cq[t->recv_cq];
+    if (rcq->overrun || rcq->tail - rcq->head >= (uint32_t)rcq->cqe) {
+      emu_cq_push(r, t->recv_cq, &(struct ibv_wc){0}); /* marks the overrun, raises CQ_ERR */
+      t->state = IBV_QPS_ERR;
+      emu_event_push(r, IBV_EVENT_QP_FATAL, (int)ri, -1);
+      emu_unlock(r);
+      *status = IBV_WC_REM_OP_ERR;
+      return EMU_FAILED;
+    }
+  }
+  if (len) {
+    ssize_t n;
+    if (r == me) {
+      n = 0;
+      size_t off = 0;
+      for (int i = 0, j = 0; i < nl && j < nr;) { /* same process: plain copies */
+        size_t a = local[i].iov_len - off, room = remote[j].iov_len;
+        size_t take = a < room ? a : room;
+        memcpy(remote[j].iov_base, (char *)local[i].iov_base + off, take);
+        n += (ssize_t)take;
+        remote[j].iov_base = (char *)remote[j].iov_base + take;
+        remote[j].iov_len -= take;
+        off += take;
+        if (off == local[i].iov_len) i++, off = 0;
+        if (remote[j].iov_len == 0) j++;
+      }
+    } else {
+      n = process_vm_writev((pid_t)r->pid, local, (unsigned long)nl, remote, (unsigned long)nr, 0);
+    }
+    if (n != (ssize_t)len) {
+      int e = errno;
+      emu_unlock(r);
+      if (n < 0 && e == ESRCH) return EMU_UNREACHABLE;
+      *status = IBV_WC_REM_ACCESS_ERR;
+      return EMU_FAILED;
+    }
+  }
+  if (consumes) {
+    struct ibv_wc wc = {.wr_id = rw->wr_id,
+                        .status = IBV_WC_SUCCESS,
+                        .opcode = write ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV,
+                        .byte_len = (uint32_t)len,
+                        .qp_num = t->qpn,
+                        .src_qp = s.qpn,
+                        .wc_flags = imm ? IBV_WC_WITH_IMM : 0};
+    wc.imm_data = w->imm; /* already in network order, as the sender gave it */
+    t->rq_head++;
+    uint32_t deficit = t->rq_high - (t->rq_tail - t->rq_head);
+    if (deficit > r->max_rq_deficit) r->max_rq_deficit = deficit;
+    r->recv_landed++;
+    emu_cq_push(r, t->recv_cq, &wc);
+  }
+  emu_unlock(r);
+  return EMU_DONE;
+}
+
+/* With our region locked: a completion for the send at the head, and how
+ * many send-queue slots it frees once polled. */
+static void emu_complete_send(emu_qp *q, const emu_swqe *w, enum ibv_wc_status st, bool force) {
+  emu_region *me = emu.region;
+  emu_qp_sh *s = &me->qp[q->idx];
+  q->unsignaled++;
+  if (!(w->flags & IBV_SEND_SIGNALED) && !force) return;
+  static const enum ibv_wc_opcode op[] = {[IBV_WR_RDMA_WRITE] = IBV_WC_RDMA_WRITE,
+                                          [IBV_WR_RDMA_WRITE_WITH_IMM] = IBV_WC_RDMA_WRITE,
+                                          [IBV_WR_SEND] = IBV_WC_SEND,
+                                          [IBV_WR_SEND_WITH_IMM] = IBV_WC_SEND};
+  struct ibv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = op[w->opcode], .qp_num = s->qpn};
+  if (emu_cq_push(me, s->send_cq, &wc) == 0) {
+    q->batches[(q->b_head + q->b_count) % (q->sq_cap + 1)] = q->unsignaled;
+    q->b_count++;
+  }
+  q->unsignaled = 0;
+}
+
+static void emu_sq_pop(emu_qp *q) {
+  emu_swqe *w = &q->sq[q->sq_head];
+  free(w->inline_data);
+  w->inline_data = NULL;
+  q->sq_head = (q->sq_head + 1) % q->sq_cap;
+  q->sq_count--;
+}
+
+/* Moves one QP's send queue forward, at most `max` work requests. */
+static void emu_qp_progress(emu_qp *q, int max) {
+  emu_region *me = emu.region;
+  double now = emu_now();
+  for (int done = 0; q->sq_count && done < max; done++) {
+    emu_swqe *w = &q->sq[q->sq_head];
+    enum ibv_qp_state state = me->qp[q->idx].state;
+    if (state == IBV_QPS_ERR) { /* everything after an error is flushed */
+      emu_lock(me);
+      emu_complete_send(q, w, IBV_WC_WR_FLUSH_ERR, true);
+      emu_unlock(me);
+      emu_sq_pop(q);
+      continue;
+    }
+    if (now < w->ready_at || now < q->next_try) return;
+    enum ibv_wc_status st = IBV_WC_SUCCESS;
+    enum emu_outcome out = emu_execute(q, w, &st);
+    emu_qp_sh *s = &me->qp[q->idx];
+    double pause = emu.cfg.retry_ms * 1e-3;
+    if (out == EMU_RNR) {
+      emu.stats.rnr_naks++;
+      if (s->rnr_retry == 7 || ++q->rnr_retries <= s->rnr_retry) {
+        q->next_try = now + pause;
+        return;
+      }
+      out = EMU_FAILED;
+      st = IBV_WC_RNR_RETRY_EXC_ERR;
+    } else if (out == EMU_UNREACHABLE) {
+      if (++q->retries <= s->retry_cnt) {
+        q->next_try = now + pause;
+        return;
+      }
+      out = EMU_FAILED;
+      st = IBV_WC_RETRY_EXC_ERR;
+    }
+    q->retries = q->rnr_retries = 0;
+    q->next_try = 0;
+    emu.stats.send_wrs++;
+    emu_lock(me);
+    if (out == EMU_FAILED) {
+      emu_complete_send(q, w, st, true); /* errors complete even when unsignaled */
+      s->state = IBV_QPS_ERR;
+      emu_qp_flush_rq(me, s);
+    } else {
+      emu_complete_send(q, w, IBV_WC_SUCCESS, false);
+    }
+    emu_unlock(me);
+    emu_sq_pop(q);
+  }
+}
+
+/* Serves the queue pairs; with `reorder`, one request at a time from a
+ * randomly chosen QP, so QPs overtake each other (never within one). */
+static void emu_progress_all(void) {
+  if (!emu.cfg.reorder) {
+    for (int i = 0; i < EMU_MAX_QP; i++)
+      if (emu.qps[i] && emu.qps[i]->sq_count) emu_qp_progress(emu.qps[i], 1 << 30);
+    return;
+  }
+  for (int round = 0; round < 4 * EMU_MAX_SQ; round++) {
+    int order[EMU_MAX_QP], n = 0;
+    for (int i = 0; i < EMU_MAX_QP; i++)
+      if (emu.qps[i] && emu.qps[i]->sq_count) order[n++] = i;
+    if (n == 0) return;
+    emu_qp *q = emu.qps[order[rand() % n]];
+    uint32_t before = q->sq_count;
+    emu_qp_progress(q, 1);
+    if (q->sq_count == before) { /* not ready: let any other ready QP go */
+      bool moved = false;
+      for (int i = 0; i < n && !moved; i++) {
+        emu_qp *o = emu.qps[order[i]];
+        uint32_t b = o->sq_count;
+        emu_qp_progress(o, 1);
+        moved = o->sq_count != b;
+      }
+      if (!moved) return;
+    }
+  }
+}
+
+static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
+  uint64_t t0 = emu_ns();
+  emu_qp *q = (emu_qp *)qp;
+  emu_qp_sh *s = &emu.region->qp[q->idx];
+  int rc = 0;
+  for (; wr; wr = wr->next) {
+    uint32_t total = 0;
+    for (int i = 0; i < wr->num_sge && i < EMU_MAX_SGE; i++) total += wr->sg_list[i].length;
+    if (s->state != IBV_QPS_RTS && s->state != IBV_QPS_ERR)
+      rc = EINVAL;
+    else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > s->max_send_sge)
+      rc = EINVAL;
+    else if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
+             wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM)
+      rc = EINVAL;
+    else if ((wr->send_flags & IBV_SEND_INLINE) && total > s->max_inline)
+      rc = EINVAL;
+    else if (q->outstanding >= s->max_send_wr)
+      rc = ENOMEM; /* unsignaled ones still count */
+    if (rc) break;
+    emu_swqe *w = &q->sq[(q->sq_head + q->sq_count) % q->sq_cap];
+    *w = (emu_swqe){
+        .wr_id = wr->wr_id,
+        .opcode = wr->opcode,
+        .flags = wr->send_flags,
+        .imm = wr->imm_data,
+        .raddr = wr->wr.rdma.remote_addr,
+        .rkey = wr->wr.rdma.rkey,
+        .num_sge = wr->num_sge,
+        .ready_at = emu.cfg.delay_us
+                        ? emu_now() + emu.cfg.delay_us * 1e-6 *
+                                          (emu.cfg.reorder ? rand() / (double)RAND_MAX : 1)
+                        : 0};
+    if (wr->send_flags & IBV_SEND_INLINE) { /* the data is copied now: the buffer is free */
+      w->inline_data = malloc(total ? total : 1);
+      if (!w->inline_data) {
+        rc = ENOMEM;
+        break;
+      }
+      for (int i = 0, off = 0; i < wr->num_sge; off += (int)wr->sg_list[i].length, i++)
+        memcpy(w->inline_data + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+      w->inline_len = total;
+    } else {
+      for (int i = 0; i < wr->num_sge; i++)
+        w->sge[i] = (emu_sge){wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    }
+    q->sq_count++;
+    q->outstanding++;
+  }
+  if (rc) *bad = wr;
+  if (!emu.cfg.delay_us && !emu.cfg.reorder) emu_qp_progress(q, 1 << 30);
+  emu.stats.data_calls++;
+  emu.stats.emu_ns += emu_ns() - t0;
+  return rc;
+}
+
+static void emu_signal_events(emu_ctx *c) {
+  emu_region *r = emu.region;
+  if (r->ev_head != r->ev_tail && !c->event_signaled) {
+    uint64_t one = 1;
+    if (write(c->ctx.async_fd, &one, sizeof one) == sizeof one) c->event_signaled = 1;
+  }
+}
+
+static int emu_data_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
+  uint64_t t0 = emu_ns();
+  emu_cq *c = (emu_cq *)cq;
+  emu_region *r = emu.region;
+  emu_progress_all();
+  emu_signal_events((emu_ctx *)cq->context);
+  int got = 0;
+  emu_lock(r);
+  emu_cq_sh *s = &r->cq[c->idx];
+  if (s->overrun) {
+    emu_unlock(r);
+    errno = EOVERFLOW;
+    return -1;
+  }
+  for (; got < n && s->head != s->tail; got++, s->head++) {
+    wc[got] = s->wc[s->head % EMU_MAX_CQE];
+    if (wc[got].opcode & IBV_WC_RECV) continue;
+    emu_qp *q = emu.qps[wc[got].qp_num & 0xff];
+    if (q && q->b_count) { /* the send queue slots this completion frees */
+      q->outstanding -= q->batches[q->b_head];
+      q->b_head = (q->b_head + 1) % (q->sq_cap + 1);
+      q->b_count--;
+    }
+  }
+  emu_unlock(r);
+  emu.stats.data_calls++;
+  emu.stats.emu_ns += emu_ns() - t0;
+  return got;
+}
+
+/* ---- async events, fork, strings ---------------------------------------------------- */
+
+EMU_EXPORT int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev) {
+  emu_ctx *c = (emu_ctx *)ctx;
+  emu_region *r = emu.region;
+  for (;;) {
+    emu_progress_all();
+    emu_lock(r);
+    if (r->ev_head != r->ev_tail) {
+      emu_event e = r->ev[r->ev_head % EMU_MAX_EVENTS];
+      r->ev_head++;
+      bool more = r->ev_head != r->ev_tail;
+      emu_unlock(r);
+      if (!more && c->event_signaled) {
+        uint64_t v;
+        if (read(ctx->async_fd, &v, sizeof v) == sizeof v) c->event_signaled = 0;
+      }
+      memset(ev, 0, sizeof *ev);
+      ev->event_type = e.type;
+      if (e.qp >= 0 && emu.qps[e.qp])
+        ev->element.qp = &emu.qps[e.qp]->qp;
+      else if (e.cq >= 0 && emu.cqs[e.cq])
+        ev->element.cq = &emu.cqs[e.cq]->cq;
+      else
+        ev->element.port_num = 1;
+      return 0;
+    }
+    emu_unlock(r);
+    if (fcntl(ctx->async_fd, F_GETFL) & O_NONBLOCK) {
+      errno = EAGAIN;
+      return -1;
+    }
+    struct timespec pause = {0, 1000000};
+    nanosleep(&pause, NULL);
+  }
+}
+
+EMU_EXPORT void ibv_ack_async_event(struct ibv_async_event *ev) {
+  (void)ev;
+}
+EMU_EXPORT int ibv_fork_init(void) {
+  return 0;
+}
+EMU_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) {
+  return IBV_FORK_UNNEEDED;
+}
+
+EMU_EXPORT const char *ibv_wc_status_str(enum ibv_wc_status st) {
+  switch (st) {
+    case IBV_WC_SUCCESS: return "success";
+    case IBV_WC_LOC_PROT_ERR: return "local protection error";
+    case IBV_WC_WR_FLUSH_ERR: return "Work Request Flushed Error";
+    case IBV_WC_REM_ACCESS_ERR: return "remote access error";
+    case IBV_WC_REM_OP_ERR: return "remote operation error";
+    case IBV_WC_REM_INV_REQ_ERR: return "remote invalid request error";
+    case IBV_WC_RETRY_EXC_ERR: return "transport retry counter exceeded";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "RNR retry counter exceeded";
+    default: return "unknown";
+  }
+}
+
+EMU_EXPORT const char *ibv_event_type_str(enum ibv_event_type t) {
+  switch (t) {
+    case IBV_EVENT_CQ_ERR: return "CQ error";
+    case IBV_EVENT_QP_FATAL: return "local work queue catastrophic error";
+    case IBV_EVENT_QP_ACCESS_ERR: return "local access violation work queue error";
+    case IBV_EVENT_PORT_ERR: return "port error";
+    default: return "unknown";
+  }
+}
+
+EMU_EXPORT void ibv_emu_stats(ibv_emu_counters *out) {
+  *out = emu.stats;
+  if (emu.region && emu.pid == getpid()) {
+    out->recv_landed = emu.region->recv_landed;
+    out->max_rq_deficit = emu.region->max_rq_deficit;
+  }
+}

@@ -1,0 +1,179 @@
+/* ibv.h - the RDMA verbs transport's private types. Between two ranks: one
+ * side socket (the lower rank dials) that carries the queue-pair handshake,
+ * failure notices and end-of-process, and `nqp` RC queue pairs that carry the
+ * data. A chunk is an RDMA write with immediate from the sender's registered
+ * bounce slot into the receiver's registered slot k % nslots; the immediate
+ * value is k, so slots may fill out of order across queue pairs. The receiver
+ * pre-posts one receive per free slot and returns credits by RDMA-writing its
+ * release count into the sender's credit word. */
+#ifndef WEFT_IBV_H
+#define WEFT_IBV_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ibv_api.h"
+#include "src/auth.h"
+#include "src/net.h"
+#include "src/select.h"
+#include "transports/transport.h"
+
+#define IBV_MAX_QPS 8
+#define IBV_MAX_SLOTS 64
+#define IBV_TAG_BYTES 8 /* {seq, len} before each chunk in a slot */
+#define IBV_ABORT_TEXT 300
+
+/* The registration cache (ibv_mr.c) for zero-copy sends from user memory. */
+#define IBV_MR_MAX_ENTRIES 256
+typedef struct ibv_mr_entry {
+  uintptr_t start, end; /* page-aligned */
+  struct ibv_mr *mr;    /* NULL: a free entry */
+  int refs;             /* posted writes reading from it */
+  uint64_t last_use;
+  bool stale; /* its pages went away while in use: dropped at release */
+} ibv_mr_entry;
+
+typedef struct ibv_mr_cache {
+  const ibv_api *api;
+  struct ibv_pd *pd;
+  size_t bytes, max_bytes;
+  uint64_t clock, hits, misses, invalidations;
+  ibv_mr_entry e[IBV_MR_MAX_ENTRIES];
+} ibv_mr_cache;
+
+weft_status ibv_mr_cache_get(ibv_mr_cache *cache, const void *addr, size_t len, ibv_mr_entry **out);
+void ibv_mr_cache_put(ibv_mr_cache *cache, ibv_mr_entry *e);
+void ibv_mr_cache_invalidate(ibv_mr_cache *cache, const void *addr, size_t len);
+void ibv_mr_cache_fini(ibv_mr_cache *cache);
+
+/* What a rank publishes (packed into the rendezvous). */
+typedef struct ibv_addr {
+  uint32_t magic;
+  uint8_t link_layer;  /* IBV_LINK_LAYER_INFINIBAND or _ETHERNET */
+  uint8_t loopback_ok; /* WEFT_TRANSPORT=ibv: same-host peers go through the NIC too */
+  uint8_t reserved[2];
+  weft_place place;              /* rdma_devices: usable ports found through the verbs table */
+  uint8_t sock[NET_ADDR_PACKED]; /* the side socket's listener */
+} ibv_addr;
+
+/* One side's queue pairs and buffers, sent over the side socket. Integers
+ * in network byte order. */
+typedef struct ibv_qp_info {
+  uint32_t magic, from, to, nqp;
+  uint32_t comm_hi, comm_lo;
+  uint32_t lid, link_layer, mtu, nslots;
+  uint8_t gid[16];
+  uint32_t qpn[IBV_MAX_QPS];
+  uint32_t psn, stride;
+  uint64_t slots_addr, credit_addr;
+  uint32_t slots_rkey, credit_rkey;
+} ibv_qp_info;
+
+/* Memory the peer writes into: the receive slots are separate; this is the
+ * word it returns credits through, and the word our credits are sent from. */
+typedef struct ibv_ctrl {
+  volatile uint64_t credits; /* chunks the peer has released (peer writes) */
+  uint64_t credit_src;       /* our release count, sent inline */
+} ibv_ctrl;
+
+typedef struct ibv_conn_qp {
+  struct ibv_qp *qp;
+  int sq_used;    /* posted send WRs not yet reaped through a signaled completion */
+  int unsignaled; /* WRs posted since the last signaled one */
+} ibv_conn_qp;
+
+enum ibv_conn_state {
+  IBV_CONN_AWAIT_HELLO, /* acceptor: the lower rank has not dialed yet */
+  IBV_CONN_AWAIT_INFO,  /* dialer: hello sent, waiting for the acceptor's queue pairs */
+  IBV_CONN_AWAIT_READY, /* acceptor: ours are RTS; the dialer's may not be RTR yet */
+  IBV_CONN_UP,
+  IBV_CONN_DEAD
+};
+
+struct weft_conn {
+  struct weft_transport_ctx *ctx;
+  int peer;
+  int fd; /* side socket, -1 until connected */
+  enum ibv_conn_state state;
+  weft_status dead_status;
+  bool peer_ended;      /* its side socket closed: what it wrote is still read */
+  bool abort_sent;      /* our failure notice went out */
+  bool peer_said_abort; /* it failed first and told us */
+  bool alive_before;    /* scratch for progress: not dead when it started */
+  char where[80];
+  uint8_t rbuf[sizeof(ibv_qp_info) + WEFT_AUTH_MAC_BYTES + IBV_ABORT_TEXT]; /* partial reads */
+  size_t rgot;
+
+  struct ibv_cq *cq;
+  ibv_conn_qp qps[IBV_MAX_QPS];
+  uint32_t psn;
+  char *rx_buf, *tx_buf;
+  ibv_ctrl *ctrl;
+  struct ibv_mr *rx_mr, *tx_mr, *ctrl_mr;
+
+  uint64_t r_slots, r_credit; /* the peer's */
+  uint32_t r_slots_rkey, r_credit_rkey;
+
+  uint32_t tx_head;  /* chunks posted */
+  uint32_t rx_tail;  /* chunks released */
+  bool credit_dirty; /* a credit update is owed to the peer (the SQ was full) */
+  bool peeked;
+  uint8_t slot_full[IBV_MAX_SLOTS];
+  uint32_t slot_len[IBV_MAX_SLOTS]; /* bytes the write carried, tag included */
+  uint32_t max_in_flight;           /* most chunks this rank had posted and not released */
+  ibv_mr_entry *zc[IBV_MAX_SLOTS];  /* the user region chunk k was written from, or NULL */
+  uint32_t zc_tail;                 /* oldest chunk whose region reference may still be held */
+  uint32_t zc_pending;              /* chunks holding a region reference */
+};
+
+struct weft_transport_ctx {
+  const weft_transport_init_args *args;
+  const ibv_api *api;
+  struct ibv_context *dev;
+  struct ibv_pd *pd;
+  char dev_name[64];
+  uint8_t port;
+  uint8_t link_layer;
+  enum ibv_mtu mtu;
+  uint16_t lid;
+  int gid_index;
+  union ibv_gid gid;
+  uint32_t max_inline;
+  int nqp, nslots;
+  size_t stride; /* slot size: tag + chunk_bytes, rounded to 64 */
+  int listen_fd;
+  struct sockaddr_storage addr;
+  socklen_t addr_len;
+  ibv_addr self;
+  struct weft_conn **conns; /* by peer rank */
+  int not_up;               /* conns still handshaking */
+  struct pollfd *pfds;      /* size + 3 */
+  bool moved;               /* a data call completed something since the last progress */
+  size_t zcopy_bytes;       /* chunks at least this long go from user memory; 0 = never */
+  ibv_mr_cache mr;
+};
+
+/* ibv_transport.c */
+bool ibv_hca_match(const char *rules, const char *dev, int port);
+int ibv_gid_score(const union ibv_gid *gid, int roce_version);
+
+/* ibv_conn.c */
+weft_status ibv_conn_create(struct weft_transport_ctx *ctx, int peer, struct weft_conn **out);
+weft_status ibv_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr, socklen_t len);
+weft_status ibv_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed);
+weft_status ibv_conn_poll(struct weft_conn *c, bool *progressed);
+weft_status ibv_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void ibv_conn_notify_abort(struct weft_conn *c, const char *reason);
+void ibv_conn_destroy(struct weft_conn *c);
+
+weft_status ibv_send_ready(struct weft_conn *c);
+weft_status ibv_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+                     const struct weft_mem_ops *mem);
+weft_status ibv_send_idle(struct weft_conn *c);
+weft_status ibv_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data);
+weft_status ibv_recv_release(struct weft_conn *c);
+weft_status ibv_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+                          const struct weft_mem_ops *mem);
+
+#endif

@@ -1,0 +1,735 @@
+/* ibv_conn.c - one verbs connection: the side-socket handshake that trades
+ * queue pair numbers, GIDs, buffer addresses and keys (with the job key's
+ * proof), the RESET -> INIT -> RTR -> RTS transitions, and the data path:
+ * RDMA write with immediate into the peer's slots, credits written back,
+ * unsignaled sends with periodic signalling, completions polled here. */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ibv.h"
+#include "src/log.h"
+#include "src/mem.h"
+#include "src/settings.h"
+#include "src/status.h"
+
+#define IBV_INFO_MAGIC 0x57494e46u  /* "WINF" */
+#define IBV_FRAME_READY 0x57495244u /* "WIRD": the dialer's queue pairs are RTR */
+#define IBV_FRAME_ABORT 0x57494142u /* "WIAB": a failure notice follows */
+#define IBV_HELLO_BYTES (sizeof(ibv_qp_info) + WEFT_AUTH_MAC_BYTES)
+#define IBV_WR_SIGNALED_KIND (1ull << 63)
+#define IBV_WR_CREDIT_KIND (1ull << 62)
+#define IBV_WR_DATA_KIND (1ull << 61)
+
+static const char ibv_hello_context[] = "weft ibv hello";
+static const uint8_t ibv_no_challenge[WEFT_AUTH_CHALLENGE_BYTES];
+
+/* Per queue pair: room for every slot's chunk plus as many credit writes,
+ * with slack so periodic signalling never starves the queue. */
+static int ibv_sq_depth(const struct weft_transport_ctx *ctx) {
+  return 2 * ctx->nslots + 8;
+}
+static int ibv_rq_depth(const struct weft_transport_ctx *ctx) {
+  return (ctx->nslots + ctx->nqp - 1) / ctx->nqp + 1;
+}
+
+weft_status ibv_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...) {
+  char what[300];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  if (c->state == IBV_CONN_DEAD) return c->dead_status;
+  weft_error_sink_set(c->ctx->args->errors, "%s", what);
+  WEFT_INFO(WEFT_SUBSYS_NET, "ibv: connection to peer %d (%s) failed: %s", c->peer, c->where, what);
+  if (c->state != IBV_CONN_UP) c->ctx->not_up--;
+  c->state = IBV_CONN_DEAD;
+  c->dead_status = st;
+  return st;
+}
+
+/* ---- resources ------------------------------------------------------------------ */
+
+static void *ibv_alloc_pages(size_t bytes) {
+  void *p = NULL;
+  size_t rounded = (bytes + 4095) & ~(size_t)4095;
+  /* not cleared: untouched pages cost nothing until a chunk lands there */
+  return posix_memalign(&p, 4096, rounded) ? NULL : p;
+}
+
+static weft_status ibv_conn_register(struct weft_conn *c) {
+  struct weft_transport_ctx *ctx = c->ctx;
+  size_t ring = (size_t)ctx->nslots * ctx->stride;
+  c->rx_buf = ibv_alloc_pages(ring);
+  c->tx_buf = ibv_alloc_pages(ring);
+  c->ctrl = ibv_alloc_pages(sizeof *c->ctrl);
+  if (!c->rx_buf || !c->tx_buf || !c->ctrl) return WEFT_ERR_NOMEM;
+  memset(c->ctrl, 0, sizeof *c->ctrl);
+  int remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  c->rx_mr = ctx->api->reg_mr(ctx->pd, c->rx_buf, ring, remote);
+  c->tx_mr = c->rx_mr ? ctx->api->reg_mr(ctx->pd, c->tx_buf, ring, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  c->ctrl_mr = c->tx_mr ? ctx->api->reg_mr(ctx->pd, c->ctrl, sizeof *c->ctrl, remote) : NULL;
+  if (!c->ctrl_mr)
+    return ibv_conn_fail(c, errno == ENOMEM ? WEFT_ERR_NOMEM : WEFT_ERR_SYSTEM,
+                         "ibv: ibv_reg_mr of %zu bytes for peer %d: %s%s", ring, c->peer,
+                         strerror(errno),
+                         errno == ENOMEM ? " (raise the locked-memory limit: ulimit -l)" : "");
+  return WEFT_OK;
+}
+
+static weft_status ibv_qp_to_init(struct weft_conn *c, struct ibv_qp *qp) {
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                          .pkey_index = 0,
+                          .port_num = c->ctx->port,
+                          .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
+  if (c->ctx->api->modify_qp(qp, &a,
+                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: QP to INIT for peer %d: %s", c->peer,
+                         strerror(errno));
+  return WEFT_OK;
+}
+
+static weft_status ibv_post_recv_for(struct weft_conn *c, uint32_t chunk) {
+  struct ibv_qp *qp = c->qps[chunk % (uint32_t)c->ctx->nqp].qp;
+  /* a write with immediate places no data through the receive: no SGE */
+  struct ibv_recv_wr wr = {.wr_id = chunk, .sg_list = NULL, .num_sge = 0}, *bad;
+  int rc = c->ctx->api->post_recv(qp, &wr, &bad);
+  if (rc)
+    return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: ibv_post_recv for peer %d: %s", c->peer,
+                         strerror(rc));
+  return WEFT_OK;
+}
+
+weft_status ibv_conn_create(struct weft_transport_ctx *ctx, int peer, struct weft_conn **out) {
+  struct weft_conn *c = calloc(1, sizeof *c);
+  if (!c) return WEFT_ERR_NOMEM;
+  c->ctx = ctx;
+  c->peer = peer;
+  c->fd = -1;
+  c->state = ctx->args->rank < peer ? IBV_CONN_AWAIT_INFO : IBV_CONN_AWAIT_HELLO;
+  snprintf(c->where, sizeof c->where, "not connected");
+  ctx->not_up++;
+  *out = c;
+  const ibv_api *api = ctx->api;
+  int sq = ibv_sq_depth(ctx), rq = ibv_rq_depth(ctx);
+  c->cq = api->create_cq(ctx->dev, ctx->nqp * (sq + rq), c, NULL, 0);
+  if (!c->cq)
+    return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: ibv_create_cq for peer %d: %s", peer,
+                         strerror(errno));
+  for (int q = 0; q < ctx->nqp; q++) {
+    struct ibv_qp_init_attr ia = {.send_cq = c->cq,
+                                  .recv_cq = c->cq,
+                                  .qp_type = IBV_QPT_RC,
+                                  .sq_sig_all = 0,
+                                  .cap = {.max_send_wr = (uint32_t)sq,
+                                          .max_recv_wr = (uint32_t)rq,
+                                          .max_send_sge = 2, /* tag + user data */
+                                          .max_recv_sge = 1,
+                                          .max_inline_data = ctx->max_inline}};
+    c->qps[q].qp = api->create_qp(ctx->pd, &ia);
+    if (!c->qps[q].qp)
+      return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: ibv_create_qp for peer %d: %s", peer,
+                           strerror(errno));
+    WEFT_CHECK(ibv_qp_to_init(c, c->qps[q].qp));
+  }
+  WEFT_CHECK(ibv_conn_register(c));
+  /* every slot gets its receive before the peer can learn our queue pairs */
+  for (uint32_t k = 0; k < (uint32_t)ctx->nslots; k++) WEFT_CHECK(ibv_post_recv_for(c, k));
+  uint64_t r = ((uint64_t)getpid() << 20) ^ (uint64_t)time(NULL) ^ ((uint64_t)peer << 8) ^
+               (uint64_t)(uintptr_t)c;
+  c->psn = (uint32_t)(r * 0x9E3779B97F4A7C15ull >> 40) & 0xffffff;
+  return WEFT_OK;
+}
+
+void ibv_conn_destroy(struct weft_conn *c) {
+  const ibv_api *api = c->ctx->api;
+  for (int s = 0; s < IBV_MAX_SLOTS; s++)
+    if (c->zc[s]) ibv_mr_cache_put(&c->ctx->mr, c->zc[s]);
+  for (int q = 0; q < c->ctx->nqp; q++)
+    if (c->qps[q].qp) api->destroy_qp(c->qps[q].qp);
+  if (c->cq) api->destroy_cq(c->cq);
+  if (c->rx_mr) api->dereg_mr(c->rx_mr);
+  if (c->tx_mr) api->dereg_mr(c->tx_mr);
+  if (c->ctrl_mr) api->dereg_mr(c->ctrl_mr);
+  free(c->rx_buf);
+  free(c->tx_buf);
+  free(c->ctrl);
+  if (c->fd >= 0) close(c->fd);
+  free(c);
+}
+
+/* ---- handshake ------------------------------------------------------------------- */
+
+static void ibv_info_fill(struct weft_conn *c, ibv_qp_info *in) {
+  struct weft_transport_ctx *ctx = c->ctx;
+  memset(in, 0, sizeof *in);
+  in->magic = htonl(IBV_INFO_MAGIC);
+  in->from = htonl((uint32_t)ctx->args->rank);
+  in->to = htonl((uint32_t)c->peer);
+  in->nqp = htonl((uint32_t)ctx->nqp);
+  in->comm_hi = htonl((uint32_t)(ctx->args->comm_id >> 32));
+  in->comm_lo = htonl((uint32_t)ctx->args->comm_id);
+  in->lid = htonl(ctx->lid);
+  in->link_layer = htonl(ctx->link_layer);
+  in->mtu = htonl((uint32_t)ctx->mtu);
+  in->nslots = htonl((uint32_t)ctx->nslots);
+  memcpy(in->gid, ctx->gid.raw, 16);
+  for (int q = 0; q < ctx->nqp; q++) in->qpn[q] = htonl(c->qps[q].qp->qp_num);
+  in->psn = htonl(c->psn);
+  in->stride = htonl((uint32_t)ctx->stride);
+  in->slots_addr = htobe64((uint64_t)(uintptr_t)c->rx_buf);
+  in->credit_addr = htobe64((uint64_t)(uintptr_t)&c->ctrl->credits);
+  in->slots_rkey = htonl(c->rx_mr->rkey);
+  in->credit_rkey = htonl(c->ctrl_mr->rkey);
+}
+
+static weft_status ibv_send_info(struct weft_conn *c) {
+  uint8_t msg[IBV_HELLO_BYTES];
+  ibv_qp_info in;
+  ibv_info_fill(c, &in);
+  memcpy(msg, &in, sizeof in);
+  weft_auth_mac(c->ctx->args->auth, ibv_hello_context, ibv_no_challenge, &in, sizeof in,
+                msg + sizeof in);
+  weft_error_sink err;
+  double deadline = weft_now() + (c->ctx->args->timeout_s < 5 ? c->ctx->args->timeout_s : 5);
+  if (net_send_all(c->fd, msg, sizeof msg, deadline, &err))
+    return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: handshake with peer %d (%s): %s", c->peer,
+                         c->where, err.msg);
+  return WEFT_OK;
+}
+
+/* Why the peer's info cannot be used, or NULL. */
+static const char *ibv_info_check(const struct weft_conn *c, const ibv_qp_info *in) {
+  const struct weft_transport_ctx *ctx = c->ctx;
+  uint64_t comm = ((uint64_t)ntohl(in->comm_hi) << 32) | ntohl(in->comm_lo);
+  if (ntohl(in->magic) != IBV_INFO_MAGIC) return "not a weft verbs handshake";
+  if (comm != ctx->args->comm_id) return "a handshake for another communicator";
+  if (ntohl(in->from) != (uint32_t)c->peer || ntohl(in->to) != (uint32_t)ctx->args->rank)
+    return "a handshake with the wrong ranks";
+  if (ntohl(in->nqp) != (uint32_t)ctx->nqp) return "WEFT_IB_QPS_PER_PEER differs between the ranks";
+  if (ntohl(in->nslots) != (uint32_t)ctx->nslots || ntohl(in->stride) != ctx->stride)
+    return "WEFT_CHUNK_BYTES differs between the ranks";
+  if (ntohl(in->link_layer) != ctx->link_layer) return "one port is InfiniBand, the other RoCE";
+  return NULL;
+}
+
+static weft_status ibv_qp_to_rts(struct weft_conn *c, struct ibv_qp *qp, const ibv_qp_info *in,
+                                 int q) {
+  struct weft_transport_ctx *ctx = c->ctx;
+  enum ibv_mtu peer_mtu = (enum ibv_mtu)ntohl(in->mtu);
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
+                          .path_mtu = peer_mtu < ctx->mtu ? peer_mtu : ctx->mtu,
+                          .dest_qp_num = ntohl(in->qpn[q]),
+                          .rq_psn = ntohl(in->psn),
+                          .max_dest_rd_atomic = 1,
+                          .min_rnr_timer = 12};
+  a.ah_attr.port_num = ctx->port;
+  if (ctx->link_layer == IBV_LINK_LAYER_ETHERNET) {
+    a.ah_attr.is_global = 1; /* RoCE routes by GID */
+    memcpy(a.ah_attr.grh.dgid.raw, in->gid, 16);
+    a.ah_attr.grh.sgid_index = (uint8_t)ctx->gid_index;
+    a.ah_attr.grh.hop_limit = 255;
+  } else {
+    a.ah_attr.dlid = (uint16_t)ntohl(in->lid);
+  }
+  int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  if (ctx->api->modify_qp(qp, &a, mask))
+    return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: QP to RTR for peer %d: %s", c->peer,
+                         strerror(errno));
+  long long timeout = weft_setting_ll(WEFT_SETTING_IB_TIMEOUT, 18);
+  long long retry = weft_setting_ll(WEFT_SETTING_IB_RETRY_CNT, 7);
+  struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTS,
+                          /* 4.096 us * 2^18 = 1.07 s per try, 7 tries: NCCL's values,
+                             long enough for a switch to reroute */
+                          .timeout = (uint8_t)(timeout < 1    ? 1
+                                               : timeout > 31 ? 31
+                                                              : timeout),
+                          .retry_cnt = (uint8_t)(retry < 0   ? 0
+                                                 : retry > 7 ? 7
+                                                             : retry),
+                          .rnr_retry = 7, /* credits keep receives posted; never give up on RNR */
+                          .sq_psn = c->psn,
+                          .max_rd_atomic = 1};
+  mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+         IBV_QP_MAX_QP_RD_ATOMIC;
+  if (ctx->api->modify_qp(qp, &r, mask))
+    return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: QP to RTS for peer %d: %s", c->peer,
+                         strerror(errno));
+  return WEFT_OK;
+}
+
+static weft_status ibv_conn_use_info(struct weft_conn *c, const uint8_t *msg) {
+  ibv_qp_info in;
+  memcpy(&in, msg, sizeof in);
+  const char *why = NULL;
+  if (!weft_auth_verify(c->ctx->args->auth, ibv_hello_context, ibv_no_challenge, &in, sizeof in,
+                        msg + sizeof in))
+    why = "it did not prove the job key (WEFT_AUTH_TOKEN differs?)";
+  if (!why) why = ibv_info_check(c, &in);
+  if (why)
+    return ibv_conn_fail(c, WEFT_ERR_MISMATCH, "ibv: peer %d (%s) sent %s", c->peer, c->where, why);
+  for (int q = 0; q < c->ctx->nqp; q++) WEFT_CHECK(ibv_qp_to_rts(c, c->qps[q].qp, &in, q));
+  c->r_slots = be64toh(in.slots_addr);
+  c->r_credit = be64toh(in.credit_addr);
+  c->r_slots_rkey = ntohl(in.slots_rkey);
+  c->r_credit_rkey = ntohl(in.credit_rkey);
+  return WEFT_OK;
+}
+
+static void ibv_conn_set_where(struct weft_conn *c) {
+  struct sockaddr_storage a;
+  socklen_t len = sizeof a;
+  if (!getpeername(c->fd, (struct sockaddr *)&a, &len))
+    net_addr_str((struct sockaddr *)&a, c->where, sizeof c->where);
+}
+
+static void ibv_conn_now_up(struct weft_conn *c) {
+  c->state = IBV_CONN_UP;
+  c->ctx->not_up--;
+  c->ctx->moved = true;
+  WEFT_INFO(WEFT_SUBSYS_NET, "ibv: rank %d connected to peer %d (%d QP(s), %d slots)",
+            c->ctx->args->rank, c->peer, c->ctx->nqp, c->ctx->nslots);
+}
+
+weft_status ibv_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr, socklen_t len) {
+  double deadline = weft_now() + c->ctx->args->timeout_s;
+  net_addr_str((const struct sockaddr *)addr, c->where, sizeof c->where);
+  weft_error_sink err;
+  weft_status st = net_connect(addr, len, deadline, false, &c->fd, &err);
+  if (st) return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: %s", err.msg);
+  net_set_nodelay(c->fd);
+  return ibv_send_info(c);
+}
+
+weft_status ibv_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed) {
+  int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd < 0) return WEFT_OK;
+  net_set_nodelay(fd);
+  uint8_t msg[IBV_HELLO_BYTES];
+  ibv_qp_info in;
+  weft_error_sink err;
+  double wait = ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
+  const char *why = NULL;
+  uint32_t from = 0;
+  if (net_recv_all(fd, msg, sizeof msg, weft_now() + wait, &err)) {
+    why = err.msg;
+  } else {
+    memcpy(&in, msg, sizeof in);
+    from = ntohl(in.from);
+    if (from >= (uint32_t)ctx->args->rank || ntohl(in.to) != (uint32_t)ctx->args->rank)
+      why = "a handshake with the wrong ranks";
+    else if (ctx->conns[from] &&
+             (ctx->conns[from]->fd >= 0 || ctx->conns[from]->state != IBV_CONN_AWAIT_HELLO))
+      why = "a second connection from the same rank";
+  }
+  if (why) {
+    WEFT_WARN(WEFT_SUBSYS_NET, "ibv: rank %d refused an incoming connection: %s", ctx->args->rank,
+              why);
+    close(fd);
+    return WEFT_OK;
+  }
+  if (!ctx->conns[from]) WEFT_CHECK(ibv_conn_create(ctx, (int)from, &ctx->conns[from]));
+  struct weft_conn *c = ctx->conns[from];
+  c->fd = fd;
+  ibv_conn_set_where(c);
+  *progressed = true;
+  WEFT_CHECK(ibv_conn_use_info(c, msg));
+  WEFT_CHECK(ibv_send_info(c));
+  c->state = IBV_CONN_AWAIT_READY;
+  return WEFT_OK;
+}
+
+/* ---- the side socket after the hello ---------------------------------------------- */
+
+static weft_status ibv_side_frame(struct weft_conn *c) {
+  uint32_t hdr[2];
+  memcpy(hdr, c->rbuf, sizeof hdr);
+  uint32_t type = ntohl(hdr[0]), len = ntohl(hdr[1]);
+  if (type == IBV_FRAME_READY && c->state == IBV_CONN_AWAIT_READY) {
+    ibv_conn_now_up(c);
+    return WEFT_OK;
+  }
+  if (type == IBV_FRAME_ABORT) {
+    char text[IBV_ABORT_TEXT + 1];
+    snprintf(text, sizeof text, "%.*s", (int)len, (const char *)c->rbuf + sizeof hdr);
+    c->peer_said_abort = true;
+    weft_status st =
+        ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s", c->peer, text);
+    snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
+    return st;
+  }
+  return ibv_conn_fail(c, WEFT_ERR_PROTOCOL,
+                       "ibv: unexpected message %#x on the side socket "
+                       "from peer %d (%s)",
+                       type, c->peer, c->where);
+}
+
+/* Reads what the side socket has: the acceptor's info (dialer), then frames. */
+static weft_status ibv_side_read(struct weft_conn *c, bool *progressed) {
+  while (c->fd >= 0 && !c->peer_ended && c->state != IBV_CONN_DEAD) {
+    size_t want;
+    if (c->state == IBV_CONN_AWAIT_INFO) {
+      want = IBV_HELLO_BYTES;
+    } else if (c->rgot < 8) {
+      want = 8;
+    } else {
+      uint32_t len = ntohl(((uint32_t *)c->rbuf)[1]);
+      want = 8 + (len > IBV_ABORT_TEXT ? IBV_ABORT_TEXT : len);
+    }
+    if (c->rgot < want) {
+      ssize_t r = recv(c->fd, c->rbuf + c->rgot, want - c->rgot, MSG_DONTWAIT);
+      if (r == 0) {
+        c->peer_ended = true; /* not an error yet: its chunks may still be unread */
+        *progressed = true;
+        break;
+      }
+      if (r < 0) {
+        if (errno == EAGAIN || errno == EINTR) break;
+        c->peer_ended = true;
+        break;
+      }
+      c->rgot += (size_t)r;
+      *progressed = true;
+      continue;
+    }
+    if (c->state == IBV_CONN_AWAIT_INFO) {
+      c->rgot = 0;
+      WEFT_CHECK(ibv_conn_use_info(c, c->rbuf));
+      uint32_t ready[2] = {htonl(IBV_FRAME_READY), 0};
+      weft_error_sink err;
+      if (net_send_all(c->fd, ready, sizeof ready, weft_now() + 5, &err))
+        return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: handshake with peer %d: %s", c->peer,
+                             err.msg);
+      ibv_conn_now_up(c);
+      continue;
+    }
+    c->rgot = 0;
+    WEFT_CHECK(ibv_side_frame(c));
+  }
+  return WEFT_OK;
+}
+
+void ibv_conn_notify_abort(struct weft_conn *c, const char *reason) {
+  /* a connection whose queue pair failed still has its socket: the peer
+   * must hear why rather than see only the end of the process */
+  if (c->fd < 0 || c->abort_sent || c->peer_said_abort) return;
+  c->abort_sent = true;
+  size_t tlen = strnlen(reason, IBV_ABORT_TEXT);
+  uint8_t frame[8 + IBV_ABORT_TEXT];
+  uint32_t hdr[2] = {htonl(IBV_FRAME_ABORT), htonl((uint32_t)tlen)};
+  memcpy(frame, hdr, sizeof hdr);
+  memcpy(frame + 8, reason, tlen);
+  if (send(c->fd, frame, 8 + tlen, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+    WEFT_INFO(WEFT_SUBSYS_NET, "ibv: abort notice to peer %d not sent: %s", c->peer,
+              strerror(errno));
+  if (c->state == IBV_CONN_DEAD) return;
+  if (c->state != IBV_CONN_UP) c->ctx->not_up--;
+  c->state = IBV_CONN_DEAD;
+  c->dead_status = WEFT_ERR_ABORTED;
+}
+
+/* ---- completions -------------------------------------------------------------------- */
+
+static weft_status ibv_completion(struct weft_conn *c, const struct ibv_wc *wc) {
+  struct weft_transport_ctx *ctx = c->ctx;
+  if (wc->status != IBV_WC_SUCCESS && !(wc->wr_id & IBV_WR_DATA_KIND)) {
+    /* A credit or an empty write that found no peer: a peer that finished
+     * and exited needs no credits. Like its socket closing, this is an error
+     * only once we need something from it; a lost chunk is one at once. */
+    if (!c->peer_ended && wc->status != IBV_WC_WR_FLUSH_ERR)
+      WEFT_INFO(WEFT_SUBSYS_NET, "ibv: a credit to peer %d was not delivered (%s): peer gone?",
+                c->peer, ctx->api->wc_status_str(wc->status));
+    c->peer_ended = true;
+    /* the QP is in error now: every request on it completes (flushed), none
+     * will free queue slots through a signaled success */
+    for (int q = 0; q < ctx->nqp; q++) c->qps[q].sq_used = c->qps[q].unsignaled = 0;
+    return WEFT_OK;
+  }
+  if (wc->status != IBV_WC_SUCCESS)
+    return ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
+                         "ibv: a work request to peer %d (%s) failed: %s (status %d, vendor "
+                         "error %#x) on %s port %u",
+                         c->peer, c->where, ctx->api->wc_status_str(wc->status), wc->status,
+                         wc->vendor_err, ctx->dev_name, ctx->port);
+  if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    uint32_t k = ntohl(wc->imm_data);
+    uint32_t slot = k % (uint32_t)ctx->nslots;
+    if (!(wc->wc_flags & IBV_WC_WITH_IMM) || k - c->rx_tail >= (uint32_t)ctx->nslots ||
+        c->slot_full[slot] || wc->byte_len < IBV_TAG_BYTES || wc->byte_len > ctx->stride)
+      return ibv_conn_fail(c, WEFT_ERR_PROTOCOL,
+                           "ibv: peer %d wrote chunk %u (%u bytes) "
+                           "outside its credits (next expected %u)",
+                           c->peer, k, wc->byte_len, c->rx_tail);
+    c->slot_full[slot] = 1;
+    c->slot_len[slot] = wc->byte_len;
+    return WEFT_OK;
+  }
+  if (wc->wr_id & IBV_WR_SIGNALED_KIND) {
+    int q = (int)((wc->wr_id >> 16) & 0xff);
+    c->qps[q].sq_used -= (int)(wc->wr_id & 0xffff);
+  }
+  return WEFT_OK;
+}
+
+static weft_status ibv_post_write(struct weft_conn *c, int q, struct ibv_send_wr *wr, bool signal) {
+  ibv_conn_qp *qs = &c->qps[q];
+  int depth = ibv_sq_depth(c->ctx);
+  if (qs->sq_used >= depth) return WEFT_AGAIN;
+  /* Unsignaled work requests cost no completion; every few (and whenever the
+   * queue is half full) one is signaled, and its completion frees them all. */
+  int every = c->ctx->nslots / 2 > 0 ? c->ctx->nslots / 2 : 1;
+  qs->unsignaled++;
+  if (signal || qs->unsignaled >= every || qs->sq_used + 1 >= depth / 2) {
+    wr->send_flags |= IBV_SEND_SIGNALED;
+    wr->wr_id |= IBV_WR_SIGNALED_KIND | ((uint64_t)q << 16) | (uint64_t)qs->unsignaled;
+    qs->unsignaled = 0;
+  }
+  qs->sq_used++;
+  struct ibv_send_wr *bad;
+  int rc = c->ctx->api->post_send(qs->qp, wr, &bad);
+  if (rc)
+    return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: ibv_post_send to peer %d: %s", c->peer,
+                         strerror(rc));
+  return WEFT_OK;
+}
+
+/* Tells the peer how many chunks we released: an inline 8-byte RDMA write
+ * into its credit word, no completion on its side. */
+static weft_status ibv_send_credit(struct weft_conn *c) {
+  c->ctrl->credit_src = c->rx_tail;
+  struct ibv_sge sge = {.addr = (uintptr_t)&c->ctrl->credit_src,
+                        .length = sizeof(uint64_t),
+                        .lkey = c->ctrl_mr->lkey};
+  struct ibv_send_wr wr = {.wr_id = IBV_WR_CREDIT_KIND,
+                           .sg_list = &sge,
+                           .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_WRITE,
+                           .send_flags = IBV_SEND_INLINE};
+  wr.wr.rdma.remote_addr = c->r_credit;
+  wr.wr.rdma.rkey = c->r_credit_rkey;
+  weft_status st = ibv_post_write(c, 0, &wr, false);
+  c->credit_dirty = st == WEFT_AGAIN;
+  return st == WEFT_AGAIN ? WEFT_OK : st;
+}
+
+/* Completions only: the side socket is read by progress, and by the data
+ * calls before they answer WEFT_AGAIN (a syscall per chunk would cost more
+ * than the rest of the data path). */
+static weft_status ibv_conn_poll_cq(struct weft_conn *c, bool *progressed) {
+  if (c->state == IBV_CONN_DEAD) return c->dead_status;
+  if (c->state != IBV_CONN_UP && c->state != IBV_CONN_AWAIT_READY) return WEFT_OK;
+  struct ibv_wc wc[16];
+  int n;
+  do {
+    n = c->ctx->api->poll_cq(c->cq, 16, wc);
+    if (n < 0)
+      return ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
+                           "ibv: polling the completion queue of peer %d "
+                           "failed (overrun?)",
+                           c->peer);
+    for (int i = 0; i < n; i++) WEFT_CHECK(ibv_completion(c, &wc[i]));
+    if (n > 0) *progressed = true;
+  } while (n == 16);
+  if (c->credit_dirty) WEFT_CHECK(ibv_send_credit(c));
+  return WEFT_OK;
+}
+
+weft_status ibv_conn_poll(struct weft_conn *c, bool *progressed) {
+  if (c->state == IBV_CONN_DEAD) return c->dead_status;
+  WEFT_CHECK(ibv_side_read(c, progressed));
+  return ibv_conn_poll_cq(c, progressed);
+}
+
+/* ---- data path ---------------------------------------------------------------------- */
+
+/* Polls completions; with `side`, reads the side socket too (handshake,
+ * failure notices, the peer's end). */
+static weft_status ibv_conn_usable(struct weft_conn *c, bool side) {
+  bool progressed = false;
+  WEFT_CHECK(side ? ibv_conn_poll(c, &progressed) : ibv_conn_poll_cq(c, &progressed));
+  if (progressed) c->ctx->moved = true;
+  return WEFT_OK;
+}
+
+/* Gives back the region references of chunks the NIC is done with: those
+ * the peer released (their write landed), or all once the queues are idle. */
+static void ibv_zc_reap(struct weft_conn *c, bool all_done) {
+  uint32_t released = (uint32_t)c->ctrl->credits;
+  while (c->zc_pending && c->zc_tail != c->tx_head) {
+    if (!all_done && (int32_t)(released - c->zc_tail) <= 0) break;
+    ibv_mr_entry **e = &c->zc[c->zc_tail % (uint32_t)c->ctx->nslots];
+    if (*e) {
+      ibv_mr_cache_put(&c->ctx->mr, *e);
+      *e = NULL;
+      c->zc_pending--;
+    }
+    c->zc_tail++;
+  }
+  if (!c->zc_pending) c->zc_tail = c->tx_head;
+}
+
+static weft_status ibv_send_room(struct weft_conn *c) {
+  if (c->zc_pending) ibv_zc_reap(c, false);
+  uint32_t in_flight = c->tx_head - (uint32_t)c->ctrl->credits;
+  int q = (int)(c->tx_head % (uint32_t)c->ctx->nqp);
+  return in_flight < (uint32_t)c->ctx->nslots && c->qps[q].sq_used < ibv_sq_depth(c->ctx)
+             ? WEFT_OK
+             : WEFT_AGAIN;
+}
+
+weft_status ibv_send_ready(struct weft_conn *c) {
+  if (c->state == IBV_CONN_UP && ibv_send_room(c) == WEFT_OK) return WEFT_OK;
+  WEFT_CHECK(ibv_conn_usable(c, false));
+  if (c->state == IBV_CONN_UP && ibv_send_room(c) == WEFT_OK) return WEFT_OK;
+  WEFT_CHECK(ibv_conn_usable(c, true));
+  if (c->state != IBV_CONN_UP) {
+    if (c->peer_ended)
+      return ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
+                           "peer %d ended or crashed during the verbs "
+                           "handshake",
+                           c->peer);
+    return WEFT_AGAIN;
+  }
+  if (ibv_send_room(c) == WEFT_OK) return WEFT_OK;
+  if (c->peer_ended)
+    return ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
+                         "peer %d (%s) ended or crashed while this rank "
+                         "waited for room to send",
+                         c->peer, c->where);
+  return WEFT_AGAIN;
+}
+
+weft_status ibv_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+                     const struct weft_mem_ops *mem) {
+  weft_status st = ibv_send_ready(c);
+  if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
+  struct weft_transport_ctx *ctx = c->ctx;
+  if (bytes > ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
+  uint32_t k = c->tx_head, slot = k % (uint32_t)ctx->nslots;
+  char *bounce = c->tx_buf + (size_t)slot * ctx->stride;
+  uint32_t tag[2] = {seq, (uint32_t)bytes};
+  memcpy(bounce, tag, sizeof tag);
+  struct ibv_sge sge[2] = {
+      {.addr = (uintptr_t)bounce, .length = IBV_TAG_BYTES, .lkey = c->tx_mr->lkey}};
+  int nsge = 1;
+  ibv_mr_entry *zc = NULL;
+  if (ctx->zcopy_bytes && bytes >= ctx->zcopy_bytes && mem->kind == WEFT_MEM_HOST) {
+    /* the tag from the bounce slot, the data straight from the caller */
+    weft_status st = ibv_mr_cache_get(&ctx->mr, src, bytes, &zc);
+    if (st < 0)
+      return ibv_conn_fail(c, st,
+                           "ibv: registering %zu bytes at %p for peer %d "
+                           "failed (ulimit -l?)",
+                           bytes, src, c->peer);
+    if (zc)
+      sge[nsge++] =
+          (struct ibv_sge){.addr = (uintptr_t)src, .length = (uint32_t)bytes, .lkey = zc->mr->lkey};
+  }
+  if (!zc) {
+    if (bytes) mem->copy(bounce + IBV_TAG_BYTES, src, bytes);
+    sge[0].length += (uint32_t)bytes;
+  }
+  c->zc[slot] = zc;
+  struct ibv_send_wr wr = {.wr_id = IBV_WR_DATA_KIND,
+                           .sg_list = sge,
+                           .num_sge = nsge,
+                           .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                           .imm_data = htonl(k)};
+  wr.wr.rdma.remote_addr = c->r_slots + (uint64_t)slot * ctx->stride;
+  wr.wr.rdma.rkey = c->r_slots_rkey;
+  WEFT_CHECK(ibv_post_write(c, (int)(k % (uint32_t)ctx->nqp), &wr, false));
+  if (zc) c->zc_pending++;
+  c->tx_head++;
+  uint32_t in_flight = c->tx_head - (uint32_t)c->ctrl->credits;
+  if (in_flight > c->max_in_flight) c->max_in_flight = in_flight;
+  return WEFT_OK;
+}
+
+/* Complete means the NIC is done with every posted write: the caller may
+ * then destroy the communicator without cutting a write short. A queue whose
+ * last requests were unsignaled gets a signaled empty write behind them (a
+ * QP completes in order), so their completion becomes visible. */
+weft_status ibv_send_idle(struct weft_conn *c) {
+  if (c->state == IBV_CONN_DEAD) return c->dead_status;
+  if (c->state != IBV_CONN_UP && c->state != IBV_CONN_AWAIT_READY) return WEFT_OK;
+  WEFT_CHECK(ibv_conn_usable(c, false));
+  bool busy = false;
+  for (int q = 0; q < c->ctx->nqp; q++) {
+    ibv_conn_qp *qs = &c->qps[q];
+    if (qs->sq_used == 0) continue;
+    busy = true;
+    if (qs->unsignaled == 0) continue; /* a signaled one is on its way */
+    struct ibv_send_wr wr = {
+        .wr_id = 0, .sg_list = NULL, .num_sge = 0, .opcode = IBV_WR_RDMA_WRITE};
+    wr.wr.rdma.remote_addr = c->r_credit;
+    wr.wr.rdma.rkey = c->r_credit_rkey;
+    weft_status st = ibv_post_write(c, q, &wr, true);
+    if (st < 0) return st;
+  }
+  if (!busy) {
+    if (c->zc_pending) ibv_zc_reap(c, true);
+    return WEFT_OK;
+  }
+  WEFT_CHECK(ibv_conn_usable(c, true));
+  return WEFT_AGAIN;
+}
+
+weft_status ibv_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data) {
+  struct weft_transport_ctx *ctx = c->ctx;
+  if (bytes > ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
+  uint32_t slot = c->rx_tail % (uint32_t)ctx->nslots;
+  char *p = c->rx_buf + (size_t)slot * ctx->stride;
+  if (!c->peeked) {
+    if (!c->slot_full[slot]) WEFT_CHECK(ibv_conn_usable(c, false));
+    if (!c->slot_full[slot]) WEFT_CHECK(ibv_conn_usable(c, true));
+    if (!c->slot_full[slot]) {
+      if (c->peer_ended)
+        return ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
+                             "peer %d (%s) ended or crashed while this "
+                             "rank waited for data",
+                             c->peer, c->where);
+      return WEFT_AGAIN;
+    }
+    uint32_t tag[2];
+    memcpy(tag, p, sizeof tag);
+    weft_error_sink *sink = ctx->args->errors;
+    size_t carried = c->slot_len[slot] - IBV_TAG_BYTES;
+    if (weft_chunk_check(sink, c->peer, tag[0], seq, tag[1], bytes))
+      return ibv_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
+    if (carried != tag[1])
+      return ibv_conn_fail(c, WEFT_ERR_PROTOCOL,
+                           "ibv: peer %d's chunk says %u bytes but the "
+                           "write carried %zu",
+                           c->peer, tag[1], carried);
+    c->peeked = true;
+  }
+  *data = p + IBV_TAG_BYTES;
+  return WEFT_OK;
+}
+
+weft_status ibv_recv_release(struct weft_conn *c) {
+  if (!c->peeked) return c->state == IBV_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
+  c->peeked = false;
+  c->slot_full[c->rx_tail % (uint32_t)c->ctx->nslots] = 0;
+  /* the receive for the chunk that will reuse this slot, then the credit:
+   * the peer cannot write before it sees the credit */
+  WEFT_CHECK(ibv_post_recv_for(c, c->rx_tail + (uint32_t)c->ctx->nslots));
+  c->rx_tail++;
+  return ibv_send_credit(c);
+}
+
+weft_status ibv_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+                          const struct weft_mem_ops *mem) {
+  const void *slot = NULL;
+  WEFT_STATUS_PASS(ibv_recv_peek(c, seq, bytes, &slot));
+  if (bytes) mem->copy(dst, slot, bytes);
+  return ibv_recv_release(c);
+}
