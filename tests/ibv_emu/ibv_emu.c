@@ -924,7 +924,8 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
     }
     emu_unlock(me);
   }
-  if (emu.cfg.fail_wr && __atomic_add_fetch(&emu.executed, 1, __ATOMIC_RELAXED) == (uint64_t)emu.cfg.fail_wr) {
+  if (emu.cfg.fail_wr &&
+      __atomic_add_fetch(&emu.executed, 1, __ATOMIC_RELAXED) == (uint64_t)emu.cfg.fail_wr) {
     *status = (enum ibv_wc_status)emu.cfg.fail_status;
     return EMU_FAILED;
   }
