@@ -1225,12 +1225,48 @@ static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct 
   return rc;
 }
 
-static void emu_signal_events(emu_ctx *c) {
-  emu_region *r = emu.region;
-  if (r->ev_head != r->ev_tail && !c->event_signaled) {
-    uint64_t one = 1;
-    if (write(c->ctx.async_fd, &one, sizeof one) == sizeof one) c->event_signaled = 1;
+/* The region's event queue is the process's, but an async event belongs to
+ * the context of the QP or CQ it names (ibv_get_async_event(3)): another
+ * context must neither take it nor be woken by it. With emu_local_lock and
+ * the region locked: the position after ev_head of the oldest event for `c`
+ * (one whose QP or CQ is gone goes to whoever asks), or -1. */
+static int emu_event_for(const emu_region *r, const emu_ctx *c) {
+  for (uint32_t k = r->ev_head; k != r->ev_tail; k++) {
+    const emu_event *e = &r->ev[k % EMU_MAX_EVENTS];
+    const struct ibv_context *owner = NULL;
+    if (e->qp >= 0 && emu.qps[e->qp])
+      owner = emu.qps[e->qp]->qp.context;
+    else if (e->cq >= 0 && emu.cqs[e->cq])
+      owner = emu.cqs[e->cq]->cq.context;
+    if (!owner || owner == &c->ctx) return (int)(k - r->ev_head);
   }
+  return -1;
+}
+
+static bool emu_events_pending(emu_ctx *c) {
+  emu_region *r = emu.region;
+  pthread_mutex_lock(&emu_local_lock);
+  emu_lock(r);
+  bool any = emu_event_for(r, c) >= 0;
+  emu_unlock(r);
+  pthread_mutex_unlock(&emu_local_lock);
+  return any;
+}
+
+static void emu_signal_events(emu_ctx *c) {
+  if (c->event_signaled) return;
+  emu_region *r = emu.region;
+  emu_lock(r); /* the cheap test first: the table lock is the process's */
+  bool none = r->ev_head == r->ev_tail;
+  emu_unlock(r);
+  if (none || !emu_events_pending(c)) return;
+  uint64_t one = 1;
+  if (write(c->ctx.async_fd, &one, sizeof one) == sizeof one) c->event_signaled = 1;
+}
+
+static void emu_unsignal_events(emu_ctx *c) {
+  uint64_t v;
+  if (c->event_signaled && read(c->ctx.async_fd, &v, sizeof v) == sizeof v) c->event_signaled = 0;
 }
 
 static int emu_data_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
@@ -1279,16 +1315,15 @@ EMU_EXPORT int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_eve
   emu_region *r = emu.region;
   for (;;) {
     emu_progress_all();
+    pthread_mutex_lock(&emu_local_lock);
     emu_lock(r);
-    if (r->ev_head != r->ev_tail) {
-      emu_event e = r->ev[r->ev_head % EMU_MAX_EVENTS];
-      r->ev_head++;
-      bool more = r->ev_head != r->ev_tail;
-      emu_unlock(r);
-      if (!more && c->event_signaled) {
-        uint64_t v;
-        if (read(ctx->async_fd, &v, sizeof v) == sizeof v) c->event_signaled = 0;
-      }
+    int at = emu_event_for(r, c);
+    if (at >= 0) {
+      emu_event e = r->ev[(r->ev_head + (uint32_t)at) % EMU_MAX_EVENTS];
+      for (uint32_t k = r->ev_head + (uint32_t)at; k + 1 != r->ev_tail; k++) /* close the gap */
+        r->ev[k % EMU_MAX_EVENTS] = r->ev[(k + 1) % EMU_MAX_EVENTS];
+      r->ev_tail--;
+      bool more = emu_event_for(r, c) >= 0;
       memset(ev, 0, sizeof *ev);
       ev->event_type = e.type;
       if (e.qp >= 0 && emu.qps[e.qp])
@@ -1297,9 +1332,14 @@ EMU_EXPORT int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_eve
         ev->element.cq = &emu.cqs[e.cq]->cq;
       else
         ev->element.port_num = 1;
+      emu_unlock(r);
+      pthread_mutex_unlock(&emu_local_lock);
+      if (!more) emu_unsignal_events(c);
       return 0;
     }
     emu_unlock(r);
+    pthread_mutex_unlock(&emu_local_lock);
+    emu_unsignal_events(c); /* woken for an event another context took */
     if (fcntl(ctx->async_fd, F_GETFL) & O_NONBLOCK) {
       errno = EAGAIN;
       return -1;
