@@ -900,7 +900,18 @@ enum emu_outcome { EMU_DONE, EMU_RNR, EMU_UNREACHABLE, EMU_FAILED };
 /* Executes one work request against its target. */
 static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *status) {
   emu_region *me = emu.region;
-  emu_qp_sh s = me->qp[q->idx]; /* a snapshot: only we change our path */
+  /* the path, read under the lock: other threads post receives into (and
+   * may fail) this QP's shared part while we execute its send */
+  struct {
+    uint32_t pd_id, dest_pid, dest_qpn, qpn;
+  } s;
+  emu_lock(me);
+  const emu_qp_sh *sh = &me->qp[q->idx];
+  s.pd_id = sh->pd_id;
+  s.dest_pid = sh->dest_pid;
+  s.dest_qpn = sh->dest_qpn;
+  s.qpn = sh->qpn;
+  emu_unlock(me);
   struct iovec local[EMU_MAX_SGE];
   int nl = 0;
   uint64_t len = 0;
@@ -1071,7 +1082,9 @@ static void emu_qp_progress(emu_qp *q, int max) {
   double now = emu_now();
   for (int done = 0; q->sq_count && done < max; done++) {
     emu_swqe *w = &q->sq[q->sq_head];
+    emu_lock(me); /* set to ERR by other threads and by peers */
     enum ibv_qp_state state = me->qp[q->idx].state;
+    emu_unlock(me);
     if (state == IBV_QPS_ERR) { /* everything after an error is flushed */
       emu_lock(me);
       emu_complete_send(q, w, IBV_WC_WR_FLUSH_ERR, true);
@@ -1173,10 +1186,13 @@ static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct 
   emu_qp_sh *s = &emu.region->qp[q->idx];
   int rc = 0;
   pthread_mutex_lock(&q->sq_lock);
+  emu_lock(emu.region); /* the state is set to ERR by other threads and by peers */
+  enum ibv_qp_state state = s->state;
+  emu_unlock(emu.region);
   for (; wr; wr = wr->next) {
     uint32_t total = 0;
     for (int i = 0; i < wr->num_sge && i < EMU_MAX_SGE; i++) total += wr->sg_list[i].length;
-    if (s->state != IBV_QPS_RTS && s->state != IBV_QPS_ERR)
+    if (state != IBV_QPS_RTS && state != IBV_QPS_ERR)
       rc = EINVAL;
     else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > s->max_send_sge)
       rc = EINVAL;
