@@ -20,6 +20,13 @@
  * an error moves the QP to ERR and flushes everything after it; send-queue
  * depth and inline limits; order only within a QP.
  *
+ * Threads: like libibverbs, every call is safe from any thread, and different
+ * contexts are driven by different threads at once (weft runs one progress
+ * thread per communicator). The NIC's work for *every* QP of the process is
+ * done by whichever thread polls, so a QP's send queue is touched by its owner
+ * (posting) and by other threads (executing): each QP has its own lock, and
+ * the tables of this process's objects have theirs (see emu_qp_grab).
+ *
  * IBV_EMU_CONFIG (comma-separated): devices=N (default 1), enosys (the device
  * list fails like a kernel without RDMA), link=ib|eth (default eth), mtu=BYTES,
  * max_inline=BYTES, delay_us=N (a send executes N us after posting),
@@ -150,6 +157,11 @@ typedef struct emu_swqe {
 typedef struct emu_qp {
   struct ibv_qp qp; /* first: the library hands out &qp */
   int idx;
+  /* Guards everything below: the owner posts while any polling thread may
+   * execute. Without it two threads ran the same work request twice (a
+   * chunk written twice, outside the receiver's credits) or lost a post
+   * (sq_count++ racing sq_count--). Taken before any region lock. */
+  pthread_mutex_t sq_lock;
   emu_swqe *sq;    /* posted, not yet executed (ring of sq_cap) */
   uint32_t sq_cap; /* max_send_wr */
   uint32_t sq_head, sq_count;
@@ -201,7 +213,17 @@ static struct {
   struct ibv_device *list[EMU_MAX_DEVICES + 1];
 } emu;
 
+/* emu_local_lock guards setup and the tables qps[], cqs[], mrs[]; a thread
+ * that finds a QP in qps[] locks the QP before letting go of the table, so
+ * ibv_destroy_qp (which removes it under the table lock, then waits for the
+ * QP's lock) never frees a QP another thread is executing. Never taken while
+ * holding a QP's lock or a region lock. emu_remote_lock guards remotes[] and
+ * is taken inside a QP's lock, never around anything else. */
 static pthread_mutex_t emu_local_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t emu_remote_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Counters are bumped by every thread. */
+#define EMU_COUNT(field, n) __atomic_fetch_add(&emu.stats.field, (n), __ATOMIC_RELAXED)
 
 static double emu_now(void) {
   struct timespec ts;
@@ -314,8 +336,15 @@ static int emu_setup(void) {
 }
 
 /* A peer's region, mapped through /proc/<pid>/fd; NULL when it is gone. */
+static emu_region *emu_remote_locked(uint32_t pid);
 static emu_region *emu_remote(uint32_t pid) {
   if (pid == (uint32_t)getpid()) return emu.region;
+  pthread_mutex_lock(&emu_remote_lock);
+  emu_region *r = emu_remote_locked(pid);
+  pthread_mutex_unlock(&emu_remote_lock);
+  return r;
+}
+static emu_region *emu_remote_locked(uint32_t pid) {
   for (int i = 0; i < emu.nremotes; i++)
     if (emu.remotes[i].pid == pid) return emu.remotes[i].region;
   if (emu.nremotes == EMU_MAX_REMOTES) return NULL;
@@ -373,9 +402,9 @@ static int emu_gid_roce_v2(int index) {
 EMU_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
   pthread_mutex_lock(&emu_local_lock);
   int rc = emu_setup();
-  pthread_mutex_unlock(&emu_local_lock);
   if (rc || emu.cfg.enosys) {
     errno = rc ? errno : ENOSYS;
+    pthread_mutex_unlock(&emu_local_lock);
     return NULL;
   }
   for (int i = 0; i < emu.cfg.devices; i++) {
@@ -389,6 +418,7 @@ EMU_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
   }
   emu.list[emu.cfg.devices] = NULL;
   if (num) *num = emu.cfg.devices;
+  pthread_mutex_unlock(&emu_local_lock);
   return emu.list;
 }
 
@@ -404,7 +434,10 @@ static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct 
 static int emu_data_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 
 EMU_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *d) {
-  if (emu_setup()) return NULL;
+  pthread_mutex_lock(&emu_local_lock);
+  int rc = emu_setup();
+  pthread_mutex_unlock(&emu_local_lock);
+  if (rc) return NULL;
   emu_ctx *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->ctx.device = d;
@@ -530,18 +563,22 @@ EMU_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t lengt
   mr->length = length;
   mr->handle = (uint32_t)i;
   mr->lkey = mr->rkey = key;
+  pthread_mutex_lock(&emu_local_lock);
   emu.mrs[i] = mr;
+  pthread_mutex_unlock(&emu_local_lock);
   return mr;
 }
 
 EMU_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) {
   emu_region *r = emu.region;
+  pthread_mutex_lock(&emu_local_lock);
   emu_lock(r);
   if (mr->handle < EMU_MAX_MR && r->mr[mr->handle].key == mr->lkey) {
     r->mr[mr->handle].in_use = 0;
-    emu.mrs[mr->handle] = NULL;
+    if (emu.mrs[mr->handle] == mr) emu.mrs[mr->handle] = NULL;
   }
   emu_unlock(r);
+  pthread_mutex_unlock(&emu_local_lock);
   free(mr);
   return 0;
 }
@@ -594,16 +631,20 @@ EMU_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *
   c->cq.context = ctx;
   c->cq.cq_context = user;
   c->cq.cqe = cqe;
+  pthread_mutex_lock(&emu_local_lock);
   emu.cqs[i] = c;
+  pthread_mutex_unlock(&emu_local_lock);
   return &c->cq;
 }
 
 EMU_EXPORT int ibv_destroy_cq(struct ibv_cq *cq) {
   emu_cq *c = (emu_cq *)cq;
+  pthread_mutex_lock(&emu_local_lock);
   emu_lock(emu.region);
   emu.region->cq[c->idx].in_use = 0;
   emu_unlock(emu.region);
   emu.cqs[c->idx] = NULL;
+  pthread_mutex_unlock(&emu_local_lock);
   free(c);
   return 0;
 }
@@ -688,16 +729,25 @@ EMU_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_at
   q->qp.qp_type = IBV_QPT_RC;
   pthread_mutex_init(&q->qp.mutex, NULL);
   pthread_cond_init(&q->qp.cond, NULL);
+  pthread_mutex_init(&q->sq_lock, NULL);
+  pthread_mutex_lock(&emu_local_lock);
   emu.qps[i] = q;
+  pthread_mutex_unlock(&emu_local_lock);
   return &q->qp;
 }
 
 EMU_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {
   emu_qp *q = (emu_qp *)qp;
+  pthread_mutex_lock(&emu_local_lock);
   emu_lock(emu.region);
   emu.region->qp[q->idx].in_use = 0;
   emu_unlock(emu.region);
   emu.qps[q->idx] = NULL;
+  pthread_mutex_unlock(&emu_local_lock);
+  /* a thread that found it in qps[] before holds its lock: wait for it */
+  pthread_mutex_lock(&q->sq_lock);
+  pthread_mutex_unlock(&q->sq_lock);
+  pthread_mutex_destroy(&q->sq_lock);
   for (uint32_t i = 0; i < q->sq_count; i++) free(q->sq[(q->sq_head + i) % q->sq_cap].inline_data);
   free(q->sq);
   free(q->batches);
@@ -838,8 +888,8 @@ static int emu_data_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct 
   }
   emu_unlock(r);
   if (rc) *bad = wr;
-  emu.stats.data_calls++;
-  emu.stats.emu_ns += emu_ns() - t0;
+  EMU_COUNT(data_calls, 1);
+  EMU_COUNT(emu_ns, emu_ns() - t0);
   return rc;
 }
 
@@ -850,7 +900,18 @@ enum emu_outcome { EMU_DONE, EMU_RNR, EMU_UNREACHABLE, EMU_FAILED };
 /* Executes one work request against its target. */
 static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *status) {
   emu_region *me = emu.region;
-  emu_qp_sh s = me->qp[q->idx]; /* a snapshot: only we change our path */
+  /* the path, read under the lock: other threads post receives into (and
+   * may fail) this QP's shared part while we execute its send */
+  struct {
+    uint32_t pd_id, dest_pid, dest_qpn, qpn;
+  } s;
+  emu_lock(me);
+  const emu_qp_sh *sh = &me->qp[q->idx];
+  s.pd_id = sh->pd_id;
+  s.dest_pid = sh->dest_pid;
+  s.dest_qpn = sh->dest_qpn;
+  s.qpn = sh->qpn;
+  emu_unlock(me);
   struct iovec local[EMU_MAX_SGE];
   int nl = 0;
   uint64_t len = 0;
@@ -874,7 +935,8 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
     }
     emu_unlock(me);
   }
-  if (emu.cfg.fail_wr && ++emu.executed == (uint64_t)emu.cfg.fail_wr) {
+  if (emu.cfg.fail_wr &&
+      __atomic_add_fetch(&emu.executed, 1, __ATOMIC_RELAXED) == (uint64_t)emu.cfg.fail_wr) {
     *status = (enum ibv_wc_status)emu.cfg.fail_status;
     return EMU_FAILED;
   }
@@ -1020,7 +1082,9 @@ static void emu_qp_progress(emu_qp *q, int max) {
   double now = emu_now();
   for (int done = 0; q->sq_count && done < max; done++) {
     emu_swqe *w = &q->sq[q->sq_head];
+    emu_lock(me); /* set to ERR by other threads and by peers */
     enum ibv_qp_state state = me->qp[q->idx].state;
+    emu_unlock(me);
     if (state == IBV_QPS_ERR) { /* everything after an error is flushed */
       emu_lock(me);
       emu_complete_send(q, w, IBV_WC_WR_FLUSH_ERR, true);
@@ -1034,7 +1098,7 @@ static void emu_qp_progress(emu_qp *q, int max) {
     emu_qp_sh *s = &me->qp[q->idx];
     double pause = emu.cfg.retry_ms * 1e-3;
     if (out == EMU_RNR) {
-      emu.stats.rnr_naks++;
+      EMU_COUNT(rnr_naks, 1);
       if (s->rnr_retry == 7 || ++q->rnr_retries <= s->rnr_retry) {
         q->next_try = now + pause;
         return;
@@ -1051,7 +1115,7 @@ static void emu_qp_progress(emu_qp *q, int max) {
     }
     q->retries = q->rnr_retries = 0;
     q->next_try = 0;
-    emu.stats.send_wrs++;
+    EMU_COUNT(send_wrs, 1);
     emu_lock(me);
     if (out == EMU_FAILED) {
       emu_complete_send(q, w, st, true); /* errors complete even when unsignaled */
@@ -1065,32 +1129,54 @@ static void emu_qp_progress(emu_qp *q, int max) {
   }
 }
 
-/* Serves the queue pairs; with `reorder`, one request at a time from a
+/* QP `i` of this process with its send-queue lock held, or NULL when there
+ * is none or another thread is in it (then that thread moves it forward).
+ * The lock is taken while qps[] is locked: see emu_local_lock. */
+static emu_qp *emu_qp_grab(int i) {
+  pthread_mutex_lock(&emu_local_lock);
+  emu_qp *q = emu.qps[i];
+  if (q && pthread_mutex_trylock(&q->sq_lock)) q = NULL;
+  pthread_mutex_unlock(&emu_local_lock);
+  if (q && !q->sq_count) {
+    pthread_mutex_unlock(&q->sq_lock);
+    q = NULL;
+  }
+  return q;
+}
+
+/* Serves the queue pairs of every context of this process, as a NIC would,
+ * whichever thread polls; with `reorder`, one request at a time from a
  * randomly chosen QP, so QPs overtake each other (never within one). */
 static void emu_progress_all(void) {
   if (!emu.cfg.reorder) {
-    for (int i = 0; i < EMU_MAX_QP; i++)
-      if (emu.qps[i] && emu.qps[i]->sq_count) emu_qp_progress(emu.qps[i], 1 << 30);
+    for (int i = 0; i < EMU_MAX_QP; i++) {
+      emu_qp *q = emu_qp_grab(i);
+      if (!q) continue;
+      emu_qp_progress(q, 1 << 30);
+      pthread_mutex_unlock(&q->sq_lock);
+    }
     return;
   }
   for (int round = 0; round < 4 * EMU_MAX_SQ; round++) {
     int order[EMU_MAX_QP], n = 0;
+    pthread_mutex_lock(&emu_local_lock);
     for (int i = 0; i < EMU_MAX_QP; i++)
-      if (emu.qps[i] && emu.qps[i]->sq_count) order[n++] = i;
+      if (emu.qps[i]) order[n++] = i;
+    pthread_mutex_unlock(&emu_local_lock);
     if (n == 0) return;
-    emu_qp *q = emu.qps[order[rand() % n]];
-    uint32_t before = q->sq_count;
-    emu_qp_progress(q, 1);
-    if (q->sq_count == before) { /* not ready: let any other ready QP go */
-      bool moved = false;
-      for (int i = 0; i < n && !moved; i++) {
-        emu_qp *o = emu.qps[order[i]];
-        uint32_t b = o->sq_count;
-        emu_qp_progress(o, 1);
-        moved = o->sq_count != b;
-      }
-      if (!moved) return;
+    /* the chosen one first, then any other ready QP */
+    int first = rand() % n;
+    bool moved = false, any = false;
+    for (int k = 0; k < n && !moved; k++) {
+      emu_qp *q = emu_qp_grab(order[(first + k) % n]);
+      if (!q) continue;
+      any = true;
+      uint32_t before = q->sq_count;
+      emu_qp_progress(q, 1);
+      moved = q->sq_count != before;
+      pthread_mutex_unlock(&q->sq_lock);
     }
+    if (!any || !moved) return;
   }
 }
 
@@ -1099,10 +1185,14 @@ static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct 
   emu_qp *q = (emu_qp *)qp;
   emu_qp_sh *s = &emu.region->qp[q->idx];
   int rc = 0;
+  pthread_mutex_lock(&q->sq_lock);
+  emu_lock(emu.region); /* the state is set to ERR by other threads and by peers */
+  enum ibv_qp_state state = s->state;
+  emu_unlock(emu.region);
   for (; wr; wr = wr->next) {
     uint32_t total = 0;
     for (int i = 0; i < wr->num_sge && i < EMU_MAX_SGE; i++) total += wr->sg_list[i].length;
-    if (s->state != IBV_QPS_RTS && s->state != IBV_QPS_ERR)
+    if (state != IBV_QPS_RTS && state != IBV_QPS_ERR)
       rc = EINVAL;
     else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > s->max_send_sge)
       rc = EINVAL;
@@ -1145,17 +1235,54 @@ static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct 
   }
   if (rc) *bad = wr;
   if (!emu.cfg.delay_us && !emu.cfg.reorder) emu_qp_progress(q, 1 << 30);
-  emu.stats.data_calls++;
-  emu.stats.emu_ns += emu_ns() - t0;
+  pthread_mutex_unlock(&q->sq_lock);
+  EMU_COUNT(data_calls, 1);
+  EMU_COUNT(emu_ns, emu_ns() - t0);
   return rc;
 }
 
-static void emu_signal_events(emu_ctx *c) {
-  emu_region *r = emu.region;
-  if (r->ev_head != r->ev_tail && !c->event_signaled) {
-    uint64_t one = 1;
-    if (write(c->ctx.async_fd, &one, sizeof one) == sizeof one) c->event_signaled = 1;
+/* The region's event queue is the process's, but an async event belongs to
+ * the context of the QP or CQ it names (ibv_get_async_event(3)): another
+ * context must neither take it nor be woken by it. With emu_local_lock and
+ * the region locked: the position after ev_head of the oldest event for `c`
+ * (one whose QP or CQ is gone goes to whoever asks), or -1. */
+static int emu_event_for(const emu_region *r, const emu_ctx *c) {
+  for (uint32_t k = r->ev_head; k != r->ev_tail; k++) {
+    const emu_event *e = &r->ev[k % EMU_MAX_EVENTS];
+    const struct ibv_context *owner = NULL;
+    if (e->qp >= 0 && emu.qps[e->qp])
+      owner = emu.qps[e->qp]->qp.context;
+    else if (e->cq >= 0 && emu.cqs[e->cq])
+      owner = emu.cqs[e->cq]->cq.context;
+    if (!owner || owner == &c->ctx) return (int)(k - r->ev_head);
   }
+  return -1;
+}
+
+static bool emu_events_pending(emu_ctx *c) {
+  emu_region *r = emu.region;
+  pthread_mutex_lock(&emu_local_lock);
+  emu_lock(r);
+  bool any = emu_event_for(r, c) >= 0;
+  emu_unlock(r);
+  pthread_mutex_unlock(&emu_local_lock);
+  return any;
+}
+
+static void emu_signal_events(emu_ctx *c) {
+  if (c->event_signaled) return;
+  emu_region *r = emu.region;
+  emu_lock(r); /* the cheap test first: the table lock is the process's */
+  bool none = r->ev_head == r->ev_tail;
+  emu_unlock(r);
+  if (none || !emu_events_pending(c)) return;
+  uint64_t one = 1;
+  if (write(c->ctx.async_fd, &one, sizeof one) == sizeof one) c->event_signaled = 1;
+}
+
+static void emu_unsignal_events(emu_ctx *c) {
+  uint64_t v;
+  if (c->event_signaled && read(c->ctx.async_fd, &v, sizeof v) == sizeof v) c->event_signaled = 0;
 }
 
 static int emu_data_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
@@ -1172,19 +1299,28 @@ static int emu_data_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
     errno = EOVERFLOW;
     return -1;
   }
-  for (; got < n && s->head != s->tail; got++, s->head++) {
-    wc[got] = s->wc[s->head % EMU_MAX_CQE];
-    if (wc[got].opcode & IBV_WC_RECV) continue;
-    emu_qp *q = emu.qps[wc[got].qp_num & 0xff];
-    if (q && q->b_count) { /* the send queue slots this completion frees */
+  for (; got < n && s->head != s->tail; got++, s->head++) wc[got] = s->wc[s->head % EMU_MAX_CQE];
+  emu_unlock(r);
+  /* The send-queue slots each send completion frees, under the QP's lock
+   * (the region lock is dropped first: the QP lock is always taken before
+   * it). Its batch was queued with the completion, so it is there. */
+  for (int i = 0; i < got; i++) {
+    if (wc[i].opcode & IBV_WC_RECV) continue;
+    pthread_mutex_lock(&emu_local_lock);
+    emu_qp *q = emu.qps[wc[i].qp_num & 0xff];
+    if (q && q->qp.qp_num != wc[i].qp_num) q = NULL; /* destroyed since */
+    if (q) pthread_mutex_lock(&q->sq_lock);
+    pthread_mutex_unlock(&emu_local_lock);
+    if (!q) continue;
+    if (q->b_count) {
       q->outstanding -= q->batches[q->b_head];
       q->b_head = (q->b_head + 1) % (q->sq_cap + 1);
       q->b_count--;
     }
+    pthread_mutex_unlock(&q->sq_lock);
   }
-  emu_unlock(r);
-  emu.stats.data_calls++;
-  emu.stats.emu_ns += emu_ns() - t0;
+  EMU_COUNT(data_calls, 1);
+  EMU_COUNT(emu_ns, emu_ns() - t0);
   return got;
 }
 
@@ -1195,16 +1331,15 @@ EMU_EXPORT int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_eve
   emu_region *r = emu.region;
   for (;;) {
     emu_progress_all();
+    pthread_mutex_lock(&emu_local_lock);
     emu_lock(r);
-    if (r->ev_head != r->ev_tail) {
-      emu_event e = r->ev[r->ev_head % EMU_MAX_EVENTS];
-      r->ev_head++;
-      bool more = r->ev_head != r->ev_tail;
-      emu_unlock(r);
-      if (!more && c->event_signaled) {
-        uint64_t v;
-        if (read(ctx->async_fd, &v, sizeof v) == sizeof v) c->event_signaled = 0;
-      }
+    int at = emu_event_for(r, c);
+    if (at >= 0) {
+      emu_event e = r->ev[(r->ev_head + (uint32_t)at) % EMU_MAX_EVENTS];
+      for (uint32_t k = r->ev_head + (uint32_t)at; k + 1 != r->ev_tail; k++) /* close the gap */
+        r->ev[k % EMU_MAX_EVENTS] = r->ev[(k + 1) % EMU_MAX_EVENTS];
+      r->ev_tail--;
+      bool more = emu_event_for(r, c) >= 0;
       memset(ev, 0, sizeof *ev);
       ev->event_type = e.type;
       if (e.qp >= 0 && emu.qps[e.qp])
@@ -1213,9 +1348,14 @@ EMU_EXPORT int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_eve
         ev->element.cq = &emu.cqs[e.cq]->cq;
       else
         ev->element.port_num = 1;
+      emu_unlock(r);
+      pthread_mutex_unlock(&emu_local_lock);
+      if (!more) emu_unsignal_events(c);
       return 0;
     }
     emu_unlock(r);
+    pthread_mutex_unlock(&emu_local_lock);
+    emu_unsignal_events(c); /* woken for an event another context took */
     if (fcntl(ctx->async_fd, F_GETFL) & O_NONBLOCK) {
       errno = EAGAIN;
       return -1;
