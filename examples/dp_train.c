@@ -128,7 +128,7 @@ static int parse(int argc, char **argv, options *o) {
                  .lr = 0.5,
                  .bucket_bytes = 1024,
                  .out = NULL};
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc; i += 2) { /* every option takes a value */
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) return -1;
     if (!strcmp(a, "--steps"))
@@ -147,7 +147,6 @@ static int parse(int argc, char **argv, options *o) {
       o->out = v;
     else
       return -1;
-    i++;
   }
   return o->steps > 0 && o->batch > 0 && o->accum > 0 && o->bucket_bytes ? 0 : -1;
 }

@@ -16,7 +16,10 @@ run_suite() { # DIR SETUP-ARGS...
   dir=$1
   shift
   [ -d "$dir" ] || meson setup "$dir" -Dwerror=true -Dtests=true "$@" >/dev/null || return 1
-  ninja -C "$dir" || return 1
+  if ! ninja -C "$dir"; then
+    failed=$((failed + 1)) # a build that fails is a failure in the count too
+    return 1
+  fi
   echo "== tests in $dir ($*)"
   # shellcheck disable=SC2086
   meson test -C "$dir" --print-errorlogs --num-processes 1 ${SUITE_ARGS:-} || rc=1
