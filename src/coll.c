@@ -388,17 +388,6 @@ static weft_status coll_blocking(weft_request *r, weft_status setup) {
   return weft_engine_wait(r);
 }
 
-static weft_status coll_request_new(weft_comm *comm, const char *call, weft_request **req,
-                                    weft_request **out) {
-  if (!req)
-    return weft_comm_is_live(comm) ? weft_comm_error(comm, WEFT_ERR_INVALID, call, "req is NULL")
-                                   : weft_init_error(WEFT_ERR_INVALID, -1, call, "req is NULL");
-  *req = NULL;
-  *out = calloc(1, sizeof **out);
-  if (!*out) return WEFT_ERR_NOMEM;
-  return WEFT_OK;
-}
-
 /* A non-blocking call: queued, and the progress thread moves it. */
 static weft_status coll_issue(weft_request *r, weft_request **req, weft_status setup) {
   if (setup < 0) {
@@ -665,7 +654,7 @@ WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void 
                                      size_t count, weft_dtype dtype, weft_op op,
                                      weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(coll_request_new(comm, "weft_iallreduce", req, &r));
+  WEFT_CHECK(weft_request_new(comm, "weft_iallreduce", req, &r));
   return coll_issue(
       r, req,
       allreduce_setup(&r->coll, "weft_iallreduce", comm, sendbuf, recvbuf, count, dtype, op));
@@ -681,7 +670,7 @@ WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *
 WEFT_API weft_status weft_ibroadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                      size_t count, weft_dtype dtype, int root, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(coll_request_new(comm, "weft_ibroadcast", req, &r));
+  WEFT_CHECK(weft_request_new(comm, "weft_ibroadcast", req, &r));
   return coll_issue(
       r, req,
       broadcast_setup(&r->coll, "weft_ibroadcast", comm, sendbuf, recvbuf, count, dtype, root));
@@ -697,7 +686,7 @@ WEFT_API weft_status weft_reduce(weft_comm *comm, const void *sendbuf, void *rec
 WEFT_API weft_status weft_ireduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                                   weft_dtype dtype, weft_op op, int root, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(coll_request_new(comm, "weft_ireduce", req, &r));
+  WEFT_CHECK(weft_request_new(comm, "weft_ireduce", req, &r));
   return coll_issue(
       r, req,
       reduce_setup(&r->coll, "weft_ireduce", comm, sendbuf, recvbuf, count, dtype, op, root));
@@ -713,7 +702,7 @@ WEFT_API weft_status weft_allgather(weft_comm *comm, const void *sendbuf, void *
 WEFT_API weft_status weft_iallgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                      size_t sendcount, weft_dtype dtype, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(coll_request_new(comm, "weft_iallgather", req, &r));
+  WEFT_CHECK(weft_request_new(comm, "weft_iallgather", req, &r));
   return coll_issue(
       r, req,
       allgather_setup(&r->coll, "weft_iallgather", comm, sendbuf, recvbuf, sendcount, dtype));
@@ -730,7 +719,7 @@ WEFT_API weft_status weft_ireduce_scatter(weft_comm *comm, const void *sendbuf, 
                                           size_t recvcount, weft_dtype dtype, weft_op op,
                                           weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(coll_request_new(comm, "weft_ireduce_scatter", req, &r));
+  WEFT_CHECK(weft_request_new(comm, "weft_ireduce_scatter", req, &r));
   return coll_issue(r, req,
                     reduce_scatter_setup(&r->coll, "weft_ireduce_scatter", comm, sendbuf, recvbuf,
                                          recvcount, dtype, op));
@@ -747,7 +736,7 @@ WEFT_API weft_status weft_igather(weft_comm *comm, const void *sendbuf, void *re
                                   size_t sendcount, weft_dtype dtype, int root,
                                   weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(coll_request_new(comm, "weft_igather", req, &r));
+  WEFT_CHECK(weft_request_new(comm, "weft_igather", req, &r));
   return coll_issue(
       r, req,
       gather_setup(&r->coll, "weft_igather", comm, sendbuf, recvbuf, sendcount, dtype, root));
@@ -764,7 +753,7 @@ WEFT_API weft_status weft_iscatter(weft_comm *comm, const void *sendbuf, void *r
                                    size_t recvcount, weft_dtype dtype, int root,
                                    weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(coll_request_new(comm, "weft_iscatter", req, &r));
+  WEFT_CHECK(weft_request_new(comm, "weft_iscatter", req, &r));
   return coll_issue(
       r, req,
       scatter_setup(&r->coll, "weft_iscatter", comm, sendbuf, recvbuf, recvcount, dtype, root));
@@ -780,7 +769,7 @@ WEFT_API weft_status weft_alltoall(weft_comm *comm, const void *sendbuf, void *r
 WEFT_API weft_status weft_ialltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(coll_request_new(comm, "weft_ialltoall", req, &r));
+  WEFT_CHECK(weft_request_new(comm, "weft_ialltoall", req, &r));
   return coll_issue(
       r, req, alltoall_setup(&r->coll, "weft_ialltoall", comm, sendbuf, recvbuf, count, dtype));
 }
@@ -792,6 +781,6 @@ WEFT_API weft_status weft_barrier(weft_comm *comm) {
 
 WEFT_API weft_status weft_ibarrier(weft_comm *comm, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(coll_request_new(comm, "weft_ibarrier", req, &r));
+  WEFT_CHECK(weft_request_new(comm, "weft_ibarrier", req, &r));
   return coll_issue(r, req, barrier_setup(&r->coll, "weft_ibarrier", comm));
 }

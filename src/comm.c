@@ -474,9 +474,8 @@ static weft_status comm_learn_both(weft_comm *comm, const boot_rank_info *all, u
   return comm_learn(comm->p2p, all, id ^ 0x9e3779b97f4a7c15ull, call);
 }
 
-static weft_status comm_publish(weft_comm *comm, weft_comm *like, const char *call) {
+static weft_status comm_publish(weft_comm *comm, const char *call) {
   if (!live_add(comm)) return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
-  (void)like;
   WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d/%d ready (local %d/%d, chunk %zu B, spin %d us)", comm->rank,
             comm->size, comm->local_rank, comm->local_size, comm->chunk_bytes, comm->spin_us);
   return WEFT_OK;
@@ -533,7 +532,7 @@ static weft_status comm_create(int rank, int size, int local_rank,
     if (!st) st = comm_learn_both(comm, &mine, 1, call);
     if (st) goto fail;
   }
-  st = comm_publish(comm, comm, call);
+  st = comm_publish(comm, call);
   if (st) goto fail;
   *out = comm;
   return WEFT_OK;
@@ -642,7 +641,7 @@ WEFT_API weft_status weft_comm_split(weft_comm *parent, int color, int key, weft
     snprintf(parent->last_error, sizeof parent->last_error, "%s", weft_last_error(NULL));
     goto done;
   }
-  st = comm_publish(comm, parent, call);
+  st = comm_publish(comm, call);
   if (st) goto done;
   WEFT_INFO(WEFT_SUBSYS_INIT, "split: parent rank %d, color %d, key %d -> rank %d of %d",
             parent->rank, color, key, rank, size);

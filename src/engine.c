@@ -52,6 +52,16 @@ static void fail_all(weft_comm *comm, weft_status st) {
   if (comm->lane) weft_p2p_fail_all(comm, st);
 }
 
+weft_status weft_request_new(weft_comm *comm, const char *call, weft_request **req,
+                             weft_request **out) {
+  if (!req)
+    return weft_comm_is_live(comm) ? weft_comm_error(comm, WEFT_ERR_INVALID, call, "req is NULL")
+                                   : weft_init_error(WEFT_ERR_INVALID, -1, call, "req is NULL");
+  *req = NULL;
+  *out = calloc(1, sizeof **out);
+  return *out ? WEFT_OK : WEFT_ERR_NOMEM;
+}
+
 void weft_request_complete(weft_request *req, weft_status st) {
   if (req->coll.cleanup) req->coll.cleanup(&req->coll);
   weft_coll_release(&req->coll);

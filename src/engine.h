@@ -45,6 +45,12 @@ weft_status weft_engine_wait(weft_request *req);
 /* One non-blocking pass when nobody else is driving; true when `req` is done. */
 bool weft_engine_test(weft_request *req);
 
+/* A zeroed request for a weft_iNAME call; *req is set to NULL first, so a
+ * call refused later leaves the caller's handle NULL. WEFT_ERR_INVALID
+ * (message written) when req is NULL, WEFT_ERR_NOMEM without memory. */
+weft_status weft_request_new(weft_comm *comm, const char *call, weft_request **req,
+                             weft_request **out);
+
 /* Marks `req` done with `st`. The driver's last touch of it. */
 void weft_request_complete(weft_request *req, weft_status st);
 

@@ -482,16 +482,6 @@ static weft_status p2p_issue(weft_request **req, weft_request *r, weft_status se
   return WEFT_OK;
 }
 
-static weft_status p2p_request_new(weft_comm *comm, const char *call, weft_request **req,
-                                   weft_request **out) {
-  if (!req)
-    return weft_comm_is_live(comm) ? weft_comm_error(comm, WEFT_ERR_INVALID, call, "req is NULL")
-                                   : weft_init_error(WEFT_ERR_INVALID, -1, call, "req is NULL");
-  *req = NULL;
-  *out = calloc(1, sizeof **out);
-  return *out ? WEFT_OK : WEFT_ERR_NOMEM;
-}
-
 WEFT_API weft_status weft_send(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
                                int peer, int tag) {
   weft_request r = {.kind = WEFT_REQ_SEND};
@@ -509,13 +499,13 @@ WEFT_API weft_status weft_recv(weft_comm *comm, void *buf, size_t count, weft_dt
 WEFT_API weft_status weft_isend(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
                                 int peer, int tag, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(p2p_request_new(comm, "weft_isend", req, &r));
+  WEFT_CHECK(weft_request_new(comm, "weft_isend", req, &r));
   return p2p_issue(req, r, p2p_setup(r, comm, "weft_isend", true, buf, count, dtype, peer, tag));
 }
 
 WEFT_API weft_status weft_irecv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
                                 int peer, int tag, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(p2p_request_new(comm, "weft_irecv", req, &r));
+  WEFT_CHECK(weft_request_new(comm, "weft_irecv", req, &r));
   return p2p_issue(req, r, p2p_setup(r, comm, "weft_irecv", false, buf, count, dtype, peer, tag));
 }

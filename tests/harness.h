@@ -286,6 +286,56 @@ static inline void harness_ref_fold(double *acc, double *mag, uint64_t *iacc, co
   }
 }
 
+/* Contribution i (0 .. n-1) to a reduction: its `count` elements into buf. */
+typedef void (*harness_fill_fn)(void *buf, size_t count, int i, void *ctx);
+
+/* Checks `res` against op over the n contributions `fill` produces, folded
+ * serially in double or wide integers (harness_ref_fold). Tolerance: each of
+ * the n-1 roundings may be off by eps of the partial result. Prints up to 3
+ * differing elements after `what`; returns 1 if any differs. */
+static inline int harness_check_reduced(const void *res, size_t count, weft_dtype dt, weft_op op,
+                                        int n, harness_fill_fn fill, void *ctx, const char *what) {
+  size_t esz = weft_dtype_size(dt);
+  unsigned char *tmp = malloc(count * esz + 8);
+  double *acc = malloc(sizeof(double) * (count + 1)), *mag = malloc(sizeof(double) * (count + 1));
+  uint64_t *iacc = malloc(sizeof(uint64_t) * (count + 1));
+  int bad = 0;
+  for (int q = 0; q < n; q++) {
+    fill(tmp, count, q, ctx);
+    harness_ref_fold(acc, mag, iacc, tmp, count, dt, op, q == 0);
+  }
+  for (size_t i = 0; i < count && bad < 3; i++) {
+    double got, want;
+    int ok;
+    if (harness_is_float(dt)) {
+      double eps = harness_eps(dt);
+      want = op == WEFT_AVG ? acc[i] / n : acc[i];
+      got = harness_get(res, i, dt);
+      double tol = op == WEFT_MIN || op == WEFT_MAX ? 0
+                   : op == WEFT_PROD
+                       ? (n + 1) * eps * fabs(want)
+                       : (n + 1) * eps * (op == WEFT_AVG ? mag[i] / n : mag[i]) + eps * fabs(want);
+      ok = fabs(got - want) <= tol;
+    } else {
+      int64_t w = harness_wrap(iacc[i], dt), g = harness_get_int(res, i, dt);
+      if (op == WEFT_AVG) w /= n; /* C division truncates toward zero, as documented */
+      ok = g == w;
+      got = (double)g;
+      want = (double)w;
+    }
+    if (!ok) {
+      fprintf(stderr, "%s count=%zu %s %s: element %zu is %.17g, reference %.17g\n", what, count,
+              weft_dtype_name(dt), weft_op_name(op), i, got, want);
+      bad++;
+    }
+  }
+  free(tmp);
+  free(acc);
+  free(mag);
+  free(iacc);
+  return bad != 0;
+}
+
 /* FNV-1a over bytes: identical results on every rank give identical hashes. */
 static inline uint64_t harness_hash(uint64_t h, const void *buf, size_t bytes) {
   const unsigned char *p = buf;

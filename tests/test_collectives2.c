@@ -48,54 +48,25 @@ static const char *yes_in_place(int ip) {
   return ip ? "in-place" : "out-of-place";
 }
 
-/* Checks `res` (count elements) against op over ranks 0..n-1 of block b. The
- * tolerances are test_collectives.c's: each of the n-1 roundings may be off
- * by eps of the partial result. */
+typedef struct block_of {
+  weft_dtype dt;
+  weft_op op;
+  int tag, b;
+} block_of;
+
+static void fill_contribution(void *buf, size_t count, int q, void *ctx) {
+  const block_of *k = ctx;
+  fill_block(buf, count, k->dt, k->op, q, k->tag, k->b);
+}
+
+/* Checks `res` (count elements) against op over ranks 0..n-1 of block b. */
 static int check_reduced(const void *res, int rank, int n, size_t count, weft_dtype dt, weft_op op,
                          int tag, int b, const char *what, int ip) {
-  size_t esz = weft_dtype_size(dt);
-  unsigned char *tmp = malloc(count * esz + 8);
-  double *acc = malloc(sizeof(double) * (count + 1)), *mag = malloc(sizeof(double) * (count + 1));
-  uint64_t *iacc = malloc(sizeof(uint64_t) * (count + 1));
-  int bad = 0;
-  for (int q = 0; q < n; q++) {
-    fill_block(tmp, count, dt, op, q, tag, b);
-    harness_ref_fold(acc, mag, iacc, tmp, count, dt, op, q == 0);
-  }
-  for (size_t i = 0; i < count && bad < 3; i++) {
-    double got, want;
-    int ok;
-    if (harness_is_float(dt)) {
-      double eps = harness_eps(dt);
-      want = op == WEFT_AVG ? acc[i] / n : acc[i];
-      got = harness_get(res, i, dt);
-      double tol = op == WEFT_MIN || op == WEFT_MAX ? 0
-                   : op == WEFT_PROD
-                       ? (n + 1) * eps * fabs(want)
-                       : (n + 1) * eps * (op == WEFT_AVG ? mag[i] / n : mag[i]) + eps * fabs(want);
-      ok = fabs(got - want) <= tol;
-    } else {
-      int64_t w = harness_wrap(iacc[i], dt), g = harness_get_int(res, i, dt);
-      if (op == WEFT_AVG) w /= n; /* C division truncates toward zero, as documented */
-      ok = g == w;
-      got = (double)g;
-      want = (double)w;
-    }
-    if (!ok) {
-      fprintf(
-          stderr,
-          "rank %d: %s n=%d count=%zu %s %s %s, block %d: element %zu is %.17g, reference %.17g "
-          "(seed %llu)\n",
-          rank, what, n, count, weft_dtype_name(dt), weft_op_name(op), yes_in_place(ip), b, i, got,
-          want, (unsigned long long)base_seed);
-      bad++;
-    }
-  }
-  free(tmp);
-  free(acc);
-  free(mag);
-  free(iacc);
-  return bad != 0;
+  block_of k = {dt, op, tag, b};
+  char label[160];
+  snprintf(label, sizeof label, "rank %d: %s n=%d %s, block %d (seed %llu):", rank, what, n,
+           yes_in_place(ip), b, (unsigned long long)base_seed);
+  return harness_check_reduced(res, count, dt, op, n, fill_contribution, &k, label);
 }
 
 /* Checks that `got` holds exactly rank q's block b (a byte-moving call). */

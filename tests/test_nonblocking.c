@@ -27,50 +27,26 @@ static void fill(void *buf, size_t count, weft_dtype dt, weft_op op, int q, int 
   harness_fill(buf, count, dt, op, harness_seed(base_seed, q, tag));
 }
 
+typedef struct members_of {
+  const int *members;
+  weft_dtype dt;
+  weft_op op;
+  int tag;
+} members_of;
+
+static void fill_member(void *buf, size_t count, int i, void *ctx) {
+  const members_of *k = ctx;
+  fill(buf, count, k->dt, k->op, k->members[i], k->tag);
+}
+
 /* `res` against op over ranks `members` (n of them, in any order) of call `tag`. */
 static int check_reduced(const void *res, int rank, const int *members, int n, size_t count,
                          weft_dtype dt, weft_op op, int tag, const char *what) {
-  size_t esz = weft_dtype_size(dt);
-  unsigned char *tmp = malloc(count * esz + 8);
-  double *acc = malloc(sizeof(double) * (count + 1)), *mag = malloc(sizeof(double) * (count + 1));
-  uint64_t *iacc = malloc(sizeof(uint64_t) * (count + 1));
-  int bad = 0;
-  for (int i = 0; i < n; i++) {
-    fill(tmp, count, dt, op, members[i], tag);
-    harness_ref_fold(acc, mag, iacc, tmp, count, dt, op, i == 0);
-  }
-  for (size_t i = 0; i < count && bad < 3; i++) {
-    double got, want;
-    int ok;
-    if (harness_is_float(dt)) {
-      double eps = harness_eps(dt);
-      want = op == WEFT_AVG ? acc[i] / n : acc[i];
-      got = harness_get(res, i, dt);
-      double tol = op == WEFT_MIN || op == WEFT_MAX ? 0
-                   : op == WEFT_PROD
-                       ? (n + 1) * eps * fabs(want)
-                       : (n + 1) * eps * (op == WEFT_AVG ? mag[i] / n : mag[i]) + eps * fabs(want);
-      ok = fabs(got - want) <= tol;
-    } else {
-      int64_t w = harness_wrap(iacc[i], dt), g = harness_get_int(res, i, dt);
-      if (op == WEFT_AVG) w /= n;
-      ok = g == w;
-      got = (double)g;
-      want = (double)w;
-    }
-    if (!ok) {
-      fprintf(stderr,
-              "rank %d: %s count=%zu %s %s: element %zu is %.17g, reference %.17g (seed %llu)\n",
-              rank, what, count, weft_dtype_name(dt), weft_op_name(op), i, got, want,
-              (unsigned long long)base_seed);
-      bad++;
-    }
-  }
-  free(tmp);
-  free(acc);
-  free(mag);
-  free(iacc);
-  return bad != 0;
+  members_of k = {members, dt, op, tag};
+  char label[160];
+  snprintf(label, sizeof label, "rank %d: %s (seed %llu):", rank, what,
+           (unsigned long long)base_seed);
+  return harness_check_reduced(res, count, dt, op, n, fill_member, &k, label);
 }
 
 static int check_bytes(const void *got, int rank, size_t count, weft_dtype dt, int q, int tag,
