@@ -338,6 +338,21 @@ WEFT_API weft_status weft_wait_all(weft_request **reqs, int n);
 #define WEFT_UNDEFINED (-1)
 WEFT_API weft_status weft_comm_split(weft_comm *comm, int color, int key, weft_comm **newcomm);
 
+/* ---- shared buffers ------------------------------------------------------ */
+/* Host memory that other ranks of this host can map (a memfd). When every
+ * rank's buffers of a large allreduce lie in such memory, each rank reads
+ * its slice straight from every peer's input and writes the sum straight
+ * into every peer's output: one pass over the data instead of a ring of
+ * copies through shared-memory slots (see README, "shared buffers"). Any
+ * other buffer still works, through the ring. Zero-filled, page-aligned;
+ * usable by every communicator of the process. WEFT_ERR_INVALID for 0 bytes,
+ * WEFT_ERR_NOMEM / WEFT_ERR_SYSTEM when the kernel refuses. */
+WEFT_API weft_status weft_mem_alloc(size_t bytes, void **ptr);
+/* Releases memory from weft_mem_alloc (NULL is a no-op). Not while a call
+ * that uses it is outstanding; peers' mappings of it end with their
+ * communicators. WEFT_ERR_INVALID for a pointer weft_mem_alloc did not give. */
+WEFT_API weft_status weft_mem_free(void *ptr);
+
 /* ---- gradient buckets, parameters and metrics --------------------------- */
 
 /* What an optimizer needs around a data-parallel step: gradients packed into

@@ -78,6 +78,13 @@ weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t by
   return link_result(coll, peer, st, "room to send to");
 }
 
+weft_status weft_link_map(weft_coll *coll, int peer, const weft_mem_key *key, void **local) {
+  peer = link_peer(coll, peer);
+  weft_conn *c;
+  WEFT_CHECK(link_conn(coll, peer, &c));
+  return peer_ops(coll->comm, peer)->map_peer_mem(c, key, local);
+}
+
 weft_status weft_link_send_idle(weft_coll *coll, int peer) {
   peer = link_peer(coll, peer);
   weft_conn *c;
@@ -512,6 +519,13 @@ static weft_status allreduce_setup(weft_coll *coll, const char *call, weft_comm 
               (comm->algo_forced == 0 && comm->nhosts > 1 && comm->size > comm->nhosts);
   if (hier) return coll_start(coll, weft_hier_allreduce_start(coll));
   size_t bytes = count * coll->elem;
+  /* One host, large (or forced): ask whether every rank's buffers are
+   * shared. Every rank decides this from the same facts (hosts, count,
+   * settings), so all take part in the question; the answer may be the ring. */
+  bool direct = comm->nhosts == 1 &&
+                (comm->algo_forced == 4 || (comm->algo_forced == 0 && comm->direct_min_bytes &&
+                                            bytes >= comm->direct_min_bytes));
+  if (direct) return coll_start(coll, weft_direct_allreduce_start(coll));
   bool use_rd = bytes <= comm->chunk_bytes &&
                 (comm->algo_forced == 2 || (comm->algo_forced == 0 && bytes <= comm->rd_max_bytes));
   return coll_start(coll, use_rd ? weft_rd_allreduce_start(coll) : weft_ring_allreduce_start(coll));

@@ -172,6 +172,7 @@ static void comm_free(weft_comm *comm) {
   weft_recorder_free(&comm->recorder);
   free(comm->host_members);
   free(comm->leaders);
+  free(comm->direct_agreed);
   comm->magic = 0;
   free(comm);
 }
@@ -368,14 +369,18 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   comm->algo_forced = !strcasecmp(algo, "ring")   ? 1
                       : !strcasecmp(algo, "rd")   ? 2
                       : !strcasecmp(algo, "hier") ? 3
+                      : !strcasecmp(algo, "direct") ? 4
                                                   : 0;
   if (comm->algo_forced == 0 && strcasecmp(algo, "auto") && *algo && rank == 0)
-    WEFT_WARN(WEFT_SUBSYS_INIT, "WEFT_ALGO=\"%s\" is not auto, ring, rd or hier; using auto", algo);
+    WEFT_WARN(WEFT_SUBSYS_INIT,
+              "WEFT_ALGO=\"%s\" is not auto, ring, rd, hier or direct; using auto", algo);
   /* negative values would wrap to huge sizes: they mean "never" (0) */
   long long rd_max = weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 262144);
   long long chain = weft_setting_ll(WEFT_SETTING_BCAST_CHAIN_BYTES, 65536);
   long long fanout = weft_setting_ll(WEFT_SETTING_BCAST_FANOUT, 0);
   comm->rd_max_bytes = rd_max > 0 ? (size_t)rd_max : 0;
+  long long direct_min = weft_setting_ll(WEFT_SETTING_DIRECT_MIN_BYTES, 1048576);
+  comm->direct_min_bytes = direct_min > 0 ? (size_t)direct_min : 0;
   comm->bcast_chain_bytes = chain > 0 ? (size_t)chain : 0;
   comm->bcast_fanout = fanout > 0 && fanout < size ? (int)fanout : 0;
   /* Yielding instead of sleeping keeps a waiting rank runnable: a sleeping one

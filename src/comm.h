@@ -60,7 +60,11 @@ struct weft_comm {
   int send_depth;
   /* algorithm choice, read from the settings once at creation (not per call) */
   size_t rd_max_bytes;      /* recursive doubling up to this size */
-  int algo_forced;          /* WEFT_ALGO: 0 auto, 1 ring, 2 rd, 3 hier */
+  int algo_forced;          /* WEFT_ALGO: 0 auto, 1 ring, 2 rd, 3 hier, 4 direct */
+  size_t direct_min_bytes;  /* one host: try shared buffers from this size (0 never) */
+  void *direct_agreed;      /* the direct allreduce's messages of the last call every rank
+                               could map (size of them), or NULL: the same again skips
+                               the verdict round (direct_allreduce.c) */
   /* hosts, for hierarchical algorithms: ranks in ascending order */
   int nhosts;
   int *host_members;        /* the ranks on this rank's host (local_size of them) */

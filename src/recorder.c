@@ -59,6 +59,7 @@ void weft_recorder_update(weft_recorder *rec, const weft_coll *coll, weft_rec_st
     if (state >= WEFT_REC_DONE) e->ended = now;
     e->state = state;
     e->status = status;
+    e->algo = coll->algo; /* what actually ran: direct may have become the ring */
     e->waiting_peer = coll->waiting_peer;
     e->waiting_for = coll->waiting_for;
     return;

@@ -35,12 +35,27 @@ static size_t parse_size(const char *s) {
   return (size_t)v;
 }
 
+/* --shared: buffers from weft_mem_alloc, which peers of this host can map
+ * (the direct allreduce), as nccl-tests' -R registers its buffers. */
+static int shared_requested;
+
 static void *alloc_prefaulted(size_t bytes) {
   void *p = NULL;
   size_t len = (bytes + 4095) & ~(size_t)4095;
-  if (posix_memalign(&p, 4096, len ? len : 4096)) return NULL;
+  if (shared_requested) {
+    if (weft_mem_alloc(len ? len : 4096, &p)) return NULL;
+  } else if (posix_memalign(&p, 4096, len ? len : 4096)) {
+    return NULL;
+  }
   memset(p, 0, len ? len : 4096);
   return p;
+}
+
+static void release(void *p) {
+  if (shared_requested)
+    weft_mem_free(p);
+  else
+    free(p);
 }
 
 /* --bind: pin this rank to CPU (local rank mod usable CPUs), as mpirun does
@@ -245,6 +260,7 @@ static int nccl_mode(int argc, char **argv) {
                 "                  [-n iters] [-w warmup] [-c 0|1 check] [-d dtype] [-o op] [-r root]\n"
                 "       weft-bench --peers [-c allreduce|bcast] ... (../shared/peers format)\n"
                 "  --bind: pin each rank to one CPU by local rank (as mpirun does)\n"
+                "  --shared: buffers from weft_mem_alloc (ranks of one host reach them directly)\n"
                 "Run one process per rank: weftrun -n 4 weft-bench, or under mpirun/srun/torchrun.\n");
         return c == 'h' ? 0 : 2;
     }
@@ -293,8 +309,8 @@ static int nccl_mode(int argc, char **argv) {
     if (bytes == 0) break;
   }
   if (rank == 0) printf("# Avg bus bandwidth    : %g\n#\n", rows ? bw_sum / rows : 0);
-  free(send);
-  free(recv);
+  release(send);
+  release(recv);
   weft_comm_destroy(comm);
   return 0;
 }
@@ -388,8 +404,8 @@ static int peers_mode(int argc, char **argv) {
       fflush(stdout);
     }
   }
-  free(send);
-  free(recv);
+  release(send);
+  release(recv);
   free(times);
   weft_comm_destroy(comm);
   return 0;
@@ -456,15 +472,16 @@ static int overlap_mode(int argc, char **argv) {
     printf("  %14.2f %14d %16.2f %14.2f %9.0f%%\n", b / 1e3, sleep_ms, w / 1e3, t / 1e3,
            100.0 * (1 - w / b));
   }
-  free(buf);
+  release(buf);
   weft_comm_destroy(comm);
   return 0;
 }
 
 int main(int argc, char **argv) {
-  for (int i = 1; i < argc; i++) /* --bind may stand anywhere: take it out */
-    if (!strcmp(argv[i], "--bind")) {
-      bind_requested = 1;
+  for (int i = 1; i < argc; i++) /* --bind and --shared may stand anywhere: take them out */
+    if (!strcmp(argv[i], "--bind") || !strcmp(argv[i], "--shared")) {
+      if (!strcmp(argv[i], "--bind")) bind_requested = 1;
+      else shared_requested = 1;
       memmove(&argv[i], &argv[i + 1], sizeof *argv * (size_t)(argc - i));
       argc--;
       i--;

@@ -37,7 +37,7 @@
 
 /* Bumped whenever a member changes, so an out-of-tree transport (a plugin)
  * built against another layout is refused rather than called wrongly. */
-#define WEFT_TRANSPORT_ABI 1
+#define WEFT_TRANSPORT_ABI 2
 
 /* Longest address blob a transport publishes through the rendezvous. */
 #define WEFT_TRANSPORT_ADDR_MAX 160
@@ -60,6 +60,21 @@ void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...)
  * each case written to `sink`. WEFT_OK when (seq, len) are the expected ones. */
 weft_status weft_chunk_check(weft_error_sink *sink, int peer, uint32_t seq, uint32_t want_seq,
                              size_t len, size_t want_len);
+
+/* Where a buffer in shareable memory (weft_mem_alloc) lies, as its owner
+ * describes it to a peer in a message: the owner's process, the memfd that
+ * backs it, and the buffer's place in it. The receiver trusts none of it:
+ * the transport checks the inode and every bound against what it maps. */
+typedef struct weft_mem_key {
+  uint32_t pid;    /* the owner's process id */
+  int32_t fd;      /* the memfd's descriptor number there */
+  uint64_t ino;    /* the memfd's inode: a reused descriptor number is caught */
+  uint64_t offset; /* the buffer's first byte in the memfd */
+  uint64_t len;    /* the buffer's length in bytes */
+} weft_mem_key;
+
+/* map_peer_mem for transports that cannot reach a peer's memory. */
+weft_status weft_transport_no_map(weft_conn *conn, const weft_mem_key *key, void **local);
 
 typedef struct weft_transport_init_args {
   int rank;
@@ -139,6 +154,16 @@ typedef struct weft_transport {
    * receive may be started on this connection. */
   weft_status (*recv_into)(weft_conn *conn, uint32_t seq, size_t bytes, void *dst,
                            const struct weft_mem_ops *mem);
+
+  /* Maps memory a peer shares through weft_mem_alloc, described by `key`
+   * (which the peer sent in a chunk), into this process and points *local at
+   * the buffer's first byte. Mappings are cached per connection and last
+   * until fini, so they stay valid even if the peer frees or crashes. A
+   * failure leaves the connection usable. WEFT_ERR_UNSUPPORTED when this
+   * transport cannot reach a peer's memory (only shm can); WEFT_ERR_PROTOCOL
+   * when the key does not fit what is mapped; WEFT_ERR_SYSTEM when the
+   * kernel refuses (the sentence in the error sink). Never blocks. */
+  weft_status (*map_peer_mem)(weft_conn *conn, const weft_mem_key *key, void **local);
 
   /* Non-blocking: moves pending sends forward, accepts connections.
    * Sets *progressed when anything moved. */

@@ -82,6 +82,18 @@ typedef struct weft_flat_state {
   size_t sent, recvd; /* alltoall: chunks of this round sent and received */
 } weft_flat_state;
 
+/* Direct allreduce over shared buffers (direct_allreduce.c). */
+typedef struct weft_direct_state {
+  int phase;  /* see direct_allreduce.c */
+  int next;   /* the next member to send to / receive from in this phase */
+  bool usable; /* this rank could map every member's buffers */
+  struct weft_direct_msg *msgs; /* scratch: every member's message (own at coll->rank) */
+  char **ins, **outs;           /* scratch: every member's buffers, as mapped here */
+  void *acc;                    /* scratch: one piece of the running sum */
+  uint32_t verdict, token;      /* what this rank sends in the verdict and done rounds */
+  uint32_t *verdicts;           /* scratch: what every member sent */
+} weft_direct_state;
+
 /* Hierarchical allreduce: the phase running (its state in `inner`). */
 typedef struct weft_hier_state {
   int phase;    /* 0 reduce within the host, 1 leaders, 2 broadcast within the host */
@@ -128,6 +140,7 @@ struct weft_coll {
     weft_tree_reduce_state treer;
     weft_flat_state flat;
     weft_hier_state hier;
+    weft_direct_state direct;
   } st;
 };
 
@@ -138,6 +151,11 @@ weft_status weft_link_send_idle(weft_coll *coll, int peer);
 weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes, const void **data);
 weft_status weft_link_recv_release(weft_coll *coll, int peer);
 weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst);
+
+/* Maps the buffer member `peer` described in `key` (weft_mem_alloc memory)
+ * into this process. A failure is not a link failure (the connection stays
+ * up, the sentence is in the communicator's sink): the caller falls back. */
+weft_status weft_link_map(weft_coll *coll, int peer, const weft_mem_key *key, void **local);
 
 /* Scratch memory of the call's memory kind (coll.c), `bytes` long, freed when
  * the call ends; one allocation per call. WEFT_ERR_NOMEM if none. */
@@ -191,5 +209,6 @@ weft_status weft_flat_gather_start(weft_coll *coll);
 weft_status weft_flat_scatter_start(weft_coll *coll);
 weft_status weft_pairwise_alltoall_start(weft_coll *coll);
 weft_status weft_hier_allreduce_start(weft_coll *coll);
+weft_status weft_direct_allreduce_start(weft_coll *coll);
 
 #endif

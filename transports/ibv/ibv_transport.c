@@ -478,6 +478,7 @@ const weft_transport weft_transport_ibv = {
     .recv_peek = ibv_recv_peek,
     .recv_release = ibv_recv_release,
     .recv_into = ibv_recv_into,
+    .map_peer_mem = weft_transport_no_map, /* no shared address space with a remote peer */
     .progress = ibv_progress,
     .wait = ibv_wait,
     .abort_all = ibv_abort_all,

@@ -67,6 +67,15 @@ weft_status shm_segment_parse(const uint8_t *buf, size_t len, shm_segment_info *
 const char *shm_segment_check(const shm_segment_info *info, uint32_t nslots, uint64_t slot_bytes,
                               size_t seg_bytes);
 
+/* A peer's shared buffer (weft_mem_alloc) mapped here. */
+#define SHM_PEER_MAPS 32
+typedef struct shm_peer_map {
+  uint64_t ino;   /* the peer's memfd: what the mapping is of */
+  size_t bytes;   /* mapped length: the memfd's size when it was mapped */
+  void *base;
+  uint64_t used;  /* the connection's use counter when last looked up (LRU) */
+} shm_peer_map;
+
 enum shm_conn_state { SHM_CONN_OPENING, SHM_CONN_UP, SHM_CONN_DEAD };
 enum shm_want { SHM_WANT_NONE, SHM_WANT_RECV, SHM_WANT_SEND, SHM_WANT_OPEN };
 
@@ -88,6 +97,9 @@ struct weft_conn {
   int pidfd;                         /* readable once the peer process ended; -1 */
   bool peer_ended;                   /* its process is gone: what it sent is still read */
   uint32_t peer_pid;
+  shm_peer_map maps[SHM_PEER_MAPS]; /* the peer's shared buffers, mapped on first use */
+  int nmaps;
+  uint64_t map_uses;
 };
 
 struct weft_transport_ctx {
@@ -119,6 +131,7 @@ weft_status shm_send(struct weft_conn *c, const void *src, size_t bytes, uint32_
 weft_status shm_send_idle(struct weft_conn *c);
 weft_status shm_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data);
 weft_status shm_recv_release(struct weft_conn *c);
+weft_status shm_map_peer_mem(struct weft_conn *c, const weft_mem_key *key, void **local);
 weft_status shm_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem);
 

@@ -204,6 +204,7 @@ void shm_conn_notify_abort(struct weft_conn *c, const char *reason) {
 }
 
 void shm_conn_destroy(struct weft_conn *c) {
+  for (int i = 0; i < c->nmaps; i++) munmap(c->maps[i].base, c->maps[i].bytes);
   if (c->seg) munmap(c->seg, c->seg_bytes);
   if (c->maybe_linked) shm_unlink(c->name); /* the peer never mapped it */
   if (c->pidfd >= 0) close(c->pidfd);
@@ -338,4 +339,78 @@ weft_status shm_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void 
   WEFT_STATUS_PASS(shm_recv_peek(c, seq, bytes, &slot));
   mem->copy(dst, slot, bytes);
   return shm_recv_release(c);
+}
+
+/* ---- the peer's shared buffers ---------------------------------------------- */
+
+/* Opens the peer's memfd through /proc: this needs the right to read the
+ * peer's descriptors (same user, dumpable), not ptrace attach, so it works
+ * where Yama restricts process_vm_readv. The inode check catches a
+ * descriptor number the peer has since reused for something else. */
+static weft_status shm_map_open(struct weft_conn *c, const weft_mem_key *key, shm_peer_map *out) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%u/fd/%d", c->peer_pid, key->fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    weft_error_sink_set(c->ctx->args->errors, "cannot open peer %d's shared buffer (%s): %s",
+                        c->peer, path, strerror(errno));
+    return WEFT_ERR_SYSTEM;
+  }
+  struct stat st;
+  if (fstat(fd, &st) || (uint64_t)st.st_ino != key->ino || st.st_size <= 0) {
+    close(fd);
+    weft_error_sink_set(c->ctx->args->errors,
+                        "peer %d's shared buffer %s is not the memory it described (inode %llu)",
+                        c->peer, path, (unsigned long long)key->ino);
+    return WEFT_ERR_PROTOCOL;
+  }
+  void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    weft_error_sink_set(c->ctx->args->errors, "mmap of peer %d's shared buffer: %s", c->peer,
+                        strerror(errno));
+    return WEFT_ERR_SYSTEM;
+  }
+  *out = (shm_peer_map){.ino = key->ino, .bytes = (size_t)st.st_size, .base = p};
+  WEFT_INFO(WEFT_SUBSYS_NET, "shm: rank %d mapped %zu bytes that peer %d shares",
+            c->ctx->args->rank, out->bytes, c->peer);
+  return WEFT_OK;
+}
+
+weft_status shm_map_peer_mem(struct weft_conn *c, const weft_mem_key *key, void **local) {
+  *local = NULL;
+  if (c->state == SHM_CONN_DEAD) return c->dead_status;
+  if (key->pid != c->peer_pid) {
+    weft_error_sink_set(c->ctx->args->errors,
+                        "peer %d described a buffer of process %u, but it is process %u", c->peer,
+                        key->pid, c->peer_pid);
+    return WEFT_ERR_PROTOCOL;
+  }
+  shm_peer_map *m = NULL;
+  for (int i = 0; i < c->nmaps && !m; i++)
+    if (c->maps[i].ino == key->ino) m = &c->maps[i];
+  if (!m) {
+    shm_peer_map fresh;
+    WEFT_STATUS_PASS(shm_map_open(c, key, &fresh));
+    if (c->nmaps == SHM_PEER_MAPS) { /* full: the least recently used goes */
+      m = &c->maps[0];
+      for (int i = 1; i < c->nmaps; i++)
+        if (c->maps[i].used < m->used) m = &c->maps[i];
+      munmap(m->base, m->bytes);
+    } else {
+      m = &c->maps[c->nmaps++];
+    }
+    *m = fresh;
+  }
+  m->used = ++c->map_uses;
+  /* bounds from what is mapped here, never from the peer's word alone */
+  if (key->offset > m->bytes || key->len > m->bytes - key->offset) {
+    weft_error_sink_set(c->ctx->args->errors,
+                        "peer %d described bytes %llu..%llu of a %zu-byte shared buffer", c->peer,
+                        (unsigned long long)key->offset,
+                        (unsigned long long)(key->offset + key->len), m->bytes);
+    return WEFT_ERR_PROTOCOL;
+  }
+  *local = (char *)m->base + key->offset;
+  return WEFT_OK;
 }

@@ -164,6 +164,7 @@ const weft_transport weft_transport_shm = {
     .recv_peek = shm_recv_peek,
     .recv_release = shm_recv_release,
     .recv_into = shm_recv_into,
+    .map_peer_mem = shm_map_peer_mem,
     .progress = shm_progress,
     .wait = shm_wait,
     .abort_all = shm_abort_all,

@@ -179,6 +179,7 @@ const weft_transport weft_transport_tcp = {
     .recv_peek = tcp_recv_peek,
     .recv_release = tcp_recv_release,
     .recv_into = tcp_recv_into,
+    .map_peer_mem = weft_transport_no_map, /* no shared address space with a remote peer */
     .progress = tcp_progress,
     .wait = tcp_wait,
     .abort_all = tcp_abort_all,

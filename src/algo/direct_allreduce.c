@@ -1,0 +1,231 @@
+/* direct_allreduce.c - allreduce among ranks of one host whose buffers all
+ * lie in shareable memory (weft_mem_alloc). Each rank maps every peer's
+ * input and output; member r sums slice r of all inputs in a small piece of
+ * scratch and stores the result straight into every member's output. Every
+ * byte is read once and written once per output, with no slots between:
+ * where the ring moves 2(n-1)/n of the buffer through shared slots per rank,
+ * this moves nothing but the data itself, and no rank waits for another
+ * between the rounds, which matters when ranks outnumber cores.
+ *
+ * Rounds (tiny chunks over the ordinary links):
+ *   0,1  every member sends every other its message: whether its buffers are
+ *        shared and where (a weft_mem_key each). Arriving also says "my
+ *        buffers are ready". If any member's are not shared, every rank sees
+ *        it in the messages and all run the ring instead, in this same call.
+ *   2,3  each sends whether it could map everything; all must have, or the
+ *        ring again (nobody has written anything yet). Skipped when every
+ *        message is the same as in the last call that all could map (a
+ *        training loop's buffers): every rank sees the same messages and
+ *        remembers the same last agreement, so all skip it together.
+ *   4    sum own slice, store it into every output.
+ *   5,6  each tells every other it is done; a rank returns only when all
+ *        are, so nobody still reads its input or writes its output.
+ * Final values are computed once and copied, so every rank ends with the
+ * same bits. In place is safe: slice r of any buffer is read and written by
+ * member r alone, each piece read in full before it is written. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo.h"
+#include "src/log.h"
+#include "src/shared_mem.h"
+
+#define DIRECT_MSG_MAGIC 0x57444952u /* "WDIR" */
+#define DIRECT_PIECE_BYTES 16384     /* the running sum stays in L1 */
+
+struct weft_direct_msg {
+  uint32_t magic;
+  uint32_t shared; /* 1: both buffers lie in weft_mem_alloc memory */
+  weft_mem_key in, out;
+};
+
+enum { SEND_KEYS, RECV_KEYS, SEND_VERDICT, RECV_VERDICT, REDUCE, SEND_DONE, RECV_DONE, FINISHED };
+
+/* Sends `bytes` at `src` to every other member, in rank order from the next
+ * one (so members do not all start with the same peer). */
+static weft_status send_all(weft_coll *coll, const void *src, size_t bytes) {
+  weft_direct_state *ds = &coll->st.direct;
+  int n = coll->size;
+  while (ds->next < n - 1) {
+    int peer = (coll->rank + 1 + ds->next) % n;
+    WEFT_STEP(weft_step_send(coll, peer, src, bytes));
+    ds->next++;
+  }
+  ds->next = 0;
+  return WEFT_OK;
+}
+
+/* Receives one `bytes` message from every other member into slot [peer]. */
+static weft_status recv_all(weft_coll *coll, void *base, size_t bytes) {
+  weft_direct_state *ds = &coll->st.direct;
+  int n = coll->size;
+  while (ds->next < n - 1) {
+    int peer = (coll->rank + n - 1 - ds->next) % n;
+    WEFT_STEP(weft_link_recv_into(coll, peer, bytes, (char *)base + (size_t)peer * bytes));
+    ds->next++;
+  }
+  ds->next = 0;
+  return WEFT_OK;
+}
+
+/* Maps every other member's buffers; false (with the reason logged) when
+ * one cannot be: not shared memory this transport reaches, or a length
+ * that is not this call's (counts differ: the ring will say so). */
+static bool map_all(weft_coll *coll) {
+  weft_direct_state *ds = &coll->st.direct;
+  size_t bytes = coll->count * coll->elem;
+  for (int p = 0; p < coll->size; p++) {
+    if (p == coll->rank) continue;
+    const struct weft_direct_msg *m = &ds->msgs[p];
+    void *in = NULL, *out = NULL;
+    weft_status st = WEFT_ERR_MISMATCH;
+    if (m->in.len == bytes && m->out.len == bytes) {
+      st = weft_link_map(coll, p, &m->in, &in);
+      if (st == WEFT_OK) st = weft_link_map(coll, p, &m->out, &out);
+    }
+    if (st != WEFT_OK) {
+      WEFT_INFO(WEFT_SUBSYS_COLL, "rank %d: %s #%u: not direct, peer %d's buffers: %s (%s)",
+                coll->comm->rank, coll->call, coll->seq, p, weft_status_name(st),
+                st == WEFT_ERR_MISMATCH ? "lengths differ" : coll->comm->sink.msg);
+      return false;
+    }
+    ds->ins[p] = in;
+    ds->outs[p] = out;
+  }
+  return true;
+}
+
+/* This member's slice: whole cache lines, so no two members store into
+ * one line of an output. */
+static void direct_slice(const weft_coll *coll, size_t *lo, size_t *hi) {
+  size_t n = (size_t)coll->size, line = 64 / coll->elem;
+  size_t per = (coll->count + n - 1) / n;
+  per = (per + line - 1) / line * line;
+  size_t start = (size_t)coll->rank * per;
+  *lo = start < coll->count ? start : coll->count;
+  *hi = start + per < coll->count ? start + per : coll->count;
+}
+
+static void direct_reduce(weft_coll *coll) {
+  weft_direct_state *ds = &coll->st.direct;
+  const weft_mem_ops *mem = coll->mem;
+  size_t e = coll->elem, piece = DIRECT_PIECE_BYTES / e, lo, hi;
+  int n = coll->size;
+  direct_slice(coll, &lo, &hi);
+  for (size_t off = lo; off < hi; off += piece) {
+    size_t cnt = hi - off < piece ? hi - off : piece;
+    size_t at = off * e;
+    /* a fixed order (member 0, 1, ...) whoever computes: deterministic */
+    mem->reduce(ds->acc, ds->ins[0] + at, ds->ins[1] + at, cnt, coll->dtype, coll->op,
+                n == 2 ? coll->avg_div : 1);
+    for (int p = 2; p < n; p++)
+      mem->reduce(ds->acc, ds->acc, ds->ins[p] + at, cnt, coll->dtype, coll->op,
+                  p == n - 1 ? coll->avg_div : 1);
+    for (int p = 0; p < n; p++) mem->copy(ds->outs[p] + at, ds->acc, cnt * e);
+  }
+  coll->comm->events++; /* progress, for the engine's timeout */
+}
+
+/* Not every rank can go direct: the ring, in this same call. */
+static weft_status direct_fall_back(weft_coll *coll) {
+  WEFT_CHECK(weft_ring_allreduce_start(coll));
+  return coll->advance(coll);
+}
+
+static weft_status direct_advance(weft_coll *coll) {
+  weft_direct_state *ds = &coll->st.direct;
+  size_t msg = sizeof(struct weft_direct_msg);
+  switch (ds->phase) {
+    case SEND_KEYS:
+      WEFT_STEP(send_all(coll, &ds->msgs[coll->rank], msg));
+      ds->phase = RECV_KEYS;
+      /* fall through */
+    case RECV_KEYS: {
+      WEFT_STEP(recv_all(coll, ds->msgs, msg));
+      bool all_shared = true;
+      for (int p = 0; p < coll->size; p++)
+        all_shared = all_shared && ds->msgs[p].magic == DIRECT_MSG_MAGIC && ds->msgs[p].shared;
+      /* every rank read the same messages: all fall back together */
+      if (!all_shared) return direct_fall_back(coll);
+      weft_comm *comm = coll->comm;
+      size_t all = (size_t)coll->size * msg;
+      if (comm->direct_agreed && !memcmp(comm->direct_agreed, ds->msgs, all)) {
+        /* mapped before, and the mappings are cached: only a kernel refusal
+         * now (memory pressure) fails here; the peers then see our failure */
+        if (!map_all(coll)) {
+          char why[sizeof comm->sink.msg];
+          snprintf(why, sizeof why, "%s", comm->sink.msg);
+          weft_error_sink_set(&comm->sink,
+                              "could not map again the shared buffers every rank mapped in the "
+                              "last call: %s",
+                              why);
+          return WEFT_ERR_SYSTEM; /* worded in the sink; the engine tells the peers */
+        }
+        ds->phase = REDUCE;
+        goto reduce;
+      }
+      free(comm->direct_agreed);
+      comm->direct_agreed = NULL;
+      ds->verdict = map_all(coll);
+      ds->phase = SEND_VERDICT;
+    }
+      /* fall through */
+    case SEND_VERDICT:
+      WEFT_STEP(send_all(coll, &ds->verdict, sizeof ds->verdict));
+      ds->phase = RECV_VERDICT;
+      /* fall through */
+    case RECV_VERDICT: {
+      WEFT_STEP(recv_all(coll, ds->verdicts, sizeof *ds->verdicts));
+      ds->verdicts[coll->rank] = ds->verdict;
+      for (int p = 0; p < coll->size; p++)
+        if (!ds->verdicts[p]) return direct_fall_back(coll);
+      size_t all = (size_t)coll->size * msg;
+      coll->comm->direct_agreed = malloc(all);
+      if (coll->comm->direct_agreed) memcpy(coll->comm->direct_agreed, ds->msgs, all);
+      ds->phase = REDUCE;
+    }
+      /* fall through */
+    case REDUCE:
+    reduce:
+      direct_reduce(coll);
+      ds->phase = SEND_DONE;
+      /* fall through */
+    case SEND_DONE:
+      WEFT_STEP(send_all(coll, &ds->token, sizeof ds->token));
+      ds->phase = RECV_DONE;
+      /* fall through */
+    case RECV_DONE:
+      WEFT_STEP(recv_all(coll, ds->verdicts, sizeof *ds->verdicts));
+      ds->phase = FINISHED;
+      /* fall through */
+    default:
+      return WEFT_OK;
+  }
+}
+
+weft_status weft_direct_allreduce_start(weft_coll *coll) {
+  weft_direct_state *ds = &coll->st.direct;
+  size_t n = (size_t)coll->size, bytes = coll->count * coll->elem;
+  size_t need = n * sizeof *ds->msgs + 2 * n * sizeof(char *) + n * sizeof *ds->verdicts +
+                DIRECT_PIECE_BYTES + 64;
+  char *s;
+  WEFT_CHECK(weft_coll_scratch(coll, need, (void **)&s));
+  memset(ds, 0, sizeof *ds);
+  ds->msgs = (struct weft_direct_msg *)s;
+  ds->ins = (char **)(ds->msgs + n);
+  ds->outs = ds->ins + n;
+  ds->verdicts = (uint32_t *)(ds->outs + n);
+  ds->acc = (void *)(((uintptr_t)(ds->verdicts + n) + 63) & ~(uintptr_t)63);
+  memset(ds->msgs, 0, n * sizeof *ds->msgs);
+  struct weft_direct_msg *mine = &ds->msgs[coll->rank];
+  mine->magic = DIRECT_MSG_MAGIC;
+  mine->shared = weft_shared_mem_find(coll->sendbuf, bytes, &mine->in) &&
+                 weft_shared_mem_find(coll->recvbuf, bytes, &mine->out);
+  ds->ins[coll->rank] = (char *)coll->sendbuf;
+  ds->outs[coll->rank] = coll->recvbuf;
+  ds->token = 1;
+  coll->algo = "direct";
+  coll->advance = direct_advance;
+  return WEFT_OK;
+}
