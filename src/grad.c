@@ -37,6 +37,7 @@ typedef struct grad_bucket {
   void *flat;   /* what is reduced: weft's buffer, or the single tensor's own */
   int staged;   /* flat is weft's staging buffer: copy in at ready, out at wait */
   int owned;    /* flat was allocated here (owned storage or staging) */
+  int shared;   /* ... by weft_mem_alloc: peers of this host reach it (direct allreduce) */
   int pending;  /* members not ready yet in this step */
   int launched;
   weft_request *req;
@@ -742,7 +743,12 @@ static weft_status place_buckets(weft_grad *g) {
       continue;
     }
     size_t bytes = bk->count * weft_dtype_size(bk->dtype);
-    bk->flat = bk->mem->alloc(bytes);
+    /* All ranks on one host: shareable memory, so every rank's bucket can
+     * be reduced in one pass straight through the others' (weft_mem_alloc).
+     * Ordinary memory if the kernel will not give it: the ring still works. */
+    bk->shared = bk->mem->kind == WEFT_MEM_HOST && g->comm->nhosts == 1 && bytes > 0 &&
+                 weft_mem_alloc(bytes, &bk->flat) == WEFT_OK;
+    if (!bk->shared) bk->flat = bk->mem->alloc(bytes);
     if (!bk->flat) return WEFT_ERR_NOMEM;
     bk->owned = 1;
     if (g->opts.owned_storage)
@@ -796,7 +802,8 @@ static void free_buckets(weft_grad *g) {
   for (int b = 0; g->buckets && b < g->nbuckets; b++) {
     grad_bucket *bk = &g->buckets[b];
     if (bk->req) weft_wait(&bk->req);
-    if (bk->owned && bk->mem) bk->mem->release(bk->flat);
+    if (bk->owned && bk->shared) weft_mem_free(bk->flat);
+    else if (bk->owned && bk->mem) bk->mem->release(bk->flat);
     free(bk->members);
   }
   free(g->buckets);
