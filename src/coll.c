@@ -523,8 +523,10 @@ static weft_status allreduce_setup(weft_coll *coll, const char *call, weft_comm 
    * shared. Every rank decides this from the same facts (hosts, count,
    * settings), so all take part in the question; the answer may be the ring. */
   bool direct = comm->nhosts == 1 &&
-                (comm->algo_forced == 4 || (comm->algo_forced == 0 && comm->direct_min_bytes &&
-                                            bytes >= comm->direct_min_bytes));
+                (comm->algo_forced == 4 ||
+                 (comm->algo_forced == 0 && comm->direct_min_bytes &&
+                  bytes >= comm->direct_min_bytes &&
+                  weft_direct_allreduce_worth_asking(comm, count, dtype)));
   if (direct) return coll_start(coll, weft_direct_allreduce_start(coll));
   bool use_rd = bytes <= comm->chunk_bytes &&
                 (comm->algo_forced == 2 || (comm->algo_forced == 0 && bytes <= comm->rd_max_bytes));

@@ -173,6 +173,7 @@ static void comm_free(weft_comm *comm) {
   free(comm->host_members);
   free(comm->leaders);
   free(comm->direct_agreed);
+  free(comm->direct_memo);
   comm->magic = 0;
   free(comm);
 }

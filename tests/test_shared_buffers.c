@@ -6,6 +6,7 @@
  *    must end with the same bits, and the flight recorder must say the
  *    direct path ran (a silent fall-back to the ring would pass otherwise);
  *  - the same buffers call after call (the verdict round skipped);
+ *  - a call shape that found ordinary buffers skips the question for a while;
  *  - the ring in the same call when one rank's buffer is ordinary memory,
  *    and when the transport cannot map (tcp);
  *  - free and allocate again between calls (descriptor numbers reused);
@@ -172,6 +173,38 @@ static int mixed_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   return bad;
 }
 
+/* auto: a shape that found ordinary buffers skips the question for the
+ * next 15 calls of that shape (ring), then asks again and goes direct;
+ * another shape is not affected. All ranks must skip alike, or the call
+ * would fail (one rank asking while another runs the ring). */
+static int memo_rank(int rank, int n, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  size_t count = (1u << 20) / 4 + 16, bytes = count * 4;
+  void *in = NULL, *out = NULL, *plain = malloc(bytes);
+  if (weft_mem_alloc(bytes, &in) || weft_mem_alloc(bytes, &out)) return report(comm, rank, "alloc", 1);
+  call_of k = {WEFT_F32, WEFT_SUM, 50};
+  int bad = one_call(comm, rank, n, rank == 1 ? plain : in, out, count, k, 0, "ring");
+  for (int i = 0; i < 15; i++) {
+    k.tag++;
+    bad |= one_call(comm, rank, n, in, out, count, k, 0, "ring"); /* not asked */
+    if (i == 7) /* another shape asks at once */
+      bad |= one_call(comm, rank, n, in, out, count - 16, (call_of){WEFT_F32, WEFT_MAX, 99}, 1,
+                      "direct");
+  }
+  k.tag++;
+  bad |= one_call(comm, rank, n, in, out, count, k, 0, "direct"); /* asked again */
+  k.tag++;
+  bad |= one_call(comm, rank, n, in, out, count, k, 1, "direct");
+  bad |= same_bits_everywhere(comm, rank, n);
+  free(plain);
+  weft_mem_free(in);
+  weft_mem_free(out);
+  weft_comm_destroy(comm);
+  return bad;
+}
+
 /* env: WEFT_TRANSPORT=tcp. Shared buffers, but no transport that maps. */
 static int tcp_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   (void)arg;
@@ -307,6 +340,7 @@ RANKS_TEST(forced4, forced_rank, 4, env_forced)
 RANKS_TEST(auto2, auto_rank, 2, NULL)
 RANKS_TEST(auto3, auto_rank, 3, NULL)
 RANKS_TEST(mixed3, mixed_rank, 3, env_forced)
+RANKS_TEST(memo3, memo_rank, 3, NULL)
 RANKS_TEST(tcp2, tcp_rank, 2, env_tcp)
 RANKS_TEST(realloc2, realloc_rank, 2, env_forced)
 RANKS_TEST(realloc3, realloc_rank, 3, env_forced)
@@ -320,7 +354,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(alloc_refusals), cmocka_unit_test(forced2),  cmocka_unit_test(forced3),
       cmocka_unit_test(forced4),        cmocka_unit_test(auto2),    cmocka_unit_test(auto3),
-      cmocka_unit_test(mixed3),         cmocka_unit_test(tcp2),     cmocka_unit_test(realloc2),
+      cmocka_unit_test(mixed3),         cmocka_unit_test(memo3),         cmocka_unit_test(tcp2),     cmocka_unit_test(realloc2),
       cmocka_unit_test(realloc3),       cmocka_unit_test(nonblocking3), cmocka_unit_test(dies3),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
