@@ -100,6 +100,7 @@ struct weft_coll {
   int avg_div;      /* what avg divides by once the sum is complete: the
                        communicator's size, or 1 in a phase that only sums */
   const char *call; /* "weft_allreduce": the name the user called */
+  uint8_t kind;     /* which call it is, for its checks and messages (coll.c) */
   const char *algo; /* "ring", "rd", "tree": for messages and logs */
   const void *sendbuf;
   void *recvbuf;
