@@ -227,12 +227,12 @@ weft_status weft_coll_failed(weft_coll *coll, weft_status st) {
   switch (st) {
     case WEFT_ERR_ABORTED:
       comm->sink.origin[0] = 0;
-      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st);
+      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, 0);
       weft_recorder_dump(comm, "aborted");
       return coll_fail(coll, st, "weft_comm_abort was called");
     case WEFT_ERR_TIMEOUT:
       comm->sink.origin[0] = 0;
-      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st);
+      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, 0);
       weft_recorder_dump(comm, "timeout");
       return coll_fail(coll, st,
                        "no progress for %.1f s while waiting for %s peer %d (%s algorithm); is "
@@ -377,6 +377,7 @@ static weft_status coll_start(weft_coll *coll, weft_status started) {
   }
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %zu bytes (per block), %s algorithm", coll->call, coll->seq,
              coll->count * coll->elem, coll->algo);
+  coll->issued = weft_now(); /* the one clock read of an issue (engine.c reuses it) */
   weft_recorder_issue(&coll->comm->recorder, coll);
   if (coll->comm->check_calls) return check_start(coll);
   return WEFT_OK;

@@ -83,7 +83,10 @@ struct weft_comm {
   /* the engine (engine.c) */
   pthread_mutex_t q_lock;   /* guards the queue, the lane's new posts, the thread's flags */
   pthread_cond_t q_cond;    /* the progress thread sleeps here while idle or stepping aside */
-  struct weft_request *q_head, *q_tail; /* collectives in issue order; the head runs */
+  /* collectives in issue order; the head runs. Written under q_lock; the
+   * driver reads q_head without it (engine.c, queue_pass) */
+  _Atomic(struct weft_request *) q_head;
+  struct weft_request *q_tail;
   pthread_t progress;
   bool progress_started, progress_stop;
   atomic_bool progress_driving;  /* the thread holds call_lock: wake its transport wait */

@@ -33,15 +33,17 @@ static weft_status lane_pass(weft_comm *comm) {
 }
 
 static bool has_work_locked(weft_comm *comm) {
-  return comm->q_head || (comm->lane && weft_p2p_busy(comm));
+  return atomic_load_explicit(&comm->q_head, memory_order_relaxed) ||
+         (comm->lane && weft_p2p_busy(comm));
 }
 
 /* Completes everything queued with `st` (the first cause is already in
  * last_error). Caller holds call_lock. */
 static void fail_all(weft_comm *comm, weft_status st) {
   pthread_mutex_lock(&comm->q_lock);
-  weft_request *r = comm->q_head;
-  comm->q_head = comm->q_tail = NULL;
+  weft_request *r = atomic_load_explicit(&comm->q_head, memory_order_relaxed);
+  atomic_store_explicit(&comm->q_head, NULL, memory_order_relaxed);
+  comm->q_tail = NULL;
   pthread_mutex_unlock(&comm->q_lock);
   while (r) {
     weft_request *next = r->next;
@@ -74,14 +76,16 @@ void weft_request_complete(weft_request *req, weft_status st) {
 /* Advances the head collectives as far as they go. Negative: the head failed. */
 static weft_status queue_pass(weft_comm *comm, weft_request **failed) {
   for (;;) {
-    pthread_mutex_lock(&comm->q_lock);
-    weft_request *head = comm->q_head;
-    pthread_mutex_unlock(&comm->q_lock);
+    /* No q_lock to look: only the driver removes the head, and a submitter
+     * sets it (release) only on an empty queue. A waiting call goes round
+     * here many times; a lock pair each time was a fair part of its cost. */
+    weft_request *head = atomic_load_explicit(&comm->q_head, memory_order_acquire);
     if (!head) return WEFT_OK;
     weft_coll *coll = &head->coll;
     if (!head->started) {
       head->started = true;
-      weft_recorder_update(&comm->recorder, coll, WEFT_REC_RUNNING, WEFT_OK);
+      weft_recorder_update(&comm->recorder, coll, WEFT_REC_RUNNING, WEFT_OK,
+                           head->quick_start ? coll->issued : 0);
     }
     weft_status st = head->algo_done ? WEFT_OK : coll->advance(coll);
     if (st == WEFT_OK) {
@@ -91,14 +95,15 @@ static weft_status queue_pass(weft_comm *comm, weft_request **failed) {
     if (st == WEFT_AGAIN) return WEFT_OK;
     if (st < 0) {
       *failed = head;
-      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st);
+      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, 0);
       return st;
     }
-    weft_recorder_update(&comm->recorder, coll, WEFT_REC_DONE, WEFT_OK);
+    weft_recorder_update(&comm->recorder, coll, WEFT_REC_DONE, WEFT_OK, 0);
     weft_coll_end(coll);
-    pthread_mutex_lock(&comm->q_lock);
-    comm->q_head = head->next;
-    if (!comm->q_head) comm->q_tail = NULL;
+    pthread_mutex_lock(&comm->q_lock); /* a submitter may be appending to it */
+    weft_request *next = head->next;
+    atomic_store_explicit(&comm->q_head, next, memory_order_relaxed);
+    if (!next) comm->q_tail = NULL;
     pthread_mutex_unlock(&comm->q_lock);
     comm->events++;
     weft_request_complete(head, WEFT_OK);
@@ -108,7 +113,8 @@ static weft_status queue_pass(weft_comm *comm, weft_request **failed) {
 /* The peer the engine waits for, and its transport. */
 static const weft_comm_transport *waited_transport(weft_comm *comm) {
   int peer = -1;
-  if (comm->q_head) peer = comm->q_head->coll.waiting_peer;
+  weft_request *head = atomic_load_explicit(&comm->q_head, memory_order_relaxed);
+  if (head) peer = head->coll.waiting_peer;
   if (peer < 0 && comm->lane) peer = weft_p2p_waiting_peer(comm, NULL);
   int t = peer >= 0 && peer != comm->rank ? comm->peers[peer].tp : 0;
   return &comm->tps[t < 0 ? 0 : t];
@@ -117,7 +123,7 @@ static const weft_comm_transport *waited_transport(weft_comm *comm) {
 /* A failure seen while driving: the head collective words it (or the lane),
  * the communicator fails, every request completes with the error. */
 static weft_status drive_failed(weft_comm *comm, weft_request *head, weft_status st) {
-  if (!head) head = comm->q_head;
+  if (!head) head = atomic_load_explicit(&comm->q_head, memory_order_relaxed);
   if (head) {
     st = weft_coll_failed(&head->coll, st);
   } else if (!comm->failed) {
@@ -143,12 +149,30 @@ static weft_status drive_failed(weft_comm *comm, weft_request *head, weft_status
 
 typedef enum drive_mode { DRIVE_WAIT, DRIVE_ONCE, DRIVE_THREAD } drive_mode;
 
+/* A clock read costs ~35 ns on a paravirtualized machine, as much as a
+ * whole idle round. A waiting driver reads it on its first idle round after
+ * anything moved (so the timeout counts from the last progress), then once
+ * every CLOCK_ROUNDS idle rounds: the spin, yield and timeout thresholds
+ * are tens of microseconds and more, a round well under one. */
+#define CLOCK_ROUNDS 8
+
+/* Leaving drive with work still queued: progress seen since the last
+ * stamp must count for the timeout of the driver that comes next. */
+static void drive_leave_stamp(weft_comm *comm, bool stamp) {
+  if (stamp && (atomic_load_explicit(&comm->q_head, memory_order_relaxed) ||
+                (comm->lane && weft_p2p_busy(comm))))
+    comm->last_moved = weft_now();
+}
+
 /* Caller holds call_lock. Returns when `target` is done (DRIVE_WAIT), after
  * one pass (DRIVE_ONCE), or when there is no work left or a caller wants to
  * drive (DRIVE_THREAD). */
 static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
   bool thread = mode == DRIVE_THREAD;
   int yield_us = thread && comm->yield_us > THREAD_YIELD_US ? THREAD_YIELD_US : comm->yield_us;
+  bool stamp = false; /* something moved that last_moved does not show yet */
+  unsigned idle_rounds = 0;
+  double now = 0;
   for (;;) {
     uint64_t seen = comm->events;
     weft_request *failed = NULL;
@@ -158,13 +182,21 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
       drive_failed(comm, failed, st);
       return;
     }
-    if (target && atomic_load_explicit(&target->done, memory_order_acquire)) return;
+    if (target && atomic_load_explicit(&target->done, memory_order_acquire)) {
+      drive_leave_stamp(comm, stamp || comm->events != seen);
+      return;
+    }
     if (thread) {
-      if (atomic_load_explicit(&comm->drivers_waiting, memory_order_relaxed) > 0) return;
-      pthread_mutex_lock(&comm->q_lock);
-      bool work = has_work_locked(comm) && !comm->progress_stop;
-      pthread_mutex_unlock(&comm->q_lock);
-      if (!work) return;
+      bool leave = atomic_load_explicit(&comm->drivers_waiting, memory_order_relaxed) > 0;
+      if (!leave) {
+        pthread_mutex_lock(&comm->q_lock);
+        leave = !has_work_locked(comm) || comm->progress_stop;
+        pthread_mutex_unlock(&comm->q_lock);
+      }
+      if (leave) {
+        drive_leave_stamp(comm, stamp || comm->events != seen);
+        return;
+      }
     }
     bool moved = false;
     for (int t = 0; t < comm->ntps && st >= 0; t++) {
@@ -176,17 +208,27 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
       drive_failed(comm, NULL, st);
       return;
     }
-    double now = weft_now();
     if (moved || comm->events != seen) {
-      comm->last_moved = now;
+      stamp = true;
+      idle_rounds = 0;
       continue;
     }
-    if (mode == DRIVE_ONCE) return;
+    if (mode == DRIVE_ONCE) {
+      drive_leave_stamp(comm, stamp);
+      return;
+    }
     if (atomic_load_explicit(&comm->aborted, memory_order_relaxed)) {
       comm->sink.origin[0] = 0;
       drive_failed(comm, NULL, WEFT_ERR_ABORTED);
       return;
     }
+    bool fresh = stamp || idle_rounds % CLOCK_ROUNDS == 0;
+    if (fresh) {
+      now = weft_now();
+      if (stamp) comm->last_moved = now;
+      stamp = false;
+    }
+    idle_rounds++;
     double idle = now - comm->last_moved;
     if (idle >= comm->timeout_s) {
       comm->sink.origin[0] = 0;
@@ -195,13 +237,21 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
     }
     if (idle * 1e6 < comm->spin_us) continue;
     weft_recorder_poll_signal();
+    /* after a yield or a sleep (which may last milliseconds), the next
+     * round reads the clock; the system call costs far more anyway */
+    idle_rounds = 0;
     if (idle * 1e6 < comm->spin_us + yield_us) {
       sched_yield();
       continue;
     }
+    if (!fresh) { /* the sleep is sized by the time left */
+      now = weft_now();
+      idle = now - comm->last_moved;
+    }
     double left_ms = (comm->timeout_s - idle) * 1000;
-    if (comm->q_head) /* what it waits for, for a dump */
-      weft_recorder_update(&comm->recorder, &comm->q_head->coll, WEFT_REC_RUNNING, WEFT_OK);
+    weft_request *head = atomic_load_explicit(&comm->q_head, memory_order_relaxed);
+    if (head) /* what it waits for, for a dump */
+      weft_recorder_update(&comm->recorder, &head->coll, WEFT_REC_RUNNING, WEFT_OK, now);
     int slice = thread ? THREAD_SLICE_MS : 100;
     /* sleep on what the head waits for; other transports are polled every
      * round and the waits are bounded slices */
@@ -249,12 +299,14 @@ void weft_engine_submit(weft_request *req, bool wake) {
   req->next = NULL;
   atomic_store_explicit(&req->done, 0, memory_order_relaxed);
   pthread_mutex_lock(&comm->q_lock);
-  if (!has_work_locked(comm)) comm->last_moved = weft_now(); /* the timeout counts from here */
+  if (!has_work_locked(comm)) /* the timeout counts from here: a collective's issue time */
+    comm->last_moved =
+        req->kind == WEFT_REQ_COLL && req->coll.issued ? req->coll.issued : weft_now();
   if (req->kind == WEFT_REQ_COLL) {
     if (comm->q_tail)
       comm->q_tail->next = req;
     else
-      comm->q_head = req;
+      atomic_store_explicit(&comm->q_head, req, memory_order_release);
     comm->q_tail = req;
   } else {
     weft_p2p_post(req);
@@ -269,8 +321,13 @@ void weft_engine_submit(weft_request *req, bool wake) {
   pthread_mutex_unlock(&comm->q_lock);
 }
 
-/* Takes the call lock as a driver: the progress thread steps aside. */
-static void driver_enter(weft_comm *comm) {
+/* Takes the call lock as a driver: the progress thread steps aside. True
+ * when it was free at once (nobody was driving). */
+static bool driver_enter(weft_comm *comm) {
+  /* Free: no thread to ask aside (one that wants it later waits on the
+   * lock, as it would behind a waiting caller), and two atomic updates and
+   * a load fewer per blocking call. */
+  if (pthread_mutex_trylock(&comm->call_lock) == 0) return true;
   atomic_fetch_add(&comm->drivers_waiting, 1);
   if (atomic_load(&comm->progress_driving)) {
     uint64_t one = 1; /* ends a transport wait the thread may be sleeping in */
@@ -279,6 +336,7 @@ static void driver_enter(weft_comm *comm) {
   }
   pthread_mutex_lock(&comm->call_lock);
   atomic_fetch_sub(&comm->drivers_waiting, 1);
+  return false;
 }
 
 static void driver_leave(weft_comm *comm) {
@@ -293,7 +351,11 @@ static void driver_leave(weft_comm *comm) {
 weft_status weft_engine_wait(weft_request *req) {
   if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
     weft_comm *comm = req->comm;
-    driver_enter(comm);
+    /* A blocking call at the head of an engine it took at once starts now,
+     * a few hundred nanoseconds after its issue: the recorder takes that time. */
+    if (driver_enter(comm) && !req->on_heap &&
+        atomic_load_explicit(&comm->q_head, memory_order_relaxed) == req)
+      req->quick_start = true;
     drive(comm, req, DRIVE_WAIT);
     driver_leave(comm);
   }
@@ -322,7 +384,8 @@ void weft_engine_stop(weft_comm *comm) {
   if (started) pthread_join(comm->progress, NULL);
   comm->progress_started = false;
   pthread_mutex_lock(&comm->call_lock);
-  if (comm->q_head || (comm->lane && weft_p2p_busy(comm))) {
+  if (atomic_load_explicit(&comm->q_head, memory_order_relaxed) ||
+      (comm->lane && weft_p2p_busy(comm))) {
     if (!comm->failed)
       weft_comm_error(comm, WEFT_ERR_ABORTED, "weft_comm_destroy",
                       "the communicator was destroyed with requests outstanding");

@@ -24,6 +24,8 @@ struct weft_request {
   bool on_heap;    /* made by a weft_iNAME call: freed by wait/test; else it
                       lives on a blocking caller's stack */
   bool started;         /* the engine has advanced it (the recorder knows) */
+  bool quick_start;     /* a blocking call whose caller took the idle engine at once:
+                           it starts when issued (no second clock read) */
   bool algo_done;  /* the algorithm finished; its sends may still be draining */
   atomic_int done; /* set last, with `status`: the driver never touches it after */
   weft_status status;

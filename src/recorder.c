@@ -43,18 +43,18 @@ void weft_recorder_issue(weft_recorder *rec, const weft_coll *coll) {
                         .op = coll->op,
                         .root = coll->root,
                         .state = WEFT_REC_QUEUED,
-                        .issued = weft_now(),
+                        .issued = coll->issued,
                         .waiting_peer = -1};
 }
 
 void weft_recorder_update(weft_recorder *rec, const weft_coll *coll, weft_rec_state state,
-                          weft_status status) {
+                          weft_status status, double now) {
   if (!rec->cap) return;
   /* the call is recent: search back from the newest */
   for (uint64_t k = 0; k < rec->cap && k < rec->next; k++) {
     weft_rec_entry *e = &rec->ring[(rec->next - 1 - k) % rec->cap];
     if (e->seq != coll->seq || e->call != coll->call) continue;
-    double now = weft_now();
+    if (now == 0) now = weft_now();
     if (state == WEFT_REC_RUNNING && !e->started) e->started = now;
     if (state >= WEFT_REC_DONE) e->ended = now;
     e->state = state;
