@@ -112,6 +112,7 @@ struct weft_transport_ctx {
   struct weft_conn *want_conn;       /* the last connection a data call said AGAIN for */
   enum shm_want want;
   double next_liveness_check;
+  uint32_t progress_calls;           /* the clock is read on every SHM_CLOCK_ROUNDS-th */
 };
 
 /* shm_conn.c */
