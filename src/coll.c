@@ -377,8 +377,7 @@ static weft_status coll_start(weft_coll *coll, weft_status started) {
   }
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %zu bytes (per block), %s algorithm", coll->call, coll->seq,
              coll->count * coll->elem, coll->algo);
-  coll->issued = weft_now(); /* the one clock read of an issue (engine.c reuses it) */
-  weft_recorder_issue(&coll->comm->recorder, coll);
+  weft_recorder_issue(&coll->comm->recorder, coll); /* the engine adds the time */
   if (coll->comm->check_calls) return check_start(coll);
   return WEFT_OK;
 }
@@ -389,6 +388,7 @@ static void request_init(weft_request *r, bool on_heap) {
   r->on_heap = on_heap;
   r->algo_done = false;
   r->started = false;
+  r->time_pending = false;
   r->status = WEFT_OK;
 }
 
@@ -398,8 +398,7 @@ static weft_status coll_blocking(weft_request *r, weft_status setup) {
   if (setup == COLL_DONE) return WEFT_OK;
   if (setup < 0) return setup;
   request_init(r, false);
-  weft_engine_submit(r, false);
-  return weft_engine_wait(r);
+  return weft_engine_call(r);
 }
 
 /* A non-blocking call: queued, and the progress thread moves it. */

@@ -111,7 +111,8 @@ struct weft_coll {
   size_t elem; /* bytes per element */
   const weft_mem_ops *mem;
   uint32_t seq;
-  double issued;    /* weft_now() when issued: the recorder's, and the timeout's start */
+  double issued;     /* weft_now() when issued (engine.c): the recorder's and the timeout's start */
+  uint32_t rec_slot; /* its flight recorder entry (recorder.c) */
   int waiting_peer; /* peer of the last WEFT_AGAIN, for timeout messages */
   int fail_peer;    /* peer whose link failed, -1 if the failure was elsewhere */
   void *scratch;    /* weft_coll_scratch's memory, freed when the call ends */
