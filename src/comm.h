@@ -93,6 +93,12 @@ struct weft_comm {
   atomic_int drivers_waiting;    /* callers that want call_lock: the thread steps aside */
   uint64_t events;          /* completed sends/receives: progress, for the timeout */
   double last_moved;        /* when anything last moved while work was outstanding */
+  /* the driver's clock (engine.c): its last reading, and the drive round it
+   * was taken in (rounds counts them), so a round can reuse a fresh one;
+   * clock_ok: taken in this drive and since its last yield or sleep */
+  double clock;
+  uint64_t rounds, clock_round;
+  bool clock_ok;
   struct weft_p2p_lane *lane; /* set on a point-to-point lane */
   struct weft_comm *p2p;    /* a user's communicator: its lane for send/recv */
   struct weft_comm *owner;  /* a lane: the user's communicator it serves */
