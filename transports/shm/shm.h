@@ -6,6 +6,7 @@
 #define WEFT_SHM_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -17,19 +18,23 @@
 #define SHM_MAX_SLOTS 64
 #define SHM_ABORT_TEXT 300
 
-/* A slot's tag and, for a chunk of up to SHM_INLINE_BYTES, its data: one
- * cache line. Moving a line between two cores costs ~0.3 us on the VMs this
- * runs on, so a small chunk must arrive as one line: the receiver polls
- * `ready` and finds tag and data beside it (a head counter, a tag array and
- * a data slot would be three lines fetched one after the other). */
-#define SHM_INLINE_BYTES 48
+/* A slot's tag and, for a chunk of up to SHM_INLINE_BYTES, its data: two
+ * cache lines. Moving a line between two cores costs ~0.1-0.3 us on the VMs
+ * this runs on, so a small chunk must not cost lines fetched one after the
+ * other (a head counter, a tag array and a data slot were three): the
+ * receiver polls `ready` and finds tag and the first SHM_INLINE_FIRST bytes
+ * beside it; a longer chunk's second line it prefetches while it polls,
+ * so both lines travel at once. */
+#define SHM_INLINE_FIRST 48
+#define SHM_INLINE_BYTES 112
 typedef struct shm_cell {
   _Alignas(64) atomic_uint ready;    /* the chunk's number + 1 once tag and data are written */
   uint32_t seq, len;
   uint32_t pad;
   unsigned char data[SHM_INLINE_BYTES]; /* the chunk when len <= SHM_INLINE_BYTES */
 } shm_cell;
-_Static_assert(sizeof(shm_cell) == 64, "a cell is one cache line");
+_Static_assert(sizeof(shm_cell) == 128, "a cell is two cache lines");
+_Static_assert(offsetof(shm_cell, data) + SHM_INLINE_FIRST == 64, "the first line's data");
 
 /* One direction. Fields written by different sides sit on different cache
  * lines so the two processes do not fight over one line per chunk. */

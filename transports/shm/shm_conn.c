@@ -323,6 +323,11 @@ weft_status shm_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const
   shm_cell *cell = &c->rx->cell[slot];
   if (!c->peeked) {
     if (atomic_load_explicit(&cell->ready, memory_order_acquire) != c->rx_tail + 1) {
+      /* A chunk that reaches into the cell's second line: ask for that line
+       * on every poll, so once the sender has written it, it travels while
+       * the first line is fetched rather than after it. */
+      if (bytes > SHM_INLINE_FIRST && bytes <= SHM_INLINE_BYTES)
+        __builtin_prefetch(cell->data + SHM_INLINE_FIRST);
       if (atomic_load_explicit(&c->rx->aborted, memory_order_relaxed)) return shm_peer_gone(c);
       if (c->peer_ended) return shm_peer_ended(c, "data");
       c->ctx->want_conn = c;
