@@ -128,8 +128,22 @@ typedef struct coll_kind {
   bool blocks; /* the buffers hold one block per rank */
 } coll_kind;
 
+/* Indexes in coll_kinds: each setup names its own, so no call pays for a
+ * string lookup (weft_coll.kind). */
+enum coll_kind_id {
+  KIND_BARRIER,
+  KIND_ALLREDUCE,
+  KIND_BROADCAST,
+  KIND_REDUCE,
+  KIND_ALLGATHER,
+  KIND_REDUCE_SCATTER,
+  KIND_GATHER,
+  KIND_SCATTER,
+  KIND_ALLTOALL,
+};
+
 static const coll_kind coll_kinds[] = {
-    {"weft_barrier", NULL, false, false, false}, /* first: the fallback */
+    {"weft_barrier", NULL, false, false, false},
     {"weft_allreduce", "count", true, false, false},
     {"weft_broadcast", "count", false, true, false},
     {"weft_reduce", "count", true, true, false},
@@ -140,17 +154,15 @@ static const coll_kind coll_kinds[] = {
     {"weft_alltoall", "count", false, false, true},
 };
 
-/* The non-blocking form "weft_iNAME" takes the rules of "weft_NAME". */
-static const coll_kind *coll_kind_of(const char *call) {
-  const char *name = !strncmp(call, "weft_i", 6) ? call + 6 : call + 5;
-  for (size_t i = 1; i < sizeof coll_kinds / sizeof coll_kinds[0]; i++)
-    if (!strcmp(coll_kinds[i].call + 5, name)) return &coll_kinds[i];
-  return &coll_kinds[0];
+/* The rules of the call `coll` belongs to; the non-blocking form "weft_iNAME"
+ * has those of "weft_NAME". */
+static const coll_kind *coll_kind_of(const weft_coll *coll) {
+  return &coll_kinds[coll->kind < sizeof coll_kinds / sizeof coll_kinds[0] ? coll->kind : 0];
 }
 
 /* "weft_reduce(count=4, f32, sum, root=1) call #7": what the user called. */
 static void coll_describe(const weft_coll *coll, char *buf, size_t len) {
-  const coll_kind *k = coll_kind_of(coll->call);
+  const coll_kind *k = coll_kind_of(coll);
   char op[32] = "", root[32] = "";
   if (!k->count_name) {
     snprintf(buf, len, "%s() call #%u", coll->call, coll->seq);
@@ -222,12 +234,12 @@ weft_status weft_coll_failed(weft_coll *coll, weft_status st) {
   switch (st) {
     case WEFT_ERR_ABORTED:
       comm->sink.origin[0] = 0;
-      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st);
+      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, 0);
       weft_recorder_dump(comm, "aborted");
       return coll_fail(coll, st, "weft_comm_abort was called");
     case WEFT_ERR_TIMEOUT:
       comm->sink.origin[0] = 0;
-      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st);
+      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, 0);
       weft_recorder_dump(comm, "timeout");
       return coll_fail(coll, st,
                        "no progress for %.1f s while waiting for %s peer %d (%s algorithm); is "
@@ -266,7 +278,7 @@ typedef struct coll_check {
 } coll_check;
 
 static coll_print print_of(const weft_coll *coll) {
-  const coll_kind *k = coll_kind_of(coll->call);
+  const coll_kind *k = coll_kind_of(coll);
   return (coll_print){.seq = coll->seq,
                       .kind = (int32_t)(k - coll_kinds),
                       .dtype = k->count_name ? (int32_t)coll->dtype : 0,
@@ -336,6 +348,7 @@ static weft_status check_start(weft_coll *coll) {
   ck->then = coll->advance;
   ck->inner = (weft_coll){.comm = coll->comm,
                           .call = coll->call,
+                          .kind = coll->kind,
                           .rank = coll->rank,
                           .size = coll->size,
                           .avg_div = 1,
@@ -371,7 +384,7 @@ static weft_status coll_start(weft_coll *coll, weft_status started) {
   }
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %zu bytes (per block), %s algorithm", coll->call, coll->seq,
              coll->count * coll->elem, coll->algo);
-  weft_recorder_issue(&coll->comm->recorder, coll);
+  weft_recorder_issue(&coll->comm->recorder, coll); /* the engine adds the time */
   if (coll->comm->check_calls) return check_start(coll);
   return WEFT_OK;
 }
@@ -382,6 +395,7 @@ static void request_init(weft_request *r, bool on_heap) {
   r->on_heap = on_heap;
   r->algo_done = false;
   r->started = false;
+  r->time_pending = false;
   r->status = WEFT_OK;
 }
 
@@ -391,8 +405,7 @@ static weft_status coll_blocking(weft_request *r, weft_status setup) {
   if (setup == COLL_DONE) return WEFT_OK;
   if (setup < 0) return setup;
   request_init(r, false);
-  weft_engine_submit(r, false);
-  return weft_engine_wait(r);
+  return weft_engine_call(r);
 }
 
 /* A non-blocking call: queued, and the progress thread moves it. */
@@ -415,10 +428,11 @@ static weft_status coll_issue(weft_request *r, weft_request **req, weft_status s
 
 /* Common checks; fills coll. Returns an error with the message set. */
 static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call,
-                              const void *sendbuf, void *recvbuf, size_t count, weft_dtype dtype,
-                              weft_op op, int root) {
+                              enum coll_kind_id kind, const void *sendbuf, void *recvbuf,
+                              size_t count, weft_dtype dtype, weft_op op, int root) {
   *coll = (weft_coll){.comm = comm,
                       .call = call,
+                      .kind = (uint8_t)kind,
                       .sendbuf = sendbuf,
                       .recvbuf = recvbuf,
                       .count = count,
@@ -436,7 +450,7 @@ static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call
   if (atomic_load(&comm->aborted) && !comm->failed)
     return weft_comm_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
   if (comm->failed) return comm->failed; /* last_error keeps the first cause */
-  const coll_kind *k = coll_kind_of(call);
+  const coll_kind *k = coll_kind_of(coll);
   if (k->has_root && (root < 0 || root >= comm->size))
     return weft_comm_error(comm, WEFT_ERR_INVALID, call, "root %d is out of range (size %d)", root,
                            comm->size);
@@ -467,7 +481,7 @@ typedef struct coll_span {
 
 static weft_status check_buffers(weft_coll *coll, coll_span sp) {
   weft_comm *comm = coll->comm;
-  const char *call = coll->call, *what = coll_kind_of(call)->count_name;
+  const char *call = coll->call, *what = coll_kind_of(coll)->count_name;
   if (coll->count == 0) return WEFT_OK;
   if (sp.send_elems && !coll->sendbuf)
     return weft_comm_error(comm, WEFT_ERR_INVALID, call, "sendbuf is NULL but %s is %zu", what,
@@ -504,7 +518,7 @@ static weft_status coll_copy_alone(weft_coll *coll) {
 static weft_status allreduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
                                    const void *sendbuf, void *recvbuf, size_t count,
                                    weft_dtype dtype, weft_op op) {
-  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, count, dtype, op, 0));
+  WEFT_CHECK(coll_begin(comm, coll, call, KIND_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0));
   WEFT_CHECK(check_buffers(coll, (coll_span){count, count, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
   if (count == 0) return COLL_DONE;
@@ -536,7 +550,8 @@ static weft_status allreduce_setup(weft_coll *coll, const char *call, weft_comm 
 static weft_status broadcast_setup(weft_coll *coll, const char *call, weft_comm *comm,
                                    const void *sendbuf, void *recvbuf, size_t count,
                                    weft_dtype dtype, int root) {
-  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, count, dtype, WEFT_SUM, root));
+  WEFT_CHECK(
+      coll_begin(comm, coll, call, KIND_BROADCAST, sendbuf, recvbuf, count, dtype, WEFT_SUM, root));
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (coll_span){at_root ? count : 0, count, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
@@ -555,7 +570,7 @@ static weft_status broadcast_setup(weft_coll *coll, const char *call, weft_comm 
 static weft_status reduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
                                 const void *sendbuf, void *recvbuf, size_t count, weft_dtype dtype,
                                 weft_op op, int root) {
-  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, count, dtype, op, root));
+  WEFT_CHECK(coll_begin(comm, coll, call, KIND_REDUCE, sendbuf, recvbuf, count, dtype, op, root));
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (coll_span){count, at_root ? count : 0, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
@@ -572,7 +587,8 @@ static weft_status reduce_setup(weft_coll *coll, const char *call, weft_comm *co
 static weft_status allgather_setup(weft_coll *coll, const char *call, weft_comm *comm,
                                    const void *sendbuf, void *recvbuf, size_t sendcount,
                                    weft_dtype dtype) {
-  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, sendcount, dtype, WEFT_SUM, 0));
+  WEFT_CHECK(coll_begin(comm, coll, call, KIND_ALLGATHER, sendbuf, recvbuf, sendcount, dtype,
+                        WEFT_SUM, 0));
   size_t n = (size_t)comm->size, r = (size_t)comm->rank;
   WEFT_CHECK(check_buffers(
       coll, (coll_span){sendcount, n * sendcount, 0, r * sendcount,
@@ -586,7 +602,8 @@ static weft_status allgather_setup(weft_coll *coll, const char *call, weft_comm 
 static weft_status reduce_scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
                                         const void *sendbuf, void *recvbuf, size_t recvcount,
                                         weft_dtype dtype, weft_op op) {
-  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, recvcount, dtype, op, 0));
+  WEFT_CHECK(
+      coll_begin(comm, coll, call, KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
   size_t n = (size_t)comm->size, r = (size_t)comm->rank;
   WEFT_CHECK(check_buffers(
       coll, (coll_span){n * recvcount, recvcount, r * recvcount, 0,
@@ -603,7 +620,8 @@ static weft_status reduce_scatter_setup(weft_coll *coll, const char *call, weft_
 static weft_status gather_setup(weft_coll *coll, const char *call, weft_comm *comm,
                                 const void *sendbuf, void *recvbuf, size_t sendcount,
                                 weft_dtype dtype, int root) {
-  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, sendcount, dtype, WEFT_SUM, root));
+  WEFT_CHECK(coll_begin(comm, coll, call, KIND_GATHER, sendbuf, recvbuf, sendcount, dtype, WEFT_SUM,
+                        root));
   size_t n = (size_t)comm->size;
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(
@@ -618,7 +636,8 @@ static weft_status gather_setup(weft_coll *coll, const char *call, weft_comm *co
 static weft_status scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
                                  const void *sendbuf, void *recvbuf, size_t recvcount,
                                  weft_dtype dtype, int root) {
-  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, recvcount, dtype, WEFT_SUM, root));
+  WEFT_CHECK(coll_begin(comm, coll, call, KIND_SCATTER, sendbuf, recvbuf, recvcount, dtype,
+                        WEFT_SUM, root));
   size_t n = (size_t)comm->size;
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(
@@ -633,7 +652,8 @@ static weft_status scatter_setup(weft_coll *coll, const char *call, weft_comm *c
 static weft_status alltoall_setup(weft_coll *coll, const char *call, weft_comm *comm,
                                   const void *sendbuf, void *recvbuf, size_t count,
                                   weft_dtype dtype) {
-  WEFT_CHECK(coll_begin(comm, coll, call, sendbuf, recvbuf, count, dtype, WEFT_SUM, 0));
+  WEFT_CHECK(
+      coll_begin(comm, coll, call, KIND_ALLTOALL, sendbuf, recvbuf, count, dtype, WEFT_SUM, 0));
   if (count && sendbuf && sendbuf == recvbuf)
     return weft_comm_error(comm, WEFT_ERR_INVALID, call,
                            "sendbuf == recvbuf, but alltoall cannot run in place (a block would be "
@@ -648,7 +668,7 @@ static weft_status alltoall_setup(weft_coll *coll, const char *call, weft_comm *
 
 static weft_status barrier_setup(weft_coll *coll, const char *call, weft_comm *comm) {
   /* a one-byte max-allreduce: nobody leaves before everybody contributed */
-  WEFT_CHECK(coll_begin(comm, coll, call, NULL, NULL, 1, WEFT_U8, WEFT_MAX, 0));
+  WEFT_CHECK(coll_begin(comm, coll, call, KIND_BARRIER, NULL, NULL, 1, WEFT_U8, WEFT_MAX, 0));
   coll->token = 0;
   coll->sendbuf = coll->recvbuf = &coll->token;
   coll->mem = &weft_mem_host;

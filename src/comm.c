@@ -30,6 +30,13 @@
 static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
 static weft_comm **live;
 static int nlive, live_cap;
+/* Every call checks its handle; a global lock per call costs more than a
+ * small collective's own work. A thread remembers the last handle it found
+ * live and how many handles had been removed then: while no handle has
+ * been removed since, that one is still live (only removal ends a handle). */
+static atomic_uint_fast64_t live_removals;
+static _Thread_local const weft_comm *live_seen;
+static _Thread_local uint64_t live_seen_removals;
 
 static bool live_add(weft_comm *comm) {
   pthread_mutex_lock(&live_lock);
@@ -61,6 +68,7 @@ static bool live_remove(weft_comm *comm) {
   for (int i = 0; i < nlive; i++)
     if (live[i] == comm) {
       live[i] = live[--nlive];
+      atomic_fetch_add_explicit(&live_removals, 1, memory_order_release);
       found = true;
       break;
     }
@@ -70,9 +78,16 @@ static bool live_remove(weft_comm *comm) {
 
 bool weft_comm_is_live(const weft_comm *comm) {
   if (!comm) return false;
+  if (comm == live_seen &&
+      atomic_load_explicit(&live_removals, memory_order_acquire) == live_seen_removals)
+    return true;
   pthread_mutex_lock(&live_lock);
   bool found = false;
   for (int i = 0; i < nlive && !found; i++) found = live[i] == comm;
+  if (found) {
+    live_seen = comm;
+    live_seen_removals = atomic_load_explicit(&live_removals, memory_order_relaxed);
+  }
   pthread_mutex_unlock(&live_lock);
   return found;
 }

@@ -89,13 +89,22 @@ struct weft_comm {
   /* the engine (engine.c) */
   pthread_mutex_t q_lock;   /* guards the queue, the lane's new posts, the thread's flags */
   pthread_cond_t q_cond;    /* the progress thread sleeps here while idle or stepping aside */
-  struct weft_request *q_head, *q_tail; /* collectives in issue order; the head runs */
+  /* collectives in issue order; the head runs. Written under q_lock; the
+   * driver reads q_head without it (engine.c, queue_pass) */
+  _Atomic(struct weft_request *) q_head;
+  struct weft_request *q_tail;
   pthread_t progress;
   bool progress_started, progress_stop;
   atomic_bool progress_driving;  /* the thread holds call_lock: wake its transport wait */
   atomic_int drivers_waiting;    /* callers that want call_lock: the thread steps aside */
   uint64_t events;          /* completed sends/receives: progress, for the timeout */
   double last_moved;        /* when anything last moved while work was outstanding */
+  /* the driver's clock (engine.c): its last reading, and the drive round it
+   * was taken in (rounds counts them), so a round can reuse a fresh one;
+   * clock_ok: taken in this drive and since its last yield or sleep */
+  double clock;
+  uint64_t rounds, clock_round;
+  bool clock_ok;
   struct weft_p2p_lane *lane; /* set on a point-to-point lane */
   struct weft_comm *p2p;    /* a user's communicator: its lane for send/recv */
   struct weft_comm *owner;  /* a lane: the user's communicator it serves */

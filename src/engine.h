@@ -24,6 +24,9 @@ struct weft_request {
   bool on_heap;    /* made by a weft_iNAME call: freed by wait/test; else it
                       lives on a blocking caller's stack */
   bool started;         /* the engine has advanced it (the recorder knows) */
+  bool time_pending;    /* a blocking call queued by its own driver on an idle
+                           engine: the driver takes its issue time after its first
+                           sends (queue_pass), not before them */
   bool algo_done;  /* the algorithm finished; its sends may still be draining */
   atomic_int done; /* set last, with `status`: the driver never touches it after */
   weft_status status;
@@ -41,6 +44,10 @@ void weft_engine_submit(weft_request *req, bool wake);
 /* Drives until `req` is done; returns its status. Bounded by the timeout:
  * no progress for that long fails the communicator. */
 weft_status weft_engine_wait(weft_request *req);
+
+/* A blocking collective: submit, then drive until it is done (as submit
+ * and wait), taking the driver's place first when it is free. */
+weft_status weft_engine_call(weft_request *req);
 
 /* One non-blocking pass when nobody else is driving; true when `req` is done. */
 bool weft_engine_test(weft_request *req);

@@ -18,6 +18,7 @@
 void weft_recorder_init(weft_recorder *rec) {
   long long cap = weft_setting_ll(WEFT_SETTING_RECORDER, 64);
   rec->cap = 0;
+  rec->at = 0;
   rec->next = 0;
   rec->ring = NULL;
   if (cap <= 0) return;
@@ -32,9 +33,12 @@ void weft_recorder_free(weft_recorder *rec) {
   rec->cap = 0;
 }
 
-void weft_recorder_issue(weft_recorder *rec, const weft_coll *coll) {
+void weft_recorder_issue(weft_recorder *rec, weft_coll *coll) {
   if (!rec->cap) return;
-  weft_rec_entry *e = &rec->ring[rec->next++ % rec->cap];
+  coll->rec_slot = rec->at;
+  weft_rec_entry *e = &rec->ring[rec->at];
+  if (++rec->at == rec->cap) rec->at = 0;
+  rec->next++;
   *e = (weft_rec_entry){.seq = coll->seq,
                         .call = coll->call,
                         .algo = coll->algo,
@@ -43,27 +47,34 @@ void weft_recorder_issue(weft_recorder *rec, const weft_coll *coll) {
                         .op = coll->op,
                         .root = coll->root,
                         .state = WEFT_REC_QUEUED,
-                        .issued = weft_now(),
+                        .issued = coll->issued,
                         .waiting_peer = -1};
 }
 
+/* The call's entry, or NULL once a later call took it (the ring wrapped). */
+static weft_rec_entry *entry_of(weft_recorder *rec, const weft_coll *coll) {
+  if (!rec->cap || coll->rec_slot >= rec->cap) return NULL;
+  weft_rec_entry *e = &rec->ring[coll->rec_slot];
+  return e->seq == coll->seq && e->call == coll->call ? e : NULL;
+}
+
+void weft_recorder_issued(weft_recorder *rec, const weft_coll *coll) {
+  weft_rec_entry *e = entry_of(rec, coll);
+  if (e) e->issued = coll->issued;
+}
+
 void weft_recorder_update(weft_recorder *rec, const weft_coll *coll, weft_rec_state state,
-                          weft_status status) {
-  if (!rec->cap) return;
-  /* the call is recent: search back from the newest */
-  for (uint64_t k = 0; k < rec->cap && k < rec->next; k++) {
-    weft_rec_entry *e = &rec->ring[(rec->next - 1 - k) % rec->cap];
-    if (e->seq != coll->seq || e->call != coll->call) continue;
-    double now = weft_now();
-    if (state == WEFT_REC_RUNNING && !e->started) e->started = now;
-    if (state >= WEFT_REC_DONE) e->ended = now;
-    e->state = state;
-    e->status = status;
-    e->algo = coll->algo; /* what actually ran: direct may have become the ring */
-    e->waiting_peer = coll->waiting_peer;
-    e->waiting_for = coll->waiting_for;
-    return;
-  }
+                          weft_status status, double now) {
+  weft_rec_entry *e = entry_of(rec, coll);
+  if (!e) return;
+  if (now == 0) now = weft_now();
+  if (state == WEFT_REC_RUNNING && !e->started) e->started = now;
+  if (state >= WEFT_REC_DONE) e->ended = now;
+  e->state = state;
+  e->status = status;
+  e->algo = coll->algo; /* what actually ran: direct may have become the ring */
+  e->waiting_peer = coll->waiting_peer;
+  e->waiting_for = coll->waiting_for;
 }
 
 static const char *state_name(weft_rec_state s) {
@@ -92,7 +103,8 @@ void weft_recorder_dump(weft_comm *comm, const char *why) {
             "  #%u %s count=%zu %s %s root=%d algo=%s: %s%s%s (issued %.3f, started %.3f%s)\n",
             e->seq, e->call, e->count, weft_dtype_name(e->dtype), weft_op_name(e->op), e->root,
             e->algo ? e->algo : "-", state_name(e->state), e->state == WEFT_REC_FAILED ? " " : "",
-            e->state == WEFT_REC_FAILED ? weft_status_name(e->status) : "", (now - e->issued) * 1e3,
+            e->state == WEFT_REC_FAILED ? weft_status_name(e->status) : "",
+            e->issued ? (now - e->issued) * 1e3 : 0.0, /* 0: being queued this instant */
             e->started ? (now - e->started) * 1e3 : 0.0, ended);
     if (waiting[0]) fprintf(stderr, "    %s\n", waiting + 2);
   }

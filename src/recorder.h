@@ -37,17 +37,25 @@ typedef struct weft_rec_entry {
 typedef struct weft_recorder {
   weft_rec_entry *ring;
   uint32_t cap;  /* 0: off */
+  uint32_t at;   /* next % cap: the entry the next call takes (no division per call) */
   uint64_t next; /* entries ever recorded */
 } weft_recorder;
 
 /* Sized by WEFT_RECORDER; never fails (off when there is no memory). */
 void weft_recorder_init(weft_recorder *rec);
 void weft_recorder_free(weft_recorder *rec);
-/* A call was issued (seq taken, algorithm chosen). */
-void weft_recorder_issue(weft_recorder *rec, const weft_coll *coll);
-/* The call's state changed; looked up by seq (no-op once it left the ring). */
+/* A call was issued (seq taken, algorithm chosen); its entry's index goes
+ * to coll->rec_slot. coll->issued may still be 0: the engine takes the
+ * time when it queues the call and reports it with weft_recorder_issued. */
+void weft_recorder_issue(weft_recorder *rec, weft_coll *coll);
+/* coll->issued is known now. */
+void weft_recorder_issued(weft_recorder *rec, const weft_coll *coll);
+/* The call's state changed at `now` (weft_now(); 0: read the clock here, if
+ * the recorder is on); a no-op once the call's entry was reused.
+ * Callers that already hold the time pass it: a clock read costs ~35 ns on
+ * a paravirtualized machine, a fair part of a small collective. */
 void weft_recorder_update(weft_recorder *rec, const weft_coll *coll, weft_rec_state state,
-                          weft_status status);
+                          weft_status status, double now);
 /* Prints the ring of `comm` to stderr, oldest first, with `why`. */
 void weft_recorder_dump(weft_comm *comm, const char *why);
 /* SIGUSR1 sets a flag; drivers print every live communicator's ring at

@@ -112,6 +112,7 @@ struct weft_coll {
   int avg_div;      /* what avg divides by once the sum is complete: the
                        communicator's size, or 1 in a phase that only sums */
   const char *call; /* "weft_allreduce": the name the user called */
+  uint8_t kind;     /* which call it is, for its checks and messages (coll.c) */
   const char *algo; /* "ring", "rd", "tree": for messages and logs */
   const void *sendbuf;
   void *recvbuf;
@@ -122,6 +123,8 @@ struct weft_coll {
   size_t elem; /* bytes per element */
   const weft_mem_ops *mem;
   uint32_t seq;
+  double issued;     /* weft_now() when issued (engine.c): the recorder's and the timeout's start */
+  uint32_t rec_slot; /* its flight recorder entry (recorder.c) */
   int waiting_peer; /* peer of the last WEFT_AGAIN, for timeout messages */
   int fail_peer;    /* peer whose link failed, -1 if the failure was elsewhere */
   void *scratch;    /* weft_coll_scratch's memory, freed when the call ends */

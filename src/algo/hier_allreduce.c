@@ -32,6 +32,7 @@ static void phase_init(weft_coll *coll, const int *group, int rank, int size, co
   free(inner->scratch);
   *inner = (weft_coll){.comm = coll->comm,
                        .call = coll->call,
+                       .kind = coll->kind,
                        .rank = rank,
                        .size = size,
                        .group = group,
