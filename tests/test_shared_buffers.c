@@ -329,8 +329,11 @@ static void run(int n, const char *const *env, harness_rank_fn fn) {
   assert_int_equal(harness_run(n, env, 240, fn, NULL), 0);
 }
 
-static const char *const env_forced[] = {"WEFT_ALGO=direct", NULL};
-static const char *const env_tcp[] = {"WEFT_TRANSPORT=tcp", "WEFT_ALGO=direct", NULL};
+/* The flight recorder is on in every case: the tests read which algorithm ran. */
+static const char *const env_auto[] = {"WEFT_RECORDER=64", NULL};
+static const char *const env_forced[] = {"WEFT_ALGO=direct", "WEFT_RECORDER=64", NULL};
+static const char *const env_tcp[] = {"WEFT_TRANSPORT=tcp", "WEFT_ALGO=direct", "WEFT_RECORDER=64",
+                                      NULL};
 static const char *const env_dies[] = {"WEFT_TIMEOUT=20", NULL};
 
 #define RANKS_TEST(name, fn, n, env) \
@@ -342,10 +345,10 @@ static const char *const env_dies[] = {"WEFT_TIMEOUT=20", NULL};
 RANKS_TEST(forced2, forced_rank, 2, env_forced)
 RANKS_TEST(forced3, forced_rank, 3, env_forced)
 RANKS_TEST(forced4, forced_rank, 4, env_forced)
-RANKS_TEST(auto2, auto_rank, 2, NULL)
-RANKS_TEST(auto3, auto_rank, 3, NULL)
+RANKS_TEST(auto2, auto_rank, 2, env_auto)
+RANKS_TEST(auto3, auto_rank, 3, env_auto)
 RANKS_TEST(mixed3, mixed_rank, 3, env_forced)
-RANKS_TEST(memo3, memo_rank, 3, NULL)
+RANKS_TEST(memo3, memo_rank, 3, env_auto)
 RANKS_TEST(tcp2, tcp_rank, 2, env_tcp)
 RANKS_TEST(realloc2, realloc_rank, 2, env_forced)
 RANKS_TEST(realloc3, realloc_rank, 3, env_forced)
