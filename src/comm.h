@@ -62,7 +62,7 @@ struct weft_comm {
   size_t rd_max_bytes;      /* recursive doubling up to this size */
   int algo_forced;          /* WEFT_ALGO: 0 auto, 1 ring, 2 rd, 3 hier, 4 direct */
   size_t direct_min_bytes;  /* one host: try shared buffers from this size (0 never) */
-  struct weft_direct_memo *direct_memo; /* per call shape: whether the last question found
+  struct weft_direct_memo_table *direct_memo; /* per call shape: whether the last question found
                                ordinary buffers (direct_allreduce.c); the same on every rank */
   void *direct_agreed;      /* the direct allreduce's messages of the last call every rank
                                could map (size of them), or NULL: the same again skips

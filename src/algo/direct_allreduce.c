@@ -57,14 +57,14 @@ struct weft_direct_memo {
   uint64_t used; /* for replacing the least recently used shape */
 };
 
-typedef struct direct_memo_table {
+struct weft_direct_memo_table {
   struct weft_direct_memo shape[DIRECT_MEMO_SHAPES];
   int n;
   uint64_t clock;
-} direct_memo_table;
+};
 
 static struct weft_direct_memo *memo_find(weft_comm *comm, size_t count, weft_dtype dtype) {
-  direct_memo_table *t = (direct_memo_table *)comm->direct_memo;
+  struct weft_direct_memo_table *t = comm->direct_memo;
   if (!t) return NULL;
   for (int i = 0; i < t->n; i++)
     if (t->shape[i].count == count && t->shape[i].dtype == dtype) {
@@ -90,8 +90,8 @@ static void memo_note(weft_coll *coll, bool all_shared) {
     if (m) m->count = 0, m->dtype = 0, m->skips = DIRECT_ASK_EVERY; /* never matches a call */
     return;
   }
-  if (!comm->direct_memo && !(comm->direct_memo = calloc(1, sizeof(direct_memo_table)))) return;
-  direct_memo_table *t = (direct_memo_table *)comm->direct_memo;
+  if (!comm->direct_memo && !(comm->direct_memo = calloc(1, sizeof *comm->direct_memo))) return;
+  struct weft_direct_memo_table *t = comm->direct_memo;
   if (!m) {
     m = &t->shape[0];
     if (t->n < DIRECT_MEMO_SHAPES)
