@@ -91,14 +91,34 @@ static const weft_dtype dtypes[] = {WEFT_F32, WEFT_F64,  WEFT_F16, WEFT_BF16,
                                     WEFT_I8,  WEFT_U8,  WEFT_I32, WEFT_I64};
 static const weft_op ops[] = {WEFT_SUM, WEFT_PROD, WEFT_MIN, WEFT_MAX, WEFT_AVG};
 
+/* A rank's communicator and a shared input and output of `bytes` each. */
+typedef struct rank_setup {
+  weft_comm *comm;
+  void *in, *out;
+} rank_setup;
+
+static int setup_open(int rank, int n, const weft_unique_id *id, size_t bytes, rank_setup *r) {
+  *r = (rank_setup){0};
+  if (!(r->comm = harness_comm(rank, n, id))) return 1;
+  if (weft_mem_alloc(bytes, &r->in) || weft_mem_alloc(bytes, &r->out))
+    return report(r->comm, rank, "weft_mem_alloc", WEFT_ERR_NOMEM);
+  return 0;
+}
+
+static int setup_close(rank_setup *r, int bad) {
+  weft_mem_free(r->in);
+  weft_mem_free(r->out);
+  weft_comm_destroy(r->comm);
+  return bad;
+}
+
 /* env: WEFT_ALGO=direct. Every dtype and op, random counts. */
 static int forced_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   (void)arg;
-  weft_comm *comm = harness_comm(rank, n, id);
-  if (!comm) return 1;
-  size_t cap = 70000 * 8 + 64;
-  void *in = NULL, *out = NULL;
-  if (weft_mem_alloc(cap, &in) || weft_mem_alloc(cap, &out)) return report(comm, rank, "alloc", 1);
+  rank_setup r;
+  if (setup_open(rank, n, id, 70000 * 8 + 64, &r)) return 1;
+  weft_comm *comm = r.comm;
+  void *in = r.in, *out = r.out;
   uint64_t s = harness_seed(base_seed, 1000, 0); /* the same counts on every rank */
   int bad = 0, tag = 0;
   const size_t fixed[] = {0, 1, (size_t)n - 1, 7, 64, 65};
@@ -110,20 +130,16 @@ static int forced_rank(int rank, int n, const weft_unique_id *id, void *arg) {
       tag++;
     }
   bad |= same_bits_everywhere(comm, rank, n);
-  weft_mem_free(in);
-  weft_mem_free(out);
-  weft_comm_destroy(comm);
-  return bad;
+  return setup_close(&r, bad);
 }
 
 /* auto: sizes around WEFT_DIRECT_MIN_BYTES (1 MiB): below it the ring. */
 static int auto_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   (void)arg;
-  weft_comm *comm = harness_comm(rank, n, id);
-  if (!comm) return 1;
-  size_t cap = 3u << 20;
-  void *in = NULL, *out = NULL;
-  if (weft_mem_alloc(cap, &in) || weft_mem_alloc(cap, &out)) return report(comm, rank, "alloc", 1);
+  rank_setup r;
+  if (setup_open(rank, n, id, 3u << 20, &r)) return 1;
+  weft_comm *comm = r.comm;
+  void *in = r.in, *out = r.out;
   int bad = 0;
   bad |= one_call(comm, rank, n, in, out, (1u << 20) / 4 - 1, (call_of){WEFT_F32, WEFT_SUM, 1}, 0,
                   "ring");
@@ -141,21 +157,18 @@ static int auto_rank(int rank, int n, const weft_unique_id *id, void *arg) {
     bad = 1;
   }
   bad |= same_bits_everywhere(comm, rank, n);
-  weft_mem_free(in);
-  weft_mem_free(out);
-  weft_comm_destroy(comm);
-  return bad;
+  return setup_close(&r, bad);
 }
 
 /* One rank's buffers are ordinary memory (its input, then its output):
  * every rank runs the ring in that call, then direct again. */
 static int mixed_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   (void)arg;
-  weft_comm *comm = harness_comm(rank, n, id);
-  if (!comm) return 1;
   size_t count = 50000, bytes = count * 4;
-  void *in = NULL, *out = NULL;
-  if (weft_mem_alloc(bytes, &in) || weft_mem_alloc(bytes, &out)) return report(comm, rank, "alloc", 1);
+  rank_setup r;
+  if (setup_open(rank, n, id, bytes, &r)) return 1;
+  weft_comm *comm = r.comm;
+  void *in = r.in, *out = r.out;
   void *plain_in = malloc(bytes), *plain_out = malloc(bytes);
   int odd = n - 1; /* the rank with an ordinary buffer */
   call_of k = {WEFT_F32, WEFT_SUM, 10};
@@ -167,10 +180,7 @@ static int mixed_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   bad |= same_bits_everywhere(comm, rank, n);
   free(plain_in);
   free(plain_out);
-  weft_mem_free(in);
-  weft_mem_free(out);
-  weft_comm_destroy(comm);
-  return bad;
+  return setup_close(&r, bad);
 }
 
 /* auto: a shape that found ordinary buffers skips the question for the
@@ -179,11 +189,11 @@ static int mixed_rank(int rank, int n, const weft_unique_id *id, void *arg) {
  * would fail (one rank asking while another runs the ring). */
 static int memo_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   (void)arg;
-  weft_comm *comm = harness_comm(rank, n, id);
-  if (!comm) return 1;
   size_t count = (1u << 20) / 4 + 16, bytes = count * 4;
-  void *in = NULL, *out = NULL, *plain = malloc(bytes);
-  if (weft_mem_alloc(bytes, &in) || weft_mem_alloc(bytes, &out)) return report(comm, rank, "alloc", 1);
+  rank_setup r;
+  if (setup_open(rank, n, id, bytes, &r)) return 1;
+  weft_comm *comm = r.comm;
+  void *in = r.in, *out = r.out, *plain = malloc(bytes);
   call_of k = {WEFT_F32, WEFT_SUM, 50};
   int bad = one_call(comm, rank, n, rank == 1 ? plain : in, out, count, k, 0, "ring");
   for (int i = 0; i < 15; i++) {
@@ -199,27 +209,20 @@ static int memo_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   bad |= one_call(comm, rank, n, in, out, count, k, 1, "direct");
   bad |= same_bits_everywhere(comm, rank, n);
   free(plain);
-  weft_mem_free(in);
-  weft_mem_free(out);
-  weft_comm_destroy(comm);
-  return bad;
+  return setup_close(&r, bad);
 }
 
 /* env: WEFT_TRANSPORT=tcp. Shared buffers, but no transport that maps. */
 static int tcp_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   (void)arg;
-  weft_comm *comm = harness_comm(rank, n, id);
-  if (!comm) return 1;
   size_t count = 30001;
-  void *in = NULL, *out = NULL;
-  if (weft_mem_alloc(count * 8, &in) || weft_mem_alloc(count * 8, &out))
-    return report(comm, rank, "alloc", 1);
+  rank_setup r;
+  if (setup_open(rank, n, id, count * 8, &r)) return 1;
+  weft_comm *comm = r.comm;
+  void *in = r.in, *out = r.out;
   int bad = one_call(comm, rank, n, in, out, count, (call_of){WEFT_F64, WEFT_SUM, 20}, 0, "ring");
   bad |= one_call(comm, rank, n, in, out, count, (call_of){WEFT_I32, WEFT_MIN, 21}, 1, "ring");
-  weft_mem_free(in);
-  weft_mem_free(out);
-  weft_comm_destroy(comm);
-  return bad;
+  return setup_close(&r, bad);
 }
 
 /* Free and allocate between calls, sizes changing: a descriptor number the

@@ -86,12 +86,12 @@ bool weft_direct_allreduce_worth_asking(weft_comm *comm, size_t count, weft_dtyp
 static void memo_note(weft_coll *coll, bool all_shared) {
   weft_comm *comm = coll->comm;
   struct weft_direct_memo *m = memo_find(comm, coll->count, coll->dtype);
+  struct weft_direct_memo_table *t = comm->direct_memo;
   if (all_shared) {
-    if (m) m->count = 0, m->dtype = 0, m->skips = DIRECT_ASK_EVERY; /* never matches a call */
+    if (m) *m = t->shape[--t->n]; /* forgotten: the last entry takes its place */
     return;
   }
-  if (!comm->direct_memo && !(comm->direct_memo = calloc(1, sizeof *comm->direct_memo))) return;
-  struct weft_direct_memo_table *t = comm->direct_memo;
+  if (!t && !(t = comm->direct_memo = calloc(1, sizeof *comm->direct_memo))) return;
   if (!m) {
     m = &t->shape[0];
     if (t->n < DIRECT_MEMO_SHAPES)
