@@ -306,10 +306,17 @@ static int reduce_rank(int rank, int n, const weft_unique_id *id, void *arg) {
             (unsigned long long)stats.bytes_copied);
     bad++;
   }
-  /* copy mode copies every tensor below the in-place size (0: none is in place) */
-  int some_staged = 0;
-  for (int i = 0; i < m.n; i++)
-    some_staged |= !gc->inplace || m.count[i] * weft_dtype_size(m.dt[i]) < gc->inplace;
+  /* copy mode copies the tensors of every bucket that holds more than one
+   * (a bucket of one tensor is reduced where it lies, whatever its size: with
+   * random sizes, every small tensor can end up alone between large ones) */
+  int some_staged = 0, *members = calloc((size_t)nb + 1, sizeof *members);
+  for (int i = 0; i < m.n; i++) {
+    int b = -1;
+    size_t off;
+    FAILS(weft_grad_tensor_place(g, i, &b, &off), "tensor_place");
+    if (b >= 0 && b < nb) some_staged |= ++members[b] > 1;
+  }
+  free(members);
   if (!gc->owned && some_staged && !stats.bytes_copied) {
     fprintf(stderr, "rank %d: copy mode copied nothing (is the count broken?)\n", rank);
     bad++;
