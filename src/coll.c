@@ -515,6 +515,86 @@ static weft_status coll_copy_alone(weft_coll *coll) {
   return COLL_DONE;
 }
 
+/* The one-round exchange has every rank send size-1 copies and poll size-1
+ * peers. With more ranks than cores it won at every size tried (8 bytes on
+ * 2 cores: 6.5 against 11.5 us at 3 ranks, 40 against 65 at 8, 90 against
+ * 180 at 16); with a core per rank, recursive doubling's log2(size) rounds
+ * must win somewhere as the group grows (not measurable on 2 cores), so the
+ * exchange stays with small groups. */
+#define EXCHANGE_MAX_RANKS 8
+
+/* Whether the direct question applies (one host, large or forced), and
+ * whether the one-round exchange may (small, one host, few ranks, or
+ * forced). Static facts and settings only: every rank answers alike. */
+static bool direct_candidate(const weft_comm *comm, size_t bytes) {
+  return comm->nhosts == 1 &&
+         (comm->algo_forced == 4 ||
+          (comm->algo_forced == 0 && comm->direct_min_bytes && bytes >= comm->direct_min_bytes));
+}
+
+static bool exchange_candidate(const weft_comm *comm, size_t bytes) {
+  if (bytes > comm->chunk_bytes) return false;
+  return comm->algo_forced == 5 ||
+         (comm->algo_forced == 0 && comm->nhosts == 1 && comm->size <= EXCHANGE_MAX_RANKS &&
+          bytes <= comm->exchange_max_bytes);
+}
+
+/* Recursive doubling while the buffer fits one chunk and the rd_max setting
+ * (latency), the ring above (bandwidth). */
+static weft_status rd_or_ring_start(weft_coll *coll) {
+  weft_comm *comm = coll->comm;
+  size_t bytes = coll->count * coll->elem;
+  bool use_rd = bytes <= comm->chunk_bytes &&
+                (comm->algo_forced == 2 || (comm->algo_forced == 0 && bytes <= comm->rd_max_bytes));
+  return use_rd ? weft_rd_allreduce_start(coll) : weft_ring_allreduce_start(coll);
+}
+
+/* The exchange when the verdict allows (or asking for it, the first time),
+ * else what rd_or_ring_start picks. */
+static weft_status small_start(weft_coll *coll) {
+  weft_comm *comm = coll->comm;
+  if (comm->algo_forced == 5) return weft_exchange_allreduce_start(coll, false);
+  if (comm->exchange_verdict >= 0)
+    return weft_exchange_allreduce_start(coll, comm->exchange_verdict == 0);
+  return rd_or_ring_start(coll);
+}
+
+/* Some choices depend on what earlier calls found out: the direct
+ * question's memory (direct_allreduce.c) and the exchange verdict
+ * (exchange_allreduce.c). They are made when the call reaches the head of
+ * the queue, not when it is issued: calls run one after another, so by then
+ * every earlier call is complete on this rank, and every rank chooses from
+ * the same outcomes. Chosen at issue, a rank that waited for call k before
+ * issuing call k+1 and a rank that issued both at once could choose
+ * differently, and their messages would not match. */
+static weft_status allreduce_start_late(weft_coll *coll) {
+  weft_comm *comm = coll->comm;
+  size_t bytes = coll->count * coll->elem;
+  weft_status st;
+  if (direct_candidate(comm, bytes) &&
+      (comm->algo_forced == 4 || weft_direct_allreduce_worth_asking(comm, coll->count, coll->dtype)))
+    st = weft_direct_allreduce_start(coll);
+  else if (exchange_candidate(comm, bytes))
+    st = small_start(coll);
+  else
+    st = rd_or_ring_start(coll);
+  if (st < 0) {
+    free(coll->scratch);
+    coll->scratch = NULL;
+    return coll_fail(coll, st, "could not start the algorithm: %s", weft_strerror(st));
+  }
+  WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %s algorithm, chosen at its start", coll->call, coll->seq,
+             coll->algo);
+  return coll->advance(coll);
+}
+
+/* A call whose algorithm is chosen when it starts (allreduce_start_late). */
+static weft_status coll_start_late(weft_coll *coll) {
+  coll->algo = "chosen at start";
+  coll->advance = allreduce_start_late;
+  return coll_start(coll, WEFT_OK);
+}
+
 static weft_status allreduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
                                    const void *sendbuf, void *recvbuf, size_t count,
                                    weft_dtype dtype, weft_op op) {
@@ -526,25 +606,17 @@ static weft_status allreduce_setup(weft_coll *coll, const char *call, weft_comm 
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
     return COLL_DONE;
   }
-  /* Ranks sharing hosts, on several hosts: only leaders cross the network.
-   * Otherwise recursive doubling while the buffer fits one chunk and the
-   * rd_max setting (latency), the ring above (bandwidth). */
+  /* Ranks sharing hosts, on several hosts: only leaders cross the network. */
   bool hier = comm->algo_forced == 3 ||
               (comm->algo_forced == 0 && comm->nhosts > 1 && comm->size > comm->nhosts);
   if (hier) return coll_start(coll, weft_hier_allreduce_start(coll));
   size_t bytes = count * coll->elem;
-  /* One host, large (or forced): ask whether every rank's buffers are
-   * shared. Every rank decides this from the same facts (hosts, count,
-   * settings), so all take part in the question; the answer may be the ring. */
-  bool direct = comm->nhosts == 1 &&
-                (comm->algo_forced == 4 ||
-                 (comm->algo_forced == 0 && comm->direct_min_bytes &&
-                  bytes >= comm->direct_min_bytes &&
-                  weft_direct_allreduce_worth_asking(comm, count, dtype)));
-  if (direct) return coll_start(coll, weft_direct_allreduce_start(coll));
-  bool use_rd = bytes <= comm->chunk_bytes &&
-                (comm->algo_forced == 2 || (comm->algo_forced == 0 && bytes <= comm->rd_max_bytes));
-  return coll_start(coll, use_rd ? weft_rd_allreduce_start(coll) : weft_ring_allreduce_start(coll));
+  /* One host, large: whether every rank's buffers are shared (the direct
+   * allreduce). One host, small: the one-round exchange. Both depend on
+   * what earlier calls found. */
+  if (direct_candidate(comm, bytes) || exchange_candidate(comm, bytes))
+    return coll_start_late(coll);
+  return coll_start(coll, rd_or_ring_start(coll));
 }
 
 static weft_status broadcast_setup(weft_coll *coll, const char *call, weft_comm *comm,
@@ -674,6 +746,8 @@ static weft_status barrier_setup(weft_coll *coll, const char *call, weft_comm *c
   coll->mem = &weft_mem_host;
   coll->seq = ++comm->seq;
   if (comm->size == 1) return COLL_DONE;
+  /* one byte: the exchange where allreduce would take it (never direct) */
+  if (exchange_candidate(comm, 1)) return coll_start_late(coll);
   return coll_start(coll, weft_rd_allreduce_start(coll));
 }
 

@@ -322,6 +322,7 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
 
 /* First transport, in order, that reaches each peer; its reason is kept. */
 static weft_status transports_choose(weft_comm *comm, const char *call) {
+  comm->sends_are_stores = true;
   for (int p = 0; p < comm->size; p++) {
     weft_peer *peer = &comm->peers[p];
     peer->tp = -1;
@@ -350,6 +351,7 @@ static weft_status transports_choose(weft_comm *comm, const char *call) {
                              refusals);
     WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d -> peer %d: %s (%s)", comm->rank, p,
               comm->tps[peer->tp].ops->name, peer->why);
+    comm->sends_are_stores &= comm->tps[peer->tp].ops->sends_are_stores;
   }
   return WEFT_OK;
 }
@@ -386,15 +388,18 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
                       : !strcasecmp(algo, "rd")   ? 2
                       : !strcasecmp(algo, "hier") ? 3
                       : !strcasecmp(algo, "direct") ? 4
+                      : !strcasecmp(algo, "exchange") ? 5
                                                   : 0;
   if (comm->algo_forced == 0 && strcasecmp(algo, "auto") && *algo && rank == 0)
     WEFT_WARN(WEFT_SUBSYS_INIT,
-              "WEFT_ALGO=\"%s\" is not auto, ring, rd, hier or direct; using auto", algo);
+              "WEFT_ALGO=\"%s\" is not auto, ring, rd, exchange, hier or direct; using auto", algo);
   /* negative values would wrap to huge sizes: they mean "never" (0) */
   long long rd_max = weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 262144);
   long long chain = weft_setting_ll(WEFT_SETTING_BCAST_CHAIN_BYTES, 65536);
   long long fanout = weft_setting_ll(WEFT_SETTING_BCAST_FANOUT, 0);
   comm->rd_max_bytes = rd_max > 0 ? (size_t)rd_max : 0;
+  long long exchange_max = weft_setting_ll(WEFT_SETTING_EXCHANGE_MAX_BYTES, 16384);
+  comm->exchange_max_bytes = exchange_max > 0 ? (size_t)exchange_max : 0;
   long long direct_min = weft_setting_ll(WEFT_SETTING_DIRECT_MIN_BYTES, 1048576);
   comm->direct_min_bytes = direct_min > 0 ? (size_t)direct_min : 0;
   comm->bcast_chain_bytes = chain > 0 ? (size_t)chain : 0;

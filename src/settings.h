@@ -23,8 +23,9 @@
   X(TCP_BUF_BYTES, "0", "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning") \
   X(SPIN_US, "auto", "microseconds to busy-poll a waiting call; auto: 50, or 0 when ranks outnumber cores") \
   X(YIELD_US, "100000", "then microseconds to poll with sched_yield before sleeping in poll(); 0 sleeps at once") \
-  X(ALGO, "auto", "allreduce algorithm: auto, ring, rd (recursive doubling), hier (within hosts, then across) or direct (shared buffers, any size)")             \
+  X(ALGO, "auto", "allreduce algorithm: auto, ring, rd (recursive doubling), exchange (one round, every rank to every rank), hier (within hosts, then across) or direct (shared buffers, any size)")             \
   X(DIRECT_MIN_BYTES, "1048576", "allreduce of at least this many bytes among ranks of one host first asks whether every rank's buffers are shared (weft_mem_alloc): if so, one pass straight through them; 0 = never") \
+  X(EXCHANGE_MAX_BYTES, "16384", "auto picks the one-round exchange for allreduce up to this many bytes when all ranks (at most 8) share one host: it needs fewer turns of ranks that share a core; 0 = never") \
   X(RD_MAX_BYTES, "262144", "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk)") \
   X(BCAST_FANOUT, "0", "broadcast tree fan-out; 0 = auto (binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
   X(BCAST_CHAIN_BYTES, "65536", "broadcasts of at least this many bytes use a pipelined chain") \

@@ -3,7 +3,9 @@
  * place and out of place, against a serial reference in double or wide
  * integers on fresh random data. Also checks that every rank ends with the
  * same bits. Variants force the ring with tiny chunks (many loops, empty
- * chunks), recursive doubling on non-powers of two, wider trees, and a
+ * chunks), recursive doubling on non-powers of two (and on 4 ranks, where
+ * auto now picks the one-round exchange for small counts), the exchange at
+ * every count that fits a chunk, wider trees, and a
  * 32-rank stress group (small counts) on this 2-core machine. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -174,6 +176,7 @@ static void run_group(int n, const char *const *env, int big, int all_small, int
 #define NO_ENV {NULL}
 #define RING_TINY {"WEFT_ALGO=ring", "WEFT_CHUNK_BYTES=4096", NULL}
 #define RD_ONLY {"WEFT_ALGO=rd", NULL}
+#define EXCHANGE_ONLY {"WEFT_ALGO=exchange", NULL}
 #define WIDE_TREE {"WEFT_BCAST_FANOUT=3", "WEFT_BCAST_CHAIN_BYTES=1000000000", NULL}
 
 GROUP_TEST(ranks1, 1, NO_ENV, 1, 1)
@@ -191,6 +194,9 @@ GROUP_TEST(ring_tiny_chunks5, 5, RING_TINY, 0, 0)
 GROUP_TEST(ring_tiny_chunks8, 8, RING_TINY, 0, 0)
 GROUP_TEST(rd_non_power_of_two3, 3, RD_ONLY, 0, 1)
 GROUP_TEST(rd_non_power_of_two6, 6, RD_ONLY, 0, 0)
+GROUP_TEST(rd_power_of_two4, 4, RD_ONLY, 0, 0)
+/* the one-round exchange at every count that fits a chunk (auto stops at 16 KiB) */
+GROUP_TEST(exchange_forced3, 3, EXCHANGE_ONLY, 0, 1)
 GROUP_TEST(tree_fanout3, 7, WIDE_TREE, 0, 0)
 /* hierarchical allreduce: one host (reduce, divide, broadcast), uneven and
  * interleaved pretend hosts, tiny chunks so every phase runs many chunks */
@@ -212,6 +218,7 @@ int main(void) {
       cmocka_unit_test(ring_tiny_chunks3),
       cmocka_unit_test(ring_tiny_chunks5), cmocka_unit_test(ring_tiny_chunks8),
       cmocka_unit_test(rd_non_power_of_two3), cmocka_unit_test(rd_non_power_of_two6),
+      cmocka_unit_test(rd_power_of_two4), cmocka_unit_test(exchange_forced3),
       cmocka_unit_test(tree_fanout3), cmocka_unit_test(hier_one_host5),
       cmocka_unit_test(hier_uneven_hosts6), cmocka_unit_test(hier_interleaved_hosts8),
   };

@@ -11,7 +11,9 @@
  *    rank left out, collectives and send/recv on parent and children
  *    outstanding at the same time;
  *  - a send/recv size mismatch fails on both ends; destroy completes what is
- *    outstanding with WEFT_ERR_ABORTED. */
+ *    outstanding with WEFT_ERR_ABORTED;
+ *  - allreduces issued in different rhythms on different ranks (one at a
+ *    time, or all at once) still choose alike call by call. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -406,6 +408,56 @@ static int split_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   return bad != 0;
 }
 
+/* ---- issued in different rhythms --------------------------------------------- */
+
+/* Some allreduce algorithms depend on what earlier calls found out (the
+ * direct question's memory of a shape that met ordinary buffers; the
+ * exchange verdict of the communicator's first small call). Even ranks
+ * issue each call only after the last completed; odd ranks issue them all,
+ * then wait: every rank must still choose the same algorithm for each call.
+ * Chosen at issue, they would not (and messages of one algorithm would be
+ * read as another's). */
+#define STAGGER_CALLS 12
+static int staggered_rank(int rank, int n, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  int bad = 0, all[HARNESS_MAX_RANKS];
+  for (int q = 0; q < n; q++) all[q] = q;
+  /* 8 bytes (the exchange), 16 KiB (its limit) and 1 MiB of ordinary memory
+   * (the direct question, then the ring), in turn */
+  static const size_t counts[] = {2, 4096, 262144};
+  float *in[STAGGER_CALLS], *out[STAGGER_CALLS];
+  weft_request *req[STAGGER_CALLS];
+  for (int round = 0; round < 2; round++) {
+    for (int c = 0; c < STAGGER_CALLS; c++) {
+      size_t count = counts[c % 3];
+      in[c] = malloc(count * sizeof(float));
+      out[c] = malloc(count * sizeof(float));
+      fill(in[c], count, WEFT_F32, WEFT_SUM, rank, 1000 * round + c);
+      weft_status st = weft_iallreduce(comm, in[c], out[c], count, WEFT_F32, WEFT_SUM, &req[c]);
+      if (st) bad += report(comm, rank, "staggered iallreduce", st);
+      if (rank % 2 == 0 && (st = weft_wait(&req[c])))
+        bad += report(comm, rank, "staggered wait", st);
+      if (bad) break;
+    }
+    if (rank % 2 == 1 && !bad) {
+      weft_status st = weft_wait_all(req, STAGGER_CALLS);
+      if (st) bad += report(comm, rank, "staggered wait_all", st);
+    }
+    for (int c = 0; c < STAGGER_CALLS && !bad; c++)
+      bad += check_reduced(out[c], rank, all, n, counts[c % 3], WEFT_F32, WEFT_SUM,
+                           1000 * round + c, "staggered allreduce");
+    for (int c = 0; c < STAGGER_CALLS; c++) {
+      free(in[c]);
+      free(out[c]);
+    }
+    if (bad) break;
+  }
+  weft_comm_destroy(comm);
+  return bad != 0;
+}
+
 /* ---- errors ---------------------------------------------------------------------- */
 
 static int errors_rank(int rank, int n, const weft_unique_id *id, void *arg) {
@@ -476,6 +528,8 @@ RANKS_TEST(p2p4, p2p_rank, 4)
 RANKS_TEST(split4, split_rank, 4)
 RANKS_TEST(split7, split_rank, 7)
 RANKS_TEST(errors3, errors_rank, 3)
+RANKS_TEST(staggered3, staggered_rank, 3)
+RANKS_TEST(staggered4, staggered_rank, 4)
 
 int main(void) {
   const char *seed = getenv("WEFT_TEST_SEED");
@@ -487,6 +541,7 @@ int main(void) {
       cmocka_unit_test(p2p1),         cmocka_unit_test(p2p2),
       cmocka_unit_test(p2p4),         cmocka_unit_test(split4),
       cmocka_unit_test(split7),       cmocka_unit_test(errors3),
+      cmocka_unit_test(staggered3),   cmocka_unit_test(staggered4),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -94,6 +94,18 @@ typedef struct weft_direct_state {
   uint32_t *verdicts;           /* scratch: what every member sent */
 } weft_direct_state;
 
+/* One-round exchange allreduce (exchange_allreduce.c). */
+typedef struct weft_exchange_state {
+  int phase;
+  int next;        /* the next peer (send, drain) or member (fold) */
+  const void *own; /* what we send: sendbuf, or a copy of it when in place */
+  bool asking;     /* the communicator's first exchange: a word goes before the data */
+  bool word_sent, word_got; /* the word to / from the current peer is through */
+  bool folded;     /* the current member's data is folded, its release may be pending */
+  bool all_stores; /* asking: every word so far said 1 */
+  uint32_t word;   /* asking: 1 when all of this rank's peers are reached with stores */
+} weft_exchange_state;
+
 /* Hierarchical allreduce: the phase running (its state in `inner`). */
 typedef struct weft_hier_state {
   int phase;    /* 0 reduce within the host, 1 leaders, 2 broadcast within the host */
@@ -144,6 +156,7 @@ struct weft_coll {
     weft_flat_state flat;
     weft_hier_state hier;
     weft_direct_state direct;
+    weft_exchange_state exchange;
   } st;
 };
 
@@ -204,6 +217,9 @@ weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst,
 /* Algorithm entry points: set coll->advance and the state. */
 weft_status weft_ring_allreduce_start(weft_coll *coll);
 weft_status weft_rd_allreduce_start(weft_coll *coll);
+/* asking: the communicator's first exchange, which settles whether later
+ * ones may use it (exchange_allreduce.c). */
+weft_status weft_exchange_allreduce_start(weft_coll *coll, bool asking);
 weft_status weft_tree_broadcast_start(weft_coll *coll, int fanout);
 weft_status weft_tree_reduce_start(weft_coll *coll, int fanout);
 weft_status weft_ring_reduce_scatter_start(weft_coll *coll);

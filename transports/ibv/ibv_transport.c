@@ -469,6 +469,7 @@ static void ibv_fini(weft_transport_ctx *ctx) {
 const weft_transport weft_transport_ibv = {
     .abi_version = WEFT_TRANSPORT_ABI,
     .name = "ibv",
+    .sends_are_stores = false,
     .init = ibv_init,
     .can_reach = ibv_can_reach,
     .connect = ibv_connect,

@@ -162,6 +162,7 @@ static void shm_fini(weft_transport_ctx *ctx) {
 const weft_transport weft_transport_shm = {
     .abi_version = WEFT_TRANSPORT_ABI,
     .name = "shm",
+    .sends_are_stores = true,
     .init = shm_init,
     .can_reach = shm_can_reach,
     .connect = shm_connect,

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "src/auth.h"
@@ -196,16 +197,30 @@ weft_status tcp_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed
 
 static weft_status tcp_read_abort(struct weft_conn *c, const char *target, size_t in_target);
 
+/* Frames a dead peer sent before its failure notice that are looked past. */
+#define TCP_NOTICE_SCAN_FRAMES 64
+
 /* A send failed because the peer is gone. If it left a failure notice that we
- * have not read yet, report that (the first cause) instead of "broken pipe". */
+ * have not read yet, report that (the first cause) instead of "broken pipe".
+ * The notice may sit behind data frames the peer sent before it failed (an
+ * algorithm that sends to a peer twice before it reads): the connection is
+ * dead, so those are read and dropped on the way, as long as they are here. */
 static weft_status tcp_send_failed(struct weft_conn *c, int err) {
-  if (c->rhdr_got == 0 && !c->rframe_done) {
+  for (int f = 0; f < TCP_NOTICE_SCAN_FRAMES && c->rhdr_got == 0 && !c->rframe_done; f++) {
     tcp_frame_hdr h;
     ssize_t n = recv(c->fd, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
-    if (n == (ssize_t)sizeof h &&
-        ntohl(h.magic_type) == (TCP_FRAME_MAGIC | TCP_FRAME_ABORT) &&
-        recv(c->fd, &c->rhdr, sizeof h, MSG_DONTWAIT) == (ssize_t)sizeof h)
-      return tcp_read_abort(c, NULL, 0);
+    if (n != (ssize_t)sizeof h) break;
+    uint32_t type = ntohl(h.magic_type), len = ntohl(h.len);
+    if (type == (TCP_FRAME_MAGIC | TCP_FRAME_ABORT)) {
+      if (recv(c->fd, &c->rhdr, sizeof h, MSG_DONTWAIT) == (ssize_t)sizeof h)
+        return tcp_read_abort(c, NULL, 0);
+      break;
+    }
+    int queued = 0; /* a data frame is dropped only when all of it is here */
+    if (type != (TCP_FRAME_MAGIC | TCP_FRAME_DATA) || ioctl(c->fd, FIONREAD, &queued) ||
+        (size_t)queued < sizeof h + len ||
+        recv(c->fd, NULL, sizeof h + len, MSG_TRUNC | MSG_DONTWAIT) != (ssize_t)(sizeof h + len))
+      break;
   }
   return tcp_conn_fail(c, weft_status_from_errno(err) == WEFT_ERR_SYSTEM ? WEFT_ERR_SYSTEM : WEFT_ERR_PEER_LOST,
                        "sending to %s: %s", c->where, strerror(err));

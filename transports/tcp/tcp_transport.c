@@ -170,6 +170,7 @@ static void tcp_fini(weft_transport_ctx *ctx) {
 const weft_transport weft_transport_tcp = {
     .abi_version = WEFT_TRANSPORT_ABI,
     .name = "tcp",
+    .sends_are_stores = false,
     .init = tcp_init,
     .can_reach = tcp_can_reach,
     .connect = tcp_connect,
