@@ -9,6 +9,8 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -500,6 +502,38 @@ static weft_status comm_learn_both(weft_comm *comm, const boot_rank_info *all, u
   return comm_learn(comm->p2p, all, id ^ 0x9e3779b97f4a7c15ull, call);
 }
 
+/* With more ranks on a host than CPUs they may use, waiting ranks yield
+ * rather than sleep, so the kernel places them once (at fork, at their last
+ * wake-up) and seldom moves them after: always runnable and always cache-hot,
+ * they are poor candidates for its balancer. Three ranks of four on one of
+ * 2 vCPUs stayed so for whole runs and doubled the time of every small call.
+ * So, once per process, each rank steps onto CPU local_rank mod (its CPUs)
+ * and gets its own mask back at once: an even start, not a binding (the
+ * kernel may move it later; the caller's mask is what it was). */
+static void spread_once(const weft_comm *comm) {
+  static _Atomic pid_t done_in; /* by pid: a forked child starts afresh */
+  const char *mode = weft_setting_str(WEFT_SETTING_SPREAD);
+  if (!strcmp(mode, "0") || atomic_exchange(&done_in, getpid()) == getpid()) return;
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed)) return;
+  int count = CPU_COUNT(&allowed);
+  /* one CPU allowed: bound already (weftrun, mpirun), nothing to choose */
+  if (count < 2 || (comm->local_size <= count && strcmp(mode, "1"))) return;
+  int want = comm->local_rank % count;
+  for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (!CPU_ISSET(cpu, &allowed) || seen++ != want) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof one, &one) == 0) {
+      sched_setaffinity(0, sizeof allowed, &allowed);
+      WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d: %d ranks here on %d CPUs: started on CPU %d",
+                comm->rank, comm->local_size, count, cpu);
+    }
+    return;
+  }
+}
+
 static weft_status comm_publish(weft_comm *comm, const char *call) {
   if (!live_add(comm)) return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
   WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d/%d ready (local %d/%d, chunk %zu B, spin %d us)", comm->rank,
@@ -560,6 +594,7 @@ static weft_status comm_create(int rank, int size, int local_rank,
   }
   st = comm_publish(comm, call);
   if (st) goto fail;
+  spread_once(comm);
   *out = comm;
   return WEFT_OK;
 fail:

@@ -1,8 +1,10 @@
 /* test_api.c - the API's contract without peers or with threads as ranks:
  * every status has a name and a sentence, launcher environments parse as
  * documented, bad input gets a clear status and a message naming the call,
- * double destroy and calls after abort are errors, not crashes. */
+ * double destroy and calls after abort are errors, not crashes, and the
+ * start-up spread of oversubscribed ranks leaves their affinity alone. */
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -281,12 +283,58 @@ static void ranks_as_threads(void **state) {
   }
 }
 
+/* WEFT_SPREAD=1: each rank steps onto CPU rank mod (its CPUs) at init and
+ * gets its own affinity mask back: it says where it started, and its mask
+ * afterwards is the one it had (an even start, never a binding). */
+static int spread_rank(int rank, int size, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  cpu_set_t before, after;
+  if (sched_getaffinity(0, sizeof before, &before)) return 1;
+  int count = CPU_COUNT(&before), want = -1;
+  for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE && want < 0; cpu++)
+    if (CPU_ISSET(cpu, &before) && seen++ == rank % (count ? count : 1)) want = cpu;
+  char path[] = "/tmp/weft_spread_XXXXXX";
+  int fd = mkstemp(path), saved = dup(2);
+  if (fd < 0 || saved < 0) return 1;
+  unlink(path);
+  dup2(fd, 2); /* the INIT log goes here */
+  weft_comm *comm = harness_comm(rank, size, id);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  int bad = !comm;
+  if (sched_getaffinity(0, sizeof after, &after) || !CPU_EQUAL(&before, &after)) {
+    fprintf(stderr, "rank %d: the affinity mask changed across init (%d CPUs, now %d)\n", rank,
+            count, CPU_COUNT(&after));
+    bad = 1;
+  }
+  char log[8192] = "", expect[64];
+  ssize_t got = pread(fd, log, sizeof log - 1, 0);
+  log[got > 0 ? got : 0] = 0;
+  close(fd);
+  snprintf(expect, sizeof expect, "started on CPU %d ", want);
+  if (count >= 2 && !strstr(log, expect)) {
+    fprintf(stderr, "rank %d: %d CPUs allowed, no \"%s\" in its log:\n%s\n", rank, count, expect, log);
+    bad = 1;
+  }
+  if (comm) weft_comm_destroy(comm);
+  return bad;
+}
+
+static void spread_is_not_a_binding(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_SPREAD=1", "WEFT_DEBUG=INFO", "WEFT_DEBUG_SUBSYS=INIT",
+                                    NULL};
+  harness_init();
+  assert_int_equal(harness_run(3, env, 60, spread_rank, NULL), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_status_has_a_message), cmocka_unit_test(env_conventions),
       cmocka_unit_test(addresses_and_interfaces),  cmocka_unit_test(bad_input),
       cmocka_unit_test(bad_config),                cmocka_unit_test(settings_are_listed),
-      cmocka_unit_test(ranks_as_threads),
+      cmocka_unit_test(ranks_as_threads),          cmocka_unit_test(spread_is_not_a_binding),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
