@@ -503,17 +503,37 @@ static weft_status comm_learn_both(weft_comm *comm, const boot_rank_info *all, u
 }
 
 /* With more ranks on a host than CPUs they may use, waiting ranks yield
- * rather than sleep, so the kernel places them once (at fork, at their last
- * wake-up) and seldom moves them after: always runnable and always cache-hot,
- * they are poor candidates for its balancer. Three ranks of four on one of
- * 2 vCPUs stayed so for whole runs and doubled the time of every small call.
- * So, once per process, each rank steps onto CPU local_rank mod (its CPUs)
- * and gets its own mask back at once: an even start, not a binding (the
- * kernel may move it later; the caller's mask is what it was). */
+ * rather than sleep, so the kernel places them when they wake and seldom
+ * moves them after: always runnable and always cache-hot, they are poor
+ * candidates for its balancer. Three ranks of four on one of 2 vCPUs stayed
+ * so for whole runs and doubled the time of every small call. So each rank
+ * steps onto CPU local_rank mod (its CPUs) and gets its own mask back at
+ * once: an even start, not a binding (the kernel may move it; the caller's
+ * mask and its other threads are untouched). Only the thread that started
+ * the communicator steps, once per process (by pid: a forked child starts
+ * afresh), and again, at most every SPREAD_AGAIN_S, when a blocking call of
+ * that thread finds itself elsewhere as it starts to wait: a rank that slept
+ * after its start (allocating, reading data) was placed anew on waking. */
+#define SPREAD_AGAIN_S 0.05
+static _Atomic pid_t spread_pid;      /* the process that chose spread_cpu */
+static _Atomic int spread_cpu = -1;   /* this process's CPU to step onto */
+static _Thread_local bool spread_mine; /* this thread stepped at the start */
+static _Thread_local double spread_last;
+
+static bool spread_step(int cpu) {
+  cpu_set_t allowed, one;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) || !CPU_ISSET(cpu, &allowed)) return false;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  if (sched_setaffinity(0, sizeof one, &one)) return false;
+  sched_setaffinity(0, sizeof allowed, &allowed);
+  return true;
+}
+
 static void spread_once(const weft_comm *comm) {
-  static _Atomic pid_t done_in; /* by pid: a forked child starts afresh */
   const char *mode = weft_setting_str(WEFT_SETTING_SPREAD);
-  if (!strcmp(mode, "0") || atomic_exchange(&done_in, getpid()) == getpid()) return;
+  if (!strcmp(mode, "0") || atomic_exchange(&spread_pid, getpid()) == getpid()) return;
+  atomic_store(&spread_cpu, -1);
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof allowed, &allowed)) return;
   int count = CPU_COUNT(&allowed);
@@ -522,16 +542,25 @@ static void spread_once(const weft_comm *comm) {
   int want = comm->local_rank % count;
   for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; cpu++) {
     if (!CPU_ISSET(cpu, &allowed) || seen++ != want) continue;
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    if (sched_setaffinity(0, sizeof one, &one) == 0) {
-      sched_setaffinity(0, sizeof allowed, &allowed);
+    if (spread_step(cpu)) {
+      atomic_store(&spread_cpu, cpu);
+      spread_mine = true;
+      spread_last = weft_now();
       WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d: %d ranks here on %d CPUs: started on CPU %d",
                 comm->rank, comm->local_size, count, cpu);
     }
     return;
   }
+}
+
+void weft_spread_keep(void) {
+  if (!spread_mine) return;
+  int cpu = atomic_load_explicit(&spread_cpu, memory_order_relaxed);
+  if (cpu < 0 || sched_getcpu() == cpu) return;
+  double now = weft_now();
+  if (now - spread_last < SPREAD_AGAIN_S) return;
+  spread_last = now;
+  if (spread_step(cpu)) WEFT_TRACE(WEFT_SUBSYS_INIT, "stepped back onto CPU %d", cpu);
 }
 
 static weft_status comm_publish(weft_comm *comm, const char *call) {

@@ -145,4 +145,9 @@ typedef struct weft_env_job {
 } weft_env_job;
 weft_status weft_env_read(weft_env_job *job, char *why, size_t why_len);
 
+/* A blocking call about to wait: the thread that started the communicator
+ * steps back onto the CPU the start-up spread chose, when it is elsewhere
+ * (comm.c says why; at most every 50 ms, nothing when no spread was done). */
+void weft_spread_keep(void);
+
 #endif

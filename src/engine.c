@@ -227,6 +227,7 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
   bool stamp = false; /* something moved that last_moved does not show yet */
   unsigned idle_rounds = 0;
   double now = 0;
+  bool placed = thread; /* the progress thread is never stepped */
   comm->clock_ok = false; /* the caller may have been away for hours */
   for (;;) {
     comm->rounds++;
@@ -301,6 +302,10 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
      * round reads the clock; the system call costs far more anyway */
     idle_rounds = 0;
     if (idle * 1e6 < comm->spin_us + yield_us) {
+      if (!placed) { /* once per wait, before the first yield */
+        weft_spread_keep();
+        placed = true;
+      }
       sched_yield();
       comm->clock_ok = false;
       continue;
