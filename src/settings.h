@@ -22,7 +22,7 @@
   X(SHM_SLOTS, "8", "chunks in flight per direction between two ranks of one host (2..64)") \
   X(TCP_BUF_BYTES, "0", "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning") \
   X(SPIN_US, "auto", "microseconds to busy-poll a waiting call; auto: 50, or 0 when ranks outnumber cores") \
-  X(SPREAD, "auto", "ranks of a host that outnumber its CPUs each step once onto CPU local_rank mod CPUs when the communicator starts, then get their own affinity back (an even start, not a binding); auto: only then, 1: always, 0: never") \
+  X(SPREAD, "auto", "ranks of a host that outnumber its CPUs each step onto CPU local_rank mod CPUs when the communicator starts, and back there when a blocking call finds them elsewhere (at most every 50 ms); their affinity mask is left as it was (an even start, not a binding); auto: only then, 1: always, 0: never") \
   X(YIELD_US, "100000", "then microseconds to poll with sched_yield before sleeping in poll(); 0 sleeps at once") \
   X(ALGO, "auto", "allreduce algorithm: auto, ring, rd (recursive doubling), exchange (one round, every rank to every rank), hier (within hosts, then across) or direct (shared buffers, any size)")             \
   X(DIRECT_MIN_BYTES, "1048576", "allreduce of at least this many bytes among ranks of one host first asks whether every rank's buffers are shared (weft_mem_alloc): if so, one pass straight through them; 0 = never") \
