@@ -376,12 +376,14 @@ static weft_status check_start(weft_coll *coll) {
 /* What the algorithm's start function said. A start that failed fails the
  * call and tells the peers, which would otherwise wait for this rank until
  * their timeout. */
+static weft_status coll_start_failed(weft_coll *coll, weft_status started) {
+  free(coll->scratch);
+  coll->scratch = NULL;
+  return coll_fail(coll, started, "could not start the algorithm: %s", weft_strerror(started));
+}
+
 static weft_status coll_start(weft_coll *coll, weft_status started) {
-  if (started < 0) {
-    free(coll->scratch);
-    coll->scratch = NULL;
-    return coll_fail(coll, started, "could not start the algorithm: %s", weft_strerror(started));
-  }
+  if (started < 0) return coll_start_failed(coll, started);
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %zu bytes (per block), %s algorithm", coll->call, coll->seq,
              coll->count * coll->elem, coll->algo);
   weft_recorder_issue(&coll->comm->recorder, coll); /* the engine adds the time */
@@ -571,18 +573,16 @@ static weft_status allreduce_start_late(weft_coll *coll) {
   weft_comm *comm = coll->comm;
   size_t bytes = coll->count * coll->elem;
   weft_status st;
-  if (direct_candidate(comm, bytes) &&
-      (comm->algo_forced == 4 || weft_direct_allreduce_worth_asking(comm, coll->count, coll->dtype)))
+  /* the barrier comes here for the exchange only, never the direct question */
+  if (coll->kind == KIND_ALLREDUCE && direct_candidate(comm, bytes) &&
+      (comm->algo_forced == 4 ||
+       weft_direct_allreduce_worth_asking(comm, coll->count, coll->dtype)))
     st = weft_direct_allreduce_start(coll);
   else if (exchange_candidate(comm, bytes))
     st = small_start(coll);
   else
     st = rd_or_ring_start(coll);
-  if (st < 0) {
-    free(coll->scratch);
-    coll->scratch = NULL;
-    return coll_fail(coll, st, "could not start the algorithm: %s", weft_strerror(st));
-  }
+  if (st < 0) return coll_start_failed(coll, st);
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %s algorithm, chosen at its start", coll->call, coll->seq,
              coll->algo);
   return coll->advance(coll);

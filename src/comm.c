@@ -386,12 +386,12 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   if (comm->recorder.cap) weft_recorder_install_signal();
   comm->check_calls = weft_setting_ll(WEFT_SETTING_CHECK, 0) != 0;
   const char *algo = weft_setting_str(WEFT_SETTING_ALGO);
-  comm->algo_forced = !strcasecmp(algo, "ring")   ? 1
-                      : !strcasecmp(algo, "rd")   ? 2
-                      : !strcasecmp(algo, "hier") ? 3
-                      : !strcasecmp(algo, "direct") ? 4
+  comm->algo_forced = !strcasecmp(algo, "ring")       ? 1
+                      : !strcasecmp(algo, "rd")       ? 2
+                      : !strcasecmp(algo, "hier")     ? 3
+                      : !strcasecmp(algo, "direct")   ? 4
                       : !strcasecmp(algo, "exchange") ? 5
-                                                  : 0;
+                                                      : 0;
   if (comm->algo_forced == 0 && strcasecmp(algo, "auto") && *algo && rank == 0)
     WEFT_WARN(WEFT_SUBSYS_INIT,
               "WEFT_ALGO=\"%s\" is not auto, ring, rd, exchange, hier or direct; using auto", algo);
@@ -515,8 +515,8 @@ static weft_status comm_learn_both(weft_comm *comm, const boot_rank_info *all, u
  * that thread finds itself elsewhere as it starts to wait: a rank that slept
  * after its start (allocating, reading data) was placed anew on waking. */
 #define SPREAD_AGAIN_S 0.05
-static _Atomic pid_t spread_pid;      /* the process that chose spread_cpu */
-static _Atomic int spread_cpu = -1;   /* this process's CPU to step onto */
+static _Atomic pid_t spread_pid;       /* the process that chose spread_cpu */
+static _Atomic int spread_cpu = -1;    /* this process's CPU to step onto */
 static _Thread_local bool spread_mine; /* this thread stepped at the start */
 static _Thread_local double spread_last;
 

@@ -227,7 +227,7 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
   bool stamp = false; /* something moved that last_moved does not show yet */
   unsigned idle_rounds = 0;
   double now = 0;
-  bool placed = thread; /* the progress thread is never stepped */
+  bool placed = thread;   /* the progress thread is never stepped */
   comm->clock_ok = false; /* the caller may have been away for hours */
   for (;;) {
     comm->rounds++;

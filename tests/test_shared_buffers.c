@@ -19,7 +19,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
-#include "src/comm.h"
+#include "harness_recorder.h"
 
 static uint64_t base_seed;
 
@@ -39,14 +39,6 @@ static int report(weft_comm *comm, int rank, const char *what, weft_status st) {
   return 1;
 }
 
-/* The algorithm the communicator's last finished call ran. */
-static const char *last_algo(const weft_comm *comm) {
-  const weft_recorder *rec = &comm->recorder;
-  if (!rec->cap || !rec->next) return "?";
-  const char *a = rec->ring[(rec->next - 1) % rec->cap].algo;
-  return a ? a : "?";
-}
-
 /* One allreduce of `count` elements; in place or not; checks the result,
  * the algorithm, and stores a hash for the cross-rank comparison. */
 static int one_call(weft_comm *comm, int rank, int n, void *in, void *out, size_t count,
@@ -61,8 +53,8 @@ static int one_call(weft_comm *comm, int rank, int n, void *in, void *out, size_
            weft_dtype_name(k.dt), weft_op_name(k.op), in_place ? "in place" : "out of place");
   if (st) return report(comm, rank, what, st);
   int bad = 0;
-  if (count && want_algo && strcmp(last_algo(comm), want_algo)) {
-    fprintf(stderr, "rank %d: %s ran %s, expected %s\n", rank, what, last_algo(comm), want_algo);
+  if (count && want_algo && strcmp(harness_last_algo(comm), want_algo)) {
+    fprintf(stderr, "rank %d: %s ran %s, expected %s\n", rank, what, harness_last_algo(comm), want_algo);
     bad = 1;
   }
   char label[220];

@@ -97,13 +97,11 @@ typedef struct weft_direct_state {
 /* One-round exchange allreduce (exchange_allreduce.c). */
 typedef struct weft_exchange_state {
   int phase;
-  int next;        /* the next peer (send, drain) or member (fold) */
+  int next;        /* peers (send, drain) or members (fold) done in this phase */
   const void *own; /* what we send: sendbuf, or a copy of it when in place */
-  bool asking;     /* the communicator's first exchange: a word goes before the data */
-  bool word_sent, word_got; /* the word to / from the current peer is through */
   bool folded;     /* the current member's data is folded, its release may be pending */
-  bool all_stores; /* asking: every word so far said 1 */
   uint32_t word;   /* asking: 1 when all of this rank's peers are reached with stores */
+  uint32_t *words; /* asking: scratch, every member's word; NULL when not asking */
 } weft_exchange_state;
 
 /* Hierarchical allreduce: the phase running (its state in `inner`). */
@@ -213,6 +211,13 @@ weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, 
  * sends dst on to `to`. */
 weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst, size_t bytes,
                                    bool *got);
+/* Sends `bytes` at `src` to every other member, in rank order from the next
+ * one (so members do not all start with the same peer). *next counts the
+ * peers done (0 at the start) and is 0 again when all are. */
+weft_status weft_step_send_all(weft_coll *coll, int *next, const void *src, size_t bytes);
+/* Receives one `bytes` message from every other member into slot [member]
+ * of `base` (`size` slots of `bytes`); *next as for weft_step_send_all. */
+weft_status weft_step_recv_all(weft_coll *coll, int *next, void *base, size_t bytes);
 
 /* Algorithm entry points: set coll->advance and the state. */
 weft_status weft_ring_allreduce_start(weft_coll *coll);

@@ -105,33 +105,6 @@ static void memo_note(weft_coll *coll, bool all_shared) {
 
 enum { SEND_KEYS, RECV_KEYS, SEND_VERDICT, RECV_VERDICT, REDUCE, SEND_DONE, RECV_DONE, FINISHED };
 
-/* Sends `bytes` at `src` to every other member, in rank order from the next
- * one (so members do not all start with the same peer). */
-static weft_status send_all(weft_coll *coll, const void *src, size_t bytes) {
-  weft_direct_state *ds = &coll->st.direct;
-  int n = coll->size;
-  while (ds->next < n - 1) {
-    int peer = (coll->rank + 1 + ds->next) % n;
-    WEFT_STEP(weft_step_send(coll, peer, src, bytes));
-    ds->next++;
-  }
-  ds->next = 0;
-  return WEFT_OK;
-}
-
-/* Receives one `bytes` message from every other member into slot [peer]. */
-static weft_status recv_all(weft_coll *coll, void *base, size_t bytes) {
-  weft_direct_state *ds = &coll->st.direct;
-  int n = coll->size;
-  while (ds->next < n - 1) {
-    int peer = (coll->rank + n - 1 - ds->next) % n;
-    WEFT_STEP(weft_link_recv_into(coll, peer, bytes, (char *)base + (size_t)peer * bytes));
-    ds->next++;
-  }
-  ds->next = 0;
-  return WEFT_OK;
-}
-
 /* Maps every other member's buffers; false (with the reason logged) when
  * one cannot be: not shared memory this transport reaches, or a length
  * that is not this call's (counts differ: the ring will say so). */
@@ -201,11 +174,11 @@ static weft_status direct_advance(weft_coll *coll) {
   size_t msg = sizeof(struct weft_direct_msg);
   switch (ds->phase) {
     case SEND_KEYS:
-      WEFT_STEP(send_all(coll, &ds->msgs[coll->rank], msg));
+      WEFT_STEP(weft_step_send_all(coll, &ds->next, &ds->msgs[coll->rank], msg));
       ds->phase = RECV_KEYS;
       /* fall through */
     case RECV_KEYS: {
-      WEFT_STEP(recv_all(coll, ds->msgs, msg));
+      WEFT_STEP(weft_step_recv_all(coll, &ds->next, ds->msgs, msg));
       bool all_shared = true;
       for (int p = 0; p < coll->size; p++)
         all_shared = all_shared && ds->msgs[p].magic == DIRECT_MSG_MAGIC && ds->msgs[p].shared;
@@ -236,11 +209,11 @@ static weft_status direct_advance(weft_coll *coll) {
     }
       /* fall through */
     case SEND_VERDICT:
-      WEFT_STEP(send_all(coll, &ds->verdict, sizeof ds->verdict));
+      WEFT_STEP(weft_step_send_all(coll, &ds->next, &ds->verdict, sizeof ds->verdict));
       ds->phase = RECV_VERDICT;
       /* fall through */
     case RECV_VERDICT: {
-      WEFT_STEP(recv_all(coll, ds->verdicts, sizeof *ds->verdicts));
+      WEFT_STEP(weft_step_recv_all(coll, &ds->next, ds->verdicts, sizeof *ds->verdicts));
       ds->verdicts[coll->rank] = ds->verdict;
       for (int p = 0; p < coll->size; p++)
         if (!ds->verdicts[p]) {
@@ -259,11 +232,11 @@ static weft_status direct_advance(weft_coll *coll) {
       ds->phase = SEND_DONE;
       /* fall through */
     case SEND_DONE:
-      WEFT_STEP(send_all(coll, &ds->token, sizeof ds->token));
+      WEFT_STEP(weft_step_send_all(coll, &ds->next, &ds->token, sizeof ds->token));
       ds->phase = RECV_DONE;
       /* fall through */
     case RECV_DONE:
-      WEFT_STEP(recv_all(coll, ds->verdicts, sizeof *ds->verdicts));
+      WEFT_STEP(weft_step_recv_all(coll, &ds->next, ds->verdicts, sizeof *ds->verdicts));
       ds->phase = FINISHED;
       /* fall through */
     default:

@@ -23,70 +23,56 @@
  * rank's peers are reached with stores; every rank folds the same words and
  * keeps the same verdict (comm->exchange_verdict), which coll.c consults when
  * later calls start. */
-#include <string.h>
-
 #include "algo.h"
 
-enum { EXCHANGE_SEND, EXCHANGE_FOLD, EXCHANGE_DRAIN, EXCHANGE_DONE };
+enum { EXCHANGE_SEND_WORD, EXCHANGE_RECV_WORDS, EXCHANGE_SEND, EXCHANGE_FOLD, EXCHANGE_DRAIN };
 
 static weft_status exchange_advance(weft_coll *coll) {
   weft_exchange_state *x = &coll->st.exchange;
   int n = coll->size, r = coll->rank;
   size_t bytes = coll->count * coll->elem;
-  if (x->phase == EXCHANGE_SEND) {
-    /* starting after ourselves spreads the first messages over the peers */
-    while (x->next < n - 1) {
-      int peer = (r + 1 + x->next) % n;
-      if (x->asking && !x->word_sent) {
-        WEFT_STEP(weft_step_send(coll, peer, &x->word, sizeof x->word));
-        x->word_sent = true;
-      }
-      WEFT_STEP(weft_link_send_ready(coll, peer));
-      WEFT_STEP(weft_link_send(coll, peer, x->own, bytes));
-      x->word_sent = false;
-      x->next++;
+  switch (x->phase) {
+    case EXCHANGE_SEND_WORD: /* asking only: the word goes before the data */
+      WEFT_STEP(weft_step_send_all(coll, &x->next, &x->word, sizeof x->word));
+      x->phase++;
+      /* fall through */
+    case EXCHANGE_RECV_WORDS: {
+      WEFT_STEP(weft_step_recv_all(coll, &x->next, x->words, sizeof x->word));
+      bool all = x->word == 1;
+      for (int m = 0; m < n; m++) all &= m == r || x->words[m] == 1;
+      coll->comm->exchange_verdict = all ? 1 : -1;
+      x->phase++;
     }
-    x->phase = EXCHANGE_FOLD;
-    x->next = 0;
-  }
-  if (x->phase == EXCHANGE_FOLD) {
-    while (x->next < n) {
-      int m = x->next;
-      const void *value = x->own;
-      if (m != r && x->asking && !x->word_got) {
-        WEFT_STEP(weft_link_recv_peek(coll, m, sizeof x->word, &value));
-        uint32_t word;
-        memcpy(&word, value, sizeof word);
-        x->all_stores &= word == 1;
-        x->word_got = true;
-        WEFT_STEP(weft_link_recv_release(coll, m));
+      /* fall through */
+    case EXCHANGE_SEND:
+      WEFT_STEP(weft_step_send_all(coll, &x->next, x->own, bytes));
+      x->phase++;
+      /* fall through */
+    case EXCHANGE_FOLD:
+      for (; x->next < n; x->next++, x->folded = false) {
+        int m = x->next;
+        if (!x->folded) {
+          const void *value = x->own;
+          if (m != r) WEFT_STEP(weft_link_recv_peek(coll, m, bytes, &value));
+          if (m == 0)
+            coll->mem->copy(coll->recvbuf, value, bytes);
+          else
+            coll->mem->reduce(coll->recvbuf, coll->recvbuf, value, coll->count, coll->dtype,
+                              coll->op, 1);
+          x->folded = true;
+        }
+        if (m != r) WEFT_STEP(weft_link_recv_release(coll, m));
       }
-      if (!x->folded) {
-        if (m != r) WEFT_STEP(weft_link_recv_peek(coll, m, bytes, &value));
-        if (m == 0)
-          coll->mem->copy(coll->recvbuf, value, bytes);
-        else
-          coll->mem->reduce(coll->recvbuf, coll->recvbuf, value, coll->count, coll->dtype,
-                            coll->op, 1);
-        x->folded = true;
-      }
-      if (m != r) WEFT_STEP(weft_link_recv_release(coll, m));
-      x->next++;
-      x->word_got = x->folded = false;
-    }
-    coll->mem->finish(coll->recvbuf, coll->recvbuf, coll->count, coll->dtype, coll->op,
-                      coll->avg_div);
-    if (x->asking) coll->comm->exchange_verdict = x->all_stores ? 1 : -1;
-    x->phase = EXCHANGE_DRAIN;
-    x->next = 0;
-  }
-  if (x->phase == EXCHANGE_DRAIN) {
-    /* x->own (the caller's sendbuf, or our scratch) must outlive every send */
-    while (x->next < n - 1) {
-      WEFT_STEP(weft_link_send_idle(coll, (r + 1 + x->next) % n));
-      x->next++;
-    }
-    x->phase = EXCHANGE_DONE;
+      coll->mem->finish(coll->recvbuf, coll->recvbuf, coll->count, coll->dtype, coll->op,
+                        coll->avg_div);
+      x->next = 0;
+      x->phase++;
+      /* fall through */
+    case EXCHANGE_DRAIN:
+      /* x->own (the caller's sendbuf, or our scratch) must outlive every send */
+      for (; x->next < n - 1; x->next++)
+        WEFT_STEP(weft_link_send_idle(coll, (r + 1 + x->next) % n));
+      x->phase++;
   }
   return WEFT_OK;
 }
@@ -94,21 +80,25 @@ static weft_status exchange_advance(weft_coll *coll) {
 weft_status weft_exchange_allreduce_start(weft_coll *coll, bool asking) {
   size_t bytes = coll->count * coll->elem;
   if (bytes > coll->comm->chunk_bytes) return WEFT_ERR_INTERNAL;
+  /* one scratch: a copy of the input when in place (recvbuf takes partial
+   * results while the sends may still read their source, and before our own
+   * turn in the fold comes), then every member's word when asking */
+  bool in_place = coll->sendbuf == coll->recvbuf;
+  size_t copy_bytes = in_place ? (bytes + 7) / 8 * 8 : 0;
+  size_t word_bytes = asking ? sizeof(uint32_t) * (size_t)coll->size : 0;
+  char *scratch = NULL;
+  if (copy_bytes + word_bytes)
+    WEFT_CHECK(weft_coll_scratch(coll, copy_bytes + word_bytes, (void **)&scratch));
   const void *own = coll->sendbuf;
-  if (coll->sendbuf == coll->recvbuf) {
-    /* in place: recvbuf takes partial results while the sends may still
-     * read their source, and before our own turn in the fold comes */
-    void *copy;
-    WEFT_CHECK(weft_coll_scratch(coll, bytes, &copy));
-    coll->mem->copy(copy, coll->sendbuf, bytes);
-    own = copy;
+  if (in_place) {
+    coll->mem->copy(scratch, coll->sendbuf, bytes);
+    own = scratch;
   }
-  bool mine = coll->comm->sends_are_stores;
-  coll->st.exchange = (weft_exchange_state){.phase = EXCHANGE_SEND,
-                                            .own = own,
-                                            .asking = asking,
-                                            .word = mine ? 1 : 0,
-                                            .all_stores = mine};
+  coll->st.exchange =
+      (weft_exchange_state){.phase = asking ? EXCHANGE_SEND_WORD : EXCHANGE_SEND,
+                            .own = own,
+                            .word = coll->comm->sends_are_stores ? 1 : 0,
+                            .words = asking ? (uint32_t *)(scratch + copy_bytes) : NULL};
   coll->algo = "exchange";
   coll->advance = exchange_advance;
   return WEFT_OK;

@@ -1,8 +1,9 @@
 /* steps.c - what the chunked algorithms share: cutting a block into chunks
  * the same way on both ends of a link (a receiver names the exact size it
- * expects), the shape of a tree around its root, and the send /
+ * expects), the shape of a tree around its root, the send /
  * receive-reduce-send / receive-forward moves that rings, chains and trees
- * are made of. */
+ * are made of, and the one message to or from every member that the
+ * one-round algorithms (direct, exchange) are made of. */
 #include "algo.h"
 
 size_t weft_chunk_elems(const weft_coll *coll) {
@@ -54,4 +55,26 @@ weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst,
   }
   if (to < 0) return WEFT_OK;
   return weft_step_send(coll, to, dst, bytes);
+}
+
+weft_status weft_step_send_all(weft_coll *coll, int *next, const void *src, size_t bytes) {
+  int n = coll->size;
+  while (*next < n - 1) {
+    int peer = (coll->rank + 1 + *next) % n;
+    WEFT_STEP(weft_step_send(coll, peer, src, bytes));
+    (*next)++;
+  }
+  *next = 0;
+  return WEFT_OK;
+}
+
+weft_status weft_step_recv_all(weft_coll *coll, int *next, void *base, size_t bytes) {
+  int n = coll->size;
+  while (*next < n - 1) {
+    int peer = (coll->rank + n - 1 - *next) % n;
+    WEFT_STEP(weft_link_recv_into(coll, peer, bytes, (char *)base + (size_t)peer * bytes));
+    (*next)++;
+  }
+  *next = 0;
+  return WEFT_OK;
 }
