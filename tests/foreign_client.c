@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 
 #include "harness.h"
-#include "src/bootstrap.h"
+#include "src/comm/bootstrap.h"
 #include "transports/tcp/tcp.h"
 
 #define CASES 5

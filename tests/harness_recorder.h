@@ -3,7 +3,7 @@
 #ifndef WEFT_TEST_HARNESS_RECORDER_H
 #define WEFT_TEST_HARNESS_RECORDER_H
 
-#include "src/comm.h"
+#include "src/comm/comm.h"
 
 /* The algorithm the communicator's last finished call ran, "?" when the
  * recorder is off or empty. */

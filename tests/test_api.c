@@ -12,9 +12,9 @@
 #include <cmocka.h>
 
 #include "harness.h"
-#include "src/comm.h"
-#include "src/net.h"
-#include "src/settings.h"
+#include "src/comm/comm.h"
+#include "src/base/net.h"
+#include "src/base/settings.h"
 
 static void clear_launcher_env(void) {
   const char *vars[] = {"WEFT_RANK", "WEFT_SIZE", "WEFT_LOCAL_RANK", "WEFT_RENDEZVOUS", "RANK", "WORLD_SIZE",

@@ -21,13 +21,13 @@
 
 #include "harness.h"
 #include "ibv_emu/ibv_emu.h"
-#include "src/auth.h"
-#include "src/comm.h"
-#include "src/mem.h"
-#include "src/net.h"
-#include "src/select.h"
-#include "src/settings.h"
-#include "src/status.h"
+#include "src/base/auth.h"
+#include "src/comm/comm.h"
+#include "src/mem/mem.h"
+#include "src/base/net.h"
+#include "src/topo/select.h"
+#include "src/base/settings.h"
+#include "src/base/status.h"
 #include "transports/ibv/ibv.h"
 
 static const char *emu_path;

@@ -16,8 +16,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "half.h"
-#include "reduce.h"
+#include "src/base/half.h"
+#include "src/mem/reduce.h"
 
 /* ---- seed and random numbers ---------------------------------------------- */
 

@@ -11,9 +11,9 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "src/select.h"
-#include "src/settings.h"
-#include "src/topo.h"
+#include "src/topo/select.h"
+#include "src/base/settings.h"
+#include "src/topo/topo.h"
 
 #ifndef WEFT_TOPO_FIXTURES
 #define WEFT_TOPO_FIXTURES "tests/topo"

@@ -6,9 +6,9 @@
 
 #include "weft.h"
 /* Internal headers: the topology is no part of the public API. */
-#include "src/comm.h"
-#include "src/select.h"
-#include "src/topo.h"
+#include "src/comm/comm.h"
+#include "src/topo/select.h"
+#include "src/topo/topo.h"
 
 static void print_devices(const char *kind, const weft_topo_device *devs, int n) {
   for (int i = 0; i < n; i++) {

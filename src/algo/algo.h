@@ -10,9 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/comm.h"
-#include "src/mem.h"
-#include "src/status.h"
+#include "src/comm/comm.h"
+#include "src/mem/mem.h"
+#include "src/base/status.h"
 
 typedef struct weft_coll weft_coll;
 

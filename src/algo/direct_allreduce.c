@@ -34,9 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
-#include "src/log.h"
-#include "src/shared_mem.h"
+#include "src/algo/algo.h"
+#include "src/base/log.h"
+#include "src/mem/shared_mem.h"
 
 #define DIRECT_MSG_MAGIC 0x57444952u /* "WDIR" */
 #define DIRECT_PIECE_BYTES 16384     /* the running sum stays in L1 */

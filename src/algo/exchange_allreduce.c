@@ -23,7 +23,7 @@
  * rank's peers are reached with stores; every rank folds the same words and
  * keeps the same verdict (comm->exchange_verdict), which coll.c consults when
  * later calls start. */
-#include "algo.h"
+#include "src/algo/algo.h"
 
 enum { EXCHANGE_SEND_WORD, EXCHANGE_RECV_WORDS, EXCHANGE_SEND, EXCHANGE_FOLD, EXCHANGE_DRAIN };
 

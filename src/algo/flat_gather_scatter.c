@@ -4,7 +4,7 @@
  * finishes. The root's link carries (n-1)/n of the buffer, the least either
  * call can do; a tree would only save latency for small blocks (later, if it
  * matters). The root's own block is a local copy, skipped in place. */
-#include "algo.h"
+#include "src/algo/algo.h"
 
 static weft_status flat_advance(weft_coll *coll) {
   weft_flat_state *fs = &coll->st.flat;

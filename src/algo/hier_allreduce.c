@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
+#include "src/algo/algo.h"
 
 /* The phase's own algorithm state lives in scratch, freed by the cleanup
  * hook whether the call completes or fails. */

@@ -4,7 +4,7 @@
  * receives one block per round (no hot spot), and within a round sends and
  * receives are interleaved chunk by chunk, whichever can move, so neither
  * direction waits for the other. The own block is a local copy. */
-#include "algo.h"
+#include "src/algo/algo.h"
 
 static weft_status a2a_round(weft_coll *coll, int to, int from) {
   weft_flat_state *fs = &coll->st.flat;

@@ -5,7 +5,7 @@
  * Partners combine the same two values, and IEEE sum/prod/min/max are
  * commutative, so every rank ends with the same bits. Works in place on
  * recvbuf; needs the whole buffer to fit one chunk. */
-#include "algo.h"
+#include "src/algo/algo.h"
 
 static int pow2_floor(int n) {
   int p = 1;

@@ -6,7 +6,7 @@
  *   steps 1..n-1    receive block r-s from the left into recvbuf, send it on
  *                   (the last one stays)
  * Its own block is copied into recvbuf at the start, unless in place. */
-#include "algo.h"
+#include "src/algo/algo.h"
 
 static weft_status ag_step(weft_coll *coll) {
   weft_ring_block_state *rb = &coll->st.ringb;

@@ -9,7 +9,7 @@
  *   step 2n-2       receive the last final chunk
  * Final values are computed on one rank and copied, so every rank ends with
  * the same bits. */
-#include "algo.h"
+#include "src/algo/algo.h"
 
 static size_t min_sz(size_t a, size_t b) {
   return a < b ? a : b;

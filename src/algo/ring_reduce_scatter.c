@@ -12,7 +12,7 @@
  * send from it to complete before overwriting it (at once on shm, a copy into
  * the socket buffer on tcp; a transport whose completion is a round trip
  * would want a few scratch chunks in turn). */
-#include "algo.h"
+#include "src/algo/algo.h"
 
 static weft_status rs_step(weft_coll *coll) {
   weft_ring_block_state *rb = &coll->st.ringb;

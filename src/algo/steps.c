@@ -4,7 +4,7 @@
  * receive-reduce-send / receive-forward moves that rings, chains and trees
  * are made of, and the one message to or from every member that the
  * one-round algorithms (direct, exchange) are made of. */
-#include "algo.h"
+#include "src/algo/algo.h"
 
 size_t weft_chunk_elems(const weft_coll *coll) {
   size_t ce = coll->comm->chunk_bytes / coll->elem;

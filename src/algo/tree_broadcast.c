@@ -2,7 +2,7 @@
  * (fan-out 1 is a chain, the bandwidth-optimal shape for large buffers; 2 a
  * binary tree for small ones). The buffer moves in chunks: a rank forwards
  * chunk i to its children while chunk i+1 is still arriving. */
-#include "algo.h"
+#include "src/algo/algo.h"
 
 static weft_status tree_advance(weft_coll *coll) {
   weft_tree_state *ts = &coll->st.tree;

@@ -14,7 +14,7 @@
  * Inner ranks keep the partial sum in one chunk of scratch and wait for its
  * previous send to complete before refilling it; the root sums straight into
  * recvbuf and divides for avg with its last child. */
-#include "algo.h"
+#include "src/algo/algo.h"
 
 static weft_status treer_advance(weft_coll *coll) {
   weft_tree_reduce_state *ts = &coll->st.treer;

@@ -1,10 +1,10 @@
 /* fuzz_boot_hello.c - the rendezvous server's reading of a rank's hello
- * (src/bootstrap.c, boot_hello_parse), as it arrives from any client that
+ * (src/comm/bootstrap.c, boot_hello_parse), as it arrives from any client that
  * can reach the server's port. */
 #include <stdint.h>
 #include <string.h>
 
-#include "src/bootstrap.h"
+#include "src/comm/bootstrap.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   boot_hello hello;

@@ -1,12 +1,12 @@
 /* fuzz_boot_reply.c - a rank's reading of the rendezvous answer: the fixed
- * reply, then the table of every rank's info (src/bootstrap.c,
+ * reply, then the table of every rank's info (src/comm/bootstrap.c,
  * boot_reply_parse and boot_table_parse). The first byte picks the world
  * size the rank expects, as a rank's size comes from its caller. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/bootstrap.h"
+#include "src/comm/bootstrap.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;

@@ -16,11 +16,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "src/auth.h"
-#include "src/bootstrap.h"
-#include "src/net.h"
-#include "src/status.h"
-#include "src/select.h"
+#include "src/base/auth.h"
+#include "src/comm/bootstrap.h"
+#include "src/base/net.h"
+#include "src/base/status.h"
+#include "src/topo/select.h"
 #include "transports/tcp/tcp.h"
 #include "weft.h"
 

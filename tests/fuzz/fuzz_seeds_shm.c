@@ -7,8 +7,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "src/auth.h"
-#include "src/select.h"
+#include "src/base/auth.h"
+#include "src/topo/select.h"
 #include "transports/shm/shm.h"
 
 void fuzz_seeds_shm(const weft_place *place,

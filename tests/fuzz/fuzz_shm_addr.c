@@ -4,7 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "src/select.h"
+#include "src/topo/select.h"
 #include "transports/shm/shm.h"
 
 static weft_error_sink sink;

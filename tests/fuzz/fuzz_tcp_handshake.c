@@ -4,7 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "src/auth.h"
+#include "src/base/auth.h"
 #include "transports/tcp/tcp.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -11,9 +11,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "src/auth.h"
-#include "src/net.h"
-#include "src/status.h"
+#include "src/base/auth.h"
+#include "src/base/net.h"
+#include "src/base/status.h"
 #include "transports/tcp/tcp.h"
 
 #define CHUNK 4096

@@ -9,9 +9,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "src/comm.h"
-#include "src/net.h"
-#include "src/select.h"
+#include "src/comm/comm.h"
+#include "src/base/net.h"
+#include "src/topo/select.h"
 
 static weft_error_sink sink;
 static weft_place place;

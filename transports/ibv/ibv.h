@@ -13,9 +13,9 @@
 #include <stdint.h>
 
 #include "ibv_api.h"
-#include "src/auth.h"
-#include "src/net.h"
-#include "src/select.h"
+#include "src/base/auth.h"
+#include "src/base/net.h"
+#include "src/topo/select.h"
 #include "transports/transport.h"
 
 #define IBV_MAX_QPS 8

@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "src/log.h"
-#include "src/settings.h"
+#include "src/base/log.h"
+#include "src/base/settings.h"
 
 #define IBV_API_MAX_LIBS 4
 

@@ -15,10 +15,10 @@
 #include <unistd.h>
 
 #include "ibv.h"
-#include "src/log.h"
-#include "src/mem.h"
-#include "src/settings.h"
-#include "src/status.h"
+#include "src/base/log.h"
+#include "src/mem/mem.h"
+#include "src/base/settings.h"
+#include "src/base/status.h"
 
 #define IBV_INFO_MAGIC 0x57494e46u  /* "WINF" */
 #define IBV_FRAME_READY 0x57495244u /* "WIRD": the dialer's queue pairs are RTR */

@@ -11,8 +11,8 @@
 #include <sys/mman.h>
 
 #include "ibv.h"
-#include "src/log.h"
-#include "src/status.h"
+#include "src/base/log.h"
+#include "src/base/status.h"
 
 #define IBV_MR_PAGE 4096u
 

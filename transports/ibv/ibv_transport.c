@@ -15,10 +15,10 @@
 #include <unistd.h>
 
 #include "ibv.h"
-#include "src/log.h"
-#include "src/settings.h"
-#include "src/status.h"
-#include "src/topo.h"
+#include "src/base/log.h"
+#include "src/base/settings.h"
+#include "src/base/status.h"
+#include "src/topo/topo.h"
 
 #define IBV_ADDR_MAGIC 0x57454942u /* "WEIB" */
 #define IBV_WAIT_SLICE_MS 1        /* completions have no fd here: bounded naps between polls */

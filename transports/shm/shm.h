@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "src/select.h"
+#include "src/topo/select.h"
 #include "transports/transport.h"
 
 #define SHM_SEG_MAGIC 0x5745534du /* "WESM" */

@@ -19,10 +19,10 @@
 #include <unistd.h>
 
 #include "shm.h"
-#include "src/log.h"
-#include "src/mem.h"
-#include "src/net.h"
-#include "src/status.h"
+#include "src/base/log.h"
+#include "src/mem/mem.h"
+#include "src/base/net.h"
+#include "src/base/status.h"
 
 size_t shm_segment_bytes(int nslots, size_t slot_bytes) {
   size_t head = (sizeof(shm_segment) + 4095) & ~(size_t)4095;

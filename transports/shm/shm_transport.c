@@ -12,10 +12,10 @@
 #include <unistd.h>
 
 #include "shm.h"
-#include "src/log.h"
-#include "src/net.h"
-#include "src/settings.h"
-#include "src/status.h"
+#include "src/base/log.h"
+#include "src/base/net.h"
+#include "src/base/settings.h"
+#include "src/base/status.h"
 
 #define SHM_ADDR_MAGIC 0x5745534au
 #define SHM_WAIT_SLICE_MS 5      /* bounds abort latency and dead-peer notice */

@@ -13,11 +13,11 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include "src/auth.h"
-#include "src/log.h"
-#include "src/net.h"
-#include "src/settings.h"
-#include "src/status.h"
+#include "src/base/auth.h"
+#include "src/base/log.h"
+#include "src/base/net.h"
+#include "src/base/settings.h"
+#include "src/base/status.h"
 #include "tcp.h"
 
 /* The dialer's first bytes: who it is, for which communicator, and an

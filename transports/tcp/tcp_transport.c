@@ -9,10 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "src/log.h"
-#include "src/net.h"
-#include "src/settings.h"
-#include "src/status.h"
+#include "src/base/log.h"
+#include "src/base/net.h"
+#include "src/base/settings.h"
+#include "src/base/status.h"
 #include "tcp.h"
 
 /* The published address is the listener's, packed (net.h). */

@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "shared_mem.h"
+#include "src/base/log.h"
+#include "src/mem/shared_mem.h"
 #include "weft.h"
 
 typedef struct shared_alloc {

@@ -1,12 +1,12 @@
 /* mem.c - the host memory table. */
-#include "mem.h"
+#include "src/mem/mem.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "half.h"
-#include "reduce.h"
+#include "src/base/half.h"
+#include "src/mem/reduce.h"
 
 static void host_copy(void *dst, const void *src, size_t bytes) {
   if (bytes && dst != src) memcpy(dst, src, bytes);

@@ -2,12 +2,12 @@
  * per (dtype, op), generated from per-type helpers, compiled once per x86
  * vector width and picked at load time, so the AVX2/AVX-512 units do the work
  * on machines that have them. */
-#include "reduce.h"
+#include "src/mem/reduce.h"
 
 #include <stdint.h>
 #include <string.h>
 
-#include "half.h"
+#include "src/base/half.h"
 
 /* target_clones needs ifunc support (glibc) and is x86 specific; elsewhere
  * the kernels are built for the baseline target only. */

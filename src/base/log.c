@@ -1,6 +1,6 @@
 /* log.c - subsystem-filtered logging to stderr. The level and filter are
  * resolved once from the settings table; a disabled log costs one compare. */
-#include "log.h"
+#include "src/base/log.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,7 +8,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "settings.h"
+#include "src/base/settings.h"
 
 _Atomic int weft_log_level_now = -1;
 _Atomic int weft_log_subsys_now = WEFT_SUBSYS_ALL;

@@ -8,7 +8,7 @@
  * call costs no thread hand-off. The progress thread, started by the first
  * non-blocking call, drives only while no caller wants to: it checks
  * drivers_waiting on every round and steps aside. */
-#include "engine.h"
+#include "src/engine/engine.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "net.h"
-#include "status.h"
+#include "src/base/log.h"
+#include "src/base/net.h"
+#include "src/base/status.h"
 
 /* The progress thread competes with the caller's own work for the cores:
  * it yields for a short while only, then sleeps in slices short enough that

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
-#include "settings.h"
+#include "src/comm/comm.h"
+#include "src/base/settings.h"
 
 /* Strict integer: the whole text, in range. */
 static bool env_int(const char *text, int lo, int hi, int *out) {

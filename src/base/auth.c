@@ -1,6 +1,6 @@
 /* auth.c - job key and challenge-response MACs, on OpenSSL's libcrypto (a
  * well-kept HMAC-SHA256; nothing home-made). */
-#include "auth.h"
+#include "src/base/auth.h"
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "settings.h"
+#include "src/base/settings.h"
 
 void weft_auth_key_for_job(const uint8_t *nonce, size_t nonce_len, weft_auth_key *out) {
   const char *token = weft_setting_str(WEFT_SETTING_AUTH_TOKEN);

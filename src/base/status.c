@@ -2,7 +2,7 @@
  * one list in weft.h, and the errno conversion used at the system edge. */
 #include <errno.h>
 
-#include "status.h"
+#include "src/base/status.h"
 
 const char *weft_strerror(weft_status status) {
   switch (status) {

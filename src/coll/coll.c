@@ -11,13 +11,13 @@
 #include <string.h>
 #include <strings.h>
 
-#include "algo/algo.h"
-#include "comm.h"
-#include "engine.h"
-#include "log.h"
-#include "net.h"
-#include "settings.h"
-#include "status.h"
+#include "src/algo/algo.h"
+#include "src/comm/comm.h"
+#include "src/engine/engine.h"
+#include "src/base/log.h"
+#include "src/base/net.h"
+#include "src/base/settings.h"
+#include "src/base/status.h"
 
 /* ---- links ---------------------------------------------------------------- */
 

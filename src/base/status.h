@@ -4,7 +4,7 @@
 #ifndef WEFT_STATUS_H
 #define WEFT_STATUS_H
 
-#include "log.h"
+#include "src/base/log.h"
 #include "weft.h"
 
 /* Not an error: the operation cannot make progress now (no credit, no data

@@ -1,7 +1,7 @@
 /* bootstrap.c - rendezvous server (one detached thread per job) and client.
  * Wire format: fixed-size records, integers big-endian; every record starts
  * with a magic and is length-checked before use. */
-#include "bootstrap.h"
+#include "src/comm/bootstrap.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -14,10 +14,10 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "auth.h"
-#include "log.h"
-#include "net.h"
-#include "status.h"
+#include "src/base/auth.h"
+#include "src/base/log.h"
+#include "src/base/net.h"
+#include "src/base/status.h"
 
 #define INFO_BYTES BOOT_INFO_BYTES
 #define HELLO_BYTES BOOT_HELLO_BYTES

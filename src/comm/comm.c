@@ -2,10 +2,10 @@
  * explicit config, unique id), the rendezvous that joins them, the set of
  * live handles that makes a double destroy an error instead of a crash, and
  * the sentences every failure leaves in weft_last_error. */
-#include "comm.h"
+#include "src/comm/comm.h"
 
-#include "engine.h"
-#include "p2p.h"
+#include "src/engine/engine.h"
+#include "src/engine/p2p.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -20,12 +20,12 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "mem.h"
-#include "net.h"
-#include "settings.h"
-#include "status.h"
-#include "topo.h"
+#include "src/base/log.h"
+#include "src/mem/mem.h"
+#include "src/base/net.h"
+#include "src/base/settings.h"
+#include "src/base/status.h"
+#include "src/topo/topo.h"
 
 /* ---- live handles --------------------------------------------------------- */
 

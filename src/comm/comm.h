@@ -9,10 +9,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "auth.h"
-#include "recorder.h"
-#include "bootstrap.h"
-#include "select.h"
+#include "src/base/auth.h"
+#include "src/coll/recorder.h"
+#include "src/comm/bootstrap.h"
+#include "src/topo/select.h"
 #include "transports/transport.h"
 #include "weft.h"
 

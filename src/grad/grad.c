@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
-#include "log.h"
-#include "mem.h"
-#include "settings.h"
-#include "status.h"
+#include "src/comm/comm.h"
+#include "src/base/log.h"
+#include "src/mem/mem.h"
+#include "src/base/settings.h"
+#include "src/base/status.h"
 #include "weft.h"
 
 #define GRAD_MAGIC 0x6772616477656674ull /* "gradweft" */

@@ -1,14 +1,14 @@
 /* select.c - the transport selection rules: where a rank runs (host, /dev/shm
  * mount, pid namespace, RDMA devices), whether shared memory or verbs can
  * reach a peer from those facts alone, and the order to ask the transports. */
-#include "select.h"
+#include "src/topo/select.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "bootstrap.h"
-#include "settings.h"
+#include "src/comm/bootstrap.h"
+#include "src/base/settings.h"
 
 /* ---- where this rank runs ----------------------------------------------- */
 

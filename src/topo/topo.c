@@ -2,7 +2,7 @@
  * packages, NUMA nodes, cores, PUs, and the network, RDMA and GPU devices
  * with the NUMA node and PCI address each hangs off. Without hwloc at build
  * time, only what the OS says (hostname, online CPUs). */
-#include "topo.h"
+#include "src/topo/topo.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "topo.h"
+#include "src/topo/topo.h"
 
 /* What a rank publishes about where it runs (inside transport addresses). */
 typedef struct weft_place {

@@ -2,7 +2,7 @@
  * issues calls (issue) and by the driver (update), both under the
  * communicator's rules; a dump from a driver reads a consistent-enough
  * picture for a human, and never blocks. */
-#include "recorder.h"
+#include "src/coll/recorder.h"
 
 #include <signal.h>
 #include <stdatomic.h>
@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo/algo.h"
-#include "comm.h"
-#include "net.h"
-#include "settings.h"
+#include "src/algo/algo.h"
+#include "src/comm/comm.h"
+#include "src/base/net.h"
+#include "src/base/settings.h"
 
 void weft_recorder_init(weft_recorder *rec) {
   long long cap = weft_setting_ll(WEFT_SETTING_RECORDER, 64);

@@ -12,9 +12,9 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "algo/algo.h"
-#include "comm.h"
-#include "p2p.h"
+#include "src/algo/algo.h"
+#include "src/comm/comm.h"
+#include "src/engine/p2p.h"
 
 typedef enum weft_req_kind { WEFT_REQ_COLL, WEFT_REQ_SEND, WEFT_REQ_RECV } weft_req_kind;
 

@@ -1,6 +1,6 @@
 /* net.c - socket helpers. Everything that can wait takes a deadline, so no
  * caller can block forever on a peer that never answers. */
-#include "net.h"
+#include "src/base/net.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "status.h"
+#include "src/base/status.h"
 
 double weft_now(void) {
   struct timespec ts;

@@ -1,14 +1,14 @@
 /* settings.c - the one table of WEFT_* settings and the only place that reads
  * them from the environment. Values are captured once (or on reload), so a
  * setting cannot change under a running collective. */
-#include "settings.h"
+#include "src/base/settings.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "src/base/log.h"
 #include "weft.h"
 
 struct setting {

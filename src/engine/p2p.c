@@ -9,16 +9,16 @@
  * only pulled from a peer while a receive from it is posted: a peer that
  * sends what nobody receives fills its own credits and waits, bounded by
  * the timeout like everything else. */
-#include "p2p.h"
+#include "src/engine/p2p.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "mem.h"
-#include "status.h"
+#include "src/engine/engine.h"
+#include "src/mem/mem.h"
+#include "src/base/status.h"
 
 #define HEADER_MAGIC 0x57503250u /* "WP2P" */
 
