@@ -1,5 +1,6 @@
 /* log.c - subsystem-filtered logging to stderr. The level and filter are
- * resolved once from the settings table; a disabled log costs one compare. */
+ * resolved once from the settings, which sit below the log (they never log;
+ * a reload tells the log through a listener); a disabled log costs one compare. */
 #include "src/base/log.h"
 
 #include <stdarg.h>
@@ -22,13 +23,6 @@ static const struct {
                     {"GRAD", WEFT_SUBSYS_GRAD},
                     {"ALL", WEFT_SUBSYS_ALL}};
 
-static int parse_level(const char *text) {
-  if (!strcasecmp(text, "NONE") || !strcmp(text, "0")) return WEFT_LOG_NONE;
-  if (!strcasecmp(text, "INFO")) return WEFT_LOG_INFO;
-  if (!strcasecmp(text, "TRACE")) return WEFT_LOG_TRACE;
-  return WEFT_LOG_WARN;
-}
-
 static int parse_subsys(const char *text) {
   int exclude = text[0] == '^';
   int mask = 0;
@@ -41,10 +35,21 @@ static int parse_subsys(const char *text) {
   return exclude ? (WEFT_SUBSYS_ALL & ~mask) : mask;
 }
 
+_Static_assert((int)WEFT_DEBUG_NONE == WEFT_LOG_NONE && (int)WEFT_DEBUG_WARN == WEFT_LOG_WARN &&
+                   (int)WEFT_DEBUG_INFO == WEFT_LOG_INFO && (int)WEFT_DEBUG_TRACE == WEFT_LOG_TRACE,
+               "WEFT_DEBUG's words are the log levels, in order");
+
+/* The settings changed (reload, fork): resolve again at the next line. */
+static void log_settings_stale(void) {
+  atomic_store(&weft_log_level_now, -1);
+}
+
 void weft_log_init(void) {
+  weft_settings_on_reload(log_settings_stale);
+  const weft_settings_values *s = weft_settings();
   /* the filter first: a thread that sees the level also sees its filter */
-  atomic_store(&weft_log_subsys_now, parse_subsys(weft_setting_str(WEFT_SETTING_DEBUG_SUBSYS)));
-  atomic_store(&weft_log_level_now, parse_level(weft_setting_str(WEFT_SETTING_DEBUG)));
+  atomic_store(&weft_log_subsys_now, parse_subsys(s->debug_subsys));
+  atomic_store(&weft_log_level_now, s->debug);
 }
 
 void weft_log_set_rank(int rank) { log_rank = rank; }
