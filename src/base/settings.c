@@ -87,7 +87,9 @@ static void rule_phrase(const struct setting_spec *s, char *out, size_t len) {
     case WEFT_SETTING_BYTES:
     case WEFT_SETTING_BYTES_OR_0: {
       const char *zero = s->type == WEFT_SETTING_BYTES_OR_0 ? "0 or " : "";
-      if (open)
+      if (open && lo == 0)
+        snprintf(out, len, "any byte count");
+      else if (open)
         snprintf(out, len, "%sa byte count of at least %lld", zero, lo);
       else
         snprintf(out, len, "%sa byte count from %lld to %lld", zero, lo, hi);
