@@ -286,6 +286,7 @@ static const bad_setting bad_settings[] = {
     {"WEFT_RECORDER", "12x", "integer"},
     {"WEFT_SOCKET_FAMILY", "5", "one of any, 4, 6"},
     {"WEFT_DEBUG", "LOUD", "NONE, WARN"},
+    {"WEFT_DEBUG_SUBSYS", "INIT,NTE", "INIT, BOOT, NET, COLL, GRAD"},
     {"WEFT_RD_MAX_BYTES", "-1", "byte count"},
     {"WEFT_IB_QPS_PER_PEER", "9", "from 1 to 8"},
 };
@@ -400,6 +401,7 @@ static void settings_typed_values(void **state) {
   assert_int_equal(s->ibv.timeout, 18);
   assert_int_equal(s->ibv.retry_cnt, 7);
   assert_int_equal(s->ibv.zcopy_bytes, 0);
+  assert_int_equal(s->debug_subsys, 0x1f); /* ALL: every subsystem's bit */
 
   static const char *const accepted[][2] = {{"WEFT_TIMEOUT", "0.5"},
                                             {"WEFT_ALGO", "RING"},
@@ -413,6 +415,7 @@ static void settings_typed_values(void **state) {
                                             {"WEFT_CHUNK_BYTES", "4096"},
                                             {"WEFT_BCAST_CHAIN_BYTES", "1000000000"},
                                             {"WEFT_SHM_SLOTS", "64"},
+                                            {"WEFT_DEBUG_SUBSYS", "^coll,Net"},
                                             {"WEFT_IB_GID_INDEX", "3"},
                                             {"WEFT_RECORDER", ""}};
   for (size_t i = 0; i < sizeof accepted / sizeof accepted[0]; i++)
@@ -435,6 +438,9 @@ static void settings_typed_values(void **state) {
   assert_int_equal(s->shm.slots, 64);
   assert_int_equal(s->ibv.gid_index, 3);
   assert_int_equal(s->recorder, 64); /* empty: the default */
+  assert_int_equal(s->debug_subsys, (1u << WEFT_DEBUG_SUBSYS_INIT) |
+                                        (1u << WEFT_DEBUG_SUBSYS_BOOT) |
+                                        (1u << WEFT_DEBUG_SUBSYS_GRAD));
 
   /* two refused: the first is said, with how many more */
   setenv("WEFT_TIMEOUT", "inf", 1);

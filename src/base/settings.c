@@ -51,7 +51,7 @@ static const char *const type_names[] = {
     [WEFT_SETTING_BYTES] = "bytes",     [WEFT_SETTING_BYTES_OR_0] = "bytes",
     [WEFT_SETTING_SECONDS] = "seconds", [WEFT_SETTING_BOOL] = "bool",
     [WEFT_SETTING_ENUM] = "word",       [WEFT_SETTING_ENUM_ANYCASE] = "word",
-    [WEFT_SETTING_STRING] = "text",
+    [WEFT_SETTING_WORD_SET] = "words",  [WEFT_SETTING_STRING] = "text",
 };
 
 /* One setting's parse: whichever member its type uses. */
@@ -108,6 +108,13 @@ static void rule_phrase(const struct setting_spec *s, char *out, size_t len) {
         snprintf(out + used, len - used, " (any case)");
       return;
     }
+    case WEFT_SETTING_WORD_SET: {
+      size_t used = (size_t)snprintf(out, len, "ALL or a comma list of");
+      for (int w = 0; s->words[w] && used < len; w++)
+        used += (size_t)snprintf(out + used, len - used, "%s %s", w ? "," : "", s->words[w]);
+      if (used < len) snprintf(out + used, len - used, " (any case; ^ first excludes them)");
+      return;
+    }
     case WEFT_SETTING_STRING: snprintf(out, len, "any text"); return;
   }
 }
@@ -129,6 +136,26 @@ static bool parse_bool(const char *text, long long *out) {
     if (!strcasecmp(text, yes[i])) return *out = 1, true;
   }
   return false;
+}
+
+/* ALL, or words joined by commas, ^ first excluding them: bit i for word i. */
+static bool parse_word_set(const struct setting_spec *s, const char *text, long long *out) {
+  unsigned all = 0;
+  for (int w = 0; s->words[w]; w++) all |= 1u << w;
+  if (!strcasecmp(text, "ALL")) return *out = all, true;
+  bool exclude = text[0] == '^';
+  unsigned mask = 0;
+  for (const char *tok = text + exclude;;) {
+    size_t n = strcspn(tok, ",");
+    int w = 0;
+    while (s->words[w] && (strlen(s->words[w]) != n || strncasecmp(tok, s->words[w], n))) w++;
+    if (!s->words[w]) return false; /* unknown or empty */
+    mask |= 1u << w;
+    if (!tok[n]) break;
+    tok += n + 1;
+  }
+  *out = exclude ? all & ~mask : mask;
+  return true;
 }
 
 /* Parses `text` by the rules of `s`: true with *out set, or false. */
@@ -160,6 +187,7 @@ static bool parse_value(const struct setting_spec *s, const char *text, parsed *
                                          : !strcasecmp(text, s->words[w]))
           return out->i = w, true;
       return false;
+    case WEFT_SETTING_WORD_SET: return parse_word_set(s, text, &out->i);
     case WEFT_SETTING_STRING: return true;
   }
   return false;
@@ -182,6 +210,7 @@ static const char *setting_text(int id) {
 #define STORE_BOOL(dst, q) dst = (q).i != 0;
 #define STORE_ENUM(dst, q) dst = (int)(q).i;
 #define STORE_ENUM_ANYCASE(dst, q) dst = (int)(q).i;
+#define STORE_WORD_SET(dst, q) dst = (unsigned)(q).i;
 #define STORE_STRING(dst, q) dst = (q).s;
 static void values_store(const parsed *p) {
 #define STORE_CORE_(id, field, type, dflt, lo, hi, words, help) \

@@ -28,6 +28,11 @@
 #define WEFT_DEBUG_WORDS(W)                                                                      \
   W(WEFT_DEBUG_NONE, "NONE") W(WEFT_DEBUG_WARN, "WARN") W(WEFT_DEBUG_INFO, "INFO")               \
   W(WEFT_DEBUG_TRACE, "TRACE")
+/* The log's subsystems, in the order of their bits (log.h). */
+#define WEFT_DEBUG_SUBSYS_WORDS(W)                                                               \
+  W(WEFT_DEBUG_SUBSYS_INIT, "INIT") W(WEFT_DEBUG_SUBSYS_BOOT, "BOOT")                            \
+  W(WEFT_DEBUG_SUBSYS_NET, "NET") W(WEFT_DEBUG_SUBSYS_COLL, "COLL")                              \
+  W(WEFT_DEBUG_SUBSYS_GRAD, "GRAD")
 #ifdef WEFT_HAVE_IBV
 #define WEFT_TRANSPORT_IBV_WORD_(W) W(WEFT_TRANSPORT_IBV, "ibv")
 #else
@@ -53,6 +58,8 @@
  *   SECONDS      a number of seconds in min..max              (double)
  *   BOOL         0/1, no/yes, false/true, off/on              (bool)
  *   ENUM, ENUM_ANYCASE  one of WORDS (exactly / in any case)  (int: WORDS' enum)
+ *   WORD_SET     ALL, or WORDS joined by commas (any case), a   (unsigned: bit i for
+ *                leading ^ excludes them                        WORDS' word i)
  *   STRING       any text, read by its user                   (const char *)
  * An empty value is the default; anything else that does not fit is an
  * error at communicator creation (weft_settings_check), never a silent fallback. */
@@ -61,8 +68,8 @@
     "seconds a blocking call waits without progress from a peer before failing")                 \
   X(DEBUG, debug, ENUM_ANYCASE, "WARN", 0, 0, WEFT_DEBUG_WORDS,                                 \
     "how much to log to stderr (lines name host, pid and rank)")                     \
-  X(DEBUG_SUBSYS, debug_subsys, STRING, "ALL", 0, 0, WEFT_NO_WORDS,                              \
-    "subsystems to log: ALL or a list of INIT,BOOT,NET,COLL,GRAD; ^ excludes")                   \
+  X(DEBUG_SUBSYS, debug_subsys, WORD_SET, "ALL", 0, 0, WEFT_DEBUG_SUBSYS_WORDS,                   \
+    "subsystems to log, e.g. INIT,NET; ^COLL logs all but COLL")                                 \
   X(RANK, rank, STRING, "", 0, 0, WEFT_NO_WORDS,                                                 \
     "this process's rank (takes precedence over RANK, OMPI_*, SLURM_*)")                         \
   X(SIZE, size, STRING, "", 0, 0, WEFT_NO_WORDS,                                                 \
@@ -116,6 +123,7 @@ enum weft_debug_choice { WEFT_DEBUG_WORDS(WEFT_WORD_ENUM_) };
 enum weft_transport_choice { WEFT_TRANSPORT_WORDS(WEFT_WORD_ENUM_) };
 enum weft_spread_choice { WEFT_SPREAD_WORDS(WEFT_WORD_ENUM_) };
 enum weft_family_choice { WEFT_FAMILY_WORDS(WEFT_WORD_ENUM_) };
+enum weft_debug_subsys_choice { WEFT_DEBUG_SUBSYS_WORDS(WEFT_WORD_ENUM_) };
 #undef WEFT_WORD_ENUM_
 
 enum weft_setting_id {
@@ -136,6 +144,7 @@ enum weft_setting_type {
   WEFT_SETTING_BOOL,
   WEFT_SETTING_ENUM,
   WEFT_SETTING_ENUM_ANYCASE,
+  WEFT_SETTING_WORD_SET,
   WEFT_SETTING_STRING,
 };
 
@@ -148,6 +157,7 @@ enum weft_setting_type {
 #define WEFT_SETTING_CTYPE_BOOL bool
 #define WEFT_SETTING_CTYPE_ENUM int
 #define WEFT_SETTING_CTYPE_ENUM_ANYCASE int
+#define WEFT_SETTING_CTYPE_WORD_SET unsigned
 #define WEFT_SETTING_CTYPE_STRING const char *
 
 /* The values, parsed and checked: a setting whose text was refused holds its
