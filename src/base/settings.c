@@ -19,7 +19,7 @@ struct setting_spec {
   enum weft_setting_type type;
   const char *deflt;
   double lo, hi;
-  const char *const *words; /* NULL-terminated; ENUM types only */
+  const char *const *words; /* NULL-terminated; used by the ENUM types and WORD_SET */
   const char *help;
 };
 
@@ -27,7 +27,7 @@ struct setting_spec {
 static const struct setting_spec specs[WEFT_SETTING_COUNT] = {
 #define WEFT_WORD_TEXT_(constant, word) word,
 #define SPEC_ROW_(id, field, type, dflt, lo, hi, words, help)                                    \
-  [WEFT_SETTING_##id] = {"WEFT_" #id, spec_group_,         WEFT_SETTING_##type, dflt, lo, hi,    \
+  [WEFT_SETTING_##id] = {"WEFT_" #id, spec_group_, WEFT_SETTING_##type, dflt, lo, hi,            \
                          (const char *const[]){words(WEFT_WORD_TEXT_) NULL}, help},
 #define spec_group_ "weft"
     WEFT_CORE_SETTINGS(SPEC_ROW_)
