@@ -3,6 +3,8 @@
  * documented, bad input gets a clear status and a message naming the call,
  * double destroy and calls after abort are errors, not crashes, and the
  * start-up spread of oversubscribed ranks leaves their affinity alone. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -237,6 +239,236 @@ static void settings_are_listed(void **state) {
   assert_int_equal(weft_setting_describe(-1, &d), WEFT_ERR_INVALID);
 }
 
+/* ---- settings: a refused value fails creation, before the rendezvous ---- */
+
+/* Every WEFT_ setting unset (the runner's own restored by settings_restore). */
+static char *settings_saved[128];
+static void settings_clear(void) {
+  weft_setting_desc d;
+  for (int i = 0; weft_setting_describe(i, &d) == WEFT_OK && i < 128; i++) {
+    const char *v = getenv(d.name);
+    if (v && !settings_saved[i]) settings_saved[i] = strdup(v);
+    unsetenv(d.name);
+  }
+  weft_settings_reload();
+}
+static void settings_restore(void) {
+  weft_setting_desc d;
+  for (int i = 0; weft_setting_describe(i, &d) == WEFT_OK && i < 128; i++) {
+    if (settings_saved[i])
+      setenv(d.name, settings_saved[i], 1);
+    else
+      unsetenv(d.name);
+    free(settings_saved[i]);
+    settings_saved[i] = NULL;
+  }
+  weft_settings_reload();
+}
+
+typedef struct bad_setting {
+  const char *name, *value, *rule; /* rule: a piece of the sentence that says what fits */
+} bad_setting;
+
+static const bad_setting bad_settings[] = {
+    {"WEFT_TIMEOUT", "inf", "0.001 to 86400"},
+    {"WEFT_TIMEOUT", "1e99", "0.001 to 86400"},
+    {"WEFT_TIMEOUT", "-1", "0.001 to 86400"},
+    {"WEFT_TIMEOUT", "0", "0.001 to 86400"},
+    {"WEFT_TIMEOUT", "nan", "0.001 to 86400"},
+    {"WEFT_TIMEOUT", "5s", "seconds"},
+    {"WEFT_TCP_BUF_BYTES", "1", "0 or a byte count from 4096"},
+    {"WEFT_TRANSPORT", "SHM", "one of auto, shm, tcp"},
+    {"WEFT_CHUNK_BYTES", "100", "from 4096 to 67108864"},
+    {"WEFT_ALGO", "fastest", "auto, ring, rd, hier, direct, exchange"},
+    {"WEFT_SHM_SLOTS", "65", "from 2 to 64"},
+    {"WEFT_CHECK", "maybe", "0 or 1"},
+    {"WEFT_SPIN_US", "-5", "auto or an integer"},
+    {"WEFT_RECORDER", "12x", "integer"},
+    {"WEFT_SOCKET_FAMILY", "5", "one of any, 4, 6"},
+    {"WEFT_DEBUG", "LOUD", "NONE, WARN"},
+    {"WEFT_DEBUG_SUBSYS", "INIT,NTE", "INIT, BOOT, NET, COLL, GRAD"},
+    {"WEFT_RD_MAX_BYTES", "-1", "byte count"},
+    {"WEFT_IB_QPS_PER_PEER", "9", "from 1 to 8"},
+};
+
+static void assert_names_bad_setting(const bad_setting *b, const char *call) {
+  const char *msg = weft_last_error(NULL);
+  char quoted[64];
+  snprintf(quoted, sizeof quoted, "%s=\"%s\"", b->name, b->value);
+  if (!strstr(msg, call) || !strstr(msg, quoted) || !strstr(msg, b->rule))
+    fail_msg("%s=%s: the message \"%s\" should name %s, the value and \"%s\"", b->name, b->value,
+             msg, call, b->rule);
+}
+
+static void refused_settings_fail_creation(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof bad_settings / sizeof bad_settings[0]; i++) {
+    const bad_setting *b = &bad_settings[i];
+    settings_clear();
+    setenv(b->name, b->value, 1);
+    weft_settings_reload();
+    weft_config cfg;
+    weft_config_init(&cfg);
+    cfg.rank = 0;
+    cfg.size = 1;
+    weft_comm *comm = (weft_comm *)0x1;
+    weft_status st = weft_comm_init_config(&cfg, &comm);
+    if (st != WEFT_ERR_INVALID)
+      fail_msg("%s=%s: creation gave %s, not WEFT_ERR_INVALID", b->name, b->value,
+               weft_status_name(st));
+    assert_null(comm);
+    assert_names_bad_setting(b, "weft_comm_init_config");
+    weft_unique_id id;
+    assert_int_equal(weft_get_unique_id(&id), WEFT_ERR_INVALID);
+    assert_names_bad_setting(b, "weft_get_unique_id");
+  }
+  settings_restore();
+}
+
+/* Rank 0 of a 2-rank job with a bad local setting fails at once, before it
+ * hosts the rendezvous: afterwards nothing listens on the job's port. */
+static void refused_setting_fails_rank0_before_listening(void **state) {
+  (void)state;
+  static const bad_setting cases[] = {{"WEFT_TIMEOUT", "nan", "0.001 to 86400"},
+                                      {"WEFT_TRANSPORT", "SHM", "one of auto, shm, tcp"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    settings_clear();
+    setenv(cases[i].name, cases[i].value, 1);
+    weft_settings_reload();
+    int probe = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    assert_int_equal(bind(probe, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(probe, (struct sockaddr *)&a, &alen), 0);
+    close(probe);
+    char rendezvous[64];
+    snprintf(rendezvous, sizeof rendezvous, "127.0.0.1:%d", ntohs(a.sin_port));
+    weft_config cfg;
+    weft_config_init(&cfg);
+    cfg.rank = 0;
+    cfg.size = 2;
+    cfg.rendezvous = rendezvous;
+    cfg.timeout_s = 2; /* rank 1 never comes: a rank that listened waits this long */
+    weft_comm *comm = NULL;
+    double t0 = weft_now();
+    weft_status st = weft_comm_init_config(&cfg, &comm);
+    double took = weft_now() - t0;
+    if (st != WEFT_ERR_INVALID || took > 1)
+      fail_msg("%s=%s: rank 0 gave %s after %.2f s, not WEFT_ERR_INVALID at once", cases[i].name,
+               cases[i].value, weft_status_name(st), took);
+    assert_names_bad_setting(&cases[i], "rank 0 weft_comm_init_config");
+    /* the port is free: rank 0 never listened */
+    probe = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(probe, (struct sockaddr *)&a, sizeof a) || listen(probe, 1))
+      fail_msg("%s=%s: rank 0 still listens on %s after refusing", cases[i].name, cases[i].value,
+               rendezvous);
+    close(probe);
+  }
+  settings_restore();
+}
+
+/* The typed values: the documented defaults, and the edges that are accepted. */
+static void settings_typed_values(void **state) {
+  (void)state;
+  settings_clear();
+  char why[400];
+  assert_int_equal(weft_settings_check(why, sizeof why), WEFT_OK); /* every default fits its rule */
+  const weft_settings_values *s = weft_settings();
+  assert_true(s->timeout_s == 300);
+  assert_int_equal(s->chunk_bytes, 262144);
+  assert_int_equal(s->algo, WEFT_ALGO_AUTO);
+  assert_int_equal(s->transport, WEFT_TRANSPORT_AUTO);
+  assert_int_equal(s->spin_us, WEFT_SETTING_AUTO);
+  assert_int_equal(s->spread, WEFT_SPREAD_AUTO);
+  assert_int_equal(s->debug, WEFT_DEBUG_WARN);
+  assert_int_equal(s->yield_us, 100000);
+  assert_int_equal(s->direct_min_bytes, 1048576);
+  assert_int_equal(s->exchange_max_bytes, 16384);
+  assert_int_equal(s->rd_max_bytes, 262144);
+  assert_int_equal(s->bcast_chain_bytes, 65536);
+  assert_int_equal(s->bcast_fanout, 0);
+  assert_int_equal(s->recorder, 64);
+  assert_false(s->check);
+  assert_false(s->grad_check);
+  assert_int_equal(s->tcp.buf_bytes, 0);
+  assert_int_equal(s->tcp.socket_family, WEFT_FAMILY_ANY);
+  assert_string_equal(s->tcp.socket_ifname, "");
+  assert_int_equal(s->shm.slots, 8);
+  assert_int_equal(s->ibv.gid_index, WEFT_SETTING_AUTO);
+  assert_int_equal(s->ibv.qps_per_peer, 1);
+  assert_int_equal(s->ibv.timeout, 18);
+  assert_int_equal(s->ibv.retry_cnt, 7);
+  assert_int_equal(s->ibv.zcopy_bytes, 0);
+  assert_int_equal(s->debug_subsys, 0x1f); /* ALL: every subsystem's bit */
+
+  static const char *const accepted[][2] = {{"WEFT_TIMEOUT", "0.5"},
+                                            {"WEFT_ALGO", "RING"},
+                                            {"WEFT_TCP_BUF_BYTES", "65536"},
+                                            {"WEFT_SOCKET_FAMILY", "6"},
+                                            {"WEFT_DEBUG", "info"},
+                                            {"WEFT_CHECK", "yes"},
+                                            {"WEFT_SPIN_US", "0"},
+                                            {"WEFT_SPREAD", "1"},
+                                            {"WEFT_TRANSPORT", "tcp"},
+                                            {"WEFT_CHUNK_BYTES", "4096"},
+                                            {"WEFT_BCAST_CHAIN_BYTES", "1000000000"},
+                                            {"WEFT_SHM_SLOTS", "64"},
+                                            {"WEFT_DEBUG_SUBSYS", "^coll,Net"},
+                                            {"WEFT_IB_GID_INDEX", "3"},
+                                            {"WEFT_RECORDER", ""}};
+  for (size_t i = 0; i < sizeof accepted / sizeof accepted[0]; i++)
+    setenv(accepted[i][0], accepted[i][1], 1);
+  weft_settings_reload();
+  if (weft_settings_check(why, sizeof why)) fail_msg("refused: %s", why);
+  s = weft_settings();
+  assert_true(s->timeout_s == 0.5);
+  assert_int_equal(s->algo, WEFT_ALGO_RING);
+  assert_int_equal(s->tcp.buf_bytes, 65536);
+  assert_int_equal(s->tcp.socket_family, WEFT_FAMILY_IPV6);
+  assert_int_equal(WEFT_FAMILY_NUMBER(s->tcp.socket_family), 6);
+  assert_int_equal(s->debug, WEFT_DEBUG_INFO);
+  assert_true(s->check);
+  assert_int_equal(s->spin_us, 0);
+  assert_int_equal(s->spread, WEFT_SPREAD_ALWAYS);
+  assert_int_equal(s->transport, WEFT_TRANSPORT_TCP);
+  assert_int_equal(s->chunk_bytes, 4096);
+  assert_int_equal(s->bcast_chain_bytes, 1000000000);
+  assert_int_equal(s->shm.slots, 64);
+  assert_int_equal(s->ibv.gid_index, 3);
+  assert_int_equal(s->recorder, 64); /* empty: the default */
+  assert_int_equal(s->debug_subsys, (1u << WEFT_DEBUG_SUBSYS_INIT) |
+                                        (1u << WEFT_DEBUG_SUBSYS_BOOT) |
+                                        (1u << WEFT_DEBUG_SUBSYS_GRAD));
+
+  /* two refused: the first is said, with how many more */
+  setenv("WEFT_TIMEOUT", "inf", 1);
+  setenv("WEFT_SHM_SLOTS", "1", 1);
+  weft_settings_reload();
+  assert_int_equal(weft_settings_check(why, sizeof why), WEFT_ERR_INVALID);
+  assert_non_null(strstr(why, "WEFT_TIMEOUT=\"inf\""));
+  assert_non_null(strstr(why, "1 more"));
+  assert_true(weft_settings()->timeout_s == 300); /* a refused value holds the default */
+
+  /* weft-info's view: grouped by transport, with rules */
+  weft_setting_info info;
+  int tcp_at = -1, shm_at = -1, ibv_at = -1, n = 0;
+  for (; weft_setting_get_info(n, &info) == WEFT_OK; n++) {
+    if (!strcmp(info.group, "tcp") && tcp_at < 0) tcp_at = n;
+    if (!strcmp(info.group, "shm") && shm_at < 0) shm_at = n;
+    if (!strcmp(info.group, "ibv") && ibv_at < 0) ibv_at = n;
+    if (!strcmp(info.name, "WEFT_SHM_SLOTS")) {
+      assert_string_equal(info.group, "shm");
+      assert_string_equal(info.rule, "an integer from 2 to 64");
+      assert_non_null(strstr(info.refused, "WEFT_SHM_SLOTS=\"1\""));
+    }
+  }
+  assert_int_equal(n, WEFT_SETTING_COUNT);
+  assert_true(tcp_at > 0 && shm_at > tcp_at && ibv_at > shm_at);
+  settings_restore();
+}
+
 /* ---- ranks as threads in one process ------------------------------------ */
 
 typedef struct thread_rank {
@@ -351,10 +583,17 @@ static void spread_is_not_a_binding(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(every_status_has_a_message), cmocka_unit_test(env_conventions),
-      cmocka_unit_test(addresses_and_interfaces),  cmocka_unit_test(bad_input),
-      cmocka_unit_test(bad_config),                cmocka_unit_test(settings_are_listed),
-      cmocka_unit_test(ranks_as_threads),          cmocka_unit_test(spread_is_not_a_binding),
+      cmocka_unit_test(every_status_has_a_message),
+      cmocka_unit_test(env_conventions),
+      cmocka_unit_test(addresses_and_interfaces),
+      cmocka_unit_test(bad_input),
+      cmocka_unit_test(bad_config),
+      cmocka_unit_test(settings_are_listed),
+      cmocka_unit_test(ranks_as_threads),
+      cmocka_unit_test(spread_is_not_a_binding),
+      cmocka_unit_test(refused_settings_fail_creation),
+      cmocka_unit_test(refused_setting_fails_rank0_before_listening),
+      cmocka_unit_test(settings_typed_values),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

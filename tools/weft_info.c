@@ -1,11 +1,13 @@
 /* weft-info - what this build of weft has and how it is set: version,
  * transports, this machine's topology (or a saved hwloc XML file's), and
- * every WEFT_* setting with its default, current value and help line. */
+ * every WEFT_* setting with its type, default, current value, what it
+ * accepts and its help. */
 #include <stdio.h>
 #include <string.h>
 
 #include "weft.h"
 /* Internal headers: the topology is no part of the public API. */
+#include "src/base/settings.h"
 #include "src/comm/comm.h"
 #include "src/topo/select.h"
 #include "src/topo/topo.h"
@@ -44,12 +46,45 @@ static int print_topology(const char *xml_path) {
   return 0;
 }
 
+/* Writes `text` in lines of at most `width` columns, each after `indent` spaces. */
+static void print_wrapped(const char *text, int indent, int width) {
+  while (*text) {
+    int len = (int)strlen(text), cut = len;
+    if (len > width) { /* break at the last space that fits */
+      cut = width;
+      while (cut > 0 && text[cut] != ' ') cut--;
+      if (cut == 0) cut = width;
+    }
+    printf("%*s%.*s\n", indent, "", cut, text);
+    text += cut;
+    while (*text == ' ') text++;
+  }
+}
+
+/* Every setting, grouped as declared (weft, then each transport's own): its
+ * type, default, current value and what it accepts, then its help; a value
+ * that communicator creation would refuse is said under it. */
 static void print_settings(void) {
-  printf("%-24s %-10s %-12s %s\n", "setting", "default", "value", "help");
-  weft_setting_desc d;
-  for (int i = 0; weft_setting_describe(i, &d) == WEFT_OK; i++)
-    printf("%-24s %-10s %-12s %s\n", d.name, *d.deflt ? d.deflt : "-", *d.value ? d.value : "-",
-           d.help);
+  printf("settings (environment variables; unset or empty is the default):\n");
+  printf("  %-24s %-8s %-9s %-9s %s\n", "setting", "type", "default", "value", "accepts");
+  weft_setting_info info;
+  const char *group = "";
+  for (int i = 0; weft_setting_get_info(i, &info) == WEFT_OK; i++) {
+    if (strcmp(group, info.group)) {
+      group = info.group;
+      printf("%s:\n", group);
+    }
+    const char *value = *info.value ? info.value : "-";
+    if (!strcmp(info.name, "WEFT_AUTH_TOKEN") && *info.value) value = "(set)"; /* a secret */
+    printf("  %-24s %-8s %-9s %-9s %s\n", info.name, info.type_name,
+           *info.deflt ? info.deflt : "-", value, info.rule);
+    print_wrapped(info.help, 6, 94);
+    if (info.refused[0]) {
+      char line[300];
+      snprintf(line, sizeof line, "REFUSED (communicators will not start): %s", info.refused);
+      print_wrapped(line, 6, 94);
+    }
+  }
 }
 
 static int usage(void) {

@@ -1,11 +1,11 @@
 /* log.c - subsystem-filtered logging to stderr. The level and filter are
- * resolved once from the settings table; a disabled log costs one compare. */
+ * resolved once from the settings, which sit below the log (they never log;
+ * a reload tells the log through a listener); a disabled log costs one compare. */
 #include "src/base/log.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 #include "src/base/settings.h"
@@ -22,29 +22,27 @@ static const struct {
                     {"GRAD", WEFT_SUBSYS_GRAD},
                     {"ALL", WEFT_SUBSYS_ALL}};
 
-static int parse_level(const char *text) {
-  if (!strcasecmp(text, "NONE") || !strcmp(text, "0")) return WEFT_LOG_NONE;
-  if (!strcasecmp(text, "INFO")) return WEFT_LOG_INFO;
-  if (!strcasecmp(text, "TRACE")) return WEFT_LOG_TRACE;
-  return WEFT_LOG_WARN;
-}
+_Static_assert((int)WEFT_DEBUG_NONE == WEFT_LOG_NONE && (int)WEFT_DEBUG_WARN == WEFT_LOG_WARN &&
+                   (int)WEFT_DEBUG_INFO == WEFT_LOG_INFO && (int)WEFT_DEBUG_TRACE == WEFT_LOG_TRACE,
+               "WEFT_DEBUG's words are the log levels, in order");
+_Static_assert(1 << WEFT_DEBUG_SUBSYS_INIT == WEFT_SUBSYS_INIT &&
+                   1 << WEFT_DEBUG_SUBSYS_BOOT == WEFT_SUBSYS_BOOT &&
+                   1 << WEFT_DEBUG_SUBSYS_NET == WEFT_SUBSYS_NET &&
+                   1 << WEFT_DEBUG_SUBSYS_COLL == WEFT_SUBSYS_COLL &&
+                   1 << WEFT_DEBUG_SUBSYS_GRAD == WEFT_SUBSYS_GRAD,
+               "WEFT_DEBUG_SUBSYS's words are the subsystem bits, in order");
 
-static int parse_subsys(const char *text) {
-  int exclude = text[0] == '^';
-  int mask = 0;
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", text + exclude);
-  char *save = NULL;
-  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-    for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++)
-      if (!strcasecmp(tok, subsys_names[i].name)) mask |= subsys_names[i].bit;
-  return exclude ? (WEFT_SUBSYS_ALL & ~mask) : mask;
+/* The settings changed (reload, fork): resolve again at the next line. */
+static void log_settings_stale(void) {
+  atomic_store(&weft_log_level_now, -1);
 }
 
 void weft_log_init(void) {
+  weft_settings_on_reload(log_settings_stale);
+  const weft_settings_values *s = weft_settings();
   /* the filter first: a thread that sees the level also sees its filter */
-  atomic_store(&weft_log_subsys_now, parse_subsys(weft_setting_str(WEFT_SETTING_DEBUG_SUBSYS)));
-  atomic_store(&weft_log_level_now, parse_level(weft_setting_str(WEFT_SETTING_DEBUG)));
+  atomic_store(&weft_log_subsys_now, (int)s->debug_subsys);
+  atomic_store(&weft_log_level_now, s->debug);
 }
 
 void weft_log_set_rank(int rank) { log_rank = rank; }

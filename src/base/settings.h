@@ -1,61 +1,214 @@
-/* settings.h - every WEFT_* environment setting, declared once with its
- * default and one line of help (settings.c). Read from the environment once;
- * weft-info lists them. No other file calls getenv for a WEFT_ setting. */
+/* settings.h - every WEFT_* environment setting, declared once: name, type,
+ * default, bounds and one line of help. The lists below generate the ids,
+ * the table (settings.c), the typed values the code reads (weft_settings())
+ * and the enums of word-valued settings; weft-info lists them. Read from the
+ * environment once (or on reload); no other file calls getenv for a WEFT_
+ * setting. Settings sit below the log: they never log, they return errors
+ * (weft_settings_check) to the caller that reports them. */
 #ifndef WEFT_SETTINGS_H
 #define WEFT_SETTINGS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
-/* X(ID, default, help) */
-#define WEFT_SETTINGS_MAP(X)                                                                  \
-  X(TIMEOUT, "300", "seconds a blocking call waits without progress from a peer before failing") \
-  X(DEBUG, "WARN", "log level: NONE, WARN, INFO or TRACE")                                   \
-  X(DEBUG_SUBSYS, "ALL", "subsystems to log: ALL or a list of INIT,BOOT,NET,COLL,GRAD; ^ excludes") \
-  X(RANK, "", "this process's rank (takes precedence over RANK, OMPI_*, SLURM_*)")          \
-  X(SIZE, "", "number of ranks (takes precedence over WORLD_SIZE, OMPI_*, SLURM_*)")         \
-  X(LOCAL_RANK, "", "rank among the ranks of this host")                                     \
-  X(RENDEZVOUS, "", "host:port of the rendezvous (rank 0 listens); else MASTER_ADDR:MASTER_PORT") \
-  X(AUTH_TOKEN, "", "job secret every connection must prove (HMAC); weftrun makes one; empty: the unique id, else none") \
-  X(SOCKET_IFNAME, "", "interfaces for data sockets: eth0 (prefix), =eth0 (exact), ^docker (exclude)") \
-  X(SOCKET_FAMILY, "", "address family for data sockets: 4, 6, or empty for either")        \
-  X(CHUNK_BYTES, "262144", "bytes per pipelined chunk (slot size) in ring and tree algorithms") \
-  X(SHM_SLOTS, "8", "chunks in flight per direction between two ranks of one host (2..64)") \
-  X(TCP_BUF_BYTES, "0", "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning") \
-  X(SPIN_US, "auto", "microseconds to busy-poll a waiting call; auto: 50, or 0 when ranks outnumber cores") \
-  X(SPREAD, "auto", "ranks of a host that outnumber its CPUs each step onto CPU local_rank mod CPUs when the communicator starts, and back there when a blocking call finds them elsewhere (at most every 50 ms); their affinity mask is left as it was (an even start, not a binding); auto: only then, 1: always, 0: never") \
-  X(YIELD_US, "100000", "then microseconds to poll with sched_yield before sleeping in poll(); 0 sleeps at once") \
-  X(ALGO, "auto", "allreduce algorithm: auto, ring, rd (recursive doubling), exchange (one round, every rank to every rank), hier (within hosts, then across) or direct (shared buffers, any size)")             \
-  X(DIRECT_MIN_BYTES, "1048576", "allreduce of at least this many bytes among ranks of one host first asks whether every rank's buffers are shared (weft_mem_alloc): if so, one pass straight through them; 0 = never") \
-  X(EXCHANGE_MAX_BYTES, "16384", "auto picks the one-round exchange for allreduce up to this many bytes when all ranks (at most 8) share one host: it needs fewer turns of ranks that share a core; 0 = never") \
-  X(RD_MAX_BYTES, "262144", "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk)") \
-  X(BCAST_FANOUT, "0", "broadcast tree fan-out; 0 = auto (binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
-  X(BCAST_CHAIN_BYTES, "65536", "broadcasts of at least this many bytes use a pipelined chain") \
-  X(CHECK, "0", "1: every collective first compares a fingerprint (call, count, dtype, op, root) across ranks; a difference fails every rank naming both sides") \
-  X(RECORDER, "64", "calls each communicator remembers (flight recorder), printed on timeout, abort and SIGUSR1; 0 = off") \
-  X(HOST_ID, "", "host identity for transport choice; ranks with the same one use shared memory (tests, containers)") \
-  X(TRANSPORT, "", "force one transport for every peer: shm, tcp (or ibv when built); empty = choose per peer") \
-  X(GRAD_CHECK, "0", "1: every gradient set checks at each step that all ranks agree (one small allgather a step; debug)") \
-  X(IB_HCA, "", "RDMA devices/ports for verbs: mlx5 (prefix), =mlx5_0 (exact), mlx5_0:1 (port), ^mlx5_1 (exclude)") \
-  X(IB_GID_INDEX, "", "RoCE GID index to use; empty = auto (RoCE v2, IPv4-mapped first, as NCCL and perftest)") \
-  X(IB_QPS_PER_PEER, "1", "RC queue pairs per peer for verbs (1..8); chunks go round-robin over them") \
-  X(IB_ZCOPY_BYTES, "0", "verbs chunks of at least this many bytes are sent from the user's buffer (registration cache); 0 = always copy (see README)") \
-  X(IB_TIMEOUT, "18", "verbs ACK timeout exponent: 4.096 us * 2^N per try (1..31)")         \
-  X(IB_RETRY_CNT, "7", "verbs transport retries before a work request fails (0..7)")         \
-  X(IB_LIBRARY, "", "for tests: the verbs library to dlopen instead of libibverbs.so.1 (the in-tree emulator)")
+#include "weft.h"
+
+/* Bytes settings with no useful upper bound (2^53: exact in a double). */
+#define WEFT_SETTING_NO_MAX 9007199254740992.0
+/* The value of an INT_OR_AUTO setting that says "auto". */
+#define WEFT_SETTING_AUTO (-1)
+
+/* A word-valued setting lists its words once, W(CONSTANT, "word"): the list
+ * makes both its C enum (in this order, from 0) and the words it accepts. */
+#define WEFT_NO_WORDS(W)
+#define WEFT_ALGO_WORDS(W)                                                                       \
+  W(WEFT_ALGO_AUTO, "auto") W(WEFT_ALGO_RING, "ring") W(WEFT_ALGO_RD, "rd")                      \
+  W(WEFT_ALGO_HIER, "hier") W(WEFT_ALGO_DIRECT, "direct") W(WEFT_ALGO_EXCHANGE, "exchange")
+/* The log's levels, in its order (log.h). */
+#define WEFT_DEBUG_WORDS(W)                                                                      \
+  W(WEFT_DEBUG_NONE, "NONE") W(WEFT_DEBUG_WARN, "WARN") W(WEFT_DEBUG_INFO, "INFO")               \
+  W(WEFT_DEBUG_TRACE, "TRACE")
+/* The log's subsystems, in the order of their bits (log.h). */
+#define WEFT_DEBUG_SUBSYS_WORDS(W)                                                               \
+  W(WEFT_DEBUG_SUBSYS_INIT, "INIT") W(WEFT_DEBUG_SUBSYS_BOOT, "BOOT")                            \
+  W(WEFT_DEBUG_SUBSYS_NET, "NET") W(WEFT_DEBUG_SUBSYS_COLL, "COLL")                              \
+  W(WEFT_DEBUG_SUBSYS_GRAD, "GRAD")
+#ifdef WEFT_HAVE_IBV
+#define WEFT_TRANSPORT_IBV_WORD_(W) W(WEFT_TRANSPORT_IBV, "ibv")
+#else
+#define WEFT_TRANSPORT_IBV_WORD_(W)
+#endif
+#define WEFT_TRANSPORT_WORDS(W)                                                                  \
+  W(WEFT_TRANSPORT_AUTO, "auto") W(WEFT_TRANSPORT_SHM, "shm") W(WEFT_TRANSPORT_TCP, "tcp")       \
+  WEFT_TRANSPORT_IBV_WORD_(W)
+#define WEFT_SPREAD_WORDS(W)                                                                     \
+  W(WEFT_SPREAD_AUTO, "auto") W(WEFT_SPREAD_NEVER, "0") W(WEFT_SPREAD_ALWAYS, "1")
+
+/* Each transport declares its own settings in its folder. */
+#include "transports/ibv/ibv_settings.h"
+#include "transports/shm/shm_settings.h"
+#include "transports/tcp/tcp_settings.h"
+
+/* X(ID, field, TYPE, default, min, max, WORDS, help): WEFT_<ID> is read into
+ * weft_settings()-><field> (transports': ->tcp.<field>, ...). TYPE is
+ *   INT          an integer in min..max                       (long long)
+ *   INT_OR_AUTO  "auto" (WEFT_SETTING_AUTO) or min..max        (long long)
+ *   BYTES        a byte count in min..max                     (size_t)
+ *   BYTES_OR_0   0 or a byte count in min..max                (size_t)
+ *   SECONDS      a number of seconds in min..max              (double)
+ *   BOOL         0/1, no/yes, false/true, off/on              (bool)
+ *   ENUM, ENUM_ANYCASE  one of WORDS (exactly / in any case)  (int: WORDS' enum)
+ *   WORD_SET     ALL, or WORDS joined by commas (any case), a   (unsigned: bit i for
+ *                leading ^ excludes them                        WORDS' word i)
+ *   STRING       any text, read by its user                   (const char *)
+ * An empty value is the default; anything else that does not fit is an
+ * error at communicator creation (weft_settings_check), never a silent fallback. */
+#define WEFT_CORE_SETTINGS(X)                                                                    \
+  X(TIMEOUT, timeout_s, SECONDS, "300", 0.001, 86400, WEFT_NO_WORDS,                             \
+    "seconds a blocking call waits without progress from a peer before failing")                 \
+  X(DEBUG, debug, ENUM_ANYCASE, "WARN", 0, 0, WEFT_DEBUG_WORDS,                                 \
+    "how much to log to stderr (lines name host, pid and rank)")                     \
+  X(DEBUG_SUBSYS, debug_subsys, WORD_SET, "ALL", 0, 0, WEFT_DEBUG_SUBSYS_WORDS,                   \
+    "subsystems to log, e.g. INIT,NET; ^COLL logs all but COLL")                                 \
+  X(RANK, rank, STRING, "", 0, 0, WEFT_NO_WORDS,                                                 \
+    "this process's rank (takes precedence over RANK, OMPI_*, SLURM_*)")                         \
+  X(SIZE, size, STRING, "", 0, 0, WEFT_NO_WORDS,                                                 \
+    "number of ranks (takes precedence over WORLD_SIZE, OMPI_*, SLURM_*)")                       \
+  X(LOCAL_RANK, local_rank, STRING, "", 0, 0, WEFT_NO_WORDS, "rank among the ranks of this host") \
+  X(RENDEZVOUS, rendezvous, STRING, "", 0, 0, WEFT_NO_WORDS,                                     \
+    "host:port of the rendezvous (rank 0 listens); else MASTER_ADDR:MASTER_PORT")                \
+  X(AUTH_TOKEN, auth_token, STRING, "", 0, 0, WEFT_NO_WORDS,                                     \
+    "job secret every connection must prove (HMAC); weftrun makes one; empty: the unique id, else none") \
+  X(CHUNK_BYTES, chunk_bytes, BYTES, "262144", 4096, 64 << 20, WEFT_NO_WORDS,                    \
+    "bytes per pipelined chunk (slot size) in ring and tree algorithms")                         \
+  X(SPIN_US, spin_us, INT_OR_AUTO, "auto", 0, 1000000, WEFT_NO_WORDS,                            \
+    "microseconds to busy-poll a waiting call; auto: 50, or 0 when ranks outnumber cores")       \
+  X(SPREAD, spread, ENUM, "auto", 0, 0, WEFT_SPREAD_WORDS,                                       \
+    "ranks of a host that outnumber its CPUs each step onto CPU local_rank mod CPUs when the communicator starts, and back there when a blocking call finds them elsewhere (at most every 50 ms); their affinity mask is left as it was (an even start, not a binding); auto: only then, 1: always, 0: never") \
+  X(YIELD_US, yield_us, INT, "100000", 0, 60000000, WEFT_NO_WORDS,                               \
+    "then microseconds to poll with sched_yield before sleeping in poll(); 0 sleeps at once")    \
+  X(ALGO, algo, ENUM_ANYCASE, "auto", 0, 0, WEFT_ALGO_WORDS,                                     \
+    "allreduce algorithm: auto, ring, rd (recursive doubling), exchange (one round, every rank to every rank), hier (within hosts, then across) or direct (shared buffers, any size)") \
+  X(DIRECT_MIN_BYTES, direct_min_bytes, BYTES, "1048576", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
+    "allreduce of at least this many bytes among ranks of one host first asks whether every rank's buffers are shared (weft_mem_alloc): if so, one pass straight through them; 0 = never") \
+  X(EXCHANGE_MAX_BYTES, exchange_max_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
+    "auto picks the one-round exchange for allreduce up to this many bytes when all ranks (at most 8) share one host: it needs fewer turns of ranks that share a core; 0 = never") \
+  X(RD_MAX_BYTES, rd_max_bytes, BYTES, "262144", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,          \
+    "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk)")     \
+  X(BCAST_FANOUT, bcast_fanout, INT, "0", 0, 65536, WEFT_NO_WORDS,                               \
+    "broadcast tree fan-out; 0 = auto (binary below WEFT_BCAST_CHAIN_BYTES, else a chain)")      \
+  X(BCAST_CHAIN_BYTES, bcast_chain_bytes, BYTES, "65536", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
+    "broadcasts of at least this many bytes use a pipelined chain")                              \
+  X(CHECK, check, BOOL, "0", 0, 0, WEFT_NO_WORDS,                                                \
+    "1: every collective first compares a fingerprint (call, count, dtype, op, root) across ranks; a difference fails every rank naming both sides") \
+  X(RECORDER, recorder, INT, "64", 0, 100000, WEFT_NO_WORDS,                                     \
+    "calls each communicator remembers (flight recorder), printed on timeout, abort and SIGUSR1; 0 = off") \
+  X(HOST_ID, host_id, STRING, "", 0, 0, WEFT_NO_WORDS,                                           \
+    "host identity for transport choice; ranks with the same one use shared memory (tests, containers)") \
+  X(TRANSPORT, transport, ENUM, "auto", 0, 0, WEFT_TRANSPORT_WORDS,                              \
+    "force one transport for every peer; auto = choose per peer")                                \
+  X(GRAD_CHECK, grad_check, BOOL, "0", 0, 0, WEFT_NO_WORDS,                                      \
+    "1: every gradient set checks at each step that all ranks agree (one small allgather a step; debug)")
+
+/* Every list, in weft-info's order: L(list, group name). */
+#define WEFT_SETTINGS_GROUPS(L)                                                                  \
+  L(WEFT_CORE_SETTINGS, "weft") L(WEFT_TCP_SETTINGS, "tcp") L(WEFT_SHM_SETTINGS, "shm")          \
+  L(WEFT_IBV_SETTINGS, "ibv")
+
+/* ---- what the lists generate ------------------------------------------- */
+
+#define WEFT_WORD_ENUM_(constant, word) constant,
+enum weft_algo_choice { WEFT_ALGO_WORDS(WEFT_WORD_ENUM_) };
+enum weft_debug_choice { WEFT_DEBUG_WORDS(WEFT_WORD_ENUM_) };
+enum weft_transport_choice { WEFT_TRANSPORT_WORDS(WEFT_WORD_ENUM_) };
+enum weft_spread_choice { WEFT_SPREAD_WORDS(WEFT_WORD_ENUM_) };
+enum weft_family_choice { WEFT_FAMILY_WORDS(WEFT_WORD_ENUM_) };
+enum weft_debug_subsys_choice { WEFT_DEBUG_SUBSYS_WORDS(WEFT_WORD_ENUM_) };
+#undef WEFT_WORD_ENUM_
 
 enum weft_setting_id {
-#define WEFT_SETTING_ENUM_(id, dflt, help) WEFT_SETTING_##id,
-  WEFT_SETTINGS_MAP(WEFT_SETTING_ENUM_)
-#undef WEFT_SETTING_ENUM_
+#define WEFT_SETTING_ID_(id, field, type, dflt, lo, hi, words, help) WEFT_SETTING_##id,
+#define WEFT_SETTING_ID_LIST_(list, group) list(WEFT_SETTING_ID_)
+  WEFT_SETTINGS_GROUPS(WEFT_SETTING_ID_LIST_)
+#undef WEFT_SETTING_ID_LIST_
+#undef WEFT_SETTING_ID_
   WEFT_SETTING_COUNT
 };
 
-/* Current value as text ("" when empty); never NULL. */
+enum weft_setting_type {
+  WEFT_SETTING_INT,
+  WEFT_SETTING_INT_OR_AUTO,
+  WEFT_SETTING_BYTES,
+  WEFT_SETTING_BYTES_OR_0,
+  WEFT_SETTING_SECONDS,
+  WEFT_SETTING_BOOL,
+  WEFT_SETTING_ENUM,
+  WEFT_SETTING_ENUM_ANYCASE,
+  WEFT_SETTING_WORD_SET,
+  WEFT_SETTING_STRING,
+};
+
+/* The C type of each TYPE's field. */
+#define WEFT_SETTING_CTYPE_INT long long
+#define WEFT_SETTING_CTYPE_INT_OR_AUTO long long
+#define WEFT_SETTING_CTYPE_BYTES size_t
+#define WEFT_SETTING_CTYPE_BYTES_OR_0 size_t
+#define WEFT_SETTING_CTYPE_SECONDS double
+#define WEFT_SETTING_CTYPE_BOOL bool
+#define WEFT_SETTING_CTYPE_ENUM int
+#define WEFT_SETTING_CTYPE_ENUM_ANYCASE int
+#define WEFT_SETTING_CTYPE_WORD_SET unsigned
+#define WEFT_SETTING_CTYPE_STRING const char *
+
+/* The values, parsed and checked: a setting whose text was refused holds its
+ * default here (and weft_settings_check says why). */
+typedef struct weft_settings_values {
+#define WEFT_SETTING_FIELD_(id, field, type, dflt, lo, hi, words, help) \
+  WEFT_SETTING_CTYPE_##type field;
+  WEFT_CORE_SETTINGS(WEFT_SETTING_FIELD_)
+  struct {
+    WEFT_TCP_SETTINGS(WEFT_SETTING_FIELD_)
+  } tcp;
+  struct {
+    WEFT_SHM_SETTINGS(WEFT_SETTING_FIELD_)
+  } shm;
+  struct {
+    WEFT_IBV_SETTINGS(WEFT_SETTING_FIELD_)
+  } ibv;
+#undef WEFT_SETTING_FIELD_
+} weft_settings_values;
+
+/* The current values (loaded on first use). Valid until the next reload. */
+const weft_settings_values *weft_settings(void);
+/* Current value as text: the environment's, or the default when it is unset
+ * or empty; never NULL. For STRING settings and messages. */
 const char *weft_setting_str(enum weft_setting_id id);
-/* Parsed as a number; `fallback` when empty or unparsable (a warning is logged once). */
-double weft_setting_double(enum weft_setting_id id, double fallback);
-long long weft_setting_ll(enum weft_setting_id id, long long fallback);
-/* Re-reads the environment (tests change it between communicators). */
+
+/* WEFT_OK, or WEFT_ERR_INVALID with a sentence in `why` naming the first
+ * refused setting, its value and the rule (and how many more were refused).
+ * Communicator creation calls it before it starts anything. */
+weft_status weft_settings_check(char *why, size_t len);
+
+/* Re-reads the environment (tests change it between communicators; a forked
+ * child re-reads its own on first use). */
 void weft_settings_reload(void);
+/* `fn` runs after each reload (and in a forked child): how a layer above
+ * (the log) learns that values it derived are stale. At most 4 listeners. */
+void weft_settings_on_reload(void (*fn)(void));
+
+/* For weft-info: what setting `id` is, its rule as a phrase ("an integer
+ * from 2 to 64"), and the refusal of its current text ("" when accepted). */
+typedef struct weft_setting_info {
+  const char *name;  /* "WEFT_TIMEOUT" */
+  const char *group; /* "weft", "tcp", "shm", "ibv" */
+  enum weft_setting_type type;
+  const char *type_name; /* "seconds" */
+  const char *deflt;
+  const char *value; /* as weft_setting_str */
+  const char *help;
+  char rule[160];
+  char refused[256];
+} weft_setting_info;
+weft_status weft_setting_get_info(int id, weft_setting_info *info);
 
 #endif

@@ -529,16 +529,16 @@ static weft_status coll_copy_alone(weft_coll *coll) {
  * whether the one-round exchange may (small, one host, few ranks, or
  * forced). Static facts and settings only: every rank answers alike. */
 static bool direct_candidate(const weft_comm *comm, size_t bytes) {
-  return comm->nhosts == 1 &&
-         (comm->algo_forced == 4 ||
-          (comm->algo_forced == 0 && comm->direct_min_bytes && bytes >= comm->direct_min_bytes));
+  return comm->nhosts == 1 && (comm->algo_forced == WEFT_ALGO_DIRECT ||
+                               (comm->algo_forced == WEFT_ALGO_AUTO && comm->direct_min_bytes &&
+                                bytes >= comm->direct_min_bytes));
 }
 
 static bool exchange_candidate(const weft_comm *comm, size_t bytes) {
   if (bytes > comm->chunk_bytes) return false;
-  return comm->algo_forced == 5 ||
-         (comm->algo_forced == 0 && comm->nhosts == 1 && comm->size <= EXCHANGE_MAX_RANKS &&
-          bytes <= comm->exchange_max_bytes);
+  return comm->algo_forced == WEFT_ALGO_EXCHANGE ||
+         (comm->algo_forced == WEFT_ALGO_AUTO && comm->nhosts == 1 &&
+          comm->size <= EXCHANGE_MAX_RANKS && bytes <= comm->exchange_max_bytes);
 }
 
 /* Recursive doubling while the buffer fits one chunk and the rd_max setting
@@ -547,7 +547,8 @@ static weft_status rd_or_ring_start(weft_coll *coll) {
   weft_comm *comm = coll->comm;
   size_t bytes = coll->count * coll->elem;
   bool use_rd = bytes <= comm->chunk_bytes &&
-                (comm->algo_forced == 2 || (comm->algo_forced == 0 && bytes <= comm->rd_max_bytes));
+                (comm->algo_forced == WEFT_ALGO_RD ||
+                 (comm->algo_forced == WEFT_ALGO_AUTO && bytes <= comm->rd_max_bytes));
   return use_rd ? weft_rd_allreduce_start(coll) : weft_ring_allreduce_start(coll);
 }
 
@@ -555,7 +556,7 @@ static weft_status rd_or_ring_start(weft_coll *coll) {
  * else what rd_or_ring_start picks. */
 static weft_status small_start(weft_coll *coll) {
   weft_comm *comm = coll->comm;
-  if (comm->algo_forced == 5) return weft_exchange_allreduce_start(coll, false);
+  if (comm->algo_forced == WEFT_ALGO_EXCHANGE) return weft_exchange_allreduce_start(coll, false);
   if (comm->exchange_verdict >= 0)
     return weft_exchange_allreduce_start(coll, comm->exchange_verdict == 0);
   return rd_or_ring_start(coll);
@@ -575,7 +576,7 @@ static weft_status allreduce_start_late(weft_coll *coll) {
   weft_status st;
   /* the barrier comes here for the exchange only, never the direct question */
   if (coll->kind == KIND_ALLREDUCE && direct_candidate(comm, bytes) &&
-      (comm->algo_forced == 4 ||
+      (comm->algo_forced == WEFT_ALGO_DIRECT ||
        weft_direct_allreduce_worth_asking(comm, coll->count, coll->dtype)))
     st = weft_direct_allreduce_start(coll);
   else if (exchange_candidate(comm, bytes))
@@ -607,8 +608,9 @@ static weft_status allreduce_setup(weft_coll *coll, const char *call, weft_comm 
     return COLL_DONE;
   }
   /* Ranks sharing hosts, on several hosts: only leaders cross the network. */
-  bool hier = comm->algo_forced == 3 ||
-              (comm->algo_forced == 0 && comm->nhosts > 1 && comm->size > comm->nhosts);
+  bool hier =
+      comm->algo_forced == WEFT_ALGO_HIER ||
+      (comm->algo_forced == WEFT_ALGO_AUTO && comm->nhosts > 1 && comm->size > comm->nhosts);
   if (hier) return coll_start(coll, weft_hier_allreduce_start(coll));
   size_t bytes = count * coll->elem;
   /* One host, large: whether every rank's buffers are shared (the direct

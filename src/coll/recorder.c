@@ -16,7 +16,7 @@
 #include "src/base/settings.h"
 
 void weft_recorder_init(weft_recorder *rec) {
-  long long cap = weft_setting_ll(WEFT_SETTING_RECORDER, 64);
+  long long cap = weft_settings()->recorder;
   rec->cap = 0;
   rec->at = 0;
   rec->next = 0;

@@ -169,8 +169,15 @@ WEFT_API void weft_config_init(weft_config *cfg) {
 
 static double timeout_or_setting(double timeout_s) {
   if (timeout_s > 0) return timeout_s;
-  double t = weft_setting_double(WEFT_SETTING_TIMEOUT, 300);
-  return t > 0 ? t : 300;
+  return weft_settings()->timeout_s;
+}
+
+/* A refused WEFT_* value fails creation here, before this rank listens or
+ * dials: a bad local setting is said at once, not after the rendezvous. */
+static weft_status settings_usable(int rank, const char *call) {
+  char why[400];
+  weft_status st = weft_settings_check(why, sizeof why);
+  return st ? weft_init_error(st, rank, call, "%s", why) : WEFT_OK;
 }
 
 static void comm_free(weft_comm *comm) {
@@ -196,8 +203,8 @@ static void comm_free(weft_comm *comm) {
 }
 
 static int spin_default(int local_size) {
-  const char *text = weft_setting_str(WEFT_SETTING_SPIN_US);
-  if (*text && strcmp(text, "auto")) return (int)weft_setting_ll(WEFT_SETTING_SPIN_US, 50);
+  long long spin_us = weft_settings()->spin_us;
+  if (spin_us != WEFT_SETTING_AUTO) return (int)spin_us;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   /* spinning steals the core an oversubscribed peer needs to make progress */
   return local_size > cores ? 0 : 50;
@@ -292,7 +299,10 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
   for (int b = 0; b < BUILTIN_COUNT; b++) built[b] = builtin_transports[b]->name;
   char why[256] = "";
   int n = weft_select_order(topo_here(), built, BUILTIN_COUNT,
-                            weft_setting_str(WEFT_SETTING_TRANSPORT), order, why, sizeof why);
+                            weft_settings()->transport == WEFT_TRANSPORT_AUTO
+                                ? NULL
+                                : weft_setting_str(WEFT_SETTING_TRANSPORT),
+                            order, why, sizeof why);
   if (n <= 0) return weft_init_error(WEFT_ERR_INVALID, comm->rank, call, "%s", why);
   size_t off = mine->addr_len; /* a lane appends to comm's */
   for (int i = 0; i < n; i++) {
@@ -372,8 +382,8 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   pthread_mutex_init(&comm->call_lock, NULL);
   pthread_mutex_init(&comm->q_lock, NULL);
   pthread_cond_init(&comm->q_cond, NULL);
-  long long chunk = weft_setting_ll(WEFT_SETTING_CHUNK_BYTES, 262144);
-  comm->chunk_bytes = chunk < 4096 ? 4096 : chunk > (64 << 20) ? (64 << 20) : (size_t)chunk;
+  const weft_settings_values *set = weft_settings();
+  comm->chunk_bytes = set->chunk_bytes;
   comm->send_depth = 8;
   comm->peers = calloc((size_t)size, sizeof *comm->peers);
   comm->active = calloc((size_t)size, sizeof *comm->active);
@@ -384,34 +394,19 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   comm->spin_us = spin_default(1);
   weft_recorder_init(&comm->recorder);
   if (comm->recorder.cap) weft_recorder_install_signal();
-  comm->check_calls = weft_setting_ll(WEFT_SETTING_CHECK, 0) != 0;
-  const char *algo = weft_setting_str(WEFT_SETTING_ALGO);
-  comm->algo_forced = !strcasecmp(algo, "ring")       ? 1
-                      : !strcasecmp(algo, "rd")       ? 2
-                      : !strcasecmp(algo, "hier")     ? 3
-                      : !strcasecmp(algo, "direct")   ? 4
-                      : !strcasecmp(algo, "exchange") ? 5
-                                                      : 0;
-  if (comm->algo_forced == 0 && strcasecmp(algo, "auto") && *algo && rank == 0)
-    WEFT_WARN(WEFT_SUBSYS_INIT,
-              "WEFT_ALGO=\"%s\" is not auto, ring, rd, exchange, hier or direct; using auto", algo);
-  /* negative values would wrap to huge sizes: they mean "never" (0) */
-  long long rd_max = weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 262144);
-  long long chain = weft_setting_ll(WEFT_SETTING_BCAST_CHAIN_BYTES, 65536);
-  long long fanout = weft_setting_ll(WEFT_SETTING_BCAST_FANOUT, 0);
-  comm->rd_max_bytes = rd_max > 0 ? (size_t)rd_max : 0;
-  long long exchange_max = weft_setting_ll(WEFT_SETTING_EXCHANGE_MAX_BYTES, 16384);
-  comm->exchange_max_bytes = exchange_max > 0 ? (size_t)exchange_max : 0;
-  long long direct_min = weft_setting_ll(WEFT_SETTING_DIRECT_MIN_BYTES, 1048576);
-  comm->direct_min_bytes = direct_min > 0 ? (size_t)direct_min : 0;
-  comm->bcast_chain_bytes = chain > 0 ? (size_t)chain : 0;
-  comm->bcast_fanout = fanout > 0 && fanout < size ? (int)fanout : 0;
+  comm->check_calls = set->check;
+  comm->algo_forced = (enum weft_algo_choice)set->algo;
+  comm->rd_max_bytes = set->rd_max_bytes;
+  comm->exchange_max_bytes = set->exchange_max_bytes;
+  comm->direct_min_bytes = set->direct_min_bytes;
+  comm->bcast_chain_bytes = set->bcast_chain_bytes;
+  comm->bcast_fanout = set->bcast_fanout < size ? (int)set->bcast_fanout : 0;
   /* Yielding instead of sleeping keeps a waiting rank runnable: a sleeping one
    * costs a cross-CPU wake-up per chunk, which dominates on oversubscribed or
    * virtualized hosts (measured: 4 ranks on 2 vCPUs, 64 MiB allreduce
    * 0.69 -> 1.28 GB/s busbw); sched_yield still hands the core to any
    * runnable thread, so it does not starve the caller's other work. */
-  comm->yield_us = (int)weft_setting_ll(WEFT_SETTING_YIELD_US, 100000);
+  comm->yield_us = (int)set->yield_us;
   return comm;
 }
 
@@ -531,14 +526,14 @@ static bool spread_step(int cpu) {
 }
 
 static void spread_once(const weft_comm *comm) {
-  const char *mode = weft_setting_str(WEFT_SETTING_SPREAD);
-  if (!strcmp(mode, "0") || atomic_exchange(&spread_pid, getpid()) == getpid()) return;
+  int mode = weft_settings()->spread;
+  if (mode == WEFT_SPREAD_NEVER || atomic_exchange(&spread_pid, getpid()) == getpid()) return;
   atomic_store(&spread_cpu, -1);
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof allowed, &allowed)) return;
   int count = CPU_COUNT(&allowed);
   /* one CPU allowed: bound already (weftrun, mpirun), nothing to choose */
-  if (count < 2 || (comm->local_size <= count && strcmp(mode, "1"))) return;
+  if (count < 2 || (comm->local_size <= count && mode != WEFT_SPREAD_ALWAYS)) return;
   int want = comm->local_rank % count;
   for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; cpu++) {
     if (!CPU_ISSET(cpu, &allowed) || seen++ != want) continue;
@@ -749,7 +744,7 @@ static weft_status resolve_rendezvous(const char *text, int rank, const char *ca
   char host[256];
   int port;
   weft_error_sink err;
-  int family = (int)weft_setting_ll(WEFT_SETTING_SOCKET_FAMILY, 0);
+  int family = WEFT_FAMILY_NUMBER(weft_settings()->tcp.socket_family);
   if (net_split_hostport(text, host, sizeof host, &port, &err) ||
       net_resolve(host, port, family, addr, len, &err))
     return weft_init_error(WEFT_ERR_INVALID, rank, call, "rendezvous: %s", err.msg);
@@ -787,6 +782,7 @@ static weft_status init_from_address(int rank, int size, int local_rank, const c
   static const uint8_t zero_nonce[BOOT_NONCE_BYTES];
   struct sockaddr_storage addr = {0};
   socklen_t len = 0;
+  WEFT_CHECK(settings_usable(rank, call));
   if (size > 1) {
     if (!rendezvous || !*rendezvous)
       return weft_init_error(WEFT_ERR_INVALID, rank, call,
@@ -835,13 +831,14 @@ WEFT_API weft_status weft_get_unique_id(weft_unique_id *id) {
   const char *call = "weft_get_unique_id";
   if (!id) return weft_init_error(WEFT_ERR_INVALID, -1, call, "id is NULL");
   memset(id, 0, sizeof *id);
+  WEFT_CHECK(settings_usable(-1, call));
   struct sockaddr_storage local, bound;
   socklen_t local_len, bound_len;
   char ifname[64];
   weft_error_sink err;
   weft_status st = net_pick_local_addr(weft_setting_str(WEFT_SETTING_SOCKET_IFNAME),
-                                       (int)weft_setting_ll(WEFT_SETTING_SOCKET_FAMILY, 0), NULL, 0,
-                                       &local, &local_len, ifname, sizeof ifname, &err);
+                                       WEFT_FAMILY_NUMBER(weft_settings()->tcp.socket_family), NULL,
+                                       0, &local, &local_len, ifname, sizeof ifname, &err);
   if (st) return weft_init_error(st, -1, call, "%s", err.msg);
   uint8_t nonce[BOOT_NONCE_BYTES];
   if (getrandom(nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
@@ -874,6 +871,7 @@ WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id 
   if (ntohl(magic) != UID_MAGIC || !net_addr_unpack(p + 4, &addr, &len))
     return weft_init_error(WEFT_ERR_INVALID, rank, call,
                            "the id was not made by weft_get_unique_id (or was damaged in transit)");
+  WEFT_CHECK(settings_usable(rank, call));
   return comm_create(rank, size, -1, &addr, len, p + 24, timeout_or_setting(0), call, comm);
 }
 

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "src/base/auth.h"
+#include "src/base/settings.h"
 #include "src/coll/recorder.h"
 #include "src/comm/bootstrap.h"
 #include "src/topo/select.h"
@@ -63,7 +64,7 @@ struct weft_comm {
   size_t exchange_max_bytes; /* one host, few ranks: the one-round exchange up to this size */
   bool sends_are_stores;     /* every peer's transport says so (transport.h) */
   int exchange_verdict;      /* 0 not asked yet, 1 every rank's sends are stores, -1 not */
-  int algo_forced;          /* WEFT_ALGO: 0 auto, 1 ring, 2 rd, 3 hier, 4 direct, 5 exchange */
+  enum weft_algo_choice algo_forced; /* WEFT_ALGO (settings.h) */
   size_t direct_min_bytes;  /* one host: try shared buffers from this size (0 never) */
   struct weft_direct_memo_table *direct_memo; /* per call shape: whether the last question found
                                ordinary buffers (direct_allreduce.c); the same on every rank */

@@ -572,7 +572,7 @@ WEFT_API weft_status weft_grad_create(weft_comm *comm, const weft_grad_options *
   g->comm = comm;
   g->opts = *opts;
   if (!g->opts.first_bucket_cap_bytes) g->opts.first_bucket_cap_bytes = g->opts.bucket_cap_bytes;
-  g->check_every_step = opts->check_every_step || weft_setting_ll(WEFT_SETTING_GRAD_CHECK, 0) > 0;
+  g->check_every_step = opts->check_every_step || weft_settings()->grad_check;
   g->sync = 1;
   *grad = g;
   return WEFT_OK;

@@ -93,7 +93,7 @@ static void ibv_api_fork_safety(const ibv_api *api) {
 }
 
 const ibv_api *ibv_api_load(weft_error_sink *err) {
-  const char *name = weft_setting_str(WEFT_SETTING_IB_LIBRARY);
+  const char *name = weft_settings()->ibv.library;
   if (!*name) name = "libibverbs.so.1";
   const ibv_api *found = NULL;
   pthread_mutex_lock(&ibv_api_lock);

@@ -244,8 +244,8 @@ static weft_status ibv_qp_to_rts(struct weft_conn *c, struct ibv_qp *qp, const i
   if (ctx->api->modify_qp(qp, &a, mask))
     return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: QP to RTR for peer %d: %s", c->peer,
                          strerror(errno));
-  long long timeout = weft_setting_ll(WEFT_SETTING_IB_TIMEOUT, 18);
-  long long retry = weft_setting_ll(WEFT_SETTING_IB_RETRY_CNT, 7);
+  long long timeout = weft_settings()->ibv.timeout;
+  long long retry = weft_settings()->ibv.retry_cnt;
   struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTS,
                           /* 4.096 us * 2^18 = 1.07 s per try, 7 tries: NCCL's values,
                              long enough for a switch to reroute */

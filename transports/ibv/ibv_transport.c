@@ -84,7 +84,7 @@ static int ibv_gid_roce_version(weft_transport_ctx *ctx, int index) {
 }
 
 static weft_status ibv_pick_gid(weft_transport_ctx *ctx, int table_len) {
-  long long forced = weft_setting_ll(WEFT_SETTING_IB_GID_INDEX, -1);
+  long long forced = weft_settings()->ibv.gid_index; /* auto: -1 */
   if (forced >= 0) {
     if (forced >= table_len || ctx->api->query_gid(ctx->dev, ctx->port, (int)forced, &ctx->gid)) {
       weft_error_sink_set(ctx->args->errors,
@@ -143,7 +143,7 @@ typedef struct ibv_candidate {
 /* Lists active ports that pass WEFT_IB_HCA; writes why none did. */
 static int ibv_list_ports(weft_transport_ctx *ctx, struct ibv_device **list, int ndev,
                           ibv_candidate *out, int max, char *why, size_t why_len) {
-  const char *rules = weft_setting_str(WEFT_SETTING_IB_HCA);
+  const char *rules = weft_settings()->ibv.hca;
   int n = 0;
   snprintf(why, why_len, "%d device(s), none with an active port", ndev);
   for (int d = 0; d < ndev && n < max; d++) {
@@ -295,7 +295,7 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_transport
   ctx->args = args;
   ctx->api = api;
   ctx->listen_fd = -1;
-  long long qps = weft_setting_ll(WEFT_SETTING_IB_QPS_PER_PEER, 1);
+  long long qps = weft_settings()->ibv.qps_per_peer;
   ctx->nqp = qps < 1 ? 1 : qps > IBV_MAX_QPS ? IBV_MAX_QPS : (int)qps;
   ctx->nslots = args->send_depth < 2               ? 2
                 : args->send_depth > IBV_MAX_SLOTS ? IBV_MAX_SLOTS
@@ -307,7 +307,7 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_transport
   weft_status st = WEFT_ERR_NOMEM;
   if (!ctx->conns || !ctx->pfds) goto fail;
   if ((st = ibv_check_memlock(ctx)) || (st = ibv_open(ctx))) goto fail;
-  long long zc = weft_setting_ll(WEFT_SETTING_IB_ZCOPY_BYTES, 0);
+  long long zc = (long long)weft_settings()->ibv.zcopy_bytes;
   ctx->zcopy_bytes = zc > 0 ? (size_t)zc : 0;
   ctx->mr = (ibv_mr_cache){.api = api, .pd = ctx->pd, .max_bytes = (size_t)1 << 30};
   /* The side socket listens where the rendezvous was reached from: that
@@ -326,7 +326,7 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_transport
   if (st) goto fail;
   ctx->self.magic = IBV_ADDR_MAGIC;
   ctx->self.link_layer = ctx->link_layer;
-  ctx->self.loopback_ok = !strcmp(weft_setting_str(WEFT_SETTING_TRANSPORT), "ibv");
+  ctx->self.loopback_ok = weft_settings()->transport == WEFT_TRANSPORT_IBV;
   ctx->self.place = *args->place;
   ctx->self.place.rdma_devices = 1; /* what the verbs table found, not hwloc's count */
   net_addr_pack(&ctx->addr, ctx->self.sock);

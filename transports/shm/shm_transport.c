@@ -36,7 +36,7 @@ static weft_status shm_init(const weft_transport_init_args *args, weft_transport
     return WEFT_ERR_NOMEM;
   }
   ctx->args = args;
-  long long slots = weft_setting_ll(WEFT_SETTING_SHM_SLOTS, 8);
+  long long slots = weft_settings()->shm.slots;
   ctx->nslots = slots < 2 ? 2 : slots > SHM_MAX_SLOTS ? SHM_MAX_SLOTS : (int)slots;
   ctx->self.magic = SHM_ADDR_MAGIC;
   ctx->self.pid = (uint32_t)getpid();

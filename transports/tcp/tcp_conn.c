@@ -110,7 +110,7 @@ void tcp_conn_destroy(struct weft_conn *c) {
 
 static void tcp_tune_socket(int fd) {
   net_set_nodelay(fd);
-  int bytes = (int)weft_setting_ll(WEFT_SETTING_TCP_BUF_BYTES, 0);
+  int bytes = (int)weft_settings()->tcp.buf_bytes;
   if (bytes > 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);

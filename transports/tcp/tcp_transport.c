@@ -33,8 +33,8 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_transport
 
   /* The default interface is the one that reached the rendezvous; the
    * settings can name another. */
-  const char *rules = weft_setting_str(WEFT_SETTING_SOCKET_IFNAME);
-  int family = (int)weft_setting_ll(WEFT_SETTING_SOCKET_FAMILY, 0);
+  const char *rules = weft_settings()->tcp.socket_ifname;
+  int family = WEFT_FAMILY_NUMBER(weft_settings()->tcp.socket_family);
   struct sockaddr_storage local = args->local_addr;
   socklen_t local_len = args->local_addr_len;
   if (*rules || family || local_len == 0) {

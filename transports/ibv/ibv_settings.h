@@ -1,0 +1,26 @@
+/* ibv_settings.h - the verbs transport's own settings, as a list that the one
+ * settings table (src/base/settings.h, which includes this file; include that
+ * one) puts under "ibv", also in builds without verbs (weft-info lists them).
+ * Read as weft_settings()->ibv.<field>. Declarations only: this file calls nothing. */
+#ifndef WEFT_IBV_SETTINGS_H
+#define WEFT_IBV_SETTINGS_H
+
+/* QPS_PER_PEER's upper bound is IBV_MAX_QPS (ibv.h); TIMEOUT and RETRY_CNT
+ * are the widths of the fields verbs has for them. */
+#define WEFT_IBV_SETTINGS(X)                                                                     \
+  X(IB_HCA, hca, STRING, "", 0, 0, WEFT_NO_WORDS,                                                \
+    "RDMA devices/ports for verbs: mlx5 (prefix), =mlx5_0 (exact), mlx5_0:1 (port), ^mlx5_1 (exclude)") \
+  X(IB_GID_INDEX, gid_index, INT_OR_AUTO, "auto", 0, 65535, WEFT_NO_WORDS,                       \
+    "RoCE GID index to use; auto: RoCE v2, IPv4-mapped first, as NCCL and perftest")             \
+  X(IB_QPS_PER_PEER, qps_per_peer, INT, "1", 1, 8, WEFT_NO_WORDS,                                \
+    "RC queue pairs per peer for verbs; chunks go round-robin over them")                        \
+  X(IB_ZCOPY_BYTES, zcopy_bytes, BYTES, "0", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,              \
+    "verbs chunks of at least this many bytes are sent from the user's buffer (registration cache); 0 = always copy (see README)") \
+  X(IB_TIMEOUT, timeout, INT, "18", 1, 31, WEFT_NO_WORDS,                                        \
+    "verbs ACK timeout exponent: 4.096 us * 2^N per try")                                        \
+  X(IB_RETRY_CNT, retry_cnt, INT, "7", 0, 7, WEFT_NO_WORDS,                                      \
+    "verbs transport retries before a work request fails")                                       \
+  X(IB_LIBRARY, library, STRING, "", 0, 0, WEFT_NO_WORDS,                                        \
+    "for tests: the verbs library to dlopen instead of libibverbs.so.1 (the in-tree emulator)")
+
+#endif
