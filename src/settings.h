@@ -16,6 +16,7 @@
   X(LOCAL_RANK, "", "rank among the ranks of this host")                                     \
   X(RENDEZVOUS, "", "host:port of the rendezvous (rank 0 listens); else MASTER_ADDR:MASTER_PORT") \
   X(AUTH_TOKEN, "", "job secret every connection must prove (HMAC); weftrun makes one; empty: the unique id, else none") \
+  X(JOB_ID, "", "job identity every rank of one job shares, so that a rank of another job at the same rendezvous is refused; weftrun sets one; empty: the launcher's (TORCHELASTIC_RUN_ID, OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE, SLURM_JOB_ID.SLURM_STEP_ID)") \
   X(SOCKET_IFNAME, "", "interfaces for data sockets: eth0 (prefix), =eth0 (exact), ^docker (exclude)") \
   X(SOCKET_FAMILY, "", "address family for data sockets: 4, 6, or empty for either")        \
   X(CHUNK_BYTES, "262144", "bytes per pipelined chunk (slot size) in ring and tree algorithms") \
