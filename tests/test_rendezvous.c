@@ -2,7 +2,7 @@
  * rendezvous leaves behind: a rank of another job is refused and the job
  * goes on with its own data, a second claimant of a rank fails every rank,
  * a missing rank is named by every rank (no cut-off answers, no crash at
- * exit), a failed init leaves no thread or fd, running out of fds is said
+ * exit), a rendezvous open to anyone is said once, a failed init leaves no thread or fd, running out of fds is said
  * as such, and the launcher environments give the job identity and IPv6
  * rendezvous addresses. Ranks are processes (harness.h) that record their
  * status and message for the parent to judge. */
@@ -175,6 +175,60 @@ static void missing_rank_is_named_by_every_rank(void **state) {
   }
 }
 
+/* ---- an open rendezvous is said once ------------------------------------- */
+
+typedef struct open_job {
+  int port[2];
+  const char *job_id; /* NULL: no launcher identity */
+} open_job;
+
+/* Two jobs in a row; the rank's log (WARN) goes to a file, and the rank
+ * records how often it said that its rendezvous is open to anyone. */
+static int joins_twice_and_counts_warnings(int rank, int size, const weft_unique_id *id, void *arg) {
+  (void)id;
+  const open_job *job = arg;
+  if (job->job_id) setenv("TORCHELASTIC_RUN_ID", job->job_id, 1);
+  unsetenv("WEFT_AUTH_TOKEN");
+  setenv("WEFT_DEBUG", "WARN", 1);
+  weft_settings_reload();
+  FILE *log = tmpfile();
+  if (!log || dup2(fileno(log), STDERR_FILENO) < 0) return 1;
+  weft_status st = WEFT_OK;
+  for (int i = 0; i < 2 && !st; i++) {
+    weft_comm *comm = NULL;
+    st = join_at(job->port[i], rank, size, 10, &comm);
+    if (!st) st = weft_barrier(comm);
+    weft_comm_destroy(comm);
+  }
+  harness_shm->status[rank] = st;
+  fflush(stderr);
+  rewind(log);
+  char line[1024];
+  uint64_t said = 0;
+  while (fgets(line, sizeof line, log))
+    if (strstr(line, "is open to any process that reaches that port")) said++;
+  harness_shm->word[rank] = said;
+  return 0;
+}
+
+static void open_rendezvous_is_said_once(void **state) {
+  (void)state;
+  static open_job job;
+  static const char *const ids[] = {NULL, "run-7"};
+  for (int with_id = 0; with_id < 2; with_id++) {
+    job.port[0] = free_port();
+    job.port[1] = free_port();
+    job.job_id = ids[with_id];
+    harness_init();
+    assert_int_equal(harness_run(2, NULL, 60, joins_twice_and_counts_warnings, &job), 0);
+    for (int r = 0; r < 2; r++) {
+      assert_int_equal(harness_shm->status[r], WEFT_OK);
+      /* once per process without an identity, never with one */
+      assert_int_equal(harness_shm->word[r], with_id ? 0 : 1);
+    }
+  }
+}
+
 /* ---- what a failed init leaves behind ------------------------------------- */
 
 static int count_entries(const char *dir) {
@@ -334,6 +388,7 @@ int main(void) {
       cmocka_unit_test(rank_of_another_job_is_refused),
       cmocka_unit_test(second_claimant_fails_every_rank),
       cmocka_unit_test(missing_rank_is_named_by_every_rank),
+      cmocka_unit_test(open_rendezvous_is_said_once),
       cmocka_unit_test(rendezvous_out_of_fds),
       cmocka_unit_test(job_identity_from_launchers),
       cmocka_unit_test(master_addr_ipv6_literals),
