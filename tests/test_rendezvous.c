@@ -2,7 +2,8 @@
  * rendezvous leaves behind: a rank of another job is refused and the job
  * goes on with its own data, a second claimant of a rank fails every rank,
  * a missing rank is named by every rank (no cut-off answers, no crash at
- * exit), a rendezvous open to anyone is said once, a failed init leaves no thread or fd, running out of fds is said
+ * exit), rank 0 failing before it takes part is heard by all, a rendezvous
+ * open to anyone is said once, a failed init leaves no thread or fd, running out of fds is said
  * as such, and the launcher environments give the job identity and IPv6
  * rendezvous addresses. Ranks are processes (harness.h) that record their
  * status and message for the parent to judge. */
@@ -172,6 +173,40 @@ static void missing_rank_is_named_by_every_rank(void **state) {
       assert_non_null(strstr(harness_shm->message[r], "rank 1 never reached the rendezvous"));
       assert_null(strstr(harness_shm->message[r], "WEFT_AUTH_TOKEN"));
     }
+  }
+}
+
+/* ---- rank 0 fails before it can take part ---------------------------------- */
+
+/* Rank 0 hosts the rendezvous but has a bad local setting: the others hear
+ * its sentence at once, not a timeout. */
+static int joins_with_bad_rank_0(int rank, int size, const weft_unique_id *id, void *arg) {
+  (void)id;
+  const int *port = arg;
+  if (rank == 0) {
+    setenv("WEFT_TRANSPORT", "carrier-pigeon", 1);
+    weft_settings_reload();
+  } else {
+    usleep(200000);
+  }
+  weft_comm *comm = NULL;
+  double t0 = harness_now();
+  weft_status st = join_at(*port, rank, size, 20, &comm);
+  record(rank, st, t0);
+  if (!st) weft_comm_destroy(comm);
+  return 0;
+}
+
+static void rank_0_failing_early_is_heard_by_all(void **state) {
+  (void)state;
+  static int port;
+  port = free_port();
+  harness_init();
+  assert_int_equal(harness_run(3, NULL, 60, joins_with_bad_rank_0, &port), 0);
+  for (int r = 0; r < 3; r++) {
+    assert_true(harness_shm->status[r] < 0);
+    assert_true(harness_shm->seconds[r] < 5);
+    assert_non_null(strstr(harness_shm->message[r], "carrier-pigeon"));
   }
 }
 
@@ -389,6 +424,7 @@ int main(void) {
       cmocka_unit_test(second_claimant_fails_every_rank),
       cmocka_unit_test(missing_rank_is_named_by_every_rank),
       cmocka_unit_test(open_rendezvous_is_said_once),
+      cmocka_unit_test(rank_0_failing_early_is_heard_by_all),
       cmocka_unit_test(rendezvous_out_of_fds),
       cmocka_unit_test(job_identity_from_launchers),
       cmocka_unit_test(master_addr_ipv6_literals),
