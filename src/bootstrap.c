@@ -464,7 +464,21 @@ static void server_poll_once(struct boot_server *s) {
       ssize_t got = recv(p->fd, p->buf + p->got, HELLO_AUTH_BYTES - p->got, 0);
       bool done = false;
       if (got > 0) {
+        size_t before = p->got;
         p->got += (size_t)got;
+        uint32_t magic;
+        uint16_t version;
+        if (before < 6 && p->got >= 6 && get16(get32(p->buf, &magic), &version) &&
+            magic == BOOT_MAGIC && version != BOOT_VERSION) {
+          /* another weft release: its hello has another length, so waiting
+           * for the rest would stall; unproven, so it cannot fail the job */
+          WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: dropped a rank speaking rendezvous protocol %u "
+                    "(this server speaks %u): are two weft releases mixed in one job?",
+                    version, BOOT_VERSION);
+          close(p->fd);
+          s->pend[i] = s->pend[--s->npend];
+          continue;
+        }
         if (p->got == HELLO_AUTH_BYTES) {
           server_take_hello(s, p);
           done = true;
@@ -539,6 +553,8 @@ static void registry_exit(void) {
   boot_server *list = registry;
   registry = NULL;
   pthread_mutex_unlock(&registry_lock);
+  /* all asked first, then joined: each sees the request within one poll */
+  for (boot_server *s = list; s; s = s->next) atomic_store(&s->request, SERVER_EXITING);
   while (list) {
     boot_server *next = list->next;
     server_join(list, SERVER_EXITING);
@@ -727,7 +743,8 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], const c
                         st == WEFT_ERR_TIMEOUT ? " (some rank did not arrive?)"
                         : st == WEFT_ERR_PEER_LOST
                             ? " (it hangs up on ranks that cannot prove the job's "
-                              "WEFT_AUTH_TOKEN, and when the process hosting it ends)"
+                              "WEFT_AUTH_TOKEN or run another weft release, and when the process "
+                              "hosting it ends)"
                             : "");
     free(answer);
     return boot_client_fail(fd, st == WEFT_ERR_TIMEOUT ? st : WEFT_ERR_BOOTSTRAP);
