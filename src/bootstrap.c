@@ -151,28 +151,28 @@ struct boot_server {
   int listen_fd;
   uint8_t nonce[BOOT_NONCE_BYTES];
   char job[BOOT_JOB_BYTES];
-  bool job_known;         /* false: learned from the first rank (a unique id's server) */
-  int size; /* 0 until learned */
+  bool job_known; /* false: learned from the first rank (a unique id's server) */
+  int size;       /* 0 until learned */
   double deadline;
   double listen_paused_until; /* out of fds with nothing to free: no accept before then */
   struct pending *pend;
   int npend, cap;
   weft_auth_key key;
-  int *rank_fd;           /* by rank, -1 until arrived */
+  int *rank_fd;                                         /* by rank, -1 until arrived */
   uint8_t (*rank_challenge)[WEFT_AUTH_CHALLENGE_BYTES]; /* each rank's, for our answer's proof */
-  boot_rank_info *infos;  /* by rank */
-  bool *told;             /* by rank: has had its answer (the table or why the job failed) */
+  boot_rank_info *infos;                                /* by rank */
+  bool *told; /* by rank: has had its answer (the table or why the job failed) */
   int arrived, ntold;
-  weft_status failure;    /* set once the job is known bad */
+  weft_status failure; /* set once the job is known bad */
   char why[BOOT_MSG_BYTES];
   /* lifetime: the thread is joined by the owner (boot_server_finish) or at exit */
   pthread_t thread;
-  pid_t pid;              /* the process whose thread serves (a forked child has none) */
-  atomic_int request;     /* SERVER_*, from the owner */
-  atomic_bool ended;      /* the thread has returned (a registered server may be reaped) */
+  pid_t pid;                      /* the process whose thread serves (a forked child has none) */
+  atomic_int request;             /* SERVER_*, from the owner */
+  atomic_bool ended;              /* the thread has returned (a registered server may be reaped) */
   char owner_why[BOOT_MSG_BYTES]; /* written before request is set */
   int owner_rank;                 /* likewise */
-  struct boot_server *next; /* in the registry */
+  struct boot_server *next;       /* in the registry */
 };
 
 static bool server_rank_arrays(struct boot_server *s, int size) {
@@ -223,7 +223,8 @@ static void server_refuse(int fd, const struct boot_server *s,
                           const uint8_t challenge[WEFT_AUTH_CHALLENGE_BYTES], const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void server_refuse(int fd, const struct boot_server *s,
-                          const uint8_t challenge[WEFT_AUTH_CHALLENGE_BYTES], const char *fmt, ...) {
+                          const uint8_t challenge[WEFT_AUTH_CHALLENGE_BYTES], const char *fmt,
+                          ...) {
   char why[BOOT_MSG_BYTES];
   va_list ap;
   va_start(ap, fmt);
@@ -251,7 +252,9 @@ static void server_fail(struct boot_server *s, weft_status st, const char *fmt, 
     }
 }
 
-static const char *job_or_none(const char *job) { return *job ? job : "(none)"; }
+static const char *job_or_none(const char *job) {
+  return *job ? job : "(none)";
+}
 
 /* A complete hello arrived on p: validate and file it. */
 static void server_take_hello(struct boot_server *s, struct pending *p) {
@@ -262,7 +265,8 @@ static void server_take_hello(struct boot_server *s, struct pending *p) {
   weft_auth_thread_done();
   if (!proven) {
     /* a stranger, or a rank with another WEFT_AUTH_TOKEN: not one of ours */
-    WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: rejected a connection that did not prove the job's "
+    WEFT_WARN(WEFT_SUBSYS_BOOT,
+              "rendezvous: rejected a connection that did not prove the job's "
               "token (a foreign client, or WEFT_AUTH_TOKEN differs)");
     close(p->fd);
     return;
@@ -286,8 +290,8 @@ static void server_take_hello(struct boot_server *s, struct pending *p) {
      * rank it claims; it never becomes a member, and our job goes on. */
     WEFT_WARN(WEFT_SUBSYS_BOOT,
               "rendezvous: refused pid %u on %s, which claims rank %u of job %s: this rendezvous "
-              "serves job %s", hello.info.pid, hello.info.host, rank, job_or_none(hello.job),
-              job_or_none(s->job));
+              "serves job %s",
+              hello.info.pid, hello.info.host, rank, job_or_none(hello.job), job_or_none(s->job));
     server_refuse(p->fd, s, client_challenge,
                   "this rank is of job %.60s, the rendezvous there serves job %.60s: refused "
                   "(another job on the same address and port? ranks of one job share WEFT_JOB_ID)",
@@ -296,7 +300,8 @@ static void server_take_hello(struct boot_server *s, struct pending *p) {
   }
   if (s->failure) {
     /* learn the size even now: the server ends once every rank was told */
-    if (!s->size && size >= 1 && size <= (1u << 20) && !server_rank_arrays(s, (int)size)) s->size = 0;
+    if (!s->size && size >= 1 && size <= (1u << 20) && !server_rank_arrays(s, (int)size))
+      s->size = 0;
     server_reply_error(p->fd, s, rank, client_challenge);
     close(p->fd);
     return;
@@ -324,8 +329,9 @@ static void server_take_hello(struct boot_server *s, struct pending *p) {
     }
   }
   if ((int)size != s->size) {
-    server_fail(s, WEFT_ERR_MISMATCH, "rank %u says the world size is %u, but an earlier rank said %d",
-                rank, size, s->size);
+    server_fail(s, WEFT_ERR_MISMATCH,
+                "rank %u says the world size is %u, but an earlier rank said %d", rank, size,
+                s->size);
   } else if (rank >= size) {
     server_fail(s, WEFT_ERR_INVALID, "a process claims rank %u, but the world size is %u", rank,
                 size);
@@ -451,7 +457,8 @@ static void server_poll_once(struct boot_server *s) {
   double now = weft_now();
   bool listening = now >= s->listen_paused_until;
   fds[0] = (struct pollfd){.fd = listening ? s->listen_fd : -1, .events = POLLIN};
-  for (int i = 0; i < s->npend; i++) fds[i + 1] = (struct pollfd){.fd = s->pend[i].fd, .events = POLLIN};
+  for (int i = 0; i < s->npend; i++)
+    fds[i + 1] = (struct pollfd){.fd = s->pend[i].fd, .events = POLLIN};
   double left = s->deadline - now;
   if (!listening && s->listen_paused_until - now < left) left = s->listen_paused_until - now;
   /* at most 200 ms, so that the owner's request is seen soon */
@@ -472,7 +479,8 @@ static void server_poll_once(struct boot_server *s) {
             magic == BOOT_MAGIC && version != BOOT_VERSION) {
           /* another weft release: its hello has another length, so waiting
            * for the rest would stall; unproven, so it cannot fail the job */
-          WEFT_WARN(WEFT_SUBSYS_BOOT, "rendezvous: dropped a rank speaking rendezvous protocol %u "
+          WEFT_WARN(WEFT_SUBSYS_BOOT,
+                    "rendezvous: dropped a rank speaking rendezvous protocol %u "
                     "(this server speaks %u): are two weft releases mixed in one job?",
                     version, BOOT_VERSION);
           close(p->fd);
@@ -688,12 +696,13 @@ static void warn_open_rendezvous(int fd) {
   WEFT_WARN(WEFT_SUBSYS_BOOT,
             "the rendezvous at %s is open to any process that reaches that port: no launcher job "
             "id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID, OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE) and "
-            "no WEFT_AUTH_TOKEN; set WEFT_JOB_ID or WEFT_AUTH_TOKEN to keep jobs apart", where);
+            "no WEFT_AUTH_TOKEN; set WEFT_JOB_ID or WEFT_AUTH_TOKEN to keep jobs apart",
+            where);
 }
 
-weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], const char *job,
-                          int rank, int size, const boot_rank_info *mine, double deadline,
-                          uint64_t *comm_id, boot_rank_info *all, weft_error_sink *err) {
+weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], const char *job, int rank,
+                          int size, const boot_rank_info *mine, double deadline, uint64_t *comm_id,
+                          boot_rank_info *all, weft_error_sink *err) {
   weft_auth_key key;
   weft_auth_key_for_job(nonce, BOOT_NONCE_BYTES, &key);
   if (!job) job = "";
@@ -759,10 +768,12 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], const c
   }
   size_t body = REPLY_BYTES + (ok ? table_len : 0);
   if (weft_answer)
-    st = net_recv_all(fd, answer + REPLY_BYTES, body - REPLY_BYTES + WEFT_AUTH_MAC_BYTES, answer_deadline, err);
+    st = net_recv_all(fd, answer + REPLY_BYTES, body - REPLY_BYTES + WEFT_AUTH_MAC_BYTES,
+                      answer_deadline, err);
   if (!weft_answer || st ||
       !weft_auth_verify(&key, boot_reply_context, my_challenge, answer, body, answer + body)) {
-    weft_error_sink_set(err, "the rendezvous answer did not prove the job's token (not weft, another "
+    weft_error_sink_set(err,
+                        "the rendezvous answer did not prove the job's token (not weft, another "
                         "job, or WEFT_AUTH_TOKEN differs from rank 0's)");
     free(answer);
     return boot_client_fail(fd, WEFT_ERR_BOOTSTRAP);
@@ -771,7 +782,8 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], const c
     weft_error_sink_set(err, "rendezvous refused the job: %s", reply.msg);
     free(answer);
     int32_t s32 = reply.status;
-    return boot_client_fail(fd, s32 < 0 && s32 >= WEFT_ERR_INTERNAL ? (weft_status)s32 : WEFT_ERR_BOOTSTRAP);
+    return boot_client_fail(
+        fd, s32 < 0 && s32 >= WEFT_ERR_INTERNAL ? (weft_status)s32 : WEFT_ERR_BOOTSTRAP);
   }
   *comm_id = reply.comm_id;
   boot_table_parse(answer + REPLY_BYTES, table_len, size, all);

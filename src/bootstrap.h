@@ -34,7 +34,7 @@ typedef struct boot_rank_info {
  * strings come out NUL-terminated and addr_len at most BOOT_ADDR_BYTES. */
 
 #define BOOT_MAGIC 0x57454642u /* "WEFB" */
-#define BOOT_VERSION 5 /* 5: the hello carries the job identity */
+#define BOOT_VERSION 5         /* 5: the hello carries the job identity */
 #define BOOT_MSG_BYTES 256
 #define BOOT_INFO_BYTES (4 + 4 + BOOT_HOST_BYTES + 2 + BOOT_ADDR_BYTES)
 #define BOOT_HELLO_BYTES \
@@ -111,8 +111,8 @@ weft_status boot_connect(const struct sockaddr_storage *server, socklen_t len, d
                          weft_error_sink *err);
 /* Client, step 2: send `mine`, receive the job's comm id and all `size`
  * ranks' infos (indexed by rank). Closes fd. */
-weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], const char *job,
-                          int rank, int size, const boot_rank_info *mine, double deadline, uint64_t *comm_id,
+weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], const char *job, int rank,
+                          int size, const boot_rank_info *mine, double deadline, uint64_t *comm_id,
                           boot_rank_info *all, weft_error_sink *err);
 
 /* A string naming this host, the same for every process on it:

@@ -28,15 +28,17 @@ static void record(int rank, weft_status st, double t0) {
   harness_shm->word[rank] = (uint64_t)getpid();
   snprintf(harness_shm->message[rank], sizeof harness_shm->message[rank], "%s",
            weft_last_error(NULL));
-  if (st) fprintf(stderr, "  process %d -> %s after %.2f s: %s\n", rank, weft_status_name(st),
-                  harness_shm->seconds[rank], weft_last_error(NULL));
+  if (st)
+    fprintf(stderr, "  process %d -> %s after %.2f s: %s\n", rank, weft_status_name(st),
+            harness_shm->seconds[rank], weft_last_error(NULL));
 }
 
 static int free_port(void) {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t len = sizeof a;
-  if (bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &len)) abort();
+  if (bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &len))
+    abort();
   close(s);
   return ntohs(a.sin_port);
 }
@@ -219,7 +221,8 @@ typedef struct open_job {
 
 /* Two jobs in a row; the rank's log (WARN) goes to a file, and the rank
  * records how often it said that its rendezvous is open to anyone. */
-static int joins_twice_and_counts_warnings(int rank, int size, const weft_unique_id *id, void *arg) {
+static int joins_twice_and_counts_warnings(int rank, int size, const weft_unique_id *id,
+                                           void *arg) {
   (void)id;
   const open_job *job = arg;
   if (job->job_id) setenv("TORCHELASTIC_RUN_ID", job->job_id, 1);
@@ -350,9 +353,9 @@ static void rendezvous_out_of_fds(void **state) {
 /* ---- the launchers' environment ------------------------------------------- */
 
 static const char *const launcher_vars[] = {
-    "WEFT_RANK", "WEFT_SIZE", "WEFT_RENDEZVOUS", "WEFT_JOB_ID", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID",
-    "SLURM_STEP_ID", NULL};
+    "WEFT_RANK",      "WEFT_SIZE",    "WEFT_RENDEZVOUS",     "WEFT_JOB_ID",
+    "MASTER_ADDR",    "MASTER_PORT",  "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid",
+    "PMIX_NAMESPACE", "SLURM_JOB_ID", "SLURM_STEP_ID",       NULL};
 
 static void clear_env(void) {
   for (int i = 0; launcher_vars[i]; i++) unsetenv(launcher_vars[i]);
@@ -391,8 +394,10 @@ static void job_identity_from_launchers(void **state) {
 static void master_addr_ipv6_literals(void **state) {
   (void)state;
   static const char *const cases[][2] = {
-      {"[::1]", "[::1]:29501"},         {"::1", "[::1]:29501"},
-      {"fe80::1%eth0", "[fe80::1%eth0]:29501"}, {"10.0.0.7", "10.0.0.7:29501"},
+      {"[::1]", "[::1]:29501"},
+      {"::1", "[::1]:29501"},
+      {"fe80::1%eth0", "[fe80::1%eth0]:29501"},
+      {"10.0.0.7", "10.0.0.7:29501"},
       {"node-3", "node-3:29501"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
