@@ -1,8 +1,9 @@
 /* bootstrap.h - the rendezvous: every rank dials one server (on rank 0's
  * address, or in the process that made a unique id), sends what peers need to
  * reach it, and gets everybody's back. The server validates the job (one
- * world size, every rank once, the same job nonce) and answers every rank
- * with the table or with one sentence saying what went wrong. */
+ * world size, every rank once, the same job nonce and launcher job identity)
+ * and answers every rank with the table or with one sentence saying what
+ * went wrong; a rank of another job is refused and never becomes a member. */
 #ifndef WEFT_BOOTSTRAP_H
 #define WEFT_BOOTSTRAP_H
 
@@ -109,8 +110,10 @@ void boot_server_finish(boot_server *s, int owner_rank, const char *why);
 weft_status boot_connect(const struct sockaddr_storage *server, socklen_t len, double deadline,
                          int *fd, struct sockaddr_storage *local, socklen_t *local_len,
                          weft_error_sink *err);
-/* Client, step 2: send `mine`, receive the job's comm id and all `size`
- * ranks' infos (indexed by rank). Closes fd. */
+/* Client, step 2: send `mine` and the job identity `job` (weft_env_job_id,
+ * "" for none), receive the job's comm id and all `size` ranks' infos
+ * (indexed by rank). Closes fd. Warns once per process when neither a job
+ * identity nor a secret keeps other jobs out. */
 weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], const char *job, int rank,
                           int size, const boot_rank_info *mine, double deadline, uint64_t *comm_id,
                           boot_rank_info *all, weft_error_sink *err);
