@@ -173,7 +173,9 @@ static void print_usage(FILE *to)
             "If a rank fails, the others are stopped and weftrun exits with its status\n"
             "(128+N for signal N). WEFT_RENDEZVOUS, if set, is kept; otherwise a free\n"
             "port on 127.0.0.1 is chosen. WEFT_AUTH_TOKEN, if set, is kept; otherwise a\n"
-            "random job secret is made, which every connection of the job must prove.\n",
+            "random job secret is made, which every connection of the job must prove.\n"
+            "WEFT_JOB_ID, if set, is kept; otherwise one is made, and the rendezvous\n"
+            "refuses ranks of any other job.\n",
             RANKS_MAX);
 }
 
@@ -369,6 +371,23 @@ static int split_preset_rendezvous(struct job *job, const char *preset)
     return job->master_addr ? 0 : -1;
 }
 
+static int random_hex(char *hex, size_t raw_len);
+
+/* A job identity for the ranks (WEFT_JOB_ID), unless the user set one: the
+ * rendezvous refuses a rank of another job even when two jobs share one
+ * WEFT_AUTH_TOKEN and one port. */
+static int choose_job_id(void)
+{
+    const char *preset = getenv("WEFT_JOB_ID");
+    if (preset && preset[0] != '\0')
+        return 0;
+    char hex[2 * 8 + 1], id[64];
+    if (random_hex(hex, 8) != 0)
+        return -1;
+    snprintf(id, sizeof id, "weftrun-%ld-%s", (long)getpid(), hex);
+    return setenv("WEFT_JOB_ID", id, 1);
+}
+
 /* A job secret for the ranks (WEFT_AUTH_TOKEN), unless the user set one:
  * every connection of the job must prove it, so strangers cannot join. */
 static int choose_auth_token(void)
@@ -376,7 +395,18 @@ static int choose_auth_token(void)
     const char *preset = getenv("WEFT_AUTH_TOKEN");
     if (preset && preset[0] != '\0')
         return 0;
-    unsigned char raw[16];
+    char hex[2 * 16 + 1];
+    if (random_hex(hex, 16) != 0)
+        return -1;
+    return setenv("WEFT_AUTH_TOKEN", hex, 1);
+}
+
+/* `raw_len` random bytes as hex into `hex` (2 * raw_len + 1 bytes). */
+static int random_hex(char *hex, size_t raw_len)
+{
+    unsigned char raw[32];
+    if (raw_len > sizeof raw)
+        return -1;
     size_t got = 0;
     while (got < sizeof raw) {
         ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
@@ -385,10 +415,9 @@ static int choose_auth_token(void)
         if (n > 0)
             got += (size_t)n;
     }
-    char hex[2 * sizeof raw + 1];
-    for (size_t i = 0; i < sizeof raw; i++)
+    for (size_t i = 0; i < raw_len; i++)
         snprintf(hex + 2 * i, 3, "%02x", raw[i]);
-    return setenv("WEFT_AUTH_TOKEN", hex, 1);
+    return 0;
 }
 
 static int choose_rendezvous(struct job *job)
@@ -808,6 +837,10 @@ static int prepare_job(struct job *job)
     }
     if (choose_auth_token() != 0) {
         say("weftrun: cannot make a job token: %s\n", strerror(errno));
+        return -1;
+    }
+    if (choose_job_id() != 0) {
+        say("weftrun: cannot make a job id: %s\n", strerror(errno));
         return -1;
     }
     return 0;

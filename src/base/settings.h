@@ -79,6 +79,8 @@
     "host:port of the rendezvous (rank 0 listens); else MASTER_ADDR:MASTER_PORT")                \
   X(AUTH_TOKEN, auth_token, STRING, "", 0, 0, WEFT_NO_WORDS,                                     \
     "job secret every connection must prove (HMAC); weftrun makes one; empty: the unique id, else none") \
+  X(JOB_ID, job_id, STRING, "", 0, 0, WEFT_NO_WORDS,                                             \
+    "job identity every rank of one job shares, so that a rank of another job at the same rendezvous is refused; weftrun sets one; empty: the launcher's (TORCHELASTIC_RUN_ID, OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE, SLURM_JOB_ID.SLURM_STEP_ID)") \
   X(CHUNK_BYTES, chunk_bytes, BYTES, "262144", 4096, 64 << 20, WEFT_NO_WORDS,                    \
     "bytes per pipelined chunk (slot size) in ring and tree algorithms")                         \
   X(SPIN_US, spin_us, INT_OR_AUTO, "auto", 0, 1000000, WEFT_NO_WORDS,                            \

@@ -172,8 +172,9 @@ static double timeout_or_setting(double timeout_s) {
   return weft_settings()->timeout_s;
 }
 
-/* A refused WEFT_* value fails creation here, before this rank listens or
- * dials: a bad local setting is said at once, not after the rendezvous. */
+/* A refused WEFT_* value fails creation before this rank dials; a rank that
+ * hosts the rendezvous passes the sentence on to every rank that arrives, so
+ * nobody waits for the timeout to learn of a bad setting on rank 0. */
 static weft_status settings_usable(int rank, const char *call) {
   char why[400];
   weft_status st = weft_settings_check(why, sizeof why);
@@ -569,11 +570,18 @@ static weft_status comm_publish(weft_comm *comm, const char *call) {
  * addresses (both lanes), learn every peer's, choose a transport per peer. */
 static weft_status comm_create(int rank, int size, int local_rank,
                                const struct sockaddr_storage *server, socklen_t server_len,
-                               const uint8_t nonce[BOOT_NONCE_BYTES], double timeout_s,
-                               const char *call, weft_comm **out) {
+                               const uint8_t nonce[BOOT_NONCE_BYTES], boot_server *srv,
+                               double timeout_s, const char *call, weft_comm **out) {
   weft_comm *comm = comm_alloc(rank, size, local_rank, timeout_s);
-  if (!comm) return weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
-  weft_status st = WEFT_OK;
+  if (!comm) {
+    weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
+    boot_server_finish(srv, rank, weft_last_error(NULL)); /* the server this rank hosts tells the rest */
+    return WEFT_ERR_NOMEM;
+  }
+  weft_status st = settings_usable(rank, call);
+  if (st) goto fail;
+  char job[BOOT_JOB_BYTES];
+  weft_env_job_id(job, sizeof job);
   weft_log_set_rank(rank);
   weft_place_here(topo_here(), &comm->place);
   weft_auth_key_for_job(nonce, BOOT_NONCE_BYTES, &comm->auth_key);
@@ -603,7 +611,11 @@ static weft_status comm_create(int rank, int size, int local_rank,
       goto fail;
     }
     uint64_t id;
-    st = boot_exchange(fd, nonce, rank, size, &mine, deadline, &id, all, &comm->sink);
+    st = boot_exchange(fd, nonce, job, rank, size, &mine, deadline, &id, all, &comm->sink);
+    /* through the rendezvous, either way: the server this rank hosts ends
+     * once every rank has its answer (no thread or fd outlives the init) */
+    boot_server_finish(srv, rank, NULL);
+    srv = NULL;
     if (st)
       weft_init_error(st, rank, call, "%s", comm->sink.msg);
     else
@@ -622,6 +634,7 @@ static weft_status comm_create(int rank, int size, int local_rank,
   *out = comm;
   return WEFT_OK;
 fail:
+  boot_server_finish(srv, rank, weft_last_error(NULL)); /* failed before the rendezvous: tell the rest */
   comm_free(comm);
   return st;
 }
@@ -755,13 +768,15 @@ static weft_status resolve_rendezvous(const char *text, int rank, const char *ca
 
 /* Rank 0 of an address-based job hosts the rendezvous server. */
 static weft_status host_rendezvous(const struct sockaddr_storage *addr, socklen_t len, int size,
-                                   double timeout_s, const char *call) {
+                                   double timeout_s, const char *call, boot_server **srv) {
   static const uint8_t zero_nonce[BOOT_NONCE_BYTES];
   struct sockaddr_storage bound;
   socklen_t bound_len;
   weft_error_sink err;
-  weft_status st =
-      boot_server_start(addr, len, zero_nonce, size, timeout_s, &bound, &bound_len, &err);
+  char job[BOOT_JOB_BYTES];
+  weft_env_job_id(job, sizeof job);
+  weft_status st = boot_server_start(addr, len, zero_nonce, size, job, timeout_s, &bound,
+                                     &bound_len, srv, &err);
   if (st == WEFT_ERR_SYSTEM && !net_addr_is_loopback((const struct sockaddr *)addr)) {
     /* the name resolved to an address that is not ours (NAT, alias): listen on all */
     struct sockaddr_storage any = {0};
@@ -769,7 +784,8 @@ static weft_status host_rendezvous(const struct sockaddr_storage *addr, socklen_
     net_addr_set_port(&any, net_addr_port((const struct sockaddr *)addr));
     socklen_t any_len =
         addr->ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
-    st = boot_server_start(&any, any_len, zero_nonce, size, timeout_s, &bound, &bound_len, &err);
+    st = boot_server_start(&any, any_len, zero_nonce, size, job, timeout_s, &bound, &bound_len,
+                           srv, &err);
   }
   if (st)
     return weft_init_error(
@@ -782,15 +798,15 @@ static weft_status init_from_address(int rank, int size, int local_rank, const c
   static const uint8_t zero_nonce[BOOT_NONCE_BYTES];
   struct sockaddr_storage addr = {0};
   socklen_t len = 0;
-  WEFT_CHECK(settings_usable(rank, call));
+  boot_server *srv = NULL; /* rank 0's, owned by its comm_create (which checks the settings) */
   if (size > 1) {
     if (!rendezvous || !*rendezvous)
       return weft_init_error(WEFT_ERR_INVALID, rank, call,
                              "a job of %d ranks needs a rendezvous address (host:port)", size);
     WEFT_CHECK(resolve_rendezvous(rendezvous, rank, call, &addr, &len));
-    if (rank == 0) WEFT_CHECK(host_rendezvous(&addr, len, size, timeout_s, call));
+    if (rank == 0) WEFT_CHECK(host_rendezvous(&addr, len, size, timeout_s, call, &srv));
   }
-  return comm_create(rank, size, local_rank, &addr, len, zero_nonce, timeout_s, call, comm);
+  return comm_create(rank, size, local_rank, &addr, len, zero_nonce, srv, timeout_s, call, comm);
 }
 
 WEFT_API weft_status weft_comm_init_env(weft_comm **comm) {
@@ -843,9 +859,11 @@ WEFT_API weft_status weft_get_unique_id(weft_unique_id *id) {
   uint8_t nonce[BOOT_NONCE_BYTES];
   if (getrandom(nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
     return weft_init_error(WEFT_ERR_SYSTEM, -1, call, "getrandom failed");
-  st = boot_server_start(&local, local_len, nonce, 0, timeout_or_setting(0), &bound, &bound_len,
-                         &err);
+  boot_server *srv;
+  st = boot_server_start(&local, local_len, nonce, 0, NULL, timeout_or_setting(0), &bound,
+                         &bound_len, &srv, &err);
   if (st) return weft_init_error(st, -1, call, "%s", err.msg);
+  boot_server_register(srv); /* a rank of this process adopts it, else it is joined at exit */
   uint8_t *p = (uint8_t *)id->bytes;
   uint32_t magic = htonl(UID_MAGIC);
   memcpy(p, &magic, 4);
@@ -871,8 +889,9 @@ WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id 
   if (ntohl(magic) != UID_MAGIC || !net_addr_unpack(p + 4, &addr, &len))
     return weft_init_error(WEFT_ERR_INVALID, rank, call,
                            "the id was not made by weft_get_unique_id (or was damaged in transit)");
-  WEFT_CHECK(settings_usable(rank, call));
-  return comm_create(rank, size, -1, &addr, len, p + 24, timeout_or_setting(0), call, comm);
+  /* the id's server, when this process made it: this rank owns it (one rank has no rendezvous) */
+  boot_server *srv = size > 1 ? boot_server_adopt(p + 24) : NULL;
+  return comm_create(rank, size, -1, &addr, len, p + 24, srv, timeout_or_setting(0), call, comm);
 }
 
 /* ---- queries, destroy, abort --------------------------------------------------- */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/comm/bootstrap.h"
 #include "src/comm/comm.h"
 #include "src/base/settings.h"
 
@@ -92,7 +93,15 @@ weft_status weft_env_read(weft_env_job *job, char *why, size_t why_len) {
       snprintf(why, why_len, "MASTER_PORT=\"%s\" is not a port", mp);
       return WEFT_ERR_INVALID;
     }
-    bool v6 = strchr(ma, ':') != NULL;
+    /* an IPv6 literal, bare (::1) or already bracketed as in a URL ([::1]) */
+    size_t n = strlen(ma);
+    bool bracketed = ma[0] == '[' && n > 2 && ma[n - 1] == ']' && !strchr(ma + 1, '[') &&
+                     strchr(ma, ']') == ma + n - 1;
+    bool v6 = !bracketed && strchr(ma, ':') != NULL;
+    if (ma[0] == '[' && !bracketed) {
+      snprintf(why, why_len, "MASTER_ADDR=\"%s\" is not an address ([ without a closing ])", ma);
+      return WEFT_ERR_INVALID;
+    }
     snprintf(job->rendezvous, sizeof job->rendezvous, "%s%s%s:%d", v6 ? "[" : "", ma,
              v6 ? "]" : "", port);
   } else if (job->size > 1) {
@@ -117,4 +126,30 @@ weft_status weft_env_read(weft_env_job *job, char *why, size_t why_len) {
     snprintf(job->rendezvous, sizeof job->rendezvous, "127.0.0.1:%d", port_from_job(job_key));
   }
   return WEFT_OK;
+}
+
+void weft_env_job_id(char *out, size_t len) {
+  /* innermost launcher first: weftrun or torchrun started inside a Slurm
+   * allocation or under mpirun name the job the ranks belong to */
+  static const char *const names[] = {"TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid",
+                                      "PMIX_NAMESPACE"};
+  const char *own = weft_setting_str(WEFT_SETTING_JOB_ID);
+  if (*own) {
+    snprintf(out, len, "WEFT_JOB_ID=%s", own);
+    return;
+  }
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    const char *v = getenv(names[i]);
+    /* torchrun without --rdzv-id (and not --standalone) says "none" on every job */
+    if (v && *v && strcmp(v, "none") != 0) {
+      snprintf(out, len, "%s=%s", names[i], v);
+      return;
+    }
+  }
+  const char *slurm_job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+  if (slurm_job && *slurm_job) {
+    snprintf(out, len, "SLURM_JOB_ID=%s.%s", slurm_job, step && *step ? step : "");
+    return;
+  }
+  if (len) out[0] = 0;
 }

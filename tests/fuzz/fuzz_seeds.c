@@ -177,7 +177,10 @@ static void rendezvous_seeds(void) {
   lo4->sin_family = AF_INET;
   lo4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   weft_error_sink err;
-  if (boot_server_start(&lo, sizeof *lo4, nonce, 3, 10, &bound, &bound_len, &err)) exit(1);
+  boot_server *srv;
+  if (boot_server_start(&lo, sizeof *lo4, nonce, 3, NULL, 10, &bound, &bound_len, &srv, &err))
+    exit(1);
+  boot_server_register(srv); /* stopped and joined at exit */
   weft_unique_id bad = {{0}};
   uint32_t magic = htonl(0x57464944u);
   memcpy(bad.bytes, &magic, 4);
