@@ -63,7 +63,7 @@ static void *host_alloc(size_t bytes) {
 static void host_release(void *ptr) { free(ptr); }
 
 const weft_mem_ops weft_mem_host = {
-    .kind = WEFT_MEM_HOST,
+    .kind = WEFT_MEMORY_HOST,
     .name = "host",
     .copy = host_copy,
     .reduce = weft_reduce_kernel,
@@ -78,6 +78,7 @@ const weft_mem_ops *weft_mem_for(const void *ptr) {
   return &weft_mem_host;
 }
 
-const weft_mem_ops *weft_mem_by_kind(weft_mem_kind kind) {
-  return kind == WEFT_MEM_HOST ? &weft_mem_host : NULL;
+/* Shared memory is host memory to the processor: the same table. */
+const weft_mem_ops *weft_mem_by_kind(weft_memory kind) {
+  return kind == WEFT_MEMORY_HOST || kind == WEFT_MEMORY_SHARED ? &weft_mem_host : NULL;
 }
