@@ -131,6 +131,9 @@ typedef struct weft_transport_init_args {
   const struct weft_auth_key *auth; /* the job key network connections must prove (auth.h) */
   int local_size;            /* ranks on this host; known after the rendezvous, before
                                 the first can_reach */
+  const struct weft_mem_ops *slot_mem; /* the table whose alloc_slots gives the receive
+                                slots and bounce buffers (mem.h; a CUDA build: pinned
+                                host memory); NULL: the host table */
 } weft_transport_init_args;
 
 typedef struct weft_transport {

@@ -134,6 +134,7 @@ struct ibv_conn {
 
 struct ibv_ctx {
   const weft_transport_init_args *args;
+  const struct weft_mem_ops *slot_mem; /* where slot rings come from (init args) */
   const ibv_api *api;
   struct ibv_context *dev;
   struct ibv_pd *pd;

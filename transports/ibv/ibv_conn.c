@@ -60,15 +60,16 @@ weft_status ibv_conn_fail(ibv_conn *c, weft_status st, const char *fmt, ...) {
 static void *ibv_alloc_pages(size_t bytes) {
   void *p = NULL;
   size_t rounded = (bytes + 4095) & ~(size_t)4095;
-  /* not cleared: untouched pages cost nothing until a chunk lands there */
   return posix_memalign(&p, 4096, rounded) ? NULL : p;
 }
 
 static weft_status ibv_conn_register(ibv_conn *c) {
   ibv_ctx *ctx = c->ctx;
   size_t ring = (size_t)ctx->nslots * ctx->stride;
-  c->rx_buf = ibv_alloc_pages(ring);
-  c->tx_buf = ibv_alloc_pages(ring);
+  /* the slot rings through the memory table: a CUDA build's are pinned, so
+   * device copies out of them run asynchronously (mem.h) */
+  c->rx_buf = ctx->slot_mem->alloc_slots(ring);
+  c->tx_buf = ctx->slot_mem->alloc_slots(ring);
   c->ctrl = ibv_alloc_pages(sizeof *c->ctrl);
   if (!c->rx_buf || !c->tx_buf || !c->ctrl) return WEFT_ERR_NOMEM;
   memset(c->ctrl, 0, sizeof *c->ctrl);
@@ -159,8 +160,9 @@ void ibv_conn_destroy(ibv_conn *c) {
   if (c->rx_mr) api->dereg_mr(c->rx_mr);
   if (c->tx_mr) api->dereg_mr(c->tx_mr);
   if (c->ctrl_mr) api->dereg_mr(c->ctrl_mr);
-  free(c->rx_buf);
-  free(c->tx_buf);
+  size_t ring = (size_t)c->ctx->nslots * c->ctx->stride;
+  if (c->rx_buf) c->ctx->slot_mem->free_slots(c->rx_buf, ring);
+  if (c->tx_buf) c->ctx->slot_mem->free_slots(c->tx_buf, ring);
   free(c->ctrl);
   if (c->fd >= 0) close(c->fd);
   free(c);

@@ -18,6 +18,7 @@
 #include "src/base/log.h"
 #include "src/base/settings.h"
 #include "src/base/status.h"
+#include "src/mem/mem.h"
 #include "src/topo/topo.h"
 
 #define IBV_ADDR_MAGIC 0x57454942u /* "WEIB" */
@@ -332,6 +333,7 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_tp_ctx **
   ibv_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return WEFT_ERR_NOMEM;
   ctx->args = args;
+  ctx->slot_mem = args->slot_mem ? args->slot_mem : &weft_mem_host;
   ctx->api = api;
   ctx->listen_fd = -1;
   long long qps = weft_setting_ll(WEFT_SETTING_IB_QPS_PER_PEER, 1);

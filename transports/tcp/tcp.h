@@ -88,12 +88,13 @@ struct tcp_conn {
   size_t rhdr_got;
   size_t rpay_got;    /* payload bytes received into the target */
   bool rframe_done;   /* header and payload complete, not yet released */
-  char *slot;         /* receive slot for recv_peek, chunk_bytes long */
+  char *slot;         /* receive slot for recv_peek, chunk_bytes long (ctx->slot_mem) */
   bool want_recv;     /* a data call said AGAIN waiting for input */
 };
 
 struct tcp_ctx {
   const weft_transport_init_args *args; /* owned by the core, outlives ctx */
+  const struct weft_mem_ops *slot_mem;  /* where receive slots come from (init args) */
   int listen_fd;
   struct sockaddr_storage addr;
   socklen_t addr_len;

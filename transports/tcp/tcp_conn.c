@@ -18,6 +18,7 @@
 #include "src/base/net.h"
 #include "src/base/settings.h"
 #include "src/base/status.h"
+#include "src/mem/mem.h"
 #include "tcp.h"
 
 /* The dialer's first bytes: who it is, for which communicator, and an
@@ -107,7 +108,7 @@ weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out)
 void tcp_conn_destroy(tcp_conn *c) {
   if (c->fd >= 0) close(c->fd);
   free(c->sq);
-  free(c->slot);
+  if (c->slot) c->ctx->slot_mem->free_slots(c->slot, c->ctx->args->chunk_bytes);
   free(c);
 }
 
@@ -383,8 +384,8 @@ static weft_status tcp_recv_frame(tcp_conn *c, uint32_t seq, size_t bytes, char 
 weft_status tcp_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data) {
   tcp_conn *c = tcp_conn_of(conn);
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
-  if (!c->slot) {
-    c->slot = malloc(c->ctx->args->chunk_bytes ? c->ctx->args->chunk_bytes : 1);
+  if (!c->slot) { /* once per connection, on its first peek */
+    c->slot = c->ctx->slot_mem->alloc_slots(c->ctx->args->chunk_bytes);
     if (!c->slot) return WEFT_ERR_NOMEM;
   }
   if (!c->rframe_done) {

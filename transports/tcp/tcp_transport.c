@@ -16,6 +16,7 @@
 #include "src/base/net.h"
 #include "src/base/settings.h"
 #include "src/base/status.h"
+#include "src/mem/mem.h"
 #include "tcp.h"
 
 /* The published address is the listener's, packed (net.h). */
@@ -61,6 +62,7 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **
   tcp_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return WEFT_ERR_NOMEM;
   ctx->args = args;
+  ctx->slot_mem = args->slot_mem ? args->slot_mem : &weft_mem_host;
   ctx->listen_fd = -1;
   size_t nconns = (size_t)args->size * WEFT_TP_CHANNELS;
   ctx->conns = calloc(nconns, sizeof *ctx->conns);
