@@ -274,16 +274,16 @@ static void registration_shm(void **state) {
 
   /* what shm cannot register or map */
   static uint32_t plain[1024];
-  weft_mem_region host = {.kind = WEFT_MEMORY_HOST, .ptr = plain, .bytes = sizeof plain,
-                          .dmabuf_fd = -1};
+  weft_mem_region host = {
+      .kind = WEFT_MEMORY_HOST, .ptr = plain, .bytes = sizeof plain, .dmabuf_fd = -1};
   assert_int_equal(tp->register_mem(p.ctx[0], &host, &h, &d), WEFT_ERR_UNSUPPORTED);
   tp->deregister_mem(p.ctx[0], &h); /* a refused handle: no-op */
-  weft_mem_region not_alloc = {.kind = WEFT_MEMORY_SHARED, .ptr = plain, .bytes = sizeof plain,
-                               .dmabuf_fd = -1};
+  weft_mem_region not_alloc = {
+      .kind = WEFT_MEMORY_SHARED, .ptr = plain, .bytes = sizeof plain, .dmabuf_fd = -1};
   assert_int_equal(tp->register_mem(p.ctx[0], &not_alloc, &h, &d), WEFT_ERR_INVALID);
   assert_non_null(strstr(p.sink[0].msg, "weft_mem_alloc"));
-  weft_mem_region beyond = {.kind = WEFT_MEMORY_SHARED, .ptr = buf, .bytes = (1 << 16) + 4096,
-                            .dmabuf_fd = -1};
+  weft_mem_region beyond = {
+      .kind = WEFT_MEMORY_SHARED, .ptr = buf, .bytes = (1 << 16) + 4096, .dmabuf_fd = -1};
   assert_int_equal(tp->register_mem(p.ctx[0], &beyond, &h, &d), WEFT_ERR_INVALID);
   assert_int_equal(tp->register_mem(p.ctx[0], &r, &h, &d), WEFT_OK);
   weft_mem_desc bad = d;
@@ -318,8 +318,8 @@ static void registration_refused(void **state) {
   for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
     assert_int_equal(none[i]->caps.map_kinds, 0);
     for (int k = 0; k < WEFT_MEMORY_COUNT; k++) {
-      weft_mem_region r = {.kind = (weft_memory)k, .ptr = plain, .bytes = sizeof plain,
-                           .dmabuf_fd = -1};
+      weft_mem_region r = {
+          .kind = (weft_memory)k, .ptr = plain, .bytes = sizeof plain, .dmabuf_fd = -1};
       weft_tp_mem h;
       weft_mem_desc d;
       memset(&d, 0, sizeof d);
@@ -334,16 +334,12 @@ static void registration_refused(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(probe_and_depth),
-      cmocka_unit_test(channels_shm),
-      cmocka_unit_test(channels_tcp),
-      cmocka_unit_test(credits_shm),
+      cmocka_unit_test(probe_and_depth),  cmocka_unit_test(channels_shm),
+      cmocka_unit_test(channels_tcp),     cmocka_unit_test(credits_shm),
 #ifdef WEFT_HAVE_IBV
-      cmocka_unit_test(channels_ibv),
-      cmocka_unit_test(credits_ibv),
+      cmocka_unit_test(channels_ibv),     cmocka_unit_test(credits_ibv),
 #endif
-      cmocka_unit_test(registration_shm),
-      cmocka_unit_test(registration_refused),
+      cmocka_unit_test(registration_shm), cmocka_unit_test(registration_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,12 +1,14 @@
 /* transport.h - what every transport (tcp, shm, ibv) implements.
  *
  * The model: between two ranks a transport carries a FIFO stream of chunks in
- * each direction, one per channel (WEFT_TP_CHANNELS). A chunk is at most `chunk_bytes` long and lands in one of a
- * bounded set of receive slots on the receiver: TCP fills a slot with socket
- * reads, shared memory with stores, verbs with an RDMA write with immediate.
- * The receiver looks at the oldest filled slot (recv_peek), uses it, and gives
- * it back (recv_release), which returns the credit to the sender. A sender
- * may have at most `send_depth` chunks posted and not yet complete.
+ * each direction, one per channel (WEFT_TP_CHANNELS). A chunk is at most
+ * `chunk_bytes` long and lands in one of a bounded set of receive slots on
+ * the receiver (from the memory table's alloc_slots where the transport
+ * owns them, mem.h): TCP fills a slot with socket reads, shared memory with
+ * stores, verbs with an RDMA write with immediate. The receiver looks at the
+ * oldest filled slot (recv_peek), uses it, and gives it back (recv_release),
+ * which returns the credit to the sender. A sender may have at most
+ * `send_depth` chunks posted and not yet complete.
  *
  * Every chunk carries the sequence number of the collective it belongs to and
  * the receiver states how many bytes it expects: a chunk of another call or
@@ -24,6 +26,9 @@
  *    the core never tests a member for NULL.
  *  - One thread at a time per context (the communicator's rule), except that
  *    the core's wake fd may be written from any thread to end a `wait`.
+ *    Channels do not relax it: every channel of a context is driven by the
+ *    same one thread at a time, so p2p on channel 1 needs one driver for
+ *    the communicator's collectives and its messages.
  */
 #ifndef WEFT_TRANSPORT_H
 #define WEFT_TRANSPORT_H
