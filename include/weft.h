@@ -390,11 +390,17 @@ WEFT_API weft_status weft_mem_free(void *ptr);
  *    again until weft_grad_wait returns (its bucket may be in flight).
  *  - A gradient set is used by one thread at a time, like its communicator. */
 
-/* Memory holding a tensor. Device memory needs a CUDA build: until then it is
- * WEFT_ERR_UNSUPPORTED. */
+/* Kinds of memory. A tensor says HOST or DEVICE; device memory needs a CUDA
+ * build: until then it is WEFT_ERR_UNSUPPORTED. The other kinds are forms the
+ * library itself registers with a transport (transports/transport.h): host
+ * memory from weft_mem_alloc that ranks of one host can map (SHARED), and
+ * device memory exported as a dma-buf file descriptor for RDMA (DMABUF).
+ * The values are fixed: they travel in messages between ranks. */
 typedef enum weft_memory {
-  WEFT_MEMORY_HOST = 0,
-  WEFT_MEMORY_DEVICE = 1,
+  WEFT_MEMORY_HOST = 0,   /* ordinary (pageable) host memory */
+  WEFT_MEMORY_DEVICE = 1, /* a GPU's memory */
+  WEFT_MEMORY_SHARED = 2, /* host memory from weft_mem_alloc, mappable by ranks of this host */
+  WEFT_MEMORY_DMABUF = 3, /* device memory as a dma-buf fd (verbs registration) */
   WEFT_MEMORY_COUNT
 } weft_memory;
 

@@ -317,8 +317,8 @@ typedef struct loop_pair {
   weft_auth_key key;
   weft_error_sink sink[2];
   weft_transport_init_args args[2];
-  weft_transport_ctx *ctx[2];
-  weft_conn *c01, *c10;
+  weft_tp_ctx *ctx[2];
+  weft_tp_conn *c01, *c10;
 } loop_pair;
 
 /* Ranks 0 and 1 of one communicator, connected through the emulator, driven
@@ -336,7 +336,6 @@ static void loop_open(loop_pair *lp, size_t chunk_bytes) {
                                              .size = 2,
                                              .comm_id = 0x1234,
                                              .chunk_bytes = chunk_bytes,
-                                             .send_depth = 8,
                                              .timeout_s = 5,
                                              .wake_fd = -1,
                                              .errors = &lp->sink[r],
@@ -350,8 +349,8 @@ static void loop_open(loop_pair *lp, size_t chunk_bytes) {
     assert_int_equal(weft_transport_ibv.init(&lp->args[r], &lp->ctx[r], addr[r], &alen[r]),
                      WEFT_OK);
   }
-  assert_int_equal(weft_transport_ibv.connect(lp->ctx[1], 0, addr[0], alen[0], &lp->c10), WEFT_OK);
-  assert_int_equal(weft_transport_ibv.connect(lp->ctx[0], 1, addr[1], alen[1], &lp->c01), WEFT_OK);
+  assert_int_equal(weft_transport_ibv.connect(lp->ctx[1], 0, 0, addr[0], alen[0], &lp->c10), WEFT_OK);
+  assert_int_equal(weft_transport_ibv.connect(lp->ctx[0], 1, 0, addr[1], alen[1], &lp->c01), WEFT_OK);
   double deadline = harness_now() + 5;
   while (weft_transport_ibv.send_ready(lp->c01) == WEFT_AGAIN && harness_now() < deadline) {
     bool moved;
@@ -385,7 +384,7 @@ static void registration_cache(void **state) {
   setenv("WEFT_IB_ZCOPY_BYTES", "8192", 1);
   loop_pair lp;
   loop_open(&lp, 65536);
-  ibv_mr_cache *cache = &lp.ctx[0]->mr;
+  ibv_mr_cache *cache = &ibv_ctx_of(lp.ctx[0])->mr;
   size_t len = 1 << 20;
   unsigned char *a = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   assert_true(a != MAP_FAILED);

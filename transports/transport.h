@@ -1,12 +1,14 @@
-/* transport.h - what every transport (tcp now; shm, ibv later) implements.
+/* transport.h - what every transport (tcp, shm, ibv) implements.
  *
  * The model: between two ranks a transport carries a FIFO stream of chunks in
- * each direction. A chunk is at most `chunk_bytes` long and lands in one of a
- * bounded set of receive slots on the receiver: TCP fills a slot with socket
- * reads, shared memory with stores, verbs with an RDMA write with immediate.
- * The receiver looks at the oldest filled slot (recv_peek), uses it, and gives
- * it back (recv_release), which returns the credit to the sender. A sender
- * may have at most `send_depth` chunks posted and not yet complete.
+ * each direction, one per channel (WEFT_TP_CHANNELS). A chunk is at most
+ * `chunk_bytes` long and lands in one of a bounded set of receive slots on
+ * the receiver (from the memory table's alloc_slots where the transport
+ * owns them, mem.h): TCP fills a slot with socket reads, shared memory with
+ * stores, verbs with an RDMA write with immediate. The receiver looks at the
+ * oldest filled slot (recv_peek), uses it, and gives it back (recv_release),
+ * which returns the credit to the sender. A sender may have at most
+ * `send_depth` chunks posted and not yet complete.
  *
  * Every chunk carries the sequence number of the collective it belongs to and
  * the receiver states how many bytes it expects: a chunk of another call or
@@ -24,6 +26,9 @@
  *    the core never tests a member for NULL.
  *  - One thread at a time per context (the communicator's rule), except that
  *    the core's wake fd may be written from any thread to end a `wait`.
+ *    Channels do not relax it: every channel of a context is driven by the
+ *    same one thread at a time, so p2p on channel 1 needs one driver for
+ *    the communicator's collectives and its messages.
  */
 #ifndef WEFT_TRANSPORT_H
 #define WEFT_TRANSPORT_H
@@ -33,18 +38,35 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "src/mem/mem.h"
 #include "weft.h"
 
 /* Bumped whenever a member changes, so an out-of-tree transport (a plugin)
- * built against another layout is refused rather than called wrongly. */
-#define WEFT_TRANSPORT_ABI 3
+ * built against another layout is refused rather than called wrongly.
+ * 4: caps, channels, probe, send_depth reported by the transport, memory
+ *    registration by kind with descriptors, opaque handles. */
+#define WEFT_TRANSPORT_ABI 4
 
 /* Longest address blob a transport publishes through the rendezvous. */
 #define WEFT_TRANSPORT_ADDR_MAX 160
 
-typedef struct weft_transport_ctx weft_transport_ctx; /* per communicator */
-typedef struct weft_conn weft_conn;                   /* per peer */
+/* Opaque to the core: each transport defines its own state (tcp_ctx,
+ * shm_conn, ...) and converts these pointers to it. Two distinct types, so
+ * a context cannot be passed where a connection is expected. */
+typedef struct weft_tp_ctx weft_tp_ctx;   /* per communicator */
+typedef struct weft_tp_conn weft_tp_conn; /* per (peer, channel) */
 struct weft_mem_ops;
+
+/* Channels: independent connections to one peer inside ONE context, each a
+ * FIFO stream of its own (its own sequence of chunks, slots and credits),
+ * so point-to-point messages need no second context with its own sockets,
+ * segments or queue pairs. tcp: a socket per channel, dialed to the same
+ * listener with the channel in the handshake; shm: a segment per (pair,
+ * channel); ibv: queue pairs per channel in the same device context,
+ * protection domain and side listener. A channel costs nothing until
+ * connect is called for it. */
+#define WEFT_TP_CHANNELS 2
+enum { WEFT_TP_CHANNEL_COLL = 0, WEFT_TP_CHANNEL_P2P = 1 };
 
 /* Where a transport writes the sentence describing its last error. */
 typedef struct weft_error_sink {
@@ -61,20 +83,41 @@ void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...)
 weft_status weft_chunk_check(weft_error_sink *sink, int peer, uint32_t seq, uint32_t want_seq,
                              size_t len, size_t want_len);
 
-/* Where a buffer in shareable memory (weft_mem_alloc) lies, as its owner
- * describes it to a peer in a message: the owner's process, the memfd that
- * backs it, and the buffer's place in it. The receiver trusts none of it:
- * the transport checks the inode and every bound against what it maps. */
-typedef struct weft_mem_key {
-  uint32_t pid;    /* the owner's process id */
-  int32_t fd;      /* the memfd's descriptor number there */
-  uint64_t ino;    /* the memfd's inode: a reused descriptor number is caught */
-  uint64_t offset; /* the buffer's first byte in the memfd */
-  uint64_t len;    /* the buffer's length in bytes */
-} weft_mem_key;
+/* A buffer to register (register_mem). */
+typedef struct weft_mem_region {
+  weft_memory kind;       /* what `ptr` points at */
+  void *ptr;              /* first byte; for DEVICE and DMABUF the device address */
+  size_t bytes;
+  int dmabuf_fd;          /* DMABUF: the fd the GPU driver exported (the caller's: it
+                             stays open while registered; never closed here); else -1 */
+  uint64_t dmabuf_offset; /* DMABUF: ptr's offset inside the dma-buf */
+} weft_mem_region;
 
-/* map_peer_mem for transports that cannot reach a peer's memory. */
-weft_status weft_transport_no_map(weft_conn *conn, const weft_mem_key *key, void **local);
+/* A registration: the caller's storage, filled by register_mem, tagged
+ * with the region's kind; nothing in it is the core's to read but that. */
+typedef struct weft_tp_mem {
+  weft_mem_region region; /* what was registered; region.kind is the tag */
+  uintptr_t priv[2];      /* the transport's: a memory region, a cache entry */
+} weft_tp_mem;
+
+/* What a transport can do, fixed for the transport (not per context). */
+typedef struct weft_transport_caps {
+  /* WEFT_MEMORY_BIT (mem.h) of the kinds `send` may read from and
+   * `recv_into` may write into. Host and shared memory everywhere today; a
+   * device kind only where the transport moves it itself (GPUDirect): the
+   * core stages other kinds through host memory first. */
+  uint32_t send_kinds;
+  uint32_t recv_kinds;
+  /* Kinds register_mem accepts and, from a peer's descriptor, map_peer_mem
+   * maps: shm maps SHARED; nobody else today. */
+  uint32_t map_kinds;
+  /* True when a small send is a few stores into memory the peer polls: no
+   * system call, no wire. Algorithms may then spend more messages to save
+   * rounds (coll.c picks the one-round exchange allreduce only when every
+   * peer's transport says so: over loopback TCP its extra sends cost more
+   * than the round they save, 50 against 43 us at 4 ranks). */
+  bool sends_are_stores;
+} weft_transport_caps;
 
 typedef struct weft_transport_init_args {
   int rank;
@@ -83,7 +126,6 @@ typedef struct weft_transport_init_args {
                                 The rendezvous assigns it after init, before the
                                 first connect: read it at connect time. */
   size_t chunk_bytes;        /* largest chunk a send may carry */
-  int send_depth;            /* chunks a sender may have in flight per peer */
   double timeout_s;          /* bound for the connection handshakes */
   int wake_fd;               /* readable when the core wants `wait` to return */
   struct sockaddr_storage local_addr; /* the address this rank reached the rendezvous
@@ -94,18 +136,23 @@ typedef struct weft_transport_init_args {
   const struct weft_auth_key *auth; /* the job key network connections must prove (auth.h) */
   int local_size;            /* ranks on this host; known after the rendezvous, before
                                 the first can_reach */
+  const struct weft_mem_ops *slot_mem; /* the table whose alloc_slots gives the receive
+                                slots and bounce buffers (mem.h; a CUDA build: pinned
+                                host memory); NULL: the host table */
 } weft_transport_init_args;
 
 typedef struct weft_transport {
   uint32_t abi_version; /* WEFT_TRANSPORT_ABI */
   const char *name;     /* "tcp"; also the folder and the function prefix */
+  weft_transport_caps caps;
 
-  /* True when a small send is a few stores into memory the peer polls: no
-   * system call, no wire. Algorithms may then spend more messages to save
-   * rounds (coll.c picks the one-round exchange allreduce only when every
-   * peer's transport says so: over loopback TCP its extra sends cost more
-   * than the round they save, 50 against 43 us at 4 ranks). */
-  bool sends_are_stores;
+  /* Whether this transport can run on this machine, with a sentence for
+   * weft-info in `why` either way (verbs: library and devices; shm: /dev/shm
+   * and its free space; tcp: the interfaces). Creates no context, opens no
+   * listener, may read settings; cheap enough to call once per process.
+   * WEFT_OK when init would be worth trying, WEFT_ERR_UNSUPPORTED when not.
+   * It does not promise that init succeeds (a peer's view still matters). */
+  weft_status (*probe)(char *why, size_t why_len);
 
   /* Creates the transport's state for one communicator and writes, into
    * `addr` (WEFT_TRANSPORT_ADDR_MAX bytes), what a peer needs to connect to
@@ -113,81 +160,128 @@ typedef struct weft_transport {
    * Returns WEFT_ERR_UNSUPPORTED when the transport cannot run here at all
    * (no device, no library), with the reason in the error sink. `args` is
    * owned by the core and outlives the context: keep the pointer. */
-  weft_status (*init)(const weft_transport_init_args *args, weft_transport_ctx **ctx, void *addr,
+  weft_status (*init)(const weft_transport_init_args *args, weft_tp_ctx **ctx, void *addr,
                       size_t *addr_len);
+
+  /* Chunks a sender may have posted and not complete on one connection
+   * (send_ready answers WEFT_AGAIN beyond it). The transport alone decides
+   * it, at init (shm: WEFT_SHM_SLOTS; tcp and ibv: 8), the same for every
+   * connection and channel of the context; the core reads it here and never
+   * passes a depth of its own. */
+  int (*send_depth)(const weft_tp_ctx *ctx);
 
   /* Whether this transport can carry data to `peer`, given its published
    * address, with the reason in `why` (shown by weft_comm_peer_transport).
    * Pure and cheap: selection asks every transport in order. Both ranks of a
-   * pair must reach the same answer from the same published facts. */
-  bool (*can_reach)(weft_transport_ctx *ctx, int peer, const void *peer_addr, size_t addr_len,
+   * pair must reach the same answer from the same published facts. The
+   * answer covers every channel. */
+  bool (*can_reach)(weft_tp_ctx *ctx, int peer, const void *peer_addr, size_t addr_len,
                     char *why, size_t why_len);
 
-  /* Starts a connection to `peer` and returns its handle at once; the
-   * connection finishes in later calls (data calls return WEFT_AGAIN until it
-   * is up). Both ranks of a pair call connect for each other; the transport
-   * decides who dials. The handle lives until fini. */
-  weft_status (*connect)(weft_transport_ctx *ctx, int peer, const void *peer_addr,
-                         size_t addr_len, weft_conn **conn);
+  /* Starts the connection to `peer` on `channel` (< WEFT_TP_CHANNELS, else
+   * WEFT_ERR_INVALID) and returns its handle at once; the connection
+   * finishes in later calls (data calls return WEFT_AGAIN until it is up).
+   * Both ranks of a pair call connect for each other on the channels they
+   * use; the transport decides who dials. Calling it again for the same
+   * (peer, channel) returns the same handle. The handle lives until fini.
+   * Channels of one peer share nothing a caller can see: chunks, sequence
+   * numbers, slots and credits are per channel; failure of one (a peer's
+   * process ending, abort_all) fails them all. */
+  weft_status (*connect)(weft_tp_ctx *ctx, int peer, int channel, const void *peer_addr,
+                         size_t addr_len, weft_tp_conn **conn);
 
-  /* WEFT_OK if `send` would accept a chunk now, WEFT_AGAIN if `send_depth`
+  /* WEFT_OK if `send` would accept a chunk now, WEFT_AGAIN if send_depth
    * chunks are still in flight or the connection is not up yet. */
-  weft_status (*send_ready)(weft_conn *conn);
+  weft_status (*send_ready)(weft_tp_conn *conn);
 
   /* Posts one chunk of `bytes` (<= chunk_bytes, may be 0) tagged `seq`.
-   * Only after send_ready said OK. `src` (memory described by `mem`) must
-   * stay unchanged until send_idle reports the chunk complete, or until the
-   * peer has released it (causality: a released chunk was read). */
-  weft_status (*send)(weft_conn *conn, const void *src, size_t bytes, uint32_t seq,
+   * Only after send_ready said OK. `src` (memory described by `mem`, whose
+   * kind is in caps.send_kinds) must stay unchanged until send_idle reports
+   * the chunk complete, or until the peer has released it (causality: a
+   * released chunk was read). */
+  weft_status (*send)(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
                       const struct weft_mem_ops *mem);
 
   /* WEFT_OK when every posted chunk is complete (its source may be reused),
    * WEFT_AGAIN otherwise. Drives the sends forward. */
-  weft_status (*send_idle)(weft_conn *conn);
+  weft_status (*send_idle)(weft_tp_conn *conn);
 
   /* The oldest received chunk: it must be tagged `seq` and be `bytes` long,
-   * else WEFT_ERR_MISMATCH. `*data` stays valid until recv_release. WEFT_AGAIN
-   * when it has not (completely) arrived. Calling it again before release
-   * returns the same chunk. Drives receiving forward. */
-  weft_status (*recv_peek)(weft_conn *conn, uint32_t seq, size_t bytes, const void **data);
+   * else WEFT_ERR_MISMATCH. `*data` (host memory) stays valid until
+   * recv_release. WEFT_AGAIN when it has not (completely) arrived. Calling
+   * it again before release returns the same chunk. Drives receiving
+   * forward. */
+  weft_status (*recv_peek)(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
 
   /* Gives the slot of the chunk returned by recv_peek back to the sender. */
-  weft_status (*recv_release)(weft_conn *conn);
+  weft_status (*recv_release)(weft_tp_conn *conn);
 
   /* Like recv_peek + copy into `dst` + recv_release, but a transport may
    * place the chunk straight into `dst` (TCP reads the socket into it).
-   * WEFT_AGAIN until the whole chunk is in `dst`; then WEFT_OK once. Between
-   * the first call and WEFT_OK, `dst` may be partly written and no other
-   * receive may be started on this connection. */
-  weft_status (*recv_into)(weft_conn *conn, uint32_t seq, size_t bytes, void *dst,
+   * `dst`'s kind (from `mem`) is in caps.recv_kinds. WEFT_AGAIN until the
+   * whole chunk is in `dst`; then WEFT_OK once. Between the first call and
+   * WEFT_OK, `dst` may be partly written and no other receive may be
+   * started on this connection. */
+  weft_status (*recv_into)(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
                            const struct weft_mem_ops *mem);
 
-  /* Maps memory a peer shares through weft_mem_alloc, described by `key`
-   * (which the peer sent in a chunk), into this process and points *local at
-   * the buffer's first byte. Mappings are cached per connection and last
-   * until fini, so they stay valid even if the peer frees or crashes. A
-   * failure leaves the connection usable. WEFT_ERR_UNSUPPORTED when this
-   * transport cannot reach a peer's memory (only shm can); WEFT_ERR_PROTOCOL
-   * when the key does not fit what is mapped; WEFT_ERR_SYSTEM when the
-   * kernel refuses (the sentence in the error sink). Never blocks. */
-  weft_status (*map_peer_mem)(weft_conn *conn, const weft_mem_key *key, void **local);
+  /* Registers `region` with this context and fills `*handle` (the caller's
+   * storage, tagged with region->kind); with `desc` non-NULL also writes
+   * the descriptor a peer passes to map_peer_mem (mem.h: fixed size,
+   * versioned, kind-tagged). WEFT_ERR_UNSUPPORTED for a kind not in
+   * caps.map_kinds (the stub refuses every kind); WEFT_ERR_INVALID when the
+   * region is not of its kind (SHARED: not inside one weft_mem_alloc
+   * allocation). Never blocks; a failure leaves the context usable.
+   * shm registers SHARED from the registry of weft_mem_alloc: nothing is
+   * pinned, the handle holds nothing to release.
+   * ibv keeps its own cache of host registrations for zero-copy sends
+   * (ibv_mr.c) and does not take this path yet. A device kind registers
+   * there as: DEVICE through ibv_reg_mr where nvidia-peermem is loaded;
+   * DMABUF through ibv_reg_dmabuf_mr(pd, dmabuf_offset, bytes, ptr as the
+   * iova, dmabuf_fd, access); the MR goes in priv[0], and the descriptor
+   * (for RDMA to it) carries address, length and rkey. */
+  weft_status (*register_mem)(weft_tp_ctx *ctx, const weft_mem_region *region, weft_tp_mem *handle,
+                              weft_mem_desc *desc);
+
+  /* Undoes register_mem; a handle the stub refused, or one already
+   * deregistered (its kind is then WEFT_MEMORY_COUNT), is a no-op. Peers'
+   * mappings of it are theirs (map_peer_mem) and outlive this. */
+  void (*deregister_mem)(weft_tp_ctx *ctx, weft_tp_mem *handle);
+
+  /* Maps memory a peer registered and described in `desc` (which the peer
+   * sent in a chunk) into this process and points *local at the buffer's
+   * first byte. Mappings are cached per connection and last until fini, so
+   * they stay valid even if the peer frees or crashes. A failure leaves the
+   * connection usable. WEFT_ERR_UNSUPPORTED when `desc`'s kind is not in
+   * caps.map_kinds (only shm maps anything, SHARED); WEFT_ERR_PROTOCOL when
+   * the descriptor is malformed, of another version or does not fit what is
+   * mapped; WEFT_ERR_SYSTEM when the kernel refuses (the sentence in the
+   * error sink). Never blocks. */
+  weft_status (*map_peer_mem)(weft_tp_conn *conn, const weft_mem_desc *desc, void **local);
 
   /* Non-blocking: moves pending sends forward, accepts connections.
    * Sets *progressed when anything moved. */
-  weft_status (*progress)(weft_transport_ctx *ctx, bool *progressed);
+  weft_status (*progress)(weft_tp_ctx *ctx, bool *progressed);
 
   /* Sleeps until a connection that a data call returned WEFT_AGAIN for can
    * move, the wake fd is readable, or `timeout_ms` passed. Never longer. */
-  weft_status (*wait)(weft_transport_ctx *ctx, int timeout_ms);
+  weft_status (*wait)(weft_tp_ctx *ctx, int timeout_ms);
 
   /* Best effort, does not block: tells every connected peer that this rank
    * failed, with `reason`, so they fail now instead of at their timeout.
-   * Connections are unusable afterwards. */
-  void (*abort_all)(weft_transport_ctx *ctx, const char *reason);
+   * Connections (every channel) are unusable afterwards. */
+  void (*abort_all)(weft_tp_ctx *ctx, const char *reason);
 
   /* Releases everything: connections, sockets, memory. Never blocks. */
-  void (*fini)(weft_transport_ctx *ctx);
+  void (*fini)(weft_tp_ctx *ctx);
 } weft_transport;
+
+/* Stubs for the registration members of transports that cannot reach a
+ * peer's memory: every kind is WEFT_ERR_UNSUPPORTED. */
+weft_status weft_tp_no_register(weft_tp_ctx *ctx, const weft_mem_region *region,
+                                weft_tp_mem *handle, weft_mem_desc *desc);
+void weft_tp_no_deregister(weft_tp_ctx *ctx, weft_tp_mem *handle);
+weft_status weft_tp_no_map(weft_tp_conn *conn, const weft_mem_desc *desc, void **local);
 
 /* The transports built into this library. */
 extern const weft_transport weft_transport_shm;

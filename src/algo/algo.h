@@ -169,7 +169,7 @@ weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *d
 /* Maps the buffer member `peer` described in `key` (weft_mem_alloc memory)
  * into this process. A failure is not a link failure (the connection stays
  * up, the sentence is in the communicator's sink): the caller falls back. */
-weft_status weft_link_map(weft_coll *coll, int peer, const weft_mem_key *key, void **local);
+weft_status weft_link_map(weft_coll *coll, int peer, const weft_mem_desc *desc, void **local);
 
 /* Scratch memory of the call's memory kind (coll.c), `bytes` long, freed when
  * the call ends; one allocation per call. WEFT_ERR_NOMEM if none. */

@@ -9,7 +9,7 @@
  *
  * Rounds (tiny chunks over the ordinary links):
  *   0,1  every member sends every other its message: whether its buffers are
- *        shared and where (a weft_mem_key each). Arriving also says "my
+ *        shared and where (a weft_mem_desc each). Arriving also says "my
  *        buffers are ready". If any member's are not shared, every rank sees
  *        it in the messages and all run the ring instead, in this same call.
  *   2,3  each sends whether it could map everything; all must have, or the
@@ -44,7 +44,7 @@
 struct weft_direct_msg {
   uint32_t magic;
   uint32_t shared; /* 1: both buffers lie in weft_mem_alloc memory */
-  weft_mem_key in, out;
+  weft_mem_desc in, out; /* kind WEFT_MEMORY_SHARED (mem.h) */
 };
 
 #define DIRECT_MEMO_SHAPES 16 /* shapes remembered (a model has a few bucket sizes) */
@@ -260,8 +260,8 @@ weft_status weft_direct_allreduce_start(weft_coll *coll) {
   memset(ds->msgs, 0, n * sizeof *ds->msgs);
   struct weft_direct_msg *mine = &ds->msgs[coll->rank];
   mine->magic = DIRECT_MSG_MAGIC;
-  mine->shared = weft_shared_mem_find(coll->sendbuf, bytes, &mine->in) &&
-                 weft_shared_mem_find(coll->recvbuf, bytes, &mine->out);
+  mine->shared = weft_shared_mem_describe(coll->sendbuf, bytes, &mine->in) &&
+                 weft_shared_mem_describe(coll->recvbuf, bytes, &mine->out);
   ds->ins[coll->rank] = (char *)coll->sendbuf;
   ds->outs[coll->rank] = coll->recvbuf;
   ds->token = 1;

@@ -71,10 +71,3 @@ weft_status weft_chunk_check(weft_error_sink *sink, int peer, uint32_t seq, uint
   }
   return WEFT_OK;
 }
-
-weft_status weft_transport_no_map(weft_conn *conn, const weft_mem_key *key, void **local) {
-  (void)conn;
-  (void)key;
-  *local = NULL;
-  return WEFT_ERR_UNSUPPORTED;
-}

@@ -40,7 +40,7 @@ static weft_status link_result(weft_coll *coll, int peer, weft_status st, const 
   return st;
 }
 
-static weft_status link_conn(weft_coll *coll, int peer, weft_conn **out) {
+static weft_status link_conn(weft_coll *coll, int peer, weft_tp_conn **out) {
   weft_comm *comm = coll->comm;
   weft_peer *p = &comm->peers[peer];
   if (!p->conn) {
@@ -48,7 +48,7 @@ static weft_status link_conn(weft_coll *coll, int peer, weft_conn **out) {
     const void *addr;
     size_t len;
     weft_comm_peer_address(comm, peer, t->builtin, &addr, &len);
-    weft_status st = t->ops->connect(t->ctx, peer, addr, len, &p->conn);
+    weft_status st = t->ops->connect(t->ctx, peer, WEFT_TP_CHANNEL_COLL, addr, len, &p->conn);
     if (st < 0) return link_result(coll, peer, st, "a connection to");
   }
   if (!p->is_active) {
@@ -61,14 +61,14 @@ static weft_status link_conn(weft_coll *coll, int peer, weft_conn **out) {
 
 weft_status weft_link_send_ready(weft_coll *coll, int peer) {
   peer = link_peer(coll, peer);
-  weft_conn *c;
+  weft_tp_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
   return link_result(coll, peer, peer_ops(coll->comm, peer)->send_ready(c), "room to send to");
 }
 
 weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
   peer = link_peer(coll, peer);
-  weft_conn *c;
+  weft_tp_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
   weft_status st = peer_ops(coll->comm, peer)->send(c, src, bytes, coll->seq, coll->mem);
   if (st == WEFT_OK) {
@@ -78,23 +78,23 @@ weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t by
   return link_result(coll, peer, st, "room to send to");
 }
 
-weft_status weft_link_map(weft_coll *coll, int peer, const weft_mem_key *key, void **local) {
+weft_status weft_link_map(weft_coll *coll, int peer, const weft_mem_desc *desc, void **local) {
   peer = link_peer(coll, peer);
-  weft_conn *c;
+  weft_tp_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
-  return peer_ops(coll->comm, peer)->map_peer_mem(c, key, local);
+  return peer_ops(coll->comm, peer)->map_peer_mem(c, desc, local);
 }
 
 weft_status weft_link_send_idle(weft_coll *coll, int peer) {
   peer = link_peer(coll, peer);
-  weft_conn *c;
+  weft_tp_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
   return link_result(coll, peer, peer_ops(coll->comm, peer)->send_idle(c), "a send to complete to");
 }
 
 weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes, const void **data) {
   peer = link_peer(coll, peer);
-  weft_conn *c;
+  weft_tp_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
   return link_result(coll, peer, peer_ops(coll->comm, peer)->recv_peek(c, coll->seq, bytes, data),
                      "data from");
@@ -102,7 +102,7 @@ weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes, const v
 
 weft_status weft_link_recv_release(weft_coll *coll, int peer) {
   peer = link_peer(coll, peer);
-  weft_conn *c;
+  weft_tp_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
   weft_status st = peer_ops(coll->comm, peer)->recv_release(c);
   if (st == WEFT_OK) coll->comm->events++;
@@ -111,7 +111,7 @@ weft_status weft_link_recv_release(weft_coll *coll, int peer) {
 
 weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst) {
   peer = link_peer(coll, peer);
-  weft_conn *c;
+  weft_tp_conn *c;
   WEFT_CHECK(link_conn(coll, peer, &c));
   weft_status st = peer_ops(coll->comm, peer)->recv_into(c, coll->seq, bytes, dst, coll->mem);
   if (st == WEFT_OK) coll->comm->events++;

@@ -260,37 +260,14 @@ void weft_comm_peer_address(const weft_comm *comm, int peer, int builtin, const 
 }
 
 void weft_transports_describe(char *buf, size_t len) {
-  weft_place place;
-  weft_place_here(topo_here(), &place);
-  weft_error_sink sink = {{0}, {0}};
-  weft_auth_key key;
-  weft_auth_key_for_job(NULL, 0, &key);
-  weft_transport_init_args args = {.rank = 0,
-                                   .size = 2,
-                                   .chunk_bytes = 262144,
-                                   .send_depth = 8,
-                                   .timeout_s = 1,
-                                   .wake_fd = -1,
-                                   .errors = &sink,
-                                   .place = &place,
-                                   .auth = &key,
-                                   .local_size = 1};
-  struct sockaddr_in *lo = (struct sockaddr_in *)&args.local_addr;
-  lo->sin_family = AF_INET;
-  lo->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  args.local_addr_len = sizeof *lo;
   size_t used = 0;
   buf[0] = 0;
   for (int b = 0; b < BUILTIN_COUNT; b++) {
-    uint8_t blob[WEFT_TRANSPORT_ADDR_MAX];
-    size_t blob_len;
-    weft_transport_ctx *ctx = NULL;
-    weft_status st = builtin_transports[b]->init(&args, &ctx, blob, &blob_len);
-    if (st == WEFT_OK) builtin_transports[b]->fini(ctx);
-    used += (size_t)snprintf(
-        buf + used, used < len ? len - used : 0, "%s%s (built, %s%s)", b ? ", " : "",
-        builtin_transports[b]->name,
-        st == WEFT_OK ? "usable here" : "not usable here: ", st == WEFT_OK ? "" : sink.msg);
+    char why[256] = "";
+    weft_status st = builtin_transports[b]->probe(why, sizeof why);
+    used += (size_t)snprintf(buf + used, used < len ? len - used : 0, "%s%s (built, %s: %s)",
+                             b ? ", " : "", builtin_transports[b]->name,
+                             st == WEFT_OK ? "usable here" : "not usable here", why);
   }
 }
 
@@ -313,7 +290,7 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
     const weft_transport *ops = builtin_transports[b];
     uint8_t blob[WEFT_TRANSPORT_ADDR_MAX];
     size_t len = 0;
-    weft_transport_ctx *ctx = NULL;
+    weft_tp_ctx *ctx = NULL;
     weft_status st = ops->init(&comm->tp_args, &ctx, blob, &len);
     if (st == WEFT_ERR_UNSUPPORTED && n > 1) {
       WEFT_INFO(WEFT_SUBSYS_INIT, "transport %s unusable here: %s", ops->name, comm->sink.msg);
@@ -364,7 +341,7 @@ static weft_status transports_choose(weft_comm *comm, const char *call) {
                              refusals);
     WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d -> peer %d: %s (%s)", comm->rank, p,
               comm->tps[peer->tp].ops->name, peer->why);
-    comm->sends_are_stores &= comm->tps[peer->tp].ops->sends_are_stores;
+    comm->sends_are_stores &= comm->tps[peer->tp].ops->caps.sends_are_stores;
   }
   return WEFT_OK;
 }
@@ -385,7 +362,6 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   pthread_cond_init(&comm->q_cond, NULL);
   const weft_settings_values *set = weft_settings();
   comm->chunk_bytes = set->chunk_bytes;
-  comm->send_depth = 8;
   comm->peers = calloc((size_t)size, sizeof *comm->peers);
   comm->active = calloc((size_t)size, sizeof *comm->active);
   if (!comm->peers || !comm->active || comm->wake_fd < 0) {
@@ -418,7 +394,6 @@ static void comm_tp_args(weft_comm *comm, const weft_comm *like) {
   a->rank = comm->rank;
   a->size = comm->size;
   a->chunk_bytes = comm->chunk_bytes;
-  a->send_depth = comm->send_depth;
   a->timeout_s = comm->timeout_s;
   a->wake_fd = comm->wake_fd;
   a->errors = &comm->sink;

@@ -26,7 +26,7 @@
 /* A transport running in this communicator. */
 typedef struct weft_comm_transport {
   const weft_transport *ops;
-  weft_transport_ctx *ctx;
+  weft_tp_ctx *ctx;
   int builtin;              /* index in the built-in table (the id peers publish) */
 } weft_comm_transport;
 
@@ -34,7 +34,7 @@ typedef struct weft_peer {
   boot_rank_info info;      /* host, pid, transport addresses */
   int tp;                   /* index into comm->tps; -1 for this rank */
   char why[192];            /* why that transport was chosen */
-  weft_conn *conn;          /* NULL until first used */
+  weft_tp_conn *conn;       /* NULL until first used */
   uint32_t last_send_seq;   /* last collective that sent to this peer */
   bool is_active;           /* on the comm's list of peers touched by the current call */
 } weft_peer;
@@ -58,7 +58,6 @@ struct weft_comm {
 
   uint32_t seq;             /* collective call counter, the same on every rank */
   size_t chunk_bytes;
-  int send_depth;
   /* algorithm choice, read from the settings once at creation (not per call) */
   size_t rd_max_bytes;      /* recursive doubling up to this size */
   size_t exchange_max_bytes; /* one host, few ranks: the one-round exchange up to this size */

@@ -102,7 +102,7 @@ static const char *memory_name(weft_memory m) {
  * the driver), else by its declared kind. NULL: this build has no such memory. */
 static const weft_mem_ops *mem_of(const weft_tensor *t) {
   if (t->memory != WEFT_MEMORY_HOST) return NULL; /* no device table in this build */
-  return t->ptr ? weft_mem_for(t->ptr) : weft_mem_by_kind(WEFT_MEM_HOST);
+  return t->ptr ? weft_mem_for(t->ptr) : weft_mem_by_kind(WEFT_MEMORY_HOST);
 }
 
 /* Checks one tensor description; fills `why` and returns non-zero if bad. */
@@ -734,7 +734,7 @@ static weft_status place_buckets(weft_grad *g) {
   for (int b = 0; b < g->nbuckets; b++) {
     grad_bucket *bk = &g->buckets[b];
     const weft_tensor *first = &g->regs[bk->members[0]];
-    bk->mem = g->opts.owned_storage ? weft_mem_by_kind(WEFT_MEM_HOST) : mem_of(first);
+    bk->mem = g->opts.owned_storage ? weft_mem_by_kind(WEFT_MEMORY_HOST) : mem_of(first);
     if (!bk->mem) return WEFT_ERR_UNSUPPORTED;
     bk->pending = bk->nmembers;
     bk->staged = !g->opts.owned_storage && bk->nmembers > 1;
@@ -746,7 +746,7 @@ static weft_status place_buckets(weft_grad *g) {
     /* All ranks on one host: shareable memory, so every rank's bucket can
      * be reduced in one pass straight through the others' (weft_mem_alloc).
      * Ordinary memory if the kernel will not give it: the ring still works. */
-    bk->shared = bk->mem->kind == WEFT_MEM_HOST && g->comm->nhosts == 1 && bytes > 0 &&
+    bk->shared = bk->mem->kind == WEFT_MEMORY_HOST && g->comm->nhosts == 1 && bytes > 0 &&
                  weft_mem_alloc(bytes, &bk->flat) == WEFT_OK;
     if (!bk->shared) bk->flat = bk->mem->alloc(bytes);
     if (!bk->flat) return WEFT_ERR_NOMEM;

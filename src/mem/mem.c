@@ -62,8 +62,82 @@ static void *host_alloc(size_t bytes) {
 
 static void host_release(void *ptr) { free(ptr); }
 
+/* ---- the asynchronous members: host memory does the work at once ---- */
+
+static weft_status host_stream_create(weft_mem_stream **stream, void *errors) {
+  (void)errors;
+  *stream = NULL;
+  return WEFT_OK;
+}
+
+static void host_stream_destroy(weft_mem_stream *stream) { (void)stream; }
+
+static weft_status host_stream_after_user(weft_mem_stream *stream, void *user_stream) {
+  (void)stream;
+  (void)user_stream;
+  return WEFT_OK;
+}
+
+static weft_status host_user_after_stream(void *user_stream, weft_mem_stream *stream) {
+  (void)stream;
+  (void)user_stream;
+  return WEFT_OK;
+}
+
+static weft_status host_record(weft_mem_stream *stream, weft_mem_token *token) {
+  (void)stream;
+  *token = 0;
+  return WEFT_OK;
+}
+
+static weft_status host_poll(weft_mem_stream *stream, weft_mem_token token) {
+  (void)stream;
+  (void)token;
+  return WEFT_OK;
+}
+
+static weft_status host_copy_async(void *dst, const void *src, size_t bytes,
+                                   weft_mem_stream *stream, weft_mem_token *token) {
+  (void)stream;
+  host_copy(dst, src, bytes);
+  *token = 0;
+  return WEFT_OK;
+}
+
+static weft_status host_reduce_async(void *dst, const void *a, const void *b, size_t count,
+                                     weft_dtype dtype, weft_op op, int postdiv,
+                                     weft_mem_stream *stream, weft_mem_token *token) {
+  (void)stream;
+  weft_reduce_kernel(dst, a, b, count, dtype, op, postdiv);
+  *token = 0;
+  return WEFT_OK;
+}
+
+/* Host memory is host memory: both directions are a copy. */
+static weft_status host_copy_between(void *dst, const void *src, size_t bytes,
+                                     weft_mem_stream *stream, weft_mem_token *token) {
+  return host_copy_async(dst, src, bytes, stream, token);
+}
+
+/* Slots are filled by the wire before they are read: no clearing, and
+ * untouched pages cost nothing until a chunk lands there. */
+static void *host_alloc_slots(size_t bytes) {
+  void *p = NULL;
+  size_t len = (bytes + 4095) & ~(size_t)4095;
+  return posix_memalign(&p, 4096, len ? len : 4096) ? NULL : p;
+}
+
+static void host_free_slots(void *ptr, size_t bytes) {
+  (void)bytes;
+  free(ptr);
+}
+
+static void *host_alloc_scratch(size_t bytes) { return malloc(bytes ? bytes : 1); }
+
+static void host_free_scratch(void *ptr) { free(ptr); }
+
 const weft_mem_ops weft_mem_host = {
-    .kind = WEFT_MEM_HOST,
+    .kind = WEFT_MEMORY_HOST,
     .name = "host",
     .copy = host_copy,
     .reduce = weft_reduce_kernel,
@@ -71,6 +145,20 @@ const weft_mem_ops weft_mem_host = {
     .scale = host_scale,
     .alloc = host_alloc,
     .release = host_release,
+    .stream_create = host_stream_create,
+    .stream_destroy = host_stream_destroy,
+    .stream_after_user = host_stream_after_user,
+    .user_after_stream = host_user_after_stream,
+    .record = host_record,
+    .poll = host_poll,
+    .copy_async = host_copy_async,
+    .reduce_async = host_reduce_async,
+    .copy_to_host = host_copy_between,
+    .copy_from_host = host_copy_between,
+    .alloc_slots = host_alloc_slots,
+    .free_slots = host_free_slots,
+    .alloc_scratch = host_alloc_scratch,
+    .free_scratch = host_free_scratch,
 };
 
 const weft_mem_ops *weft_mem_for(const void *ptr) {
@@ -78,6 +166,7 @@ const weft_mem_ops *weft_mem_for(const void *ptr) {
   return &weft_mem_host;
 }
 
-const weft_mem_ops *weft_mem_by_kind(weft_mem_kind kind) {
-  return kind == WEFT_MEM_HOST ? &weft_mem_host : NULL;
+/* Shared memory is host memory to the processor: the same table. */
+const weft_mem_ops *weft_mem_by_kind(weft_memory kind) {
+  return kind == WEFT_MEMORY_HOST || kind == WEFT_MEMORY_SHARED ? &weft_mem_host : NULL;
 }

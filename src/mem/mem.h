@@ -5,13 +5,100 @@
 #define WEFT_MEM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "weft.h"
 
-typedef enum weft_mem_kind { WEFT_MEM_HOST = 0, WEFT_MEM_KIND_COUNT } weft_mem_kind;
+/* Memory kinds are weft.h's weft_memory, one type for the public API, this
+ * table and the transports. A set of kinds (what a transport can send from,
+ * say) is a bitmask of WEFT_MEMORY_BIT. */
+#define WEFT_MEMORY_BIT(kind) (1u << (unsigned)(kind))
+
+/* A buffer as its owner describes it to a peer in a message, so the peer
+ * can reach it (transport.h: register_mem, map_peer_mem). Fixed size, so it
+ * fits in a message; versioned and tagged with its kind, so a receiver built
+ * later or earlier refuses what it cannot read instead of misreading it.
+ * The body is the kind's own layout, in the owner's byte order (only ranks
+ * of one host exchange kinds that map memory):
+ *  - WEFT_MEMORY_SHARED: weft_shared_key (shared_mem.h);
+ *  - WEFT_MEMORY_DEVICE (issue 15): an IPC handle (64 bytes for CUDA's
+ *    legacy cudaIpcMemHandle_t or a cuMem fabric handle), the device's
+ *    ordinal and the buffer's offset in the allocation;
+ *  - WEFT_MEMORY_DMABUF: not sent; the fd is registered locally (verbs).
+ * The receiver trusts none of it: it checks every field against what it
+ * maps. */
+#define WEFT_MEM_DESC_VERSION 1
+#define WEFT_MEM_DESC_BODY 80
+typedef struct weft_mem_desc {
+  uint8_t version;   /* WEFT_MEM_DESC_VERSION */
+  uint8_t kind;      /* weft_memory */
+  uint16_t body_len; /* bytes of body in use */
+  uint32_t reserved; /* 0 */
+  uint64_t len;      /* the buffer's length in bytes */
+  uint8_t body[WEFT_MEM_DESC_BODY];
+} weft_mem_desc;
+_Static_assert(sizeof(weft_mem_desc) == 96, "a descriptor's size is part of the wire");
+
+/* ---- stream-ordered work: the design the GPU issue (15) fills in --------
+ *
+ * What a device table must do, and why the members below look as they do:
+ *
+ *  - The user hands a CUDA stream as `void *` (weft.h will gain *_on_stream
+ *    forms of the calls, or a stream in the call options). The operation
+ *    must start after the work already queued on that stream, and work the
+ *    user queues later must wait for the operation, without the host thread
+ *    blocking: NCCL's contract. The table therefore keeps its own stream per
+ *    communicator (stream_create) and links the two with events, never with
+ *    a synchronize: `stream_after_user` records an event on the user's
+ *    stream and makes ours wait on it (cuStreamWaitEvent); at the end
+ *    `user_after_stream` does the reverse. Host: both are no-ops.
+ *
+ *  - Copies and reductions on device memory are queued on our stream and
+ *    return at once with a completion token (`*_async`). The engine never
+ *    waits on a stream: it keeps the token with the chunk and calls `poll`
+ *    from its progress loop, beside the transports' progress, so one
+ *    thread overlaps device-to-host copy of chunk k+1, the wire for chunk k
+ *    and host-to-device copy plus reduction of chunk k-1. A token is the
+ *    table's own 64-bit number (CUDA: an index into a ring of events
+ *    recorded after the work, with a generation to catch reuse); 0 means
+ *    "already complete", which is what the host table always returns, so
+ *    the host path costs one predictable branch per chunk and no call.
+ *    Tokens complete in the order they were issued on one stream, so the
+ *    engine polls only the oldest it holds. `record` gives a token for
+ *    everything queued so far (the end of a call).
+ *
+ *  - Transports read and write host memory only (caps in transport.h say
+ *    otherwise only for GPUDirect). A device buffer's chunk therefore goes
+ *    through pinned host staging: `copy_to_host` before a send,
+ *    `copy_from_host` (or a reduction whose `b` is host memory) after a
+ *    receive. The receive slots a transport fills come from `alloc_slots`
+ *    of the table named in the transport's init args, so that a CUDA build
+ *    hands out pinned memory there and the copies out of slots are
+ *    asynchronous; the host table hands out ordinary pages.
+ *
+ *  - Scratch an algorithm needs for a call (coll.c's weft_coll_scratch)
+ *    comes from `alloc_scratch` of the call's table: device memory for
+ *    device buffers, so a reduction never reads across PCIe by accident.
+ *    Scratch and slots are allocated once (per call or per connection),
+ *    never per chunk.
+ *
+ *  - Errors of asynchronous work (a kernel fault) come back from `poll` as
+ *    a negative status with the sentence in the sink given at stream_create;
+ *    the call then fails like a transport error, with the rank and call.
+ *
+ * Members the host table implements synchronously are at today's speed:
+ * the algorithms keep calling the synchronous members (copy, reduce) on the
+ * host path until issue 15 moves the chunk pipeline onto tokens. */
+
+/* The table's stream for one communicator: opaque (CUDA: a CUstream and its
+ * event ring). The host table's is NULL: work happens at once. */
+typedef struct weft_mem_stream weft_mem_stream;
+
+/* A completion token (above); 0: already complete. */
+typedef uint64_t weft_mem_token;
 
 typedef struct weft_mem_ops {
-  weft_mem_kind kind;
+  weft_memory kind;
   const char *name;
   /* dst = src for `bytes` bytes; both in this memory; no overlap. */
   void (*copy)(void *dst, const void *src, size_t bytes);
@@ -30,13 +117,56 @@ typedef struct weft_mem_ops {
    * NULL; freed with release (NULL is a no-op). */
   void *(*alloc)(size_t bytes);
   void (*release)(void *ptr);
+
+  /* ---- streams and asynchronous work (the design above) ---- */
+
+  /* Makes this table's stream for a communicator; errors of its work are
+   * worded into `errors` (a weft_error_sink, transport.h; void * here so
+   * this layer needs nothing above it). Host: *stream = NULL, WEFT_OK. */
+  weft_status (*stream_create)(weft_mem_stream **stream, void *errors);
+  void (*stream_destroy)(weft_mem_stream *stream);
+  /* Our stream's later work waits for what is queued on `user_stream` now
+   * (the user's CUDA stream; NULL: the default stream). Never blocks. */
+  weft_status (*stream_after_user)(weft_mem_stream *stream, void *user_stream);
+  /* Work queued later on `user_stream` waits for what is on ours now. */
+  weft_status (*user_after_stream)(void *user_stream, weft_mem_stream *stream);
+  /* A token for everything queued on `stream` so far. */
+  weft_status (*record)(weft_mem_stream *stream, weft_mem_token *token);
+  /* WEFT_OK when the token's work is done, WEFT_AGAIN when not yet, a
+   * negative status when it failed. Never blocks; 0 is always done. */
+  weft_status (*poll)(weft_mem_stream *stream, weft_mem_token token);
+  /* copy and reduce, queued on `stream`; *token completes when done. The
+   * buffers stay untouched by the caller until then. */
+  weft_status (*copy_async)(void *dst, const void *src, size_t bytes, weft_mem_stream *stream,
+                            weft_mem_token *token);
+  weft_status (*reduce_async)(void *dst, const void *a, const void *b, size_t count,
+                              weft_dtype dtype, weft_op op, int postdiv, weft_mem_stream *stream,
+                              weft_mem_token *token);
+  /* Between this memory and (pinned) host memory, queued on `stream`:
+   * `host` is host memory, the other side is of this kind. Host: memcpy. */
+  weft_status (*copy_to_host)(void *host, const void *src, size_t bytes, weft_mem_stream *stream,
+                              weft_mem_token *token);
+  weft_status (*copy_from_host)(void *dst, const void *host, size_t bytes,
+                                weft_mem_stream *stream, weft_mem_token *token);
+
+  /* ---- allocation through the table, never per chunk ---- */
+
+  /* Host memory a transport receives into and this table's copies read
+   * from (CUDA: pinned, so those copies run asynchronously). Page aligned,
+   * not cleared. NULL when there is no memory. */
+  void *(*alloc_slots)(size_t bytes);
+  void (*free_slots)(void *ptr, size_t bytes);
+  /* Scratch of this kind for one call (partial sums, gathered blocks). Not
+   * cleared. NULL when there is no memory; free_scratch(NULL) is a no-op. */
+  void *(*alloc_scratch)(size_t bytes);
+  void (*free_scratch)(void *ptr);
 } weft_mem_ops;
 
 /* The table for the memory holding `ptr` (host for every pointer today). */
 const weft_mem_ops *weft_mem_for(const void *ptr);
 
 /* The table of a memory kind, or NULL when this build has none for it. */
-const weft_mem_ops *weft_mem_by_kind(weft_mem_kind kind);
+const weft_mem_ops *weft_mem_by_kind(weft_memory kind);
 
 extern const weft_mem_ops weft_mem_host;
 

@@ -89,21 +89,38 @@ weft_status weft_mem_free(void *ptr) {
   return WEFT_ERR_INVALID;
 }
 
-bool weft_shared_mem_find(const void *ptr, size_t len, weft_mem_key *key) {
+bool weft_shared_mem_describe(const void *ptr, size_t len, weft_mem_desc *desc) {
   if (!ptr || len == 0) return false;
   uintptr_t p = (uintptr_t)ptr;
   bool found = false;
+  weft_shared_key key = {0};
   pthread_mutex_lock(&registry_lock);
   for (size_t i = 0; i < registry_len && !found; i++) {
     uintptr_t b = (uintptr_t)registry[i].base;
     if (p < b || p - b > registry[i].bytes || len > registry[i].bytes - (p - b)) continue;
-    *key = (weft_mem_key){.pid = (uint32_t)getpid(),
-                          .fd = registry[i].fd,
-                          .ino = registry[i].ino,
-                          .offset = p - b,
-                          .len = len};
+    key = (weft_shared_key){.pid = (uint32_t)getpid(),
+                            .fd = registry[i].fd,
+                            .ino = registry[i].ino,
+                            .offset = p - b};
     found = true;
   }
   pthread_mutex_unlock(&registry_lock);
-  return found;
+  if (!found) return false;
+  memset(desc, 0, sizeof *desc);
+  desc->version = WEFT_MEM_DESC_VERSION;
+  desc->kind = WEFT_MEMORY_SHARED;
+  desc->body_len = sizeof key;
+  desc->len = len;
+  memcpy(desc->body, &key, sizeof key);
+  return true;
+}
+
+_Static_assert(sizeof(weft_shared_key) <= WEFT_MEM_DESC_BODY, "a shared key fits a descriptor");
+
+weft_status weft_shared_mem_key(const weft_mem_desc *desc, weft_shared_key *key) {
+  if (desc->version != WEFT_MEM_DESC_VERSION || desc->kind != WEFT_MEMORY_SHARED ||
+      desc->body_len != sizeof *key)
+    return WEFT_ERR_PROTOCOL;
+  memcpy(key, desc->body, sizeof *key);
+  return WEFT_OK;
 }

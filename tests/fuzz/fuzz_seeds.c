@@ -214,7 +214,6 @@ static void tcp_seeds(void) {
                                    .size = 2,
                                    .comm_id = 0x1122334455667788ull,
                                    .chunk_bytes = 4096,
-                                   .send_depth = 4,
                                    .timeout_s = 5,
                                    .wake_fd = -1,
                                    .errors = &sink,
@@ -227,7 +226,7 @@ static void tcp_seeds(void) {
   args.local_addr_len = sizeof *lo;
   uint8_t blob[WEFT_TRANSPORT_ADDR_MAX];
   size_t blob_len;
-  weft_transport_ctx *ctx;
+  weft_tp_ctx *ctx;
   if (weft_transport_tcp.init(&args, &ctx, blob, &blob_len)) exit(1);
   /* the peer: a listener whose packed address rank 0 dials */
   struct sockaddr_storage any = args.local_addr, bound;
@@ -236,8 +235,8 @@ static void tcp_seeds(void) {
   if (net_listen(&any, sizeof *lo, 1, &lfd, &bound, &bound_len, &sink)) exit(1);
   uint8_t peer_addr[NET_ADDR_PACKED];
   net_addr_pack(&bound, peer_addr);
-  weft_conn *c;
-  if (weft_transport_tcp.connect(ctx, 1, peer_addr, sizeof peer_addr, &c)) exit(1);
+  weft_tp_conn *c;
+  if (weft_transport_tcp.connect(ctx, 1, 0, peer_addr, sizeof peer_addr, &c)) exit(1);
   struct pollfd p = {.fd = lfd, .events = POLLIN};
   if (poll(&p, 1, 5000) != 1) exit(1);
   int fd = accept(lfd, NULL, NULL);

@@ -1,6 +1,6 @@
 /* fuzz_seeds_shm.c - the shm part of fuzz_seeds: a real context's published
  * address and the header of a segment it made. (Apart from fuzz_seeds.c
- * because each transport's header names its own struct weft_conn.) */
+ * because each transport's header defines its own types.) */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +19,6 @@ void fuzz_seeds_shm(const weft_place *place,
                                    .size = 2,
                                    .comm_id = 0xfeedf00d12345678ull,
                                    .chunk_bytes = 4096,
-                                   .send_depth = 4,
                                    .timeout_s = 5,
                                    .wake_fd = -1,
                                    .errors = &sink,
@@ -28,13 +27,13 @@ void fuzz_seeds_shm(const weft_place *place,
                                    .local_size = 2};
   uint8_t blob[WEFT_TRANSPORT_ADDR_MAX];
   size_t blob_len;
-  weft_transport_ctx *ctx;
+  weft_tp_ctx *ctx;
   if (weft_transport_shm.init(&args, &ctx, blob, &blob_len)) exit(1);
   seed("shm_addr", "self", blob, blob_len);
-  weft_conn *c;
-  if (weft_transport_shm.connect(ctx, 1, blob, blob_len, &c)) exit(1);
+  weft_tp_conn *c;
+  if (weft_transport_shm.connect(ctx, 1, 0, blob, blob_len, &c)) exit(1);
   char name[64];
-  snprintf(name, sizeof name, "/weft-%016llx-0-1", (unsigned long long)args.comm_id);
+  snprintf(name, sizeof name, "/weft-%016llx-0-1-0", (unsigned long long)args.comm_id); /* channel 0 */
   int fd = shm_open(name, O_RDONLY, 0);
   if (fd < 0) exit(1);
   uint8_t head[1 + sizeof(shm_segment)];

@@ -10,7 +10,7 @@
 static weft_error_sink sink;
 static weft_place place;
 static weft_transport_init_args args;
-static weft_transport_ctx *ctx;
+static weft_tp_ctx *ctx;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!ctx) {
@@ -18,7 +18,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     args = (weft_transport_init_args){.rank = 0,
                                       .size = 4,
                                       .chunk_bytes = 4096,
-                                      .send_depth = 4,
                                       .timeout_s = 1,
                                       .wake_fd = -1,
                                       .errors = &sink,

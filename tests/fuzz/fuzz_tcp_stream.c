@@ -21,14 +21,14 @@
 static weft_error_sink sink;
 static weft_auth_key key;
 static weft_transport_init_args args;
-static weft_transport_ctx *ctx;
+static weft_tp_ctx *tctx;
+static tcp_ctx *ctx;
 
 static int setup(void) {
   args = (weft_transport_init_args){.rank = 1,
                                     .size = 2,
                                     .comm_id = 1,
                                     .chunk_bytes = CHUNK,
-                                    .send_depth = 4,
                                     .timeout_s = 1,
                                     .wake_fd = -1,
                                     .errors = &sink,
@@ -40,7 +40,9 @@ static int setup(void) {
   args.local_addr_len = sizeof *lo;
   uint8_t blob[WEFT_TRANSPORT_ADDR_MAX];
   size_t blob_len;
-  return weft_transport_tcp.init(&args, &ctx, blob, &blob_len) == WEFT_OK;
+  if (weft_transport_tcp.init(&args, &tctx, blob, &blob_len) != WEFT_OK) return 0;
+  ctx = tcp_ctx_of(tctx);
+  return 1;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -58,8 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   close(sp[1]); /* then the peer is gone */
-  struct weft_conn *c;
-  if (tcp_conn_create(ctx, 0, &c)) __builtin_trap();
+  tcp_conn *c;
+  if (tcp_conn_create(ctx, 0, 0, &c)) __builtin_trap();
   c->fd = sp[0];
   c->state = TCP_CONN_UP;
   ctx->awaiting_accept--;
@@ -67,8 +69,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   weft_status st = WEFT_OK;
   for (uint32_t seq = 0; st == WEFT_OK; seq++) { /* each frame takes >= 16 bytes: ends */
     const void *got;
-    st = into ? tcp_recv_into(c, seq, want, dst, NULL) : tcp_recv_peek(c, seq, want, &got);
-    if (st == WEFT_OK && !into) st = tcp_recv_release(c);
+    st = into ? tcp_recv_into((weft_tp_conn *)c, seq, want, dst, NULL)
+              : tcp_recv_peek((weft_tp_conn *)c, seq, want, &got);
+    if (st == WEFT_OK && !into) st = tcp_recv_release((weft_tp_conn *)c);
   }
   /* the stream ended: every path ends in an error naming why, never OK forever */
   if (st == WEFT_OK || st == WEFT_AGAIN) __builtin_trap();
@@ -76,7 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     __builtin_trap();
   /* a dead connection keeps failing, never crashes */
   const void *got;
-  if (tcp_recv_peek(c, 0, want, &got) == WEFT_OK) __builtin_trap();
+  if (tcp_recv_peek((weft_tp_conn *)c, 0, want, &got) == WEFT_OK) __builtin_trap();
   free(dst);
   tcp_conn_destroy(c);
   return 0;

@@ -17,14 +17,13 @@ static weft_error_sink sink;
 static weft_place place;
 static weft_auth_key key;
 static weft_transport_init_args args;
-static weft_transport_ctx *shm_ctx, *tcp_ctx;
+static weft_tp_ctx *shm_tctx, *tcp_tctx;
 
 static void setup(void) {
   weft_place_here(NULL, &place);
   args = (weft_transport_init_args){.rank = 0,
                                     .size = 2,
                                     .chunk_bytes = 4096,
-                                    .send_depth = 4,
                                     .timeout_s = 1,
                                     .wake_fd = -1,
                                     .errors = &sink,
@@ -37,12 +36,12 @@ static void setup(void) {
   args.local_addr_len = sizeof *lo;
   uint8_t blob[WEFT_TRANSPORT_ADDR_MAX];
   size_t blob_len;
-  if (weft_transport_shm.init(&args, &shm_ctx, blob, &blob_len)) __builtin_trap();
-  if (weft_transport_tcp.init(&args, &tcp_ctx, blob, &blob_len)) __builtin_trap();
+  if (weft_transport_shm.init(&args, &shm_tctx, blob, &blob_len)) __builtin_trap();
+  if (weft_transport_tcp.init(&args, &tcp_tctx, blob, &blob_len)) __builtin_trap();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  if (!shm_ctx) setup();
+  if (!shm_tctx) setup();
   if (size < 2) return 0;
   static weft_peer peers[2];
   weft_comm comm = {.rank = 0, .size = 2, .peers = peers};
@@ -52,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (info->addr_len > BOOT_ADDR_BYTES) info->addr_len = BOOT_ADDR_BYTES;
   memset(info->addr, 0, sizeof info->addr);
   memcpy(info->addr, data + 2, size - 2 < BOOT_ADDR_BYTES ? size - 2 : BOOT_ADDR_BYTES);
-  weft_transport_ctx *ctxs[2] = {shm_ctx, tcp_ctx};
+  weft_tp_ctx *ctxs[2] = {shm_tctx, tcp_tctx};
   const weft_transport *ops[2] = {&weft_transport_shm, &weft_transport_tcp};
   for (int b = 0; b < 2; b++) {
     const void *addr;

@@ -1,5 +1,5 @@
-/* ibv.h - the RDMA verbs transport's private types. Between two ranks: one
- * side socket (the lower rank dials) that carries the queue-pair handshake,
+/* ibv.h - the RDMA verbs transport's private types. Between two ranks, per
+ * channel: one side socket (the lower rank dials, to the one listener) that carries the queue-pair handshake,
  * failure notices and end-of-process, and `nqp` RC queue pairs that carry the
  * data. A chunk is an RDMA write with immediate from the sender's registered
  * bounce slot into the receiver's registered slot k % nslots; the immediate
@@ -20,6 +20,7 @@
 
 #define IBV_MAX_QPS 8
 #define IBV_MAX_SLOTS 64
+#define IBV_SLOTS 8 /* receive slots per connection: the send depth (transport.h) */
 #define IBV_TAG_BYTES 8 /* {seq, len} before each chunk in a slot */
 #define IBV_ABORT_TEXT 300
 
@@ -60,6 +61,7 @@ typedef struct ibv_addr {
  * in network byte order. */
 typedef struct ibv_qp_info {
   uint32_t magic, from, to, nqp;
+  uint32_t channel; /* < WEFT_TP_CHANNELS */
   uint32_t comm_hi, comm_lo;
   uint32_t lid, link_layer, mtu, nslots;
   uint8_t gid[16];
@@ -90,9 +92,13 @@ enum ibv_conn_state {
   IBV_CONN_DEAD
 };
 
-struct weft_conn {
-  struct weft_transport_ctx *ctx;
+typedef struct ibv_ctx ibv_ctx;
+typedef struct ibv_conn ibv_conn;
+
+struct ibv_conn {
+  ibv_ctx *ctx;
   int peer;
+  int channel;
   int fd; /* side socket, -1 until connected */
   enum ibv_conn_state state;
   weft_status dead_status;
@@ -126,8 +132,9 @@ struct weft_conn {
   uint32_t zc_pending;              /* chunks holding a region reference */
 };
 
-struct weft_transport_ctx {
+struct ibv_ctx {
   const weft_transport_init_args *args;
+  const struct weft_mem_ops *slot_mem; /* where slot rings come from (init args) */
   const ibv_api *api;
   struct ibv_context *dev;
   struct ibv_pd *pd;
@@ -145,35 +152,47 @@ struct weft_transport_ctx {
   struct sockaddr_storage addr;
   socklen_t addr_len;
   ibv_addr self;
-  struct weft_conn **conns; /* by peer rank */
+  ibv_conn **conns; /* by ibv_conn_index(peer, channel) */
   int not_up;               /* conns still handshaking */
-  struct pollfd *pfds;      /* size + 3 */
+  struct pollfd *pfds;      /* size * WEFT_TP_CHANNELS + 3 */
   bool moved;               /* a data call completed something since the last progress */
   size_t zcopy_bytes;       /* chunks at least this long go from user memory; 0 = never */
   ibv_mr_cache mr;
 };
+
+static inline int ibv_conn_index(int peer, int channel) {
+  return peer * WEFT_TP_CHANNELS + channel;
+}
+/* The contract's opaque handles are these (transport.h). */
+static inline ibv_conn *ibv_conn_of(weft_tp_conn *c) {
+  return (ibv_conn *)c;
+}
+static inline ibv_ctx *ibv_ctx_of(weft_tp_ctx *c) {
+  return (ibv_ctx *)c;
+}
 
 /* ibv_transport.c */
 bool ibv_hca_match(const char *rules, const char *dev, int port);
 int ibv_gid_score(const union ibv_gid *gid, int roce_version);
 
 /* ibv_conn.c */
-weft_status ibv_conn_create(struct weft_transport_ctx *ctx, int peer, struct weft_conn **out);
-weft_status ibv_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr, socklen_t len);
-weft_status ibv_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed);
-weft_status ibv_conn_poll(struct weft_conn *c, bool *progressed);
-weft_status ibv_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...)
+weft_status ibv_conn_create(ibv_ctx *ctx, int peer, int channel, ibv_conn **out);
+weft_status ibv_conn_dial(ibv_conn *c, const struct sockaddr_storage *addr, socklen_t len);
+weft_status ibv_conn_accept_one(ibv_ctx *ctx, bool *progressed);
+weft_status ibv_conn_poll(ibv_conn *c, bool *progressed);
+weft_status ibv_conn_fail(ibv_conn *c, weft_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void ibv_conn_notify_abort(struct weft_conn *c, const char *reason);
-void ibv_conn_destroy(struct weft_conn *c);
+void ibv_conn_notify_abort(ibv_conn *c, const char *reason);
+void ibv_conn_destroy(ibv_conn *c);
 
-weft_status ibv_send_ready(struct weft_conn *c);
-weft_status ibv_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+/* the table's data members */
+weft_status ibv_send_ready(weft_tp_conn *conn);
+weft_status ibv_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
                      const struct weft_mem_ops *mem);
-weft_status ibv_send_idle(struct weft_conn *c);
-weft_status ibv_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data);
-weft_status ibv_recv_release(struct weft_conn *c);
-weft_status ibv_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+weft_status ibv_send_idle(weft_tp_conn *conn);
+weft_status ibv_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
+weft_status ibv_recv_release(weft_tp_conn *conn);
+weft_status ibv_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem);
 
 #endif

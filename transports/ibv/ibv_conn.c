@@ -33,14 +33,14 @@ static const uint8_t ibv_no_challenge[WEFT_AUTH_CHALLENGE_BYTES];
 
 /* Per queue pair: room for every slot's chunk plus as many credit writes,
  * with slack so periodic signalling never starves the queue. */
-static int ibv_sq_depth(const struct weft_transport_ctx *ctx) {
+static int ibv_sq_depth(const ibv_ctx *ctx) {
   return 2 * ctx->nslots + 8;
 }
-static int ibv_rq_depth(const struct weft_transport_ctx *ctx) {
+static int ibv_rq_depth(const ibv_ctx *ctx) {
   return (ctx->nslots + ctx->nqp - 1) / ctx->nqp + 1;
 }
 
-weft_status ibv_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...) {
+weft_status ibv_conn_fail(ibv_conn *c, weft_status st, const char *fmt, ...) {
   char what[300];
   va_list ap;
   va_start(ap, fmt);
@@ -60,15 +60,16 @@ weft_status ibv_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, 
 static void *ibv_alloc_pages(size_t bytes) {
   void *p = NULL;
   size_t rounded = (bytes + 4095) & ~(size_t)4095;
-  /* not cleared: untouched pages cost nothing until a chunk lands there */
   return posix_memalign(&p, 4096, rounded) ? NULL : p;
 }
 
-static weft_status ibv_conn_register(struct weft_conn *c) {
-  struct weft_transport_ctx *ctx = c->ctx;
+static weft_status ibv_conn_register(ibv_conn *c) {
+  ibv_ctx *ctx = c->ctx;
   size_t ring = (size_t)ctx->nslots * ctx->stride;
-  c->rx_buf = ibv_alloc_pages(ring);
-  c->tx_buf = ibv_alloc_pages(ring);
+  /* the slot rings through the memory table: a CUDA build's are pinned, so
+   * device copies out of them run asynchronously (mem.h) */
+  c->rx_buf = ctx->slot_mem->alloc_slots(ring);
+  c->tx_buf = ctx->slot_mem->alloc_slots(ring);
   c->ctrl = ibv_alloc_pages(sizeof *c->ctrl);
   if (!c->rx_buf || !c->tx_buf || !c->ctrl) return WEFT_ERR_NOMEM;
   memset(c->ctrl, 0, sizeof *c->ctrl);
@@ -84,7 +85,7 @@ static weft_status ibv_conn_register(struct weft_conn *c) {
   return WEFT_OK;
 }
 
-static weft_status ibv_qp_to_init(struct weft_conn *c, struct ibv_qp *qp) {
+static weft_status ibv_qp_to_init(ibv_conn *c, struct ibv_qp *qp) {
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                           .pkey_index = 0,
                           .port_num = c->ctx->port,
@@ -96,7 +97,7 @@ static weft_status ibv_qp_to_init(struct weft_conn *c, struct ibv_qp *qp) {
   return WEFT_OK;
 }
 
-static weft_status ibv_post_recv_for(struct weft_conn *c, uint32_t chunk) {
+static weft_status ibv_post_recv_for(ibv_conn *c, uint32_t chunk) {
   struct ibv_qp *qp = c->qps[chunk % (uint32_t)c->ctx->nqp].qp;
   /* a write with immediate places no data through the receive: no SGE */
   struct ibv_recv_wr wr = {.wr_id = chunk, .sg_list = NULL, .num_sge = 0}, *bad;
@@ -107,11 +108,12 @@ static weft_status ibv_post_recv_for(struct weft_conn *c, uint32_t chunk) {
   return WEFT_OK;
 }
 
-weft_status ibv_conn_create(struct weft_transport_ctx *ctx, int peer, struct weft_conn **out) {
-  struct weft_conn *c = calloc(1, sizeof *c);
+weft_status ibv_conn_create(ibv_ctx *ctx, int peer, int channel, ibv_conn **out) {
+  ibv_conn *c = calloc(1, sizeof *c);
   if (!c) return WEFT_ERR_NOMEM;
   c->ctx = ctx;
   c->peer = peer;
+  c->channel = channel;
   c->fd = -1;
   c->state = ctx->args->rank < peer ? IBV_CONN_AWAIT_INFO : IBV_CONN_AWAIT_HELLO;
   snprintf(c->where, sizeof c->where, "not connected");
@@ -148,7 +150,7 @@ weft_status ibv_conn_create(struct weft_transport_ctx *ctx, int peer, struct wef
   return WEFT_OK;
 }
 
-void ibv_conn_destroy(struct weft_conn *c) {
+void ibv_conn_destroy(ibv_conn *c) {
   const ibv_api *api = c->ctx->api;
   for (int s = 0; s < IBV_MAX_SLOTS; s++)
     if (c->zc[s]) ibv_mr_cache_put(&c->ctx->mr, c->zc[s]);
@@ -158,8 +160,9 @@ void ibv_conn_destroy(struct weft_conn *c) {
   if (c->rx_mr) api->dereg_mr(c->rx_mr);
   if (c->tx_mr) api->dereg_mr(c->tx_mr);
   if (c->ctrl_mr) api->dereg_mr(c->ctrl_mr);
-  free(c->rx_buf);
-  free(c->tx_buf);
+  size_t ring = (size_t)c->ctx->nslots * c->ctx->stride;
+  if (c->rx_buf) c->ctx->slot_mem->free_slots(c->rx_buf, ring);
+  if (c->tx_buf) c->ctx->slot_mem->free_slots(c->tx_buf, ring);
   free(c->ctrl);
   if (c->fd >= 0) close(c->fd);
   free(c);
@@ -167,13 +170,14 @@ void ibv_conn_destroy(struct weft_conn *c) {
 
 /* ---- handshake ------------------------------------------------------------------- */
 
-static void ibv_info_fill(struct weft_conn *c, ibv_qp_info *in) {
-  struct weft_transport_ctx *ctx = c->ctx;
+static void ibv_info_fill(ibv_conn *c, ibv_qp_info *in) {
+  ibv_ctx *ctx = c->ctx;
   memset(in, 0, sizeof *in);
   in->magic = htonl(IBV_INFO_MAGIC);
   in->from = htonl((uint32_t)ctx->args->rank);
   in->to = htonl((uint32_t)c->peer);
   in->nqp = htonl((uint32_t)ctx->nqp);
+  in->channel = htonl((uint32_t)c->channel);
   in->comm_hi = htonl((uint32_t)(ctx->args->comm_id >> 32));
   in->comm_lo = htonl((uint32_t)ctx->args->comm_id);
   in->lid = htonl(ctx->lid);
@@ -190,7 +194,7 @@ static void ibv_info_fill(struct weft_conn *c, ibv_qp_info *in) {
   in->credit_rkey = htonl(c->ctrl_mr->rkey);
 }
 
-static weft_status ibv_send_info(struct weft_conn *c) {
+static weft_status ibv_send_info(ibv_conn *c) {
   uint8_t msg[IBV_HELLO_BYTES];
   ibv_qp_info in;
   ibv_info_fill(c, &in);
@@ -206,13 +210,14 @@ static weft_status ibv_send_info(struct weft_conn *c) {
 }
 
 /* Why the peer's info cannot be used, or NULL. */
-static const char *ibv_info_check(const struct weft_conn *c, const ibv_qp_info *in) {
-  const struct weft_transport_ctx *ctx = c->ctx;
+static const char *ibv_info_check(const ibv_conn *c, const ibv_qp_info *in) {
+  const ibv_ctx *ctx = c->ctx;
   uint64_t comm = ((uint64_t)ntohl(in->comm_hi) << 32) | ntohl(in->comm_lo);
   if (ntohl(in->magic) != IBV_INFO_MAGIC) return "not a weft verbs handshake";
   if (comm != ctx->args->comm_id) return "a handshake for another communicator";
   if (ntohl(in->from) != (uint32_t)c->peer || ntohl(in->to) != (uint32_t)ctx->args->rank)
     return "a handshake with the wrong ranks";
+  if (ntohl(in->channel) != (uint32_t)c->channel) return "a handshake for another channel";
   if (ntohl(in->nqp) != (uint32_t)ctx->nqp) return "WEFT_IB_QPS_PER_PEER differs between the ranks";
   if (ntohl(in->nslots) != (uint32_t)ctx->nslots || ntohl(in->stride) != ctx->stride)
     return "WEFT_CHUNK_BYTES differs between the ranks";
@@ -220,9 +225,9 @@ static const char *ibv_info_check(const struct weft_conn *c, const ibv_qp_info *
   return NULL;
 }
 
-static weft_status ibv_qp_to_rts(struct weft_conn *c, struct ibv_qp *qp, const ibv_qp_info *in,
+static weft_status ibv_qp_to_rts(ibv_conn *c, struct ibv_qp *qp, const ibv_qp_info *in,
                                  int q) {
-  struct weft_transport_ctx *ctx = c->ctx;
+  ibv_ctx *ctx = c->ctx;
   enum ibv_mtu peer_mtu = (enum ibv_mtu)ntohl(in->mtu);
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
                           .path_mtu = peer_mtu < ctx->mtu ? peer_mtu : ctx->mtu,
@@ -266,7 +271,7 @@ static weft_status ibv_qp_to_rts(struct weft_conn *c, struct ibv_qp *qp, const i
   return WEFT_OK;
 }
 
-static weft_status ibv_conn_use_info(struct weft_conn *c, const uint8_t *msg) {
+static weft_status ibv_conn_use_info(ibv_conn *c, const uint8_t *msg) {
   ibv_qp_info in;
   memcpy(&in, msg, sizeof in);
   const char *why = NULL;
@@ -284,22 +289,22 @@ static weft_status ibv_conn_use_info(struct weft_conn *c, const uint8_t *msg) {
   return WEFT_OK;
 }
 
-static void ibv_conn_set_where(struct weft_conn *c) {
+static void ibv_conn_set_where(ibv_conn *c) {
   struct sockaddr_storage a;
   socklen_t len = sizeof a;
   if (!getpeername(c->fd, (struct sockaddr *)&a, &len))
     net_addr_str((struct sockaddr *)&a, c->where, sizeof c->where);
 }
 
-static void ibv_conn_now_up(struct weft_conn *c) {
+static void ibv_conn_now_up(ibv_conn *c) {
   c->state = IBV_CONN_UP;
   c->ctx->not_up--;
   c->ctx->moved = true;
-  WEFT_INFO(WEFT_SUBSYS_NET, "ibv: rank %d connected to peer %d (%d QP(s), %d slots)",
-            c->ctx->args->rank, c->peer, c->ctx->nqp, c->ctx->nslots);
+  WEFT_INFO(WEFT_SUBSYS_NET, "ibv: rank %d connected to peer %d channel %d (%d QP(s), %d slots)",
+            c->ctx->args->rank, c->peer, c->channel, c->ctx->nqp, c->ctx->nslots);
 }
 
-weft_status ibv_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr, socklen_t len) {
+weft_status ibv_conn_dial(ibv_conn *c, const struct sockaddr_storage *addr, socklen_t len) {
   double deadline = weft_now() + c->ctx->args->timeout_s;
   net_addr_str((const struct sockaddr *)addr, c->where, sizeof c->where);
   weft_error_sink err;
@@ -309,7 +314,7 @@ weft_status ibv_conn_dial(struct weft_conn *c, const struct sockaddr_storage *ad
   return ibv_send_info(c);
 }
 
-weft_status ibv_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed) {
+weft_status ibv_conn_accept_one(ibv_ctx *ctx, bool *progressed) {
   int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return WEFT_OK;
   net_set_nodelay(fd);
@@ -318,17 +323,21 @@ weft_status ibv_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed
   weft_error_sink err;
   double wait = ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
   const char *why = NULL;
-  uint32_t from = 0;
+  uint32_t from = 0, channel = 0;
+  ibv_conn **slot = NULL;
   if (net_recv_all(fd, msg, sizeof msg, weft_now() + wait, &err)) {
     why = err.msg;
   } else {
     memcpy(&in, msg, sizeof in);
     from = ntohl(in.from);
+    channel = ntohl(in.channel);
     if (from >= (uint32_t)ctx->args->rank || ntohl(in.to) != (uint32_t)ctx->args->rank)
       why = "a handshake with the wrong ranks";
-    else if (ctx->conns[from] &&
-             (ctx->conns[from]->fd >= 0 || ctx->conns[from]->state != IBV_CONN_AWAIT_HELLO))
-      why = "a second connection from the same rank";
+    else if (channel >= WEFT_TP_CHANNELS)
+      why = "a handshake for an unknown channel";
+    else if (*(slot = &ctx->conns[ibv_conn_index((int)from, (int)channel)]) &&
+             ((*slot)->fd >= 0 || (*slot)->state != IBV_CONN_AWAIT_HELLO))
+      why = "a second connection from the same rank and channel";
   }
   if (why) {
     WEFT_WARN(WEFT_SUBSYS_NET, "ibv: rank %d refused an incoming connection: %s", ctx->args->rank,
@@ -336,8 +345,8 @@ weft_status ibv_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed
     close(fd);
     return WEFT_OK;
   }
-  if (!ctx->conns[from]) WEFT_CHECK(ibv_conn_create(ctx, (int)from, &ctx->conns[from]));
-  struct weft_conn *c = ctx->conns[from];
+  if (!*slot) WEFT_CHECK(ibv_conn_create(ctx, (int)from, (int)channel, slot));
+  ibv_conn *c = *slot;
   c->fd = fd;
   ibv_conn_set_where(c);
   *progressed = true;
@@ -349,7 +358,7 @@ weft_status ibv_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed
 
 /* ---- the side socket after the hello ---------------------------------------------- */
 
-static weft_status ibv_side_frame(struct weft_conn *c) {
+static weft_status ibv_side_frame(ibv_conn *c) {
   uint32_t hdr[2];
   memcpy(hdr, c->rbuf, sizeof hdr);
   uint32_t type = ntohl(hdr[0]), len = ntohl(hdr[1]);
@@ -373,7 +382,7 @@ static weft_status ibv_side_frame(struct weft_conn *c) {
 }
 
 /* Reads what the side socket has: the acceptor's info (dialer), then frames. */
-static weft_status ibv_side_read(struct weft_conn *c, bool *progressed) {
+static weft_status ibv_side_read(ibv_conn *c, bool *progressed) {
   while (c->fd >= 0 && !c->peer_ended && c->state != IBV_CONN_DEAD) {
     size_t want;
     if (c->state == IBV_CONN_AWAIT_INFO) {
@@ -417,7 +426,7 @@ static weft_status ibv_side_read(struct weft_conn *c, bool *progressed) {
   return WEFT_OK;
 }
 
-void ibv_conn_notify_abort(struct weft_conn *c, const char *reason) {
+void ibv_conn_notify_abort(ibv_conn *c, const char *reason) {
   /* a connection whose queue pair failed still has its socket: the peer
    * must hear why rather than see only the end of the process */
   if (c->fd < 0 || c->abort_sent || c->peer_said_abort) return;
@@ -438,8 +447,8 @@ void ibv_conn_notify_abort(struct weft_conn *c, const char *reason) {
 
 /* ---- completions -------------------------------------------------------------------- */
 
-static weft_status ibv_completion(struct weft_conn *c, const struct ibv_wc *wc) {
-  struct weft_transport_ctx *ctx = c->ctx;
+static weft_status ibv_completion(ibv_conn *c, const struct ibv_wc *wc) {
+  ibv_ctx *ctx = c->ctx;
   if (wc->status != IBV_WC_SUCCESS && !(wc->wr_id & IBV_WR_DATA_KIND)) {
     /* A credit or an empty write that found no peer: a peer that finished
      * and exited needs no credits. Like its socket closing, this is an error
@@ -479,7 +488,7 @@ static weft_status ibv_completion(struct weft_conn *c, const struct ibv_wc *wc) 
   return WEFT_OK;
 }
 
-static weft_status ibv_post_write(struct weft_conn *c, int q, struct ibv_send_wr *wr, bool signal) {
+static weft_status ibv_post_write(ibv_conn *c, int q, struct ibv_send_wr *wr, bool signal) {
   ibv_conn_qp *qs = &c->qps[q];
   int depth = ibv_sq_depth(c->ctx);
   if (qs->sq_used >= depth) return WEFT_AGAIN;
@@ -503,7 +512,7 @@ static weft_status ibv_post_write(struct weft_conn *c, int q, struct ibv_send_wr
 
 /* Tells the peer how many chunks we released: an inline 8-byte RDMA write
  * into its credit word, no completion on its side. */
-static weft_status ibv_send_credit(struct weft_conn *c) {
+static weft_status ibv_send_credit(ibv_conn *c) {
   c->ctrl->credit_src = c->rx_tail;
   struct ibv_sge sge = {.addr = (uintptr_t)&c->ctrl->credit_src,
                         .length = sizeof(uint64_t),
@@ -523,7 +532,7 @@ static weft_status ibv_send_credit(struct weft_conn *c) {
 /* Completions only: the side socket is read by progress, and by the data
  * calls before they answer WEFT_AGAIN (a syscall per chunk would cost more
  * than the rest of the data path). */
-static weft_status ibv_conn_poll_cq(struct weft_conn *c, bool *progressed) {
+static weft_status ibv_conn_poll_cq(ibv_conn *c, bool *progressed) {
   if (c->state == IBV_CONN_DEAD) return c->dead_status;
   if (c->state != IBV_CONN_UP && c->state != IBV_CONN_AWAIT_READY) return WEFT_OK;
   struct ibv_wc wc[16];
@@ -542,7 +551,7 @@ static weft_status ibv_conn_poll_cq(struct weft_conn *c, bool *progressed) {
   return WEFT_OK;
 }
 
-weft_status ibv_conn_poll(struct weft_conn *c, bool *progressed) {
+weft_status ibv_conn_poll(ibv_conn *c, bool *progressed) {
   if (c->state == IBV_CONN_DEAD) return c->dead_status;
   WEFT_CHECK(ibv_side_read(c, progressed));
   return ibv_conn_poll_cq(c, progressed);
@@ -552,7 +561,7 @@ weft_status ibv_conn_poll(struct weft_conn *c, bool *progressed) {
 
 /* Polls completions; with `side`, reads the side socket too (handshake,
  * failure notices, the peer's end). */
-static weft_status ibv_conn_usable(struct weft_conn *c, bool side) {
+static weft_status ibv_conn_usable(ibv_conn *c, bool side) {
   bool progressed = false;
   WEFT_CHECK(side ? ibv_conn_poll(c, &progressed) : ibv_conn_poll_cq(c, &progressed));
   if (progressed) c->ctx->moved = true;
@@ -561,7 +570,7 @@ static weft_status ibv_conn_usable(struct weft_conn *c, bool side) {
 
 /* Gives back the region references of chunks the NIC is done with: those
  * the peer released (their write landed), or all once the queues are idle. */
-static void ibv_zc_reap(struct weft_conn *c, bool all_done) {
+static void ibv_zc_reap(ibv_conn *c, bool all_done) {
   uint32_t released = (uint32_t)c->ctrl->credits;
   while (c->zc_pending && c->zc_tail != c->tx_head) {
     if (!all_done && (int32_t)(released - c->zc_tail) <= 0) break;
@@ -576,7 +585,7 @@ static void ibv_zc_reap(struct weft_conn *c, bool all_done) {
   if (!c->zc_pending) c->zc_tail = c->tx_head;
 }
 
-static weft_status ibv_send_room(struct weft_conn *c) {
+static weft_status ibv_send_room(ibv_conn *c) {
   if (c->zc_pending) ibv_zc_reap(c, false);
   uint32_t in_flight = c->tx_head - (uint32_t)c->ctrl->credits;
   int q = (int)(c->tx_head % (uint32_t)c->ctx->nqp);
@@ -585,7 +594,7 @@ static weft_status ibv_send_room(struct weft_conn *c) {
              : WEFT_AGAIN;
 }
 
-weft_status ibv_send_ready(struct weft_conn *c) {
+static weft_status ibv_ready(ibv_conn *c) {
   if (c->state == IBV_CONN_UP && ibv_send_room(c) == WEFT_OK) return WEFT_OK;
   WEFT_CHECK(ibv_conn_usable(c, false));
   if (c->state == IBV_CONN_UP && ibv_send_room(c) == WEFT_OK) return WEFT_OK;
@@ -607,11 +616,16 @@ weft_status ibv_send_ready(struct weft_conn *c) {
   return WEFT_AGAIN;
 }
 
-weft_status ibv_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+weft_status ibv_send_ready(weft_tp_conn *conn) {
+  return ibv_ready(ibv_conn_of(conn));
+}
+
+weft_status ibv_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
                      const struct weft_mem_ops *mem) {
-  weft_status st = ibv_send_ready(c);
+  ibv_conn *c = ibv_conn_of(conn);
+  weft_status st = ibv_ready(c);
   if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
-  struct weft_transport_ctx *ctx = c->ctx;
+  ibv_ctx *ctx = c->ctx;
   if (bytes > ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
   uint32_t k = c->tx_head, slot = k % (uint32_t)ctx->nslots;
   char *bounce = c->tx_buf + (size_t)slot * ctx->stride;
@@ -621,7 +635,7 @@ weft_status ibv_send(struct weft_conn *c, const void *src, size_t bytes, uint32_
       {.addr = (uintptr_t)bounce, .length = IBV_TAG_BYTES, .lkey = c->tx_mr->lkey}};
   int nsge = 1;
   ibv_mr_entry *zc = NULL;
-  if (ctx->zcopy_bytes && bytes >= ctx->zcopy_bytes && mem->kind == WEFT_MEM_HOST) {
+  if (ctx->zcopy_bytes && bytes >= ctx->zcopy_bytes && mem->kind == WEFT_MEMORY_HOST) {
     /* the tag from the bounce slot, the data straight from the caller */
     weft_status st = ibv_mr_cache_get(&ctx->mr, src, bytes, &zc);
     if (st < 0)
@@ -657,7 +671,8 @@ weft_status ibv_send(struct weft_conn *c, const void *src, size_t bytes, uint32_
  * then destroy the communicator without cutting a write short. A queue whose
  * last requests were unsignaled gets a signaled empty write behind them (a
  * QP completes in order), so their completion becomes visible. */
-weft_status ibv_send_idle(struct weft_conn *c) {
+weft_status ibv_send_idle(weft_tp_conn *conn) {
+  ibv_conn *c = ibv_conn_of(conn);
   if (c->state == IBV_CONN_DEAD) return c->dead_status;
   if (c->state != IBV_CONN_UP && c->state != IBV_CONN_AWAIT_READY) return WEFT_OK;
   WEFT_CHECK(ibv_conn_usable(c, false));
@@ -682,8 +697,8 @@ weft_status ibv_send_idle(struct weft_conn *c) {
   return WEFT_AGAIN;
 }
 
-weft_status ibv_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data) {
-  struct weft_transport_ctx *ctx = c->ctx;
+static weft_status ibv_peek(ibv_conn *c, uint32_t seq, size_t bytes, const void **data) {
+  ibv_ctx *ctx = c->ctx;
   if (bytes > ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
   uint32_t slot = c->rx_tail % (uint32_t)ctx->nslots;
   char *p = c->rx_buf + (size_t)slot * ctx->stride;
@@ -715,7 +730,11 @@ weft_status ibv_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const
   return WEFT_OK;
 }
 
-weft_status ibv_recv_release(struct weft_conn *c) {
+weft_status ibv_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data) {
+  return ibv_peek(ibv_conn_of(conn), seq, bytes, data);
+}
+
+static weft_status ibv_release(ibv_conn *c) {
   if (!c->peeked) return c->state == IBV_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
   c->slot_full[c->rx_tail % (uint32_t)c->ctx->nslots] = 0;
@@ -726,10 +745,15 @@ weft_status ibv_recv_release(struct weft_conn *c) {
   return ibv_send_credit(c);
 }
 
-weft_status ibv_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+weft_status ibv_recv_release(weft_tp_conn *conn) {
+  return ibv_release(ibv_conn_of(conn));
+}
+
+weft_status ibv_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem) {
+  ibv_conn *c = ibv_conn_of(conn);
   const void *slot = NULL;
-  WEFT_STATUS_PASS(ibv_recv_peek(c, seq, bytes, &slot));
+  WEFT_STATUS_PASS(ibv_peek(c, seq, bytes, &slot));
   if (bytes) mem->copy(dst, slot, bytes);
-  return ibv_recv_release(c);
+  return ibv_release(c);
 }

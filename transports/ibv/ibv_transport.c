@@ -18,6 +18,7 @@
 #include "src/base/log.h"
 #include "src/base/settings.h"
 #include "src/base/status.h"
+#include "src/mem/mem.h"
 #include "src/topo/topo.h"
 
 #define IBV_ADDR_MAGIC 0x57454942u /* "WEIB" */
@@ -66,7 +67,7 @@ int ibv_gid_score(const union ibv_gid *gid, int roce_version) {
 }
 
 /* RoCE version of a GID entry: the verbs call when the library has it, else sysfs. */
-static int ibv_gid_roce_version(weft_transport_ctx *ctx, int index) {
+static int ibv_gid_roce_version(ibv_ctx *ctx, int index) {
   if (ctx->api->query_gid_ex) {
     struct ibv_gid_entry e;
     if (ctx->api->query_gid_ex(ctx->dev, ctx->port, (uint32_t)index, &e, 0, sizeof e) == 0)
@@ -83,7 +84,7 @@ static int ibv_gid_roce_version(weft_transport_ctx *ctx, int index) {
   return strstr(text, "v2") ? 2 : 1;
 }
 
-static weft_status ibv_pick_gid(weft_transport_ctx *ctx, int table_len) {
+static weft_status ibv_pick_gid(ibv_ctx *ctx, int table_len) {
   long long forced = weft_settings()->ibv.gid_index; /* auto: -1 */
   if (forced >= 0) {
     if (forced >= table_len || ctx->api->query_gid(ctx->dev, ctx->port, (int)forced, &ctx->gid)) {
@@ -141,7 +142,7 @@ typedef struct ibv_candidate {
 } ibv_candidate;
 
 /* Lists active ports that pass WEFT_IB_HCA; writes why none did. */
-static int ibv_list_ports(weft_transport_ctx *ctx, struct ibv_device **list, int ndev,
+static int ibv_list_ports(ibv_ctx *ctx, struct ibv_device **list, int ndev,
                           ibv_candidate *out, int max, char *why, size_t why_len) {
   const char *rules = weft_settings()->ibv.hca;
   int n = 0;
@@ -189,7 +190,7 @@ static int ibv_choose_nearest(ibv_candidate *cand, int n) {
   return pick;
 }
 
-static weft_status ibv_open(weft_transport_ctx *ctx) {
+static weft_status ibv_open(ibv_ctx *ctx) {
   weft_error_sink *err = ctx->args->errors;
   int ndev = 0;
   errno = 0;
@@ -247,7 +248,7 @@ static weft_status ibv_open(weft_transport_ctx *ctx) {
 
 /* Registered memory is pinned: too low a memlock limit fails later in
  * ibv_reg_mr with a bare ENOMEM, so say now what to change. */
-static weft_status ibv_check_memlock(weft_transport_ctx *ctx) {
+static weft_status ibv_check_memlock(ibv_ctx *ctx) {
   struct rlimit rl;
   if (getrlimit(RLIMIT_MEMLOCK, &rl) || rl.rlim_cur == RLIM_INFINITY) return WEFT_OK;
   uint64_t per_peer = 2 * (uint64_t)ctx->nslots * ctx->stride + 4096;
@@ -272,7 +273,7 @@ static weft_status ibv_check_memlock(weft_transport_ctx *ctx) {
 
 /* ---- the table's members ------------------------------------------------------ */
 
-static void ibv_close(weft_transport_ctx *ctx) {
+static void ibv_close(ibv_ctx *ctx) {
   ibv_mr_cache_fini(&ctx->mr);
   if (ctx->pd) ctx->api->dealloc_pd(ctx->pd);
   if (ctx->dev) ctx->api->close_device(ctx->dev);
@@ -282,7 +283,46 @@ static void ibv_close(weft_transport_ctx *ctx) {
   free(ctx);
 }
 
-static weft_status ibv_init(const weft_transport_init_args *args, weft_transport_ctx **out,
+/* The library, then the devices and their ports, as init would find them. */
+static weft_status ibv_probe(char *why, size_t why_len) {
+  weft_error_sink err = {{0}, {0}};
+  const ibv_api *api = ibv_api_load(&err);
+  if (!api) {
+    snprintf(why, why_len, "%s", err.msg);
+    return WEFT_ERR_UNSUPPORTED;
+  }
+  int ndev = 0;
+  errno = 0;
+  struct ibv_device **list = api->get_device_list(&ndev);
+  if (!list || ndev <= 0) {
+    snprintf(why, why_len, "%s: no RDMA device%s%s", api->library, errno ? ": " : "",
+             errno ? strerror(errno) : "");
+    if (list) api->free_device_list(list);
+    return WEFT_ERR_UNSUPPORTED;
+  }
+  size_t used = (size_t)snprintf(why, why_len, "%s:", api->library);
+  int active = 0;
+  for (int d = 0; d < ndev; d++) {
+    const char *name = api->get_device_name(list[d]);
+    struct ibv_context *dc = api->open_device(list[d]);
+    struct ibv_device_attr da;
+    int ports = 0;
+    if (dc && api->query_device(dc, &da) == 0)
+      for (int p = 1; p <= da.phys_port_cnt; p++) {
+        struct ibv_port_attr pa;
+        if (api->query_port(dc, (uint8_t)p, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) ports++;
+      }
+    if (dc) api->close_device(dc);
+    active += ports;
+    if (used < why_len)
+      used += (size_t)snprintf(why + used, why_len - used, " %s (%d active port%s)", name, ports,
+                               ports == 1 ? "" : "s");
+  }
+  api->free_device_list(list);
+  return active > 0 ? WEFT_OK : WEFT_ERR_UNSUPPORTED;
+}
+
+static weft_status ibv_init(const weft_transport_init_args *args, weft_tp_ctx **out,
                             void *addr, size_t *addr_len) {
   if (!args->place) {
     weft_error_sink_set(args->errors, "ibv: no place information");
@@ -290,20 +330,19 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_transport
   }
   const ibv_api *api = ibv_api_load(args->errors);
   if (!api) return WEFT_ERR_UNSUPPORTED;
-  weft_transport_ctx *ctx = calloc(1, sizeof *ctx);
+  ibv_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return WEFT_ERR_NOMEM;
   ctx->args = args;
+  ctx->slot_mem = args->slot_mem ? args->slot_mem : &weft_mem_host;
   ctx->api = api;
   ctx->listen_fd = -1;
   long long qps = weft_settings()->ibv.qps_per_peer;
   ctx->nqp = qps < 1 ? 1 : qps > IBV_MAX_QPS ? IBV_MAX_QPS : (int)qps;
-  ctx->nslots = args->send_depth < 2               ? 2
-                : args->send_depth > IBV_MAX_SLOTS ? IBV_MAX_SLOTS
-                                                   : args->send_depth;
+  ctx->nslots = IBV_SLOTS;
   ctx->stride = (IBV_TAG_BYTES + args->chunk_bytes + 63) & ~(size_t)63;
   ctx->max_inline = sizeof(uint64_t);
-  ctx->conns = calloc((size_t)args->size, sizeof *ctx->conns);
-  ctx->pfds = calloc((size_t)args->size + 3, sizeof *ctx->pfds);
+  ctx->conns = calloc((size_t)args->size * WEFT_TP_CHANNELS, sizeof *ctx->conns);
+  ctx->pfds = calloc((size_t)args->size * WEFT_TP_CHANNELS + 3, sizeof *ctx->pfds);
   weft_status st = WEFT_ERR_NOMEM;
   if (!ctx->conns || !ctx->pfds) goto fail;
   if ((st = ibv_check_memlock(ctx)) || (st = ibv_open(ctx))) goto fail;
@@ -332,7 +371,7 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_transport
   net_addr_pack(&ctx->addr, ctx->self.sock);
   memcpy(addr, &ctx->self, sizeof ctx->self);
   *addr_len = sizeof ctx->self;
-  *out = ctx;
+  *out = (weft_tp_ctx *)ctx;
   return WEFT_OK;
 fail:
   ibv_close(ctx);
@@ -345,8 +384,13 @@ static bool ibv_addr_read(const void *blob, size_t len, ibv_addr *out) {
   return out->magic == IBV_ADDR_MAGIC;
 }
 
-static bool ibv_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_addr, size_t addr_len,
+static int ibv_send_depth(const weft_tp_ctx *ctx) {
+  return ((const ibv_ctx *)ctx)->nslots;
+}
+
+static bool ibv_can_reach(weft_tp_ctx *tctx, int peer, const void *peer_addr, size_t addr_len,
                           char *why, size_t why_len) {
+  ibv_ctx *ctx = ibv_ctx_of(tctx);
   ibv_addr pa;
   (void)peer;
   if (!ibv_addr_read(peer_addr, addr_len, &pa)) {
@@ -372,13 +416,17 @@ static bool ibv_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_ad
   return true;
 }
 
-static weft_status ibv_connect(weft_transport_ctx *ctx, int peer, const void *peer_addr,
-                               size_t addr_len, weft_conn **out) {
+static weft_status ibv_connect(weft_tp_ctx *tctx, int peer, int channel, const void *peer_addr,
+                               size_t addr_len, weft_tp_conn **out) {
+  ibv_ctx *ctx = ibv_ctx_of(tctx);
   ibv_addr pa;
-  if (peer < 0 || peer >= ctx->args->size || peer == ctx->args->rank) return WEFT_ERR_INVALID;
-  if (!ctx->conns[peer]) WEFT_CHECK(ibv_conn_create(ctx, peer, &ctx->conns[peer]));
-  weft_conn *c = ctx->conns[peer];
-  *out = c;
+  if (peer < 0 || peer >= ctx->args->size || peer == ctx->args->rank || channel < 0 ||
+      channel >= WEFT_TP_CHANNELS)
+    return WEFT_ERR_INVALID;
+  ibv_conn **slot = &ctx->conns[ibv_conn_index(peer, channel)];
+  if (!*slot) WEFT_CHECK(ibv_conn_create(ctx, peer, channel, slot));
+  ibv_conn *c = *slot;
+  *out = (weft_tp_conn *)c;
   if (c->fd >= 0 || c->state == IBV_CONN_DEAD || ctx->args->rank > peer) return WEFT_OK;
   struct sockaddr_storage a;
   socklen_t alen;
@@ -388,15 +436,15 @@ static weft_status ibv_connect(weft_transport_ctx *ctx, int peer, const void *pe
 }
 
 /* Fatal async events fail the connection they name (or all of them). */
-static void ibv_async_events(weft_transport_ctx *ctx, bool *progressed) {
+static void ibv_async_events(ibv_ctx *ctx, bool *progressed) {
   struct ibv_async_event ev;
   while (ctx->api->get_async_event(ctx->dev, &ev) == 0) {
     enum ibv_event_type t = ev.event_type;
     bool fatal = t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR ||
                  t == IBV_EVENT_QP_ACCESS_ERR || t == IBV_EVENT_CQ_ERR ||
                  t == IBV_EVENT_DEVICE_FATAL || t == IBV_EVENT_PORT_ERR;
-    for (int p = 0; fatal && p < ctx->args->size; p++) {
-      weft_conn *c = ctx->conns[p];
+    for (int p = 0; fatal && p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
+      ibv_conn *c = ctx->conns[p];
       if (!c || c->state == IBV_CONN_DEAD) continue;
       bool mine = t == IBV_EVENT_DEVICE_FATAL || t == IBV_EVENT_PORT_ERR ||
                   (t == IBV_EVENT_CQ_ERR && ev.element.cq == c->cq);
@@ -406,7 +454,7 @@ static void ibv_async_events(weft_transport_ctx *ctx, bool *progressed) {
         ibv_conn_fail(c, WEFT_ERR_PEER_LOST,
                       "ibv: async event %s on the connection to peer %d "
                       "(%s port %u)",
-                      ctx->api->event_type_str(t), p, ctx->dev_name, ctx->port);
+                      ctx->api->event_type_str(t), c->peer, ctx->dev_name, ctx->port);
     }
     WEFT_INFO(WEFT_SUBSYS_NET, "ibv: async event %s", ctx->api->event_type_str(t));
     ctx->api->ack_async_event(&ev);
@@ -417,16 +465,17 @@ static void ibv_async_events(weft_transport_ctx *ctx, bool *progressed) {
 /* A connection that fails here (an error completion, an async event, a
  * peer's failure notice) fails the call now: the algorithm may be waiting on
  * another peer and never touch this one again. */
-static weft_status ibv_progress(weft_transport_ctx *ctx, bool *progressed) {
+static weft_status ibv_progress(weft_tp_ctx *tctx, bool *progressed) {
+  ibv_ctx *ctx = ibv_ctx_of(tctx);
   *progressed = ctx->moved;
   ctx->moved = false;
   weft_status st = WEFT_OK;
-  for (int p = 0; p < ctx->args->size; p++)
+  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) ctx->conns[p]->alive_before = ctx->conns[p]->state != IBV_CONN_DEAD;
   ibv_async_events(ctx, progressed);
   if (ctx->not_up > 0) WEFT_CHECK(ibv_conn_accept_one(ctx, progressed));
-  for (int p = 0; p < ctx->args->size; p++) {
-    weft_conn *c = ctx->conns[p];
+  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
+    ibv_conn *c = ctx->conns[p];
     if (!c) continue;
     if (c->state != IBV_CONN_DEAD) ibv_conn_poll(c, progressed);
     if (c->alive_before && c->state == IBV_CONN_DEAD && st == WEFT_OK) st = c->dead_status;
@@ -434,15 +483,16 @@ static weft_status ibv_progress(weft_transport_ctx *ctx, bool *progressed) {
   return st;
 }
 
-static weft_status ibv_wait(weft_transport_ctx *ctx, int timeout_ms) {
+static weft_status ibv_wait(weft_tp_ctx *tctx, int timeout_ms) {
+  ibv_ctx *ctx = ibv_ctx_of(tctx);
   struct pollfd *pf = ctx->pfds;
   nfds_t n = 0;
   if (ctx->args->wake_fd >= 0)
     pf[n++] = (struct pollfd){.fd = ctx->args->wake_fd, .events = POLLIN};
   pf[n++] = (struct pollfd){.fd = ctx->dev->async_fd, .events = POLLIN};
   if (ctx->not_up > 0) pf[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
-  for (int p = 0; p < ctx->args->size; p++) {
-    weft_conn *c = ctx->conns[p];
+  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
+    ibv_conn *c = ctx->conns[p];
     if (c && c->fd >= 0 && c->state != IBV_CONN_DEAD && !c->peer_ended)
       pf[n++] = (struct pollfd){.fd = c->fd, .events = POLLIN};
   }
@@ -454,14 +504,16 @@ static weft_status ibv_wait(weft_transport_ctx *ctx, int timeout_ms) {
   return WEFT_OK;
 }
 
-static void ibv_abort_all(weft_transport_ctx *ctx, const char *reason) {
-  for (int p = 0; p < ctx->args->size; p++)
+static void ibv_abort_all(weft_tp_ctx *tctx, const char *reason) {
+  ibv_ctx *ctx = ibv_ctx_of(tctx);
+  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) ibv_conn_notify_abort(ctx->conns[p], reason);
 }
 
-static void ibv_fini(weft_transport_ctx *ctx) {
+static void ibv_fini(weft_tp_ctx *tctx) {
+  ibv_ctx *ctx = ibv_ctx_of(tctx);
   if (!ctx) return;
-  for (int p = 0; p < ctx->args->size; p++)
+  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) ibv_conn_destroy(ctx->conns[p]);
   ibv_close(ctx);
 }
@@ -469,8 +521,13 @@ static void ibv_fini(weft_transport_ctx *ctx) {
 const weft_transport weft_transport_ibv = {
     .abi_version = WEFT_TRANSPORT_ABI,
     .name = "ibv",
-    .sends_are_stores = false,
+    .caps = {.send_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_HOST) | WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
+             .recv_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_HOST) | WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
+             .map_kinds = 0, /* its registrations stay inside (ibv_mr.c) for now */
+             .sends_are_stores = false},
+    .probe = ibv_probe,
     .init = ibv_init,
+    .send_depth = ibv_send_depth,
     .can_reach = ibv_can_reach,
     .connect = ibv_connect,
     .send_ready = ibv_send_ready,
@@ -479,7 +536,9 @@ const weft_transport weft_transport_ibv = {
     .recv_peek = ibv_recv_peek,
     .recv_release = ibv_recv_release,
     .recv_into = ibv_recv_into,
-    .map_peer_mem = weft_transport_no_map, /* no shared address space with a remote peer */
+    .register_mem = weft_tp_no_register,
+    .deregister_mem = weft_tp_no_deregister,
+    .map_peer_mem = weft_tp_no_map, /* no shared address space with a remote peer */
     .progress = ibv_progress,
     .wait = ibv_wait,
     .abort_all = ibv_abort_all,

@@ -1,5 +1,5 @@
 /* shm.h - the shared-memory transport's private types. Two ranks of one host
- * share one segment per pair: two FIFOs (lower->higher, higher->lower) of
+ * share one segment per pair and channel: two FIFOs (lower->higher, higher->lower) of
  * `nslots` slots of chunk_bytes. Counters are 32-bit and double as futex
  * words, so a sleeping side is woken by the other with no extra state. */
 #ifndef WEFT_SHM_H
@@ -94,11 +94,15 @@ typedef struct shm_peer_map {
 } shm_peer_map;
 
 enum shm_conn_state { SHM_CONN_OPENING, SHM_CONN_UP, SHM_CONN_DEAD };
+
+typedef struct shm_ctx shm_ctx;
+typedef struct shm_conn shm_conn;
 enum shm_want { SHM_WANT_NONE, SHM_WANT_RECV, SHM_WANT_SEND, SHM_WANT_OPEN };
 
-struct weft_conn {
-  struct weft_transport_ctx *ctx;
+struct shm_conn {
+  shm_ctx *ctx;
   int peer;
+  int channel;
   enum shm_conn_state state;
   weft_status dead_status;
   bool creator;                      /* this rank made the segment (lower rank) */
@@ -121,38 +125,53 @@ struct weft_conn {
   uint64_t map_uses;
 };
 
-struct weft_transport_ctx {
+struct shm_ctx {
   const weft_transport_init_args *args;
   shm_addr self;
-  int nslots;
-  struct weft_conn **conns;          /* by peer rank */
-  struct weft_conn *want_conn;       /* the last connection a data call said AGAIN for */
+  int nslots;                        /* the send depth too (transport.h): WEFT_SHM_SLOTS */
+  shm_conn **conns;                  /* by shm_conn_index(peer, channel) */
+  shm_conn *want_conn;       /* the last connection a data call said AGAIN for */
   enum shm_want want;
   double next_liveness_check;
   uint32_t progress_calls;           /* the clock is read on every SHM_CLOCK_ROUNDS-th */
 };
 
+static inline int shm_conn_index(int peer, int channel) {
+  return peer * WEFT_TP_CHANNELS + channel;
+}
+/* The contract's opaque handles are these (transport.h). */
+static inline shm_conn *shm_conn_of(weft_tp_conn *c) {
+  return (shm_conn *)c;
+}
+static inline shm_ctx *shm_ctx_of(weft_tp_ctx *c) {
+  return (shm_ctx *)c;
+}
+
 /* shm_conn.c */
 size_t shm_segment_bytes(int nslots, size_t slot_bytes);
-weft_status shm_conn_create(struct weft_transport_ctx *ctx, int peer, const shm_addr *peer_addr,
-                            struct weft_conn **out);
-weft_status shm_conn_try_open(struct weft_conn *c);
-void shm_conn_check_peer(struct weft_conn *c);
-weft_status shm_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...)
+weft_status shm_conn_create(shm_ctx *ctx, int peer, int channel, const shm_addr *peer_addr,
+                            shm_conn **out);
+weft_status shm_conn_try_open(shm_conn *c);
+void shm_conn_check_peer(shm_conn *c);
+weft_status shm_conn_fail(shm_conn *c, weft_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void shm_conn_notify_abort(struct weft_conn *c, const char *reason);
-void shm_conn_destroy(struct weft_conn *c);
+void shm_conn_notify_abort(shm_conn *c, const char *reason);
+void shm_conn_destroy(shm_conn *c);
 void shm_futex_wake(atomic_uint *word);
 void shm_futex_wait(atomic_uint *word, uint32_t expected, int timeout_ms);
 
-weft_status shm_send_ready(struct weft_conn *c);
-weft_status shm_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+/* the table's data and memory members */
+weft_status shm_send_ready(weft_tp_conn *conn);
+weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
                      const struct weft_mem_ops *mem);
-weft_status shm_send_idle(struct weft_conn *c);
-weft_status shm_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data);
-weft_status shm_recv_release(struct weft_conn *c);
-weft_status shm_map_peer_mem(struct weft_conn *c, const weft_mem_key *key, void **local);
-weft_status shm_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+weft_status shm_send_idle(weft_tp_conn *conn);
+weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
+weft_status shm_recv_release(weft_tp_conn *conn);
+weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem);
+weft_status shm_register_mem(weft_tp_ctx *ctx, const weft_mem_region *region, weft_tp_mem *handle,
+                             weft_mem_desc *desc);
+void shm_deregister_mem(weft_tp_ctx *ctx, weft_tp_mem *handle);
+weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void **local);
 
 #endif

@@ -21,6 +21,7 @@
 #include "shm.h"
 #include "src/base/log.h"
 #include "src/mem/mem.h"
+#include "src/mem/shared_mem.h"
 #include "src/base/net.h"
 #include "src/base/status.h"
 
@@ -65,7 +66,7 @@ const char *shm_segment_check(const shm_segment_info *info, uint32_t nslots, uin
 
 /* ---- set-up and teardown -------------------------------------------------- */
 
-weft_status shm_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...) {
+weft_status shm_conn_fail(shm_conn *c, weft_status st, const char *fmt, ...) {
   char what[300];
   va_list ap;
   va_start(ap, fmt);
@@ -78,7 +79,7 @@ weft_status shm_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, 
   return st;
 }
 
-static void shm_conn_map_fifos(struct weft_conn *c) {
+static void shm_conn_map_fifos(shm_conn *c) {
   bool lower = c->ctx->args->rank < c->peer;
   size_t head = (sizeof(shm_segment) + 4095) & ~(size_t)4095;
   size_t fifo_bytes = (size_t)c->seg->nslots * c->seg->slot_bytes;
@@ -92,8 +93,8 @@ static void shm_conn_map_fifos(struct weft_conn *c) {
   c->rx_tail = atomic_load(&c->rx->tail);
 }
 
-static weft_status shm_conn_make_segment(struct weft_conn *c) {
-  struct weft_transport_ctx *ctx = c->ctx;
+static weft_status shm_conn_make_segment(shm_conn *c) {
+  shm_ctx *ctx = c->ctx;
   int fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0)
     return shm_conn_fail(c, WEFT_ERR_SYSTEM, "cannot create shared memory %s: %s", c->name,
@@ -130,7 +131,7 @@ static weft_status shm_conn_make_segment(struct weft_conn *c) {
 
 /* The higher rank: map the segment once the lower rank made it, then take
  * the name away (nobody needs it any more). WEFT_AGAIN until it exists. */
-weft_status shm_conn_try_open(struct weft_conn *c) {
+weft_status shm_conn_try_open(shm_conn *c) {
   int fd = shm_open(c->name, O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
     if (errno == ENOENT) return WEFT_AGAIN;
@@ -167,20 +168,21 @@ weft_status shm_conn_try_open(struct weft_conn *c) {
   return WEFT_OK;
 }
 
-weft_status shm_conn_create(struct weft_transport_ctx *ctx, int peer, const shm_addr *peer_addr,
-                            struct weft_conn **out) {
-  struct weft_conn *c = calloc(1, sizeof *c);
+weft_status shm_conn_create(shm_ctx *ctx, int peer, int channel, const shm_addr *peer_addr,
+                            shm_conn **out) {
+  shm_conn *c = calloc(1, sizeof *c);
   if (!c) return WEFT_ERR_NOMEM;
   c->ctx = ctx;
   c->peer = peer;
+  c->channel = channel;
   c->pidfd = -1;
   c->peer_pid = peer_addr->pid;
   c->state = SHM_CONN_OPENING;
   c->seg_bytes = shm_segment_bytes(ctx->nslots, ctx->args->chunk_bytes);
   int lo = ctx->args->rank < peer ? ctx->args->rank : peer;
   int hi = ctx->args->rank < peer ? peer : ctx->args->rank;
-  snprintf(c->name, sizeof c->name, "/weft-%016llx-%d-%d", (unsigned long long)ctx->args->comm_id,
-           lo, hi);
+  snprintf(c->name, sizeof c->name, "/weft-%016llx-%d-%d-%d",
+           (unsigned long long)ctx->args->comm_id, lo, hi, channel);
 #ifdef SYS_pidfd_open
   c->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)peer_addr->pid, 0);
 #endif
@@ -193,7 +195,7 @@ weft_status shm_conn_create(struct weft_transport_ctx *ctx, int peer, const shm_
   return st == WEFT_AGAIN ? WEFT_OK : st;
 }
 
-void shm_conn_notify_abort(struct weft_conn *c, const char *reason) {
+void shm_conn_notify_abort(shm_conn *c, const char *reason) {
   if (c->state != SHM_CONN_UP) return;
   snprintf(c->tx->abort_text, sizeof c->tx->abort_text, "%s", reason);
   atomic_store_explicit(&c->tx->aborted, 1, memory_order_release);
@@ -204,7 +206,7 @@ void shm_conn_notify_abort(struct weft_conn *c, const char *reason) {
   c->dead_status = WEFT_ERR_ABORTED;
 }
 
-void shm_conn_destroy(struct weft_conn *c) {
+void shm_conn_destroy(shm_conn *c) {
   for (int i = 0; i < c->nmaps; i++) munmap(c->maps[i].base, c->maps[i].bytes);
   if (c->seg) munmap(c->seg, c->seg_bytes);
   if (c->maybe_linked) shm_unlink(c->name); /* the peer never mapped it */
@@ -214,7 +216,7 @@ void shm_conn_destroy(struct weft_conn *c) {
 
 /* ---- liveness ------------------------------------------------------------------ */
 
-static weft_status shm_peer_gone(struct weft_conn *c) {
+static weft_status shm_peer_gone(shm_conn *c) {
   if (c->rx && atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) {
     /* the peer's text: bounded here, whether or not it ended it */
     char text[SHM_ABORT_TEXT];
@@ -230,7 +232,7 @@ static weft_status shm_peer_gone(struct weft_conn *c) {
 /* Notes whether the peer process has ended (one poll of its pidfd). Not an
  * error by itself: a peer may finish and exit while its last chunks still
  * wait in our FIFO. It becomes one when we need more from it. */
-void shm_conn_check_peer(struct weft_conn *c) {
+void shm_conn_check_peer(shm_conn *c) {
   if (c->peer_ended || c->state == SHM_CONN_DEAD) return;
   if (c->pidfd >= 0) {
     struct pollfd p = {.fd = c->pidfd, .events = POLLIN};
@@ -240,7 +242,7 @@ void shm_conn_check_peer(struct weft_conn *c) {
   }
 }
 
-static weft_status shm_peer_ended(struct weft_conn *c, const char *needing) {
+static weft_status shm_peer_ended(shm_conn *c, const char *needing) {
   weft_status st = shm_peer_gone(c); /* a failure notice says more than the exit */
   if (st) return st;
   return shm_conn_fail(c, WEFT_ERR_PEER_LOST,
@@ -251,7 +253,7 @@ static weft_status shm_peer_ended(struct weft_conn *c, const char *needing) {
 
 /* ---- data path ------------------------------------------------------------------ */
 
-static weft_status shm_conn_usable(struct weft_conn *c) {
+static weft_status shm_conn_usable(shm_conn *c) {
   if (c->state == SHM_CONN_UP) return WEFT_OK;
   if (c->state == SHM_CONN_DEAD) return c->dead_status;
   if (c->peer_ended) return shm_peer_ended(c, "its shared memory");
@@ -263,7 +265,7 @@ static weft_status shm_conn_usable(struct weft_conn *c) {
   return st;
 }
 
-weft_status shm_send_ready(struct weft_conn *c) {
+static weft_status shm_ready(shm_conn *c) {
   WEFT_STATUS_PASS(shm_conn_usable(c));
   if (atomic_load_explicit(&c->rx->aborted, memory_order_relaxed)) return shm_peer_gone(c);
   if (c->peer_ended) return shm_peer_ended(c, "room to send");
@@ -278,9 +280,14 @@ weft_status shm_send_ready(struct weft_conn *c) {
   return WEFT_AGAIN;
 }
 
-weft_status shm_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+weft_status shm_send_ready(weft_tp_conn *conn) {
+  return shm_ready(shm_conn_of(conn));
+}
+
+weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
                      const struct weft_mem_ops *mem) {
-  weft_status st = shm_send_ready(c);
+  shm_conn *c = shm_conn_of(conn);
+  weft_status st = shm_ready(c);
   if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
   uint32_t slot = c->tx_head % (uint32_t)c->ctx->nslots;
@@ -305,7 +312,8 @@ weft_status shm_send(struct weft_conn *c, const void *src, size_t bytes, uint32_
 }
 
 /* A chunk is complete once copied into the slot. */
-weft_status shm_send_idle(struct weft_conn *c) {
+weft_status shm_send_idle(weft_tp_conn *conn) {
+  shm_conn *c = shm_conn_of(conn);
   if (c->state == SHM_CONN_DEAD) return c->dead_status;
   /* Chunks sit in a segment only the peer's mapping can reach: until it has
    * mapped it, they are not delivered (this rank ending now would unlink
@@ -318,7 +326,7 @@ weft_status shm_send_idle(struct weft_conn *c) {
   return WEFT_OK;
 }
 
-weft_status shm_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data) {
+static weft_status shm_peek(shm_conn *c, uint32_t seq, size_t bytes, const void **data) {
   WEFT_STATUS_PASS(shm_conn_usable(c));
   uint32_t slot = c->rx_tail % (uint32_t)c->ctx->nslots;
   shm_cell *cell = &c->rx->cell[slot];
@@ -346,7 +354,11 @@ weft_status shm_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const
   return WEFT_OK;
 }
 
-weft_status shm_recv_release(struct weft_conn *c) {
+weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data) {
+  return shm_peek(shm_conn_of(conn), seq, bytes, data);
+}
+
+static weft_status shm_release(shm_conn *c) {
   if (!c->peeked) return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
   c->rx_tail++;
@@ -355,12 +367,17 @@ weft_status shm_recv_release(struct weft_conn *c) {
   return WEFT_OK;
 }
 
-weft_status shm_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+weft_status shm_recv_release(weft_tp_conn *conn) {
+  return shm_release(shm_conn_of(conn));
+}
+
+weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem) {
+  shm_conn *c = shm_conn_of(conn);
   const void *slot = NULL;
-  WEFT_STATUS_PASS(shm_recv_peek(c, seq, bytes, &slot));
+  WEFT_STATUS_PASS(shm_peek(c, seq, bytes, &slot));
   mem->copy(dst, slot, bytes);
-  return shm_recv_release(c);
+  return shm_release(c);
 }
 
 /* ---- the peer's shared buffers ---------------------------------------------- */
@@ -369,7 +386,7 @@ weft_status shm_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void 
  * peer's descriptors (same user, dumpable), not ptrace attach, so it works
  * where Yama restricts process_vm_readv. The inode check catches a
  * descriptor number the peer has since reused for something else. */
-static weft_status shm_map_open(struct weft_conn *c, const weft_mem_key *key, shm_peer_map *out) {
+static weft_status shm_map_open(shm_conn *c, const weft_shared_key *key, shm_peer_map *out) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%u/fd/%d", c->peer_pid, key->fd);
   int fd = open(path, O_RDWR | O_CLOEXEC);
@@ -399,9 +416,51 @@ static weft_status shm_map_open(struct weft_conn *c, const weft_mem_key *key, sh
   return WEFT_OK;
 }
 
-weft_status shm_map_peer_mem(struct weft_conn *c, const weft_mem_key *key, void **local) {
+/* Only weft_mem_alloc memory can be described to a peer: nothing is pinned
+ * or held, so the handle needs no release. */
+weft_status shm_register_mem(weft_tp_ctx *ctx, const weft_mem_region *region, weft_tp_mem *handle,
+                             weft_mem_desc *desc) {
+  shm_ctx *sc = shm_ctx_of(ctx);
+  handle->region = *region;
+  handle->priv[0] = handle->priv[1] = 0;
+  if (region->kind != WEFT_MEMORY_SHARED) {
+    handle->region.kind = WEFT_MEMORY_COUNT;
+    return WEFT_ERR_UNSUPPORTED;
+  }
+  weft_mem_desc scratch;
+  if (!weft_shared_mem_describe(region->ptr, region->bytes, desc ? desc : &scratch)) {
+    handle->region.kind = WEFT_MEMORY_COUNT;
+    weft_error_sink_set(sc->args->errors,
+                        "shm: %zu bytes at %p are not inside one weft_mem_alloc allocation",
+                        region->bytes, region->ptr);
+    return WEFT_ERR_INVALID;
+  }
+  return WEFT_OK;
+}
+
+void shm_deregister_mem(weft_tp_ctx *ctx, weft_tp_mem *handle) {
+  (void)ctx;
+  handle->region.kind = WEFT_MEMORY_COUNT;
+}
+
+weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void **local) {
+  shm_conn *c = shm_conn_of(conn);
   *local = NULL;
   if (c->state == SHM_CONN_DEAD) return c->dead_status;
+  if (desc->version == WEFT_MEM_DESC_VERSION && desc->kind != WEFT_MEMORY_SHARED) {
+    weft_error_sink_set(c->ctx->args->errors,
+                        "peer %d described memory of kind %u, which shm cannot map", c->peer,
+                        desc->kind);
+    return WEFT_ERR_UNSUPPORTED;
+  }
+  weft_shared_key k;
+  const weft_shared_key *key = &k;
+  if (weft_shared_mem_key(desc, &k)) {
+    weft_error_sink_set(c->ctx->args->errors,
+                        "peer %d sent a malformed memory descriptor (version %u, kind %u)",
+                        c->peer, desc->version, desc->kind);
+    return WEFT_ERR_PROTOCOL;
+  }
   if (key->pid != c->peer_pid) {
     weft_error_sink_set(c->ctx->args->errors,
                         "peer %d described a buffer of process %u, but it is process %u", c->peer,
@@ -426,11 +485,11 @@ weft_status shm_map_peer_mem(struct weft_conn *c, const weft_mem_key *key, void 
   }
   m->used = ++c->map_uses;
   /* bounds from what is mapped here, never from the peer's word alone */
-  if (key->offset > m->bytes || key->len > m->bytes - key->offset) {
+  if (key->offset > m->bytes || desc->len > m->bytes - key->offset) {
     weft_error_sink_set(c->ctx->args->errors,
                         "peer %d described bytes %llu..%llu of a %zu-byte shared buffer", c->peer,
                         (unsigned long long)key->offset,
-                        (unsigned long long)(key->offset + key->len), m->bytes);
+                        (unsigned long long)(key->offset + desc->len), m->bytes);
     return WEFT_ERR_PROTOCOL;
   }
   *local = (char *)m->base + key->offset;

@@ -22,15 +22,40 @@
 #define SHM_LIVENESS_PERIOD 0.01 /* seconds between pidfd checks while busy */
 #define SHM_CLOCK_ROUNDS 32      /* progress calls between looks at the clock */
 
-static weft_status shm_init(const weft_transport_init_args *args, weft_transport_ctx **out,
+/* Free bytes of /dev/shm, 0 when it is not there or not usable. */
+static uint64_t shm_dev_free(void) {
+  struct statvfs vfs;
+  return statvfs("/dev/shm", &vfs) == 0 ? (uint64_t)vfs.f_bavail * vfs.f_frsize : 0;
+}
+
+static weft_status shm_probe(char *why, size_t why_len) {
+  struct statvfs vfs;
+  if (statvfs("/dev/shm", &vfs)) {
+    snprintf(why, why_len, "/dev/shm: %s", strerror(errno));
+    return WEFT_ERR_UNSUPPORTED;
+  }
+  uint64_t free_bytes = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+  uint64_t size = (uint64_t)vfs.f_blocks * vfs.f_frsize;
+  if (access("/dev/shm", W_OK | X_OK)) {
+    snprintf(why, why_len, "/dev/shm is not writable here: %s", strerror(errno));
+    return WEFT_ERR_UNSUPPORTED;
+  }
+  long long slots = weft_settings()->shm.slots;
+  snprintf(why, why_len, "/dev/shm %llu MiB, %llu MiB free; WEFT_SHM_SLOTS=%lld",
+           (unsigned long long)(size >> 20), (unsigned long long)(free_bytes >> 20), slots);
+  if (free_bytes == 0) return WEFT_ERR_UNSUPPORTED;
+  return WEFT_OK;
+}
+
+static weft_status shm_init(const weft_transport_init_args *args, weft_tp_ctx **out,
                             void *addr, size_t *addr_len) {
   if (!args->place) {
     weft_error_sink_set(args->errors, "shm: no place information");
     return WEFT_ERR_UNSUPPORTED;
   }
-  weft_transport_ctx *ctx = calloc(1, sizeof *ctx);
+  shm_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return WEFT_ERR_NOMEM;
-  ctx->conns = calloc((size_t)args->size, sizeof *ctx->conns);
+  ctx->conns = calloc((size_t)args->size * WEFT_TP_CHANNELS, sizeof *ctx->conns);
   if (!ctx->conns) {
     free(ctx);
     return WEFT_ERR_NOMEM;
@@ -41,13 +66,16 @@ static weft_status shm_init(const weft_transport_init_args *args, weft_transport
   ctx->self.magic = SHM_ADDR_MAGIC;
   ctx->self.pid = (uint32_t)getpid();
   ctx->self.place = *args->place;
-  struct statvfs vfs;
-  ctx->self.shm_free = statvfs("/dev/shm", &vfs) == 0 ? (uint64_t)vfs.f_bavail * vfs.f_frsize : 0;
+  ctx->self.shm_free = shm_dev_free();
   if (ctx->self.shm_free == 0) ctx->self.place.shm_ns = 0; /* no usable /dev/shm */
   memcpy(addr, &ctx->self, sizeof ctx->self);
   *addr_len = sizeof ctx->self;
-  *out = ctx;
+  *out = (weft_tp_ctx *)ctx;
   return WEFT_OK;
+}
+
+static int shm_send_depth(const weft_tp_ctx *ctx) {
+  return ((const shm_ctx *)ctx)->nslots;
 }
 
 /* Peers' addresses arrive packed at any alignment: copy before reading. */
@@ -61,8 +89,9 @@ static bool shm_addr_read(const void *blob, size_t len, shm_addr *out) {
   return shm_addr_parse(blob, len, out) == WEFT_OK;
 }
 
-static bool shm_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_addr, size_t addr_len,
+static bool shm_can_reach(weft_tp_ctx *tctx, int peer, const void *peer_addr, size_t addr_len,
                           char *why, size_t why_len) {
+  shm_ctx *ctx = shm_ctx_of(tctx);
   shm_addr peer_copy;
   const shm_addr *pa = &peer_copy;
   (void)peer;
@@ -72,7 +101,9 @@ static bool shm_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_ad
   }
   if (!weft_select_shm_reaches(&ctx->self.place, &pa->place, why, why_len)) return false;
   /* Room for every pair of ranks on this host, judged from what both ranks
-   * published, so both ends of a pair decide alike. */
+   * published, so both ends of a pair decide alike. Counted for channel 0
+   * only: a second channel's segments are made when it is first used
+   * (p2p), and a full /dev/shm then fails that connect with a sentence. */
   uint64_t pairs = (uint64_t)ctx->args->local_size * (uint64_t)(ctx->args->local_size - 1) / 2;
   uint64_t need = pairs * shm_segment_bytes(ctx->nslots, ctx->args->chunk_bytes);
   uint64_t have = ctx->self.shm_free < pa->shm_free ? ctx->self.shm_free : pa->shm_free;
@@ -94,19 +125,22 @@ static bool shm_can_reach(weft_transport_ctx *ctx, int peer, const void *peer_ad
   return true;
 }
 
-static weft_status shm_connect(weft_transport_ctx *ctx, int peer, const void *peer_addr,
-                               size_t addr_len, weft_conn **conn) {
+static weft_status shm_connect(weft_tp_ctx *tctx, int peer, int channel, const void *peer_addr,
+                               size_t addr_len, weft_tp_conn **conn) {
+  shm_ctx *ctx = shm_ctx_of(tctx);
   shm_addr peer_copy;
   const shm_addr *pa = &peer_copy;
   if (!shm_addr_read(peer_addr, addr_len, &peer_copy) || peer < 0 || peer >= ctx->args->size ||
-      peer == ctx->args->rank)
+      peer == ctx->args->rank || channel < 0 || channel >= WEFT_TP_CHANNELS)
     return WEFT_ERR_INVALID;
-  if (!ctx->conns[peer]) WEFT_CHECK(shm_conn_create(ctx, peer, pa, &ctx->conns[peer]));
-  *conn = ctx->conns[peer];
+  shm_conn **slot = &ctx->conns[shm_conn_index(peer, channel)];
+  if (!*slot) WEFT_CHECK(shm_conn_create(ctx, peer, channel, pa, slot));
+  *conn = (weft_tp_conn *)*slot;
   return WEFT_OK;
 }
 
-static weft_status shm_progress(weft_transport_ctx *ctx, bool *progressed) {
+static weft_status shm_progress(weft_tp_ctx *tctx, bool *progressed) {
+  shm_ctx *ctx = shm_ctx_of(tctx);
   *progressed = false;
   /* A waiting driver calls this every round, well under a microsecond
    * apart, and a clock read costs ~35 ns here: look at the clock every
@@ -117,14 +151,15 @@ static weft_status shm_progress(weft_transport_ctx *ctx, bool *progressed) {
   double now = weft_now();
   if (now < ctx->next_liveness_check) return WEFT_OK;
   ctx->next_liveness_check = now + SHM_LIVENESS_PERIOD;
-  for (int p = 0; p < ctx->args->size; p++)
+  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) shm_conn_check_peer(ctx->conns[p]);
   return WEFT_OK;
 }
 
-static weft_status shm_wait(weft_transport_ctx *ctx, int timeout_ms) {
+static weft_status shm_wait(weft_tp_ctx *tctx, int timeout_ms) {
+  shm_ctx *ctx = shm_ctx_of(tctx);
   int ms = timeout_ms < SHM_WAIT_SLICE_MS ? timeout_ms : SHM_WAIT_SLICE_MS;
-  struct weft_conn *c = ctx->want_conn;
+  shm_conn *c = ctx->want_conn;
   if (c && c->state == SHM_CONN_UP && ctx->want == SHM_WANT_RECV) {
     atomic_store(&c->rx->recv_sleeping, 1);
     if (atomic_load(&c->rx->head) == c->rx_tail && !atomic_load(&c->rx->aborted))
@@ -143,17 +178,19 @@ static weft_status shm_wait(weft_transport_ctx *ctx, int timeout_ms) {
   ctx->want = SHM_WANT_NONE;
   ctx->next_liveness_check = 0; /* after sleeping, look at the peers at once */
   bool ignored;
-  return shm_progress(ctx, &ignored);
+  return shm_progress(tctx, &ignored);
 }
 
-static void shm_abort_all(weft_transport_ctx *ctx, const char *reason) {
-  for (int p = 0; p < ctx->args->size; p++)
+static void shm_abort_all(weft_tp_ctx *tctx, const char *reason) {
+  shm_ctx *ctx = shm_ctx_of(tctx);
+  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) shm_conn_notify_abort(ctx->conns[p], reason);
 }
 
-static void shm_fini(weft_transport_ctx *ctx) {
+static void shm_fini(weft_tp_ctx *tctx) {
+  shm_ctx *ctx = shm_ctx_of(tctx);
   if (!ctx) return;
-  for (int p = 0; p < ctx->args->size; p++)
+  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) shm_conn_destroy(ctx->conns[p]);
   free(ctx->conns);
   free(ctx);
@@ -162,8 +199,13 @@ static void shm_fini(weft_transport_ctx *ctx) {
 const weft_transport weft_transport_shm = {
     .abi_version = WEFT_TRANSPORT_ABI,
     .name = "shm",
-    .sends_are_stores = true,
+    .caps = {.send_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_HOST) | WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
+             .recv_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_HOST) | WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
+             .map_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
+             .sends_are_stores = true},
+    .probe = shm_probe,
     .init = shm_init,
+    .send_depth = shm_send_depth,
     .can_reach = shm_can_reach,
     .connect = shm_connect,
     .send_ready = shm_send_ready,
@@ -172,6 +214,8 @@ const weft_transport weft_transport_shm = {
     .recv_peek = shm_recv_peek,
     .recv_release = shm_recv_release,
     .recv_into = shm_recv_into,
+    .register_mem = shm_register_mem,
+    .deregister_mem = shm_deregister_mem,
     .map_peer_mem = shm_map_peer_mem,
     .progress = shm_progress,
     .wait = shm_wait,

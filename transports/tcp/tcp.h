@@ -1,6 +1,7 @@
-/* tcp.h - the TCP transport's private types. One socket per peer carries
- * frames both ways: a 16-byte header (magic+type, seq, length) then the
- * payload. The lower rank of a pair dials; the higher accepts. */
+/* tcp.h - the TCP transport's private types. One socket per (peer, channel)
+ * carries frames both ways: a 16-byte header (magic+type, seq, length) then
+ * the payload. The lower rank of a pair dials, naming the channel in its
+ * handshake; the higher accepts on its one listener. */
 #ifndef WEFT_TCP_H
 #define WEFT_TCP_H
 
@@ -16,6 +17,7 @@
 #define TCP_FRAME_ABORT 2u
 #define TCP_ABORT_TEXT_MAX 300
 #define TCP_HANDSHAKE_MAGIC 0x57464853u /* "WFHS" */
+#define TCP_SEND_DEPTH 8 /* chunks in flight per connection (transport.h: send_depth) */
 
 typedef struct tcp_frame_hdr {
   uint32_t magic_type; /* network byte order on the wire, like every field */
@@ -29,7 +31,7 @@ typedef struct tcp_handshake {
   uint32_t magic;
   uint32_t from;
   uint32_t to;
-  uint32_t reserved;
+  uint32_t channel; /* < WEFT_TP_CHANNELS */
   uint32_t comm_hi, comm_lo;
 } tcp_handshake;
 #define TCP_HANDSHAKE_BYTES (sizeof(tcp_handshake) + 32) /* + WEFT_AUTH_MAC_BYTES */
@@ -38,7 +40,7 @@ typedef struct tcp_handshake {
  * own (tests/fuzz/). They check the length first and never read past it. */
 
 typedef struct tcp_handshake_info {
-  uint32_t magic, from, to;
+  uint32_t magic, from, to, channel;
   uint64_t comm_id;
   const uint8_t *signed_part; /* sizeof(tcp_handshake) bytes the MAC covers */
   const uint8_t *mac;         /* WEFT_AUTH_MAC_BYTES */
@@ -67,55 +69,72 @@ typedef struct tcp_send_entry {
 
 enum tcp_conn_state { TCP_CONN_AWAIT_ACCEPT, TCP_CONN_UP, TCP_CONN_DEAD };
 
-struct weft_conn {
-  struct weft_transport_ctx *ctx;
+typedef struct tcp_ctx tcp_ctx;
+typedef struct tcp_conn tcp_conn;
+
+struct tcp_conn {
+  tcp_ctx *ctx;
   int peer;
+  int channel;
   int fd;
   enum tcp_conn_state state;
   weft_status dead_status; /* why, once DEAD */
   char where[80];          /* peer's address, for messages */
 
-  tcp_send_entry *sq; /* ring of send_depth entries */
+  tcp_send_entry *sq; /* ring of TCP_SEND_DEPTH entries */
   int sq_head, sq_count;
 
   tcp_frame_hdr rhdr; /* header of the frame being received */
   size_t rhdr_got;
   size_t rpay_got;    /* payload bytes received into the target */
   bool rframe_done;   /* header and payload complete, not yet released */
-  char *slot;         /* receive slot for recv_peek, chunk_bytes long */
+  char *slot;         /* receive slot for recv_peek, chunk_bytes long (ctx->slot_mem) */
   bool want_recv;     /* a data call said AGAIN waiting for input */
 };
 
-struct weft_transport_ctx {
+struct tcp_ctx {
   const weft_transport_init_args *args; /* owned by the core, outlives ctx */
+  const struct weft_mem_ops *slot_mem;  /* where receive slots come from (init args) */
   int listen_fd;
   struct sockaddr_storage addr;
   socklen_t addr_len;
-  struct weft_conn **conns; /* by peer rank; NULL until first needed */
+  tcp_conn **conns;         /* by tcp_conn_index(peer, channel); NULL until first needed */
   int awaiting_accept;      /* conns in TCP_CONN_AWAIT_ACCEPT */
-  struct pollfd *pfds;      /* scratch for wait, size+2 entries */
+  struct pollfd *pfds;      /* scratch for wait, size * WEFT_TP_CHANNELS + 2 entries */
   int nsending;             /* conns with queued sends */
   bool data_moved;          /* bytes moved inside a data call since the last progress:
                                partial progress, so no timeout while a chunk drains */
 };
 
-/* tcp_conn.c */
-weft_status tcp_conn_create(struct weft_transport_ctx *ctx, int peer, struct weft_conn **out);
-weft_status tcp_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr,
-                          socklen_t len);
-weft_status tcp_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed);
-weft_status tcp_conn_push_sends(struct weft_conn *c, bool *progressed);
-weft_status tcp_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-void tcp_conn_destroy(struct weft_conn *c);
+static inline int tcp_conn_index(int peer, int channel) {
+  return peer * WEFT_TP_CHANNELS + channel;
+}
+/* The contract's opaque handles are these (transport.h). */
+static inline tcp_conn *tcp_conn_of(weft_tp_conn *c) {
+  return (tcp_conn *)c;
+}
+static inline tcp_ctx *tcp_ctx_of(weft_tp_ctx *c) {
+  return (tcp_ctx *)c;
+}
 
-weft_status tcp_send_ready(struct weft_conn *c);
-weft_status tcp_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+/* tcp_conn.c */
+weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out);
+weft_status tcp_conn_dial(tcp_conn *c, const struct sockaddr_storage *addr,
+                          socklen_t len);
+weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed);
+weft_status tcp_conn_push_sends(tcp_conn *c, bool *progressed);
+weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void tcp_conn_destroy(tcp_conn *c);
+
+/* the table's data members */
+weft_status tcp_send_ready(weft_tp_conn *conn);
+weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
                      const struct weft_mem_ops *mem);
-weft_status tcp_send_idle(struct weft_conn *c);
-weft_status tcp_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data);
-weft_status tcp_recv_release(struct weft_conn *c);
-weft_status tcp_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+weft_status tcp_send_idle(weft_tp_conn *conn);
+weft_status tcp_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
+weft_status tcp_recv_release(weft_tp_conn *conn);
+weft_status tcp_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem);
 
 #endif

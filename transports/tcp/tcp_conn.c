@@ -18,6 +18,7 @@
 #include "src/base/net.h"
 #include "src/base/settings.h"
 #include "src/base/status.h"
+#include "src/mem/mem.h"
 #include "tcp.h"
 
 /* The dialer's first bytes: who it is, for which communicator, and an
@@ -42,6 +43,7 @@ weft_status tcp_handshake_parse(const uint8_t *buf, size_t len, tcp_handshake_in
   out->magic = tcp_get32(buf + offsetof(tcp_handshake, magic));
   out->from = tcp_get32(buf + offsetof(tcp_handshake, from));
   out->to = tcp_get32(buf + offsetof(tcp_handshake, to));
+  out->channel = tcp_get32(buf + offsetof(tcp_handshake, channel));
   out->comm_id = ((uint64_t)tcp_get32(buf + offsetof(tcp_handshake, comm_hi)) << 32) |
                  tcp_get32(buf + offsetof(tcp_handshake, comm_lo));
   out->signed_part = buf;
@@ -54,6 +56,7 @@ const char *tcp_handshake_check(const tcp_handshake_info *hs, uint32_t my_rank, 
   if (hs->comm_id != comm_id) return "handshake for another communicator";
   /* the lower rank dials: a dialer claims a rank below ours */
   if (hs->to != my_rank || hs->from >= my_rank) return "handshake with wrong ranks";
+  if (hs->channel >= WEFT_TP_CHANNELS) return "handshake for an unknown channel";
   return NULL;
 }
 
@@ -67,7 +70,7 @@ weft_status tcp_frame_parse(const uint8_t *buf, size_t len, tcp_frame_info *out)
   return WEFT_OK;
 }
 
-weft_status tcp_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, ...) {
+weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...) {
   char what[256];
   va_list ap;
   va_start(ap, fmt);
@@ -83,16 +86,17 @@ weft_status tcp_conn_fail(struct weft_conn *c, weft_status st, const char *fmt, 
   return st;
 }
 
-weft_status tcp_conn_create(struct weft_transport_ctx *ctx, int peer, struct weft_conn **out) {
-  struct weft_conn *c = calloc(1, sizeof *c);
+weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out) {
+  tcp_conn *c = calloc(1, sizeof *c);
   if (!c) return WEFT_ERR_NOMEM;
-  c->sq = calloc((size_t)ctx->args->send_depth, sizeof *c->sq);
+  c->sq = calloc(TCP_SEND_DEPTH, sizeof *c->sq);
   if (!c->sq) {
     free(c);
     return WEFT_ERR_NOMEM;
   }
   c->ctx = ctx;
   c->peer = peer;
+  c->channel = channel;
   c->fd = -1;
   c->state = TCP_CONN_AWAIT_ACCEPT;
   snprintf(c->where, sizeof c->where, "not connected");
@@ -101,10 +105,10 @@ weft_status tcp_conn_create(struct weft_transport_ctx *ctx, int peer, struct wef
   return WEFT_OK;
 }
 
-void tcp_conn_destroy(struct weft_conn *c) {
+void tcp_conn_destroy(tcp_conn *c) {
   if (c->fd >= 0) close(c->fd);
   free(c->sq);
-  free(c->slot);
+  if (c->slot) c->ctx->slot_mem->free_slots(c->slot, c->ctx->args->chunk_bytes);
   free(c);
 }
 
@@ -117,7 +121,7 @@ static void tcp_tune_socket(int fd) {
   }
 }
 
-static void tcp_conn_up(struct weft_conn *c, int fd) {
+static void tcp_conn_up(tcp_conn *c, int fd) {
   c->fd = fd;
   c->state = TCP_CONN_UP;
   c->ctx->awaiting_accept--;
@@ -125,13 +129,13 @@ static void tcp_conn_up(struct weft_conn *c, int fd) {
   socklen_t len = sizeof peer;
   if (!getpeername(fd, (struct sockaddr *)&peer, &len))
     net_addr_str((struct sockaddr *)&peer, c->where, sizeof c->where);
-  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d connected to peer %d at %s", c->ctx->args->rank,
-            c->peer, c->where);
+  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d connected to peer %d (channel %d) at %s",
+            c->ctx->args->rank, c->peer, c->channel, c->where);
 }
 
-weft_status tcp_conn_dial(struct weft_conn *c, const struct sockaddr_storage *addr,
+weft_status tcp_conn_dial(tcp_conn *c, const struct sockaddr_storage *addr,
                           socklen_t len) {
-  struct weft_transport_ctx *ctx = c->ctx;
+  tcp_ctx *ctx = c->ctx;
   double deadline = weft_now() + ctx->args->timeout_s;
   net_addr_str((const struct sockaddr *)addr, c->where, sizeof c->where);
   int fd;
@@ -145,7 +149,8 @@ weft_status tcp_conn_dial(struct weft_conn *c, const struct sockaddr_storage *ad
     tcp_handshake hs;
     uint8_t mac[WEFT_AUTH_MAC_BYTES];
   } proof = {.hs = {htonl(TCP_HANDSHAKE_MAGIC), htonl((uint32_t)ctx->args->rank),
-                    htonl((uint32_t)c->peer), 0, htonl((uint32_t)(ctx->args->comm_id >> 32)),
+                    htonl((uint32_t)c->peer), htonl((uint32_t)c->channel),
+                    htonl((uint32_t)(ctx->args->comm_id >> 32)),
                     htonl((uint32_t)ctx->args->comm_id)}};
   weft_auth_mac(ctx->args->auth, tcp_hello_context, tcp_no_challenge, &proof.hs, sizeof proof.hs,
                 proof.mac);
@@ -158,7 +163,7 @@ weft_status tcp_conn_dial(struct weft_conn *c, const struct sockaddr_storage *ad
   return WEFT_OK;
 }
 
-weft_status tcp_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed) {
+weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
   int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return WEFT_OK; /* nothing waiting (EAGAIN) or a transient failure */
   tcp_tune_socket(fd);
@@ -171,6 +176,7 @@ weft_status tcp_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed
   tcp_handshake_info hs = {0};
   if (!st) st = tcp_handshake_parse(proof, sizeof proof, &hs);
   uint32_t from = hs.from;
+  tcp_conn **slot = NULL;
   const char *why = NULL;
   if (st)
     why = err.msg;
@@ -179,23 +185,24 @@ weft_status tcp_conn_accept_one(struct weft_transport_ctx *ctx, bool *progressed
     why = "it did not prove the job key (a foreign client, or WEFT_AUTH_TOKEN differs)";
   else if ((why = tcp_handshake_check(&hs, (uint32_t)ctx->args->rank, ctx->args->comm_id)))
     ;
-  else if (ctx->conns[from] && ctx->conns[from]->state != TCP_CONN_AWAIT_ACCEPT)
-    why = "second connection from the same rank";
+  else if (*(slot = &ctx->conns[tcp_conn_index((int)from, (int)hs.channel)]) &&
+           (*slot)->state != TCP_CONN_AWAIT_ACCEPT)
+    why = "second connection from the same rank and channel";
   if (why) {
     WEFT_WARN(WEFT_SUBSYS_NET, "tcp: rank %d refused an incoming connection: %s",
               ctx->args->rank, why);
     close(fd);
     return WEFT_OK; /* the job goes on */
   }
-  if (!ctx->conns[from]) WEFT_CHECK(tcp_conn_create(ctx, (int)from, &ctx->conns[from]));
-  tcp_conn_up(ctx->conns[from], fd);
+  if (!*slot) WEFT_CHECK(tcp_conn_create(ctx, (int)from, (int)hs.channel, slot));
+  tcp_conn_up(*slot, fd);
   *progressed = true;
   return WEFT_OK;
 }
 
 /* ---- send path ---------------------------------------------------------- */
 
-static weft_status tcp_read_abort(struct weft_conn *c, const char *target, size_t in_target);
+static weft_status tcp_read_abort(tcp_conn *c, const char *target, size_t in_target);
 
 /* Frames a dead peer sent before its failure notice that are looked past. */
 #define TCP_NOTICE_SCAN_FRAMES 64
@@ -205,7 +212,7 @@ static weft_status tcp_read_abort(struct weft_conn *c, const char *target, size_
  * The notice may sit behind data frames the peer sent before it failed (an
  * algorithm that sends to a peer twice before it reads): the connection is
  * dead, so those are read and dropped on the way, as long as they are here. */
-static weft_status tcp_send_failed(struct weft_conn *c, int err) {
+static weft_status tcp_send_failed(tcp_conn *c, int err) {
   for (int f = 0; f < TCP_NOTICE_SCAN_FRAMES && c->rhdr_got == 0 && !c->rframe_done; f++) {
     tcp_frame_hdr h;
     ssize_t n = recv(c->fd, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
@@ -226,9 +233,9 @@ static weft_status tcp_send_failed(struct weft_conn *c, int err) {
                        "sending to %s: %s", c->where, strerror(err));
 }
 
-weft_status tcp_conn_push_sends(struct weft_conn *c, bool *progressed) {
+weft_status tcp_conn_push_sends(tcp_conn *c, bool *progressed) {
   struct iovec iov[64];
-  int depth = c->ctx->args->send_depth;
+  const int depth = TCP_SEND_DEPTH;
   while (c->sq_count) {
     int n = 0;
     for (int i = 0; i < c->sq_count && n + 2 <= 64; i++) {
@@ -265,20 +272,24 @@ weft_status tcp_conn_push_sends(struct weft_conn *c, bool *progressed) {
   return WEFT_OK;
 }
 
-weft_status tcp_send_ready(struct weft_conn *c) {
-  if (c->state == TCP_CONN_UP) return c->sq_count < c->ctx->args->send_depth ? WEFT_OK : WEFT_AGAIN;
+static weft_status tcp_ready(const tcp_conn *c) {
+  if (c->state == TCP_CONN_UP) return c->sq_count < TCP_SEND_DEPTH ? WEFT_OK : WEFT_AGAIN;
   if (c->state == TCP_CONN_DEAD) return c->dead_status;
   return WEFT_AGAIN;
 }
 
-weft_status tcp_send(struct weft_conn *c, const void *src, size_t bytes, uint32_t seq,
+weft_status tcp_send_ready(weft_tp_conn *conn) {
+  return tcp_ready(tcp_conn_of(conn));
+}
+
+weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
                      const struct weft_mem_ops *mem) {
+  tcp_conn *c = tcp_conn_of(conn);
   (void)mem; /* host memory: the socket reads it directly */
-  weft_status st = tcp_send_ready(c);
+  weft_status st = tcp_ready(c);
   if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
-  int depth = c->ctx->args->send_depth;
-  tcp_send_entry *e = &c->sq[(c->sq_head + c->sq_count) % depth];
+  tcp_send_entry *e = &c->sq[(c->sq_head + c->sq_count) % TCP_SEND_DEPTH];
   e->hdr = (tcp_frame_hdr){htonl(TCP_FRAME_MAGIC | TCP_FRAME_DATA), htonl(seq),
                            htonl((uint32_t)bytes), 0};
   e->src = src;
@@ -289,7 +300,8 @@ weft_status tcp_send(struct weft_conn *c, const void *src, size_t bytes, uint32_
   return tcp_conn_push_sends(c, &progressed);
 }
 
-weft_status tcp_send_idle(struct weft_conn *c) {
+weft_status tcp_send_idle(weft_tp_conn *conn) {
+  tcp_conn *c = tcp_conn_of(conn);
   if (c->state == TCP_CONN_DEAD) return c->dead_status;
   if (c->state != TCP_CONN_UP) return WEFT_OK; /* nothing was ever posted */
   bool progressed;
@@ -299,7 +311,7 @@ weft_status tcp_send_idle(struct weft_conn *c) {
 
 /* ---- receive path ------------------------------------------------------- */
 
-static weft_status tcp_read_abort(struct weft_conn *c, const char *target, size_t in_target) {
+static weft_status tcp_read_abort(tcp_conn *c, const char *target, size_t in_target) {
   size_t len = ntohl(c->rhdr.len);
   if (len > TCP_ABORT_TEXT_MAX) len = TCP_ABORT_TEXT_MAX;
   char text[TCP_ABORT_TEXT_MAX + 1];
@@ -313,7 +325,7 @@ static weft_status tcp_read_abort(struct weft_conn *c, const char *target, size_
   return st;
 }
 
-static weft_status tcp_check_header(struct weft_conn *c, uint32_t seq, size_t bytes,
+static weft_status tcp_check_header(tcp_conn *c, uint32_t seq, size_t bytes,
                                     const char *target) {
   tcp_frame_info f;
   if (tcp_frame_parse((const uint8_t *)&c->rhdr, sizeof c->rhdr, &f))
@@ -328,7 +340,7 @@ static weft_status tcp_check_header(struct weft_conn *c, uint32_t seq, size_t by
 }
 
 /* Reads one frame of `bytes` payload into target; OK when complete. */
-static weft_status tcp_recv_frame(struct weft_conn *c, uint32_t seq, size_t bytes, char *target) {
+static weft_status tcp_recv_frame(tcp_conn *c, uint32_t seq, size_t bytes, char *target) {
   if (c->state == TCP_CONN_DEAD) return c->dead_status;
   if (c->state != TCP_CONN_UP) {
     c->want_recv = true;
@@ -369,10 +381,11 @@ static weft_status tcp_recv_frame(struct weft_conn *c, uint32_t seq, size_t byte
   return WEFT_OK;
 }
 
-weft_status tcp_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const void **data) {
+weft_status tcp_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data) {
+  tcp_conn *c = tcp_conn_of(conn);
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
-  if (!c->slot) {
-    c->slot = malloc(c->ctx->args->chunk_bytes ? c->ctx->args->chunk_bytes : 1);
+  if (!c->slot) { /* once per connection, on its first peek */
+    c->slot = c->ctx->slot_mem->alloc_slots(c->ctx->args->chunk_bytes);
     if (!c->slot) return WEFT_ERR_NOMEM;
   }
   if (!c->rframe_done) {
@@ -384,7 +397,8 @@ weft_status tcp_recv_peek(struct weft_conn *c, uint32_t seq, size_t bytes, const
   return WEFT_OK;
 }
 
-weft_status tcp_recv_release(struct weft_conn *c) {
+weft_status tcp_recv_release(weft_tp_conn *conn) {
+  tcp_conn *c = tcp_conn_of(conn);
   if (!c->rframe_done) return c->state == TCP_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->rframe_done = false;
   c->rhdr_got = 0;
@@ -392,8 +406,9 @@ weft_status tcp_recv_release(struct weft_conn *c) {
   return WEFT_OK;
 }
 
-weft_status tcp_recv_into(struct weft_conn *c, uint32_t seq, size_t bytes, void *dst,
+weft_status tcp_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem) {
+  tcp_conn *c = tcp_conn_of(conn);
   (void)mem; /* host memory: the socket writes it directly */
   if (c->rframe_done) return WEFT_ERR_INTERNAL; /* a peeked chunk was not released */
   weft_status st = tcp_recv_frame(c, seq, bytes, dst);
