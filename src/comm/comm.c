@@ -60,7 +60,8 @@ static bool live_add(weft_comm *comm) {
 
 void weft_comm_dump_all(const char *why) {
   pthread_mutex_lock(&live_lock);
-  for (int i = 0; i < nlive; i++) weft_recorder_dump(live[i], why);
+  for (int i = 0; i < nlive; i++)
+    weft_recorder_dump(&live[i]->recorder, live[i]->rank, live[i]->size, why);
   pthread_mutex_unlock(&live_lock);
 }
 
@@ -130,39 +131,6 @@ weft_status weft_init_error(weft_status st, int rank, const char *call, const ch
 WEFT_API const char *weft_last_error(const weft_comm *comm) {
   if (!comm || !weft_comm_is_live(comm)) return thread_error;
   return comm->last_error;
-}
-
-/* ---- small public helpers ------------------------------------------------- */
-
-WEFT_API size_t weft_dtype_size(weft_dtype dtype) {
-  static const size_t sizes[WEFT_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8};
-  return (unsigned)dtype < WEFT_DTYPE_COUNT ? sizes[dtype] : 0;
-}
-
-WEFT_API const char *weft_dtype_name(weft_dtype dtype) {
-  static const char *names[WEFT_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16",
-                                                "i8",  "u8",  "i32", "i64"};
-  return (unsigned)dtype < WEFT_DTYPE_COUNT ? names[dtype] : "unknown";
-}
-
-WEFT_API const char *weft_op_name(weft_op op) {
-  static const char *names[WEFT_OP_COUNT] = {"sum", "prod", "min", "max", "avg"};
-  return (unsigned)op < WEFT_OP_COUNT ? names[op] : "unknown";
-}
-
-#define WEFT_STR2_(x) #x
-#define WEFT_STR_(x) WEFT_STR2_(x)
-WEFT_API const char *weft_version_string(void) {
-  return WEFT_STR_(WEFT_VERSION_MAJOR) "." WEFT_STR_(WEFT_VERSION_MINOR) "." WEFT_STR_(
-      WEFT_VERSION_PATCH);
-}
-
-WEFT_API void weft_config_init(weft_config *cfg) {
-  if (!cfg) return;
-  memset(cfg, 0, sizeof *cfg);
-  cfg->version = WEFT_CONFIG_VERSION;
-  cfg->rank = -1;
-  cfg->local_rank = -1;
 }
 
 /* ---- creation ------------------------------------------------------------- */
@@ -383,7 +351,7 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   }
   comm->spin_us = spin_default(1);
   weft_recorder_init(&comm->recorder);
-  if (comm->recorder.cap) weft_recorder_install_signal();
+  if (comm->recorder.cap) weft_recorder_install_signal(weft_comm_dump_all);
   comm->check_calls = weft_setting_ll(WEFT_SETTING_CHECK, 0) != 0;
   const char *algo = weft_setting_str(WEFT_SETTING_ALGO);
   comm->algo_forced = !strcasecmp(algo, "ring")       ? 1
@@ -877,30 +845,7 @@ WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id 
   return comm_create(rank, size, -1, &addr, len, p + 24, timeout_or_setting(0), call, comm);
 }
 
-/* ---- queries, destroy, abort --------------------------------------------------- */
-
-WEFT_API int weft_comm_rank(const weft_comm *comm) {
-  return weft_comm_is_live(comm) ? comm->rank : -1;
-}
-WEFT_API int weft_comm_size(const weft_comm *comm) {
-  return weft_comm_is_live(comm) ? comm->size : -1;
-}
-WEFT_API int weft_comm_local_rank(const weft_comm *comm) {
-  return weft_comm_is_live(comm) ? comm->local_rank : -1;
-}
-WEFT_API int weft_comm_local_size(const weft_comm *comm) {
-  return weft_comm_is_live(comm) ? comm->local_size : -1;
-}
-
-WEFT_API weft_status weft_comm_peer_transport(const weft_comm *comm, int peer,
-                                              const char **transport, const char **reason) {
-  if (!weft_comm_is_live(comm) || peer < 0 || peer >= comm->size || !transport || !reason)
-    return WEFT_ERR_INVALID;
-  const weft_peer *p = &comm->peers[peer];
-  *transport = p->tp < 0 ? "self" : comm->tps[p->tp].ops->name;
-  *reason = p->tp < 0 ? "this rank" : p->why;
-  return WEFT_OK;
-}
+/* ---- destroy, abort --------------------------------------------------------------- */
 
 WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
   if (!live_remove(comm))
