@@ -14,6 +14,7 @@
 #include "src/coll/coll.h"
 
 #include "src/algo/algo.h"
+#include "src/coll/choose.h"
 #include "src/comm/comm.h"
 #include "src/base/log.h"
 #include "src/base/net.h"
@@ -479,71 +480,10 @@ static weft_status coll_copy_alone(weft_coll *coll) {
   return WEFT_COLL_DONE;
 }
 
-/* The one-round exchange has every rank send size-1 copies and poll size-1
- * peers. With more ranks than cores it won at every size tried (8 bytes on
- * 2 cores: 6.5 against 11.5 us at 3 ranks, 40 against 65 at 8, 90 against
- * 180 at 16); with a core per rank, recursive doubling's log2(size) rounds
- * must win somewhere as the group grows (not measurable on 2 cores), so the
- * exchange stays with small groups. */
-#define EXCHANGE_MAX_RANKS 8
-
-/* Whether the direct question applies (one host, large or forced), and
- * whether the one-round exchange may (small, one host, few ranks, or
- * forced). Static facts and settings only: every rank answers alike. */
-static bool direct_candidate(const weft_comm *comm, size_t bytes) {
-  return comm->nhosts == 1 &&
-         (comm->algo_forced == 4 ||
-          (comm->algo_forced == 0 && comm->direct_min_bytes && bytes >= comm->direct_min_bytes));
-}
-
-static bool exchange_candidate(const weft_comm *comm, size_t bytes) {
-  if (bytes > comm->chunk_bytes) return false;
-  return comm->algo_forced == 5 ||
-         (comm->algo_forced == 0 && comm->nhosts == 1 && comm->size <= EXCHANGE_MAX_RANKS &&
-          bytes <= comm->exchange_max_bytes);
-}
-
-/* Recursive doubling while the buffer fits one chunk and the rd_max setting
- * (latency), the ring above (bandwidth). */
-static weft_status rd_or_ring_start(weft_coll *coll) {
-  weft_comm *comm = coll->comm;
-  size_t bytes = coll->count * coll->elem;
-  bool use_rd = bytes <= comm->chunk_bytes &&
-                (comm->algo_forced == 2 || (comm->algo_forced == 0 && bytes <= comm->rd_max_bytes));
-  return use_rd ? weft_rd_allreduce_start(coll) : weft_ring_allreduce_start(coll);
-}
-
-/* The exchange when the verdict allows (or asking for it, the first time),
- * else what rd_or_ring_start picks. */
-static weft_status small_start(weft_coll *coll) {
-  weft_comm *comm = coll->comm;
-  if (comm->algo_forced == 5) return weft_exchange_allreduce_start(coll, false);
-  if (comm->exchange_verdict >= 0)
-    return weft_exchange_allreduce_start(coll, comm->exchange_verdict == 0);
-  return rd_or_ring_start(coll);
-}
-
-/* Some choices depend on what earlier calls found out: the direct
- * question's memory (direct_allreduce.c) and the exchange verdict
- * (exchange_allreduce.c). They are made when the call reaches the head of
- * the queue, not when it is issued: calls run one after another, so by then
- * every earlier call is complete on this rank, and every rank chooses from
- * the same outcomes. Chosen at issue, a rank that waited for call k before
- * issuing call k+1 and a rank that issued both at once could choose
- * differently, and their messages would not match. */
+/* The call's algorithm, chosen now that it reaches the head of the queue
+ * (choose.c says why then). */
 static weft_status allreduce_start_late(weft_coll *coll) {
-  weft_comm *comm = coll->comm;
-  size_t bytes = coll->count * coll->elem;
-  weft_status st;
-  /* the barrier comes here for the exchange only, never the direct question */
-  if (coll->kind == KIND_ALLREDUCE && direct_candidate(comm, bytes) &&
-      (comm->algo_forced == 4 ||
-       weft_direct_allreduce_worth_asking(comm, coll->count, coll->dtype)))
-    st = weft_direct_allreduce_start(coll);
-  else if (exchange_candidate(comm, bytes))
-    st = small_start(coll);
-  else
-    st = rd_or_ring_start(coll);
+  weft_status st = weft_choose_late(coll, coll->kind != KIND_ALLREDUCE);
   if (st < 0) return coll_start_failed(coll, st);
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %s algorithm, chosen at its start", coll->call, coll->seq,
              coll->algo);
@@ -568,17 +508,8 @@ weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_co
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
-  /* Ranks sharing hosts, on several hosts: only leaders cross the network. */
-  bool hier = comm->algo_forced == 3 ||
-              (comm->algo_forced == 0 && comm->nhosts > 1 && comm->size > comm->nhosts);
-  if (hier) return coll_start(coll, weft_hier_allreduce_start(coll));
-  size_t bytes = count * coll->elem;
-  /* One host, large: whether every rank's buffers are shared (the direct
-   * allreduce). One host, small: the one-round exchange. Both depend on
-   * what earlier calls found. */
-  if (direct_candidate(comm, bytes) || exchange_candidate(comm, bytes))
-    return coll_start_late(coll);
-  return coll_start(coll, rd_or_ring_start(coll));
+  weft_status st = weft_choose_allreduce(coll);
+  return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }
 
 weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_comm *comm,
@@ -594,10 +525,7 @@ weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_co
     coll->mem->copy(recvbuf, sendbuf, count * coll->elem);
     return WEFT_COLL_DONE;
   }
-  size_t bytes = count * coll->elem;
-  int fanout = comm->bcast_fanout > 0             ? comm->bcast_fanout
-               : bytes >= comm->bcast_chain_bytes ? 1
-                                                  : 2;
+  int fanout = weft_choose_bcast_fanout(comm, count * coll->elem);
   return coll_start(coll, weft_tree_broadcast_start(coll, fanout));
 }
 
@@ -613,8 +541,7 @@ weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_comm 
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
-  /* the mirror of a broadcast: a chain from the size where broadcasts take one */
-  int fanout = count * coll->elem >= comm->bcast_chain_bytes ? 1 : 2;
+  int fanout = weft_choose_reduce_fanout(comm, count * coll->elem);
   return coll_start(coll, weft_tree_reduce_start(coll, fanout));
 }
 
@@ -708,7 +635,6 @@ weft_status weft_coll_barrier_setup(weft_coll *coll, const char *call, weft_comm
   coll->mem = &weft_mem_host;
   coll->seq = ++comm->seq;
   if (comm->size == 1) return WEFT_COLL_DONE;
-  /* one byte: the exchange where allreduce would take it (never direct) */
-  if (exchange_candidate(comm, 1)) return coll_start_late(coll);
-  return coll_start(coll, weft_rd_allreduce_start(coll));
+  weft_status st = weft_choose_barrier(coll);
+  return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }

@@ -157,8 +157,7 @@ static void comm_free(weft_comm *comm) {
   weft_recorder_free(&comm->recorder);
   free(comm->host_members);
   free(comm->leaders);
-  free(comm->direct_agreed);
-  free(comm->direct_memo);
+  weft_choice_free(&comm->choice);
   comm->magic = 0;
   free(comm);
 }
@@ -292,7 +291,7 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
 
 /* First transport, in order, that reaches each peer; its reason is kept. */
 static weft_status transports_choose(weft_comm *comm, const char *call) {
-  comm->sends_are_stores = true;
+  comm->choice.sends_are_stores = true;
   for (int p = 0; p < comm->size; p++) {
     weft_peer *peer = &comm->peers[p];
     peer->tp = -1;
@@ -321,7 +320,7 @@ static weft_status transports_choose(weft_comm *comm, const char *call) {
                              refusals);
     WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d -> peer %d: %s (%s)", comm->rank, p,
               comm->tps[peer->tp].ops->name, peer->why);
-    comm->sends_are_stores &= comm->tps[peer->tp].ops->sends_are_stores;
+    comm->choice.sends_are_stores &= comm->tps[peer->tp].ops->sends_are_stores;
   }
   return WEFT_OK;
 }
@@ -353,27 +352,7 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   weft_recorder_init(&comm->recorder);
   if (comm->recorder.cap) weft_recorder_install_signal(weft_comm_dump_all);
   comm->check_calls = weft_setting_ll(WEFT_SETTING_CHECK, 0) != 0;
-  const char *algo = weft_setting_str(WEFT_SETTING_ALGO);
-  comm->algo_forced = !strcasecmp(algo, "ring")       ? 1
-                      : !strcasecmp(algo, "rd")       ? 2
-                      : !strcasecmp(algo, "hier")     ? 3
-                      : !strcasecmp(algo, "direct")   ? 4
-                      : !strcasecmp(algo, "exchange") ? 5
-                                                      : 0;
-  if (comm->algo_forced == 0 && strcasecmp(algo, "auto") && *algo && rank == 0)
-    WEFT_WARN(WEFT_SUBSYS_INIT,
-              "WEFT_ALGO=\"%s\" is not auto, ring, rd, exchange, hier or direct; using auto", algo);
-  /* negative values would wrap to huge sizes: they mean "never" (0) */
-  long long rd_max = weft_setting_ll(WEFT_SETTING_RD_MAX_BYTES, 262144);
-  long long chain = weft_setting_ll(WEFT_SETTING_BCAST_CHAIN_BYTES, 65536);
-  long long fanout = weft_setting_ll(WEFT_SETTING_BCAST_FANOUT, 0);
-  comm->rd_max_bytes = rd_max > 0 ? (size_t)rd_max : 0;
-  long long exchange_max = weft_setting_ll(WEFT_SETTING_EXCHANGE_MAX_BYTES, 16384);
-  comm->exchange_max_bytes = exchange_max > 0 ? (size_t)exchange_max : 0;
-  long long direct_min = weft_setting_ll(WEFT_SETTING_DIRECT_MIN_BYTES, 1048576);
-  comm->direct_min_bytes = direct_min > 0 ? (size_t)direct_min : 0;
-  comm->bcast_chain_bytes = chain > 0 ? (size_t)chain : 0;
-  comm->bcast_fanout = fanout > 0 && fanout < size ? (int)fanout : 0;
+  weft_choice_init(&comm->choice, rank, size);
   /* Yielding instead of sleeping keeps a waiting rank runnable: a sleeping one
    * costs a cross-CPU wake-up per chunk, which dominates on oversubscribed or
    * virtualized hosts (measured: 4 ranks on 2 vCPUs, 64 MiB allreduce

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "src/base/auth.h"
+#include "src/coll/choose.h"
 #include "src/coll/recorder.h"
 #include "src/comm/bootstrap.h"
 #include "src/topo/select.h"
@@ -26,16 +27,16 @@
 typedef struct weft_comm_transport {
   const weft_transport *ops;
   weft_transport_ctx *ctx;
-  int builtin;              /* index in the built-in table (the id peers publish) */
+  int builtin; /* index in the built-in table (the id peers publish) */
 } weft_comm_transport;
 
 typedef struct weft_peer {
-  boot_rank_info info;      /* host, pid, transport addresses */
-  int tp;                   /* index into comm->tps; -1 for this rank */
-  char why[192];            /* why that transport was chosen */
-  weft_conn *conn;          /* NULL until first used */
-  uint32_t last_send_seq;   /* last collective that sent to this peer */
-  bool is_active;           /* on the comm's list of peers touched by the current call */
+  boot_rank_info info;    /* host, pid, transport addresses */
+  int tp;                 /* index into comm->tps; -1 for this rank */
+  char why[192];          /* why that transport was chosen */
+  weft_conn *conn;        /* NULL until first used */
+  uint32_t last_send_seq; /* last collective that sent to this peer */
+  bool is_active;         /* on the comm's list of peers touched by the current call */
 } weft_peer;
 
 struct weft_comm {
@@ -49,59 +50,46 @@ struct weft_comm {
 
   weft_comm_transport tps[WEFT_MAX_TRANSPORTS]; /* in selection order */
   int ntps;
-  weft_place place;         /* where this rank runs */
-  weft_auth_key auth_key;   /* what network connections of this job prove */
-  weft_peer *peers;         /* by rank; own entry unused */
-  int *active;              /* ranks touched by the current call */
+  weft_place place;       /* where this rank runs */
+  weft_auth_key auth_key; /* what network connections of this job prove */
+  weft_peer *peers;       /* by rank; own entry unused */
+  int *active;            /* ranks touched by the current call */
   int nactive;
 
-  uint32_t seq;             /* collective call counter, the same on every rank */
+  uint32_t seq; /* collective call counter, the same on every rank */
   size_t chunk_bytes;
   int send_depth;
-  /* algorithm choice, read from the settings once at creation (not per call) */
-  size_t rd_max_bytes;      /* recursive doubling up to this size */
-  size_t exchange_max_bytes; /* one host, few ranks: the one-round exchange up to this size */
-  bool sends_are_stores;     /* every peer's transport says so (transport.h) */
-  int exchange_verdict;      /* 0 not asked yet, 1 every rank's sends are stores, -1 not */
-  int algo_forced;          /* WEFT_ALGO: 0 auto, 1 ring, 2 rd, 3 hier, 4 direct, 5 exchange */
-  size_t direct_min_bytes;  /* one host: try shared buffers from this size (0 never) */
-  struct weft_direct_memo_table *direct_memo; /* per call shape: whether the last question found
-                               ordinary buffers (direct_allreduce.c); the same on every rank */
-  void *direct_agreed;      /* the direct allreduce's messages of the last call every rank
-                               could map (size of them), or NULL: the same again skips
-                               the verdict round (direct_allreduce.c) */
+  weft_choice_state choice; /* algorithm choice: its settings and memory (choose.h) */
   /* hosts, for hierarchical algorithms: ranks in ascending order */
   int nhosts;
-  int *host_members;        /* the ranks on this rank's host (local_size of them) */
-  int host_index;           /* this rank's index there; 0: the host's leader */
-  int *leaders;             /* the lowest rank of every host (nhosts of them) */
-  int leader_index;         /* this host's index among the leaders */
-  int bcast_fanout;         /* 0 = by size */
-  size_t bcast_chain_bytes;
+  int *host_members; /* the ranks on this rank's host (local_size of them) */
+  int host_index;    /* this rank's index there; 0: the host's leader */
+  int *leaders;      /* the lowest rank of every host (nhosts of them) */
+  int leader_index;  /* this host's index among the leaders */
   int spin_us;
-  int yield_us;             /* then sched_yield this long before sleeping */
+  int yield_us; /* then sched_yield this long before sleeping */
 
-  int wake_fd;              /* eventfd: abort wakes a blocked wait */
+  int wake_fd; /* eventfd: abort wakes a blocked wait */
   atomic_int aborted;
-  pthread_mutex_t call_lock; /* held while a call drives the transport */
-  weft_status failed;       /* sticky first failure, 0 while healthy */
-  weft_error_sink sink;     /* transport error sentences land here */
+  pthread_mutex_t call_lock;        /* held while a call drives the transport */
+  weft_status failed;               /* sticky first failure, 0 while healthy */
+  weft_error_sink sink;             /* transport error sentences land here */
   weft_transport_init_args tp_args; /* the transport keeps a pointer to it */
   char last_error[768];
 
   /* the engine (engine.c) */
-  pthread_mutex_t q_lock;   /* guards the queue, the lane's new posts, the thread's flags */
-  pthread_cond_t q_cond;    /* the progress thread sleeps here while idle or stepping aside */
+  pthread_mutex_t q_lock; /* guards the queue, the lane's new posts, the thread's flags */
+  pthread_cond_t q_cond;  /* the progress thread sleeps here while idle or stepping aside */
   /* collectives in issue order; the head runs. Written under q_lock; the
    * driver reads q_head without it (engine.c, queue_pass) */
   _Atomic(struct weft_request *) q_head;
   struct weft_request *q_tail;
   pthread_t progress;
   bool progress_started, progress_stop;
-  atomic_bool progress_driving;  /* the thread holds call_lock: wake its transport wait */
-  atomic_int drivers_waiting;    /* callers that want call_lock: the thread steps aside */
-  uint64_t events;          /* completed sends/receives: progress, for the timeout */
-  double last_moved;        /* when anything last moved while work was outstanding */
+  atomic_bool progress_driving; /* the thread holds call_lock: wake its transport wait */
+  atomic_int drivers_waiting;   /* callers that want call_lock: the thread steps aside */
+  uint64_t events;              /* completed sends/receives: progress, for the timeout */
+  double last_moved;            /* when anything last moved while work was outstanding */
   /* the driver's clock (engine.c): its last reading, and the drive round it
    * was taken in (rounds counts them), so a round can reuse a fresh one;
    * clock_ok: taken in this drive and since its last yield or sleep */
@@ -109,11 +97,11 @@ struct weft_comm {
   uint64_t rounds, clock_round;
   bool clock_ok;
   struct weft_p2p_lane *lane; /* set on a point-to-point lane */
-  struct weft_comm *p2p;    /* a user's communicator: its lane for send/recv */
-  struct weft_comm *owner;  /* a lane: the user's communicator it serves */
-  weft_recorder recorder;   /* the last calls, for the flight recorder */
-  bool check_calls;         /* WEFT_CHECK: compare fingerprints before every collective */
-  uint8_t addr_tag;         /* 0, or LANE_ADDR_TAG on a lane: which published addresses are its */
+  struct weft_comm *p2p;      /* a user's communicator: its lane for send/recv */
+  struct weft_comm *owner;    /* a lane: the user's communicator it serves */
+  weft_recorder recorder;     /* the last calls, for the flight recorder */
+  bool check_calls;           /* WEFT_CHECK: compare fingerprints before every collective */
+  uint8_t addr_tag;           /* 0, or LANE_ADDR_TAG on a lane: which published addresses are its */
 };
 
 /* Records a failure on `comm` with the sentence the user reads: it starts
