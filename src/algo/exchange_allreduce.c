@@ -21,7 +21,7 @@
  * to each rank for its own pairs only. So the first exchange of a
  * communicator sends, before the data, a word saying whether all of this
  * rank's peers are reached with stores; every rank folds the same words and
- * keeps the same verdict (comm->choice.exchange_verdict, choose.c), which coll.c consults when
+ * keeps the same verdict (comm->choice.exchange_verdict), which choose.c consults when
  * later calls start. */
 #include "src/algo/algo.h"
 

@@ -148,10 +148,10 @@ static void comm_free(weft_comm *comm) {
     comm_free(comm->p2p);
   }
   for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->fini(comm->tps[t].ctx);
-  if (comm->wake_fd >= 0) close(comm->wake_fd);
-  pthread_mutex_destroy(&comm->call_lock);
-  pthread_mutex_destroy(&comm->q_lock);
-  pthread_cond_destroy(&comm->q_cond);
+  if (comm->engine.wake_fd >= 0) close(comm->engine.wake_fd);
+  pthread_mutex_destroy(&comm->engine.call_lock);
+  pthread_mutex_destroy(&comm->engine.q_lock);
+  pthread_cond_destroy(&comm->engine.q_cond);
   free(comm->peers);
   free(comm->active);
   weft_recorder_free(&comm->recorder);
@@ -335,20 +335,20 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   comm->local_rank = local_rank;
   comm->local_size = 1;
   comm->timeout_s = timeout_s;
-  comm->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  pthread_mutex_init(&comm->call_lock, NULL);
-  pthread_mutex_init(&comm->q_lock, NULL);
-  pthread_cond_init(&comm->q_cond, NULL);
+  comm->engine.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  pthread_mutex_init(&comm->engine.call_lock, NULL);
+  pthread_mutex_init(&comm->engine.q_lock, NULL);
+  pthread_cond_init(&comm->engine.q_cond, NULL);
   long long chunk = weft_setting_ll(WEFT_SETTING_CHUNK_BYTES, 262144);
   comm->chunk_bytes = chunk < 4096 ? 4096 : chunk > (64 << 20) ? (64 << 20) : (size_t)chunk;
   comm->send_depth = 8;
   comm->peers = calloc((size_t)size, sizeof *comm->peers);
   comm->active = calloc((size_t)size, sizeof *comm->active);
-  if (!comm->peers || !comm->active || comm->wake_fd < 0) {
+  if (!comm->peers || !comm->active || comm->engine.wake_fd < 0) {
     comm_free(comm);
     return NULL;
   }
-  comm->spin_us = spin_default(1);
+  comm->engine.spin_us = spin_default(1);
   weft_recorder_init(&comm->recorder);
   if (comm->recorder.cap) weft_recorder_install_signal(weft_comm_dump_all);
   comm->check_calls = weft_setting_ll(WEFT_SETTING_CHECK, 0) != 0;
@@ -358,7 +358,7 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
    * virtualized hosts (measured: 4 ranks on 2 vCPUs, 64 MiB allreduce
    * 0.69 -> 1.28 GB/s busbw); sched_yield still hands the core to any
    * runnable thread, so it does not starve the caller's other work. */
-  comm->yield_us = (int)weft_setting_ll(WEFT_SETTING_YIELD_US, 100000);
+  comm->engine.yield_us = (int)weft_setting_ll(WEFT_SETTING_YIELD_US, 100000);
   return comm;
 }
 
@@ -371,7 +371,7 @@ static void comm_tp_args(weft_comm *comm, const weft_comm *like) {
   a->chunk_bytes = comm->chunk_bytes;
   a->send_depth = comm->send_depth;
   a->timeout_s = comm->timeout_s;
-  a->wake_fd = comm->wake_fd;
+  a->wake_fd = comm->engine.wake_fd;
   a->errors = &comm->sink;
   a->place = &comm->place;
   a->auth = &comm->auth_key;
@@ -417,7 +417,7 @@ static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64
     if (!strcmp(all[p].host, my_host)) comm->leader_index = comm->nhosts;
     comm->leaders[comm->nhosts++] = p;
   }
-  comm->spin_us = spin_default(comm->local_size);
+  comm->engine.spin_us = spin_default(comm->local_size);
   if (comm->size == 1) {
     comm->peers[0].tp = -1;
     return WEFT_OK;
@@ -513,7 +513,8 @@ void weft_spread_keep(void) {
 static weft_status comm_publish(weft_comm *comm, const char *call) {
   if (!live_add(comm)) return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
   WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d/%d ready (local %d/%d, chunk %zu B, spin %d us)", comm->rank,
-            comm->size, comm->local_rank, comm->local_size, comm->chunk_bytes, comm->spin_us);
+            comm->size, comm->local_rank, comm->local_size, comm->chunk_bytes,
+            comm->engine.spin_us);
   return WEFT_OK;
 }
 
@@ -838,11 +839,11 @@ WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
 static void comm_abort_one(weft_comm *comm, int rank) {
   atomic_store(&comm->aborted, 1);
   uint64_t one = 1;
-  if (write(comm->wake_fd, &one, sizeof one) < 0) { /* already signalled: fine */
+  if (write(comm->engine.wake_fd, &one, sizeof one) < 0) { /* already signalled: fine */
   }
   /* No call running: tell the peers from here. A running call does it
    * itself when it sees the flag (one thread drives the transport). */
-  if (pthread_mutex_trylock(&comm->call_lock) == 0) {
+  if (pthread_mutex_trylock(&comm->engine.call_lock) == 0) {
     if (!comm->failed) {
       comm->failed = WEFT_ERR_ABORTED;
       weft_comm_error(comm, WEFT_ERR_ABORTED, "weft_comm_abort", "the communicator was aborted");
@@ -850,7 +851,7 @@ static void comm_abort_one(weft_comm *comm, int rank) {
       snprintf(reason, sizeof reason, "rank %d called weft_comm_abort", rank);
       for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->abort_all(comm->tps[t].ctx, reason);
     }
-    pthread_mutex_unlock(&comm->call_lock);
+    pthread_mutex_unlock(&comm->engine.call_lock);
   }
 }
 

@@ -188,10 +188,10 @@ static weft_status post_self_send(weft_comm *lane, weft_request *r) {
 
 static weft_status take_posted(weft_comm *lane) {
   weft_p2p_lane *l = lane->lane;
-  pthread_mutex_lock(&lane->q_lock);
+  pthread_mutex_lock(&lane->engine.q_lock);
   weft_request *r = l->posted;
   l->posted = l->posted_tail = NULL;
-  pthread_mutex_unlock(&lane->q_lock);
+  pthread_mutex_unlock(&lane->engine.q_lock);
   weft_status st = WEFT_OK;
   while (r) {
     weft_request *next = r->next;
@@ -432,10 +432,10 @@ static void fail_list(weft_comm *lane, weft_request *r, weft_status st) {
 
 void weft_p2p_fail_all(weft_comm *lane, weft_status st) {
   weft_p2p_lane *l = lane->lane;
-  pthread_mutex_lock(&lane->q_lock);
+  pthread_mutex_lock(&lane->engine.q_lock);
   weft_request *posted = l->posted;
   l->posted = l->posted_tail = NULL;
-  pthread_mutex_unlock(&lane->q_lock);
+  pthread_mutex_unlock(&lane->engine.q_lock);
   fail_list(lane, posted, st);
   for (int p = 0; p < lane->size; p++) {
     p2p_peer *pp = &l->peers[p];
