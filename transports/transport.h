@@ -33,6 +33,8 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "src/base/error_sink.h"
+#include "src/mem/shared_mem.h"
 #include "weft.h"
 
 /* Bumped whenever a member changes, so an out-of-tree transport (a plugin)
@@ -45,33 +47,6 @@
 typedef struct weft_transport_ctx weft_transport_ctx; /* per communicator */
 typedef struct weft_conn weft_conn;                   /* per peer */
 struct weft_mem_ops;
-
-/* Where a transport writes the sentence describing its last error. */
-typedef struct weft_error_sink {
-  char msg[384];
-  char origin[384]; /* when the error is a peer's failure notice: its words,
-                       passed on unchanged so every rank names the first cause */
-} weft_error_sink;
-void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-/* Every transport checks an arriving chunk's tag the same way: a chunk of
- * another call or another size is WEFT_ERR_MISMATCH, with one sentence for
- * each case written to `sink`. WEFT_OK when (seq, len) are the expected ones. */
-weft_status weft_chunk_check(weft_error_sink *sink, int peer, uint32_t seq, uint32_t want_seq,
-                             size_t len, size_t want_len);
-
-/* Where a buffer in shareable memory (weft_mem_alloc) lies, as its owner
- * describes it to a peer in a message: the owner's process, the memfd that
- * backs it, and the buffer's place in it. The receiver trusts none of it:
- * the transport checks the inode and every bound against what it maps. */
-typedef struct weft_mem_key {
-  uint32_t pid;    /* the owner's process id */
-  int32_t fd;      /* the memfd's descriptor number there */
-  uint64_t ino;    /* the memfd's inode: a reused descriptor number is caught */
-  uint64_t offset; /* the buffer's first byte in the memfd */
-  uint64_t len;    /* the buffer's length in bytes */
-} weft_mem_key;
 
 /* map_peer_mem for transports that cannot reach a peer's memory. */
 weft_status weft_transport_no_map(weft_conn *conn, const weft_mem_key *key, void **local);

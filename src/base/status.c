@@ -42,7 +42,7 @@ weft_status weft_status_from_errno(int err) {
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "transports/transport.h"
+#include "src/base/error_sink.h"
 
 void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...) {
   if (!sink) return;
@@ -70,11 +70,4 @@ weft_status weft_chunk_check(weft_error_sink *sink, int peer, uint32_t seq, uint
     return WEFT_ERR_MISMATCH;
   }
   return WEFT_OK;
-}
-
-weft_status weft_transport_no_map(weft_conn *conn, const weft_mem_key *key, void **local) {
-  (void)conn;
-  (void)key;
-  *local = NULL;
-  return WEFT_ERR_UNSUPPORTED;
 }

@@ -85,8 +85,4 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], int ran
                           const boot_rank_info *mine, double deadline, uint64_t *comm_id,
                           boot_rank_info *all, weft_error_sink *err);
 
-/* A string naming this host, the same for every process on it:
- * WEFT_HOST_ID if set (later), else hostname plus the kernel's boot id. */
-void boot_host_identity(char *out, size_t len);
-
 #endif
