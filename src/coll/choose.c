@@ -9,7 +9,6 @@
 #include "src/algo/algo.h"
 #include "src/base/log.h"
 #include "src/base/settings.h"
-#include "src/comm/comm.h"
 
 /* ---- settings ------------------------------------------------------------------ */
 
@@ -36,6 +35,12 @@ void weft_choice_init(weft_choice_state *c, int rank, int size) {
   c->direct_min_bytes = direct_min > 0 ? (size_t)direct_min : 0;
   c->bcast_chain_bytes = chain > 0 ? (size_t)chain : 0;
   c->bcast_fanout = fanout > 0 && fanout < size ? (int)fanout : 0;
+}
+
+void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_bytes) {
+  c->size = size;
+  c->nhosts = nhosts;
+  c->chunk_bytes = chunk_bytes;
 }
 
 void weft_choice_free(weft_choice_state *c) {
@@ -123,61 +128,54 @@ void weft_choice_direct_note(weft_choice_state *c, size_t count, weft_dtype dtyp
 /* Whether the direct question applies (one host, large or forced), and
  * whether the one-round exchange may (small, one host, few ranks, or
  * forced). Static facts and settings only: every rank answers alike. */
-static bool direct_candidate(const weft_comm *comm, size_t bytes) {
-  const weft_choice_state *c = &comm->choice;
-  return comm->nhosts == 1 && (c->algo_forced == WEFT_ALGO_DIRECT ||
-                               (c->algo_forced == WEFT_ALGO_AUTO && c->direct_min_bytes &&
-                                bytes >= c->direct_min_bytes));
+static bool direct_candidate(const weft_choice_state *c, size_t bytes) {
+  return c->nhosts == 1 && (c->algo_forced == WEFT_ALGO_DIRECT ||
+                            (c->algo_forced == WEFT_ALGO_AUTO && c->direct_min_bytes &&
+                             bytes >= c->direct_min_bytes));
 }
 
-static bool exchange_candidate(const weft_comm *comm, size_t bytes) {
-  const weft_choice_state *c = &comm->choice;
-  if (bytes > comm->chunk_bytes) return false;
+static bool exchange_candidate(const weft_choice_state *c, size_t bytes) {
+  if (bytes > c->chunk_bytes) return false;
   return c->algo_forced == WEFT_ALGO_EXCHANGE ||
-         (c->algo_forced == WEFT_ALGO_AUTO && comm->nhosts == 1 &&
-          comm->size <= EXCHANGE_MAX_RANKS && bytes <= c->exchange_max_bytes);
+         (c->algo_forced == WEFT_ALGO_AUTO && c->nhosts == 1 && c->size <= EXCHANGE_MAX_RANKS &&
+          bytes <= c->exchange_max_bytes);
 }
 
 /* Recursive doubling while the buffer fits one chunk and the rd_max setting
  * (latency), the ring above (bandwidth). */
-static weft_status rd_or_ring_start(weft_coll *coll) {
-  const weft_comm *comm = coll->comm;
-  const weft_choice_state *c = &comm->choice;
+static weft_status rd_or_ring_start(const weft_choice_state *c, weft_coll *coll) {
   size_t bytes = coll->count * coll->elem;
-  bool use_rd = bytes <= comm->chunk_bytes &&
-                (c->algo_forced == WEFT_ALGO_RD ||
-                 (c->algo_forced == WEFT_ALGO_AUTO && bytes <= c->rd_max_bytes));
+  bool use_rd =
+      bytes <= c->chunk_bytes && (c->algo_forced == WEFT_ALGO_RD ||
+                                  (c->algo_forced == WEFT_ALGO_AUTO && bytes <= c->rd_max_bytes));
   return use_rd ? weft_rd_allreduce_start(coll) : weft_ring_allreduce_start(coll);
 }
 
 /* The exchange when the verdict allows (or asking for it, the first time),
  * else what rd_or_ring_start picks. */
-static weft_status small_start(weft_coll *coll) {
-  const weft_choice_state *c = &coll->comm->choice;
+static weft_status small_start(const weft_choice_state *c, weft_coll *coll) {
   if (c->algo_forced == WEFT_ALGO_EXCHANGE) return weft_exchange_allreduce_start(coll, false);
   if (c->exchange_verdict >= 0)
     return weft_exchange_allreduce_start(coll, c->exchange_verdict == 0);
-  return rd_or_ring_start(coll);
+  return rd_or_ring_start(c, coll);
 }
 
-weft_status weft_choose_allreduce(weft_coll *coll) {
-  const weft_comm *comm = coll->comm;
-  const weft_choice_state *c = &comm->choice;
+weft_status weft_choose_allreduce(weft_choice_state *c, weft_coll *coll) {
   /* Ranks sharing hosts, on several hosts: only leaders cross the network. */
   bool hier = c->algo_forced == WEFT_ALGO_HIER ||
-              (c->algo_forced == WEFT_ALGO_AUTO && comm->nhosts > 1 && comm->size > comm->nhosts);
+              (c->algo_forced == WEFT_ALGO_AUTO && c->nhosts > 1 && c->size > c->nhosts);
   if (hier) return weft_hier_allreduce_start(coll);
   size_t bytes = coll->count * coll->elem;
   /* One host, large: whether every rank's buffers are shared (the direct
    * allreduce). One host, small: the one-round exchange. Both depend on
    * what earlier calls found. */
-  if (direct_candidate(comm, bytes) || exchange_candidate(comm, bytes)) return WEFT_CHOICE_LATE;
-  return rd_or_ring_start(coll);
+  if (direct_candidate(c, bytes) || exchange_candidate(c, bytes)) return WEFT_CHOICE_LATE;
+  return rd_or_ring_start(c, coll);
 }
 
-weft_status weft_choose_barrier(weft_coll *coll) {
+weft_status weft_choose_barrier(weft_choice_state *c, weft_coll *coll) {
   /* one byte: the exchange where allreduce would take it (never direct) */
-  if (exchange_candidate(coll->comm, 1)) return WEFT_CHOICE_LATE;
+  if (exchange_candidate(c, 1)) return WEFT_CHOICE_LATE;
   return weft_rd_allreduce_start(coll);
 }
 
@@ -188,24 +186,21 @@ weft_status weft_choose_barrier(weft_coll *coll) {
  * every rank chooses from the same outcomes. Chosen at issue, a rank that
  * waited for call k before issuing call k+1 and a rank that issued both at
  * once could choose differently, and their messages would not match. */
-weft_status weft_choose_late(weft_coll *coll, bool barrier) {
-  weft_comm *comm = coll->comm;
-  weft_choice_state *c = &comm->choice;
+weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier) {
   size_t bytes = coll->count * coll->elem;
   /* the barrier comes here for the exchange only, never the direct question */
-  if (!barrier && direct_candidate(comm, bytes) &&
+  if (!barrier && direct_candidate(c, bytes) &&
       (c->algo_forced == WEFT_ALGO_DIRECT || direct_worth_asking(c, coll->count, coll->dtype)))
     return weft_direct_allreduce_start(coll);
-  if (exchange_candidate(comm, bytes)) return small_start(coll);
-  return rd_or_ring_start(coll);
+  if (exchange_candidate(c, bytes)) return small_start(c, coll);
+  return rd_or_ring_start(c, coll);
 }
 
-int weft_choose_bcast_fanout(const weft_comm *comm, size_t bytes) {
-  const weft_choice_state *c = &comm->choice;
+int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes) {
   return c->bcast_fanout > 0 ? c->bcast_fanout : bytes >= c->bcast_chain_bytes ? 1 : 2;
 }
 
-int weft_choose_reduce_fanout(const weft_comm *comm, size_t bytes) {
+int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {
   /* the mirror of a broadcast: a chain from the size where broadcasts take one */
-  return bytes >= comm->choice.bcast_chain_bytes ? 1 : 2;
+  return bytes >= c->bcast_chain_bytes ? 1 : 2;
 }

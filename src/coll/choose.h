@@ -13,7 +13,6 @@
 #include "weft.h"
 
 typedef struct weft_coll weft_coll;
-typedef struct weft_comm weft_comm;
 struct weft_direct_memo_table;
 
 /* WEFT_ALGO: 0 auto, else the algorithm every allreduce takes. */
@@ -34,7 +33,10 @@ typedef struct weft_choice_state {
   size_t direct_min_bytes;   /* one host: try shared buffers from this size (0 never) */
   int bcast_fanout;          /* 0 = by size */
   size_t bcast_chain_bytes;  /* broadcasts and reduces take a chain from this size */
-  /* facts of the communicator */
+  /* facts of the communicator, told by it (weft_choice_learn, transports) */
+  int size;              /* ranks */
+  int nhosts;            /* hosts they run on */
+  size_t chunk_bytes;    /* the largest chunk a link carries */
   bool sends_are_stores; /* every peer's transport says so (transport.h) */
   /* what earlier calls found, the same on every rank */
   int exchange_verdict; /* 0 not asked yet, 1 every rank's sends are stores, -1 not */
@@ -49,6 +51,8 @@ typedef struct weft_choice_state {
  * communicator's, `rank`: who warns about a bad WEFT_ALGO. */
 void weft_choice_init(weft_choice_state *c, int rank, int size);
 void weft_choice_free(weft_choice_state *c);
+/* The communicator's shape, once its ranks are known. */
+void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_bytes);
 
 /* A setup's answer from weft_choose_allreduce / _barrier besides a started
  * algorithm and errors: the choice waits for the call to reach the head of
@@ -56,15 +60,15 @@ void weft_choice_free(weft_choice_state *c);
 #define WEFT_CHOICE_LATE ((weft_status)3)
 
 /* Starts the algorithm of an allreduce (or returns WEFT_CHOICE_LATE). */
-weft_status weft_choose_allreduce(weft_coll *coll);
+weft_status weft_choose_allreduce(weft_choice_state *c, weft_coll *coll);
 /* The same for a barrier (a one-byte max-allreduce, never direct). */
-weft_status weft_choose_barrier(weft_coll *coll);
+weft_status weft_choose_barrier(weft_choice_state *c, weft_coll *coll);
 /* At the head of the queue: starts what the outcomes so far pick; `barrier`
  * never takes the direct question. */
-weft_status weft_choose_late(weft_coll *coll, bool barrier);
+weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier);
 /* The tree fan-out of a broadcast and of a reduce of `bytes`. */
-int weft_choose_bcast_fanout(const weft_comm *comm, size_t bytes);
-int weft_choose_reduce_fanout(const weft_comm *comm, size_t bytes);
+int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes);
+int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes);
 
 /* The direct question's outcome for an allreduce of (count, dtype):
  * ordinary buffers somewhere (remembered, so the next calls of that shape

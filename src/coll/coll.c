@@ -483,7 +483,7 @@ static weft_status coll_copy_alone(weft_coll *coll) {
 /* The call's algorithm, chosen now that it reaches the head of the queue
  * (choose.c says why then). */
 static weft_status allreduce_start_late(weft_coll *coll) {
-  weft_status st = weft_choose_late(coll, coll->kind != KIND_ALLREDUCE);
+  weft_status st = weft_choose_late(&coll->comm->choice, coll, coll->kind != KIND_ALLREDUCE);
   if (st < 0) return coll_start_failed(coll, st);
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %s algorithm, chosen at its start", coll->call, coll->seq,
              coll->algo);
@@ -508,7 +508,7 @@ weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_co
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
-  weft_status st = weft_choose_allreduce(coll);
+  weft_status st = weft_choose_allreduce(&comm->choice, coll);
   return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }
 
@@ -525,7 +525,7 @@ weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_co
     coll->mem->copy(recvbuf, sendbuf, count * coll->elem);
     return WEFT_COLL_DONE;
   }
-  int fanout = weft_choose_bcast_fanout(comm, count * coll->elem);
+  int fanout = weft_choose_bcast_fanout(&comm->choice, count * coll->elem);
   return coll_start(coll, weft_tree_broadcast_start(coll, fanout));
 }
 
@@ -541,7 +541,7 @@ weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_comm 
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
-  int fanout = weft_choose_reduce_fanout(comm, count * coll->elem);
+  int fanout = weft_choose_reduce_fanout(&comm->choice, count * coll->elem);
   return coll_start(coll, weft_tree_reduce_start(coll, fanout));
 }
 
@@ -635,6 +635,6 @@ weft_status weft_coll_barrier_setup(weft_coll *coll, const char *call, weft_comm
   coll->mem = &weft_mem_host;
   coll->seq = ++comm->seq;
   if (comm->size == 1) return WEFT_COLL_DONE;
-  weft_status st = weft_choose_barrier(coll);
+  weft_status st = weft_choose_barrier(&comm->choice, coll);
   return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }

@@ -417,6 +417,7 @@ static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64
     if (!strcmp(all[p].host, my_host)) comm->leader_index = comm->nhosts;
     comm->leaders[comm->nhosts++] = p;
   }
+  weft_choice_learn(&comm->choice, comm->size, comm->nhosts, comm->chunk_bytes);
   comm->engine.spin_us = spin_default(comm->local_size);
   if (comm->size == 1) {
     comm->peers[0].tp = -1;
