@@ -359,6 +359,7 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
    * 0.69 -> 1.28 GB/s busbw); sched_yield still hands the core to any
    * runnable thread, so it does not starve the caller's other work. */
   comm->engine.yield_us = (int)weft_setting_ll(WEFT_SETTING_YIELD_US, 100000);
+  comm->engine.keep_place = weft_spread_keep;
   return comm;
 }
 

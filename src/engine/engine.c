@@ -305,7 +305,7 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
     idle_rounds = 0;
     if (idle * 1e6 < comm->engine.spin_us + yield_us) {
       if (!placed) { /* once per wait, before the first yield */
-        weft_spread_keep();
+        if (comm->engine.keep_place) comm->engine.keep_place();
         placed = true;
       }
       sched_yield();

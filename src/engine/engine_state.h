@@ -34,6 +34,9 @@ typedef struct weft_engine {
   bool clock_ok;
   int spin_us;  /* a waiting driver spins this long, */
   int yield_us; /* then sched_yields this long before sleeping */
+  /* called once per blocking wait before its first yield: the communicator
+   * keeps its rank on the CPU it chose (comm.c, weft_spread_keep); NULL: nothing */
+  void (*keep_place)(void);
 } weft_engine;
 
 #endif
