@@ -9,7 +9,7 @@
 
 #include "weft.h"
 
-/* Where a transport writes the sentence describing its last error. */
+/* The sentence describing the last error of a transport or helper. */
 typedef struct weft_error_sink {
   char msg[384];
   char origin[384]; /* when the error is a peer's failure notice: its words,
