@@ -491,13 +491,3 @@ weft_status weft_request_free(weft_request *req) {
   free(req);
   return st;
 }
-
-void weft_request_coll(weft_request *req, bool on_heap) {
-  req->comm = req->coll.comm;
-  req->kind = WEFT_REQ_COLL;
-  req->on_heap = on_heap;
-  req->algo_done = false;
-  req->started = false;
-  req->time_pending = false;
-  req->status = WEFT_OK;
-}

@@ -60,8 +60,16 @@ weft_status weft_request_new(weft_comm *comm, const char *call, weft_request **r
 
 /* A collective set up in req->coll (a weft_coll_*_setup) made a request:
  * on_heap for a weft_iNAME call's (wait/test free it), else it lives on a
- * blocking caller's stack. */
-void weft_request_coll(weft_request *req, bool on_heap);
+ * blocking caller's stack. Inline: it is on every blocking call's path. */
+static inline void weft_request_coll(weft_request *req, bool on_heap) {
+  req->comm = req->coll.comm;
+  req->kind = WEFT_REQ_COLL;
+  req->on_heap = on_heap;
+  req->algo_done = false;
+  req->started = false;
+  req->time_pending = false;
+  req->status = WEFT_OK;
+}
 
 /* Frees a done request made by weft_request_new; returns its status. */
 weft_status weft_request_free(weft_request *req);
