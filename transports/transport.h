@@ -38,6 +38,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "src/base/error_sink.h"
 #include "src/mem/mem.h"
 #include "weft.h"
 
@@ -67,21 +68,6 @@ struct weft_mem_ops;
  * connect is called for it. */
 #define WEFT_TP_CHANNELS 2
 enum { WEFT_TP_CHANNEL_COLL = 0, WEFT_TP_CHANNEL_P2P = 1 };
-
-/* Where a transport writes the sentence describing its last error. */
-typedef struct weft_error_sink {
-  char msg[384];
-  char origin[384]; /* when the error is a peer's failure notice: its words,
-                       passed on unchanged so every rank names the first cause */
-} weft_error_sink;
-void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-/* Every transport checks an arriving chunk's tag the same way: a chunk of
- * another call or another size is WEFT_ERR_MISMATCH, with one sentence for
- * each case written to `sink`. WEFT_OK when (seq, len) are the expected ones. */
-weft_status weft_chunk_check(weft_error_sink *sink, int peer, uint32_t seq, uint32_t want_seq,
-                             size_t len, size_t want_len);
 
 /* A buffer to register (register_mem). */
 typedef struct weft_mem_region {

@@ -234,10 +234,5 @@ weft_status weft_flat_scatter_start(weft_coll *coll);
 weft_status weft_pairwise_alltoall_start(weft_coll *coll);
 weft_status weft_hier_allreduce_start(weft_coll *coll);
 weft_status weft_direct_allreduce_start(weft_coll *coll);
-/* Whether an allreduce of this shape should ask the direct question, or go
- * straight to the ring because the same shape found ordinary buffers lately.
- * Every rank answers alike: it depends on the calls so far and their shared
- * outcomes only. Counts the skip. */
-bool weft_direct_allreduce_worth_asking(weft_comm *comm, size_t count, weft_dtype dtype);
 
 #endif

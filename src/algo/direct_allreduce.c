@@ -24,7 +24,7 @@
  * feel at 1 MiB (+40% measured with ordinary buffers). So each communicator
  * remembers, per call shape (count, dtype), when the last question found
  * ordinary buffers, and asks again for that shape only every
- * DIRECT_ASK_EVERY calls; the shape and the outcomes are the same on every
+ * DIRECT_ASK_EVERY calls (choose.c); the shape and the outcomes are the same on every
  * rank, so every rank asks or skips alike.
  *
  * Final values are computed once and copied, so every rank ends with the
@@ -47,60 +47,9 @@ struct weft_direct_msg {
   weft_mem_desc in, out; /* kind WEFT_MEMORY_SHARED (mem.h) */
 };
 
-#define DIRECT_MEMO_SHAPES 16 /* shapes remembered (a model has a few bucket sizes) */
-#define DIRECT_ASK_EVERY 16   /* an ordinary-buffer shape is asked again this often */
-
-struct weft_direct_memo {
-  size_t count;
-  weft_dtype dtype;
-  int skips;     /* calls sent to the ring since the question found ordinary buffers */
-  uint64_t used; /* for replacing the least recently used shape */
-};
-
-struct weft_direct_memo_table {
-  struct weft_direct_memo shape[DIRECT_MEMO_SHAPES];
-  int n;
-  uint64_t clock;
-};
-
-static struct weft_direct_memo *memo_find(weft_comm *comm, size_t count, weft_dtype dtype) {
-  struct weft_direct_memo_table *t = comm->direct_memo;
-  if (!t) return NULL;
-  for (int i = 0; i < t->n; i++)
-    if (t->shape[i].count == count && t->shape[i].dtype == dtype) {
-      t->shape[i].used = ++t->clock;
-      return &t->shape[i];
-    }
-  return NULL;
-}
-
-bool weft_direct_allreduce_worth_asking(weft_comm *comm, size_t count, weft_dtype dtype) {
-  struct weft_direct_memo *m = memo_find(comm, count, dtype);
-  if (!m || m->skips >= DIRECT_ASK_EVERY - 1) return true;
-  m->skips++;
-  return false;
-}
-
-/* The question's outcome for this shape: ordinary buffers somewhere
- * (remembered, so the next calls skip it), or all shared (forgotten). */
+/* The question's outcome for this call's shape, for the choice (choose.c). */
 static void memo_note(weft_coll *coll, bool all_shared) {
-  weft_comm *comm = coll->comm;
-  struct weft_direct_memo *m = memo_find(comm, coll->count, coll->dtype);
-  struct weft_direct_memo_table *t = comm->direct_memo;
-  if (all_shared) {
-    if (m) *m = t->shape[--t->n]; /* forgotten: the last entry takes its place */
-    return;
-  }
-  if (!t && !(t = comm->direct_memo = calloc(1, sizeof *comm->direct_memo))) return;
-  if (!m) {
-    m = &t->shape[0];
-    if (t->n < DIRECT_MEMO_SHAPES)
-      m = &t->shape[t->n++];
-    else
-      for (int i = 1; i < t->n; i++)
-        if (t->shape[i].used < m->used) m = &t->shape[i];
-  }
-  *m = (struct weft_direct_memo){coll->count, coll->dtype, 0, ++t->clock};
+  weft_choice_direct_note(&coll->comm->choice, coll->count, coll->dtype, all_shared);
 }
 
 enum { SEND_KEYS, RECV_KEYS, SEND_VERDICT, RECV_VERDICT, REDUCE, SEND_DONE, RECV_DONE, FINISHED };
@@ -187,7 +136,7 @@ static weft_status direct_advance(weft_coll *coll) {
       if (!all_shared) return direct_fall_back(coll);
       weft_comm *comm = coll->comm;
       size_t all = (size_t)coll->size * msg;
-      if (comm->direct_agreed && !memcmp(comm->direct_agreed, ds->msgs, all)) {
+      if (comm->choice.direct_agreed && !memcmp(comm->choice.direct_agreed, ds->msgs, all)) {
         /* mapped before, and the mappings are cached: only a kernel refusal
          * now (memory pressure) fails here; the peers then see our failure */
         if (!map_all(coll)) {
@@ -202,8 +151,8 @@ static weft_status direct_advance(weft_coll *coll) {
         ds->phase = REDUCE;
         goto reduce;
       }
-      free(comm->direct_agreed);
-      comm->direct_agreed = NULL;
+      free(comm->choice.direct_agreed);
+      comm->choice.direct_agreed = NULL;
       ds->verdict = map_all(coll);
       ds->phase = SEND_VERDICT;
     }
@@ -221,8 +170,8 @@ static weft_status direct_advance(weft_coll *coll) {
           return direct_fall_back(coll);
         }
       size_t all = (size_t)coll->size * msg;
-      coll->comm->direct_agreed = malloc(all);
-      if (coll->comm->direct_agreed) memcpy(coll->comm->direct_agreed, ds->msgs, all);
+      coll->comm->choice.direct_agreed = malloc(all);
+      if (coll->comm->choice.direct_agreed) memcpy(coll->comm->choice.direct_agreed, ds->msgs, all);
       ds->phase = REDUCE;
     }
       /* fall through */

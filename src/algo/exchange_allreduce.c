@@ -21,7 +21,7 @@
  * to each rank for its own pairs only. So the first exchange of a
  * communicator sends, before the data, a word saying whether all of this
  * rank's peers are reached with stores; every rank folds the same words and
- * keeps the same verdict (comm->exchange_verdict), which coll.c consults when
+ * keeps the same verdict (comm->choice.exchange_verdict), which choose.c consults when
  * later calls start. */
 #include "src/algo/algo.h"
 
@@ -40,7 +40,7 @@ static weft_status exchange_advance(weft_coll *coll) {
       WEFT_STEP(weft_step_recv_all(coll, &x->next, x->words, sizeof x->word));
       bool all = x->word == 1;
       for (int m = 0; m < n; m++) all &= m == r || x->words[m] == 1;
-      coll->comm->exchange_verdict = all ? 1 : -1;
+      coll->comm->choice.exchange_verdict = all ? 1 : -1;
       x->phase++;
     }
       /* fall through */
@@ -97,7 +97,7 @@ weft_status weft_exchange_allreduce_start(weft_coll *coll, bool asking) {
   coll->st.exchange =
       (weft_exchange_state){.phase = asking ? EXCHANGE_SEND_WORD : EXCHANGE_SEND,
                             .own = own,
-                            .word = coll->comm->sends_are_stores ? 1 : 0,
+                            .word = coll->comm->choice.sends_are_stores ? 1 : 0,
                             .words = asking ? (uint32_t *)(scratch + copy_bytes) : NULL};
   coll->algo = "exchange";
   coll->advance = exchange_advance;

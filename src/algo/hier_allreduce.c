@@ -55,7 +55,7 @@ static weft_status hier_advance(weft_coll *coll) {
   weft_hier_state *hs = &coll->st.hier;
   weft_comm *comm = coll->comm;
   size_t bytes = coll->count * coll->elem;
-  int fanout = bytes >= comm->bcast_chain_bytes ? 1 : 2;
+  int fanout = bytes >= comm->choice.bcast_chain_bytes ? 1 : 2;
   for (;;) {
     if (hs->running) {
       WEFT_STEP(hs->inner->advance(hs->inner));
@@ -78,7 +78,7 @@ static weft_status hier_advance(weft_coll *coll) {
         if (comm->host_index == 0 && comm->nhosts > 1) {
           phase_init(coll, comm->leaders, comm->leader_index, comm->nhosts, coll->recvbuf,
                      coll->recvbuf, comm->size);
-          bool rd = bytes <= comm->chunk_bytes && bytes <= comm->rd_max_bytes;
+          bool rd = bytes <= comm->chunk_bytes && bytes <= comm->choice.rd_max_bytes;
           WEFT_CHECK(rd ? weft_rd_allreduce_start(hs->inner)
                         : weft_ring_allreduce_start(hs->inner));
           hs->running = true;

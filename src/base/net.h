@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-#include "transports/transport.h"
+#include "src/base/error_sink.h"
 #include "weft.h"
 
 /* Monotonic clock in seconds. */

@@ -42,7 +42,7 @@ weft_status weft_status_from_errno(int err) {
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "transports/transport.h"
+#include "src/base/error_sink.h"
 
 void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...) {
   if (!sink) return;

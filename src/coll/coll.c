@@ -1,8 +1,8 @@
-/* coll.c - the public collectives: argument checks with a sentence for every
- * refusal, algorithm choice by size, the link functions algorithms use, and
- * the driver loop that advances an algorithm, spins briefly, then sleeps in
- * the transport's wait, and never waits longer than the timeout without
- * progress. */
+/* coll.c - setting up one collective call: argument checks with a sentence
+ * for every refusal, the sequence number, the algorithm's start (choose.c
+ * picks it), WEFT_CHECK's fingerprints in front of it, and what the engine
+ * asks of a running call (flush, end, the sentence for a failure). The link
+ * functions algorithms use are here too, for now (src/link takes them). */
 #include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -11,9 +11,11 @@
 #include <string.h>
 #include <strings.h>
 
+#include "src/coll/coll.h"
+
 #include "src/algo/algo.h"
+#include "src/coll/choose.h"
 #include "src/comm/comm.h"
-#include "src/engine/engine.h"
 #include "src/base/log.h"
 #include "src/base/net.h"
 #include "src/base/settings.h"
@@ -235,12 +237,12 @@ weft_status weft_coll_failed(weft_coll *coll, weft_status st) {
     case WEFT_ERR_ABORTED:
       comm->sink.origin[0] = 0;
       weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, 0);
-      weft_recorder_dump(comm, "aborted");
+      weft_recorder_dump(&comm->recorder, comm->rank, comm->size, "aborted");
       return coll_fail(coll, st, "weft_comm_abort was called");
     case WEFT_ERR_TIMEOUT:
       comm->sink.origin[0] = 0;
       weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, 0);
-      weft_recorder_dump(comm, "timeout");
+      weft_recorder_dump(&comm->recorder, comm->rank, comm->size, "timeout");
       return coll_fail(coll, st,
                        "no progress for %.1f s while waiting for %s peer %d (%s algorithm); is "
                        "peer %d alive and in the same call?",
@@ -369,10 +371,6 @@ static weft_status check_start(weft_coll *coll) {
   return WEFT_OK;
 }
 
-/* A setup function's answer besides OK (queue it) and errors: the call is
- * already complete on this rank (count 0, one rank). */
-#define COLL_DONE ((weft_status)2)
-
 /* What the algorithm's start function said. A start that failed fails the
  * call and tells the peers, which would otherwise wait for this rank until
  * their timeout. */
@@ -388,41 +386,6 @@ static weft_status coll_start(weft_coll *coll, weft_status started) {
              coll->count * coll->elem, coll->algo);
   weft_recorder_issue(&coll->comm->recorder, coll); /* the engine adds the time */
   if (coll->comm->check_calls) return check_start(coll);
-  return WEFT_OK;
-}
-
-static void request_init(weft_request *r, bool on_heap) {
-  r->comm = r->coll.comm;
-  r->kind = WEFT_REQ_COLL;
-  r->on_heap = on_heap;
-  r->algo_done = false;
-  r->started = false;
-  r->time_pending = false;
-  r->status = WEFT_OK;
-}
-
-/* A blocking call: its request lives on the caller's stack, and the caller
- * drives it (behind any earlier non-blocking ones). */
-static weft_status coll_blocking(weft_request *r, weft_status setup) {
-  if (setup == COLL_DONE) return WEFT_OK;
-  if (setup < 0) return setup;
-  request_init(r, false);
-  return weft_engine_call(r);
-}
-
-/* A non-blocking call: queued, and the progress thread moves it. */
-static weft_status coll_issue(weft_request *r, weft_request **req, weft_status setup) {
-  if (setup < 0) {
-    free(r);
-    return setup;
-  }
-  request_init(r, true);
-  if (setup == COLL_DONE) {
-    atomic_store(&r->done, 1);
-  } else {
-    weft_engine_submit(r, true);
-  }
-  *req = r;
   return WEFT_OK;
 }
 
@@ -514,75 +477,13 @@ static void coll_take_seq(weft_coll *coll) {
 static weft_status coll_copy_alone(weft_coll *coll) {
   if (coll->recvbuf != coll->sendbuf)
     coll->mem->copy(coll->recvbuf, coll->sendbuf, coll->count * coll->elem);
-  return COLL_DONE;
+  return WEFT_COLL_DONE;
 }
 
-/* The one-round exchange has every rank send size-1 copies and poll size-1
- * peers. With more ranks than cores it won at every size tried (8 bytes on
- * 2 cores: 6.5 against 11.5 us at 3 ranks, 40 against 65 at 8, 90 against
- * 180 at 16); with a core per rank, recursive doubling's log2(size) rounds
- * must win somewhere as the group grows (not measurable on 2 cores), so the
- * exchange stays with small groups. */
-#define EXCHANGE_MAX_RANKS 8
-
-/* Whether the direct question applies (one host, large or forced), and
- * whether the one-round exchange may (small, one host, few ranks, or
- * forced). Static facts and settings only: every rank answers alike. */
-static bool direct_candidate(const weft_comm *comm, size_t bytes) {
-  return comm->nhosts == 1 && (comm->algo_forced == WEFT_ALGO_DIRECT ||
-                               (comm->algo_forced == WEFT_ALGO_AUTO && comm->direct_min_bytes &&
-                                bytes >= comm->direct_min_bytes));
-}
-
-static bool exchange_candidate(const weft_comm *comm, size_t bytes) {
-  if (bytes > comm->chunk_bytes) return false;
-  return comm->algo_forced == WEFT_ALGO_EXCHANGE ||
-         (comm->algo_forced == WEFT_ALGO_AUTO && comm->nhosts == 1 &&
-          comm->size <= EXCHANGE_MAX_RANKS && bytes <= comm->exchange_max_bytes);
-}
-
-/* Recursive doubling while the buffer fits one chunk and the rd_max setting
- * (latency), the ring above (bandwidth). */
-static weft_status rd_or_ring_start(weft_coll *coll) {
-  weft_comm *comm = coll->comm;
-  size_t bytes = coll->count * coll->elem;
-  bool use_rd = bytes <= comm->chunk_bytes &&
-                (comm->algo_forced == WEFT_ALGO_RD ||
-                 (comm->algo_forced == WEFT_ALGO_AUTO && bytes <= comm->rd_max_bytes));
-  return use_rd ? weft_rd_allreduce_start(coll) : weft_ring_allreduce_start(coll);
-}
-
-/* The exchange when the verdict allows (or asking for it, the first time),
- * else what rd_or_ring_start picks. */
-static weft_status small_start(weft_coll *coll) {
-  weft_comm *comm = coll->comm;
-  if (comm->algo_forced == WEFT_ALGO_EXCHANGE) return weft_exchange_allreduce_start(coll, false);
-  if (comm->exchange_verdict >= 0)
-    return weft_exchange_allreduce_start(coll, comm->exchange_verdict == 0);
-  return rd_or_ring_start(coll);
-}
-
-/* Some choices depend on what earlier calls found out: the direct
- * question's memory (direct_allreduce.c) and the exchange verdict
- * (exchange_allreduce.c). They are made when the call reaches the head of
- * the queue, not when it is issued: calls run one after another, so by then
- * every earlier call is complete on this rank, and every rank chooses from
- * the same outcomes. Chosen at issue, a rank that waited for call k before
- * issuing call k+1 and a rank that issued both at once could choose
- * differently, and their messages would not match. */
+/* The call's algorithm, chosen now that it reaches the head of the queue
+ * (choose.c says why then). */
 static weft_status allreduce_start_late(weft_coll *coll) {
-  weft_comm *comm = coll->comm;
-  size_t bytes = coll->count * coll->elem;
-  weft_status st;
-  /* the barrier comes here for the exchange only, never the direct question */
-  if (coll->kind == KIND_ALLREDUCE && direct_candidate(comm, bytes) &&
-      (comm->algo_forced == WEFT_ALGO_DIRECT ||
-       weft_direct_allreduce_worth_asking(comm, coll->count, coll->dtype)))
-    st = weft_direct_allreduce_start(coll);
-  else if (exchange_candidate(comm, bytes))
-    st = small_start(coll);
-  else
-    st = rd_or_ring_start(coll);
+  weft_status st = weft_choose_late(&coll->comm->choice, coll, coll->kind != KIND_ALLREDUCE);
   if (st < 0) return coll_start_failed(coll, st);
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %s algorithm, chosen at its start", coll->call, coll->seq,
              coll->algo);
@@ -596,71 +497,57 @@ static weft_status coll_start_late(weft_coll *coll) {
   return coll_start(coll, WEFT_OK);
 }
 
-static weft_status allreduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
-                                   const void *sendbuf, void *recvbuf, size_t count,
-                                   weft_dtype dtype, weft_op op) {
+weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                      const void *sendbuf, void *recvbuf, size_t count,
+                                      weft_dtype dtype, weft_op op) {
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0));
   WEFT_CHECK(check_buffers(coll, (coll_span){count, count, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
-  if (count == 0) return COLL_DONE;
+  if (count == 0) return WEFT_COLL_DONE;
   if (comm->size == 1) {
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
-    return COLL_DONE;
+    return WEFT_COLL_DONE;
   }
-  /* Ranks sharing hosts, on several hosts: only leaders cross the network. */
-  bool hier =
-      comm->algo_forced == WEFT_ALGO_HIER ||
-      (comm->algo_forced == WEFT_ALGO_AUTO && comm->nhosts > 1 && comm->size > comm->nhosts);
-  if (hier) return coll_start(coll, weft_hier_allreduce_start(coll));
-  size_t bytes = count * coll->elem;
-  /* One host, large: whether every rank's buffers are shared (the direct
-   * allreduce). One host, small: the one-round exchange. Both depend on
-   * what earlier calls found. */
-  if (direct_candidate(comm, bytes) || exchange_candidate(comm, bytes))
-    return coll_start_late(coll);
-  return coll_start(coll, rd_or_ring_start(coll));
+  weft_status st = weft_choose_allreduce(&comm->choice, coll);
+  return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }
 
-static weft_status broadcast_setup(weft_coll *coll, const char *call, weft_comm *comm,
-                                   const void *sendbuf, void *recvbuf, size_t count,
-                                   weft_dtype dtype, int root) {
+weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                      const void *sendbuf, void *recvbuf, size_t count,
+                                      weft_dtype dtype, int root) {
   WEFT_CHECK(
       coll_begin(comm, coll, call, KIND_BROADCAST, sendbuf, recvbuf, count, dtype, WEFT_SUM, root));
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (coll_span){at_root ? count : 0, count, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
-  if (count == 0) return COLL_DONE;
+  if (count == 0) return WEFT_COLL_DONE;
   if (comm->size == 1) {
     coll->mem->copy(recvbuf, sendbuf, count * coll->elem);
-    return COLL_DONE;
+    return WEFT_COLL_DONE;
   }
-  size_t bytes = count * coll->elem;
-  int fanout = comm->bcast_fanout > 0             ? comm->bcast_fanout
-               : bytes >= comm->bcast_chain_bytes ? 1
-                                                  : 2;
+  int fanout = weft_choose_bcast_fanout(&comm->choice, count * coll->elem);
   return coll_start(coll, weft_tree_broadcast_start(coll, fanout));
 }
 
-static weft_status reduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
-                                const void *sendbuf, void *recvbuf, size_t count, weft_dtype dtype,
-                                weft_op op, int root) {
+weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                   const void *sendbuf, void *recvbuf, size_t count,
+                                   weft_dtype dtype, weft_op op, int root) {
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_REDUCE, sendbuf, recvbuf, count, dtype, op, root));
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (coll_span){count, at_root ? count : 0, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
-  if (count == 0) return COLL_DONE;
+  if (count == 0) return WEFT_COLL_DONE;
   if (comm->size == 1) {
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
-    return COLL_DONE;
+    return WEFT_COLL_DONE;
   }
-  /* the mirror of a broadcast: a chain from the size where broadcasts take one */
-  int fanout = count * coll->elem >= comm->bcast_chain_bytes ? 1 : 2;
+  int fanout = weft_choose_reduce_fanout(&comm->choice, count * coll->elem);
   return coll_start(coll, weft_tree_reduce_start(coll, fanout));
 }
 
-static weft_status allgather_setup(weft_coll *coll, const char *call, weft_comm *comm,
-                                   const void *sendbuf, void *recvbuf, size_t sendcount,
-                                   weft_dtype dtype) {
+weft_status weft_coll_allgather_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                      const void *sendbuf, void *recvbuf, size_t sendcount,
+                                      weft_dtype dtype) {
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_ALLGATHER, sendbuf, recvbuf, sendcount, dtype,
                         WEFT_SUM, 0));
   size_t n = (size_t)comm->size, r = (size_t)comm->rank;
@@ -668,14 +555,14 @@ static weft_status allgather_setup(weft_coll *coll, const char *call, weft_comm 
       coll, (coll_span){sendcount, n * sendcount, 0, r * sendcount,
                         "in place needs sendbuf == recvbuf + rank*sendcount elements"}));
   coll_take_seq(coll);
-  if (sendcount == 0) return COLL_DONE;
+  if (sendcount == 0) return WEFT_COLL_DONE;
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_ring_allgather_start(coll));
 }
 
-static weft_status reduce_scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
-                                        const void *sendbuf, void *recvbuf, size_t recvcount,
-                                        weft_dtype dtype, weft_op op) {
+weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                           const void *sendbuf, void *recvbuf, size_t recvcount,
+                                           weft_dtype dtype, weft_op op) {
   WEFT_CHECK(
       coll_begin(comm, coll, call, KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
   size_t n = (size_t)comm->size, r = (size_t)comm->rank;
@@ -683,17 +570,17 @@ static weft_status reduce_scatter_setup(weft_coll *coll, const char *call, weft_
       coll, (coll_span){n * recvcount, recvcount, r * recvcount, 0,
                         "in place needs recvbuf == sendbuf + rank*recvcount elements"}));
   coll_take_seq(coll);
-  if (recvcount == 0) return COLL_DONE;
+  if (recvcount == 0) return WEFT_COLL_DONE;
   if (n == 1) {
     coll->mem->finish(recvbuf, sendbuf, recvcount, dtype, op, 1);
-    return COLL_DONE;
+    return WEFT_COLL_DONE;
   }
   return coll_start(coll, weft_ring_reduce_scatter_start(coll));
 }
 
-static weft_status gather_setup(weft_coll *coll, const char *call, weft_comm *comm,
-                                const void *sendbuf, void *recvbuf, size_t sendcount,
-                                weft_dtype dtype, int root) {
+weft_status weft_coll_gather_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                   const void *sendbuf, void *recvbuf, size_t sendcount,
+                                   weft_dtype dtype, int root) {
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_GATHER, sendbuf, recvbuf, sendcount, dtype, WEFT_SUM,
                         root));
   size_t n = (size_t)comm->size;
@@ -702,14 +589,14 @@ static weft_status gather_setup(weft_coll *coll, const char *call, weft_comm *co
       coll, (coll_span){sendcount, at_root ? n * sendcount : 0, 0, (size_t)root * sendcount,
                         "in place needs sendbuf == recvbuf + root*sendcount elements"}));
   coll_take_seq(coll);
-  if (sendcount == 0) return COLL_DONE;
+  if (sendcount == 0) return WEFT_COLL_DONE;
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_flat_gather_start(coll));
 }
 
-static weft_status scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
-                                 const void *sendbuf, void *recvbuf, size_t recvcount,
-                                 weft_dtype dtype, int root) {
+weft_status weft_coll_scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                    const void *sendbuf, void *recvbuf, size_t recvcount,
+                                    weft_dtype dtype, int root) {
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_SCATTER, sendbuf, recvbuf, recvcount, dtype,
                         WEFT_SUM, root));
   size_t n = (size_t)comm->size;
@@ -718,14 +605,14 @@ static weft_status scatter_setup(weft_coll *coll, const char *call, weft_comm *c
       coll, (coll_span){at_root ? n * recvcount : 0, recvcount, (size_t)root * recvcount, 0,
                         "in place needs recvbuf == sendbuf + root*recvcount elements"}));
   coll_take_seq(coll);
-  if (recvcount == 0) return COLL_DONE;
+  if (recvcount == 0) return WEFT_COLL_DONE;
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_flat_scatter_start(coll));
 }
 
-static weft_status alltoall_setup(weft_coll *coll, const char *call, weft_comm *comm,
-                                  const void *sendbuf, void *recvbuf, size_t count,
-                                  weft_dtype dtype) {
+weft_status weft_coll_alltoall_setup(weft_coll *coll, const char *call, weft_comm *comm,
+                                     const void *sendbuf, void *recvbuf, size_t count,
+                                     weft_dtype dtype) {
   WEFT_CHECK(
       coll_begin(comm, coll, call, KIND_ALLTOALL, sendbuf, recvbuf, count, dtype, WEFT_SUM, 0));
   if (count && sendbuf && sendbuf == recvbuf)
@@ -735,164 +622,19 @@ static weft_status alltoall_setup(weft_coll *coll, const char *call, weft_comm *
   size_t n = (size_t)comm->size;
   WEFT_CHECK(check_buffers(coll, (coll_span){n * count, n * count, 0, 0, NULL}));
   coll_take_seq(coll);
-  if (count == 0) return COLL_DONE;
+  if (count == 0) return WEFT_COLL_DONE;
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_pairwise_alltoall_start(coll));
 }
 
-static weft_status barrier_setup(weft_coll *coll, const char *call, weft_comm *comm) {
+weft_status weft_coll_barrier_setup(weft_coll *coll, const char *call, weft_comm *comm) {
   /* a one-byte max-allreduce: nobody leaves before everybody contributed */
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_BARRIER, NULL, NULL, 1, WEFT_U8, WEFT_MAX, 0));
   coll->token = 0;
   coll->sendbuf = coll->recvbuf = &coll->token;
   coll->mem = &weft_mem_host;
   coll->seq = ++comm->seq;
-  if (comm->size == 1) return COLL_DONE;
-  /* one byte: the exchange where allreduce would take it (never direct) */
-  if (exchange_candidate(comm, 1)) return coll_start_late(coll);
-  return coll_start(coll, weft_rd_allreduce_start(coll));
-}
-
-/* ---- the public calls: blocking and non-blocking forms of each ---------- */
-
-WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t count, weft_dtype dtype, weft_op op) {
-  weft_request r;
-  return coll_blocking(
-      &r, allreduce_setup(&r.coll, "weft_allreduce", comm, sendbuf, recvbuf, count, dtype, op));
-}
-
-WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                     size_t count, weft_dtype dtype, weft_op op,
-                                     weft_request **req) {
-  weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_iallreduce", req, &r));
-  return coll_issue(
-      r, req,
-      allreduce_setup(&r->coll, "weft_iallreduce", comm, sendbuf, recvbuf, count, dtype, op));
-}
-
-WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t count, weft_dtype dtype, int root) {
-  weft_request r;
-  return coll_blocking(
-      &r, broadcast_setup(&r.coll, "weft_broadcast", comm, sendbuf, recvbuf, count, dtype, root));
-}
-
-WEFT_API weft_status weft_ibroadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                     size_t count, weft_dtype dtype, int root, weft_request **req) {
-  weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_ibroadcast", req, &r));
-  return coll_issue(
-      r, req,
-      broadcast_setup(&r->coll, "weft_ibroadcast", comm, sendbuf, recvbuf, count, dtype, root));
-}
-
-WEFT_API weft_status weft_reduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
-                                 weft_dtype dtype, weft_op op, int root) {
-  weft_request r;
-  return coll_blocking(
-      &r, reduce_setup(&r.coll, "weft_reduce", comm, sendbuf, recvbuf, count, dtype, op, root));
-}
-
-WEFT_API weft_status weft_ireduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
-                                  weft_dtype dtype, weft_op op, int root, weft_request **req) {
-  weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_ireduce", req, &r));
-  return coll_issue(
-      r, req,
-      reduce_setup(&r->coll, "weft_ireduce", comm, sendbuf, recvbuf, count, dtype, op, root));
-}
-
-WEFT_API weft_status weft_allgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t sendcount, weft_dtype dtype) {
-  weft_request r;
-  return coll_blocking(
-      &r, allgather_setup(&r.coll, "weft_allgather", comm, sendbuf, recvbuf, sendcount, dtype));
-}
-
-WEFT_API weft_status weft_iallgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                     size_t sendcount, weft_dtype dtype, weft_request **req) {
-  weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_iallgather", req, &r));
-  return coll_issue(
-      r, req,
-      allgather_setup(&r->coll, "weft_iallgather", comm, sendbuf, recvbuf, sendcount, dtype));
-}
-
-WEFT_API weft_status weft_reduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                         size_t recvcount, weft_dtype dtype, weft_op op) {
-  weft_request r;
-  return coll_blocking(&r, reduce_scatter_setup(&r.coll, "weft_reduce_scatter", comm, sendbuf,
-                                                recvbuf, recvcount, dtype, op));
-}
-
-WEFT_API weft_status weft_ireduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                          size_t recvcount, weft_dtype dtype, weft_op op,
-                                          weft_request **req) {
-  weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_ireduce_scatter", req, &r));
-  return coll_issue(r, req,
-                    reduce_scatter_setup(&r->coll, "weft_ireduce_scatter", comm, sendbuf, recvbuf,
-                                         recvcount, dtype, op));
-}
-
-WEFT_API weft_status weft_gather(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                 size_t sendcount, weft_dtype dtype, int root) {
-  weft_request r;
-  return coll_blocking(
-      &r, gather_setup(&r.coll, "weft_gather", comm, sendbuf, recvbuf, sendcount, dtype, root));
-}
-
-WEFT_API weft_status weft_igather(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                  size_t sendcount, weft_dtype dtype, int root,
-                                  weft_request **req) {
-  weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_igather", req, &r));
-  return coll_issue(
-      r, req,
-      gather_setup(&r->coll, "weft_igather", comm, sendbuf, recvbuf, sendcount, dtype, root));
-}
-
-WEFT_API weft_status weft_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                  size_t recvcount, weft_dtype dtype, int root) {
-  weft_request r;
-  return coll_blocking(
-      &r, scatter_setup(&r.coll, "weft_scatter", comm, sendbuf, recvbuf, recvcount, dtype, root));
-}
-
-WEFT_API weft_status weft_iscatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                   size_t recvcount, weft_dtype dtype, int root,
-                                   weft_request **req) {
-  weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_iscatter", req, &r));
-  return coll_issue(
-      r, req,
-      scatter_setup(&r->coll, "weft_iscatter", comm, sendbuf, recvbuf, recvcount, dtype, root));
-}
-
-WEFT_API weft_status weft_alltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                   size_t count, weft_dtype dtype) {
-  weft_request r;
-  return coll_blocking(
-      &r, alltoall_setup(&r.coll, "weft_alltoall", comm, sendbuf, recvbuf, count, dtype));
-}
-
-WEFT_API weft_status weft_ialltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t count, weft_dtype dtype, weft_request **req) {
-  weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_ialltoall", req, &r));
-  return coll_issue(
-      r, req, alltoall_setup(&r->coll, "weft_ialltoall", comm, sendbuf, recvbuf, count, dtype));
-}
-
-WEFT_API weft_status weft_barrier(weft_comm *comm) {
-  weft_request r;
-  return coll_blocking(&r, barrier_setup(&r.coll, "weft_barrier", comm));
-}
-
-WEFT_API weft_status weft_ibarrier(weft_comm *comm, weft_request **req) {
-  weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_ibarrier", req, &r));
-  return coll_issue(r, req, barrier_setup(&r->coll, "weft_ibarrier", comm));
+  if (comm->size == 1) return WEFT_COLL_DONE;
+  weft_status st = weft_choose_barrier(&comm->choice, coll);
+  return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }

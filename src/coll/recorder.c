@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "src/algo/algo.h"
-#include "src/comm/comm.h"
 #include "src/base/net.h"
 #include "src/base/settings.h"
 
@@ -82,15 +81,13 @@ static const char *state_name(weft_rec_state s) {
   return names[s];
 }
 
-void weft_recorder_dump(weft_comm *comm, const char *why) {
-  weft_recorder *rec = &comm->recorder;
+void weft_recorder_dump(const weft_recorder *rec, int rank, int size, const char *why) {
   if (!rec->cap) return;
   double now = weft_now();
   uint64_t first = rec->next > rec->cap ? rec->next - rec->cap : 0;
   fprintf(stderr,
           "weft rank %d/%d flight recorder (%s): last %llu of %llu calls, times in ms before now\n",
-          comm->rank, comm->size, why, (unsigned long long)(rec->next - first),
-          (unsigned long long)rec->next);
+          rank, size, why, (unsigned long long)(rec->next - first), (unsigned long long)rec->next);
   for (uint64_t i = first; i < rec->next; i++) {
     const weft_rec_entry *e = &rec->ring[i % rec->cap];
     char waiting[96] = "";
@@ -111,14 +108,17 @@ void weft_recorder_dump(weft_comm *comm, const char *why) {
 }
 
 static atomic_int signal_seen;
+/* Who prints every live communicator's ring: the list's owner (comm.c). */
+static void (*_Atomic dump_all)(const char *why);
 
 static void on_sigusr1(int sig) {
   (void)sig;
   atomic_store(&signal_seen, 1);
 }
 
-void weft_recorder_install_signal(void) {
+void weft_recorder_install_signal(void (*dump)(const char *why)) {
   static atomic_int installed;
+  atomic_store(&dump_all, dump);
   if (atomic_exchange(&installed, 1)) return;
   struct sigaction old;
   if (sigaction(SIGUSR1, NULL, &old) || old.sa_handler != SIG_DFL) return; /* the app's own */
@@ -131,6 +131,9 @@ void weft_recorder_install_signal(void) {
 }
 
 void weft_recorder_poll_signal(void) {
-  if (atomic_load_explicit(&signal_seen, memory_order_relaxed) && atomic_exchange(&signal_seen, 0))
-    weft_comm_dump_all("SIGUSR1");
+  if (atomic_load_explicit(&signal_seen, memory_order_relaxed) &&
+      atomic_exchange(&signal_seen, 0)) {
+    void (*dump)(const char *why) = atomic_load(&dump_all);
+    if (dump) dump("SIGUSR1");
+  }
 }

@@ -10,7 +10,6 @@
 
 #include "weft.h"
 
-typedef struct weft_comm weft_comm;
 typedef struct weft_coll weft_coll;
 
 typedef enum weft_rec_state {
@@ -56,12 +55,14 @@ void weft_recorder_issued(weft_recorder *rec, const weft_coll *coll);
  * a paravirtualized machine, a fair part of a small collective. */
 void weft_recorder_update(weft_recorder *rec, const weft_coll *coll, weft_rec_state state,
                           weft_status status, double now);
-/* Prints the ring of `comm` to stderr, oldest first, with `why`. */
-void weft_recorder_dump(weft_comm *comm, const char *why);
+/* Prints the ring of rank `rank` of `size` to stderr, oldest first, with `why`. */
+void weft_recorder_dump(const weft_recorder *rec, int rank, int size, const char *why);
 /* SIGUSR1 sets a flag; drivers print every live communicator's ring at
- * their next round (a signal handler may not format or lock). Installed
- * once, only where SIGUSR1 still has its default action. */
-void weft_recorder_install_signal(void);
+ * their next round (a signal handler may not format or lock), through
+ * `dump_all`: the recorder does not know the communicators, their owner
+ * (comm.c) passes it down. Installed once, only where SIGUSR1 still has its
+ * default action. */
+void weft_recorder_install_signal(void (*dump_all)(const char *why));
 /* Called by drivers every round: prints if SIGUSR1 arrived. */
 void weft_recorder_poll_signal(void);
 

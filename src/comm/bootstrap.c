@@ -792,16 +792,3 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], const c
   return WEFT_OK;
 }
 
-void boot_host_identity(char *out, size_t len) {
-  char host[64] = "localhost";
-  gethostname(host, sizeof host - 1);
-  char boot_id[40] = "";
-  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-  if (f) {
-    if (!fgets(boot_id, sizeof boot_id, f)) boot_id[0] = 0;
-    fclose(f);
-    boot_id[strcspn(boot_id, "\n")] = 0;
-  }
-  /* 8 hex digits of the boot id tell reinstalled or cloned machines with one name apart */
-  snprintf(out, len, "%.40s/%.8s", host, boot_id);
-}

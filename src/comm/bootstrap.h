@@ -118,10 +118,6 @@ weft_status boot_exchange(int fd, const uint8_t nonce[BOOT_NONCE_BYTES], const c
                           int size, const boot_rank_info *mine, double deadline, uint64_t *comm_id,
                           boot_rank_info *all, weft_error_sink *err);
 
-/* A string naming this host, the same for every process on it:
- * WEFT_HOST_ID if set (later), else hostname plus the kernel's boot id. */
-void boot_host_identity(char *out, size_t len);
-
 /* The job identity of this process's launcher (env.c), the same on every
  * rank of one job and different between jobs: WEFT_JOB_ID (weftrun sets
  * it), else torchrun's TORCHELASTIC_RUN_ID, Open MPI's

@@ -60,7 +60,8 @@ static bool live_add(weft_comm *comm) {
 
 void weft_comm_dump_all(const char *why) {
   pthread_mutex_lock(&live_lock);
-  for (int i = 0; i < nlive; i++) weft_recorder_dump(live[i], why);
+  for (int i = 0; i < nlive; i++)
+    weft_recorder_dump(&live[i]->recorder, live[i]->rank, live[i]->size, why);
   pthread_mutex_unlock(&live_lock);
 }
 
@@ -132,39 +133,6 @@ WEFT_API const char *weft_last_error(const weft_comm *comm) {
   return comm->last_error;
 }
 
-/* ---- small public helpers ------------------------------------------------- */
-
-WEFT_API size_t weft_dtype_size(weft_dtype dtype) {
-  static const size_t sizes[WEFT_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8};
-  return (unsigned)dtype < WEFT_DTYPE_COUNT ? sizes[dtype] : 0;
-}
-
-WEFT_API const char *weft_dtype_name(weft_dtype dtype) {
-  static const char *names[WEFT_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16",
-                                                "i8",  "u8",  "i32", "i64"};
-  return (unsigned)dtype < WEFT_DTYPE_COUNT ? names[dtype] : "unknown";
-}
-
-WEFT_API const char *weft_op_name(weft_op op) {
-  static const char *names[WEFT_OP_COUNT] = {"sum", "prod", "min", "max", "avg"};
-  return (unsigned)op < WEFT_OP_COUNT ? names[op] : "unknown";
-}
-
-#define WEFT_STR2_(x) #x
-#define WEFT_STR_(x) WEFT_STR2_(x)
-WEFT_API const char *weft_version_string(void) {
-  return WEFT_STR_(WEFT_VERSION_MAJOR) "." WEFT_STR_(WEFT_VERSION_MINOR) "." WEFT_STR_(
-      WEFT_VERSION_PATCH);
-}
-
-WEFT_API void weft_config_init(weft_config *cfg) {
-  if (!cfg) return;
-  memset(cfg, 0, sizeof *cfg);
-  cfg->version = WEFT_CONFIG_VERSION;
-  cfg->rank = -1;
-  cfg->local_rank = -1;
-}
-
 /* ---- creation ------------------------------------------------------------- */
 
 static double timeout_or_setting(double timeout_s) {
@@ -188,17 +156,16 @@ static void comm_free(weft_comm *comm) {
     comm_free(comm->p2p);
   }
   for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->fini(comm->tps[t].ctx);
-  if (comm->wake_fd >= 0) close(comm->wake_fd);
-  pthread_mutex_destroy(&comm->call_lock);
-  pthread_mutex_destroy(&comm->q_lock);
-  pthread_cond_destroy(&comm->q_cond);
+  if (comm->engine.wake_fd >= 0) close(comm->engine.wake_fd);
+  pthread_mutex_destroy(&comm->engine.call_lock);
+  pthread_mutex_destroy(&comm->engine.q_lock);
+  pthread_cond_destroy(&comm->engine.q_cond);
   free(comm->peers);
   free(comm->active);
   weft_recorder_free(&comm->recorder);
   free(comm->host_members);
   free(comm->leaders);
-  free(comm->direct_agreed);
-  free(comm->direct_memo);
+  weft_choice_free(&comm->choice);
   comm->magic = 0;
   free(comm);
 }
@@ -312,7 +279,7 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
 
 /* First transport, in order, that reaches each peer; its reason is kept. */
 static weft_status transports_choose(weft_comm *comm, const char *call) {
-  comm->sends_are_stores = true;
+  comm->choice.sends_are_stores = true;
   for (int p = 0; p < comm->size; p++) {
     weft_peer *peer = &comm->peers[p];
     peer->tp = -1;
@@ -341,7 +308,7 @@ static weft_status transports_choose(weft_comm *comm, const char *call) {
                              refusals);
     WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d -> peer %d: %s (%s)", comm->rank, p,
               comm->tps[peer->tp].ops->name, peer->why);
-    comm->sends_are_stores &= comm->tps[peer->tp].ops->caps.sends_are_stores;
+    comm->choice.sends_are_stores &= comm->tps[peer->tp].ops->caps.sends_are_stores;
   }
   return WEFT_OK;
 }
@@ -356,34 +323,30 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   comm->local_rank = local_rank;
   comm->local_size = 1;
   comm->timeout_s = timeout_s;
-  comm->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  pthread_mutex_init(&comm->call_lock, NULL);
-  pthread_mutex_init(&comm->q_lock, NULL);
-  pthread_cond_init(&comm->q_cond, NULL);
+  comm->engine.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  pthread_mutex_init(&comm->engine.call_lock, NULL);
+  pthread_mutex_init(&comm->engine.q_lock, NULL);
+  pthread_cond_init(&comm->engine.q_cond, NULL);
   const weft_settings_values *set = weft_settings();
   comm->chunk_bytes = set->chunk_bytes;
   comm->peers = calloc((size_t)size, sizeof *comm->peers);
   comm->active = calloc((size_t)size, sizeof *comm->active);
-  if (!comm->peers || !comm->active || comm->wake_fd < 0) {
+  if (!comm->peers || !comm->active || comm->engine.wake_fd < 0) {
     comm_free(comm);
     return NULL;
   }
-  comm->spin_us = spin_default(1);
+  comm->engine.spin_us = spin_default(1);
   weft_recorder_init(&comm->recorder);
-  if (comm->recorder.cap) weft_recorder_install_signal();
+  if (comm->recorder.cap) weft_recorder_install_signal(weft_comm_dump_all);
   comm->check_calls = set->check;
-  comm->algo_forced = (enum weft_algo_choice)set->algo;
-  comm->rd_max_bytes = set->rd_max_bytes;
-  comm->exchange_max_bytes = set->exchange_max_bytes;
-  comm->direct_min_bytes = set->direct_min_bytes;
-  comm->bcast_chain_bytes = set->bcast_chain_bytes;
-  comm->bcast_fanout = set->bcast_fanout < size ? (int)set->bcast_fanout : 0;
+  weft_choice_init(&comm->choice, rank, size);
   /* Yielding instead of sleeping keeps a waiting rank runnable: a sleeping one
    * costs a cross-CPU wake-up per chunk, which dominates on oversubscribed or
    * virtualized hosts (measured: 4 ranks on 2 vCPUs, 64 MiB allreduce
    * 0.69 -> 1.28 GB/s busbw); sched_yield still hands the core to any
    * runnable thread, so it does not starve the caller's other work. */
-  comm->yield_us = (int)set->yield_us;
+  comm->engine.yield_us = (int)set->yield_us;
+  comm->engine.keep_place = weft_spread_keep;
   return comm;
 }
 
@@ -395,7 +358,7 @@ static void comm_tp_args(weft_comm *comm, const weft_comm *like) {
   a->size = comm->size;
   a->chunk_bytes = comm->chunk_bytes;
   a->timeout_s = comm->timeout_s;
-  a->wake_fd = comm->wake_fd;
+  a->wake_fd = comm->engine.wake_fd;
   a->errors = &comm->sink;
   a->place = &comm->place;
   a->auth = &comm->auth_key;
@@ -441,7 +404,8 @@ static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64
     if (!strcmp(all[p].host, my_host)) comm->leader_index = comm->nhosts;
     comm->leaders[comm->nhosts++] = p;
   }
-  comm->spin_us = spin_default(comm->local_size);
+  weft_choice_learn(&comm->choice, comm->size, comm->nhosts, comm->chunk_bytes);
+  comm->engine.spin_us = spin_default(comm->local_size);
   if (comm->size == 1) {
     comm->peers[0].tp = -1;
     return WEFT_OK;
@@ -537,7 +501,8 @@ void weft_spread_keep(void) {
 static weft_status comm_publish(weft_comm *comm, const char *call) {
   if (!live_add(comm)) return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
   WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d/%d ready (local %d/%d, chunk %zu B, spin %d us)", comm->rank,
-            comm->size, comm->local_rank, comm->local_size, comm->chunk_bytes, comm->spin_us);
+            comm->size, comm->local_rank, comm->local_size, comm->chunk_bytes,
+            comm->engine.spin_us);
   return WEFT_OK;
 }
 
@@ -869,30 +834,7 @@ WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id 
   return comm_create(rank, size, -1, &addr, len, p + 24, srv, timeout_or_setting(0), call, comm);
 }
 
-/* ---- queries, destroy, abort --------------------------------------------------- */
-
-WEFT_API int weft_comm_rank(const weft_comm *comm) {
-  return weft_comm_is_live(comm) ? comm->rank : -1;
-}
-WEFT_API int weft_comm_size(const weft_comm *comm) {
-  return weft_comm_is_live(comm) ? comm->size : -1;
-}
-WEFT_API int weft_comm_local_rank(const weft_comm *comm) {
-  return weft_comm_is_live(comm) ? comm->local_rank : -1;
-}
-WEFT_API int weft_comm_local_size(const weft_comm *comm) {
-  return weft_comm_is_live(comm) ? comm->local_size : -1;
-}
-
-WEFT_API weft_status weft_comm_peer_transport(const weft_comm *comm, int peer,
-                                              const char **transport, const char **reason) {
-  if (!weft_comm_is_live(comm) || peer < 0 || peer >= comm->size || !transport || !reason)
-    return WEFT_ERR_INVALID;
-  const weft_peer *p = &comm->peers[peer];
-  *transport = p->tp < 0 ? "self" : comm->tps[p->tp].ops->name;
-  *reason = p->tp < 0 ? "this rank" : p->why;
-  return WEFT_OK;
-}
+/* ---- destroy, abort --------------------------------------------------------------- */
 
 WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
   if (!live_remove(comm))
@@ -906,11 +848,11 @@ WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
 static void comm_abort_one(weft_comm *comm, int rank) {
   atomic_store(&comm->aborted, 1);
   uint64_t one = 1;
-  if (write(comm->wake_fd, &one, sizeof one) < 0) { /* already signalled: fine */
+  if (write(comm->engine.wake_fd, &one, sizeof one) < 0) { /* already signalled: fine */
   }
   /* No call running: tell the peers from here. A running call does it
    * itself when it sees the flag (one thread drives the transport). */
-  if (pthread_mutex_trylock(&comm->call_lock) == 0) {
+  if (pthread_mutex_trylock(&comm->engine.call_lock) == 0) {
     if (!comm->failed) {
       comm->failed = WEFT_ERR_ABORTED;
       weft_comm_error(comm, WEFT_ERR_ABORTED, "weft_comm_abort", "the communicator was aborted");
@@ -918,7 +860,7 @@ static void comm_abort_one(weft_comm *comm, int rank) {
       snprintf(reason, sizeof reason, "rank %d called weft_comm_abort", rank);
       for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->abort_all(comm->tps[t].ctx, reason);
     }
-    pthread_mutex_unlock(&comm->call_lock);
+    pthread_mutex_unlock(&comm->engine.call_lock);
   }
 }
 

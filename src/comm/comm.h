@@ -10,9 +10,10 @@
 #include <stdint.h>
 
 #include "src/base/auth.h"
-#include "src/base/settings.h"
+#include "src/coll/choose.h"
 #include "src/coll/recorder.h"
 #include "src/comm/bootstrap.h"
+#include "src/engine/engine_state.h"
 #include "src/topo/select.h"
 #include "transports/transport.h"
 #include "weft.h"
@@ -27,19 +28,25 @@
 typedef struct weft_comm_transport {
   const weft_transport *ops;
   weft_tp_ctx *ctx;
-  int builtin;              /* index in the built-in table (the id peers publish) */
+  int builtin; /* index in the built-in table (the id peers publish) */
 } weft_comm_transport;
 
 typedef struct weft_peer {
-  boot_rank_info info;      /* host, pid, transport addresses */
-  int tp;                   /* index into comm->tps; -1 for this rank */
-  char why[192];            /* why that transport was chosen */
-  weft_tp_conn *conn;       /* NULL until first used */
-  uint32_t last_send_seq;   /* last collective that sent to this peer */
-  bool is_active;           /* on the comm's list of peers touched by the current call */
+  boot_rank_info info;    /* host, pid, transport addresses */
+  int tp;                 /* index into comm->tps; -1 for this rank */
+  char why[192];          /* why that transport was chosen */
+  weft_tp_conn *conn;     /* NULL until first used */
+  uint32_t last_send_seq; /* last collective that sent to this peer */
+  bool is_active;         /* on the comm's list of peers touched by the current call */
 } weft_peer;
 
+/* A communicator: this layer's own part (who the ranks are, how to reach
+ * each peer, the failure state) and the parts each layer below owns, each
+ * defined in its layer's header: the algorithm choice (src/coll/choose.h),
+ * the flight recorder (src/coll/recorder.h), the engine's queue and driver
+ * (src/engine/engine_state.h). */
 struct weft_comm {
+  /* identity */
   uint64_t magic;
   int rank;
   int size;
@@ -47,73 +54,45 @@ struct weft_comm {
   int local_size;
   uint64_t id;
   double timeout_s;
-
-  weft_comm_transport tps[WEFT_MAX_TRANSPORTS]; /* in selection order */
-  int ntps;
-  weft_place place;         /* where this rank runs */
-  weft_auth_key auth_key;   /* what network connections of this job prove */
-  weft_peer *peers;         /* by rank; own entry unused */
-  int *active;              /* ranks touched by the current call */
-  int nactive;
-
-  uint32_t seq;             /* collective call counter, the same on every rank */
-  size_t chunk_bytes;
-  /* algorithm choice, read from the settings once at creation (not per call) */
-  size_t rd_max_bytes;      /* recursive doubling up to this size */
-  size_t exchange_max_bytes; /* one host, few ranks: the one-round exchange up to this size */
-  bool sends_are_stores;     /* every peer's transport says so (transport.h) */
-  int exchange_verdict;      /* 0 not asked yet, 1 every rank's sends are stores, -1 not */
-  enum weft_algo_choice algo_forced; /* WEFT_ALGO (settings.h) */
-  size_t direct_min_bytes;  /* one host: try shared buffers from this size (0 never) */
-  struct weft_direct_memo_table *direct_memo; /* per call shape: whether the last question found
-                               ordinary buffers (direct_allreduce.c); the same on every rank */
-  void *direct_agreed;      /* the direct allreduce's messages of the last call every rank
-                               could map (size of them), or NULL: the same again skips
-                               the verdict round (direct_allreduce.c) */
   /* hosts, for hierarchical algorithms: ranks in ascending order */
   int nhosts;
-  int *host_members;        /* the ranks on this rank's host (local_size of them) */
-  int host_index;           /* this rank's index there; 0: the host's leader */
-  int *leaders;             /* the lowest rank of every host (nhosts of them) */
-  int leader_index;         /* this host's index among the leaders */
-  int bcast_fanout;         /* 0 = by size */
-  size_t bcast_chain_bytes;
-  int spin_us;
-  int yield_us;             /* then sched_yield this long before sleeping */
+  int *host_members; /* the ranks on this rank's host (local_size of them) */
+  int host_index;    /* this rank's index there; 0: the host's leader */
+  int *leaders;      /* the lowest rank of every host (nhosts of them) */
+  int leader_index;  /* this host's index among the leaders */
 
-  int wake_fd;              /* eventfd: abort wakes a blocked wait */
-  atomic_int aborted;
-  pthread_mutex_t call_lock; /* held while a call drives the transport */
-  weft_status failed;       /* sticky first failure, 0 while healthy */
-  weft_error_sink sink;     /* transport error sentences land here */
+  /* transports and peers */
+  weft_comm_transport tps[WEFT_MAX_TRANSPORTS]; /* in selection order */
+  int ntps;
+  weft_place place;                 /* where this rank runs */
+  weft_auth_key auth_key;           /* what network connections of this job prove */
   weft_transport_init_args tp_args; /* the transport keeps a pointer to it */
+  weft_peer *peers;                 /* by rank; own entry unused */
+  int *active;                      /* ranks touched by the current call */
+  int nactive;
+  size_t chunk_bytes;
+  uint64_t events; /* completed sends/receives, counted by the links: the
+                      engine's sign of progress, for the timeout */
+
+  /* failure: sticky, so every later call fails fast with the first cause */
+  atomic_int aborted;
+  weft_status failed;   /* sticky first failure, 0 while healthy */
+  weft_error_sink sink; /* transport error sentences land here */
   char last_error[768];
 
-  /* the engine (engine.c) */
-  pthread_mutex_t q_lock;   /* guards the queue, the lane's new posts, the thread's flags */
-  pthread_cond_t q_cond;    /* the progress thread sleeps here while idle or stepping aside */
-  /* collectives in issue order; the head runs. Written under q_lock; the
-   * driver reads q_head without it (engine.c, queue_pass) */
-  _Atomic(struct weft_request *) q_head;
-  struct weft_request *q_tail;
-  pthread_t progress;
-  bool progress_started, progress_stop;
-  atomic_bool progress_driving;  /* the thread holds call_lock: wake its transport wait */
-  atomic_int drivers_waiting;    /* callers that want call_lock: the thread steps aside */
-  uint64_t events;          /* completed sends/receives: progress, for the timeout */
-  double last_moved;        /* when anything last moved while work was outstanding */
-  /* the driver's clock (engine.c): its last reading, and the drive round it
-   * was taken in (rounds counts them), so a round can reuse a fresh one;
-   * clock_ok: taken in this drive and since its last yield or sleep */
-  double clock;
-  uint64_t rounds, clock_round;
-  bool clock_ok;
-  struct weft_p2p_lane *lane; /* set on a point-to-point lane */
-  struct weft_comm *p2p;    /* a user's communicator: its lane for send/recv */
-  struct weft_comm *owner;  /* a lane: the user's communicator it serves */
-  weft_recorder recorder;   /* the last calls, for the flight recorder */
+  /* calls (src/coll) */
+  uint32_t seq;             /* collective call counter, the same on every rank */
   bool check_calls;         /* WEFT_CHECK: compare fingerprints before every collective */
-  uint8_t addr_tag;         /* 0, or LANE_ADDR_TAG on a lane: which published addresses are its */
+  weft_choice_state choice; /* algorithm choice: its settings and memory */
+  weft_recorder recorder;   /* the last calls, for the flight recorder */
+
+  /* the engine (src/engine) */
+  weft_engine engine;
+  /* the point-to-point lane: a hidden communicator with the same ranks (p2p.h) */
+  struct weft_p2p_lane *lane; /* set on a lane */
+  struct weft_comm *p2p;      /* a user's communicator: its lane for send/recv */
+  struct weft_comm *owner;    /* a lane: the user's communicator it serves */
+  uint8_t addr_tag;           /* 0, or LANE_ADDR_TAG on a lane: which published addresses are its */
 };
 
 /* Records a failure on `comm` with the sentence the user reads: it starts

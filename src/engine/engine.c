@@ -3,7 +3,7 @@
  * every transport; spins briefly, then yields, then sleeps in the transport's
  * wait; and fails the communicator once nothing moved for the timeout.
  *
- * Who drives: the holder of comm->call_lock. A caller that waits (weft_wait,
+ * Who drives: the holder of comm->engine.call_lock. A caller that waits (weft_wait,
  * any blocking call) takes it and drives on its own thread, so a blocking
  * call costs no thread hand-off. The progress thread, started by the first
  * non-blocking call, drives only while no caller wants to: it checks
@@ -33,18 +33,18 @@ static weft_status lane_pass(weft_comm *comm) {
 }
 
 static bool has_work_locked(weft_comm *comm) {
-  return atomic_load_explicit(&comm->q_head, memory_order_relaxed) ||
+  return atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed) ||
          (comm->lane && weft_p2p_busy(comm));
 }
 
 /* Completes everything queued with `st` (the first cause is already in
  * last_error). Caller holds call_lock. */
 static void fail_all(weft_comm *comm, weft_status st) {
-  pthread_mutex_lock(&comm->q_lock);
-  weft_request *r = atomic_load_explicit(&comm->q_head, memory_order_relaxed);
-  atomic_store_explicit(&comm->q_head, NULL, memory_order_relaxed);
-  comm->q_tail = NULL;
-  pthread_mutex_unlock(&comm->q_lock);
+  pthread_mutex_lock(&comm->engine.q_lock);
+  weft_request *r = atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed);
+  atomic_store_explicit(&comm->engine.q_head, NULL, memory_order_relaxed);
+  comm->engine.q_tail = NULL;
+  pthread_mutex_unlock(&comm->engine.q_lock);
   while (r) {
     weft_request *next = r->next;
     weft_coll_end(&r->coll);
@@ -76,20 +76,21 @@ void weft_request_complete(weft_request *req, weft_status st) {
 /* A clock read costs ~25-45 ns alone on a paravirtualized machine; on the
  * path of an 8-byte allreduce between 2 ranks, the one read when the call
  * ended made it ~90 ns slower (0.54 against 0.45 us median of 20000, 8
- * alternating runs). The driver keeps its last reading (comm->clock) and
+ * alternating runs). The driver keeps its last reading (comm->engine.clock) and
  * the round it was taken in, and reuses it where a few rounds do not matter. */
 static double engine_now(weft_comm *comm) {
-  comm->clock = weft_now();
-  comm->clock_round = comm->rounds;
-  comm->clock_ok = true;
-  return comm->clock;
+  comm->engine.clock = weft_now();
+  comm->engine.clock_round = comm->engine.rounds;
+  comm->engine.clock_ok = true;
+  return comm->engine.clock;
 }
 
 /* The driver's reading if it is at most `rounds` drive rounds old (and no
  * yield or sleep came since), else a fresh one. */
 static double engine_recent(weft_comm *comm, uint64_t rounds) {
-  return comm->clock_ok && comm->rounds - comm->clock_round <= rounds ? comm->clock
-                                                                      : engine_now(comm);
+  return comm->engine.clock_ok && comm->engine.rounds - comm->engine.clock_round <= rounds
+             ? comm->engine.clock
+             : engine_now(comm);
 }
 
 /* A call this small moves little per round: its end may be stamped with a
@@ -111,7 +112,7 @@ static weft_status queue_pass(weft_comm *comm, weft_request **failed) {
     /* No q_lock to look: only the driver removes the head, and a submitter
      * sets it (release) only on an empty queue. A waiting call goes round
      * here many times; a lock pair each time was a fair part of its cost. */
-    weft_request *head = atomic_load_explicit(&comm->q_head, memory_order_acquire);
+    weft_request *head = atomic_load_explicit(&comm->engine.q_head, memory_order_acquire);
     if (!head) return WEFT_OK;
     weft_coll *coll = &head->coll;
     if (!head->started) {
@@ -129,7 +130,7 @@ static weft_status queue_pass(weft_comm *comm, weft_request **failed) {
       head->time_pending = false;
       now = engine_now(comm);
       coll->issued = now;
-      comm->last_moved = now; /* queued on an idle engine: the timeout counts from here */
+      comm->engine.last_moved = now; /* queued on an idle engine: the timeout counts from here */
       weft_recorder_issued(&comm->recorder, coll);
       weft_recorder_update(&comm->recorder, coll, WEFT_REC_RUNNING, WEFT_OK, now);
     }
@@ -147,11 +148,11 @@ static weft_status queue_pass(weft_comm *comm, weft_request **failed) {
       now = engine_recent(comm, CLOCK_ROUNDS);
     weft_recorder_update(&comm->recorder, coll, WEFT_REC_DONE, WEFT_OK, now);
     weft_coll_end(coll);
-    pthread_mutex_lock(&comm->q_lock); /* a submitter may be appending to it */
+    pthread_mutex_lock(&comm->engine.q_lock); /* a submitter may be appending to it */
     weft_request *next = head->next;
-    atomic_store_explicit(&comm->q_head, next, memory_order_relaxed);
-    if (!next) comm->q_tail = NULL;
-    pthread_mutex_unlock(&comm->q_lock);
+    atomic_store_explicit(&comm->engine.q_head, next, memory_order_relaxed);
+    if (!next) comm->engine.q_tail = NULL;
+    pthread_mutex_unlock(&comm->engine.q_lock);
     comm->events++;
     weft_request_complete(head, WEFT_OK);
   }
@@ -160,7 +161,7 @@ static weft_status queue_pass(weft_comm *comm, weft_request **failed) {
 /* The peer the engine waits for, and its transport. */
 static const weft_comm_transport *waited_transport(weft_comm *comm) {
   int peer = -1;
-  weft_request *head = atomic_load_explicit(&comm->q_head, memory_order_relaxed);
+  weft_request *head = atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed);
   if (head) peer = head->coll.waiting_peer;
   if (peer < 0 && comm->lane) peer = weft_p2p_waiting_peer(comm, NULL);
   int t = peer >= 0 && peer != comm->rank ? comm->peers[peer].tp : 0;
@@ -170,7 +171,7 @@ static const weft_comm_transport *waited_transport(weft_comm *comm) {
 /* A failure seen while driving: the head collective words it (or the lane),
  * the communicator fails, every request completes with the error. */
 static weft_status drive_failed(weft_comm *comm, weft_request *head, weft_status st) {
-  if (!head) head = atomic_load_explicit(&comm->q_head, memory_order_relaxed);
+  if (!head) head = atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed);
   if (head) {
     st = weft_coll_failed(&head->coll, st);
   } else if (!comm->failed) {
@@ -213,9 +214,9 @@ static inline void cpu_relax(void) {
 /* Leaving drive with work still queued: progress seen since the last
  * stamp must count for the timeout of the driver that comes next. */
 static void drive_leave_stamp(weft_comm *comm, bool stamp) {
-  if (stamp && (atomic_load_explicit(&comm->q_head, memory_order_relaxed) ||
+  if (stamp && (atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed) ||
                 (comm->lane && weft_p2p_busy(comm))))
-    comm->last_moved = engine_recent(comm, 1);
+    comm->engine.last_moved = engine_recent(comm, 1);
 }
 
 /* Caller holds call_lock. Returns when `target` is done (DRIVE_WAIT), after
@@ -223,14 +224,15 @@ static void drive_leave_stamp(weft_comm *comm, bool stamp) {
  * drive (DRIVE_THREAD). */
 static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
   bool thread = mode == DRIVE_THREAD;
-  int yield_us = thread && comm->yield_us > THREAD_YIELD_US ? THREAD_YIELD_US : comm->yield_us;
+  int yield_us =
+      thread && comm->engine.yield_us > THREAD_YIELD_US ? THREAD_YIELD_US : comm->engine.yield_us;
   bool stamp = false; /* something moved that last_moved does not show yet */
   unsigned idle_rounds = 0;
   double now = 0;
-  bool placed = thread;   /* the progress thread is never stepped */
-  comm->clock_ok = false; /* the caller may have been away for hours */
+  bool placed = thread;          /* the progress thread is never stepped */
+  comm->engine.clock_ok = false; /* the caller may have been away for hours */
   for (;;) {
-    comm->rounds++;
+    comm->engine.rounds++;
     uint64_t seen = comm->events;
     weft_request *failed = NULL;
     weft_status st = queue_pass(comm, &failed);
@@ -244,11 +246,11 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
       return;
     }
     if (thread) {
-      bool leave = atomic_load_explicit(&comm->drivers_waiting, memory_order_relaxed) > 0;
+      bool leave = atomic_load_explicit(&comm->engine.drivers_waiting, memory_order_relaxed) > 0;
       if (!leave) {
-        pthread_mutex_lock(&comm->q_lock);
-        leave = !has_work_locked(comm) || comm->progress_stop;
-        pthread_mutex_unlock(&comm->q_lock);
+        pthread_mutex_lock(&comm->engine.q_lock);
+        leave = !has_work_locked(comm) || comm->engine.progress_stop;
+        pthread_mutex_unlock(&comm->engine.q_lock);
       }
       if (leave) {
         drive_leave_stamp(comm, stamp || comm->events != seen);
@@ -283,17 +285,17 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
     bool fresh = stamp || idle_rounds % CLOCK_ROUNDS == 0;
     if (fresh) {
       now = engine_recent(comm, 1);
-      if (stamp) comm->last_moved = now;
+      if (stamp) comm->engine.last_moved = now;
       stamp = false;
     }
     idle_rounds++;
-    double idle = now - comm->last_moved;
+    double idle = now - comm->engine.last_moved;
     if (idle >= comm->timeout_s) {
       comm->sink.origin[0] = 0;
       drive_failed(comm, NULL, WEFT_ERR_TIMEOUT);
       return;
     }
-    if (idle * 1e6 < comm->spin_us) {
+    if (idle * 1e6 < comm->engine.spin_us) {
       cpu_relax();
       continue;
     }
@@ -301,28 +303,28 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
     /* after a yield or a sleep (which may last milliseconds), the next
      * round reads the clock; the system call costs far more anyway */
     idle_rounds = 0;
-    if (idle * 1e6 < comm->spin_us + yield_us) {
+    if (idle * 1e6 < comm->engine.spin_us + yield_us) {
       if (!placed) { /* once per wait, before the first yield */
-        weft_spread_keep();
+        if (comm->engine.keep_place) comm->engine.keep_place();
         placed = true;
       }
       sched_yield();
-      comm->clock_ok = false;
+      comm->engine.clock_ok = false;
       continue;
     }
     if (!fresh) { /* the sleep is sized by the time left */
       now = engine_recent(comm, 1);
-      idle = now - comm->last_moved;
+      idle = now - comm->engine.last_moved;
     }
     double left_ms = (comm->timeout_s - idle) * 1000;
-    weft_request *head = atomic_load_explicit(&comm->q_head, memory_order_relaxed);
+    weft_request *head = atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed);
     if (head) /* what it waits for, for a dump */
       weft_recorder_update(&comm->recorder, &head->coll, WEFT_REC_RUNNING, WEFT_OK, now);
     int slice = thread ? THREAD_SLICE_MS : 100;
     /* sleep on what the head waits for; other transports are polled every
      * round and the waits are bounded slices */
     int ms = left_ms < slice ? (int)left_ms + 1 : slice;
-    comm->clock_ok = false;
+    comm->engine.clock_ok = false;
     if (comm->ntps == 0) { /* one rank: only a message to itself can come */
       struct timespec pause = {0, 1000000};
       nanosleep(&pause, NULL);
@@ -331,7 +333,8 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
     const weft_comm_transport *t = waited_transport(comm);
     st = t->ops->wait(t->ctx, ms);
     uint64_t drained;
-    if (read(comm->wake_fd, &drained, sizeof drained) < 0 && errno != EAGAIN) { /* best effort */
+    if (read(comm->engine.wake_fd, &drained, sizeof drained) < 0 &&
+        errno != EAGAIN) { /* best effort */
     }
     if (st < 0) {
       drive_failed(comm, NULL, st);
@@ -343,21 +346,21 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
 static void *progress_main(void *arg) {
   weft_comm *comm = arg;
   weft_log_set_rank(comm->rank);
-  pthread_mutex_lock(&comm->q_lock);
+  pthread_mutex_lock(&comm->engine.q_lock);
   for (;;) {
-    while (!comm->progress_stop &&
-           (!has_work_locked(comm) || atomic_load(&comm->drivers_waiting) > 0))
-      pthread_cond_wait(&comm->q_cond, &comm->q_lock);
-    if (comm->progress_stop) break;
-    pthread_mutex_unlock(&comm->q_lock);
-    pthread_mutex_lock(&comm->call_lock);
-    atomic_store(&comm->progress_driving, true);
+    while (!comm->engine.progress_stop &&
+           (!has_work_locked(comm) || atomic_load(&comm->engine.drivers_waiting) > 0))
+      pthread_cond_wait(&comm->engine.q_cond, &comm->engine.q_lock);
+    if (comm->engine.progress_stop) break;
+    pthread_mutex_unlock(&comm->engine.q_lock);
+    pthread_mutex_lock(&comm->engine.call_lock);
+    atomic_store(&comm->engine.progress_driving, true);
     drive(comm, NULL, DRIVE_THREAD);
-    atomic_store(&comm->progress_driving, false);
-    pthread_mutex_unlock(&comm->call_lock);
-    pthread_mutex_lock(&comm->q_lock);
+    atomic_store(&comm->engine.progress_driving, false);
+    pthread_mutex_unlock(&comm->engine.call_lock);
+    pthread_mutex_lock(&comm->engine.q_lock);
   }
-  pthread_mutex_unlock(&comm->q_lock);
+  pthread_mutex_unlock(&comm->engine.q_lock);
   return NULL;
 }
 
@@ -366,7 +369,7 @@ static void submit(weft_request *req, bool wake, bool driving) {
   weft_comm *comm = req->comm;
   req->next = NULL;
   atomic_store_explicit(&req->done, 0, memory_order_relaxed);
-  pthread_mutex_lock(&comm->q_lock);
+  pthread_mutex_lock(&comm->engine.q_lock);
   bool idle = !has_work_locked(comm);
   /* A collective's issue time is taken here, before any driver can see it,
    * except for a blocking call that its own caller drives on an idle
@@ -378,25 +381,25 @@ static void submit(weft_request *req, bool wake, bool driving) {
       req->coll.issued = now;
       weft_recorder_issued(&comm->recorder, &req->coll);
     }
-    if (idle) comm->last_moved = now; /* the timeout counts from here */
+    if (idle) comm->engine.last_moved = now; /* the timeout counts from here */
   }
   if (req->kind == WEFT_REQ_COLL) {
-    if (comm->q_tail)
-      comm->q_tail->next = req;
+    if (comm->engine.q_tail)
+      comm->engine.q_tail->next = req;
     else
-      atomic_store_explicit(&comm->q_head, req, memory_order_release);
-    comm->q_tail = req;
+      atomic_store_explicit(&comm->engine.q_head, req, memory_order_release);
+    comm->engine.q_tail = req;
   } else {
     weft_p2p_post(req);
   }
-  if (wake && !comm->progress_started && !comm->progress_stop) {
-    if (pthread_create(&comm->progress, NULL, progress_main, comm) == 0)
-      comm->progress_started = true;
+  if (wake && !comm->engine.progress_started && !comm->engine.progress_stop) {
+    if (pthread_create(&comm->engine.progress, NULL, progress_main, comm) == 0)
+      comm->engine.progress_started = true;
     else /* still correct: waits drive it; it just does not overlap */
       WEFT_WARN(WEFT_SUBSYS_COLL, "cannot start the progress thread; requests move only in waits");
   }
-  if (wake) pthread_cond_signal(&comm->q_cond);
-  pthread_mutex_unlock(&comm->q_lock);
+  if (wake) pthread_cond_signal(&comm->engine.q_cond);
+  pthread_mutex_unlock(&comm->engine.q_lock);
 }
 
 void weft_engine_submit(weft_request *req, bool wake) {
@@ -408,23 +411,23 @@ static void driver_enter(weft_comm *comm) {
   /* Free: no thread to ask aside (one that wants it later waits on the
    * lock, as it would behind a waiting caller), and two atomic updates and
    * a load fewer per blocking call. */
-  if (pthread_mutex_trylock(&comm->call_lock) == 0) return;
-  atomic_fetch_add(&comm->drivers_waiting, 1);
-  if (atomic_load(&comm->progress_driving)) {
+  if (pthread_mutex_trylock(&comm->engine.call_lock) == 0) return;
+  atomic_fetch_add(&comm->engine.drivers_waiting, 1);
+  if (atomic_load(&comm->engine.progress_driving)) {
     uint64_t one = 1; /* ends a transport wait the thread may be sleeping in */
-    if (write(comm->wake_fd, &one, sizeof one) < 0) { /* already signalled */
+    if (write(comm->engine.wake_fd, &one, sizeof one) < 0) { /* already signalled */
     }
   }
-  pthread_mutex_lock(&comm->call_lock);
-  atomic_fetch_sub(&comm->drivers_waiting, 1);
+  pthread_mutex_lock(&comm->engine.call_lock);
+  atomic_fetch_sub(&comm->engine.drivers_waiting, 1);
 }
 
 static void driver_leave(weft_comm *comm) {
-  pthread_mutex_unlock(&comm->call_lock);
-  if (comm->progress_started) {
-    pthread_mutex_lock(&comm->q_lock);
-    pthread_cond_signal(&comm->q_cond);
-    pthread_mutex_unlock(&comm->q_lock);
+  pthread_mutex_unlock(&comm->engine.call_lock);
+  if (comm->engine.progress_started) {
+    pthread_mutex_lock(&comm->engine.q_lock);
+    pthread_cond_signal(&comm->engine.q_cond);
+    pthread_mutex_unlock(&comm->engine.q_lock);
   }
 }
 
@@ -443,7 +446,7 @@ weft_status weft_engine_call(weft_request *req) {
   /* The driver's place first, when free: then the call is known to start at
    * once (submit lets queue_pass take its time). Lock order as everywhere:
    * call_lock, then q_lock. */
-  bool driving = pthread_mutex_trylock(&comm->call_lock) == 0;
+  bool driving = pthread_mutex_trylock(&comm->engine.call_lock) == 0;
   submit(req, false, driving);
   if (!driving) driver_enter(comm);
   drive(comm, req, DRIVE_WAIT);
@@ -454,70 +457,37 @@ weft_status weft_engine_call(weft_request *req) {
 bool weft_engine_test(weft_request *req) {
   if (atomic_load_explicit(&req->done, memory_order_acquire)) return true;
   weft_comm *comm = req->comm;
-  if (pthread_mutex_trylock(&comm->call_lock) == 0) {
+  if (pthread_mutex_trylock(&comm->engine.call_lock) == 0) {
     drive(comm, req, DRIVE_ONCE);
-    pthread_mutex_unlock(&comm->call_lock);
+    pthread_mutex_unlock(&comm->engine.call_lock);
   }
   return atomic_load_explicit(&req->done, memory_order_acquire);
 }
 
 void weft_engine_stop(weft_comm *comm) {
-  pthread_mutex_lock(&comm->q_lock);
-  comm->progress_stop = true;
-  pthread_cond_signal(&comm->q_cond);
-  bool started = comm->progress_started;
-  pthread_mutex_unlock(&comm->q_lock);
+  pthread_mutex_lock(&comm->engine.q_lock);
+  comm->engine.progress_stop = true;
+  pthread_cond_signal(&comm->engine.q_cond);
+  bool started = comm->engine.progress_started;
+  pthread_mutex_unlock(&comm->engine.q_lock);
   uint64_t one = 1;
-  if (write(comm->wake_fd, &one, sizeof one) < 0) { /* already signalled */
+  if (write(comm->engine.wake_fd, &one, sizeof one) < 0) { /* already signalled */
   }
-  if (started) pthread_join(comm->progress, NULL);
-  comm->progress_started = false;
-  pthread_mutex_lock(&comm->call_lock);
-  if (atomic_load_explicit(&comm->q_head, memory_order_relaxed) ||
+  if (started) pthread_join(comm->engine.progress, NULL);
+  comm->engine.progress_started = false;
+  pthread_mutex_lock(&comm->engine.call_lock);
+  if (atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed) ||
       (comm->lane && weft_p2p_busy(comm))) {
     if (!comm->failed)
       weft_comm_error(comm, WEFT_ERR_ABORTED, "weft_comm_destroy",
                       "the communicator was destroyed with requests outstanding");
     fail_all(comm, WEFT_ERR_ABORTED);
   }
-  pthread_mutex_unlock(&comm->call_lock);
+  pthread_mutex_unlock(&comm->engine.call_lock);
 }
 
-/* ---- the public request calls --------------------------------------------- */
-
-static weft_status request_finish(weft_request **req) {
-  weft_status st = (*req)->status;
-  free(*req);
-  *req = NULL;
+weft_status weft_request_free(weft_request *req) {
+  weft_status st = req->status;
+  free(req);
   return st;
-}
-
-WEFT_API weft_status weft_wait(weft_request **req) {
-  if (!req) return weft_init_error(WEFT_ERR_INVALID, -1, "weft_wait", "req is NULL");
-  if (!*req) return WEFT_OK;
-  weft_engine_wait(*req);
-  return request_finish(req);
-}
-
-WEFT_API weft_status weft_test(weft_request **req, int *done) {
-  if (!req || !done)
-    return weft_init_error(WEFT_ERR_INVALID, -1, "weft_test", "req or done is NULL");
-  *done = 1;
-  if (!*req) return WEFT_OK;
-  if (!weft_engine_test(*req)) {
-    *done = 0;
-    return WEFT_OK;
-  }
-  return request_finish(req);
-}
-
-WEFT_API weft_status weft_wait_all(weft_request **reqs, int n) {
-  if (n < 0 || (n > 0 && !reqs))
-    return weft_init_error(WEFT_ERR_INVALID, -1, "weft_wait_all", "reqs is NULL or n < 0");
-  weft_status first = WEFT_OK;
-  for (int i = 0; i < n; i++) {
-    weft_status st = weft_wait(&reqs[i]);
-    if (st && !first) first = st;
-  }
-  return first;
 }

@@ -12,7 +12,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "src/algo/algo.h"
+#include "src/coll/coll.h"
 #include "src/comm/comm.h"
 #include "src/engine/p2p.h"
 
@@ -21,14 +21,14 @@ typedef enum weft_req_kind { WEFT_REQ_COLL, WEFT_REQ_SEND, WEFT_REQ_RECV } weft_
 struct weft_request {
   weft_comm *comm;
   weft_req_kind kind;
-  bool on_heap;    /* made by a weft_iNAME call: freed by wait/test; else it
-                      lives on a blocking caller's stack */
-  bool started;         /* the engine has advanced it (the recorder knows) */
-  bool time_pending;    /* a blocking call queued by its own driver on an idle
-                           engine: the driver takes its issue time after its first
-                           sends (queue_pass), not before them */
-  bool algo_done;  /* the algorithm finished; its sends may still be draining */
-  atomic_int done; /* set last, with `status`: the driver never touches it after */
+  bool on_heap;      /* made by a weft_iNAME call: freed by wait/test; else it
+                        lives on a blocking caller's stack */
+  bool started;      /* the engine has advanced it (the recorder knows) */
+  bool time_pending; /* a blocking call queued by its own driver on an idle
+                        engine: the driver takes its issue time after its first
+                        sends (queue_pass), not before them */
+  bool algo_done;    /* the algorithm finished; its sends may still be draining */
+  atomic_int done;   /* set last, with `status`: the driver never touches it after */
   weft_status status;
   weft_request *next; /* collective queue, or the p2p lane's per-peer list */
   weft_coll coll;     /* collectives: the state machine */
@@ -58,18 +58,27 @@ bool weft_engine_test(weft_request *req);
 weft_status weft_request_new(weft_comm *comm, const char *call, weft_request **req,
                              weft_request **out);
 
+/* A collective set up in req->coll (a weft_coll_*_setup) made a request:
+ * on_heap for a weft_iNAME call's (wait/test free it), else it lives on a
+ * blocking caller's stack. Inline: it is on every blocking call's path. */
+static inline void weft_request_coll(weft_request *req, bool on_heap) {
+  req->comm = req->coll.comm;
+  req->kind = WEFT_REQ_COLL;
+  req->on_heap = on_heap;
+  req->algo_done = false;
+  req->started = false;
+  req->time_pending = false;
+  req->status = WEFT_OK;
+}
+
+/* Frees a done request made by weft_request_new; returns its status. */
+weft_status weft_request_free(weft_request *req);
+
 /* Marks `req` done with `st`. The driver's last touch of it. */
 void weft_request_complete(weft_request *req, weft_status st);
 
 /* For destroy: stops the progress thread and completes every outstanding
  * request with WEFT_ERR_ABORTED. */
 void weft_engine_stop(weft_comm *comm);
-
-/* The collectives' side (coll.c), used by the engine. */
-weft_status weft_coll_flush(weft_coll *coll);
-void weft_coll_end(weft_coll *coll);
-weft_status weft_coll_failed(weft_coll *coll, weft_status st);
-/* Frees what the call's setup held besides the algorithm (WEFT_CHECK's phase). */
-void weft_coll_release(weft_coll *coll);
 
 #endif

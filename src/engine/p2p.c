@@ -50,7 +50,6 @@ struct weft_p2p_lane {
   p2p_peer *peers;
   weft_request *posted, *posted_tail; /* handed over by weft_p2p_post (q_lock) */
   atomic_int outstanding;             /* posted and not complete */
-  weft_coll link;                     /* what the link functions need: comm, tag, memory */
   int waiting_peer;
   const char *waiting_for;
 };
@@ -63,12 +62,6 @@ weft_status weft_p2p_lane_create(weft_comm *lane) {
     free(l);
     return WEFT_ERR_NOMEM;
   }
-  l->link = (weft_coll){.comm = lane,
-                        .call = "weft_send/weft_recv",
-                        .algo = "p2p",
-                        .waiting_peer = -1,
-                        .fail_peer = -1,
-                        .elem = 1};
   l->waiting_peer = -1;
   lane->lane = l;
   return WEFT_OK;
@@ -195,10 +188,10 @@ static weft_status post_self_send(weft_comm *lane, weft_request *r) {
 
 static weft_status take_posted(weft_comm *lane) {
   weft_p2p_lane *l = lane->lane;
-  pthread_mutex_lock(&lane->q_lock);
+  pthread_mutex_lock(&lane->engine.q_lock);
   weft_request *r = l->posted;
   l->posted = l->posted_tail = NULL;
-  pthread_mutex_unlock(&lane->q_lock);
+  pthread_mutex_unlock(&lane->engine.q_lock);
   weft_status st = WEFT_OK;
   while (r) {
     weft_request *next = r->next;
@@ -219,33 +212,95 @@ static weft_status take_posted(weft_comm *lane) {
   return st;
 }
 
-/* The link functions tag chunks with coll->seq: here, the message number. */
-static void link_tagged(weft_comm *lane, uint32_t msg, const void *buf) {
-  weft_coll *link = &lane->lane->link;
-  link->seq = msg;
-  link->mem = buf ? weft_mem_for(buf) : &weft_mem_host;
+/* ---- the lane's connections ------------------------------------------------
+ * Everything p2p takes from the lane communicator's transports is in this
+ * section: the connection to a peer, and the chunk operations on it, each
+ * chunk tagged with the message's number on that pair and direction. When
+ * messages move to a channel of the collectives' own connection, only this
+ * section changes. Progress counts in lane->events (the engine's timeout). */
+
+static weft_status lane_conn(weft_comm *lane, int peer, const weft_transport **ops,
+                             weft_tp_conn **conn) {
+  weft_peer *p = &lane->peers[peer];
+  const weft_comm_transport *t = &lane->tps[p->tp];
+  if (!p->conn) {
+    const void *addr;
+    size_t len;
+    weft_comm_peer_address(lane, peer, t->builtin, &addr, &len);
+    WEFT_CHECK(t->ops->connect(t->ctx, peer, WEFT_TP_CHANNEL_COLL, addr, len, &p->conn));
+  }
+  *ops = t->ops;
+  *conn = p->conn;
+  return WEFT_OK;
 }
+
+/* Sends one chunk of message `msg` once there is room. */
+static weft_status lane_send(weft_comm *lane, int peer, uint32_t msg, const void *src, size_t bytes,
+                             const weft_mem_ops *mem) {
+  const weft_transport *ops;
+  weft_tp_conn *c;
+  WEFT_CHECK(lane_conn(lane, peer, &ops, &c));
+  WEFT_STATUS_PASS(ops->send_ready(c));
+  weft_status st = ops->send(c, src, bytes, msg, mem);
+  if (st == WEFT_OK) lane->events++;
+  return st;
+}
+
+/* WEFT_OK once every chunk sent to `peer` is out (the buffer may be reused). */
+static weft_status lane_send_idle(weft_comm *lane, int peer) {
+  const weft_transport *ops;
+  weft_tp_conn *c;
+  WEFT_CHECK(lane_conn(lane, peer, &ops, &c));
+  return ops->send_idle(c);
+}
+
+/* Copies the next chunk of message `msg` (`bytes` long) out of the link. */
+static weft_status lane_recv_copy(weft_comm *lane, int peer, uint32_t msg, size_t bytes,
+                                  void *dst) {
+  const weft_transport *ops;
+  weft_tp_conn *c;
+  WEFT_CHECK(lane_conn(lane, peer, &ops, &c));
+  const void *slot;
+  WEFT_STATUS_PASS(ops->recv_peek(c, msg, bytes, &slot));
+  memcpy(dst, slot, bytes);
+  weft_status st = ops->recv_release(c);
+  if (st == WEFT_OK) lane->events++;
+  return st;
+}
+
+/* Receives the next chunk of message `msg` straight into `dst`. */
+static weft_status lane_recv_into(weft_comm *lane, int peer, uint32_t msg, size_t bytes, void *dst,
+                                  const weft_mem_ops *mem) {
+  const weft_transport *ops;
+  weft_tp_conn *c;
+  WEFT_CHECK(lane_conn(lane, peer, &ops, &c));
+  weft_status st = ops->recv_into(c, msg, bytes, dst, mem);
+  if (st == WEFT_OK) lane->events++;
+  return st;
+}
+
+/* ---- moving messages ------------------------------------------------------- */
 
 /* Moves the head send of `peer` as far as it goes; OK when the peer has no
  * more sends or it waits. */
 static weft_status push_sends(weft_comm *lane, int peer) {
   p2p_peer *pp = &lane->lane->peers[peer];
-  weft_coll *link = &lane->lane->link;
   while (pp->sends) {
     weft_request *r = pp->sends;
     weft_p2p_op *o = &r->p2p;
-    link_tagged(lane, pp->sent_msgs, o->send_buf);
+    uint32_t msg = pp->sent_msgs;
+    const weft_mem_ops *mem = o->send_buf ? weft_mem_for(o->send_buf) : &weft_mem_host;
     if (!o->header_moved) {
-      WEFT_STATUS_PASS(weft_step_send(link, peer, o->header, sizeof o->header));
+      WEFT_STATUS_PASS(lane_send(lane, peer, msg, o->header, sizeof o->header, mem));
       o->header_moved = true;
     }
     while (o->moved < o->bytes) {
       size_t n = o->bytes - o->moved < lane->chunk_bytes ? o->bytes - o->moved : lane->chunk_bytes;
-      WEFT_STATUS_PASS(weft_step_send(link, peer, (const char *)o->send_buf + o->moved, n));
+      WEFT_STATUS_PASS(lane_send(lane, peer, msg, (const char *)o->send_buf + o->moved, n, mem));
       o->moved += n;
     }
     /* complete only when the buffer may be reused: every chunk is out */
-    WEFT_STATUS_PASS(weft_link_send_idle(link, peer));
+    WEFT_STATUS_PASS(lane_send_idle(lane, peer));
     pp->sends = r->next;
     if (!pp->sends) pp->sends_tail = NULL;
     pp->sent_msgs++;
@@ -257,13 +312,8 @@ static weft_status push_sends(weft_comm *lane, int peer) {
 /* Starts the next incoming message of `peer` at its header. */
 static weft_status take_header(weft_comm *lane, int peer) {
   p2p_peer *pp = &lane->lane->peers[peer];
-  weft_coll *link = &lane->lane->link;
-  link_tagged(lane, pp->recvd_msgs, NULL);
-  const void *slot;
-  WEFT_STATUS_PASS(weft_link_recv_peek(link, peer, WEFT_P2P_HEADER_BYTES, &slot));
   uint8_t h[WEFT_P2P_HEADER_BYTES];
-  memcpy(h, slot, sizeof h);
-  WEFT_STATUS_PASS(weft_link_recv_release(link, peer));
+  WEFT_STATUS_PASS(lane_recv_copy(lane, peer, pp->recvd_msgs, sizeof h, h));
   uint32_t magic, tag, dtype;
   uint64_t bytes;
   memcpy(&magic, h, 4);
@@ -311,15 +361,14 @@ static weft_status take_header(weft_comm *lane, int peer) {
  * half in). */
 static weft_status pull_recvs(weft_comm *lane, int peer) {
   p2p_peer *pp = &lane->lane->peers[peer];
-  weft_coll *link = &lane->lane->link;
   while (pp->in_busy || pp->recvs) {
     if (!pp->in_busy) WEFT_STATUS_PASS(take_header(lane, peer));
     unsigned char *dst = pp->in_req ? pp->in_req->p2p.recv_buf : pp->in_ux->data;
-    link_tagged(lane, pp->recvd_msgs, pp->in_req ? (void *)dst : NULL);
+    const weft_mem_ops *mem = pp->in_req ? weft_mem_for(dst) : &weft_mem_host;
     while (pp->in_moved < pp->in_bytes) {
       size_t left = pp->in_bytes - pp->in_moved;
       size_t n = left < lane->chunk_bytes ? left : lane->chunk_bytes;
-      WEFT_STATUS_PASS(weft_link_recv_into(link, peer, n, dst + pp->in_moved));
+      WEFT_STATUS_PASS(lane_recv_into(lane, peer, pp->recvd_msgs, n, dst + pp->in_moved, mem));
       pp->in_moved += n;
     }
     pp->in_busy = false;
@@ -383,10 +432,10 @@ static void fail_list(weft_comm *lane, weft_request *r, weft_status st) {
 
 void weft_p2p_fail_all(weft_comm *lane, weft_status st) {
   weft_p2p_lane *l = lane->lane;
-  pthread_mutex_lock(&lane->q_lock);
+  pthread_mutex_lock(&lane->engine.q_lock);
   weft_request *posted = l->posted;
   l->posted = l->posted_tail = NULL;
-  pthread_mutex_unlock(&lane->q_lock);
+  pthread_mutex_unlock(&lane->engine.q_lock);
   fail_list(lane, posted, st);
   for (int p = 0; p < lane->size; p++) {
     p2p_peer *pp = &l->peers[p];
@@ -413,10 +462,10 @@ void weft_p2p_post(weft_request *req) {
   l->posted_tail = req;
 }
 
-/* ---- the public calls --------------------------------------------------------- */
+/* ---- a new message ------------------------------------------------------------ */
 
-static weft_status p2p_setup(weft_request *r, weft_comm *comm, const char *call, bool is_send,
-                             const void *buf, size_t count, weft_dtype dtype, int peer, int tag) {
+weft_status weft_p2p_setup(weft_request *r, weft_comm *comm, const char *call, bool is_send,
+                           const void *buf, size_t count, weft_dtype dtype, int peer, int tag) {
   if (!weft_comm_is_live(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, call,
                            "the communicator handle is not a live communicator (NULL, destroyed, "
@@ -461,51 +510,4 @@ static weft_status p2p_setup(weft_request *r, weft_comm *comm, const char *call,
     o->recv_buf = (void *)buf;
   }
   return WEFT_OK;
-}
-
-static weft_status p2p_blocking(weft_comm *comm, weft_request *r, weft_status setup) {
-  if (setup < 0) return setup;
-  weft_engine_submit(r, false);
-  weft_status st = weft_engine_wait(r);
-  if (st < 0) memcpy(comm->last_error, r->comm->last_error, sizeof comm->last_error);
-  return st;
-}
-
-static weft_status p2p_issue(weft_request **req, weft_request *r, weft_status setup) {
-  if (setup < 0) {
-    free(r);
-    return setup;
-  }
-  r->on_heap = true;
-  weft_engine_submit(r, true);
-  *req = r;
-  return WEFT_OK;
-}
-
-WEFT_API weft_status weft_send(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
-                               int peer, int tag) {
-  weft_request r = {.kind = WEFT_REQ_SEND};
-  return p2p_blocking(comm, &r,
-                      p2p_setup(&r, comm, "weft_send", true, buf, count, dtype, peer, tag));
-}
-
-WEFT_API weft_status weft_recv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype, int peer,
-                               int tag) {
-  weft_request r = {.kind = WEFT_REQ_SEND};
-  return p2p_blocking(comm, &r,
-                      p2p_setup(&r, comm, "weft_recv", false, buf, count, dtype, peer, tag));
-}
-
-WEFT_API weft_status weft_isend(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
-                                int peer, int tag, weft_request **req) {
-  weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_isend", req, &r));
-  return p2p_issue(req, r, p2p_setup(r, comm, "weft_isend", true, buf, count, dtype, peer, tag));
-}
-
-WEFT_API weft_status weft_irecv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
-                                int peer, int tag, weft_request **req) {
-  weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_irecv", req, &r));
-  return p2p_issue(req, r, p2p_setup(r, comm, "weft_irecv", false, buf, count, dtype, peer, tag));
 }

@@ -55,4 +55,10 @@ void weft_p2p_fail_all(weft_comm *lane, weft_status st);
 /* Hands a new request to the lane (under the lane's queue lock). */
 void weft_p2p_post(weft_request *req);
 
+/* Checks a weft_send / weft_recv (is_send false) on the user's communicator
+ * `comm` and fills `r` as a request on its lane; an error has its sentence
+ * written. The caller then submits it to the engine. */
+weft_status weft_p2p_setup(weft_request *r, weft_comm *comm, const char *call, bool is_send,
+                           const void *buf, size_t count, weft_dtype dtype, int peer, int tag);
+
 #endif

@@ -2,17 +2,17 @@
  * fused into buckets and reduced while backward runs (DDP's reducer, Horovod's
  * fusion, MegEngine's AllreduceCallback), parameters broadcast, buffers and
  * metrics synchronised. Written only against the public non-blocking calls
- * and the memory table, so it runs unchanged on the progress engine and on
- * device memory once those exist. */
+ * and src/api/support.h (error sentences, the memory table, opaque), so it
+ * runs unchanged on the progress engine and on device memory once those
+ * exist; from below it takes only src/base's logging and settings. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/comm/comm.h"
+#include "src/api/support.h"
 #include "src/base/log.h"
-#include "src/mem/mem.h"
 #include "src/base/settings.h"
 #include "src/base/status.h"
 #include "weft.h"
@@ -30,7 +30,7 @@
 typedef struct grad_bucket {
   weft_dtype dtype;
   weft_memory memory;
-  const weft_mem_ops *mem;
+  const weft_api_mem *mem;
   int *members; /* tensor ids in fill order */
   int nmembers;
   size_t count; /* elements reduced, padding between tensors included */
@@ -78,12 +78,12 @@ static int grad_ok(const weft_grad *g) {
 }
 
 static weft_status bad_handle(const char *call) {
-  return weft_init_error(WEFT_ERR_INVALID, -1, call, "the gradient set is NULL or destroyed");
+  return weft_api_handle_error(WEFT_ERR_INVALID, call, "the gradient set is NULL or destroyed");
 }
 
 static weft_status comm_check(weft_comm *comm, const char *call) {
-  if (!weft_comm_is_live(comm))
-    return weft_init_error(WEFT_ERR_INVALID, -1, call, "comm is not a live communicator");
+  if (!weft_api_comm_live(comm))
+    return weft_api_handle_error(WEFT_ERR_INVALID, call, "comm is not a live communicator");
   return WEFT_OK;
 }
 
@@ -91,7 +91,7 @@ static weft_status comm_check(weft_comm *comm, const char *call) {
 static weft_status wrap_error(weft_comm *comm, weft_status st, const char *call, const char *ctx) {
   char prev[768];
   snprintf(prev, sizeof prev, "%s", weft_last_error(comm));
-  return weft_comm_error(comm, st, call, "%s: %s", ctx, prev);
+  return weft_api_error(comm, st, call, "%s: %s", ctx, prev);
 }
 
 static const char *memory_name(weft_memory m) {
@@ -100,9 +100,8 @@ static const char *memory_name(weft_memory m) {
 
 /* The table for a tensor: by its pointer where there is one (a CUDA build asks
  * the driver), else by its declared kind. NULL: this build has no such memory. */
-static const weft_mem_ops *mem_of(const weft_tensor *t) {
-  if (t->memory != WEFT_MEMORY_HOST) return NULL; /* no device table in this build */
-  return t->ptr ? weft_mem_for(t->ptr) : weft_mem_by_kind(WEFT_MEMORY_HOST);
+static const weft_api_mem *mem_of(const weft_tensor *t) {
+  return weft_api_mem_of(t->ptr, t->memory);
 }
 
 /* Checks one tensor description; fills `why` and returns non-zero if bad. */
@@ -251,7 +250,7 @@ static weft_status agree(weft_comm *comm, const agree_spec *s) {
   mine[FP_HASH] = s->local_error ? 0 : list_hash(s->list, s->n);
   for (int i = 0; i < s->nfields; i++) mine[FP_FIXED + i] = s->field[i];
   uint64_t *all = malloc(sizeof(uint64_t) * FP_LEN * (size_t)size);
-  if (!all) return weft_comm_error(comm, WEFT_ERR_NOMEM, s->call, "no memory for the check");
+  if (!all) return weft_api_error(comm, WEFT_ERR_NOMEM, s->call, "no memory for the check");
   weft_status st = weft_allgather(comm, mine, all, FP_LEN, WEFT_I64);
   if (st) {
     free(all);
@@ -303,7 +302,7 @@ static weft_status agree(weft_comm *comm, const agree_spec *s) {
   if (st) return wrap_error(comm, st, s->call, "finding where the ranks differ");
   if (!msg[0]) return WEFT_OK;
   WEFT_WARN(WEFT_SUBSYS_GRAD, "%s: %s", s->call, msg);
-  return weft_comm_error(comm, WEFT_ERR_MISMATCH, s->call, "%s", msg);
+  return weft_api_error(comm, WEFT_ERR_MISMATCH, s->call, "%s", msg);
 }
 
 static uint64_t double_bits(double d) {
@@ -317,7 +316,7 @@ static uint64_t double_bits(double d) {
 /* One message of a fused call: a packed staging buffer, or one tensor in place. */
 typedef struct fuse_msg {
   void *buf;
-  const weft_mem_ops *mem;
+  const weft_api_mem *mem;
   size_t bytes;
   weft_dtype dtype; /* U8 for broadcasts (bytes are bytes) */
   int staged;
@@ -366,17 +365,18 @@ static weft_status fuse_run(weft_comm *comm, const char *call, const weft_tensor
     msgs[*slot].bytes += bytes;
   }
   for (int k = 0; k < nmsgs && !st; k++)
-    if (msgs[k].staged && !(msgs[k].buf = msgs[k].mem->alloc(msgs[k].bytes))) st = WEFT_ERR_NOMEM;
+    if (msgs[k].staged && !(msgs[k].buf = weft_api_mem_alloc(msgs[k].mem, msgs[k].bytes)))
+      st = WEFT_ERR_NOMEM;
   if (st) {
     /* locally out of memory: the others wait for this rank until their timeout */
-    st = weft_comm_error(comm, st, call, "no memory for %d fused messages", nmsgs);
+    st = weft_api_error(comm, st, call, "no memory for %d fused messages", nmsgs);
     goto out;
   }
   for (int i = 0; i < n; i++) {
     if (msg_of[i] < 0 || !msgs[msg_of[i]].staged) continue;
     if (kind[i] == FUSE_AVG || rank == root)
-      msgs[msg_of[i]].mem->copy((char *)msgs[msg_of[i]].buf + off[i], t[i].ptr,
-                                t[i].count * weft_dtype_size(t[i].dtype));
+      weft_api_mem_copy(msgs[msg_of[i]].mem, (char *)msgs[msg_of[i]].buf + off[i], t[i].ptr,
+                        t[i].count * weft_dtype_size(t[i].dtype));
   }
   for (int k = 0; k < nmsgs && !st; k++) {
     fuse_msg *m = &msgs[k];
@@ -396,12 +396,12 @@ static weft_status fuse_run(weft_comm *comm, const char *call, const weft_tensor
   for (int i = 0; i < n; i++) {
     if (msg_of[i] < 0 || !msgs[msg_of[i]].staged) continue;
     if (kind[i] == FUSE_AVG || rank != root)
-      msgs[msg_of[i]].mem->copy(t[i].ptr, (char *)msgs[msg_of[i]].buf + off[i],
-                                t[i].count * weft_dtype_size(t[i].dtype));
+      weft_api_mem_copy(msgs[msg_of[i]].mem, t[i].ptr, (char *)msgs[msg_of[i]].buf + off[i],
+                        t[i].count * weft_dtype_size(t[i].dtype));
   }
 out:
   for (int k = 0; msgs && k < nmsgs; k++)
-    if (msgs[k].staged && msgs[k].mem) msgs[k].mem->release(msgs[k].buf);
+    if (msgs[k].staged && msgs[k].mem) weft_api_mem_release(msgs[k].mem, msgs[k].buf);
   free(msgs);
   free(msg_of);
   free(off);
@@ -413,18 +413,18 @@ out:
 static weft_status check_list(weft_comm *comm, const char *call, const weft_tensor *t, int n,
                               int root) {
   if (root < 0 || root >= weft_comm_size(comm))
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "root %d is out of range (size %d)", root,
-                           weft_comm_size(comm));
-  if (n < 0) return weft_comm_error(comm, WEFT_ERR_INVALID, call, "n is %d", n);
-  if (n > 0 && !t) return weft_comm_error(comm, WEFT_ERR_INVALID, call, "tensors is NULL, n %d", n);
+    return weft_api_error(comm, WEFT_ERR_INVALID, call, "root %d is out of range (size %d)", root,
+                          weft_comm_size(comm));
+  if (n < 0) return weft_api_error(comm, WEFT_ERR_INVALID, call, "n is %d", n);
+  if (n > 0 && !t) return weft_api_error(comm, WEFT_ERR_INVALID, call, "tensors is NULL, n %d", n);
   char why[128];
   for (int i = 0; i < n; i++) {
     if (tensor_invalid(&t[i], 1, why, sizeof why))
-      return weft_comm_error(comm, WEFT_ERR_INVALID, call, "tensor %d: %s", i, why);
+      return weft_api_error(comm, WEFT_ERR_INVALID, call, "tensor %d: %s", i, why);
     if (t[i].count && !mem_of(&t[i]))
-      return weft_comm_error(comm, WEFT_ERR_UNSUPPORTED, call,
-                             "tensor %d: %s memory needs a build with it", i,
-                             memory_name(t[i].memory));
+      return weft_api_error(comm, WEFT_ERR_UNSUPPORTED, call,
+                            "tensor %d: %s memory needs a build with it", i,
+                            memory_name(t[i].memory));
   }
   return WEFT_OK;
 }
@@ -445,7 +445,7 @@ static weft_status list_call(weft_comm *comm, const char *call, const weft_tenso
   if (local) return local;
   if (st) return st;
   unsigned char *kind = malloc((size_t)n + 1);
-  if (!kind) return weft_comm_error(comm, WEFT_ERR_NOMEM, call, "no memory");
+  if (!kind) return weft_api_error(comm, WEFT_ERR_NOMEM, call, "no memory");
   for (int i = 0; i < n; i++) {
     int is_float = t[i].dtype <= WEFT_BF16;
     kind[i] = mode == WEFT_SYNC_AVERAGE && is_float ? FUSE_AVG : FUSE_BCAST;
@@ -467,8 +467,8 @@ WEFT_API weft_status weft_buffers_sync(weft_comm *comm, const weft_tensor *tenso
     /* still join the check, so the other ranks hear of it instead of waiting */
     agree_spec s = {.call = "weft_buffers_sync", .local_error = 1};
     agree(comm, &s);
-    return weft_comm_error(comm, WEFT_ERR_INVALID, "weft_buffers_sync", "unknown mode %d",
-                           (int)mode);
+    return weft_api_error(comm, WEFT_ERR_INVALID, "weft_buffers_sync", "unknown mode %d",
+                          (int)mode);
   }
   return list_call(comm, "weft_buffers_sync", tensors, n, root, mode);
 }
@@ -480,13 +480,13 @@ WEFT_API weft_status weft_metrics_average(weft_comm *comm, double *values, doubl
   WEFT_CHECK(comm_check(comm, call));
   weft_status local = WEFT_OK;
   if (n < 0)
-    local = weft_comm_error(comm, WEFT_ERR_INVALID, call, "n is %d", n);
+    local = weft_api_error(comm, WEFT_ERR_INVALID, call, "n is %d", n);
   else if (n > 0 && !values)
-    local = weft_comm_error(comm, WEFT_ERR_INVALID, call, "values is NULL, n %d", n);
+    local = weft_api_error(comm, WEFT_ERR_INVALID, call, "values is NULL, n %d", n);
   for (int i = 0; i < n && !local && counts; i++)
     if (!(counts[i] >= 0) || isinf(counts[i]))
-      local = weft_comm_error(comm, WEFT_ERR_INVALID, call,
-                              "counts[%d] is %g (must be finite and >= 0)", i, counts[i]);
+      local = weft_api_error(comm, WEFT_ERR_INVALID, call,
+                             "counts[%d] is %g (must be finite and >= 0)", i, counts[i]);
   /* agree on n first (one small allgather): a sum of differently sized
    * buffers would fail differently on different ranks */
   agree_spec s = {.call = call,
@@ -500,7 +500,7 @@ WEFT_API weft_status weft_metrics_average(weft_comm *comm, double *values, doubl
   if (st) return st;
   /* [value*count..., count...]: one sum does it all */
   double *buf = calloc(2 * (size_t)n + 1, sizeof *buf);
-  if (!buf) return weft_comm_error(comm, WEFT_ERR_NOMEM, call, "no memory");
+  if (!buf) return weft_api_error(comm, WEFT_ERR_NOMEM, call, "no memory");
   for (int i = 0; i < n; i++) {
     double c = counts ? counts[i] : 1.0;
     buf[i] = c ? values[i] * c : 0.0; /* a zero weight drops even a NaN value */
@@ -536,23 +536,23 @@ WEFT_API void weft_grad_options_init(weft_grad_options *opts) {
 static weft_status check_options(weft_comm *comm, const weft_grad_options *o) {
   static const char call[] = "weft_grad_create";
   if (o->version != WEFT_GRAD_OPTIONS_VERSION)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call,
-                           "options version %u, this library has %u (call weft_grad_options_init)",
-                           o->version, WEFT_GRAD_OPTIONS_VERSION);
+    return weft_api_error(comm, WEFT_ERR_INVALID, call,
+                          "options version %u, this library has %u (call weft_grad_options_init)",
+                          o->version, WEFT_GRAD_OPTIONS_VERSION);
   if (!o->bucket_cap_bytes)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "bucket_cap_bytes is 0");
+    return weft_api_error(comm, WEFT_ERR_INVALID, call, "bucket_cap_bytes is 0");
   if (o->op != WEFT_AVG && o->op != WEFT_SUM)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "op %s (%d): gradients take avg or sum",
-                           weft_op_name(o->op), (int)o->op);
+    return weft_api_error(comm, WEFT_ERR_INVALID, call, "op %s (%d): gradients take avg or sum",
+                          weft_op_name(o->op), (int)o->op);
   if (!(o->prediv >= 0) || isinf(o->prediv))
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "prediv %g is not finite and >= 0",
-                           o->prediv);
+    return weft_api_error(comm, WEFT_ERR_INVALID, call, "prediv %g is not finite and >= 0",
+                          o->prediv);
   if (o->bcast_period < -1)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "bcast_period %d (-1, 0 or > 0)",
-                           o->bcast_period);
+    return weft_api_error(comm, WEFT_ERR_INVALID, call, "bcast_period %d (-1, 0 or > 0)",
+                          o->bcast_period);
   if (o->bcast_root < 0 || o->bcast_root >= weft_comm_size(comm))
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "bcast_root %d is out of range (size %d)",
-                           o->bcast_root, weft_comm_size(comm));
+    return weft_api_error(comm, WEFT_ERR_INVALID, call, "bcast_root %d is out of range (size %d)",
+                          o->bcast_root, weft_comm_size(comm));
   return WEFT_OK;
 }
 
@@ -560,14 +560,14 @@ WEFT_API weft_status weft_grad_create(weft_comm *comm, const weft_grad_options *
                                       weft_grad **grad) {
   static const char call[] = "weft_grad_create";
   WEFT_CHECK(comm_check(comm, call));
-  if (!grad) return weft_comm_error(comm, WEFT_ERR_INVALID, call, "grad is NULL");
+  if (!grad) return weft_api_error(comm, WEFT_ERR_INVALID, call, "grad is NULL");
   *grad = NULL;
   weft_grad_options defaults;
   weft_grad_options_init(&defaults);
   if (!opts) opts = &defaults;
   WEFT_CHECK(check_options(comm, opts));
   weft_grad *g = calloc(1, sizeof *g);
-  if (!g) return weft_comm_error(comm, WEFT_ERR_NOMEM, call, "no memory");
+  if (!g) return weft_api_error(comm, WEFT_ERR_NOMEM, call, "no memory");
   g->magic = GRAD_MAGIC;
   g->comm = comm;
   g->opts = *opts;
@@ -583,24 +583,24 @@ WEFT_API weft_status weft_grad_register(weft_grad *g, const weft_tensor *t, int 
   if (!grad_ok(g)) return bad_handle(call);
   if (index) *index = -1;
   if (g->finalized)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                           "tensor %d registered after weft_grad_finalize", g->ntensors);
-  if (!t) return weft_comm_error(g->comm, WEFT_ERR_INVALID, call, "tensor is NULL");
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "tensor %d registered after weft_grad_finalize", g->ntensors);
+  if (!t) return weft_api_error(g->comm, WEFT_ERR_INVALID, call, "tensor is NULL");
   if (g->order)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                           "tensor %d registered after weft_grad_set_order (set the order last)",
-                           g->ntensors);
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "tensor %d registered after weft_grad_set_order (set the order last)",
+                          g->ntensors);
   char why[128];
   if (tensor_invalid(t, !g->opts.owned_storage, why, sizeof why))
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call, "tensor %d: %s", g->ntensors, why);
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call, "tensor %d: %s", g->ntensors, why);
   if (t->memory != WEFT_MEMORY_HOST)
-    return weft_comm_error(g->comm, WEFT_ERR_UNSUPPORTED, call,
-                           "tensor %d: %s memory needs a build with it", g->ntensors,
-                           memory_name(t->memory));
+    return weft_api_error(g->comm, WEFT_ERR_UNSUPPORTED, call,
+                          "tensor %d: %s memory needs a build with it", g->ntensors,
+                          memory_name(t->memory));
   if (g->ntensors == g->cap_tensors) {
     int cap = g->cap_tensors ? 2 * g->cap_tensors : 64;
     weft_tensor *regs = realloc(g->regs, sizeof *regs * (size_t)cap);
-    if (!regs) return weft_comm_error(g->comm, WEFT_ERR_NOMEM, call, "no memory");
+    if (!regs) return weft_api_error(g->comm, WEFT_ERR_NOMEM, call, "no memory");
     g->regs = regs;
     g->cap_tensors = cap;
   }
@@ -615,22 +615,22 @@ WEFT_API weft_status weft_grad_set_order(weft_grad *g, const int *order, int n) 
   static const char call[] = "weft_grad_set_order";
   if (!grad_ok(g)) return bad_handle(call);
   if (g->finalized)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call, "called after weft_grad_finalize");
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call, "called after weft_grad_finalize");
   if (n != g->ntensors || (n && !order))
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                           "the order has %d entries, %d tensors are registered", n, g->ntensors);
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "the order has %d entries, %d tensors are registered", n, g->ntensors);
   char *seen = calloc((size_t)n + 1, 1);
   int *copy = malloc(sizeof(int) * ((size_t)n + 1));
   if (!seen || !copy) {
     free(seen);
     free(copy);
-    return weft_comm_error(g->comm, WEFT_ERR_NOMEM, call, "no memory");
+    return weft_api_error(g->comm, WEFT_ERR_NOMEM, call, "no memory");
   }
   for (int i = 0; i < n; i++) {
     if (order[i] < 0 || order[i] >= n || seen[order[i]]) {
       weft_status st =
-          weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                          "order[%d] = %d: not a permutation of 0..%d", i, order[i], n - 1);
+          weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                         "order[%d] = %d: not a permutation of 0..%d", i, order[i], n - 1);
       free(seen);
       free(copy);
       return st;
@@ -648,11 +648,11 @@ WEFT_API weft_status weft_grad_set_params(weft_grad *g, const weft_tensor *param
   static const char call[] = "weft_grad_set_params";
   if (!grad_ok(g)) return bad_handle(call);
   if (g->finalized)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call, "called after weft_grad_finalize");
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call, "called after weft_grad_finalize");
   if (n < 0 || (n && !params))
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call, "params %p, n %d", (void *)params, n);
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call, "params %p, n %d", (void *)params, n);
   weft_tensor *copy = malloc(sizeof *copy * ((size_t)n + 1));
-  if (!copy) return weft_comm_error(g->comm, WEFT_ERR_NOMEM, call, "no memory");
+  if (!copy) return weft_api_error(g->comm, WEFT_ERR_NOMEM, call, "no memory");
   if (n) memcpy(copy, params, sizeof *copy * (size_t)n);
   free(g->params);
   g->params = copy;
@@ -734,7 +734,7 @@ static weft_status place_buckets(weft_grad *g) {
   for (int b = 0; b < g->nbuckets; b++) {
     grad_bucket *bk = &g->buckets[b];
     const weft_tensor *first = &g->regs[bk->members[0]];
-    bk->mem = g->opts.owned_storage ? weft_mem_by_kind(WEFT_MEMORY_HOST) : mem_of(first);
+    bk->mem = g->opts.owned_storage ? weft_api_mem_of(NULL, WEFT_MEMORY_HOST) : mem_of(first);
     if (!bk->mem) return WEFT_ERR_UNSUPPORTED;
     bk->pending = bk->nmembers;
     bk->staged = !g->opts.owned_storage && bk->nmembers > 1;
@@ -746,9 +746,9 @@ static weft_status place_buckets(weft_grad *g) {
     /* All ranks on one host: shareable memory, so every rank's bucket can
      * be reduced in one pass straight through the others' (weft_mem_alloc).
      * Ordinary memory if the kernel will not give it: the ring still works. */
-    bk->shared = bk->mem->kind == WEFT_MEMORY_HOST && g->comm->nhosts == 1 && bytes > 0 &&
+    bk->shared = weft_api_mem_is_host(bk->mem) && weft_api_one_host(g->comm) && bytes > 0 &&
                  weft_mem_alloc(bytes, &bk->flat) == WEFT_OK;
-    if (!bk->shared) bk->flat = bk->mem->alloc(bytes);
+    if (!bk->shared) bk->flat = weft_api_mem_alloc(bk->mem, bytes);
     if (!bk->flat) return WEFT_ERR_NOMEM;
     bk->owned = 1;
     if (g->opts.owned_storage)
@@ -802,8 +802,10 @@ static void free_buckets(weft_grad *g) {
   for (int b = 0; g->buckets && b < g->nbuckets; b++) {
     grad_bucket *bk = &g->buckets[b];
     if (bk->req) weft_wait(&bk->req);
-    if (bk->owned && bk->shared) weft_mem_free(bk->flat);
-    else if (bk->owned && bk->mem) bk->mem->release(bk->flat);
+    if (bk->owned && bk->shared)
+      weft_mem_free(bk->flat);
+    else if (bk->owned && bk->mem)
+      weft_api_mem_release(bk->mem, bk->flat);
     free(bk->members);
   }
   free(g->buckets);
@@ -821,12 +823,12 @@ WEFT_API weft_status weft_grad_finalize(weft_grad *g) {
   static const char call[] = "weft_grad_finalize";
   if (!grad_ok(g)) return bad_handle(call);
   if (g->finalized)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call, "the set is already finalized");
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call, "the set is already finalized");
   weft_status local = form_buckets(g);
   if (!local) local = place_buckets(g);
   if (local)
-    weft_comm_error(g->comm, local, call, "forming %d buckets of %d tensors failed", g->nbuckets,
-                    g->ntensors);
+    weft_api_error(g->comm, local, call, "forming %d buckets of %d tensors failed", g->nbuckets,
+                   g->ntensors);
   agree_spec s;
   grad_fill_spec(g, &s, call);
   s.local_error = local != 0;
@@ -876,7 +878,7 @@ static weft_status launch(weft_grad *g, int b, const char *call) {
   weft_op op = g->opts.op;
   size_t bytes = bk->count * weft_dtype_size(bk->dtype);
   if (g->opts.prediv > 1) {
-    bk->mem->scale(bk->flat, bk->count, bk->dtype, 1.0 / g->opts.prediv);
+    weft_api_mem_scale(bk->mem, bk->flat, bk->count, bk->dtype, 1.0 / g->opts.prediv);
     g->stats.bytes_scaled += bytes;
     op = WEFT_SUM;
   }
@@ -908,19 +910,19 @@ static void copy_in(weft_grad *g, int i) {
   grad_bucket *bk = &g->buckets[g->bucket_of[i]];
   if (!bk->staged) return;
   size_t esz = weft_dtype_size(bk->dtype), bytes = g->regs[i].count * esz;
-  bk->mem->copy((char *)bk->flat + g->offset_of[i] * esz, g->regs[i].ptr, bytes);
+  weft_api_mem_copy(bk->mem, (char *)bk->flat + g->offset_of[i] * esz, g->regs[i].ptr, bytes);
   g->stats.bytes_copied += bytes;
 }
 
 static weft_status usable(weft_grad *g, const char *call) {
   if (!grad_ok(g)) return bad_handle(call);
   if (!g->finalized)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                           "the set is not finalized (call weft_grad_finalize first)");
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "the set is not finalized (call weft_grad_finalize first)");
   if (g->broken)
-    return weft_comm_error(g->comm, g->broken, call,
-                           "the gradient set failed earlier (%s); destroy it",
-                           weft_status_name(g->broken));
+    return weft_api_error(g->comm, g->broken, call,
+                          "the gradient set failed earlier (%s); destroy it",
+                          weft_status_name(g->broken));
   return WEFT_OK;
 }
 
@@ -928,12 +930,12 @@ WEFT_API weft_status weft_grad_ready(weft_grad *g, int index) {
   static const char call[] = "weft_grad_ready";
   WEFT_CHECK(usable(g, call));
   if (index < 0 || index >= g->ntensors)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                           "tensor %d is out of range (%d registered)", index, g->ntensors);
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "tensor %d is out of range (%d registered)", index, g->ntensors);
   if (g->ready_stamp[index] == g->step + 1)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                           "tensor %d was already marked ready in step %llu", index,
-                           (unsigned long long)g->step);
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "tensor %d was already marked ready in step %llu", index,
+                          (unsigned long long)g->step);
   WEFT_CHECK(step_begin(g, call));
   g->in_step = 1;
   g->ready_stamp[index] = g->step + 1;
@@ -961,14 +963,14 @@ static void bucket_finish(weft_grad *g, grad_bucket *bk) {
   if (g->opts.prediv > 1) {
     double post =
         g->opts.op == WEFT_AVG ? g->opts.prediv / weft_comm_size(g->comm) : g->opts.prediv;
-    bk->mem->scale(bk->flat, bk->count, bk->dtype, post);
+    weft_api_mem_scale(bk->mem, bk->flat, bk->count, bk->dtype, post);
     g->stats.bytes_scaled += bk->count * esz;
   }
   if (!bk->staged) return;
   for (int k = 0; k < bk->nmembers; k++) {
     int i = bk->members[k];
     size_t bytes = g->regs[i].count * esz;
-    bk->mem->copy(g->regs[i].ptr, (char *)bk->flat + g->offset_of[i] * esz, bytes);
+    weft_api_mem_copy(bk->mem, g->regs[i].ptr, (char *)bk->flat + g->offset_of[i] * esz, bytes);
     g->stats.bytes_copied += bytes;
   }
 }
@@ -1037,9 +1039,9 @@ WEFT_API weft_status weft_grad_set_sync(weft_grad *g, int sync) {
   static const char call[] = "weft_grad_set_sync";
   if (!grad_ok(g)) return bad_handle(call);
   if (g->in_step)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                           "called in the middle of step %llu (between steps only)",
-                           (unsigned long long)g->step);
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "called in the middle of step %llu (between steps only)",
+                          (unsigned long long)g->step);
   g->sync = sync != 0;
   return WEFT_OK;
 }
@@ -1049,15 +1051,15 @@ WEFT_API weft_status weft_grad_set_sync(weft_grad *g, int sync) {
 WEFT_API weft_status weft_grad_tensor_ptr(const weft_grad *g, int index, void **ptr) {
   static const char call[] = "weft_grad_tensor_ptr";
   if (!grad_ok(g)) return bad_handle(call);
-  if (!ptr) return weft_comm_error(g->comm, WEFT_ERR_INVALID, call, "ptr is NULL");
+  if (!ptr) return weft_api_error(g->comm, WEFT_ERR_INVALID, call, "ptr is NULL");
   *ptr = NULL;
   if (!g->finalized || !g->opts.owned_storage)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call, "%s",
-                           !g->finalized ? "the set is not finalized yet"
-                                         : "the set does not own its storage (owned_storage 0)");
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call, "%s",
+                          !g->finalized ? "the set is not finalized yet"
+                                        : "the set does not own its storage (owned_storage 0)");
   if (index < 0 || index >= g->ntensors)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                           "tensor %d is out of range (%d registered)", index, g->ntensors);
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "tensor %d is out of range (%d registered)", index, g->ntensors);
   *ptr = g->regs[index].ptr;
   return WEFT_OK;
 }
@@ -1071,9 +1073,9 @@ WEFT_API weft_status weft_grad_bucket_info(const weft_grad *g, int bucket,
   static const char call[] = "weft_grad_bucket_info";
   if (!grad_ok(g)) return bad_handle(call);
   if (!d || !g->finalized || bucket < 0 || bucket >= g->nbuckets)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                           "bucket %d (%d buckets, finalized %d, desc %p)", bucket, g->nbuckets,
-                           g->finalized, (void *)d);
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "bucket %d (%d buckets, finalized %d, desc %p)", bucket, g->nbuckets,
+                          g->finalized, (void *)d);
   const grad_bucket *bk = &g->buckets[bucket];
   d->dtype = bk->dtype;
   d->memory = bk->memory;
@@ -1092,9 +1094,9 @@ WEFT_API weft_status weft_grad_tensor_place(const weft_grad *g, int index, int *
   static const char call[] = "weft_grad_tensor_place";
   if (!grad_ok(g)) return bad_handle(call);
   if (!g->finalized || index < 0 || index >= g->ntensors || !bucket || !offset)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, call,
-                           "tensor %d (%d registered, finalized %d)", index, g->ntensors,
-                           g->finalized);
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "tensor %d (%d registered, finalized %d)", index, g->ntensors,
+                          g->finalized);
   *bucket = g->bucket_of[index];
   *offset = g->offset_of[index];
   return WEFT_OK;
@@ -1103,7 +1105,7 @@ WEFT_API weft_status weft_grad_tensor_place(const weft_grad *g, int index, int *
 WEFT_API weft_status weft_grad_get_stats(const weft_grad *g, weft_grad_stats *stats) {
   if (!grad_ok(g)) return bad_handle("weft_grad_get_stats");
   if (!stats)
-    return weft_comm_error(g->comm, WEFT_ERR_INVALID, "weft_grad_get_stats", "stats is NULL");
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, "weft_grad_get_stats", "stats is NULL");
   *stats = g->stats;
   return WEFT_OK;
 }

@@ -7,7 +7,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "src/comm/bootstrap.h"
 #include "src/base/settings.h"
 
 /* ---- where this rank runs ----------------------------------------------- */
@@ -30,12 +29,12 @@ static uint64_t place_pid_namespace(void) {
 void weft_place_here(const weft_topo *topo, weft_place *out) {
   memset(out, 0, sizeof *out);
   /* WEFT_HOST_ID lets tests and containers say which ranks share a host;
-   * boot_host_identity alone cannot know it. */
+   * weft_host_identity alone cannot know it. */
   const char *host_id = weft_setting_str(WEFT_SETTING_HOST_ID);
   if (*host_id)
     snprintf(out->host_id, sizeof out->host_id, "%s", host_id);
   else
-    boot_host_identity(out->host_id, sizeof out->host_id);
+    weft_host_identity(out->host_id, sizeof out->host_id);
   out->shm_ns = place_shm_namespace();
   out->pid_ns = place_pid_namespace();
   out->rdma_devices = topo ? topo->n_rdma : 0;

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "transports/transport.h"
+#include "src/base/error_sink.h"
 #include "weft.h"
 
 #define WEFT_TOPO_MAX_DEVICES 16
@@ -42,5 +42,9 @@ weft_status weft_topo_load(const char *xml_path, weft_topo *out, weft_error_sink
 /* One or a few lines for weft-info and the INIT log:
  * "host vm: 1 package, 1 NUMA node, 2 cores, 2 PUs; net: eth0; rdma: none; gpu: none". */
 void weft_topo_describe(const weft_topo *topo, char *buf, size_t len);
+
+/* A string naming this host, the same for every process on it: hostname
+ * plus the kernel's boot id. */
+void weft_host_identity(char *out, size_t len);
 
 #endif

@@ -1,0 +1,45 @@
+/* api/comm.c - the public calls that only read a communicator or fill a
+ * caller's struct. Creation, destroy and abort live with the communicators
+ * (src/comm/comm.c): they own the list of live ones. */
+#include <string.h>
+
+#include "src/comm/comm.h"
+#include "weft.h"
+
+WEFT_API int weft_comm_rank(const weft_comm *comm) {
+  return weft_comm_is_live(comm) ? comm->rank : -1;
+}
+WEFT_API int weft_comm_size(const weft_comm *comm) {
+  return weft_comm_is_live(comm) ? comm->size : -1;
+}
+WEFT_API int weft_comm_local_rank(const weft_comm *comm) {
+  return weft_comm_is_live(comm) ? comm->local_rank : -1;
+}
+WEFT_API int weft_comm_local_size(const weft_comm *comm) {
+  return weft_comm_is_live(comm) ? comm->local_size : -1;
+}
+
+WEFT_API weft_status weft_comm_peer_transport(const weft_comm *comm, int peer,
+                                              const char **transport, const char **reason) {
+  if (!weft_comm_is_live(comm) || peer < 0 || peer >= comm->size || !transport || !reason)
+    return WEFT_ERR_INVALID;
+  const weft_peer *p = &comm->peers[peer];
+  *transport = p->tp < 0 ? "self" : comm->tps[p->tp].ops->name;
+  *reason = p->tp < 0 ? "this rank" : p->why;
+  return WEFT_OK;
+}
+
+#define WEFT_STR2_(x) #x
+#define WEFT_STR_(x) WEFT_STR2_(x)
+WEFT_API const char *weft_version_string(void) {
+  return WEFT_STR_(WEFT_VERSION_MAJOR) "." WEFT_STR_(WEFT_VERSION_MINOR) "." WEFT_STR_(
+      WEFT_VERSION_PATCH);
+}
+
+WEFT_API void weft_config_init(weft_config *cfg) {
+  if (!cfg) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->version = WEFT_CONFIG_VERSION;
+  cfg->rank = -1;
+  cfg->local_rank = -1;
+}

@@ -1,0 +1,63 @@
+/* api/p2p.c - weft_send, weft_recv and their non-blocking forms: the engine's
+ * p2p checks and fills the request (src/engine/p2p.c), the engine moves it
+ * on the communicator's lane. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/comm/comm.h"
+#include "src/base/status.h"
+#include "src/engine/engine.h"
+#include "src/engine/p2p.h"
+#include "weft.h"
+
+/* A blocking message: submitted and driven by the caller. A failure's
+ * sentence is the lane's: the user reads it on the communicator it called. */
+static weft_status p2p_blocking(weft_comm *comm, weft_request *r, weft_status setup) {
+  if (setup < 0) return setup;
+  weft_engine_submit(r, false);
+  weft_status st = weft_engine_wait(r);
+  if (st < 0) memcpy(comm->last_error, r->comm->last_error, sizeof comm->last_error);
+  return st;
+}
+
+/* A non-blocking message: the progress thread moves it. */
+static weft_status p2p_issue(weft_request **req, weft_request *r, weft_status setup) {
+  if (setup < 0) {
+    free(r);
+    return setup;
+  }
+  r->on_heap = true;
+  weft_engine_submit(r, true);
+  *req = r;
+  return WEFT_OK;
+}
+
+WEFT_API weft_status weft_send(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
+                               int peer, int tag) {
+  weft_request r = {.kind = WEFT_REQ_SEND};
+  return p2p_blocking(comm, &r,
+                      weft_p2p_setup(&r, comm, "weft_send", true, buf, count, dtype, peer, tag));
+}
+
+WEFT_API weft_status weft_recv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype, int peer,
+                               int tag) {
+  weft_request r = {.kind = WEFT_REQ_SEND};
+  return p2p_blocking(comm, &r,
+                      weft_p2p_setup(&r, comm, "weft_recv", false, buf, count, dtype, peer, tag));
+}
+
+WEFT_API weft_status weft_isend(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
+                                int peer, int tag, weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(weft_request_new(comm, "weft_isend", req, &r));
+  return p2p_issue(req, r,
+                   weft_p2p_setup(r, comm, "weft_isend", true, buf, count, dtype, peer, tag));
+}
+
+WEFT_API weft_status weft_irecv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
+                                int peer, int tag, weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(weft_request_new(comm, "weft_irecv", req, &r));
+  return p2p_issue(req, r,
+                   weft_p2p_setup(r, comm, "weft_irecv", false, buf, count, dtype, peer, tag));
+}

@@ -1,0 +1,44 @@
+/* api/requests.c - weft_wait, weft_test, weft_wait_all: the engine drives a
+ * request until it is done; a done request is freed and its handle NULLed. */
+#include <stddef.h>
+
+#include "src/comm/comm.h"
+#include "src/base/status.h"
+#include "src/engine/engine.h"
+#include "weft.h"
+
+static weft_status request_finish(weft_request **req) {
+  weft_status st = weft_request_free(*req);
+  *req = NULL;
+  return st;
+}
+
+WEFT_API weft_status weft_wait(weft_request **req) {
+  if (!req) return weft_init_error(WEFT_ERR_INVALID, -1, "weft_wait", "req is NULL");
+  if (!*req) return WEFT_OK;
+  weft_engine_wait(*req);
+  return request_finish(req);
+}
+
+WEFT_API weft_status weft_test(weft_request **req, int *done) {
+  if (!req || !done)
+    return weft_init_error(WEFT_ERR_INVALID, -1, "weft_test", "req or done is NULL");
+  *done = 1;
+  if (!*req) return WEFT_OK;
+  if (!weft_engine_test(*req)) {
+    *done = 0;
+    return WEFT_OK;
+  }
+  return request_finish(req);
+}
+
+WEFT_API weft_status weft_wait_all(weft_request **reqs, int n) {
+  if (n < 0 || (n > 0 && !reqs))
+    return weft_init_error(WEFT_ERR_INVALID, -1, "weft_wait_all", "reqs is NULL or n < 0");
+  weft_status first = WEFT_OK;
+  for (int i = 0; i < n; i++) {
+    weft_status st = weft_wait(&reqs[i]);
+    if (st && !first) first = st;
+  }
+  return first;
+}

@@ -1,0 +1,41 @@
+/* support.h - what code built on the public API inside the library (the
+ * gradient sets, src/grad) needs beyond weft.h: the sentence the user reads
+ * with weft_last_error, one fact about a communicator, and the memory table
+ * of a buffer, opaque. Nothing here exposes a communicator's or the memory
+ * table's layout, so src/grad depends on this file and weft.h alone. */
+#ifndef WEFT_API_SUPPORT_H
+#define WEFT_API_SUPPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "weft.h"
+
+/* Records a failure on `comm` with the sentence the user reads (it starts
+ * with the rank and `call`). Returns st. */
+weft_status weft_api_error(weft_comm *comm, weft_status st, const char *call, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The same where there is no communicator to record it on (a bad handle). */
+weft_status weft_api_handle_error(weft_status st, const char *call, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+bool weft_api_comm_live(const weft_comm *comm);
+/* Every rank of `comm` runs on one host (shared buffers may pay off). */
+bool weft_api_one_host(const weft_comm *comm);
+
+/* A memory kind's table, opaque: copy, scale, allocate in that memory. */
+typedef struct weft_mem_ops weft_api_mem;
+/* The table for `ptr` (NULL: by `memory` alone), or NULL when this build
+ * has no table for that memory. */
+const weft_api_mem *weft_api_mem_of(const void *ptr, weft_memory memory);
+bool weft_api_mem_is_host(const weft_api_mem *mem);
+/* dst = src for `bytes` bytes, both in this memory, no overlap. */
+void weft_api_mem_copy(const weft_api_mem *mem, void *dst, const void *src, size_t bytes);
+/* buf[i] *= factor in place (rounding as the memory table says, mem.h). */
+void weft_api_mem_scale(const weft_api_mem *mem, void *buf, size_t count, weft_dtype dtype,
+                        double factor);
+/* `bytes` of zeroed memory of this kind, or NULL; weft_api_mem_release frees it. */
+void *weft_api_mem_alloc(const weft_api_mem *mem, size_t bytes);
+void weft_api_mem_release(const weft_api_mem *mem, void *ptr);
+
+#endif

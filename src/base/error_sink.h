@@ -1,0 +1,27 @@
+/* error_sink.h - where a lower layer (a transport, the socket helpers, the
+ * topology loader) writes the sentence describing its last error, for the
+ * communicator to pass on to the user. Implemented in status.c. */
+#ifndef WEFT_ERROR_SINK_H
+#define WEFT_ERROR_SINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "weft.h"
+
+/* The sentence describing the last error of a transport or helper. */
+typedef struct weft_error_sink {
+  char msg[384];
+  char origin[384]; /* when the error is a peer's failure notice: its words,
+                       passed on unchanged so every rank names the first cause */
+} weft_error_sink;
+void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Every transport checks an arriving chunk's tag the same way: a chunk of
+ * another call or another size is WEFT_ERR_MISMATCH, with one sentence for
+ * each case written to `sink`. WEFT_OK when (seq, len) are the expected ones. */
+weft_status weft_chunk_check(weft_error_sink *sink, int peer, uint32_t seq, uint32_t want_seq,
+                             size_t len, size_t want_len);
+
+#endif

@@ -1,0 +1,193 @@
+/* choose.c - the whole algorithm policy (choose.h): WEFT_ALGO, the size
+ * thresholds, and what earlier calls found out. */
+#include "src/coll/choose.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "src/algo/algo.h"
+#include "src/base/log.h"
+#include "src/base/settings.h"
+
+/* ---- settings ------------------------------------------------------------------ */
+
+void weft_choice_init(weft_choice_state *c, int rank, int size) {
+  *c = (weft_choice_state){0};
+  (void)rank; /* a bad WEFT_ALGO is refused when the communicator is created */
+  const weft_settings_values *set = weft_settings();
+  c->algo_forced = (enum weft_algo_choice)set->algo;
+  c->rd_max_bytes = set->rd_max_bytes;
+  c->exchange_max_bytes = set->exchange_max_bytes;
+  c->direct_min_bytes = set->direct_min_bytes;
+  c->bcast_chain_bytes = set->bcast_chain_bytes;
+  c->bcast_fanout = set->bcast_fanout < size ? (int)set->bcast_fanout : 0;
+}
+
+void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_bytes) {
+  c->size = size;
+  c->nhosts = nhosts;
+  c->chunk_bytes = chunk_bytes;
+}
+
+void weft_choice_free(weft_choice_state *c) {
+  free(c->direct_agreed);
+  free(c->direct_memo);
+  c->direct_agreed = NULL;
+  c->direct_memo = NULL;
+}
+
+/* ---- the direct allreduce's memory of call shapes --------------------------------- */
+
+/* The question costs a round of small messages, which 4 ranks on 2 cores
+ * feel at 1 MiB (+40% measured with ordinary buffers). So each communicator
+ * remembers, per call shape (count, dtype), when the last question found
+ * ordinary buffers, and asks again for that shape only every
+ * DIRECT_ASK_EVERY calls; the shape and the outcomes are the same on every
+ * rank, so every rank asks or skips alike. */
+#define DIRECT_MEMO_SHAPES 16 /* shapes remembered (a model has a few bucket sizes) */
+#define DIRECT_ASK_EVERY 16   /* an ordinary-buffer shape is asked again this often */
+
+struct weft_direct_memo {
+  size_t count;
+  weft_dtype dtype;
+  int skips;     /* calls sent to the ring since the question found ordinary buffers */
+  uint64_t used; /* for replacing the least recently used shape */
+};
+
+struct weft_direct_memo_table {
+  struct weft_direct_memo shape[DIRECT_MEMO_SHAPES];
+  int n;
+  uint64_t clock;
+};
+
+static struct weft_direct_memo *memo_find(weft_choice_state *c, size_t count, weft_dtype dtype) {
+  struct weft_direct_memo_table *t = c->direct_memo;
+  if (!t) return NULL;
+  for (int i = 0; i < t->n; i++)
+    if (t->shape[i].count == count && t->shape[i].dtype == dtype) {
+      t->shape[i].used = ++t->clock;
+      return &t->shape[i];
+    }
+  return NULL;
+}
+
+/* Whether an allreduce of this shape should ask the direct question, or go
+ * straight to the ring because the same shape found ordinary buffers
+ * lately. Counts the skip. */
+static bool direct_worth_asking(weft_choice_state *c, size_t count, weft_dtype dtype) {
+  struct weft_direct_memo *m = memo_find(c, count, dtype);
+  if (!m || m->skips >= DIRECT_ASK_EVERY - 1) return true;
+  m->skips++;
+  return false;
+}
+
+void weft_choice_direct_note(weft_choice_state *c, size_t count, weft_dtype dtype,
+                             bool all_shared) {
+  struct weft_direct_memo *m = memo_find(c, count, dtype);
+  struct weft_direct_memo_table *t = c->direct_memo;
+  if (all_shared) {
+    if (m) *m = t->shape[--t->n]; /* forgotten: the last entry takes its place */
+    return;
+  }
+  if (!t && !(t = c->direct_memo = calloc(1, sizeof *c->direct_memo))) return;
+  if (!m) {
+    m = &t->shape[0];
+    if (t->n < DIRECT_MEMO_SHAPES)
+      m = &t->shape[t->n++];
+    else
+      for (int i = 1; i < t->n; i++)
+        if (t->shape[i].used < m->used) m = &t->shape[i];
+  }
+  *m = (struct weft_direct_memo){count, dtype, 0, ++t->clock};
+}
+
+/* ---- choosing ---------------------------------------------------------------------- */
+
+/* The one-round exchange has every rank send size-1 copies and poll size-1
+ * peers. With more ranks than cores it won at every size tried (8 bytes on
+ * 2 cores: 6.5 against 11.5 us at 3 ranks, 40 against 65 at 8, 90 against
+ * 180 at 16); with a core per rank, recursive doubling's log2(size) rounds
+ * must win somewhere as the group grows (not measurable on 2 cores), so the
+ * exchange stays with small groups. */
+#define EXCHANGE_MAX_RANKS 8
+
+/* Whether the direct question applies (one host, large or forced), and
+ * whether the one-round exchange may (small, one host, few ranks, or
+ * forced). Static facts and settings only: every rank answers alike. */
+static bool direct_candidate(const weft_choice_state *c, size_t bytes) {
+  return c->nhosts == 1 && (c->algo_forced == WEFT_ALGO_DIRECT ||
+                            (c->algo_forced == WEFT_ALGO_AUTO && c->direct_min_bytes &&
+                             bytes >= c->direct_min_bytes));
+}
+
+static bool exchange_candidate(const weft_choice_state *c, size_t bytes) {
+  if (bytes > c->chunk_bytes) return false;
+  return c->algo_forced == WEFT_ALGO_EXCHANGE ||
+         (c->algo_forced == WEFT_ALGO_AUTO && c->nhosts == 1 && c->size <= EXCHANGE_MAX_RANKS &&
+          bytes <= c->exchange_max_bytes);
+}
+
+/* Recursive doubling while the buffer fits one chunk and the rd_max setting
+ * (latency), the ring above (bandwidth). */
+static weft_status rd_or_ring_start(const weft_choice_state *c, weft_coll *coll) {
+  size_t bytes = coll->count * coll->elem;
+  bool use_rd =
+      bytes <= c->chunk_bytes && (c->algo_forced == WEFT_ALGO_RD ||
+                                  (c->algo_forced == WEFT_ALGO_AUTO && bytes <= c->rd_max_bytes));
+  return use_rd ? weft_rd_allreduce_start(coll) : weft_ring_allreduce_start(coll);
+}
+
+/* The exchange when the verdict allows (or asking for it, the first time),
+ * else what rd_or_ring_start picks. */
+static weft_status small_start(const weft_choice_state *c, weft_coll *coll) {
+  if (c->algo_forced == WEFT_ALGO_EXCHANGE) return weft_exchange_allreduce_start(coll, false);
+  if (c->exchange_verdict >= 0)
+    return weft_exchange_allreduce_start(coll, c->exchange_verdict == 0);
+  return rd_or_ring_start(c, coll);
+}
+
+weft_status weft_choose_allreduce(weft_choice_state *c, weft_coll *coll) {
+  /* Ranks sharing hosts, on several hosts: only leaders cross the network. */
+  bool hier = c->algo_forced == WEFT_ALGO_HIER ||
+              (c->algo_forced == WEFT_ALGO_AUTO && c->nhosts > 1 && c->size > c->nhosts);
+  if (hier) return weft_hier_allreduce_start(coll);
+  size_t bytes = coll->count * coll->elem;
+  /* One host, large: whether every rank's buffers are shared (the direct
+   * allreduce). One host, small: the one-round exchange. Both depend on
+   * what earlier calls found. */
+  if (direct_candidate(c, bytes) || exchange_candidate(c, bytes)) return WEFT_CHOICE_LATE;
+  return rd_or_ring_start(c, coll);
+}
+
+weft_status weft_choose_barrier(weft_choice_state *c, weft_coll *coll) {
+  /* one byte: the exchange where allreduce would take it (never direct) */
+  if (exchange_candidate(c, 1)) return WEFT_CHOICE_LATE;
+  return weft_rd_allreduce_start(coll);
+}
+
+/* Some choices depend on what earlier calls found out: the direct
+ * question's memory and the exchange verdict. They are made when the call
+ * reaches the head of the queue, not when it is issued: calls run one after
+ * another, so by then every earlier call is complete on this rank, and
+ * every rank chooses from the same outcomes. Chosen at issue, a rank that
+ * waited for call k before issuing call k+1 and a rank that issued both at
+ * once could choose differently, and their messages would not match. */
+weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier) {
+  size_t bytes = coll->count * coll->elem;
+  /* the barrier comes here for the exchange only, never the direct question */
+  if (!barrier && direct_candidate(c, bytes) &&
+      (c->algo_forced == WEFT_ALGO_DIRECT || direct_worth_asking(c, coll->count, coll->dtype)))
+    return weft_direct_allreduce_start(coll);
+  if (exchange_candidate(c, bytes)) return small_start(c, coll);
+  return rd_or_ring_start(c, coll);
+}
+
+int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes) {
+  return c->bcast_fanout > 0 ? c->bcast_fanout : bytes >= c->bcast_chain_bytes ? 1 : 2;
+}
+
+int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {
+  /* the mirror of a broadcast: a chain from the size where broadcasts take one */
+  return bytes >= c->bcast_chain_bytes ? 1 : 2;
+}

@@ -1,0 +1,69 @@
+/* choose.h - which algorithm runs a call, and everything that choice
+ * remembers (choose.c): the settings it reads once per communicator, the
+ * direct allreduce's per-shape memory and last agreed messages, and the
+ * exchange verdict. Algorithms report what they found; only this file
+ * decides what later calls do with it. Every rank decides alike: from
+ * settings, static facts and outcomes every rank shares. */
+#ifndef WEFT_CHOOSE_H
+#define WEFT_CHOOSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "src/base/settings.h"
+#include "weft.h"
+
+typedef struct weft_coll weft_coll;
+struct weft_direct_memo_table;
+
+typedef struct weft_choice_state {
+  /* settings, read once at creation (weft_choice_init), not per call */
+  enum weft_algo_choice algo_forced; /* WEFT_ALGO (settings.h) */
+  size_t rd_max_bytes;       /* recursive doubling up to this size */
+  size_t exchange_max_bytes; /* one host, few ranks: the one-round exchange up to this size */
+  size_t direct_min_bytes;   /* one host: try shared buffers from this size (0 never) */
+  int bcast_fanout;          /* 0 = by size */
+  size_t bcast_chain_bytes;  /* broadcasts and reduces take a chain from this size */
+  /* facts of the communicator, told by it (weft_choice_learn, transports) */
+  int size;              /* ranks */
+  int nhosts;            /* hosts they run on */
+  size_t chunk_bytes;    /* the largest chunk a link carries */
+  bool sends_are_stores; /* every peer's transport says so (transport.h) */
+  /* what earlier calls found, the same on every rank */
+  int exchange_verdict; /* 0 not asked yet, 1 every rank's sends are stores, -1 not */
+  struct weft_direct_memo_table *direct_memo; /* per call shape: whether the last question
+                                                 found ordinary buffers */
+  void *direct_agreed; /* the direct allreduce's messages of the last call every rank
+                          could map, or NULL: the same again skips the verdict round
+                          (direct_allreduce.c) */
+} weft_choice_state;
+
+/* Reads the settings (the only place the choice does); `size`: the
+ * communicator's, `rank`: who warns about a bad WEFT_ALGO. */
+void weft_choice_init(weft_choice_state *c, int rank, int size);
+void weft_choice_free(weft_choice_state *c);
+/* The communicator's shape, once its ranks are known. */
+void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_bytes);
+
+/* A setup's answer from weft_choose_allreduce / _barrier besides a started
+ * algorithm and errors: the choice waits for the call to reach the head of
+ * the queue (weft_choose_late), as it depends on earlier calls' outcomes. */
+#define WEFT_CHOICE_LATE ((weft_status)3)
+
+/* Starts the algorithm of an allreduce (or returns WEFT_CHOICE_LATE). */
+weft_status weft_choose_allreduce(weft_choice_state *c, weft_coll *coll);
+/* The same for a barrier (a one-byte max-allreduce, never direct). */
+weft_status weft_choose_barrier(weft_choice_state *c, weft_coll *coll);
+/* At the head of the queue: starts what the outcomes so far pick; `barrier`
+ * never takes the direct question. */
+weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier);
+/* The tree fan-out of a broadcast and of a reduce of `bytes`. */
+int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes);
+int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes);
+
+/* The direct question's outcome for an allreduce of (count, dtype):
+ * ordinary buffers somewhere (remembered, so the next calls of that shape
+ * skip it), or all shared (forgotten). */
+void weft_choice_direct_note(weft_choice_state *c, size_t count, weft_dtype dtype, bool all_shared);
+
+#endif
