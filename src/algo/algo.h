@@ -195,8 +195,11 @@ typedef struct weft_tree_shape {
   int nchildren;
 } weft_tree_shape;
 weft_tree_shape weft_tree_shape_of(const weft_coll *coll, int fanout);
+/* Members, like everything inside an algorithm: wrapped by the group's size
+ * (coll->size), as weft_tree_shape_of wraps the parent, never by the
+ * communicator's. */
 static inline int weft_tree_child(const weft_coll *coll, const weft_tree_shape *t, int i) {
-  return (coll->root + t->first_child + i) % coll->comm->size;
+  return (coll->root + t->first_child + i) % coll->size;
 }
 /* Sends `bytes` from `src` to `peer` once there is room. */
 weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t bytes);
