@@ -25,7 +25,9 @@
  * remembers, per call shape (count, dtype), when the last question found
  * ordinary buffers, and asks again for that shape only every
  * DIRECT_ASK_EVERY calls; the shape and the outcomes are the same on every
- * rank, so every rank asks or skips alike.
+ * rank, so every rank asks or skips alike. The call reports its outcomes
+ * (weft_coll.outcome) and the caller keeps them: the memory below and the
+ * agreed messages, which the next call reads as coll->hint.direct_agreed.
  *
  * Final values are computed once and copied, so every rank ends with the
  * same bits. In place is safe: slice r of any buffer is read and written by
@@ -63,8 +65,8 @@ struct weft_direct_memo_table {
   uint64_t clock;
 };
 
-static struct weft_direct_memo *memo_find(weft_comm *comm, size_t count, weft_dtype dtype) {
-  struct weft_direct_memo_table *t = comm->direct_memo;
+static struct weft_direct_memo *memo_find(struct weft_direct_memo_table *t, size_t count,
+                                          weft_dtype dtype) {
   if (!t) return NULL;
   for (int i = 0; i < t->n; i++)
     if (t->shape[i].count == count && t->shape[i].dtype == dtype) {
@@ -74,8 +76,9 @@ static struct weft_direct_memo *memo_find(weft_comm *comm, size_t count, weft_dt
   return NULL;
 }
 
-bool weft_direct_allreduce_worth_asking(weft_comm *comm, size_t count, weft_dtype dtype) {
-  struct weft_direct_memo *m = memo_find(comm, count, dtype);
+bool weft_direct_allreduce_worth_asking(struct weft_direct_memo_table **table, size_t count,
+                                        weft_dtype dtype) {
+  struct weft_direct_memo *m = memo_find(*table, count, dtype);
   if (!m || m->skips >= DIRECT_ASK_EVERY - 1) return true;
   m->skips++;
   return false;
@@ -83,15 +86,15 @@ bool weft_direct_allreduce_worth_asking(weft_comm *comm, size_t count, weft_dtyp
 
 /* The question's outcome for this shape: ordinary buffers somewhere
  * (remembered, so the next calls skip it), or all shared (forgotten). */
-static void memo_note(weft_coll *coll, bool all_shared) {
-  weft_comm *comm = coll->comm;
-  struct weft_direct_memo *m = memo_find(comm, coll->count, coll->dtype);
-  struct weft_direct_memo_table *t = comm->direct_memo;
+void weft_direct_memo_note(struct weft_direct_memo_table **table, size_t count, weft_dtype dtype,
+                           bool all_shared) {
+  struct weft_direct_memo_table *t = *table;
+  struct weft_direct_memo *m = memo_find(t, count, dtype);
   if (all_shared) {
     if (m) *m = t->shape[--t->n]; /* forgotten: the last entry takes its place */
     return;
   }
-  if (!t && !(t = comm->direct_memo = calloc(1, sizeof *comm->direct_memo))) return;
+  if (!t && !(t = *table = calloc(1, sizeof **table))) return;
   if (!m) {
     m = &t->shape[0];
     if (t->n < DIRECT_MEMO_SHAPES)
@@ -100,8 +103,25 @@ static void memo_note(weft_coll *coll, bool all_shared) {
       for (int i = 1; i < t->n; i++)
         if (t->shape[i].used < m->used) m = &t->shape[i];
   }
-  *m = (struct weft_direct_memo){coll->count, coll->dtype, 0, ++t->clock};
+  *m = (struct weft_direct_memo){count, dtype, 0, ++t->clock};
 }
+
+/* The question's outcome, for the caller to keep when the call ends. */
+static void memo_note(weft_coll *coll, bool all_shared) {
+  coll->outcome.direct_shared = all_shared ? 1 : -1;
+}
+
+typedef struct direct_state {
+  int phase;                    /* see the enum above direct_advance */
+  int next;                     /* the next member to send to / receive from in this phase */
+  struct weft_direct_msg *msgs; /* scratch: every member's message (own at coll->rank) */
+  char **ins, **outs;           /* scratch: every member's buffers, as mapped here */
+  void *acc;                    /* scratch: one piece of the running sum */
+  uint32_t verdict, token;      /* what this rank sends in the verdict and done rounds */
+  uint32_t *verdicts;           /* scratch: what every member sent */
+} direct_state;
+_Static_assert(sizeof(direct_state) <= WEFT_ALGO_STATE_BYTES,
+               "direct_state fits weft_coll.algo_state");
 
 enum { SEND_KEYS, RECV_KEYS, SEND_VERDICT, RECV_VERDICT, REDUCE, SEND_DONE, RECV_DONE, FINISHED };
 
@@ -109,7 +129,7 @@ enum { SEND_KEYS, RECV_KEYS, SEND_VERDICT, RECV_VERDICT, REDUCE, SEND_DONE, RECV
  * one cannot be: not shared memory this transport reaches, or a length
  * that is not this call's (counts differ: the ring will say so). */
 static bool map_all(weft_coll *coll) {
-  weft_direct_state *ds = &coll->st.direct;
+  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   size_t bytes = coll->count * coll->elem;
   for (int p = 0; p < coll->size; p++) {
     if (p == coll->rank) continue;
@@ -121,9 +141,11 @@ static bool map_all(weft_coll *coll) {
       if (st == WEFT_OK) st = weft_link_map(coll, p, &m->out, &out);
     }
     if (st != WEFT_OK) {
-      WEFT_INFO(WEFT_SUBSYS_COLL, "rank %d: %s #%u: not direct, peer %d's buffers: %s (%s)",
-                coll->comm->rank, coll->call, coll->seq, p, weft_status_name(st),
-                st == WEFT_ERR_MISMATCH ? "lengths differ" : coll->comm->sink.msg);
+      WEFT_INFO(
+          WEFT_SUBSYS_COLL, "rank %d: %s #%u: not direct, peer %d's buffers: %s (%s)",
+          coll->link.ops->rank_of(coll->link.ctx, coll->rank), coll->call, coll->seq, p,
+          weft_status_name(st),
+          st == WEFT_ERR_MISMATCH ? "lengths differ" : coll->link.ops->last_error(coll->link.ctx));
       return false;
     }
     ds->ins[p] = in;
@@ -144,7 +166,7 @@ static void direct_slice(const weft_coll *coll, size_t *lo, size_t *hi) {
 }
 
 static void direct_reduce(weft_coll *coll) {
-  weft_direct_state *ds = &coll->st.direct;
+  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   const weft_mem_ops *mem = coll->mem;
   size_t e = coll->elem, piece = DIRECT_PIECE_BYTES / e, lo, hi;
   int n = coll->size;
@@ -160,7 +182,7 @@ static void direct_reduce(weft_coll *coll) {
                   p == n - 1 ? coll->avg_div : 1);
     for (int p = 0; p < n; p++) mem->copy(ds->outs[p] + at, ds->acc, cnt * e);
   }
-  coll->comm->events++; /* progress, for the engine's timeout */
+  coll->link.ops->progressed(coll->link.ctx); /* for the engine's timeout */
 }
 
 /* Not every rank can go direct: the ring, in this same call. */
@@ -170,7 +192,7 @@ static weft_status direct_fall_back(weft_coll *coll) {
 }
 
 static weft_status direct_advance(weft_coll *coll) {
-  weft_direct_state *ds = &coll->st.direct;
+  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   size_t msg = sizeof(struct weft_direct_msg);
   switch (ds->phase) {
     case SEND_KEYS:
@@ -185,25 +207,23 @@ static weft_status direct_advance(weft_coll *coll) {
       /* every rank read the same messages: all fall back together */
       memo_note(coll, all_shared);
       if (!all_shared) return direct_fall_back(coll);
-      weft_comm *comm = coll->comm;
       size_t all = (size_t)coll->size * msg;
-      if (comm->direct_agreed && !memcmp(comm->direct_agreed, ds->msgs, all)) {
+      const void *agreed = coll->hint.direct_agreed;
+      if (agreed && !memcmp(agreed, ds->msgs, all)) {
         /* mapped before, and the mappings are cached: only a kernel refusal
          * now (memory pressure) fails here; the peers then see our failure */
         if (!map_all(coll)) {
-          char why[sizeof comm->sink.msg];
-          snprintf(why, sizeof why, "%s", comm->sink.msg);
-          weft_error_sink_set(&comm->sink,
-                              "could not map again the shared buffers every rank mapped in the "
-                              "last call: %s",
-                              why);
+          char why[512];
+          snprintf(why, sizeof why,
+                   "could not map again the shared buffers every rank mapped in the last call: %s",
+                   coll->link.ops->last_error(coll->link.ctx));
+          coll->link.ops->set_error(coll->link.ctx, why);
           return WEFT_ERR_SYSTEM; /* worded in the sink; the engine tells the peers */
         }
         ds->phase = REDUCE;
         goto reduce;
       }
-      free(comm->direct_agreed);
-      comm->direct_agreed = NULL;
+      if (agreed) coll->outcome.direct_agreed = -1; /* forgotten, unless this call agrees */
       ds->verdict = map_all(coll);
       ds->phase = SEND_VERDICT;
     }
@@ -220,9 +240,9 @@ static weft_status direct_advance(weft_coll *coll) {
           memo_note(coll, false); /* someone cannot map: as good as ordinary memory */
           return direct_fall_back(coll);
         }
-      size_t all = (size_t)coll->size * msg;
-      coll->comm->direct_agreed = malloc(all);
-      if (coll->comm->direct_agreed) memcpy(coll->comm->direct_agreed, ds->msgs, all);
+      coll->outcome.direct_agreed = 1;
+      coll->outcome.direct_msgs = ds->msgs;
+      coll->outcome.direct_msgs_bytes = (size_t)coll->size * msg;
       ds->phase = REDUCE;
     }
       /* fall through */
@@ -239,13 +259,12 @@ static weft_status direct_advance(weft_coll *coll) {
       WEFT_STEP(weft_step_recv_all(coll, &ds->next, ds->verdicts, sizeof *ds->verdicts));
       ds->phase = FINISHED;
       /* fall through */
-    default:
-      return WEFT_OK;
+    default: return WEFT_OK;
   }
 }
 
 weft_status weft_direct_allreduce_start(weft_coll *coll) {
-  weft_direct_state *ds = &coll->st.direct;
+  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   size_t n = (size_t)coll->size, bytes = coll->count * coll->elem;
   size_t need = n * sizeof *ds->msgs + 2 * n * sizeof(char *) + n * sizeof *ds->verdicts +
                 DIRECT_PIECE_BYTES + 64;

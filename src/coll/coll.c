@@ -1,5 +1,5 @@
 /* coll.c - the public collectives: argument checks with a sentence for every
- * refusal, algorithm choice by size, the link functions algorithms use, and
+ * refusal, algorithm choice by size, and
  * the driver loop that advances an algorithm, spins briefly, then sleeps in
  * the transport's wait, and never waits longer than the timeout without
  * progress. */
@@ -18,105 +18,6 @@
 #include "src/base/net.h"
 #include "src/base/settings.h"
 #include "src/base/status.h"
-
-/* ---- links ---------------------------------------------------------------- */
-
-static inline const weft_transport *peer_ops(const weft_comm *comm, int peer) {
-  return comm->tps[comm->peers[peer].tp].ops;
-}
-
-/* A group member's rank in the communicator. */
-static inline int link_peer(const weft_coll *coll, int member) {
-  return coll->group ? coll->group[member] : member;
-}
-
-/* What the call waits for (a phase reports to its call): for the engine's
- * sleep and for the timeout's sentence. Peers here are communicator ranks. */
-static weft_status link_result(weft_coll *coll, int peer, weft_status st, const char *waiting_for) {
-  weft_coll *call = coll->outer ? coll->outer : coll;
-  if (st == WEFT_AGAIN) call->waiting_for = waiting_for;
-  if (st) call->waiting_peer = peer;
-  if (st < 0) call->fail_peer = peer;
-  return st;
-}
-
-static weft_status link_conn(weft_coll *coll, int peer, weft_conn **out) {
-  weft_comm *comm = coll->comm;
-  weft_peer *p = &comm->peers[peer];
-  if (!p->conn) {
-    const weft_comm_transport *t = &comm->tps[p->tp];
-    const void *addr;
-    size_t len;
-    weft_comm_peer_address(comm, peer, t->builtin, &addr, &len);
-    weft_status st = t->ops->connect(t->ctx, peer, addr, len, &p->conn);
-    if (st < 0) return link_result(coll, peer, st, "a connection to");
-  }
-  if (!p->is_active) {
-    p->is_active = true;
-    comm->active[comm->nactive++] = peer;
-  }
-  *out = p->conn;
-  return WEFT_OK;
-}
-
-weft_status weft_link_send_ready(weft_coll *coll, int peer) {
-  peer = link_peer(coll, peer);
-  weft_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  return link_result(coll, peer, peer_ops(coll->comm, peer)->send_ready(c), "room to send to");
-}
-
-weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
-  peer = link_peer(coll, peer);
-  weft_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  weft_status st = peer_ops(coll->comm, peer)->send(c, src, bytes, coll->seq, coll->mem);
-  if (st == WEFT_OK) {
-    coll->comm->events++;
-    coll->comm->peers[peer].last_send_seq = coll->seq;
-  }
-  return link_result(coll, peer, st, "room to send to");
-}
-
-weft_status weft_link_map(weft_coll *coll, int peer, const weft_mem_key *key, void **local) {
-  peer = link_peer(coll, peer);
-  weft_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  return peer_ops(coll->comm, peer)->map_peer_mem(c, key, local);
-}
-
-weft_status weft_link_send_idle(weft_coll *coll, int peer) {
-  peer = link_peer(coll, peer);
-  weft_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  return link_result(coll, peer, peer_ops(coll->comm, peer)->send_idle(c), "a send to complete to");
-}
-
-weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes, const void **data) {
-  peer = link_peer(coll, peer);
-  weft_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  return link_result(coll, peer, peer_ops(coll->comm, peer)->recv_peek(c, coll->seq, bytes, data),
-                     "data from");
-}
-
-weft_status weft_link_recv_release(weft_coll *coll, int peer) {
-  peer = link_peer(coll, peer);
-  weft_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  weft_status st = peer_ops(coll->comm, peer)->recv_release(c);
-  if (st == WEFT_OK) coll->comm->events++;
-  return link_result(coll, peer, st, "data from");
-}
-
-weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst) {
-  peer = link_peer(coll, peer);
-  weft_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  weft_status st = peer_ops(coll->comm, peer)->recv_into(c, coll->seq, bytes, dst, coll->mem);
-  if (st == WEFT_OK) coll->comm->events++;
-  return link_result(coll, peer, st, "data from");
-}
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -211,20 +112,27 @@ weft_status weft_coll_flush(weft_coll *coll) {
   return WEFT_OK;
 }
 
-void weft_coll_end(weft_coll *coll) {
+/* What the call found out, kept for later calls to choose by (algo.h,
+ * weft_algo_outcome): algorithms report, the communicator remembers. */
+static void coll_keep_outcome(weft_coll *coll) {
   weft_comm *comm = coll->comm;
-  for (int i = 0; i < comm->nactive; i++) comm->peers[comm->active[i]].is_active = false;
-  comm->nactive = 0;
+  const weft_algo_outcome *o = &coll->outcome;
+  if (o->exchange_verdict) comm->exchange_verdict = o->exchange_verdict;
+  if (o->direct_shared)
+    weft_direct_memo_note(&comm->direct_memo, coll->count, coll->dtype, o->direct_shared > 0);
+  if (o->direct_agreed) {
+    free(comm->direct_agreed);
+    comm->direct_agreed = NULL;
+  }
+  if (o->direct_agreed > 0 && (comm->direct_agreed = malloc(o->direct_msgs_bytes)))
+    memcpy(comm->direct_agreed, o->direct_msgs, o->direct_msgs_bytes);
 }
 
-/* Host memory for now: the memory table has no allocator yet. When a CUDA
- * table arrives, this asks coll->mem for memory of the buffers' kind. */
-weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out) {
-  if (coll->scratch) return WEFT_ERR_INTERNAL; /* one allocation per call */
-  coll->scratch = malloc(bytes ? bytes : 1);
-  if (!coll->scratch) return WEFT_ERR_NOMEM;
-  *out = coll->scratch;
-  return WEFT_OK;
+void weft_coll_end(weft_coll *coll) {
+  weft_comm *comm = coll->comm;
+  coll_keep_outcome(coll);
+  for (int i = 0; i < comm->nactive; i++) comm->peers[comm->active[i]].is_active = false;
+  comm->nactive = 0;
 }
 
 /* The sentence for a failure the engine saw while driving this collective. */
@@ -347,6 +255,8 @@ static weft_status check_start(weft_coll *coll) {
   ck->mine = print_of(coll);
   ck->then = coll->advance;
   ck->inner = (weft_coll){.comm = coll->comm,
+                          .link = coll->link,
+                          .chunk_bytes = coll->chunk_bytes,
                           .call = coll->call,
                           .kind = coll->kind,
                           .rank = coll->rank,
@@ -448,6 +358,9 @@ static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call
                            "the communicator handle is not a live communicator (NULL, destroyed, "
                            "or never created)");
   coll->rank = comm->rank; /* only now: a dead handle must not be read */
+  coll->link = weft_comm_link_init(&coll->comm_link, comm, &coll->waiting_peer, &coll->fail_peer,
+                                   &coll->waiting_for);
+  coll->chunk_bytes = comm->chunk_bytes;
   coll->size = coll->avg_div = comm->size;
   if (atomic_load(&comm->aborted) && !comm->failed)
     return weft_comm_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
@@ -555,6 +468,7 @@ static weft_status rd_or_ring_start(weft_coll *coll) {
  * else what rd_or_ring_start picks. */
 static weft_status small_start(weft_coll *coll) {
   weft_comm *comm = coll->comm;
+  coll->hint.sends_are_stores = comm->sends_are_stores; /* what an asking exchange says */
   if (comm->algo_forced == 5) return weft_exchange_allreduce_start(coll, false);
   if (comm->exchange_verdict >= 0)
     return weft_exchange_allreduce_start(coll, comm->exchange_verdict == 0);
@@ -576,8 +490,10 @@ static weft_status allreduce_start_late(weft_coll *coll) {
   /* the barrier comes here for the exchange only, never the direct question */
   if (coll->kind == KIND_ALLREDUCE && direct_candidate(comm, bytes) &&
       (comm->algo_forced == 4 ||
-       weft_direct_allreduce_worth_asking(comm, coll->count, coll->dtype)))
+       weft_direct_allreduce_worth_asking(&comm->direct_memo, coll->count, coll->dtype))) {
+    coll->hint.direct_agreed = comm->direct_agreed;
     st = weft_direct_allreduce_start(coll);
+  }
   else if (exchange_candidate(comm, bytes))
     st = small_start(coll);
   else
@@ -609,7 +525,17 @@ static weft_status allreduce_setup(weft_coll *coll, const char *call, weft_comm 
   /* Ranks sharing hosts, on several hosts: only leaders cross the network. */
   bool hier = comm->algo_forced == 3 ||
               (comm->algo_forced == 0 && comm->nhosts > 1 && comm->size > comm->nhosts);
-  if (hier) return coll_start(coll, weft_hier_allreduce_start(coll));
+  if (hier) {
+    coll->hint.rd_max_bytes = comm->rd_max_bytes;
+    coll->hint.bcast_chain_bytes = comm->bcast_chain_bytes;
+    coll->hosts = (weft_hosts){.nhosts = comm->nhosts,
+                               .host_members = comm->host_members,
+                               .local_size = comm->local_size,
+                               .host_index = comm->host_index,
+                               .leaders = comm->leaders,
+                               .leader_index = comm->leader_index};
+    return coll_start(coll, weft_hier_allreduce_start(coll));
+  }
   size_t bytes = count * coll->elem;
   /* One host, large: whether every rank's buffers are shared (the direct
    * allreduce). One host, small: the one-round exchange. Both depend on

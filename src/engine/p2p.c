@@ -69,6 +69,8 @@ weft_status weft_p2p_lane_create(weft_comm *lane) {
                         .waiting_peer = -1,
                         .fail_peer = -1,
                         .elem = 1};
+  l->link.link = weft_comm_link_init(&l->link.comm_link, lane, &l->link.waiting_peer,
+                                     &l->link.fail_peer, &l->link.waiting_for);
   l->waiting_peer = -1;
   lane->lane = l;
   return WEFT_OK;
