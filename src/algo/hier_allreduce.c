@@ -22,16 +22,25 @@ typedef struct hier_state {
   bool running; /* `inner` holds the phase in progress */
   struct weft_coll *inner;
   weft_link_group group; /* the phase's links: its group's members on the call's links */
+  void *spent[3];        /* finished phases' scratch: their last sends may still read it */
 } hier_state;
 _Static_assert(sizeof(hier_state) <= WEFT_ALGO_STATE_BYTES, "hier_state fits weft_coll.algo_state");
 
-/* The phase's scratch is freed by the cleanup hook whether the call
- * completes or fails. */
+/* The phases' scratch is freed by the cleanup hook whether the call
+ * completes or fails: only then, after the call's flush, are the sends
+ * that read it complete. (A phase ends when its last send is posted, and a
+ * transport may read the source until the send completes: TCP writes from
+ * it later when the socket is full. Freed at the next phase's start, a tree
+ * reduce's partial sum went out as garbage; test_algo_fake found it.) */
 static void hier_cleanup(weft_coll *coll) {
-  weft_coll *inner = WEFT_ALGO_STATE(coll, hier_state)->inner;
-  if (!inner) return;
-  free(inner->scratch);
-  inner->scratch = NULL;
+  hier_state *hs = WEFT_ALGO_STATE(coll, hier_state);
+  for (int p = 0; p < 3; p++) {
+    free(hs->spent[p]);
+    hs->spent[p] = NULL;
+  }
+  if (!hs->inner) return;
+  free(hs->inner->scratch);
+  hs->inner->scratch = NULL;
 }
 
 /* Sets `inner` up as a phase of `coll` on the ranks `group` (this rank is
@@ -40,7 +49,6 @@ static void phase_init(weft_coll *coll, const int *group, int rank, int size, co
                        void *dst, int avg_div) {
   hier_state *hs = WEFT_ALGO_STATE(coll, hier_state);
   weft_coll *inner = hs->inner;
-  free(inner->scratch);
   *inner = (weft_coll){.comm = coll->comm,
                        .link = weft_link_group_init(&hs->group, coll->link, group),
                        .call = coll->call,
@@ -71,6 +79,8 @@ static weft_status hier_advance(weft_coll *coll) {
   for (;;) {
     if (hs->running) {
       WEFT_STEP(hs->inner->advance(hs->inner));
+      hs->spent[hs->phase] = hs->inner->scratch;
+      hs->inner->scratch = NULL;
       hs->running = false;
       hs->phase++;
     }
