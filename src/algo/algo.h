@@ -31,7 +31,7 @@ typedef struct weft_coll weft_coll;
 /* Algorithm state lives in the call (weft_coll.algo_state), opaque here:
  * each algorithm defines its own struct in its own file and checks there
  * that it fits. */
-#define WEFT_ALGO_STATE_BYTES 128
+#define WEFT_ALGO_STATE_BYTES 96
 #define WEFT_ALGO_STATE(coll, type) ((type *)(void *)(coll)->algo_state)
 
 /* The hierarchical allreduce's view of the hosts (set by the caller):
@@ -95,13 +95,14 @@ struct weft_coll {
   weft_algo_outcome outcome;
   double issued;     /* weft_now() when issued (engine.c): the recorder's and the timeout's start */
   uint32_t rec_slot; /* its flight recorder entry (recorder.c) */
-  int waiting_peer;  /* peer of the last WEFT_AGAIN, for timeout messages */
-  int fail_peer;     /* peer whose link failed, -1 if the failure was elsewhere */
-  void *scratch;     /* weft_coll_scratch's memory, freed when the call ends */
+  /* Written by the communicator's links (comm_link.c), in communicator
+   * ranks; a phase's links write its call's, so a phase's stay unused. */
+  int waiting_peer; /* peer of the last WEFT_AGAIN, for timeout messages */
+  int fail_peer;    /* peer whose link failed, -1 if the failure was elsewhere */
+  void *scratch;    /* weft_coll_scratch's memory, freed when the call ends */
   const char *waiting_for;
   uint8_t token; /* weft_barrier's one byte */
   weft_status (*advance)(weft_coll *coll);
-  struct weft_coll *outer;          /* a phase: the call it belongs to (NULL for a call) */
   void (*cleanup)(weft_coll *coll); /* releases what the algorithm holds besides scratch */
   bool quiet_failure;               /* its failure is seen by every rank: no notice to peers */
   void *check; /* WEFT_CHECK's fingerprint phase (coll.c), NULL when off or done */

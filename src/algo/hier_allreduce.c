@@ -67,8 +67,7 @@ static void phase_init(weft_coll *coll, const int *group, int rank, int size, co
                        .mem = coll->mem,
                        .seq = coll->seq,
                        .waiting_peer = -1,
-                       .fail_peer = -1,
-                       .outer = coll};
+                       .fail_peer = -1};
 }
 
 static weft_status hier_advance(weft_coll *coll) {

@@ -270,8 +270,7 @@ static weft_status check_start(weft_coll *coll) {
                           .mem = &weft_mem_host,
                           .seq = coll->seq,
                           .waiting_peer = -1,
-                          .fail_peer = -1,
-                          .outer = coll};
+                          .fail_peer = -1};
   coll->check = ck;
   weft_status st = weft_ring_allgather_start(&ck->inner);
   if (st < 0) return coll_fail(coll, st, "could not start the WEFT_CHECK exchange");
