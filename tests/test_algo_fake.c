@@ -513,186 +513,212 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
   }
   for (int r = 0; r < c->n; r++) ends[r] = (fake_end){.w = w, .me = r};
 
-  int started = 0;
-  for (int g = 0; g < c->gsize; g++) {
-    member *m = &ms[g];
-    int r = c->members[g];
-    weft_link link = {.ops = &fake_ops, .ctx = &ends[r]};
-    /* the identity group runs straight on the fake; others through a group's links */
-    bool identity = c->gsize == c->n;
-    for (int q = 0; q < c->gsize; q++) identity = identity && c->members[q] == q;
-    if (!identity) link = weft_link_group_init(&m->group, link, c->members);
-    m->coll = (weft_coll){.rank = g,
-                          .size = c->gsize,
-                          .link = link,
-                          .avg_div = c->gsize,
-                          .call = "test",
-                          .sendbuf = m->in_bytes ? m->in : NULL,
-                          .recvbuf = m->out_bytes ? m->out : NULL,
-                          .count = c->count,
-                          .dtype = c->dt,
-                          .op = c->op,
-                          .root = c->root,
-                          .elem = esz,
-                          .chunk_bytes = c->chunk_bytes,
-                          .mem = &weft_mem_host,
-                          .seq = (uint32_t)c->tag,
-                          .waiting_peer = -1,
-                          .fail_peer = -1};
-    if (c->algo == ALGO_BCAST && g == c->root && c->in_place) m->coll.sendbuf = m->coll.recvbuf;
-    m->coll.hint = (weft_algo_hint){.sends_are_stores = c->stores[g],
-                                    .rd_max_bytes = c->rd_max_bytes,
-                                    .bcast_chain_bytes = c->chain_bytes};
-    if (c->algo == ALGO_HIER) hier_hosts(m, c, r);
-    weft_status st = start(m, c);
-    if (st < 0) {
-      fprintf(stderr, "%s\n  member %d: start failed: %s\n", what, g, weft_status_name(st));
-      bad++;
-      break;
-    }
-    started++;
-  }
-
-  /* the scheduler: every round, the members in a random order, deliveries
-   * held back at random between them */
-  int order[MAX_N], left = started == c->gsize ? c->gsize : 0;
-  uint64_t last_events = w->events;
-  long idle_rounds = 0;
-  while (left > 0 && !bad) {
-    for (int g = 0; g < c->gsize; g++) order[g] = g;
-    for (int g = c->gsize - 1; g > 0; g--) {
-      int k = (int)(rnd(w) % (uint64_t)(g + 1)), t = order[g];
-      order[g] = order[k];
-      order[k] = t;
-    }
-    for (int i = 0; i < c->gsize && !bad; i++) {
-      member *m = &ms[order[i]];
-      for (int a = 0; a < c->n; a++)
-        for (int b = 0; b < c->n; b++) {
-          fake_pipe *p = &w->pipe[a][b];
-          while (p->delivered < p->count && !pct(w, w->hold_pct)) deliver_one(w, p);
-        }
-      if (m->done) continue;
-      weft_status st = m->coll.advance(&m->coll);
-      if (st == WEFT_OK) {
-        m->done = true;
-        left--;
-      } else if (st != WEFT_AGAIN) {
-        fprintf(stderr, "%s\n  member %d failed: %s (%s; link says: %s)\n", what, order[i],
-                weft_status_name(st), w->error, ends[c->members[order[i]]].sink);
-        bad++;
+  /* The direct allreduce on shared buffers runs twice on the same buffers:
+   * the second call is told the first one's agreed messages and skips the
+   * verdict round. */
+  int passes = c->algo == ALGO_DIRECT && c->shared ? 2 : 1;
+  void *agreed = NULL;
+  for (int pass = 0; pass < passes && !bad; pass++) {
+    if (pass > 0) {
+      for (int g = 0; g < c->gsize; g++) {
+        member *m = &ms[g];
+        free(m->coll.scratch);
+        m->coll.scratch = NULL;
+        m->done = false;
+        fill_block(m->in, c, g, 0); /* in place, the first call overwrote it */
+        if (m->out != m->in) memset(m->out, 0xEE, m->out_bytes);
       }
     }
-    if (w->error[0] && !bad) {
-      fprintf(stderr, "%s\n  %s\n", what, w->error);
-      bad++;
-    }
-    if (w->events != last_events) {
-      last_events = w->events;
-      idle_rounds = 0;
-    } else if (++idle_rounds > 20000) {
-      fprintf(stderr, "%s\n  hangs: %d members not done, nothing moved in 20000 rounds\n", what,
-              left);
-      bad++;
-    }
-  }
-
-  /* every chunk sent was received */
-  for (int a = 0; a < c->n && !bad; a++)
-    for (int b = 0; b < c->n; b++)
-      if (w->pipe[a][b].count) {
-        fprintf(stderr, "%s\n  %d chunks from member %d to %d were never received\n", what,
-                w->pipe[a][b].count, a, b);
+    int started = 0;
+    for (int g = 0; g < c->gsize; g++) {
+      member *m = &ms[g];
+      int r = c->members[g];
+      weft_link link = {.ops = &fake_ops, .ctx = &ends[r]};
+      /* the identity group runs straight on the fake; others through a group's links */
+      bool identity = c->gsize == c->n;
+      for (int q = 0; q < c->gsize; q++) identity = identity && c->members[q] == q;
+      if (!identity) link = weft_link_group_init(&m->group, link, c->members);
+      m->coll = (weft_coll){.rank = g,
+                            .size = c->gsize,
+                            .link = link,
+                            .avg_div = c->gsize,
+                            .call = "test",
+                            .sendbuf = m->in_bytes ? m->in : NULL,
+                            .recvbuf = m->out_bytes ? m->out : NULL,
+                            .count = c->count,
+                            .dtype = c->dt,
+                            .op = c->op,
+                            .root = c->root,
+                            .elem = esz,
+                            .chunk_bytes = c->chunk_bytes,
+                            .mem = &weft_mem_host,
+                            .seq = (uint32_t)(c->tag + pass),
+                            .waiting_peer = -1,
+                            .fail_peer = -1};
+      if (c->algo == ALGO_BCAST && g == c->root && c->in_place) m->coll.sendbuf = m->coll.recvbuf;
+      m->coll.hint = (weft_algo_hint){.sends_are_stores = c->stores[g],
+                                      .rd_max_bytes = c->rd_max_bytes,
+                                      .bcast_chain_bytes = c->chain_bytes,
+                                      .direct_agreed = agreed};
+      if (c->algo == ALGO_HIER) hier_hosts(m, c, r);
+      weft_status st = start(m, c);
+      if (st < 0) {
+        fprintf(stderr, "%s\n  member %d: start failed: %s\n", what, g, weft_status_name(st));
         bad++;
-      }
-
-  /* results against the serial reference */
-  uint64_t first_hash = 0;
-  int verdict = 0;
-  for (int g = 0; g < c->gsize && !bad; g++) {
-    member *m = &ms[g];
-    char label[480];
-    snprintf(label, sizeof label, "%s\n  member %d:", what, g);
-    size_t block = c->count * esz;
-    unsigned char *want = malloc(block ? block : 1);
-    switch (c->algo) {
-      case ALGO_RING:
-      case ALGO_RD:
-      case ALGO_EXCHANGE:
-      case ALGO_EXCHANGE_ASKING:
-      case ALGO_DIRECT:
-      case ALGO_HIER: {
-        contrib k = {c, 0};
-        bad += harness_check_reduced(m->out, c->count, c->dt, c->op, c->gsize, fill_contrib, &k,
-                                     label);
-        /* every member ends with the same bits (rd: commutative ops) */
-        uint64_t h = harness_hash(1469598103934665603ULL, m->out, block);
-        if (g == 0) first_hash = h;
-        if (h != first_hash) {
-          fprintf(stderr, "%s results differ from member 0's in some bits\n", label);
-          bad++;
-        }
-        if (c->algo == ALGO_EXCHANGE_ASKING) {
-          bool all = true;
-          for (int q = 0; q < c->gsize; q++) all = all && c->stores[q];
-          int v = m->coll.outcome.exchange_verdict;
-          if (v != (all ? 1 : -1) || (g && v != verdict)) {
-            fprintf(stderr, "%s exchange verdict %d, expected %d\n", label, v, all ? 1 : -1);
-            bad++;
-          }
-          verdict = v;
-        }
-        if (c->algo == ALGO_DIRECT) {
-          int want_shared = c->shared ? 1 : -1;
-          if (m->coll.outcome.direct_shared != want_shared ||
-              strcmp(m->coll.algo, c->shared ? "direct" : "ring")) {
-            fprintf(stderr, "%s direct outcome %d (%s), expected %d\n", label,
-                    m->coll.outcome.direct_shared, m->coll.algo, want_shared);
-            bad++;
-          }
-        }
         break;
       }
-      case ALGO_REDUCE:
-        if (g == c->root) {
+      started++;
+    }
+
+    /* the scheduler: every round, the members in a random order, deliveries
+     * held back at random between them */
+    int order[MAX_N], left = started == c->gsize ? c->gsize : 0;
+    uint64_t last_events = w->events;
+    long idle_rounds = 0;
+    while (left > 0 && !bad) {
+      for (int g = 0; g < c->gsize; g++) order[g] = g;
+      for (int g = c->gsize - 1; g > 0; g--) {
+        int k = (int)(rnd(w) % (uint64_t)(g + 1)), t = order[g];
+        order[g] = order[k];
+        order[k] = t;
+      }
+      for (int i = 0; i < c->gsize && !bad; i++) {
+        member *m = &ms[order[i]];
+        for (int a = 0; a < c->n; a++)
+          for (int b = 0; b < c->n; b++) {
+            fake_pipe *p = &w->pipe[a][b];
+            while (p->delivered < p->count && !pct(w, w->hold_pct)) deliver_one(w, p);
+          }
+        if (m->done) continue;
+        weft_status st = m->coll.advance(&m->coll);
+        if (st == WEFT_OK) {
+          m->done = true;
+          left--;
+        } else if (st != WEFT_AGAIN) {
+          fprintf(stderr, "%s\n  member %d failed: %s (%s; link says: %s)\n", what, order[i],
+                  weft_status_name(st), w->error, ends[c->members[order[i]]].sink);
+          bad++;
+        }
+      }
+      if (w->error[0] && !bad) {
+        fprintf(stderr, "%s\n  %s\n", what, w->error);
+        bad++;
+      }
+      if (w->events != last_events) {
+        last_events = w->events;
+        idle_rounds = 0;
+      } else if (++idle_rounds > 20000) {
+        fprintf(stderr, "%s\n  hangs: %d members not done, nothing moved in 20000 rounds\n", what,
+                left);
+        bad++;
+      }
+    }
+
+    /* every chunk sent was received */
+    for (int a = 0; a < c->n && !bad; a++)
+      for (int b = 0; b < c->n; b++)
+        if (w->pipe[a][b].count) {
+          fprintf(stderr, "%s\n  %d chunks from member %d to %d were never received\n", what,
+                  w->pipe[a][b].count, a, b);
+          bad++;
+        }
+
+    /* results against the serial reference */
+    uint64_t first_hash = 0;
+    int verdict = 0;
+    for (int g = 0; g < c->gsize && !bad; g++) {
+      member *m = &ms[g];
+      char label[480];
+      snprintf(label, sizeof label, "%s\n  member %d:", what, g);
+      size_t block = c->count * esz;
+      unsigned char *want = malloc(block ? block : 1);
+      switch (c->algo) {
+        case ALGO_RING:
+        case ALGO_RD:
+        case ALGO_EXCHANGE:
+        case ALGO_EXCHANGE_ASKING:
+        case ALGO_DIRECT:
+        case ALGO_HIER: {
           contrib k = {c, 0};
           bad += harness_check_reduced(m->out, c->count, c->dt, c->op, c->gsize, fill_contrib, &k,
                                        label);
-        }
-        break;
-      case ALGO_REDUCE_SCATTER: {
-        contrib k = {c, g};
-        bad += harness_check_reduced(m->out, c->count, c->dt, c->op, c->gsize, fill_contrib, &k,
-                                     label);
-        break;
-      }
-      default: {
-        /* moved bytes: which member's block b each output block must hold */
-        size_t ib, ob;
-        blocks_of(c, g, &ib, &ob);
-        for (size_t b = 0; b < ob; b++) {
-          int from, src_block;
-          switch (c->algo) {
-            case ALGO_BCAST: from = c->root, src_block = 0; break;
-            case ALGO_ALLGATHER:
-            case ALGO_GATHER: from = (int)b, src_block = 0; break;
-            case ALGO_SCATTER: from = c->root, src_block = g; break;
-            default: from = (int)b, src_block = g; break; /* alltoall */
-          }
-          fill_block(want, c, from, src_block);
-          if (block && memcmp(m->out + b * block, want, block)) {
-            size_t i = 0;
-            while (m->out[b * block + i] == want[i]) i++;
-            fprintf(stderr, "%s output block %zu, byte %zu differs from member %d's block %d\n",
-                    label, b, i, from, src_block);
+          /* every member ends with the same bits (rd: commutative ops) */
+          uint64_t h = harness_hash(1469598103934665603ULL, m->out, block);
+          if (g == 0) first_hash = h;
+          if (h != first_hash) {
+            fprintf(stderr, "%s results differ from member 0's in some bits\n", label);
             bad++;
-            break;
+          }
+          if (c->algo == ALGO_EXCHANGE_ASKING) {
+            bool all = true;
+            for (int q = 0; q < c->gsize; q++) all = all && c->stores[q];
+            int v = m->coll.outcome.exchange_verdict;
+            if (v != (all ? 1 : -1) || (g && v != verdict)) {
+              fprintf(stderr, "%s exchange verdict %d, expected %d\n", label, v, all ? 1 : -1);
+              bad++;
+            }
+            verdict = v;
+          }
+          if (c->algo == ALGO_DIRECT) {
+            /* asked: shared (agreed, or the agreement of the last call kept)
+             * or not; told the last agreement: not asked again */
+            const weft_algo_outcome *o = &m->coll.outcome;
+            int want_shared = c->shared ? 1 : -1, want_agreed = pass ? 0 : c->shared;
+            if (o->direct_shared != want_shared || o->direct_agreed != want_agreed ||
+                strcmp(m->coll.algo, c->shared ? "direct" : "ring")) {
+              fprintf(stderr,
+                      "%s call %d: direct outcome shared %d, agreed %d (%s), expected %d, %d\n",
+                      label, pass + 1, o->direct_shared, o->direct_agreed, m->coll.algo,
+                      want_shared, want_agreed);
+              bad++;
+            }
+            if (!pass && c->shared && g == 0 && (agreed = malloc(o->direct_msgs_bytes)))
+              memcpy(agreed, o->direct_msgs, o->direct_msgs_bytes);
+          }
+          break;
+        }
+        case ALGO_REDUCE:
+          if (g == c->root) {
+            contrib k = {c, 0};
+            bad += harness_check_reduced(m->out, c->count, c->dt, c->op, c->gsize, fill_contrib, &k,
+                                         label);
+          }
+          break;
+        case ALGO_REDUCE_SCATTER: {
+          contrib k = {c, g};
+          bad += harness_check_reduced(m->out, c->count, c->dt, c->op, c->gsize, fill_contrib, &k,
+                                       label);
+          break;
+        }
+        default: {
+          /* moved bytes: which member's block b each output block must hold */
+          size_t ib, ob;
+          blocks_of(c, g, &ib, &ob);
+          for (size_t b = 0; b < ob; b++) {
+            int from, src_block;
+            switch (c->algo) {
+              case ALGO_BCAST: from = c->root, src_block = 0; break;
+              case ALGO_ALLGATHER:
+              case ALGO_GATHER: from = (int)b, src_block = 0; break;
+              case ALGO_SCATTER: from = c->root, src_block = g; break;
+              default: from = (int)b, src_block = g; break; /* alltoall */
+            }
+            fill_block(want, c, from, src_block);
+            if (block && memcmp(m->out + b * block, want, block)) {
+              size_t i = 0;
+              while (m->out[b * block + i] == want[i]) i++;
+              fprintf(stderr, "%s output block %zu, byte %zu differs from member %d's block %d\n",
+                      label, b, i, from, src_block);
+              bad++;
+              break;
+            }
           }
         }
       }
+      free(want);
     }
-    free(want);
-  }
+  } /* passes */
+  free(agreed);
 
   for (int g = 0; g < c->gsize; g++) {
     member *m = &ms[g];
