@@ -11,7 +11,6 @@
 #include <stdint.h>
 
 #include "src/base/status.h"
-#include "src/link/comm_link.h"
 #include "src/link/link.h"
 #include "src/mem/mem.h"
 
@@ -74,12 +73,14 @@ struct weft_coll {
    * hierarchical algorithm runs its phases on groups' links. */
   int rank, size;
   weft_link link;
-  weft_comm_link comm_link; /* the caller's: link's context for a communicator's call */
-  int avg_div;              /* what avg divides by once the sum is complete: the
-                               communicator's size, or 1 in a phase that only sums */
-  const char *call;         /* "weft_allreduce": the name the user called */
-  uint8_t kind;             /* which call it is, for its checks and messages (coll.c) */
-  const char *algo;         /* "ring", "rd", "tree": for messages and logs */
+  /* the caller's: room for the context of its links (a communicator's call
+   * keeps its weft_comm_link here, coll.c); algorithms use `link` only */
+  _Alignas(max_align_t) unsigned char link_ctx[WEFT_LINK_CTX_BYTES];
+  int avg_div;      /* what avg divides by once the sum is complete: the
+                       communicator's size, or 1 in a phase that only sums */
+  const char *call; /* "weft_allreduce": the name the user called */
+  uint8_t kind;     /* which call it is, for its checks and messages (coll.c) */
+  const char *algo; /* "ring", "rd", "tree": for messages and logs */
   const void *sendbuf;
   void *recvbuf;
   size_t count;

@@ -14,6 +14,7 @@
 #include "src/algo/algo.h"
 #include "src/comm/comm.h"
 #include "src/engine/engine.h"
+#include "src/link/comm_link.h"
 #include "src/base/log.h"
 #include "src/base/net.h"
 #include "src/base/settings.h"
@@ -357,8 +358,8 @@ static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call
                            "the communicator handle is not a live communicator (NULL, destroyed, "
                            "or never created)");
   coll->rank = comm->rank; /* only now: a dead handle must not be read */
-  coll->link = weft_comm_link_init(&coll->comm_link, comm, &coll->waiting_peer, &coll->fail_peer,
-                                   &coll->waiting_for);
+  coll->link = weft_comm_link_init((weft_comm_link *)(void *)coll->link_ctx, comm,
+                                   &coll->waiting_peer, &coll->fail_peer, &coll->waiting_for);
   coll->chunk_bytes = comm->chunk_bytes;
   coll->size = coll->avg_div = comm->size;
   if (atomic_load(&comm->aborted) && !comm->failed)

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "src/engine/engine.h"
+#include "src/link/comm_link.h"
 #include "src/mem/mem.h"
 #include "src/base/status.h"
 
@@ -69,8 +70,9 @@ weft_status weft_p2p_lane_create(weft_comm *lane) {
                         .waiting_peer = -1,
                         .fail_peer = -1,
                         .elem = 1};
-  l->link.link = weft_comm_link_init(&l->link.comm_link, lane, &l->link.waiting_peer,
-                                     &l->link.fail_peer, &l->link.waiting_for);
+  l->link.link = weft_comm_link_init((weft_comm_link *)(void *)l->link.link_ctx, lane,
+                                     &l->link.waiting_peer, &l->link.fail_peer,
+                                     &l->link.waiting_for);
   l->waiting_peer = -1;
   lane->lane = l;
   return WEFT_OK;

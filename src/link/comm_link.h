@@ -18,9 +18,13 @@ typedef struct weft_comm_link {
   const char **waiting_for;
 } weft_comm_link;
 
+_Static_assert(sizeof(weft_comm_link) <= WEFT_LINK_CTX_BYTES,
+               "a communicator's links fit the room a call keeps for them");
+
 extern const weft_link_ops weft_comm_link_ops;
 
-/* Sets cl up for one call on `comm` and returns its links. */
+/* Sets cl up for one call on `comm` and returns its links. `cl` may be the
+ * room a call keeps (weft_coll.link_ctx). */
 static inline weft_link weft_comm_link_init(weft_comm_link *cl, struct weft_comm *comm,
                                             int *waiting_peer, int *fail_peer,
                                             const char **waiting_for) {
