@@ -65,6 +65,7 @@ typedef struct fake_world {
 typedef struct fake_end {
   fake_world *w;
   int me;
+  bool cannot_map; /* map_peer_mem refuses (the kernel's refusal, another transport) */
   char sink[256];
 } fake_end;
 
@@ -215,6 +216,10 @@ static weft_status fake_recv_into(void *ctx, int peer, uint32_t seq, size_t byte
 static weft_status fake_map_peer_mem(void *ctx, int peer, const weft_mem_key *key, void **local) {
   fake_end *e = end_of(ctx);
   if (!pipe_of(e, peer, true, "map_peer_mem")) return WEFT_ERR_INTERNAL;
+  if (e->cannot_map) {
+    snprintf(e->sink, sizeof e->sink, "member %d: cannot map member %d's memory", e->me, peer);
+    return WEFT_ERR_UNSUPPORTED;
+  }
   for (int i = 0; i < e->w->nshared; i++) {
     const weft_mem_key *k = &e->w->shared[i].key;
     if (k->ino == key->ino && k->offset == key->offset && k->len == key->len) {
@@ -310,6 +315,7 @@ typedef struct run_case {
   int tag;
   int nhosts, host_of[MAX_N];       /* hier */
   bool shared;                      /* direct: weft_mem_alloc buffers */
+  int cannot_map;                   /* direct: this member's map_peer_mem fails (-1: none) */
   bool stores[MAX_N];               /* exchange asking: each member's word */
   size_t rd_max_bytes, chain_bytes; /* hier: the hints, the same on every member */
 } run_case;
@@ -332,10 +338,11 @@ static void describe(const run_case *c, char *buf, size_t len) {
     at += snprintf(grp + at, sizeof grp - (size_t)at, "%s%d", g ? "," : "", c->members[g]);
   snprintf(buf, len,
            "%s: %d members, group [%s], count %zu %s %s, root %d, fanout %d, %s, chunk %zu bytes, "
-           "%d hosts%s (seed %llu)",
+           "%d hosts%s%s (seed %llu)",
            algo_names[c->algo], c->n, grp, c->count, weft_dtype_name(c->dt), weft_op_name(c->op),
            c->root, c->fanout, c->in_place ? "in place" : "out of place", c->chunk_bytes, c->nhosts,
-           c->shared ? ", shared buffers" : "", (unsigned long long)base_seed);
+           c->shared ? ", shared buffers" : "", c->cannot_map >= 0 ? ", one member cannot map" : "",
+           (unsigned long long)base_seed);
 }
 
 /* Group member g's block b of this case. */
@@ -511,12 +518,13 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
       }
     }
   }
-  for (int r = 0; r < c->n; r++) ends[r] = (fake_end){.w = w, .me = r};
+  for (int r = 0; r < c->n; r++)
+    ends[r] = (fake_end){.w = w, .me = r, .cannot_map = r == c->cannot_map};
 
   /* The direct allreduce on shared buffers runs twice on the same buffers:
    * the second call is told the first one's agreed messages and skips the
    * verdict round. */
-  int passes = c->algo == ALGO_DIRECT && c->shared ? 2 : 1;
+  int passes = c->algo == ALGO_DIRECT && c->shared && c->cannot_map < 0 ? 2 : 1;
   void *agreed = NULL;
   for (int pass = 0; pass < passes && !bad; pass++) {
     if (pass > 0) {
@@ -660,19 +668,22 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
             verdict = v;
           }
           if (c->algo == ALGO_DIRECT) {
-            /* asked: shared (agreed, or the agreement of the last call kept)
-             * or not; told the last agreement: not asked again */
+            /* the keys round says shared or not every time; the first call
+             * agrees (remember), the second, told that agreement, keeps it
+             * (0) and skips the verdict round; a member that cannot map
+             * sends every rank to the ring (as good as ordinary buffers) */
             const weft_algo_outcome *o = &m->coll.outcome;
-            int want_shared = c->shared ? 1 : -1, want_agreed = pass ? 0 : c->shared;
+            bool direct = c->shared && c->cannot_map < 0;
+            int want_shared = direct ? 1 : -1, want_agreed = pass ? 0 : direct;
             if (o->direct_shared != want_shared || o->direct_agreed != want_agreed ||
-                strcmp(m->coll.algo, c->shared ? "direct" : "ring")) {
+                strcmp(m->coll.algo, direct ? "direct" : "ring")) {
               fprintf(stderr,
                       "%s call %d: direct outcome shared %d, agreed %d (%s), expected %d, %d\n",
                       label, pass + 1, o->direct_shared, o->direct_agreed, m->coll.algo,
                       want_shared, want_agreed);
               bad++;
             }
-            if (!pass && c->shared && g == 0 && (agreed = malloc(o->direct_msgs_bytes)))
+            if (!pass && direct && g == 0 && (agreed = malloc(o->direct_msgs_bytes)))
               memcpy(agreed, o->direct_msgs, o->direct_msgs_bytes);
           }
           break;
@@ -763,7 +774,9 @@ static run_case random_case(algo_id algo, int n, int tag, uint64_t *s) {
   c.in_place = harness_rng(s) & 1;
   if (algo == ALGO_RD || algo == ALGO_EXCHANGE || algo == ALGO_EXCHANGE_ASKING)
     c.chunk_bytes = c.count * esz + harness_rng(s) % 16; /* the whole buffer in one chunk */
+  c.cannot_map = -1;
   if (algo == ALGO_DIRECT) c.shared = harness_rng(s) & 1;
+  if (c.shared && harness_rng(s) % 3 == 0) c.cannot_map = (int)(harness_rng(s) % (uint64_t)n);
   for (int g = 0; g < n; g++) c.stores[g] = harness_rng(s) % 4 != 0;
   c.rd_max_bytes = harness_rng(s) & 1 ? SIZE_MAX : 0;
   c.chain_bytes = (size_t)(harness_rng(s) % 64) * esz;
