@@ -117,8 +117,12 @@ typedef struct direct_state {
   struct weft_direct_msg *msgs; /* scratch: every member's message (own at coll->rank) */
   char **ins, **outs;           /* scratch: every member's buffers, as mapped here */
   void *acc;                    /* scratch: one piece of the running sum */
-  uint32_t verdict, token;      /* what this rank sends in the verdict and done rounds */
-  uint32_t *verdicts;           /* scratch: what every member sent */
+  uint32_t token;               /* what this rank sends in the done round */
+  /* scratch: what every member sent in the verdict round, this rank's own
+   * at coll->rank. Its own is sent from here, not from this state: when the
+   * ring takes over in the same call, its state overwrites this one while
+   * the verdict's sends may still read their source. */
+  uint32_t *verdicts;
 } direct_state;
 _Static_assert(sizeof(direct_state) <= WEFT_ALGO_STATE_BYTES,
                "direct_state fits weft_coll.algo_state");
@@ -224,17 +228,17 @@ static weft_status direct_advance(weft_coll *coll) {
         goto reduce;
       }
       if (agreed) coll->outcome.direct_agreed = -1; /* forgotten, unless this call agrees */
-      ds->verdict = map_all(coll);
+      ds->verdicts[coll->rank] = map_all(coll);
       ds->phase = SEND_VERDICT;
     }
       /* fall through */
     case SEND_VERDICT:
-      WEFT_STEP(weft_step_send_all(coll, &ds->next, &ds->verdict, sizeof ds->verdict));
+      WEFT_STEP(
+          weft_step_send_all(coll, &ds->next, &ds->verdicts[coll->rank], sizeof *ds->verdicts));
       ds->phase = RECV_VERDICT;
       /* fall through */
     case RECV_VERDICT: {
       WEFT_STEP(weft_step_recv_all(coll, &ds->next, ds->verdicts, sizeof *ds->verdicts));
-      ds->verdicts[coll->rank] = ds->verdict;
       for (int p = 0; p < coll->size; p++)
         if (!ds->verdicts[p]) {
           memo_note(coll, false); /* someone cannot map: as good as ordinary memory */
