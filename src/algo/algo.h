@@ -1,8 +1,13 @@
-/* algo.h - what an algorithm sees: one collective call in progress and the
- * links to its peers (send, peek/release or receive-into, reduce through the
- * memory table). Algorithms are state machines: `advance` does all it can
- * and returns WEFT_AGAIN when it waits, WEFT_OK when its last step is done.
- * They never see a transport, a socket or a host-memory assumption. */
+/* algo.h - what an algorithm sees: one collective call in progress, the
+ * links to the other members of its group (src/link/link.h: send,
+ * peek/release or receive-into) and the memory table (reduce, copy).
+ * Algorithms are state machines: `advance` does all it can and returns
+ * WEFT_AGAIN when it waits, WEFT_OK when its last step is done. They never
+ * see a communicator, a transport, a socket or a host-memory assumption:
+ * what they need from the caller comes in the call (chunk_bytes, hint,
+ * hosts), what later calls need goes back in it (outcome), so they run on
+ * fake links as well (tests/test_algo_fake.c). Member numbers everywhere,
+ * wrapped by coll->size. */
 #ifndef WEFT_ALGO_H
 #define WEFT_ALGO_H
 
