@@ -49,8 +49,7 @@ static void phase_init(weft_coll *coll, const int *group, int rank, int size, co
                        void *dst, int avg_div) {
   hier_state *hs = WEFT_ALGO_STATE(coll, hier_state);
   weft_coll *inner = hs->inner;
-  *inner = (weft_coll){.comm = coll->comm,
-                       .link = weft_link_group_init(&hs->group, coll->link, group),
+  *inner = (weft_coll){.link = weft_link_group_init(&hs->group, coll->link, group),
                        .call = coll->call,
                        .kind = coll->kind,
                        .rank = rank,
