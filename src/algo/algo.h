@@ -1,8 +1,13 @@
-/* algo.h - what an algorithm sees: one collective call in progress and the
- * links to its peers (send, peek/release or receive-into, reduce through the
- * memory table). Algorithms are state machines: `advance` does all it can
- * and returns WEFT_AGAIN when it waits, WEFT_OK when its last step is done.
- * They never see a transport, a socket or a host-memory assumption. */
+/* algo.h - what an algorithm sees: one collective call in progress, the
+ * links to the other members of its group (src/link/link.h: send,
+ * peek/release or receive-into) and the memory table (reduce, copy).
+ * Algorithms are state machines: `advance` does all it can and returns
+ * WEFT_AGAIN when it waits, WEFT_OK when its last step is done. They never
+ * see a communicator, a transport, a socket or a host-memory assumption:
+ * what they need from the caller comes in the call (chunk_bytes, hint,
+ * hosts), what later calls need goes back in it (outcome), so they run on
+ * fake links as well (tests/test_algo_fake.c). Member numbers everywhere,
+ * wrapped by coll->size. */
 #ifndef WEFT_ALGO_H
 #define WEFT_ALGO_H
 
@@ -10,9 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/comm/comm.h"
-#include "src/mem/mem.h"
 #include "src/base/status.h"
+#include "src/link/link.h"
+#include "src/mem/mem.h"
 
 typedef struct weft_coll weft_coll;
 
@@ -27,98 +32,55 @@ typedef struct weft_coll weft_coll;
     }                                                 \
   } while (0)
 
-typedef struct weft_ring_state {
-  size_t loop_elems; /* elements per loop: size * chunk_elems */
-  size_t chunk_elems;
-  size_t loops;
-  size_t loop;
-  int step; /* 0 .. 2*(size-1) */
-  bool got; /* this step's chunk is received */
-} weft_ring_state;
+/* Algorithm state lives in the call (weft_coll.algo_state), opaque here:
+ * each algorithm defines its own struct in its own file and checks there
+ * that it fits. */
+#define WEFT_ALGO_STATE_BYTES 96
+#define WEFT_ALGO_STATE(coll, type) ((type *)(void *)(coll)->algo_state)
 
-/* Ring reduce-scatter and allgather: loop l moves chunk l of every block. */
-typedef struct weft_ring_block_state {
-  size_t chunk_elems;
-  size_t loops; /* chunks per block */
-  size_t loop;
-  int step;      /* 0 .. size-1 */
-  bool got;      /* this step's chunk is received (allgather) */
-  void *partial; /* one chunk of scratch: the partial sum on its way (reduce-scatter) */
-} weft_ring_block_state;
+/* The hierarchical allreduce's view of the hosts (set by the caller):
+ * ranks in ascending order. */
+typedef struct weft_hosts {
+  int nhosts;
+  const int *host_members; /* the ranks on this rank's host (local_size of them) */
+  int local_size;
+  int host_index;     /* this rank's index there; 0: the host's leader */
+  const int *leaders; /* the lowest rank of every host (nhosts of them) */
+  int leader_index;   /* this host's index among the leaders */
+} weft_hosts;
 
-typedef struct weft_rd_state {
-  int phase; /* 0 fold-in, 1 doubling rounds, 2 fold-out, 3 done */
-  int mask;
-  bool sent;   /* this round's send is posted */
-  int newrank; /* rank among the power-of-two group, -1 if folded out */
-} weft_rd_state;
+/* What the caller knows that an algorithm may use: settings and what
+ * earlier calls found (the same on every rank). */
+typedef struct weft_algo_hint {
+  bool sends_are_stores;     /* exchange: every link of this rank is a store (transport.h) */
+  const void *direct_agreed; /* direct: every member's message in the last call that all could
+                                map (size of them), or NULL */
+  size_t rd_max_bytes;       /* hier: recursive doubling among the leaders up to this size */
+  size_t bcast_chain_bytes;  /* hier: chains (fan-out 1) from this size, binary trees below */
+} weft_algo_hint;
 
-typedef struct weft_tree_state {
-  int fanout;
-  size_t chunk_elems;
-  size_t nchunks;
-  size_t chunk;      /* next chunk to handle */
-  bool got;          /* current chunk received (non-root) */
-  int children_sent; /* current chunk sent to this many children */
-} weft_tree_state;
-
-typedef struct weft_tree_reduce_state {
-  int fanout;
-  size_t chunk_elems;
-  size_t nchunks;
-  size_t chunk;      /* next chunk to handle */
-  int children_done; /* current chunk: this many children folded in */
-  void *partial;     /* one chunk of scratch: the partial sum (inner ranks) */
-} weft_tree_reduce_state;
-
-/* Flat gather/scatter (root and one peer at a time) and pairwise alltoall. */
-typedef struct weft_flat_state {
-  size_t chunk_elems;
-  size_t nchunks;     /* chunks per block */
-  bool to_root;       /* gather (else scatter) */
-  size_t chunk;       /* gather/scatter: chunk being moved */
-  int peer;           /* gather/scatter: its peer (root's side) */
-  int round;          /* alltoall: 1 .. size-1 */
-  size_t sent, recvd; /* alltoall: chunks of this round sent and received */
-} weft_flat_state;
-
-/* Direct allreduce over shared buffers (direct_allreduce.c). */
-typedef struct weft_direct_state {
-  int phase;  /* see direct_allreduce.c */
-  int next;   /* the next member to send to / receive from in this phase */
-  bool usable; /* this rank could map every member's buffers */
-  struct weft_direct_msg *msgs; /* scratch: every member's message (own at coll->rank) */
-  char **ins, **outs;           /* scratch: every member's buffers, as mapped here */
-  void *acc;                    /* scratch: one piece of the running sum */
-  uint32_t verdict, token;      /* what this rank sends in the verdict and done rounds */
-  uint32_t *verdicts;           /* scratch: what every member sent */
-} weft_direct_state;
-
-/* One-round exchange allreduce (exchange_allreduce.c). */
-typedef struct weft_exchange_state {
-  int phase;
-  int next;        /* peers (send, drain) or members (fold) done in this phase */
-  const void *own; /* what we send: sendbuf, or a copy of it when in place */
-  bool folded;     /* the current member's data is folded, its release may be pending */
-  uint32_t word;   /* asking: 1 when all of this rank's peers are reached with stores */
-  uint32_t *words; /* asking: scratch, every member's word; NULL when not asking */
-} weft_exchange_state;
-
-/* Hierarchical allreduce: the phase running (its state in `inner`). */
-typedef struct weft_hier_state {
-  int phase;    /* 0 reduce within the host, 1 leaders, 2 broadcast within the host */
-  bool running; /* `inner` holds the phase in progress */
-  struct weft_coll *inner;
-} weft_hier_state;
+/* What a call found out that later calls choose by. Algorithms write it,
+ * never the communicator; the caller keeps it when the call ends (coll.c). */
+typedef struct weft_algo_outcome {
+  int exchange_verdict;    /* an asking exchange: 1 every rank's sends are stores, -1 not, 0 none */
+  int direct_shared;       /* the direct question: 1 every buffer shared and mapped, -1 ordinary
+                              (or unmappable) somewhere, 0 not asked */
+  int direct_agreed;       /* 1: remember direct_msgs as the agreed messages, -1: forget the last
+                              ones, 0: keep */
+  const void *direct_msgs; /* (scratch, valid until the call ends) */
+  size_t direct_msgs_bytes;
+} weft_algo_outcome;
 
 struct weft_coll {
-  weft_comm *comm;
-  /* The ranks the algorithm runs among: members 0 .. size-1 of a group,
-   * this rank being member `rank`; group[i] is member i's rank in comm
-   * (NULL: the whole communicator). Algorithms only see members; the link
-   * functions map them. A hierarchical algorithm runs its phases on groups. */
+  struct weft_comm *comm; /* the caller's (coll.c, engine.c); never read by an algorithm */
+  /* The members the algorithm runs among: 0 .. size-1, this rank being
+   * member `rank`. Algorithms only see members, through `link`; a
+   * hierarchical algorithm runs its phases on groups' links. */
   int rank, size;
-  const int *group;
+  weft_link link;
+  /* the caller's: room for the context of its links (a communicator's call
+   * keeps its weft_comm_link here, coll.c); algorithms use `link` only */
+  _Alignas(max_align_t) unsigned char link_ctx[WEFT_LINK_CTX_BYTES];
   int avg_div;      /* what avg divides by once the sum is complete: the
                        communicator's size, or 1 in a phase that only sums */
   const char *call; /* "weft_allreduce": the name the user called */
@@ -130,49 +92,60 @@ struct weft_coll {
   weft_dtype dtype;
   weft_op op;
   int root;
-  size_t elem; /* bytes per element */
+  size_t elem;        /* bytes per element */
+  size_t chunk_bytes; /* pipelines cut buffers into chunks of this size */
   const weft_mem_ops *mem;
   uint32_t seq;
+  weft_algo_hint hint;
+  weft_hosts hosts; /* the hierarchical allreduce only */
+  weft_algo_outcome outcome;
   double issued;     /* weft_now() when issued (engine.c): the recorder's and the timeout's start */
   uint32_t rec_slot; /* its flight recorder entry (recorder.c) */
+  /* Written by the communicator's links (comm_link.c), in communicator
+   * ranks; a phase's links write its call's, so a phase's stay unused. */
   int waiting_peer; /* peer of the last WEFT_AGAIN, for timeout messages */
   int fail_peer;    /* peer whose link failed, -1 if the failure was elsewhere */
   void *scratch;    /* weft_coll_scratch's memory, freed when the call ends */
   const char *waiting_for;
   uint8_t token; /* weft_barrier's one byte */
   weft_status (*advance)(weft_coll *coll);
-  struct weft_coll *outer;          /* a phase: the call it belongs to (NULL for a call) */
   void (*cleanup)(weft_coll *coll); /* releases what the algorithm holds besides scratch */
-  bool quiet_failure;  /* its failure is seen by every rank: no notice to peers */
-  void *check;         /* WEFT_CHECK's fingerprint phase (coll.c), NULL when off or done */
-  union {
-    weft_ring_state ring;
-    weft_rd_state rd;
-    weft_tree_state tree;
-    weft_ring_block_state ringb;
-    weft_tree_reduce_state treer;
-    weft_flat_state flat;
-    weft_hier_state hier;
-    weft_direct_state direct;
-    weft_exchange_state exchange;
-  } st;
+  bool quiet_failure;               /* its failure is seen by every rank: no notice to peers */
+  void *check; /* WEFT_CHECK's fingerprint phase (coll.c), NULL when off or done */
+  _Alignas(max_align_t) unsigned char algo_state[WEFT_ALGO_STATE_BYTES];
 };
 
-/* Link operations (coll.c). WEFT_AGAIN when not possible now. */
-weft_status weft_link_send_ready(weft_coll *coll, int peer);
-weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes);
-weft_status weft_link_send_idle(weft_coll *coll, int peer);
-weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes, const void **data);
-weft_status weft_link_recv_release(weft_coll *coll, int peer);
-weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst);
-
+/* The call's links, as the algorithms use them (link.h says the rules): one
+ * indirect call per chunk. WEFT_AGAIN when not possible now. */
+static inline weft_status weft_link_send_ready(weft_coll *coll, int peer) {
+  return coll->link.ops->send_ready(coll->link.ctx, peer);
+}
+static inline weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
+  return coll->link.ops->send(coll->link.ctx, peer, src, bytes, coll->seq, coll->mem);
+}
+static inline weft_status weft_link_send_idle(weft_coll *coll, int peer) {
+  return coll->link.ops->send_idle(coll->link.ctx, peer);
+}
+static inline weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes,
+                                              const void **data) {
+  return coll->link.ops->recv_peek(coll->link.ctx, peer, coll->seq, bytes, data);
+}
+static inline weft_status weft_link_recv_release(weft_coll *coll, int peer) {
+  return coll->link.ops->recv_release(coll->link.ctx, peer);
+}
+static inline weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst) {
+  return coll->link.ops->recv_into(coll->link.ctx, peer, coll->seq, bytes, dst, coll->mem);
+}
 /* Maps the buffer member `peer` described in `key` (weft_mem_alloc memory)
  * into this process. A failure is not a link failure (the connection stays
- * up, the sentence is in the communicator's sink): the caller falls back. */
-weft_status weft_link_map(weft_coll *coll, int peer, const weft_mem_desc *desc, void **local);
+ * up, the sentence is in the link's sink): the caller falls back. */
+static inline weft_status weft_link_map(weft_coll *coll, int peer, const weft_mem_desc *desc,
+                                        void **local) {
+  return coll->link.ops->map_peer_mem(coll->link.ctx, peer, desc, local);
+}
 
-/* Scratch memory of the call's memory kind (coll.c), `bytes` long, freed when
- * the call ends; one allocation per call. WEFT_ERR_NOMEM if none. */
+/* Scratch memory of the call's memory kind (steps.c), `bytes` long, freed
+ * when the call ends; one allocation per call. WEFT_ERR_NOMEM if none. */
 weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out);
 
 static inline int weft_mod(int a, int n) {
@@ -181,7 +154,7 @@ static inline int weft_mod(int a, int n) {
 
 /* Steps that several algorithms share (steps.c). Each is re-entrant: after
  * WEFT_AGAIN, call it again with the same arguments. */
-/* Elements per chunk: the communicator's chunk size, at least one element. */
+/* Elements per chunk: the call's chunk size, at least one element. */
 size_t weft_chunk_elems(const weft_coll *coll);
 /* Element range [*off, *off + *cnt) of chunk `k` of a block of `count`. */
 void weft_chunk_range(size_t k, size_t chunk_elems, size_t count, size_t *off, size_t *cnt);
@@ -195,8 +168,11 @@ typedef struct weft_tree_shape {
   int nchildren;
 } weft_tree_shape;
 weft_tree_shape weft_tree_shape_of(const weft_coll *coll, int fanout);
+/* Members, like everything inside an algorithm: wrapped by the group's size
+ * (coll->size), as weft_tree_shape_of wraps the parent, never by the
+ * communicator's. */
 static inline int weft_tree_child(const weft_coll *coll, const weft_tree_shape *t, int i) {
-  return (coll->root + t->first_child + i) % coll->comm->size;
+  return (coll->root + t->first_child + i) % coll->size;
 }
 /* Sends `bytes` from `src` to `peer` once there is room. */
 weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t bytes);

@@ -24,8 +24,11 @@
  * feel at 1 MiB (+40% measured with ordinary buffers). So each communicator
  * remembers, per call shape (count, dtype), when the last question found
  * ordinary buffers, and asks again for that shape only every
- * DIRECT_ASK_EVERY calls (choose.c); the shape and the outcomes are the same on every
- * rank, so every rank asks or skips alike.
+ * DIRECT_ASK_EVERY calls; the shape and the outcomes are the same on every
+ * rank, so every rank asks or skips alike. The call reports its outcomes
+ * (weft_coll.outcome) and the choice keeps them (src/coll/choose.c): the
+ * per-shape memory and the agreed messages, which the next call reads as
+ * coll->hint.direct_agreed.
  *
  * Final values are computed once and copied, so every rank ends with the
  * same bits. In place is safe: slice r of any buffer is read and written by
@@ -47,10 +50,26 @@ struct weft_direct_msg {
   weft_mem_desc in, out; /* kind WEFT_MEMORY_SHARED (mem.h) */
 };
 
-/* The question's outcome for this call's shape, for the choice (choose.c). */
+/* The question's outcome, for the caller to keep when the call ends. */
 static void memo_note(weft_coll *coll, bool all_shared) {
-  weft_choice_direct_note(&coll->comm->choice, coll->count, coll->dtype, all_shared);
+  coll->outcome.direct_shared = all_shared ? 1 : -1;
 }
+
+typedef struct direct_state {
+  int phase;                    /* see the enum above direct_advance */
+  int next;                     /* the next member to send to / receive from in this phase */
+  struct weft_direct_msg *msgs; /* scratch: every member's message (own at coll->rank) */
+  char **ins, **outs;           /* scratch: every member's buffers, as mapped here */
+  void *acc;                    /* scratch: one piece of the running sum */
+  uint32_t token;               /* what this rank sends in the done round */
+  /* scratch: what every member sent in the verdict round, this rank's own
+   * at coll->rank. Its own is sent from here, not from this state: when the
+   * ring takes over in the same call, its state overwrites this one while
+   * the verdict's sends may still read their source. */
+  uint32_t *verdicts;
+} direct_state;
+_Static_assert(sizeof(direct_state) <= WEFT_ALGO_STATE_BYTES,
+               "direct_state fits weft_coll.algo_state");
 
 enum { SEND_KEYS, RECV_KEYS, SEND_VERDICT, RECV_VERDICT, REDUCE, SEND_DONE, RECV_DONE, FINISHED };
 
@@ -58,7 +77,7 @@ enum { SEND_KEYS, RECV_KEYS, SEND_VERDICT, RECV_VERDICT, REDUCE, SEND_DONE, RECV
  * one cannot be: not shared memory this transport reaches, or a length
  * that is not this call's (counts differ: the ring will say so). */
 static bool map_all(weft_coll *coll) {
-  weft_direct_state *ds = &coll->st.direct;
+  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   size_t bytes = coll->count * coll->elem;
   for (int p = 0; p < coll->size; p++) {
     if (p == coll->rank) continue;
@@ -70,9 +89,11 @@ static bool map_all(weft_coll *coll) {
       if (st == WEFT_OK) st = weft_link_map(coll, p, &m->out, &out);
     }
     if (st != WEFT_OK) {
-      WEFT_INFO(WEFT_SUBSYS_COLL, "rank %d: %s #%u: not direct, peer %d's buffers: %s (%s)",
-                coll->comm->rank, coll->call, coll->seq, p, weft_status_name(st),
-                st == WEFT_ERR_MISMATCH ? "lengths differ" : coll->comm->sink.msg);
+      WEFT_INFO(
+          WEFT_SUBSYS_COLL, "rank %d: %s #%u: not direct, peer %d's buffers: %s (%s)",
+          coll->link.ops->rank_of(coll->link.ctx, coll->rank), coll->call, coll->seq, p,
+          weft_status_name(st),
+          st == WEFT_ERR_MISMATCH ? "lengths differ" : coll->link.ops->last_error(coll->link.ctx));
       return false;
     }
     ds->ins[p] = in;
@@ -93,7 +114,7 @@ static void direct_slice(const weft_coll *coll, size_t *lo, size_t *hi) {
 }
 
 static void direct_reduce(weft_coll *coll) {
-  weft_direct_state *ds = &coll->st.direct;
+  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   const weft_mem_ops *mem = coll->mem;
   size_t e = coll->elem, piece = DIRECT_PIECE_BYTES / e, lo, hi;
   int n = coll->size;
@@ -109,7 +130,7 @@ static void direct_reduce(weft_coll *coll) {
                   p == n - 1 ? coll->avg_div : 1);
     for (int p = 0; p < n; p++) mem->copy(ds->outs[p] + at, ds->acc, cnt * e);
   }
-  coll->comm->events++; /* progress, for the engine's timeout */
+  coll->link.ops->progressed(coll->link.ctx); /* for the engine's timeout */
 }
 
 /* Not every rank can go direct: the ring, in this same call. */
@@ -119,7 +140,7 @@ static weft_status direct_fall_back(weft_coll *coll) {
 }
 
 static weft_status direct_advance(weft_coll *coll) {
-  weft_direct_state *ds = &coll->st.direct;
+  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   size_t msg = sizeof(struct weft_direct_msg);
   switch (ds->phase) {
     case SEND_KEYS:
@@ -134,44 +155,42 @@ static weft_status direct_advance(weft_coll *coll) {
       /* every rank read the same messages: all fall back together */
       memo_note(coll, all_shared);
       if (!all_shared) return direct_fall_back(coll);
-      weft_comm *comm = coll->comm;
       size_t all = (size_t)coll->size * msg;
-      if (comm->choice.direct_agreed && !memcmp(comm->choice.direct_agreed, ds->msgs, all)) {
+      const void *agreed = coll->hint.direct_agreed;
+      if (agreed && !memcmp(agreed, ds->msgs, all)) {
         /* mapped before, and the mappings are cached: only a kernel refusal
          * now (memory pressure) fails here; the peers then see our failure */
         if (!map_all(coll)) {
-          char why[sizeof comm->sink.msg];
-          snprintf(why, sizeof why, "%s", comm->sink.msg);
-          weft_error_sink_set(&comm->sink,
-                              "could not map again the shared buffers every rank mapped in the "
-                              "last call: %s",
-                              why);
+          char why[512];
+          snprintf(why, sizeof why,
+                   "could not map again the shared buffers every rank mapped in the last call: %s",
+                   coll->link.ops->last_error(coll->link.ctx));
+          coll->link.ops->set_error(coll->link.ctx, why);
           return WEFT_ERR_SYSTEM; /* worded in the sink; the engine tells the peers */
         }
         ds->phase = REDUCE;
         goto reduce;
       }
-      free(comm->choice.direct_agreed);
-      comm->choice.direct_agreed = NULL;
-      ds->verdict = map_all(coll);
+      if (agreed) coll->outcome.direct_agreed = -1; /* forgotten, unless this call agrees */
+      ds->verdicts[coll->rank] = map_all(coll);
       ds->phase = SEND_VERDICT;
     }
       /* fall through */
     case SEND_VERDICT:
-      WEFT_STEP(weft_step_send_all(coll, &ds->next, &ds->verdict, sizeof ds->verdict));
+      WEFT_STEP(
+          weft_step_send_all(coll, &ds->next, &ds->verdicts[coll->rank], sizeof *ds->verdicts));
       ds->phase = RECV_VERDICT;
       /* fall through */
     case RECV_VERDICT: {
       WEFT_STEP(weft_step_recv_all(coll, &ds->next, ds->verdicts, sizeof *ds->verdicts));
-      ds->verdicts[coll->rank] = ds->verdict;
       for (int p = 0; p < coll->size; p++)
         if (!ds->verdicts[p]) {
           memo_note(coll, false); /* someone cannot map: as good as ordinary memory */
           return direct_fall_back(coll);
         }
-      size_t all = (size_t)coll->size * msg;
-      coll->comm->choice.direct_agreed = malloc(all);
-      if (coll->comm->choice.direct_agreed) memcpy(coll->comm->choice.direct_agreed, ds->msgs, all);
+      coll->outcome.direct_agreed = 1;
+      coll->outcome.direct_msgs = ds->msgs;
+      coll->outcome.direct_msgs_bytes = (size_t)coll->size * msg;
       ds->phase = REDUCE;
     }
       /* fall through */
@@ -188,13 +207,12 @@ static weft_status direct_advance(weft_coll *coll) {
       WEFT_STEP(weft_step_recv_all(coll, &ds->next, ds->verdicts, sizeof *ds->verdicts));
       ds->phase = FINISHED;
       /* fall through */
-    default:
-      return WEFT_OK;
+    default: return WEFT_OK;
   }
 }
 
 weft_status weft_direct_allreduce_start(weft_coll *coll) {
-  weft_direct_state *ds = &coll->st.direct;
+  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   size_t n = (size_t)coll->size, bytes = coll->count * coll->elem;
   size_t need = n * sizeof *ds->msgs + 2 * n * sizeof(char *) + n * sizeof *ds->verdicts +
                 DIRECT_PIECE_BYTES + 64;

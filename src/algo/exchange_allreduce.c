@@ -21,14 +21,25 @@
  * to each rank for its own pairs only. So the first exchange of a
  * communicator sends, before the data, a word saying whether all of this
  * rank's peers are reached with stores; every rank folds the same words and
- * keeps the same verdict (comm->choice.exchange_verdict), which choose.c consults when
- * later calls start. */
+ * reaches the same verdict, which the call reports (outcome.exchange_verdict)
+ * and coll.c keeps for later calls to choose by. */
 #include "src/algo/algo.h"
+
+typedef struct exchange_state {
+  int phase;
+  int next;        /* peers (send, drain) or members (fold) done in this phase */
+  const void *own; /* what we send: sendbuf, or a copy of it when in place */
+  bool folded;     /* the current member's data is folded, its release may be pending */
+  uint32_t word;   /* asking: 1 when all of this rank's peers are reached with stores */
+  uint32_t *words; /* asking: scratch, every member's word; NULL when not asking */
+} exchange_state;
+_Static_assert(sizeof(exchange_state) <= WEFT_ALGO_STATE_BYTES,
+               "exchange_state fits weft_coll.algo_state");
 
 enum { EXCHANGE_SEND_WORD, EXCHANGE_RECV_WORDS, EXCHANGE_SEND, EXCHANGE_FOLD, EXCHANGE_DRAIN };
 
 static weft_status exchange_advance(weft_coll *coll) {
-  weft_exchange_state *x = &coll->st.exchange;
+  exchange_state *x = WEFT_ALGO_STATE(coll, exchange_state);
   int n = coll->size, r = coll->rank;
   size_t bytes = coll->count * coll->elem;
   switch (x->phase) {
@@ -40,7 +51,7 @@ static weft_status exchange_advance(weft_coll *coll) {
       WEFT_STEP(weft_step_recv_all(coll, &x->next, x->words, sizeof x->word));
       bool all = x->word == 1;
       for (int m = 0; m < n; m++) all &= m == r || x->words[m] == 1;
-      coll->comm->choice.exchange_verdict = all ? 1 : -1;
+      coll->outcome.exchange_verdict = all ? 1 : -1;
       x->phase++;
     }
       /* fall through */
@@ -79,7 +90,7 @@ static weft_status exchange_advance(weft_coll *coll) {
 
 weft_status weft_exchange_allreduce_start(weft_coll *coll, bool asking) {
   size_t bytes = coll->count * coll->elem;
-  if (bytes > coll->comm->chunk_bytes) return WEFT_ERR_INTERNAL;
+  if (bytes > coll->chunk_bytes) return WEFT_ERR_INTERNAL;
   /* one scratch: a copy of the input when in place (recvbuf takes partial
    * results while the sends may still read their source, and before our own
    * turn in the fold comes), then every member's word when asking */
@@ -94,11 +105,11 @@ weft_status weft_exchange_allreduce_start(weft_coll *coll, bool asking) {
     coll->mem->copy(scratch, coll->sendbuf, bytes);
     own = scratch;
   }
-  coll->st.exchange =
-      (weft_exchange_state){.phase = asking ? EXCHANGE_SEND_WORD : EXCHANGE_SEND,
-                            .own = own,
-                            .word = coll->comm->choice.sends_are_stores ? 1 : 0,
-                            .words = asking ? (uint32_t *)(scratch + copy_bytes) : NULL};
+  *WEFT_ALGO_STATE(coll, exchange_state) =
+      (exchange_state){.phase = asking ? EXCHANGE_SEND_WORD : EXCHANGE_SEND,
+                       .own = own,
+                       .word = coll->hint.sends_are_stores ? 1 : 0,
+                       .words = asking ? (uint32_t *)(scratch + copy_bytes) : NULL};
   coll->algo = "exchange";
   coll->advance = exchange_advance;
   return WEFT_OK;

@@ -6,8 +6,17 @@
  * matters). The root's own block is a local copy, skipped in place. */
 #include "src/algo/algo.h"
 
+typedef struct flat_state {
+  size_t chunk_elems;
+  size_t nchunks; /* chunks per block */
+  bool to_root;   /* gather (else scatter) */
+  size_t chunk;   /* chunk being moved */
+  int peer;       /* its peer (root's side) */
+} flat_state;
+_Static_assert(sizeof(flat_state) <= WEFT_ALGO_STATE_BYTES, "flat_state fits weft_coll.algo_state");
+
 static weft_status flat_advance(weft_coll *coll) {
-  weft_flat_state *fs = &coll->st.flat;
+  flat_state *fs = WEFT_ALGO_STATE(coll, flat_state);
   int n = coll->size, root = coll->root;
   bool is_root = coll->rank == root;
   while (fs->chunk < fs->nchunks) {
@@ -33,8 +42,8 @@ static weft_status flat_advance(weft_coll *coll) {
 }
 
 static weft_status flat_start(weft_coll *coll, bool to_root) {
-  weft_flat_state *fs = &coll->st.flat;
-  *fs = (weft_flat_state){.chunk_elems = weft_chunk_elems(coll), .to_root = to_root};
+  flat_state *fs = WEFT_ALGO_STATE(coll, flat_state);
+  *fs = (flat_state){.chunk_elems = weft_chunk_elems(coll), .to_root = to_root};
   fs->nchunks = (coll->count + fs->chunk_elems - 1) / fs->chunk_elems;
   if (coll->rank == coll->root) {
     size_t block = coll->count * coll->elem, mine = (size_t)coll->root * block;

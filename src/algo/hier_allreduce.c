@@ -15,27 +15,45 @@
 
 #include "src/algo/algo.h"
 
-/* The phase's own algorithm state lives in scratch, freed by the cleanup
- * hook whether the call completes or fails. */
+/* The phase running: an ordinary weft_coll in scratch (its own state in
+ * its own algo_state), on the links of its group. */
+typedef struct hier_state {
+  int phase;    /* 0 reduce within the host, 1 leaders, 2 broadcast within the host */
+  bool running; /* `inner` holds the phase in progress */
+  struct weft_coll *inner;
+  weft_link_group group; /* the phase's links: its group's members on the call's links */
+  void *spent[3];        /* finished phases' scratch: their last sends may still read it */
+} hier_state;
+_Static_assert(sizeof(hier_state) <= WEFT_ALGO_STATE_BYTES, "hier_state fits weft_coll.algo_state");
+
+/* The phases' scratch is freed by the cleanup hook whether the call
+ * completes or fails: only then, after the call's flush, are the sends
+ * that read it complete. (A phase ends when its last send is posted, and a
+ * transport may read the source until the send completes: TCP writes from
+ * it later when the socket is full. Freed at the next phase's start, a tree
+ * reduce's partial sum went out as garbage; test_algo_fake found it.) */
 static void hier_cleanup(weft_coll *coll) {
-  weft_coll *inner = coll->st.hier.inner;
-  if (!inner) return;
-  free(inner->scratch);
-  inner->scratch = NULL;
+  hier_state *hs = WEFT_ALGO_STATE(coll, hier_state);
+  for (int p = 0; p < 3; p++) {
+    free(hs->spent[p]);
+    hs->spent[p] = NULL;
+  }
+  if (!hs->inner) return;
+  free(hs->inner->scratch);
+  hs->inner->scratch = NULL;
 }
 
-/* Sets `inner` up as a phase of `coll` on `group` (this rank is `rank` of
- * `size`), reading `src` and writing `dst`. */
+/* Sets `inner` up as a phase of `coll` on the ranks `group` (this rank is
+ * `rank` of `size`), reading `src` and writing `dst`. */
 static void phase_init(weft_coll *coll, const int *group, int rank, int size, const void *src,
                        void *dst, int avg_div) {
-  weft_coll *inner = coll->st.hier.inner;
-  free(inner->scratch);
-  *inner = (weft_coll){.comm = coll->comm,
+  hier_state *hs = WEFT_ALGO_STATE(coll, hier_state);
+  weft_coll *inner = hs->inner;
+  *inner = (weft_coll){.link = weft_link_group_init(&hs->group, coll->link, group),
                        .call = coll->call,
                        .kind = coll->kind,
                        .rank = rank,
                        .size = size,
-                       .group = group,
                        .avg_div = avg_div,
                        .sendbuf = src,
                        .recvbuf = dst,
@@ -44,28 +62,30 @@ static void phase_init(weft_coll *coll, const int *group, int rank, int size, co
                        .op = coll->op,
                        .root = 0,
                        .elem = coll->elem,
+                       .chunk_bytes = coll->chunk_bytes,
                        .mem = coll->mem,
                        .seq = coll->seq,
                        .waiting_peer = -1,
-                       .fail_peer = -1,
-                       .outer = coll};
+                       .fail_peer = -1};
 }
 
 static weft_status hier_advance(weft_coll *coll) {
-  weft_hier_state *hs = &coll->st.hier;
-  weft_comm *comm = coll->comm;
+  hier_state *hs = WEFT_ALGO_STATE(coll, hier_state);
+  const weft_hosts *h = &coll->hosts;
   size_t bytes = coll->count * coll->elem;
-  int fanout = bytes >= comm->choice.bcast_chain_bytes ? 1 : 2;
+  int fanout = bytes >= coll->hint.bcast_chain_bytes ? 1 : 2;
   for (;;) {
     if (hs->running) {
       WEFT_STEP(hs->inner->advance(hs->inner));
+      hs->spent[hs->phase] = hs->inner->scratch;
+      hs->inner->scratch = NULL;
       hs->running = false;
       hs->phase++;
     }
     switch (hs->phase) {
       case 0: /* reduce to the leader */
-        if (comm->local_size > 1) {
-          phase_init(coll, comm->host_members, comm->host_index, comm->local_size, coll->sendbuf,
+        if (h->local_size > 1) {
+          phase_init(coll, h->host_members, h->host_index, h->local_size, coll->sendbuf,
                      coll->recvbuf, 1);
           WEFT_CHECK(weft_tree_reduce_start(hs->inner, fanout));
           hs->running = true;
@@ -74,24 +94,24 @@ static weft_status hier_advance(weft_coll *coll) {
         if (coll->recvbuf != coll->sendbuf) coll->mem->copy(coll->recvbuf, coll->sendbuf, bytes);
         hs->phase++;
         continue;
-      case 1: /* allreduce among the leaders, in place */
-        if (comm->host_index == 0 && comm->nhosts > 1) {
-          phase_init(coll, comm->leaders, comm->leader_index, comm->nhosts, coll->recvbuf,
-                     coll->recvbuf, comm->size);
-          bool rd = bytes <= comm->chunk_bytes && bytes <= comm->choice.rd_max_bytes;
+      case 1: /* allreduce among the leaders, in place; avg divides by the call's */
+        if (h->host_index == 0 && h->nhosts > 1) {
+          phase_init(coll, h->leaders, h->leader_index, h->nhosts, coll->recvbuf, coll->recvbuf,
+                     coll->avg_div);
+          bool rd = bytes <= coll->chunk_bytes && bytes <= coll->hint.rd_max_bytes;
           WEFT_CHECK(rd ? weft_rd_allreduce_start(hs->inner)
                         : weft_ring_allreduce_start(hs->inner));
           hs->running = true;
           continue;
         }
-        if (comm->host_index == 0) /* one host: the leader divides for avg */
+        if (h->host_index == 0) /* one host: the leader divides for avg */
           coll->mem->finish(coll->recvbuf, coll->recvbuf, coll->count, coll->dtype, coll->op,
-                            comm->size);
+                            coll->avg_div);
         hs->phase++;
         continue;
       case 2: /* broadcast from the leader */
-        if (comm->local_size > 1) {
-          phase_init(coll, comm->host_members, comm->host_index, comm->local_size, coll->recvbuf,
+        if (h->local_size > 1) {
+          phase_init(coll, h->host_members, h->host_index, h->local_size, coll->recvbuf,
                      coll->recvbuf, 1);
           WEFT_CHECK(weft_tree_broadcast_start(hs->inner, fanout));
           hs->running = true;
@@ -105,11 +125,11 @@ static weft_status hier_advance(weft_coll *coll) {
 }
 
 weft_status weft_hier_allreduce_start(weft_coll *coll) {
-  weft_hier_state *hs = &coll->st.hier;
+  hier_state *hs = WEFT_ALGO_STATE(coll, hier_state);
   void *inner;
   WEFT_CHECK(weft_coll_scratch(coll, sizeof(weft_coll), &inner));
   memset(inner, 0, sizeof(weft_coll));
-  *hs = (weft_hier_state){.phase = 0, .running = false, .inner = inner};
+  *hs = (hier_state){.phase = 0, .running = false, .inner = inner};
   coll->algo = "hier";
   coll->cleanup = hier_cleanup;
   coll->advance = hier_advance;

@@ -6,8 +6,16 @@
  * direction waits for the other. The own block is a local copy. */
 #include "src/algo/algo.h"
 
+typedef struct a2a_state {
+  size_t chunk_elems;
+  size_t nchunks;     /* chunks per block */
+  int round;          /* 1 .. size-1 */
+  size_t sent, recvd; /* chunks of this round sent and received */
+} a2a_state;
+_Static_assert(sizeof(a2a_state) <= WEFT_ALGO_STATE_BYTES, "a2a_state fits weft_coll.algo_state");
+
 static weft_status a2a_round(weft_coll *coll, int to, int from) {
-  weft_flat_state *fs = &coll->st.flat;
+  a2a_state *fs = WEFT_ALGO_STATE(coll, a2a_state);
   for (;;) {
     bool moved = false;
     weft_status st;
@@ -33,7 +41,7 @@ static weft_status a2a_round(weft_coll *coll, int to, int from) {
 }
 
 static weft_status a2a_advance(weft_coll *coll) {
-  weft_flat_state *fs = &coll->st.flat;
+  a2a_state *fs = WEFT_ALGO_STATE(coll, a2a_state);
   int n = coll->size, r = coll->rank;
   while (fs->round < n) {
     WEFT_STEP(a2a_round(coll, (r + fs->round) % n, weft_mod(r - fs->round, n)));
@@ -44,8 +52,8 @@ static weft_status a2a_advance(weft_coll *coll) {
 }
 
 weft_status weft_pairwise_alltoall_start(weft_coll *coll) {
-  weft_flat_state *fs = &coll->st.flat;
-  *fs = (weft_flat_state){.chunk_elems = weft_chunk_elems(coll), .round = 1};
+  a2a_state *fs = WEFT_ALGO_STATE(coll, a2a_state);
+  *fs = (a2a_state){.chunk_elems = weft_chunk_elems(coll), .round = 1};
   fs->nchunks = (coll->count + fs->chunk_elems - 1) / fs->chunk_elems;
   size_t block = coll->count * coll->elem, mine = (size_t)coll->rank * block;
   coll->mem->copy((char *)coll->recvbuf + mine, (const char *)coll->sendbuf + mine, block);

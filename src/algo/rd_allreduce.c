@@ -7,6 +7,14 @@
  * recvbuf; needs the whole buffer to fit one chunk. */
 #include "src/algo/algo.h"
 
+typedef struct rd_state {
+  int phase; /* 0 fold-in, 1 doubling rounds, 2 fold-out, 3 done */
+  int mask;
+  bool sent;   /* this round's send is posted */
+  int newrank; /* rank among the power-of-two group, -1 if folded out */
+} rd_state;
+_Static_assert(sizeof(rd_state) <= WEFT_ALGO_STATE_BYTES, "rd_state fits weft_coll.algo_state");
+
 static int pow2_floor(int n) {
   int p = 1;
   while (p * 2 <= n) p *= 2;
@@ -20,7 +28,7 @@ static int rd_real_rank(int newrank, int rem) {
 
 /* Sends our buffer to peer and folds the peer's into ours. */
 static weft_status rd_exchange(weft_coll *coll, int peer, size_t bytes) {
-  weft_rd_state *rd = &coll->st.rd;
+  rd_state *rd = WEFT_ALGO_STATE(coll, rd_state);
   if (!rd->sent) {
     WEFT_STEP(weft_link_send_ready(coll, peer));
     WEFT_STEP(weft_link_send(coll, peer, coll->recvbuf, bytes));
@@ -35,7 +43,7 @@ static weft_status rd_exchange(weft_coll *coll, int peer, size_t bytes) {
 }
 
 static weft_status rd_advance(weft_coll *coll) {
-  weft_rd_state *rd = &coll->st.rd;
+  rd_state *rd = WEFT_ALGO_STATE(coll, rd_state);
   int n = coll->size, r = coll->rank;
   int p2 = pow2_floor(n), rem = n - p2;
   size_t bytes = coll->count * coll->elem;
@@ -84,10 +92,11 @@ static weft_status rd_advance(weft_coll *coll) {
 }
 
 weft_status weft_rd_allreduce_start(weft_coll *coll) {
-  if (coll->count * coll->elem > coll->comm->chunk_bytes) return WEFT_ERR_INTERNAL;
+  if (coll->count * coll->elem > coll->chunk_bytes) return WEFT_ERR_INTERNAL;
   if (coll->sendbuf != coll->recvbuf)
     coll->mem->copy(coll->recvbuf, coll->sendbuf, coll->count * coll->elem);
-  coll->st.rd = (weft_rd_state){.phase = 0, .mask = 1, .sent = false, .newrank = -1};
+  *WEFT_ALGO_STATE(coll, rd_state) =
+      (rd_state){.phase = 0, .mask = 1, .sent = false, .newrank = -1};
   coll->algo = "recursive doubling";
   coll->advance = rd_advance;
   return WEFT_OK;

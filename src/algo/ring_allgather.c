@@ -8,8 +8,20 @@
  * Its own block is copied into recvbuf at the start, unless in place. */
 #include "src/algo/algo.h"
 
+/* Loop l moves chunk l of every block. */
+typedef struct ring_block_state {
+  size_t chunk_elems;
+  size_t loops; /* chunks per block */
+  size_t loop;
+  int step;      /* 0 .. size-1 */
+  bool got;      /* this step's chunk is received (allgather) */
+  void *partial; /* one chunk of scratch: the partial sum on its way (reduce-scatter) */
+} ring_block_state;
+_Static_assert(sizeof(ring_block_state) <= WEFT_ALGO_STATE_BYTES,
+               "ring_block_state fits weft_coll.algo_state");
+
 static weft_status ag_step(weft_coll *coll) {
-  weft_ring_block_state *rb = &coll->st.ringb;
+  ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
   int n = coll->size, r = coll->rank, s = rb->step;
   int left = weft_mod(r - 1, n), right = weft_mod(r + 1, n);
   size_t off, cnt;
@@ -23,7 +35,7 @@ static weft_status ag_step(weft_coll *coll) {
 }
 
 static weft_status ag_advance(weft_coll *coll) {
-  weft_ring_block_state *rb = &coll->st.ringb;
+  ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
   while (rb->loop < rb->loops) {
     WEFT_STEP(ag_step(coll));
     rb->got = false;
@@ -36,8 +48,8 @@ static weft_status ag_advance(weft_coll *coll) {
 }
 
 weft_status weft_ring_allgather_start(weft_coll *coll) {
-  weft_ring_block_state *rb = &coll->st.ringb;
-  *rb = (weft_ring_block_state){.chunk_elems = weft_chunk_elems(coll)};
+  ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
+  *rb = (ring_block_state){.chunk_elems = weft_chunk_elems(coll)};
   rb->loops = (coll->count + rb->chunk_elems - 1) / rb->chunk_elems;
   size_t block = coll->count * coll->elem;
   char *mine = (char *)coll->recvbuf + (size_t)coll->rank * block;

@@ -11,6 +11,16 @@
  * the same bits. */
 #include "src/algo/algo.h"
 
+typedef struct ring_state {
+  size_t loop_elems; /* elements per loop: size * chunk_elems */
+  size_t chunk_elems;
+  size_t loops;
+  size_t loop;
+  int step; /* 0 .. 2*(size-1) */
+  bool got; /* this step's chunk is received */
+} ring_state;
+_Static_assert(sizeof(ring_state) <= WEFT_ALGO_STATE_BYTES, "ring_state fits weft_coll.algo_state");
+
 static size_t min_sz(size_t a, size_t b) {
   return a < b ? a : b;
 }
@@ -18,7 +28,7 @@ static size_t min_sz(size_t a, size_t b) {
 /* Element range of chunk c in the current loop. The last loop may be short:
  * it is split evenly, so some chunks can be empty (both ends agree). */
 static void ring_chunk(const weft_coll *coll, int c, size_t *off, size_t *cnt) {
-  const weft_ring_state *rs = &coll->st.ring;
+  const ring_state *rs = WEFT_ALGO_STATE(coll, const ring_state);
   size_t base = rs->loop * rs->loop_elems;
   size_t rem = min_sz(rs->loop_elems, coll->count - base);
   size_t n = (size_t)coll->size;
@@ -30,7 +40,7 @@ static void ring_chunk(const weft_coll *coll, int c, size_t *off, size_t *cnt) {
 
 /* One step; OK when done, AGAIN when waiting (re-entered later). */
 static weft_status ring_step(weft_coll *coll) {
-  weft_ring_state *rs = &coll->st.ring;
+  ring_state *rs = WEFT_ALGO_STATE(coll, ring_state);
   int n = coll->size, r = coll->rank, s = rs->step;
   int left = weft_mod(r - 1, n), right = weft_mod(r + 1, n);
   int c = weft_mod(r - s, n);
@@ -51,7 +61,7 @@ static weft_status ring_step(weft_coll *coll) {
 }
 
 static weft_status ring_advance(weft_coll *coll) {
-  weft_ring_state *rs = &coll->st.ring;
+  ring_state *rs = WEFT_ALGO_STATE(coll, ring_state);
   int last_step = 2 * (coll->size - 1);
   while (rs->loop < rs->loops) {
     WEFT_STEP(ring_step(coll));
@@ -65,7 +75,7 @@ static weft_status ring_advance(weft_coll *coll) {
 }
 
 weft_status weft_ring_allreduce_start(weft_coll *coll) {
-  weft_ring_state *rs = &coll->st.ring;
+  ring_state *rs = WEFT_ALGO_STATE(coll, ring_state);
   size_t n = (size_t)coll->size;
   rs->chunk_elems = weft_chunk_elems(coll);
   rs->loop_elems = n * rs->chunk_elems;

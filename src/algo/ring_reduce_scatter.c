@@ -14,8 +14,20 @@
  * would want a few scratch chunks in turn). */
 #include "src/algo/algo.h"
 
+/* Loop l moves chunk l of every block. */
+typedef struct ring_block_state {
+  size_t chunk_elems;
+  size_t loops; /* chunks per block */
+  size_t loop;
+  int step;      /* 0 .. size-1 */
+  bool got;      /* this step's chunk is received (allgather) */
+  void *partial; /* one chunk of scratch: the partial sum on its way (reduce-scatter) */
+} ring_block_state;
+_Static_assert(sizeof(ring_block_state) <= WEFT_ALGO_STATE_BYTES,
+               "ring_block_state fits weft_coll.algo_state");
+
 static weft_status rs_step(weft_coll *coll) {
-  weft_ring_block_state *rb = &coll->st.ringb;
+  ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
   int n = coll->size, r = coll->rank, s = rb->step;
   int left = weft_mod(r - 1, n), right = weft_mod(r + 1, n);
   int b = weft_mod(r - 1 - s, n);
@@ -29,7 +41,7 @@ static weft_status rs_step(weft_coll *coll) {
 }
 
 static weft_status rs_advance(weft_coll *coll) {
-  weft_ring_block_state *rb = &coll->st.ringb;
+  ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
   while (rb->loop < rb->loops) {
     WEFT_STEP(rs_step(coll));
     if (++rb->step == coll->size) {
@@ -41,8 +53,8 @@ static weft_status rs_advance(weft_coll *coll) {
 }
 
 weft_status weft_ring_reduce_scatter_start(weft_coll *coll) {
-  weft_ring_block_state *rb = &coll->st.ringb;
-  *rb = (weft_ring_block_state){.chunk_elems = weft_chunk_elems(coll)};
+  ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
+  *rb = (ring_block_state){.chunk_elems = weft_chunk_elems(coll)};
   rb->loops = (coll->count + rb->chunk_elems - 1) / rb->chunk_elems;
   size_t chunk = coll->count < rb->chunk_elems ? coll->count : rb->chunk_elems;
   if (coll->size > 2) WEFT_CHECK(weft_coll_scratch(coll, chunk * coll->elem, &rb->partial));

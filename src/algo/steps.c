@@ -4,11 +4,23 @@
  * receive-reduce-send / receive-forward moves that rings, chains and trees
  * are made of, and the one message to or from every member that the
  * one-round algorithms (direct, exchange) are made of. */
+#include <stdlib.h>
+
 #include "src/algo/algo.h"
 
 size_t weft_chunk_elems(const weft_coll *coll) {
-  size_t ce = coll->comm->chunk_bytes / coll->elem;
+  size_t ce = coll->chunk_bytes / coll->elem;
   return ce ? ce : 1;
+}
+
+/* Host memory for now: the memory table has no allocator yet. When a CUDA
+ * table arrives, this asks coll->mem for memory of the buffers' kind. */
+weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out) {
+  if (coll->scratch) return WEFT_ERR_INTERNAL; /* one allocation per call */
+  coll->scratch = malloc(bytes ? bytes : 1);
+  if (!coll->scratch) return WEFT_ERR_NOMEM;
+  *out = coll->scratch;
+  return WEFT_OK;
 }
 
 void weft_chunk_range(size_t k, size_t chunk_elems, size_t count, size_t *off, size_t *cnt) {

@@ -4,8 +4,18 @@
  * chunk i to its children while chunk i+1 is still arriving. */
 #include "src/algo/algo.h"
 
+typedef struct tree_state {
+  int fanout;
+  size_t chunk_elems;
+  size_t nchunks;
+  size_t chunk;      /* next chunk to handle */
+  bool got;          /* current chunk received (non-root) */
+  int children_sent; /* current chunk sent to this many children */
+} tree_state;
+_Static_assert(sizeof(tree_state) <= WEFT_ALGO_STATE_BYTES, "tree_state fits weft_coll.algo_state");
+
 static weft_status tree_advance(weft_coll *coll) {
-  weft_tree_state *ts = &coll->st.tree;
+  tree_state *ts = WEFT_ALGO_STATE(coll, tree_state);
   weft_tree_shape t = weft_tree_shape_of(coll, ts->fanout);
   bool is_root = t.parent < 0;
   while (ts->chunk < ts->nchunks) {
@@ -31,7 +41,7 @@ static weft_status tree_advance(weft_coll *coll) {
 }
 
 weft_status weft_tree_broadcast_start(weft_coll *coll, int fanout) {
-  weft_tree_state *ts = &coll->st.tree;
+  tree_state *ts = WEFT_ALGO_STATE(coll, tree_state);
   ts->fanout = weft_tree_shape_of(coll, fanout).fanout;
   ts->chunk_elems = weft_chunk_elems(coll);
   ts->nchunks = (coll->count + ts->chunk_elems - 1) / ts->chunk_elems;

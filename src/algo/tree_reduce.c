@@ -16,8 +16,19 @@
  * recvbuf and divides for avg with its last child. */
 #include "src/algo/algo.h"
 
+typedef struct tree_reduce_state {
+  int fanout;
+  size_t chunk_elems;
+  size_t nchunks;
+  size_t chunk;      /* next chunk to handle */
+  int children_done; /* current chunk: this many children folded in */
+  void *partial;     /* one chunk of scratch: the partial sum (inner ranks) */
+} tree_reduce_state;
+_Static_assert(sizeof(tree_reduce_state) <= WEFT_ALGO_STATE_BYTES,
+               "tree_reduce_state fits weft_coll.algo_state");
+
 static weft_status treer_advance(weft_coll *coll) {
-  weft_tree_reduce_state *ts = &coll->st.treer;
+  tree_reduce_state *ts = WEFT_ALGO_STATE(coll, tree_reduce_state);
   weft_tree_shape t = weft_tree_shape_of(coll, ts->fanout);
   bool is_root = t.parent < 0;
   while (ts->chunk < ts->nchunks) {
@@ -44,9 +55,9 @@ static weft_status treer_advance(weft_coll *coll) {
 }
 
 weft_status weft_tree_reduce_start(weft_coll *coll, int fanout) {
-  weft_tree_reduce_state *ts = &coll->st.treer;
+  tree_reduce_state *ts = WEFT_ALGO_STATE(coll, tree_reduce_state);
   weft_tree_shape t = weft_tree_shape_of(coll, fanout);
-  *ts = (weft_tree_reduce_state){.fanout = t.fanout, .chunk_elems = weft_chunk_elems(coll)};
+  *ts = (tree_reduce_state){.fanout = t.fanout, .chunk_elems = weft_chunk_elems(coll)};
   ts->nchunks = (coll->count + ts->chunk_elems - 1) / ts->chunk_elems;
   size_t chunk = coll->count < ts->chunk_elems ? coll->count : ts->chunk_elems;
   if (t.parent >= 0 && t.nchildren > 0) /* an inner rank */

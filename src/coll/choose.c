@@ -141,6 +141,7 @@ static weft_status rd_or_ring_start(const weft_choice_state *c, weft_coll *coll)
 /* The exchange when the verdict allows (or asking for it, the first time),
  * else what rd_or_ring_start picks. */
 static weft_status small_start(const weft_choice_state *c, weft_coll *coll) {
+  coll->hint.sends_are_stores = c->sends_are_stores; /* what an asking exchange says */
   if (c->algo_forced == WEFT_ALGO_EXCHANGE) return weft_exchange_allreduce_start(coll, false);
   if (c->exchange_verdict >= 0)
     return weft_exchange_allreduce_start(coll, c->exchange_verdict == 0);
@@ -151,7 +152,11 @@ weft_status weft_choose_allreduce(weft_choice_state *c, weft_coll *coll) {
   /* Ranks sharing hosts, on several hosts: only leaders cross the network. */
   bool hier = c->algo_forced == WEFT_ALGO_HIER ||
               (c->algo_forced == WEFT_ALGO_AUTO && c->nhosts > 1 && c->size > c->nhosts);
-  if (hier) return weft_hier_allreduce_start(coll);
+  if (hier) {
+    coll->hint.rd_max_bytes = c->rd_max_bytes;
+    coll->hint.bcast_chain_bytes = c->bcast_chain_bytes;
+    return weft_hier_allreduce_start(coll); /* the caller filled coll->hosts */
+  }
   size_t bytes = coll->count * coll->elem;
   /* One host, large: whether every rank's buffers are shared (the direct
    * allreduce). One host, small: the one-round exchange. Both depend on
@@ -177,8 +182,10 @@ weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier
   size_t bytes = coll->count * coll->elem;
   /* the barrier comes here for the exchange only, never the direct question */
   if (!barrier && direct_candidate(c, bytes) &&
-      (c->algo_forced == WEFT_ALGO_DIRECT || direct_worth_asking(c, coll->count, coll->dtype)))
+      (c->algo_forced == WEFT_ALGO_DIRECT || direct_worth_asking(c, coll->count, coll->dtype))) {
+    coll->hint.direct_agreed = c->direct_agreed;
     return weft_direct_allreduce_start(coll);
+  }
   if (exchange_candidate(c, bytes)) return small_start(c, coll);
   return rd_or_ring_start(c, coll);
 }
@@ -190,4 +197,16 @@ int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes) {
 int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {
   /* the mirror of a broadcast: a chain from the size where broadcasts take one */
   return bytes >= c->bcast_chain_bytes ? 1 : 2;
+}
+
+void weft_choice_keep(weft_choice_state *c, const weft_coll *coll) {
+  const weft_algo_outcome *o = &coll->outcome;
+  if (o->exchange_verdict) c->exchange_verdict = o->exchange_verdict;
+  if (o->direct_shared) weft_choice_direct_note(c, coll->count, coll->dtype, o->direct_shared > 0);
+  if (o->direct_agreed) {
+    free(c->direct_agreed);
+    c->direct_agreed = NULL;
+  }
+  if (o->direct_agreed > 0 && (c->direct_agreed = malloc(o->direct_msgs_bytes)))
+    memcpy(c->direct_agreed, o->direct_msgs, o->direct_msgs_bytes);
 }

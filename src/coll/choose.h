@@ -66,4 +66,9 @@ int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes);
  * skip it), or all shared (forgotten). */
 void weft_choice_direct_note(weft_choice_state *c, size_t count, weft_dtype dtype, bool all_shared);
 
+/* When a call ends: keeps what its algorithm found (weft_coll.outcome: the
+ * exchange verdict, the direct question's answer and agreed messages), the
+ * same on every rank, for later calls to choose by. */
+void weft_choice_keep(weft_choice_state *c, const weft_coll *coll);
+
 #endif

@@ -1,8 +1,7 @@
 /* coll.c - setting up one collective call: argument checks with a sentence
  * for every refusal, the sequence number, the algorithm's start (choose.c
  * picks it), WEFT_CHECK's fingerprints in front of it, and what the engine
- * asks of a running call (flush, end, the sentence for a failure). The link
- * functions algorithms use are here too, for now (src/link takes them). */
+ * asks of a running call (flush, end, the sentence for a failure). */
 #include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -16,109 +15,11 @@
 #include "src/algo/algo.h"
 #include "src/coll/choose.h"
 #include "src/comm/comm.h"
+#include "src/link/comm_link.h"
 #include "src/base/log.h"
 #include "src/base/net.h"
 #include "src/base/settings.h"
 #include "src/base/status.h"
-
-/* ---- links ---------------------------------------------------------------- */
-
-static inline const weft_transport *peer_ops(const weft_comm *comm, int peer) {
-  return comm->tps[comm->peers[peer].tp].ops;
-}
-
-/* A group member's rank in the communicator. */
-static inline int link_peer(const weft_coll *coll, int member) {
-  return coll->group ? coll->group[member] : member;
-}
-
-/* What the call waits for (a phase reports to its call): for the engine's
- * sleep and for the timeout's sentence. Peers here are communicator ranks. */
-static weft_status link_result(weft_coll *coll, int peer, weft_status st, const char *waiting_for) {
-  weft_coll *call = coll->outer ? coll->outer : coll;
-  if (st == WEFT_AGAIN) call->waiting_for = waiting_for;
-  if (st) call->waiting_peer = peer;
-  if (st < 0) call->fail_peer = peer;
-  return st;
-}
-
-static weft_status link_conn(weft_coll *coll, int peer, weft_tp_conn **out) {
-  weft_comm *comm = coll->comm;
-  weft_peer *p = &comm->peers[peer];
-  if (!p->conn) {
-    const weft_comm_transport *t = &comm->tps[p->tp];
-    const void *addr;
-    size_t len;
-    weft_comm_peer_address(comm, peer, t->builtin, &addr, &len);
-    weft_status st = t->ops->connect(t->ctx, peer, WEFT_TP_CHANNEL_COLL, addr, len, &p->conn);
-    if (st < 0) return link_result(coll, peer, st, "a connection to");
-  }
-  if (!p->is_active) {
-    p->is_active = true;
-    comm->active[comm->nactive++] = peer;
-  }
-  *out = p->conn;
-  return WEFT_OK;
-}
-
-weft_status weft_link_send_ready(weft_coll *coll, int peer) {
-  peer = link_peer(coll, peer);
-  weft_tp_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  return link_result(coll, peer, peer_ops(coll->comm, peer)->send_ready(c), "room to send to");
-}
-
-weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
-  peer = link_peer(coll, peer);
-  weft_tp_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  weft_status st = peer_ops(coll->comm, peer)->send(c, src, bytes, coll->seq, coll->mem);
-  if (st == WEFT_OK) {
-    coll->comm->events++;
-    coll->comm->peers[peer].last_send_seq = coll->seq;
-  }
-  return link_result(coll, peer, st, "room to send to");
-}
-
-weft_status weft_link_map(weft_coll *coll, int peer, const weft_mem_desc *desc, void **local) {
-  peer = link_peer(coll, peer);
-  weft_tp_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  return peer_ops(coll->comm, peer)->map_peer_mem(c, desc, local);
-}
-
-weft_status weft_link_send_idle(weft_coll *coll, int peer) {
-  peer = link_peer(coll, peer);
-  weft_tp_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  return link_result(coll, peer, peer_ops(coll->comm, peer)->send_idle(c), "a send to complete to");
-}
-
-weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes, const void **data) {
-  peer = link_peer(coll, peer);
-  weft_tp_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  return link_result(coll, peer, peer_ops(coll->comm, peer)->recv_peek(c, coll->seq, bytes, data),
-                     "data from");
-}
-
-weft_status weft_link_recv_release(weft_coll *coll, int peer) {
-  peer = link_peer(coll, peer);
-  weft_tp_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  weft_status st = peer_ops(coll->comm, peer)->recv_release(c);
-  if (st == WEFT_OK) coll->comm->events++;
-  return link_result(coll, peer, st, "data from");
-}
-
-weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst) {
-  peer = link_peer(coll, peer);
-  weft_tp_conn *c;
-  WEFT_CHECK(link_conn(coll, peer, &c));
-  weft_status st = peer_ops(coll->comm, peer)->recv_into(c, coll->seq, bytes, dst, coll->mem);
-  if (st == WEFT_OK) coll->comm->events++;
-  return link_result(coll, peer, st, "data from");
-}
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -213,20 +114,13 @@ weft_status weft_coll_flush(weft_coll *coll) {
   return WEFT_OK;
 }
 
+/* What the call found out, kept for later calls to choose by (algo.h,
+ * weft_algo_outcome): algorithms report, the communicator remembers. */
 void weft_coll_end(weft_coll *coll) {
   weft_comm *comm = coll->comm;
+  weft_choice_keep(&comm->choice, coll);
   for (int i = 0; i < comm->nactive; i++) comm->peers[comm->active[i]].is_active = false;
   comm->nactive = 0;
-}
-
-/* Host memory for now: the memory table has no allocator yet. When a CUDA
- * table arrives, this asks coll->mem for memory of the buffers' kind. */
-weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out) {
-  if (coll->scratch) return WEFT_ERR_INTERNAL; /* one allocation per call */
-  coll->scratch = malloc(bytes ? bytes : 1);
-  if (!coll->scratch) return WEFT_ERR_NOMEM;
-  *out = coll->scratch;
-  return WEFT_OK;
 }
 
 /* The sentence for a failure the engine saw while driving this collective. */
@@ -349,6 +243,8 @@ static weft_status check_start(weft_coll *coll) {
   ck->mine = print_of(coll);
   ck->then = coll->advance;
   ck->inner = (weft_coll){.comm = coll->comm,
+                          .link = coll->link,
+                          .chunk_bytes = coll->chunk_bytes,
                           .call = coll->call,
                           .kind = coll->kind,
                           .rank = coll->rank,
@@ -362,8 +258,7 @@ static weft_status check_start(weft_coll *coll) {
                           .mem = &weft_mem_host,
                           .seq = coll->seq,
                           .waiting_peer = -1,
-                          .fail_peer = -1,
-                          .outer = coll};
+                          .fail_peer = -1};
   coll->check = ck;
   weft_status st = weft_ring_allgather_start(&ck->inner);
   if (st < 0) return coll_fail(coll, st, "could not start the WEFT_CHECK exchange");
@@ -411,6 +306,9 @@ static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call
                            "the communicator handle is not a live communicator (NULL, destroyed, "
                            "or never created)");
   coll->rank = comm->rank; /* only now: a dead handle must not be read */
+  coll->link = weft_comm_link_init((weft_comm_link *)(void *)coll->link_ctx, comm,
+                                   &coll->waiting_peer, &coll->fail_peer, &coll->waiting_for);
+  coll->chunk_bytes = comm->chunk_bytes;
   coll->size = coll->avg_div = comm->size;
   if (atomic_load(&comm->aborted) && !comm->failed)
     return weft_comm_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
@@ -508,6 +406,13 @@ weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_co
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
+  /* the hosts, should the choice take the hierarchical algorithm */
+  coll->hosts = (weft_hosts){.nhosts = comm->nhosts,
+                             .host_members = comm->host_members,
+                             .local_size = comm->local_size,
+                             .host_index = comm->host_index,
+                             .leaders = comm->leaders,
+                             .leader_index = comm->leader_index};
   weft_status st = weft_choose_allreduce(&comm->choice, coll);
   return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }

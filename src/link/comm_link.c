@@ -1,0 +1,145 @@
+/* comm_link.c - a communicator's links (comm_link.h): rank -> transport
+ * connection (opened on first use, put on the list of peers the call
+ * touched), progress counted for the engine's timeout, what the call waits
+ * for recorded in the call's fields.
+ * It still reads the peer table in struct weft_comm (src/comm/comm.h), one
+ * layer up: until that table moves below the links, this file is the one
+ * place that does. */
+#include "src/link/comm_link.h"
+
+#include <stdio.h>
+
+#include "src/comm/comm.h"
+
+static inline weft_comm_link *cl_of(void *ctx) {
+  return (weft_comm_link *)ctx;
+}
+
+static inline const weft_transport *peer_ops(const weft_comm *comm, int peer) {
+  return comm->tps[comm->peers[peer].tp].ops;
+}
+
+/* What the call waits for: for the engine's sleep and for the timeout's
+ * sentence. Peers here are communicator ranks. */
+static weft_status link_result(weft_comm_link *cl, int peer, weft_status st,
+                               const char *waiting_for) {
+  if (st == WEFT_AGAIN) *cl->waiting_for = waiting_for;
+  if (st) *cl->waiting_peer = peer;
+  if (st < 0) *cl->fail_peer = peer;
+  return st;
+}
+
+static weft_status link_conn(weft_comm_link *cl, int peer, weft_tp_conn **out) {
+  weft_comm *comm = cl->comm;
+  weft_peer *p = &comm->peers[peer];
+  if (!p->conn) {
+    const weft_comm_transport *t = &comm->tps[p->tp];
+    const void *addr;
+    size_t len;
+    weft_comm_peer_address(comm, peer, t->builtin, &addr, &len);
+    weft_status st = t->ops->connect(t->ctx, peer, WEFT_TP_CHANNEL_COLL, addr, len, &p->conn);
+    if (st < 0) return link_result(cl, peer, st, "a connection to");
+  }
+  if (!p->is_active) {
+    p->is_active = true;
+    comm->active[comm->nactive++] = peer;
+  }
+  *out = p->conn;
+  return WEFT_OK;
+}
+
+static weft_status cl_send_ready(void *ctx, int peer) {
+  weft_comm_link *cl = cl_of(ctx);
+  weft_tp_conn *c;
+  WEFT_CHECK(link_conn(cl, peer, &c));
+  return link_result(cl, peer, peer_ops(cl->comm, peer)->send_ready(c), "room to send to");
+}
+
+static weft_status cl_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
+                           const weft_mem_ops *mem) {
+  weft_comm_link *cl = cl_of(ctx);
+  weft_tp_conn *c;
+  WEFT_CHECK(link_conn(cl, peer, &c));
+  weft_status st = peer_ops(cl->comm, peer)->send(c, src, bytes, seq, mem);
+  if (st == WEFT_OK) {
+    cl->comm->events++;
+    cl->comm->peers[peer].last_send_seq = seq;
+  }
+  return link_result(cl, peer, st, "room to send to");
+}
+
+static weft_status cl_send_idle(void *ctx, int peer) {
+  weft_comm_link *cl = cl_of(ctx);
+  weft_tp_conn *c;
+  WEFT_CHECK(link_conn(cl, peer, &c));
+  return link_result(cl, peer, peer_ops(cl->comm, peer)->send_idle(c), "a send to complete to");
+}
+
+static weft_status cl_recv_peek(void *ctx, int peer, uint32_t seq, size_t bytes,
+                                const void **data) {
+  weft_comm_link *cl = cl_of(ctx);
+  weft_tp_conn *c;
+  WEFT_CHECK(link_conn(cl, peer, &c));
+  return link_result(cl, peer, peer_ops(cl->comm, peer)->recv_peek(c, seq, bytes, data),
+                     "data from");
+}
+
+static weft_status cl_recv_release(void *ctx, int peer) {
+  weft_comm_link *cl = cl_of(ctx);
+  weft_tp_conn *c;
+  WEFT_CHECK(link_conn(cl, peer, &c));
+  weft_status st = peer_ops(cl->comm, peer)->recv_release(c);
+  if (st == WEFT_OK) cl->comm->events++;
+  return link_result(cl, peer, st, "data from");
+}
+
+static weft_status cl_recv_into(void *ctx, int peer, uint32_t seq, size_t bytes, void *dst,
+                                const weft_mem_ops *mem) {
+  weft_comm_link *cl = cl_of(ctx);
+  weft_tp_conn *c;
+  WEFT_CHECK(link_conn(cl, peer, &c));
+  weft_status st = peer_ops(cl->comm, peer)->recv_into(c, seq, bytes, dst, mem);
+  if (st == WEFT_OK) cl->comm->events++;
+  return link_result(cl, peer, st, "data from");
+}
+
+static weft_status cl_map_peer_mem(void *ctx, int peer, const weft_mem_desc *desc, void **local) {
+  weft_comm_link *cl = cl_of(ctx);
+  weft_tp_conn *c;
+  WEFT_CHECK(link_conn(cl, peer, &c));
+  return peer_ops(cl->comm, peer)->map_peer_mem(c, desc, local);
+}
+
+static void cl_progressed(void *ctx) {
+  cl_of(ctx)->comm->events++;
+}
+
+static int cl_rank_of(void *ctx, int member) {
+  (void)ctx;
+  return member;
+}
+
+static const char *cl_last_error(void *ctx) {
+  return cl_of(ctx)->comm->sink.msg;
+}
+
+static void cl_set_error(void *ctx, const char *sentence) {
+  weft_comm *comm = cl_of(ctx)->comm;
+  char copy[sizeof comm->sink.msg]; /* the sentence may quote the sink itself */
+  snprintf(copy, sizeof copy, "%s", sentence);
+  weft_error_sink_set(&comm->sink, "%s", copy);
+}
+
+const weft_link_ops weft_comm_link_ops = {
+    .send_ready = cl_send_ready,
+    .send = cl_send,
+    .send_idle = cl_send_idle,
+    .recv_peek = cl_recv_peek,
+    .recv_release = cl_recv_release,
+    .recv_into = cl_recv_into,
+    .map_peer_mem = cl_map_peer_mem,
+    .progressed = cl_progressed,
+    .rank_of = cl_rank_of,
+    .last_error = cl_last_error,
+    .set_error = cl_set_error,
+};
