@@ -31,8 +31,9 @@ static void record(int rank, weft_status st, double t0, const char *msg) {
   harness_shm->status[rank] = st;
   harness_shm->seconds[rank] = harness_now() - t0;
   snprintf(harness_shm->message[rank], sizeof harness_shm->message[rank], "%s", msg);
-  if (st) fprintf(stderr, "  rank %d -> %s after %.2f s: %s\n", rank, weft_status_name(st),
-                  harness_shm->seconds[rank], msg);
+  if (st)
+    fprintf(stderr, "  rank %d -> %s after %.2f s: %s\n", rank, weft_status_name(st),
+            harness_shm->seconds[rank], msg);
 }
 
 /* ---- a rank dies before the pair's segment is mapped (transport level) ---- */
@@ -75,9 +76,10 @@ static void word_set(int i, uint64_t v) {
 /* Waits (bounded) for word i to become non-zero. */
 static bool word_wait(int i) {
   double until = harness_now() + 10;
-  while (!word_get(i))
+  while (!word_get(i)) {
     if (harness_now() > until) return false;
-    else usleep(1000);
+    usleep(1000);
+  }
   return true;
 }
 
@@ -86,9 +88,15 @@ static bool tp_start(tp_rank *t, int rank, uint8_t *peer_addr, size_t *peer_len)
   memset(t, 0, sizeof *t);
   weft_place_here(NULL, &t->place);
   weft_auth_key_for_job(NULL, 0, &t->key);
-  t->args = (weft_transport_init_args){.rank = rank, .size = 2, .comm_id = comm_id_now,
-                                       .chunk_bytes = 4096, .timeout_s = 5, .wake_fd = -1,
-                                       .errors = &t->sink, .place = &t->place, .auth = &t->key,
+  t->args = (weft_transport_init_args){.rank = rank,
+                                       .size = 2,
+                                       .comm_id = comm_id_now,
+                                       .chunk_bytes = 4096,
+                                       .timeout_s = 5,
+                                       .wake_fd = -1,
+                                       .errors = &t->sink,
+                                       .place = &t->place,
+                                       .auth = &t->key,
                                        .local_size = 2};
   if (shm->init(&t->args, &t->ctx, t->addr, &t->alen)) return false;
   memcpy(harness_shm->message[rank], t->addr, t->alen);

@@ -185,8 +185,8 @@ static weft_status shm_conn_make_segment(shm_conn *c) {
 /* The pair's settings differ (WEFT_SHM_SLOTS, WEFT_CHUNK_BYTES, or the
  * segment layout of another build): a mismatch on both ranks at once. The
  * creator learns it from the segment's header and its abort text (the same
- * sentence, naming both values), which every layout version keeps in place
- * once the versions agree. */
+ * sentence, naming both values); written only when the layout versions
+ * agree, since only then is the creator's header laid out as ours. */
 static weft_status shm_conn_refuse(shm_conn *c, shm_segment *seg, const shm_segment_info *info) {
   int me = c->ctx->args->rank, lo = c->peer;
   char what[SHM_ABORT_TEXT];
@@ -346,6 +346,10 @@ static weft_status shm_peer_gone(shm_conn *c) {
  * rank crashing later leaves nothing (a dead connection is watched only
  * while a name may be left). */
 void shm_conn_check_peer(shm_conn *c) {
+  /* the opener unlinked it on mapping: nothing of ours is left to watch */
+  if (c->creator && c->maybe_linked && c->seg &&
+      atomic_load_explicit(&c->seg->peer_mapped, memory_order_relaxed))
+    c->maybe_linked = false;
   if (!c->peer_ended && (c->state != SHM_CONN_DEAD || c->maybe_linked)) {
     if (c->pidfd >= 0) {
       struct pollfd p = {.fd = c->pidfd, .events = POLLIN};
