@@ -109,14 +109,25 @@ static bool tp_start(tp_rank *t, int rank, uint8_t *peer_addr, size_t *peer_len)
   return shm->can_reach(t->ctx, !rank, peer_addr, *peer_len, why, sizeof why);
 }
 
-/* Blocks until process `pid` (a sibling, so not ours to wait for) ended. */
+/* Blocks until process `pid` (a sibling, so not ours to wait for) ended:
+ * its pidfd where the kernel has them, else until the harness reaped it. */
 static bool process_ended(pid_t pid) {
-  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
-  if (fd < 0) return false;
-  struct pollfd p = {fd, POLLIN, 0};
-  bool ended = poll(&p, 1, 10000) == 1;
-  close(fd);
-  return ended;
+  int fd = -1;
+#ifdef SYS_pidfd_open
+  fd = (int)syscall(SYS_pidfd_open, pid, 0);
+#endif
+  if (fd >= 0) {
+    struct pollfd p = {fd, POLLIN, 0};
+    bool ended = poll(&p, 1, 10000) == 1;
+    close(fd);
+    return ended;
+  }
+  double until = harness_now() + 10;
+  while (kill(pid, 0) == 0 || errno != ESRCH) {
+    if (harness_now() > until) return false;
+    usleep(1000);
+  }
+  return true;
 }
 
 /* Drives `conn` until it answers something other than WEFT_AGAIN; `idle`:

@@ -113,9 +113,9 @@ struct shm_conn {
   enum shm_conn_state state;
   weft_status dead_status;
   bool creator;                      /* this rank made the segment (lower rank) */
-  bool maybe_linked;                 /* the name may still exist: whoever gives up on the
-                                        pair unlinks it (the creator once the opener has
-                                        mapped it or is dead; the opener at once) */
+  bool maybe_linked;                 /* the name may still exist. The opener unlinks it
+                                        on mapping it or on giving up; the creator once
+                                        the opener is dead, or on its own end */
   char name[64];
   shm_segment *seg;
   size_t seg_bytes;
