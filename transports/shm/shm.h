@@ -14,9 +14,14 @@
 #include "transports/transport.h"
 
 #define SHM_SEG_MAGIC 0x5745534du /* "WESM" */
-#define SHM_SEG_VERSION 2 /* 2: one cache line per slot, small chunks inline */
+#define SHM_SEG_VERSION 3 /* 2: one cache line per slot, small chunks inline; 3: `refused` */
 #define SHM_MAX_SLOTS 64
 #define SHM_ABORT_TEXT 300
+/* The size a creator leaves its pair's name at when /dev/shm had no room for
+ * the segment: a size costs tmpfs no space, and no segment is ever this small
+ * (a creator's name is 0 bytes until fallocate makes it whole), so the opener
+ * learns why at once and fails alike instead of waiting for a segment. */
+#define SHM_NO_ROOM_BYTES 1
 
 /* A slot's tag and, for a chunk of up to SHM_INLINE_BYTES, its data: two
  * cache lines. Moving a line between two cores costs ~0.1-0.3 us on the VMs
@@ -53,6 +58,8 @@ typedef struct shm_segment {
   uint32_t version, nslots;
   uint64_t slot_bytes;
   atomic_uint peer_mapped;           /* the opener has mapped (and unlinked) it */
+  atomic_uint refused;               /* the opener found other settings: fifo[1].abort_text
+                                        says which, and the pair fails as a mismatch */
   _Alignas(64) shm_fifo fifo[2];     /* [0] lower->higher, [1] higher->lower */
   /* then 2 * nslots * slot_bytes of slot data, page aligned */
 } shm_segment;
@@ -106,7 +113,9 @@ struct shm_conn {
   enum shm_conn_state state;
   weft_status dead_status;
   bool creator;                      /* this rank made the segment (lower rank) */
-  bool maybe_linked;                 /* the name may still exist: unlink at the end */
+  bool maybe_linked;                 /* the name may still exist. The opener unlinks it
+                                        on mapping it or on giving up; the creator once
+                                        the opener is dead, or on its own end */
   char name[64];
   shm_segment *seg;
   size_t seg_bytes;
@@ -130,6 +139,8 @@ struct shm_ctx {
   shm_addr self;
   int nslots;                        /* the send depth too (transport.h): WEFT_SHM_SLOTS */
   shm_conn **conns;                  /* by shm_conn_index(peer, channel) */
+  bool *reachable;                   /* by peer: can_reach said yes, so a lower one may
+                                        have made segments this rank never opened */
   shm_conn *want_conn;       /* the last connection a data call said AGAIN for */
   enum shm_want want;
   double next_liveness_check;
@@ -149,6 +160,7 @@ static inline shm_ctx *shm_ctx_of(weft_tp_ctx *c) {
 
 /* shm_conn.c */
 size_t shm_segment_bytes(int nslots, size_t slot_bytes);
+void shm_pair_name(char *name, size_t len, uint64_t comm_id, int rank, int peer, int channel);
 weft_status shm_conn_create(shm_ctx *ctx, int peer, int channel, const shm_addr *peer_addr,
                             shm_conn **out);
 weft_status shm_conn_try_open(shm_conn *c);

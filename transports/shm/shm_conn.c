@@ -1,7 +1,8 @@
 /* shm_conn.c - one shared-memory connection: the pair segment (created by the
- * lower rank, unlinked by the higher as soon as it has mapped it, so a crash
- * leaves no name behind), the FIFO data path, futex sleeping, and noticing a
- * dead peer through its pidfd. */
+ * lower rank, unlinked by the higher as soon as it has mapped it, and by
+ * whichever side gives up on the pair before that, so a crash leaves no name
+ * behind), the FIFO data path, futex sleeping, and noticing a dead peer
+ * through its pidfd. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,9 +27,19 @@
 #include "src/base/net.h"
 #include "src/base/status.h"
 
+/* The header's pages: the same for every geometry, so an opener can read a
+ * creator's settings even when they differ from its own. */
+static size_t shm_segment_head(void) {
+  return (sizeof(shm_segment) + 4095) & ~(size_t)4095;
+}
+
 size_t shm_segment_bytes(int nslots, size_t slot_bytes) {
-  size_t head = (sizeof(shm_segment) + 4095) & ~(size_t)4095;
-  return head + 2 * (size_t)nslots * slot_bytes;
+  return shm_segment_head() + 2 * (size_t)nslots * slot_bytes;
+}
+
+void shm_pair_name(char *name, size_t len, uint64_t comm_id, int rank, int peer, int channel) {
+  int lo = rank < peer ? rank : peer, hi = rank < peer ? peer : rank;
+  snprintf(name, len, "/weft-%016llx-%d-%d-%d", (unsigned long long)comm_id, lo, hi, channel);
 }
 
 /* ---- futex ------------------------------------------------------------------ */
@@ -66,8 +78,18 @@ const char *shm_segment_check(const shm_segment_info *info, uint32_t nslots, uin
 
 /* ---- set-up and teardown -------------------------------------------------- */
 
+/* Takes the pair's name away if it may still be there. Safe whenever this
+ * side gives up: the creator needs the name only to make the segment, the
+ * opener only to map it, and a segment made after this is its creator's to
+ * unlink (it does on giving up, or on seeing this rank dead). */
+static void shm_conn_unlink(shm_conn *c) {
+  if (!c->maybe_linked) return;
+  shm_unlink(c->name);
+  c->maybe_linked = false;
+}
+
 weft_status shm_conn_fail(shm_conn *c, weft_status st, const char *fmt, ...) {
-  char what[300];
+  char what[384];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
@@ -76,12 +98,36 @@ weft_status shm_conn_fail(shm_conn *c, weft_status st, const char *fmt, ...) {
   WEFT_INFO(WEFT_SUBSYS_NET, "shm: connection to peer %d failed: %s", c->peer, what);
   c->state = SHM_CONN_DEAD;
   c->dead_status = st;
+  /* The opener will never map it now; the creator keeps a name the opener
+   * may still read (the no-room mark) until the opener is gone too. */
+  if (!c->creator || c->peer_ended) shm_conn_unlink(c);
   return st;
+}
+
+/* /dev/shm had no room for the pair's segment although can_reach found
+ * enough: another process took it since. Both ranks of the pair fail with
+ * this sentence (the opener reads the creator's mark), so neither waits for
+ * the other and neither is left on shm while the other is not. */
+static weft_status shm_conn_no_room(shm_conn *c) {
+  shm_ctx *ctx = c->ctx;
+  struct statvfs vfs;
+  unsigned long long free_bytes =
+      statvfs("/dev/shm", &vfs) == 0 ? (unsigned long long)vfs.f_bavail * vfs.f_frsize : 0;
+  int lo = ctx->args->rank < c->peer ? ctx->args->rank : c->peer;
+  return shm_conn_fail(c, WEFT_ERR_NOMEM,
+                       "rank %d could not make the shared memory of ranks %d and %d: /dev/shm has "
+                       "%.1f MiB free and the pair needs %.1f MiB (%d slots of %zu KiB each way); "
+                       "the room was there when the communicator chose shm, so another process "
+                       "took it since: free or enlarge /dev/shm, lower WEFT_SHM_SLOTS or "
+                       "WEFT_CHUNK_BYTES, or set WEFT_TRANSPORT=tcp",
+                       lo, lo, c->creator ? c->peer : ctx->args->rank,
+                       (double)free_bytes / (1 << 20), (double)c->seg_bytes / (1 << 20),
+                       ctx->nslots, ctx->args->chunk_bytes >> 10);
 }
 
 static void shm_conn_map_fifos(shm_conn *c) {
   bool lower = c->ctx->args->rank < c->peer;
-  size_t head = (sizeof(shm_segment) + 4095) & ~(size_t)4095;
+  size_t head = shm_segment_head();
   size_t fifo_bytes = (size_t)c->seg->nslots * c->seg->slot_bytes;
   char *data = (char *)c->seg + head;
   c->tx = &c->seg->fifo[lower ? 0 : 1];
@@ -103,19 +149,26 @@ static weft_status shm_conn_make_segment(shm_conn *c) {
   /* fallocate, not ftruncate: a full /dev/shm is an error now, not a SIGBUS
    * later when a page is first touched. */
   int rc = posix_fallocate(fd, 0, (off_t)c->seg_bytes);
+  if (rc == ENOSPC) {
+    /* leave the mark (no space needed) for the opener; unlinked by whichever
+     * side gives up last (shm_conn_fail, shm_conn_check_peer, destroy) */
+    bool marked = ftruncate(fd, SHM_NO_ROOM_BYTES) == 0;
+    close(fd);
+    if (!marked) shm_conn_unlink(c);
+    return shm_conn_no_room(c);
+  }
   if (rc) {
     close(fd);
-    shm_unlink(c->name);
-    c->maybe_linked = false;
-    return shm_conn_fail(c, WEFT_ERR_NOMEM, "/dev/shm cannot hold %zu more bytes for %s: %s",
-                         c->seg_bytes, c->name, strerror(rc));
+    shm_conn_unlink(c);
+    return shm_conn_fail(c, WEFT_ERR_SYSTEM, "cannot size the shared memory %s: %s", c->name,
+                         strerror(rc));
   }
   void *p = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
-    shm_unlink(c->name);
-    c->maybe_linked = false;
-    return shm_conn_fail(c, WEFT_ERR_SYSTEM, "mmap of %s: %s", c->name, strerror(errno));
+    int e = errno;
+    shm_conn_unlink(c);
+    return shm_conn_fail(c, WEFT_ERR_SYSTEM, "mmap of %s: %s", c->name, strerror(e));
   }
   c->seg = p;
   c->seg->version = SHM_SEG_VERSION;
@@ -129,6 +182,43 @@ static weft_status shm_conn_make_segment(shm_conn *c) {
   return WEFT_OK;
 }
 
+/* The pair's settings differ (WEFT_SHM_SLOTS, WEFT_CHUNK_BYTES, or the
+ * segment layout of another build): a mismatch on both ranks at once. The
+ * creator learns it from the segment's header and its abort text (the same
+ * sentence, naming both values); written only when the layout versions
+ * agree, since only then is the creator's header laid out as ours. */
+static weft_status shm_conn_refuse(shm_conn *c, shm_segment *seg, const shm_segment_info *info) {
+  int me = c->ctx->args->rank, lo = c->peer;
+  char what[SHM_ABORT_TEXT];
+  if (info->version != SHM_SEG_VERSION) {
+    snprintf(what, sizeof what,
+             "ranks %d and %d run weft builds whose shared memory differs (segment layout %u on "
+             "rank %d, %u on rank %d): run one build on every rank",
+             lo, me, info->version, lo, SHM_SEG_VERSION, me);
+    return shm_conn_fail(c, WEFT_ERR_MISMATCH, "%s", what);
+  }
+  char slots[96] = "", chunk[128] = "";
+  if (info->nslots != (uint32_t)c->ctx->nslots)
+    snprintf(slots, sizeof slots, "WEFT_SHM_SLOTS is %u on rank %d and %d on rank %d",
+             info->nslots, lo, c->ctx->nslots, me);
+  if (info->slot_bytes != c->ctx->args->chunk_bytes)
+    snprintf(chunk, sizeof chunk, "%sWEFT_CHUNK_BYTES is %llu on rank %d and %zu on rank %d",
+             slots[0] ? " and " : "", (unsigned long long)info->slot_bytes, lo,
+             c->ctx->args->chunk_bytes, me);
+  snprintf(what, sizeof what,
+           "ranks %d and %d disagree on their shared memory: %s%s; set the same WEFT_SHM_SLOTS "
+           "and WEFT_CHUNK_BYTES on every rank",
+           lo, me, slots, chunk);
+  shm_fifo *to_creator = &seg->fifo[1];
+  snprintf(to_creator->abort_text, sizeof to_creator->abort_text, "%s", what);
+  atomic_store_explicit(&seg->refused, 1, memory_order_relaxed);
+  atomic_store_explicit(&to_creator->aborted, 1, memory_order_release);
+  /* the words the creator may sleep on: data from us, room toward us */
+  shm_futex_wake(&to_creator->head);
+  shm_futex_wake(&seg->fifo[0].tail);
+  return shm_conn_fail(c, WEFT_ERR_MISMATCH, "%s", what);
+}
+
 /* The higher rank: map the segment once the lower rank made it, then take
  * the name away (nobody needs it any more). WEFT_AGAIN until it exists. */
 weft_status shm_conn_try_open(shm_conn *c) {
@@ -139,29 +229,49 @@ weft_status shm_conn_try_open(shm_conn *c) {
                          strerror(errno));
   }
   struct stat st;
-  if (fstat(fd, &st) || (size_t)st.st_size < c->seg_bytes) {
+  if (fstat(fd, &st)) {
+    int e = errno;
+    close(fd);
+    return shm_conn_fail(c, WEFT_ERR_SYSTEM, "fstat of shared memory %s: %s", c->name,
+                         strerror(e));
+  }
+  size_t size = (size_t)st.st_size;
+  if (size == SHM_NO_ROOM_BYTES) {
+    close(fd);
+    return shm_conn_no_room(c);
+  }
+  if (size < shm_segment_head()) {
     close(fd); /* still being sized by its creator */
     return WEFT_AGAIN;
   }
-  void *p = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  /* What the creator made, up to what this rank needs: its header tells
+   * its settings even when its segment is smaller than ours would be. */
+  size_t len = size < c->seg_bytes ? size : c->seg_bytes;
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED)
     return shm_conn_fail(c, WEFT_ERR_SYSTEM, "mmap of %s: %s", c->name, strerror(errno));
   shm_segment *seg = p;
   if (atomic_load_explicit(&seg->magic, memory_order_acquire) != SHM_SEG_MAGIC) {
-    munmap(p, c->seg_bytes);
+    munmap(p, len);
     return WEFT_AGAIN;
   }
   shm_segment_info info = {0};
-  if (shm_segment_parse(p, c->seg_bytes, &info) ||
-      shm_segment_check(&info, (uint32_t)c->ctx->nslots, c->ctx->args->chunk_bytes, c->seg_bytes)) {
-    munmap(p, c->seg_bytes);
-    return shm_conn_fail(c, WEFT_ERR_MISMATCH,
-                         "peer %d made %s with other settings (slots, WEFT_CHUNK_BYTES)", c->peer,
-                         c->name);
+  shm_segment_parse(p, len, &info); /* len >= the header's pages */
+  if (info.version != SHM_SEG_VERSION || info.nslots != (uint32_t)c->ctx->nslots ||
+      info.slot_bytes != c->ctx->args->chunk_bytes) {
+    weft_status st = shm_conn_refuse(c, seg, &info);
+    munmap(p, len);
+    return st;
+  }
+  const char *bad = shm_segment_check(&info, (uint32_t)c->ctx->nslots, c->ctx->args->chunk_bytes, len);
+  if (bad) {
+    munmap(p, len);
+    return shm_conn_fail(c, WEFT_ERR_PROTOCOL, "peer %d's shared memory %s is %s", c->peer,
+                         c->name, bad);
   }
   c->seg = seg;
-  shm_unlink(c->name);
+  shm_conn_unlink(c);
   atomic_store(&seg->peer_mapped, 1);
   shm_conn_map_fifos(c);
   c->state = SHM_CONN_UP;
@@ -179,10 +289,7 @@ weft_status shm_conn_create(shm_ctx *ctx, int peer, int channel, const shm_addr 
   c->peer_pid = peer_addr->pid;
   c->state = SHM_CONN_OPENING;
   c->seg_bytes = shm_segment_bytes(ctx->nslots, ctx->args->chunk_bytes);
-  int lo = ctx->args->rank < peer ? ctx->args->rank : peer;
-  int hi = ctx->args->rank < peer ? peer : ctx->args->rank;
-  snprintf(c->name, sizeof c->name, "/weft-%016llx-%d-%d-%d",
-           (unsigned long long)ctx->args->comm_id, lo, hi, channel);
+  shm_pair_name(c->name, sizeof c->name, ctx->args->comm_id, ctx->args->rank, peer, channel);
 #ifdef SYS_pidfd_open
   c->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)peer_addr->pid, 0);
 #endif
@@ -191,6 +298,7 @@ weft_status shm_conn_create(shm_ctx *ctx, int peer, int channel, const shm_addr 
     c->creator = true;
     return shm_conn_make_segment(c);
   }
+  c->maybe_linked = true; /* its creator may have made it: ours to unlink if we give up */
   weft_status st = shm_conn_try_open(c);
   return st == WEFT_AGAIN ? WEFT_OK : st;
 }
@@ -209,7 +317,7 @@ void shm_conn_notify_abort(shm_conn *c, const char *reason) {
 void shm_conn_destroy(shm_conn *c) {
   for (int i = 0; i < c->nmaps; i++) munmap(c->maps[i].base, c->maps[i].bytes);
   if (c->seg) munmap(c->seg, c->seg_bytes);
-  if (c->maybe_linked) shm_unlink(c->name); /* the peer never mapped it */
+  shm_conn_unlink(c); /* the peer never mapped it, or this rank never did */
   if (c->pidfd >= 0) close(c->pidfd);
   free(c);
 }
@@ -221,6 +329,8 @@ static weft_status shm_peer_gone(shm_conn *c) {
     /* the peer's text: bounded here, whether or not it ended it */
     char text[SHM_ABORT_TEXT];
     snprintf(text, sizeof text, "%.*s", SHM_ABORT_TEXT - 1, c->rx->abort_text);
+    if (c->seg && atomic_load_explicit(&c->seg->refused, memory_order_relaxed))
+      return shm_conn_fail(c, WEFT_ERR_MISMATCH, "%s", text); /* names both settings */
     weft_status st = shm_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s",
                                    c->peer, text);
     snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
@@ -231,15 +341,24 @@ static weft_status shm_peer_gone(shm_conn *c) {
 
 /* Notes whether the peer process has ended (one poll of its pidfd). Not an
  * error by itself: a peer may finish and exit while its last chunks still
- * wait in our FIFO. It becomes one when we need more from it. */
+ * wait in our FIFO. It becomes one when we need more from it. A dead peer
+ * will never make or map the pair's segment: its name goes at once, so this
+ * rank crashing later leaves nothing (a dead connection is watched only
+ * while a name may be left). */
 void shm_conn_check_peer(shm_conn *c) {
-  if (c->peer_ended || c->state == SHM_CONN_DEAD) return;
-  if (c->pidfd >= 0) {
-    struct pollfd p = {.fd = c->pidfd, .events = POLLIN};
-    c->peer_ended = poll(&p, 1, 0) == 1;
-  } else if (c->peer_pid) {
-    c->peer_ended = kill((pid_t)c->peer_pid, 0) != 0 && errno == ESRCH;
+  /* the opener unlinked it on mapping: nothing of ours is left to watch */
+  if (c->creator && c->maybe_linked && c->seg &&
+      atomic_load_explicit(&c->seg->peer_mapped, memory_order_relaxed))
+    c->maybe_linked = false;
+  if (!c->peer_ended && (c->state != SHM_CONN_DEAD || c->maybe_linked)) {
+    if (c->pidfd >= 0) {
+      struct pollfd p = {.fd = c->pidfd, .events = POLLIN};
+      c->peer_ended = poll(&p, 1, 0) == 1;
+    } else if (c->peer_pid) {
+      c->peer_ended = kill((pid_t)c->peer_pid, 0) != 0 && errno == ESRCH;
+    }
   }
+  if (c->peer_ended) shm_conn_unlink(c);
 }
 
 static weft_status shm_peer_ended(shm_conn *c, const char *needing) {
@@ -318,9 +437,9 @@ weft_status shm_send_idle(weft_tp_conn *conn) {
   /* Chunks sit in a segment only the peer's mapping can reach: until it has
    * mapped it, they are not delivered (this rank ending now would unlink
    * the segment with them). */
-  if (c->maybe_linked && c->seg &&
-      !atomic_load_explicit(&c->seg->peer_mapped, memory_order_acquire)) {
-    if (c->peer_ended) return shm_peer_ended(c, "to map the shared memory");
+  if (c->creator && c->seg && !atomic_load_explicit(&c->seg->peer_mapped, memory_order_acquire)) {
+    if (atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) return shm_peer_gone(c);
+    if (c->peer_ended) return shm_peer_ended(c, "it to map the shared memory");
     return WEFT_AGAIN;
   }
   return WEFT_OK;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,7 +57,10 @@ static weft_status shm_init(const weft_transport_init_args *args, weft_tp_ctx **
   shm_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return WEFT_ERR_NOMEM;
   ctx->conns = calloc((size_t)args->size * WEFT_TP_CHANNELS, sizeof *ctx->conns);
-  if (!ctx->conns) {
+  ctx->reachable = calloc((size_t)args->size, sizeof *ctx->reachable);
+  if (!ctx->conns || !ctx->reachable) {
+    free(ctx->conns);
+    free(ctx->reachable);
     free(ctx);
     return WEFT_ERR_NOMEM;
   }
@@ -94,7 +98,6 @@ static bool shm_can_reach(weft_tp_ctx *tctx, int peer, const void *peer_addr, si
   shm_ctx *ctx = shm_ctx_of(tctx);
   shm_addr peer_copy;
   const shm_addr *pa = &peer_copy;
-  (void)peer;
   if (!shm_addr_read(peer_addr, addr_len, &peer_copy)) {
     snprintf(why, why_len, "shm: the peer published no shared-memory address");
     return false;
@@ -122,6 +125,7 @@ static bool shm_can_reach(weft_tp_ctx *tctx, int peer, const void *peer_addr, si
   size_t used = strlen(why);
   snprintf(why + used, why_len - used, "; %d slots of %zu KiB each way", ctx->nslots,
            ctx->args->chunk_bytes >> 10);
+  if (peer >= 0 && peer < ctx->args->size) ctx->reachable[peer] = true;
   return true;
 }
 
@@ -187,12 +191,29 @@ static void shm_abort_all(weft_tp_ctx *tctx, const char *reason) {
     if (ctx->conns[p]) shm_conn_notify_abort(ctx->conns[p], reason);
 }
 
+/* A lower peer may have made a pair's segment this rank never connected
+ * to: this rank gives up on it now, so its name goes (shm_conn.c says why
+ * that is safe); the peer then learns of our end through our pidfd. */
+static void shm_unlink_unopened(shm_ctx *ctx) {
+  for (int peer = 0; peer < ctx->args->rank; peer++) {
+    if (!ctx->reachable[peer]) continue;
+    for (int ch = 0; ch < WEFT_TP_CHANNELS; ch++) {
+      if (ctx->conns[shm_conn_index(peer, ch)]) continue; /* its destroy decides */
+      char name[64];
+      shm_pair_name(name, sizeof name, ctx->args->comm_id, ctx->args->rank, peer, ch);
+      shm_unlink(name);
+    }
+  }
+}
+
 static void shm_fini(weft_tp_ctx *tctx) {
   shm_ctx *ctx = shm_ctx_of(tctx);
   if (!ctx) return;
+  shm_unlink_unopened(ctx);
   for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) shm_conn_destroy(ctx->conns[p]);
   free(ctx->conns);
+  free(ctx->reachable);
   free(ctx);
 }
 
