@@ -2,8 +2,10 @@
  * doubling, log2(size) exchanges of the whole buffer. For a size that is not
  * a power of two, the first 2*rem ranks pair up first (the even one hands its
  * data to the odd one and sits out), and get the result back at the end.
- * Partners combine the same two values, and IEEE sum/prod/min/max are
- * commutative, so every rank ends with the same bits. Works in place on
+ * Partners combine the same two values in the same order, the lower
+ * member's first: sum/prod/min/max commute in value, but not in the bits
+ * of a NaN (x86 keeps the first operand's), so "own op received" on both
+ * sides would leave partners with other NaN signs. Works in place on
  * recvbuf; needs the whole buffer to fit one chunk. */
 #include "src/algo/algo.h"
 
@@ -26,6 +28,15 @@ static int rd_real_rank(int newrank, int rem) {
   return newrank < rem ? newrank * 2 + 1 : newrank + rem;
 }
 
+/* recvbuf = (the lower member's value) op (the higher one's), `slot`
+ * holding the peer's: the same operands in the same order on both sides. */
+static void rd_combine(weft_coll *coll, int peer, const void *slot) {
+  if (peer < coll->rank)
+    coll->mem->reduce(coll->recvbuf, slot, coll->recvbuf, coll->count, coll->dtype, coll->op, 1);
+  else
+    coll->mem->reduce(coll->recvbuf, coll->recvbuf, slot, coll->count, coll->dtype, coll->op, 1);
+}
+
 /* Sends our buffer to peer and folds the peer's into ours. */
 static weft_status rd_exchange(weft_coll *coll, int peer, size_t bytes) {
   rd_state *rd = WEFT_ALGO_STATE(coll, rd_state);
@@ -37,7 +48,7 @@ static weft_status rd_exchange(weft_coll *coll, int peer, size_t bytes) {
   const void *slot;
   WEFT_STEP(weft_link_recv_peek(coll, peer, bytes, &slot));
   WEFT_STEP(weft_link_send_idle(coll, peer)); /* recvbuf is about to change */
-  coll->mem->reduce(coll->recvbuf, coll->recvbuf, slot, coll->count, coll->dtype, coll->op, 1);
+  rd_combine(coll, peer, slot);
   rd->sent = false;
   return weft_link_recv_release(coll, peer);
 }
@@ -60,7 +71,7 @@ static weft_status rd_advance(weft_coll *coll) {
     } else if (r < 2 * rem) {
       const void *slot;
       WEFT_STEP(weft_link_recv_peek(coll, r - 1, bytes, &slot));
-      coll->mem->reduce(coll->recvbuf, coll->recvbuf, slot, coll->count, coll->dtype, coll->op, 1);
+      rd_combine(coll, r - 1, slot);
       WEFT_STEP(weft_link_recv_release(coll, r - 1));
       rd->newrank = r / 2;
     } else {

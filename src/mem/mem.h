@@ -103,7 +103,9 @@ typedef struct weft_mem_ops {
   /* dst = src for `bytes` bytes; both in this memory; no overlap. */
   void (*copy)(void *dst, const void *src, size_t bytes);
   /* dst = a op b element-wise, dividing by postdiv for WEFT_AVG (reduce.h).
-   * `a` and `dst` are in this memory; `b` may be host memory (a receive slot). */
+   * `dst` is in this memory; `a` and `b` are in this memory or host memory
+   * (a receive slot), and either may be `dst` itself. Operand order
+   * matters for NaN bits, so callers that must agree pass the same order. */
   void (*reduce)(void *dst, const void *a, const void *b, size_t count, weft_dtype dtype,
                  weft_op op, int postdiv);
   /* dst = src / postdiv for WEFT_AVG, else a copy (nothing when dst == src). */
