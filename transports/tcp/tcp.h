@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "src/base/net.h"
 #include "transports/transport.h"
 
 #define TCP_FRAME_MAGIC 0x57460000u /* "WF" + type in the low 16 bits */
@@ -18,6 +19,21 @@
 #define TCP_ABORT_TEXT_MAX 300
 #define TCP_HANDSHAKE_MAGIC 0x57464853u /* "WFHS" */
 #define TCP_SEND_DEPTH 8 /* chunks in flight per connection (transport.h: send_depth) */
+/* The handshake's channel for a failure notice (abort_all): a one-shot
+ * connection that carries one abort frame to a peer this rank had no
+ * connection with. Any rank may dial any other for it, lower or higher. */
+#define TCP_NOTICE_CHANNEL 0xffffu
+
+/* What a rank publishes: its listener (net.h's packed address), then, for
+ * peers on the same host, what tells whether its process still lives: pid,
+ * pid namespace, and a hash of the host identity (all big-endian). A peer
+ * that gave only the packed address is watched by its sockets alone. */
+#define TCP_ADDR_BYTES (NET_ADDR_PACKED + 4 + 8 + 8)
+/* A peer's process seen gone (pidfd readable) fails a connection that has
+ * nothing to read, cannot send, or was never dialed after this long: its
+ * last bytes may still be on their way (between network namespaces, behind
+ * a shaped link); any byte from it restarts the wait. */
+#define TCP_GONE_GRACE_S 1.0
 
 typedef struct tcp_frame_hdr {
   uint32_t magic_type; /* network byte order on the wire, like every field */
@@ -53,6 +69,8 @@ typedef struct tcp_frame_info {
 } tcp_frame_info;
 
 /* WEFT_ERR_PROTOCOL when shorter than TCP_HANDSHAKE_BYTES. */
+/* A handshake on TCP_NOTICE_CHANNEL may come from any other rank; the caller
+ * still checks `from` against the communicator's size. */
 weft_status tcp_handshake_parse(const uint8_t *buf, size_t len, tcp_handshake_info *out);
 /* After the MAC was verified: NULL when the handshake is one `my_rank` of
  * communicator `comm_id` accepts, else why not. */
@@ -71,6 +89,19 @@ enum tcp_conn_state { TCP_CONN_AWAIT_ACCEPT, TCP_CONN_UP, TCP_CONN_DEAD };
 
 typedef struct tcp_ctx tcp_ctx;
 typedef struct tcp_conn tcp_conn;
+
+/* What this rank knows of one peer that TCP carries (from can_reach). */
+typedef struct tcp_peer {
+  bool known;                  /* can_reach said yes: an address to dial */
+  struct sockaddr_storage addr; /* its listener */
+  socklen_t addr_len;
+  uint32_t pid;                /* same host and pid namespace: its pid, else 0 */
+  int pidfd;                   /* opened at its first wait, -1 before (or none) */
+  bool pidfd_tried;
+  double gone_at;              /* when its process was seen ended (0: alive); any
+                                  byte from it since moves this forward */
+  unsigned polled;             /* the wait generation that last polled its pidfd */
+} tcp_peer;
 
 struct tcp_conn {
   tcp_ctx *ctx;
@@ -99,8 +130,13 @@ struct tcp_ctx {
   struct sockaddr_storage addr;
   socklen_t addr_len;
   tcp_conn **conns;         /* by tcp_conn_index(peer, channel); NULL until first needed */
+  tcp_peer *peers;          /* by rank */
+  uint64_t host_hash;       /* this rank's host identity, hashed (TCP_ADDR_BYTES) */
+  unsigned wait_gen;        /* counts waits, for tcp_peer.polled */
+  int *pfd_peer;            /* for each pfds entry: the peer whose pidfd it is, else -1 */
+  bool accept_pending;      /* the listener was readable in the last wait */
   int awaiting_accept;      /* conns in TCP_CONN_AWAIT_ACCEPT */
-  struct pollfd *pfds;      /* scratch for wait, size * WEFT_TP_CHANNELS + 2 entries */
+  struct pollfd *pfds;      /* scratch for wait, size * (WEFT_TP_CHANNELS + 1) + 2 entries */
   int nsending;             /* conns with queued sends */
   bool data_moved;          /* bytes moved inside a data call since the last progress:
                                partial progress, so no timeout while a chunk drains */
@@ -125,6 +161,11 @@ weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed);
 weft_status tcp_conn_push_sends(tcp_conn *c, bool *progressed);
 weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* WEFT_AGAIN, or the failure when c's peer process is gone (tcp_peer.gone_at)
+ * past TCP_GONE_GRACE_S: called only where a data call would say WEFT_AGAIN. */
+weft_status tcp_conn_again(tcp_conn *c);
+/* The notice of a failure, as abort_all sends it on a fresh connection. */
+void tcp_send_notices(tcp_ctx *ctx, const char *reason, const bool *skip);
 void tcp_conn_destroy(tcp_conn *c);
 
 /* the table's data members */
