@@ -7,6 +7,7 @@
  * failure here. */
 #include <fcntl.h>
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,9 +33,12 @@ static void expect_fails_soon(int rank) {
 
 /* Allreduces until one fails; rank `who` leaves as `how` says first. */
 typedef enum how_leaves { EXITS_AFTER_INIT, CHECKS_ALONE, FORKS_THEN_KILLED } how_leaves;
+/* as_hosts: every rank names a host of its own (WEFT_HOST_ID), as ranks on
+ * other machines would be, so no peer can watch another's pid. */
 typedef struct leaver {
   int who;
   how_leaves how;
+  bool as_hosts;
 } leaver;
 
 /* A child like a DataLoader worker: it inherits every socket of the rank
@@ -56,6 +60,11 @@ static void fork_sleeping_child(void) {
 static int allreduce_until_failure(int rank, int size, const weft_unique_id *id, void *arg) {
   const leaver *l = arg;
   if (rank == l->who && l->how == CHECKS_ALONE) setenv("WEFT_CHECK", "1", 1);
+  if (l->as_hosts) {
+    char host[32];
+    snprintf(host, sizeof host, "host%d", rank);
+    setenv("WEFT_HOST_ID", host, 1);
+  }
   weft_comm *comm = harness_comm(rank, size, id);
   if (!comm) return 1;
   if (rank == l->who && l->how == EXITS_AFTER_INIT) _exit(0); /* gone without a word */
@@ -81,7 +90,7 @@ static int allreduce_until_failure(int rank, int size, const weft_unique_id *id,
 static void rank_exits_after_init(void **state) {
   (void)state;
   static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
-  leaver l = {1, EXITS_AFTER_INIT};
+  leaver l = {1, EXITS_AFTER_INIT, false};
   harness_init();
   assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
   for (int r = 0; r < 4; r++)
@@ -96,7 +105,7 @@ static void rank_exits_after_init(void **state) {
 static void check_set_on_one_rank(void **state) {
   (void)state;
   static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
-  leaver l = {1, CHECKS_ALONE};
+  leaver l = {1, CHECKS_ALONE, false};
   harness_init();
   assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
   for (int r = 0; r < 4; r++) expect_fails_soon(r);
@@ -104,10 +113,9 @@ static void check_set_on_one_rank(void **state) {
 
 /* Rank 1 forks a child that holds its sockets, then is killed mid-stream:
  * no peer sees EOF, yet all must fail promptly and name rank 1. */
-static void killed_rank_with_forked_child(void **state) {
-  (void)state;
+static void run_forked_then_killed(bool as_hosts) {
   static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
-  leaver l = {1, FORKS_THEN_KILLED};
+  leaver l = {1, FORKS_THEN_KILLED, as_hosts};
   harness_init();
   assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 1);
   for (int r = 0; r < 4; r++) {
@@ -118,12 +126,25 @@ static void killed_rank_with_forked_child(void **state) {
   }
 }
 
+static void killed_rank_with_forked_child(void **state) {
+  (void)state;
+  run_forked_then_killed(false);
+}
+
+/* The same as seen from other hosts: no pid to watch, so the child must not
+ * have kept the sockets open. */
+static void killed_rank_with_forked_child_on_another_host(void **state) {
+  (void)state;
+  run_forked_then_killed(true);
+}
+
 int main(void) {
   if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(rank_exits_after_init),
       cmocka_unit_test(check_set_on_one_rank),
       cmocka_unit_test(killed_rank_with_forked_child),
+      cmocka_unit_test(killed_rank_with_forked_child_on_another_host),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -135,6 +135,7 @@ struct tcp_ctx {
   unsigned wait_gen;        /* counts waits, for tcp_peer.polled */
   int *pfd_peer;            /* for each pfds entry: the peer whose pidfd it is, else -1 */
   bool accept_pending;      /* the listener was readable in the last wait */
+  tcp_ctx *fork_next, *fork_prev; /* every live context, for tcp_fork_child */
   int awaiting_accept;      /* conns in TCP_CONN_AWAIT_ACCEPT */
   struct pollfd *pfds;      /* scratch for wait, size * (WEFT_TP_CHANNELS + 1) + 2 entries */
   int nsending;             /* conns with queued sends */
@@ -164,8 +165,9 @@ weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...)
 /* WEFT_AGAIN, or the failure when c's peer process is gone (tcp_peer.gone_at)
  * past TCP_GONE_GRACE_S: called only where a data call would say WEFT_AGAIN. */
 weft_status tcp_conn_again(tcp_conn *c);
-/* The notice of a failure, as abort_all sends it on a fresh connection. */
-void tcp_send_notices(tcp_ctx *ctx, const char *reason, const bool *skip);
+/* The notice of a failure, as abort_all sends it to every peer's listener on
+ * a connection of its own (TCP_NOTICE_CHANNEL). */
+void tcp_send_notices(tcp_ctx *ctx, const char *reason);
 void tcp_conn_destroy(tcp_conn *c);
 
 /* the table's data members */

@@ -213,7 +213,7 @@ static weft_status tcp_read_notice(tcp_ctx *ctx, int fd, int from, double wait) 
   return WEFT_ERR_PEER_LOST;
 }
 
-void tcp_send_notices(tcp_ctx *ctx, const char *reason, const bool *skip) {
+void tcp_send_notices(tcp_ctx *ctx, const char *reason) {
   int n = ctx->args->size;
   int *fd = malloc(2 * (size_t)n * sizeof *fd);
   if (!fd) return;
@@ -225,7 +225,7 @@ void tcp_send_notices(tcp_ctx *ctx, const char *reason, const bool *skip) {
    * one bounded wait, not a timeout each. */
   for (int p = 0; p < n; p++) {
     fd[p] = -1;
-    if (p == ctx->args->rank || skip[p] || !ctx->peers[p].known || ctx->peers[p].gone_at) continue;
+    if (p == ctx->args->rank || !ctx->peers[p].known || ctx->peers[p].gone_at) continue;
     const tcp_peer *peer = &ctx->peers[p];
     int s = socket(peer->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s < 0) break; /* out of fds: the peers left learn at their timeout */

@@ -7,6 +7,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,72 @@ static weft_status tcp_probe(char *why, size_t why_len) {
 
 static void tcp_fini(weft_tp_ctx *tctx);
 
+/* ---- fork: a child must not keep this process's sockets ------------------
+ * A child forked without exec (a DataLoader's workers) inherits every socket,
+ * and SOCK_CLOEXEC does not help without exec. Then, when this process dies,
+ * its sockets stay open in the child: no peer sees EOF, local or remote, and
+ * they wait their whole timeout. So the child closes its copies at once (the
+ * child handler of pthread_atfork: close is async-signal-safe), and a peer's
+ * liveness never depends on who holds a socket last. The registry lock is
+ * held across the fork, so the child sees a list no thread was changing.
+ * A child that tries the parent's communicator gets an error, never its
+ * parent's streams. */
+static pthread_mutex_t tcp_fork_lock = PTHREAD_MUTEX_INITIALIZER;
+static tcp_ctx *tcp_fork_list;
+static pthread_once_t tcp_fork_once = PTHREAD_ONCE_INIT;
+
+static void tcp_fork_prepare(void) {
+  pthread_mutex_lock(&tcp_fork_lock);
+}
+static void tcp_fork_parent(void) {
+  pthread_mutex_unlock(&tcp_fork_lock);
+}
+static void tcp_fork_child(void) {
+  for (tcp_ctx *ctx = tcp_fork_list; ctx; ctx = ctx->fork_next) {
+    if (ctx->listen_fd >= 0) close(ctx->listen_fd);
+    ctx->listen_fd = -1;
+    for (int i = 0; i < ctx->args->size * WEFT_TP_CHANNELS; i++) {
+      tcp_conn *c = ctx->conns[i];
+      if (!c) continue;
+      if (c->fd >= 0) close(c->fd);
+      c->fd = -1;
+      if (c->state == TCP_CONN_AWAIT_ACCEPT) ctx->awaiting_accept--;
+      if (c->sq_count) ctx->nsending--;
+      c->sq_count = 0;
+      c->state = TCP_CONN_DEAD;
+      c->dead_status = WEFT_ERR_INVALID;
+    }
+    for (int p = 0; p < ctx->args->size; p++) {
+      if (ctx->peers[p].pidfd >= 0) close(ctx->peers[p].pidfd);
+      ctx->peers[p].pidfd = -1;
+    }
+  }
+  pthread_mutex_unlock(&tcp_fork_lock);
+}
+static void tcp_fork_register_once(void) {
+  if (pthread_atfork(tcp_fork_prepare, tcp_fork_parent, tcp_fork_child))
+    WEFT_WARN(WEFT_SUBSYS_NET, "tcp: cannot register the fork handler: a child forked later "
+                               "keeps this rank's sockets, and its death is seen at the timeout");
+}
+static void tcp_fork_track(tcp_ctx *ctx) {
+  pthread_once(&tcp_fork_once, tcp_fork_register_once);
+  pthread_mutex_lock(&tcp_fork_lock);
+  ctx->fork_next = tcp_fork_list;
+  if (tcp_fork_list) tcp_fork_list->fork_prev = ctx;
+  tcp_fork_list = ctx;
+  pthread_mutex_unlock(&tcp_fork_lock);
+}
+static void tcp_fork_untrack(tcp_ctx *ctx) {
+  pthread_mutex_lock(&tcp_fork_lock);
+  if (ctx->fork_prev)
+    ctx->fork_prev->fork_next = ctx->fork_next;
+  else if (tcp_fork_list == ctx)
+    tcp_fork_list = ctx->fork_next;
+  if (ctx->fork_next) ctx->fork_next->fork_prev = ctx->fork_prev;
+  ctx->fork_next = ctx->fork_prev = NULL;
+  pthread_mutex_unlock(&tcp_fork_lock);
+}
+
 static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **out,
                             void *addr, size_t *addr_len) {
   tcp_ctx *ctx = calloc(1, sizeof *ctx);
@@ -128,6 +195,7 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **
   tcp_put64(blob + NET_ADDR_PACKED + 4, args->place ? args->place->pid_ns : 0);
   tcp_put64(blob + NET_ADDR_PACKED + 12, ctx->host_hash);
   *addr_len = TCP_ADDR_BYTES;
+  tcp_fork_track(ctx);
   char where[80];
   WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d listens on %s", args->rank,
             net_addr_str((struct sockaddr *)&ctx->addr, where, sizeof where));
@@ -279,19 +347,19 @@ static weft_status tcp_wait(weft_tp_ctx *tctx, int timeout_ms) {
 
 /* Connections open lazily and the lower rank dials, so a rank that fails
  * early holds connections to few peers; the others would wait for it (or
- * for a dial it will never make) until their timeout. So a rank that fails
- * first, of its own cause, also dials every peer it has no connection with
- * and leaves its notice there (tcp_send_notices; bounded to 1 s in all). A
- * rank that fails because of a peer's notice (errors->origin is set) only
- * passes it on its open connections: the first rank told everyone, and the
- * relay stays one dial per peer per failure, not one per pair. */
+ * for a dial it will never make) until their timeout. And an abort frame on
+ * an open connection is read only when its peer reads that connection: a
+ * peer waiting for a third rank does not. So a rank that fails first, of its
+ * own cause, also dials every peer's listener, which every wait watches, and
+ * leaves its notice there (tcp_send_notices: all dials at once, 1 s in
+ * all). A rank that fails because of a peer's notice (errors->origin is set)
+ * only passes it on its open connections: the first rank told everyone, so
+ * a failure costs one dial per peer, not one per pair of ranks. */
 static void tcp_abort_all(weft_tp_ctx *tctx, const char *reason) {
   tcp_ctx *ctx = tcp_ctx_of(tctx);
-  bool *told = calloc((size_t)ctx->args->size, sizeof *told);
   for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
     tcp_conn *c = ctx->conns[p];
     if (!c || c->state != TCP_CONN_UP) continue;
-    if (told) told[c->peer] = true;
     /* A frame cannot be cut into the middle of a half-written one; then the
      * peer just sees the connection end. */
     if (!c->sq_count || c->sq[c->sq_head].sent == 0) {
@@ -307,13 +375,13 @@ static void tcp_abort_all(weft_tp_ctx *tctx, const char *reason) {
     c->state = TCP_CONN_DEAD;
     c->dead_status = WEFT_ERR_ABORTED;
   }
-  if (told && !ctx->args->errors->origin[0]) tcp_send_notices(ctx, reason, told);
-  free(told);
+  if (!ctx->args->errors->origin[0]) tcp_send_notices(ctx, reason);
 }
 
 static void tcp_fini(weft_tp_ctx *tctx) {
   tcp_ctx *ctx = tcp_ctx_of(tctx);
   if (!ctx) return;
+  tcp_fork_untrack(ctx);
   for (int p = 0; ctx->conns && p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) tcp_conn_destroy(ctx->conns[p]);
   for (int p = 0; ctx->peers && p < ctx->args->size; p++)
