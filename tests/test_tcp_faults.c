@@ -100,6 +100,21 @@ static void rank_exits_after_init(void **state) {
     }
 }
 
+/* The same in a wider job, from the middle: ranks above 5 wait for its
+ * dial, ranks below find it gone; all hear within the bound. */
+static void rank_exits_after_init_of_12(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
+  leaver l = {5, EXITS_AFTER_INIT, false};
+  harness_init();
+  assert_int_equal(harness_run(12, env, 60, allreduce_until_failure, &l), 0);
+  for (int r = 0; r < 12; r++)
+    if (r != 5) {
+      expect_fails_soon(r);
+      assert_int_equal(harness_shm->status[r], WEFT_ERR_PEER_LOST);
+    }
+}
+
 /* WEFT_CHECK on rank 1 only: rank 1 fails its first call while alive; the
  * ranks that never connected to it must hear of it. */
 static void check_set_on_one_rank(void **state) {
@@ -121,8 +136,9 @@ static void run_forked_then_killed(bool as_hosts) {
   for (int r = 0; r < 4; r++) {
     if (r == 1) continue;
     expect_fails_soon(r);
-    assert_non_null(strstr(harness_shm->message[r], "peer 1") ? harness_shm->message[r]
-                                                              : strstr(harness_shm->message[r], "rank 1"));
+    assert_non_null(strstr(harness_shm->message[r], "peer 1")
+                        ? harness_shm->message[r]
+                        : strstr(harness_shm->message[r], "rank 1"));
   }
 }
 
@@ -142,6 +158,7 @@ int main(void) {
   if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(rank_exits_after_init),
+      cmocka_unit_test(rank_exits_after_init_of_12),
       cmocka_unit_test(check_set_on_one_rank),
       cmocka_unit_test(killed_rank_with_forked_child),
       cmocka_unit_test(killed_rank_with_forked_child_on_another_host),

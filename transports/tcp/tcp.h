@@ -92,15 +92,15 @@ typedef struct tcp_conn tcp_conn;
 
 /* What this rank knows of one peer that TCP carries (from can_reach). */
 typedef struct tcp_peer {
-  bool known;                  /* can_reach said yes: an address to dial */
+  bool known;                   /* can_reach said yes: an address to dial */
   struct sockaddr_storage addr; /* its listener */
   socklen_t addr_len;
-  uint32_t pid;                /* same host and pid namespace: its pid, else 0 */
-  int pidfd;                   /* opened at its first wait, -1 before (or none) */
+  uint32_t pid;     /* same host and pid namespace: its pid, else 0 */
+  int pidfd;        /* opened at its first wait, -1 before (or none) */
   bool pidfd_tried;
-  double gone_at;              /* when its process was seen ended (0: alive); any
-                                  byte from it since moves this forward */
-  unsigned polled;             /* the wait generation that last polled its pidfd */
+  double gone_at;   /* when its process was seen ended (0: alive); any
+                       byte from it since moves this forward */
+  unsigned polled;  /* the wait generation that last polled its pidfd */
 } tcp_peer;
 
 struct tcp_conn {
@@ -165,6 +165,11 @@ weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...)
 /* WEFT_AGAIN, or the failure when c's peer process is gone (tcp_peer.gone_at)
  * past TCP_GONE_GRACE_S: called only where a data call would say WEFT_AGAIN. */
 weft_status tcp_conn_again(tcp_conn *c);
+/* Returns `st` (a failure of a connection), or WEFT_ERR_PEER_LOST when a
+ * failure notice waits on the listener: a peer that closed, reset or refused
+ * may have done so because it heard of a failure first, and that first cause
+ * is what this rank reports. Error paths only (it polls the listener). */
+weft_status tcp_notice_first(tcp_ctx *ctx, weft_status st);
 /* The notice of a failure, as abort_all sends it to every peer's listener on
  * a connection of its own (TCP_NOTICE_CHANNEL). */
 void tcp_send_notices(tcp_ctx *ctx, const char *reason);

@@ -298,7 +298,8 @@ weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
     why = "it did not prove the job key (a foreign client, or WEFT_AUTH_TOKEN differs)";
   else if ((why = tcp_handshake_check(&hs, (uint32_t)ctx->args->rank, ctx->args->comm_id)))
     ;
-  else if (hs.channel != TCP_NOTICE_CHANNEL && *(slot = &ctx->conns[tcp_conn_index((int)from, (int)hs.channel)]) &&
+  else if (hs.channel != TCP_NOTICE_CHANNEL &&
+           *(slot = &ctx->conns[tcp_conn_index((int)from, (int)hs.channel)]) &&
            (*slot)->state != TCP_CONN_AWAIT_ACCEPT)
     why = "second connection from the same rank and channel";
   else if (hs.channel == TCP_NOTICE_CHANNEL && from >= (uint32_t)ctx->args->size)
@@ -314,6 +315,17 @@ weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
   tcp_conn_up(*slot, fd);
   *progressed = true;
   return WEFT_OK;
+}
+
+weft_status tcp_notice_first(tcp_ctx *ctx, weft_status st) {
+  for (int i = 0; i < 8; i++) {
+    struct pollfd p = {.fd = ctx->listen_fd, .events = POLLIN};
+    if (poll(&p, 1, 0) != 1) break;
+    bool moved = false;
+    weft_status notice = tcp_conn_accept_one(ctx, &moved);
+    if (notice == WEFT_ERR_PEER_LOST) return notice; /* only a notice fails an accept so */
+  }
+  return st;
 }
 
 /* ---- send path ---------------------------------------------------------- */
@@ -345,8 +357,10 @@ static weft_status tcp_send_failed(tcp_conn *c, int err) {
         recv(c->fd, NULL, sizeof h + len, MSG_TRUNC | MSG_DONTWAIT) != (ssize_t)(sizeof h + len))
       break;
   }
-  return tcp_conn_fail(c, weft_status_from_errno(err) == WEFT_ERR_SYSTEM ? WEFT_ERR_SYSTEM : WEFT_ERR_PEER_LOST,
-                       "sending to %s: %s", c->where, strerror(err));
+  weft_status st = tcp_conn_fail(
+      c, weft_status_from_errno(err) == WEFT_ERR_SYSTEM ? WEFT_ERR_SYSTEM : WEFT_ERR_PEER_LOST,
+      "sending to %s: %s", c->where, strerror(err));
+  return tcp_notice_first(c->ctx, st);
 }
 
 weft_status tcp_conn_push_sends(tcp_conn *c, bool *progressed) {
@@ -475,17 +489,19 @@ static weft_status tcp_recv_frame(tcp_conn *c, uint32_t seq, size_t bytes, char 
     if (c->rpay_got < bytes) iov[n++] = (struct iovec){target + c->rpay_got, bytes - c->rpay_got};
     ssize_t r = readv(c->fd, iov, n);
     if (r == 0)
-      return tcp_conn_fail(c, WEFT_ERR_PEER_LOST,
-                           "peer %d (%s) closed the connection: its process ended or crashed",
-                           c->peer, c->where);
+      return tcp_notice_first(
+          c->ctx, tcp_conn_fail(c, WEFT_ERR_PEER_LOST,
+                                "peer %d (%s) closed the connection: its process ended or crashed",
+                                c->peer, c->where));
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) {
         c->want_recv = true;
         return c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
       }
-      return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "receiving from peer %d (%s): %s", c->peer,
-                           c->where, strerror(errno));
+      return tcp_notice_first(c->ctx, tcp_conn_fail(c, WEFT_ERR_PEER_LOST,
+                                                    "receiving from peer %d (%s): %s", c->peer,
+                                                    c->where, strerror(errno)));
     }
     size_t got = (size_t)r;
     tcp_peer_heard(c);

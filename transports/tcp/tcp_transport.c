@@ -247,20 +247,6 @@ static bool tcp_can_reach(weft_tp_ctx *tctx, int peer, const void *peer_addr,
   return true;
 }
 
-/* A dial that failed may have failed because the peer already heard of a
- * failure and left: its notice, or another rank's, may wait on our listener.
- * That is the first cause, so it is what this rank reports. Error path only. */
-static weft_status tcp_notice_first(tcp_ctx *ctx, weft_status st) {
-  for (int i = 0; i < 8; i++) {
-    struct pollfd p = {.fd = ctx->listen_fd, .events = POLLIN};
-    if (poll(&p, 1, 0) != 1) break;
-    bool moved = false;
-    weft_status notice = tcp_conn_accept_one(ctx, &moved);
-    if (notice < 0) return notice;
-  }
-  return st;
-}
-
 static weft_status tcp_connect(weft_tp_ctx *tctx, int peer, int channel, const void *peer_addr,
                                size_t addr_len, weft_tp_conn **out) {
   tcp_ctx *ctx = tcp_ctx_of(tctx);
