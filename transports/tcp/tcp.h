@@ -135,6 +135,7 @@ struct tcp_ctx {
   unsigned wait_gen;        /* counts waits, for tcp_peer.polled */
   int *pfd_peer;            /* for each pfds entry: the peer whose pidfd it is, else -1 */
   bool accept_pending;      /* the listener was readable in the last wait */
+  bool notices_sent;        /* abort_all told every peer's listener once */
   tcp_ctx *fork_next, *fork_prev; /* every live context, for tcp_fork_child */
   int awaiting_accept;      /* conns in TCP_CONN_AWAIT_ACCEPT */
   struct pollfd *pfds;      /* scratch for wait, size * (WEFT_TP_CHANNELS + 1) + 2 entries */

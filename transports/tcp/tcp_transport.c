@@ -376,7 +376,10 @@ static void tcp_abort_all(weft_tp_ctx *tctx, const char *reason) {
     c->state = TCP_CONN_DEAD;
     c->dead_status = WEFT_ERR_ABORTED;
   }
-  if (!ctx->args->errors->origin[0]) tcp_send_notices(ctx, reason);
+  if (!ctx->args->errors->origin[0] && !ctx->notices_sent) {
+    ctx->notices_sent = true;
+    tcp_send_notices(ctx, reason);
+  }
 }
 
 static void tcp_fini(weft_tp_ctx *tctx) {
