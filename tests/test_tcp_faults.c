@@ -115,6 +115,24 @@ static void rank_exits_after_init_of_12(void **state) {
     }
 }
 
+/* Rank 0 exits after init and every rank runs on a host of its own: all
+ * others wait for rank 0's dial, none holds a connection to it or can watch
+ * its pid, so its death shows only in its listener refusing them. */
+static void lowest_rank_exits_after_init_on_another_host(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
+  leaver l = {0, EXITS_AFTER_INIT, true};
+  harness_init();
+  assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
+  for (int r = 1; r < 4; r++) {
+    expect_fails_soon(r);
+    assert_int_equal(harness_shm->status[r], WEFT_ERR_PEER_LOST);
+    assert_non_null(strstr(harness_shm->message[r], "peer 0")
+                        ? harness_shm->message[r]
+                        : strstr(harness_shm->message[r], "rank 0"));
+  }
+}
+
 /* WEFT_CHECK on rank 1 only: rank 1 fails its first call while alive; the
  * ranks that never connected to it must hear of it. */
 static void check_set_on_one_rank(void **state) {
@@ -159,6 +177,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(rank_exits_after_init),
       cmocka_unit_test(rank_exits_after_init_of_12),
+      cmocka_unit_test(lowest_rank_exits_after_init_on_another_host),
       cmocka_unit_test(check_set_on_one_rank),
       cmocka_unit_test(killed_rank_with_forked_child),
       cmocka_unit_test(killed_rank_with_forked_child_on_another_host),

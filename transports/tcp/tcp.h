@@ -23,6 +23,14 @@
  * connection that carries one abort frame to a peer this rank had no
  * connection with. Any rank may dial any other for it, lower or higher. */
 #define TCP_NOTICE_CHANNEL 0xffffu
+/* The handshake's channel for a liveness probe (tcp_wait): the accepter
+ * closes it at once. Any rank may dial any other for it. */
+#define TCP_PROBE_CHANNEL 0xfffeu
+/* A connection waiting for its peer's dial probes the peer's listener this
+ * often: a live process's kernel accepts even while the process computes,
+ * an ended one's refuses (its forked children closed their copies of the
+ * listener, tcp_fork_child). One connect per waited peer per interval. */
+#define TCP_PROBE_INTERVAL_S 2.0
 
 /* What a rank publishes: its listener (net.h's packed address), then, for
  * peers on the same host, what tells whether its process still lives: pid,
@@ -69,8 +77,8 @@ typedef struct tcp_frame_info {
 } tcp_frame_info;
 
 /* WEFT_ERR_PROTOCOL when shorter than TCP_HANDSHAKE_BYTES. */
-/* A handshake on TCP_NOTICE_CHANNEL may come from any other rank; the caller
- * still checks `from` against the communicator's size. */
+/* A handshake on TCP_NOTICE_CHANNEL or TCP_PROBE_CHANNEL may come from any
+ * other rank; the caller still checks `from` against the communicator's size. */
 weft_status tcp_handshake_parse(const uint8_t *buf, size_t len, tcp_handshake_info *out);
 /* After the MAC was verified: NULL when the handshake is one `my_rank` of
  * communicator `comm_id` accepts, else why not. */
@@ -100,6 +108,7 @@ typedef struct tcp_peer {
   bool pidfd_tried;
   double gone_at;   /* when its process was seen ended (0: alive); any
                        byte from it since moves this forward */
+  const char *gone_why; /* how it was seen, for the sentence */
   unsigned polled;  /* the wait generation that last polled its pidfd */
 } tcp_peer;
 
@@ -121,6 +130,8 @@ struct tcp_conn {
   bool rframe_done;   /* header and payload complete, not yet released */
   char *slot;         /* receive slot for recv_peek, chunk_bytes long (ctx->slot_mem) */
   bool want_recv;     /* a data call said AGAIN waiting for input */
+  int probe_fd;       /* AWAIT_ACCEPT: a liveness probe's connect in flight, else -1 */
+  double probe_at;    /* when the last probe started */
 };
 
 struct tcp_ctx {
@@ -171,6 +182,10 @@ weft_status tcp_conn_again(tcp_conn *c);
  * may have done so because it heard of a failure first, and that first cause
  * is what this rank reports. Error paths only (it polls the listener). */
 weft_status tcp_notice_first(tcp_ctx *ctx, weft_status st);
+/* Probes: started by tcp_wait for a connection still waiting for its
+ * peer's dial; tcp_conn_probe_done when its socket is ready. */
+void tcp_conn_probe_start(tcp_conn *c, double now);
+void tcp_conn_probe_done(tcp_conn *c);
 /* The notice of a failure, as abort_all sends it to every peer's listener on
  * a connection of its own (TCP_NOTICE_CHANNEL). */
 void tcp_send_notices(tcp_ctx *ctx, const char *reason);

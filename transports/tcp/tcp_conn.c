@@ -54,8 +54,8 @@ weft_status tcp_handshake_parse(const uint8_t *buf, size_t len, tcp_handshake_in
 const char *tcp_handshake_check(const tcp_handshake_info *hs, uint32_t my_rank, uint64_t comm_id) {
   if (hs->magic != TCP_HANDSHAKE_MAGIC) return "not a weft handshake";
   if (hs->comm_id != comm_id) return "handshake for another communicator";
-  if (hs->channel == TCP_NOTICE_CHANNEL) /* a failure notice: from any other rank */
-    return hs->to != my_rank || hs->from == my_rank ? "notice with wrong ranks" : NULL;
+  if (hs->channel == TCP_NOTICE_CHANNEL || hs->channel == TCP_PROBE_CHANNEL) /* any other rank */
+    return hs->to != my_rank || hs->from == my_rank ? "notice or probe with wrong ranks" : NULL;
   /* the lower rank dials: a dialer claims a rank below ours */
   if (hs->to != my_rank || hs->from >= my_rank) return "handshake with wrong ranks";
   if (hs->channel >= WEFT_TP_CHANNELS) return "handshake for an unknown channel";
@@ -91,10 +91,8 @@ weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...) {
 weft_status tcp_conn_again(tcp_conn *c) {
   const tcp_peer *p = &c->ctx->peers[c->peer];
   if (!p->gone_at || weft_now() - p->gone_at < TCP_GONE_GRACE_S) return WEFT_AGAIN;
-  return tcp_conn_fail(c, WEFT_ERR_PEER_LOST,
-                       "peer %d (pid %u) ended with its connection still open (%s): its process "
-                       "exited or was killed while a process it forked kept its sockets",
-                       c->peer, p->pid, c->where);
+  return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d (%s) is gone: %s", c->peer, c->where,
+                       p->gone_why ? p->gone_why : "its process ended");
 }
 
 /* A byte from a peer seen gone: its last data is still arriving (the
@@ -116,6 +114,8 @@ weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out)
   c->peer = peer;
   c->channel = channel;
   c->fd = -1;
+  c->probe_fd = -1;
+  c->probe_at = weft_now(); /* the first probe after one interval of waiting */
   c->state = TCP_CONN_AWAIT_ACCEPT;
   snprintf(c->where, sizeof c->where, "not connected");
   ctx->awaiting_accept++;
@@ -125,6 +125,7 @@ weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out)
 
 void tcp_conn_destroy(tcp_conn *c) {
   if (c->fd >= 0) close(c->fd);
+  if (c->probe_fd >= 0) close(c->probe_fd);
   free(c->sq);
   if (c->slot) c->ctx->slot_mem->free_slots(c->slot, c->ctx->args->chunk_bytes);
   free(c);
@@ -156,6 +157,8 @@ static void tcp_tune_socket(int fd) {
 }
 
 static void tcp_conn_up(tcp_conn *c, int fd) {
+  if (c->probe_fd >= 0) close(c->probe_fd); /* the dial came: no need */
+  c->probe_fd = -1;
   c->fd = fd;
   c->state = TCP_CONN_UP;
   c->ctx->awaiting_accept--;
@@ -276,6 +279,59 @@ void tcp_send_notices(tcp_ctx *ctx, const char *reason) {
   free(fd);
 }
 
+/* The peer's listener refused: no process holds it any more, so the peer
+ * ended (it existed before the rendezvous ended and lives until fini, which
+ * comes only after the peer dialed every connection it needed). */
+static void tcp_probe_refused(tcp_conn *c) {
+  tcp_peer *p = &c->ctx->peers[c->peer];
+  if (!p->gone_at) p->gone_at = weft_now() - TCP_GONE_GRACE_S;
+  net_addr_str((const struct sockaddr *)&p->addr, c->where, sizeof c->where);
+  p->gone_why = "its listener refuses connections, so its process ended before it connected "
+                "to this rank";
+  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d: peer %d's listener refuses a probe", c->ctx->args->rank,
+            c->peer);
+}
+
+static void tcp_probe_send(tcp_conn *c, int fd) {
+  tcp_proof proof;
+  tcp_hello(c->ctx, c->peer, TCP_PROBE_CHANNEL, &proof);
+  if (send(fd, &proof, sizeof proof, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) { /* best effort */
+  }
+  close(fd);
+}
+
+void tcp_conn_probe_start(tcp_conn *c, double now) {
+  const tcp_peer *p = &c->ctx->peers[c->peer];
+  c->probe_at = now;
+  if (!p->known || c->probe_fd >= 0) return;
+  int fd = socket(p->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return; /* no fd now: the next interval tries again */
+  if (!connect(fd, (const struct sockaddr *)&p->addr, p->addr_len))
+    tcp_probe_send(c, fd);
+  else if (errno == EINPROGRESS)
+    c->probe_fd = fd;
+  else {
+    if (errno == ECONNREFUSED) tcp_probe_refused(c);
+    close(fd);
+  }
+}
+
+void tcp_conn_probe_done(tcp_conn *c) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  int fd = c->probe_fd;
+  c->probe_fd = -1;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len)) err = errno;
+  if (!err) {
+    tcp_probe_send(c, fd);
+    return;
+  }
+  /* Anything but a refusal (unreachable, timed out) says nothing of the
+   * process: the link may be down, and the timeout judges that. */
+  if (err == ECONNREFUSED) tcp_probe_refused(c);
+  close(fd);
+}
+
 weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
   int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return WEFT_OK; /* nothing waiting (EAGAIN) or a transient failure */
@@ -298,12 +354,13 @@ weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
     why = "it did not prove the job key (a foreign client, or WEFT_AUTH_TOKEN differs)";
   else if ((why = tcp_handshake_check(&hs, (uint32_t)ctx->args->rank, ctx->args->comm_id)))
     ;
-  else if (hs.channel != TCP_NOTICE_CHANNEL &&
+  else if (hs.channel != TCP_NOTICE_CHANNEL && hs.channel != TCP_PROBE_CHANNEL &&
            *(slot = &ctx->conns[tcp_conn_index((int)from, (int)hs.channel)]) &&
            (*slot)->state != TCP_CONN_AWAIT_ACCEPT)
     why = "second connection from the same rank and channel";
-  else if (hs.channel == TCP_NOTICE_CHANNEL && from >= (uint32_t)ctx->args->size)
-    why = "notice from a rank outside the communicator";
+  else if ((hs.channel == TCP_NOTICE_CHANNEL || hs.channel == TCP_PROBE_CHANNEL) &&
+           from >= (uint32_t)ctx->args->size)
+    why = "notice or probe from a rank outside the communicator";
   if (why) {
     WEFT_WARN(WEFT_SUBSYS_NET, "tcp: rank %d refused an incoming connection: %s",
               ctx->args->rank, why);
@@ -311,6 +368,10 @@ weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
     return WEFT_OK; /* the job goes on */
   }
   if (hs.channel == TCP_NOTICE_CHANNEL) return tcp_read_notice(ctx, fd, (int)from, wait);
+  if (hs.channel == TCP_PROBE_CHANNEL) { /* a peer checking that we live: we do */
+    close(fd);
+    return WEFT_OK;
+  }
   if (!*slot) WEFT_CHECK(tcp_conn_create(ctx, (int)from, (int)hs.channel, slot));
   tcp_conn_up(*slot, fd);
   *progressed = true;

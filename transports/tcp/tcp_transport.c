@@ -107,7 +107,8 @@ static void tcp_fork_child(void) {
       tcp_conn *c = ctx->conns[i];
       if (!c) continue;
       if (c->fd >= 0) close(c->fd);
-      c->fd = -1;
+      if (c->probe_fd >= 0) close(c->probe_fd);
+      c->fd = c->probe_fd = -1;
       if (c->state == TCP_CONN_AWAIT_ACCEPT) ctx->awaiting_accept--;
       if (c->sq_count) ctx->nsending--;
       c->sq_count = 0;
@@ -153,7 +154,7 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **
   ctx->slot_mem = args->slot_mem ? args->slot_mem : &weft_mem_host;
   ctx->listen_fd = -1;
   size_t nconns = (size_t)args->size * WEFT_TP_CHANNELS;
-  size_t npfds = nconns + (size_t)args->size + 2; /* conns, peers' pidfds, wake fd, listener */
+  size_t npfds = 2 * nconns + (size_t)args->size + 2; /* conns, probes, pidfds, wake, listener */
   ctx->conns = calloc(nconns, sizeof *ctx->conns);
   ctx->pfds = calloc(npfds, sizeof *ctx->pfds);
   ctx->pfd_peer = calloc(npfds, sizeof *ctx->pfd_peer);
@@ -306,6 +307,7 @@ static weft_status tcp_wait(weft_tp_ctx *tctx, int timeout_ms) {
   struct pollfd *pf = ctx->pfds;
   int *who = ctx->pfd_peer;
   unsigned gen = ++ctx->wait_gen;
+  double now = 0; /* read once, only when a connection waits for a dial */
   nfds_t n = 0;
   who[n] = -1;
   pf[n++] = (struct pollfd){.fd = ctx->args->wake_fd, .events = POLLIN};
@@ -323,6 +325,15 @@ static weft_status tcp_wait(weft_tp_ctx *tctx, int timeout_ms) {
       pf[n++] = (struct pollfd){.fd = c->fd, .events = ev};
     }
     tcp_peer *p = &ctx->peers[c->peer];
+    if (!up && !p->gone_at) { /* waiting for its dial: is it still there? */
+      if (!now) now = weft_now();
+      if (c->probe_fd < 0 && now - c->probe_at >= TCP_PROBE_INTERVAL_S)
+        tcp_conn_probe_start(c, now);
+      if (c->probe_fd >= 0) {
+        who[n] = -2 - i; /* a probe: the connection's index */
+        pf[n++] = (struct pollfd){.fd = c->probe_fd, .events = POLLOUT};
+      }
+    }
     if (waited_for && p->pid && !p->gone_at && p->polled != gen && tcp_peer_pidfd(p) >= 0) {
       p->polled = gen;
       who[n] = c->peer;
@@ -337,8 +348,12 @@ static weft_status tcp_wait(weft_tp_ctx *tctx, int timeout_ms) {
   if (ready > 0) {
     if (pf[1].revents) ctx->accept_pending = true;
     for (nfds_t i = 2; i < n; i++)
-      if (who[i] >= 0 && pf[i].revents) {
+      if (who[i] <= -2 && pf[i].revents)
+        tcp_conn_probe_done(ctx->conns[-2 - who[i]]);
+      else if (who[i] >= 0 && pf[i].revents) {
         ctx->peers[who[i]].gone_at = weft_now();
+        ctx->peers[who[i]].gone_why =
+            "its process ended, while processes it forked may still hold its sockets";
         WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d sees peer %d (pid %u) ended", ctx->args->rank,
                   who[i], ctx->peers[who[i]].pid);
       }
