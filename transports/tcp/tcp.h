@@ -1,7 +1,20 @@
 /* tcp.h - the TCP transport's private types. One socket per (peer, channel)
  * carries frames both ways: a 16-byte header (magic+type, seq, length) then
  * the payload. The lower rank of a pair dials, naming the channel in its
- * handshake; the higher accepts on its one listener. */
+ * handshake; the higher accepts on its one listener.
+ *
+ * How every rank learns of a death or a failure, although connections open
+ * lazily (issue 14, items 3 and 4; none costs a system call per chunk):
+ *  - a child forked without exec closes its copies of the sockets at once
+ *    (pthread_atfork), so the death of a rank shows as EOF or a refused dial
+ *    on every host, whoever else the rank forked;
+ *  - a connection still waiting for its peer's dial probes the peer's
+ *    listener every TCP_PROBE_INTERVAL_S while waiting: refused = gone;
+ *  - a peer on this host (same pid namespace, its pid published with its
+ *    address) is watched through a pidfd while this rank waits for it;
+ *  - the first rank to fail, of its own cause, sends its notice to every
+ *    peer's listener (abort_all), which every wait watches; ranks that fail
+ *    because of a notice only pass it on their open connections. */
 #ifndef WEFT_TCP_H
 #define WEFT_TCP_H
 
