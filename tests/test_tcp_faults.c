@@ -32,7 +32,12 @@ static void expect_fails_soon(int rank) {
 }
 
 /* Allreduces until one fails; rank `who` leaves as `how` says first. */
-typedef enum how_leaves { EXITS_AFTER_INIT, CHECKS_ALONE, FORKS_THEN_KILLED } how_leaves;
+typedef enum how_leaves {
+  EXITS_AFTER_INIT,
+  CHECKS_ALONE,
+  FORKS_THEN_KILLED,
+  COMES_LATE
+} how_leaves;
 /* as_hosts: every rank names a host of its own (WEFT_HOST_ID), as ranks on
  * other machines would be, so no peer can watch another's pid. */
 typedef struct leaver {
@@ -72,7 +77,10 @@ static int allreduce_until_failure(int rank, int size, const weft_unique_id *id,
   static float v[N];
   weft_status st = WEFT_OK;
   double t0 = harness_now();
-  for (int iter = 0; iter < 1000000 && !st; iter++) {
+  /* COMES_LATE: 5 s of work before the first call, then 20 good calls */
+  if (rank == l->who && l->how == COMES_LATE) sleep(5);
+  int iters = l->how == COMES_LATE ? 20 : 1000000;
+  for (int iter = 0; iter < iters && !st; iter++) {
     if (rank == l->who && l->how == FORKS_THEN_KILLED && iter == 5) {
       fork_sleeping_child();
       raise(SIGKILL);
@@ -133,6 +141,19 @@ static void lowest_rank_exits_after_init_on_another_host(void **state) {
   }
 }
 
+/* Rank 0 computes for 5 s before its first call: a live rank, waited for
+ * (and probed) all that while, must never be taken for a dead one. */
+static void late_rank_is_not_taken_for_dead(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
+  for (int hosts = 0; hosts < 2; hosts++) {
+    leaver l = {0, COMES_LATE, hosts == 1};
+    harness_init();
+    assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
+    for (int r = 0; r < 4; r++) assert_int_equal(harness_shm->status[r], WEFT_OK);
+  }
+}
+
 /* WEFT_CHECK on rank 1 only: rank 1 fails its first call while alive; the
  * ranks that never connected to it must hear of it. */
 static void check_set_on_one_rank(void **state) {
@@ -179,6 +200,7 @@ int main(void) {
       cmocka_unit_test(rank_exits_after_init_of_12),
       cmocka_unit_test(lowest_rank_exits_after_init_on_another_host),
       cmocka_unit_test(check_set_on_one_rank),
+      cmocka_unit_test(late_rank_is_not_taken_for_dead),
       cmocka_unit_test(killed_rank_with_forked_child),
       cmocka_unit_test(killed_rank_with_forked_child_on_another_host),
   };

@@ -306,6 +306,8 @@ void tcp_conn_probe_start(tcp_conn *c, double now) {
   if (!p->known || c->probe_fd >= 0) return;
   int fd = socket(p->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return; /* no fd now: the next interval tries again */
+  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d still waits for peer %d's dial: probing its listener",
+            c->ctx->args->rank, c->peer);
   if (!connect(fd, (const struct sockaddr *)&p->addr, p->addr_len))
     tcp_probe_send(c, fd);
   else if (errno == EINPROGRESS)
