@@ -54,6 +54,8 @@ weft_status tcp_handshake_parse(const uint8_t *buf, size_t len, tcp_handshake_in
 const char *tcp_handshake_check(const tcp_handshake_info *hs, uint32_t my_rank, uint64_t comm_id) {
   if (hs->magic != TCP_HANDSHAKE_MAGIC) return "not a weft handshake";
   if (hs->comm_id != comm_id) return "handshake for another communicator";
+  if (hs->channel == TCP_NOTICE_CHANNEL || hs->channel == TCP_PROBE_CHANNEL) /* any other rank */
+    return hs->to != my_rank || hs->from == my_rank ? "notice or probe with wrong ranks" : NULL;
   /* the lower rank dials: a dialer claims a rank below ours */
   if (hs->to != my_rank || hs->from >= my_rank) return "handshake with wrong ranks";
   if (hs->channel >= WEFT_TP_CHANNELS) return "handshake for an unknown channel";
@@ -86,6 +88,20 @@ weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...) {
   return st;
 }
 
+weft_status tcp_conn_again(tcp_conn *c) {
+  const tcp_peer *p = &c->ctx->peers[c->peer];
+  if (!p->gone_at || weft_now() - p->gone_at < TCP_GONE_GRACE_S) return WEFT_AGAIN;
+  return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d (%s) is gone: %s", c->peer, c->where,
+                       p->gone_why ? p->gone_why : "its process ended");
+}
+
+/* A byte from a peer seen gone: its last data is still arriving (the
+ * grace restarts). Only a gone peer pays for the clock. */
+static inline void tcp_peer_heard(tcp_conn *c) {
+  tcp_peer *p = &c->ctx->peers[c->peer];
+  if (p->gone_at) p->gone_at = weft_now();
+}
+
 weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out) {
   tcp_conn *c = calloc(1, sizeof *c);
   if (!c) return WEFT_ERR_NOMEM;
@@ -98,6 +114,8 @@ weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out)
   c->peer = peer;
   c->channel = channel;
   c->fd = -1;
+  c->probe_fd = -1;
+  c->probe_at = weft_now(); /* the first probe after one interval of waiting */
   c->state = TCP_CONN_AWAIT_ACCEPT;
   snprintf(c->where, sizeof c->where, "not connected");
   ctx->awaiting_accept++;
@@ -107,9 +125,26 @@ weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out)
 
 void tcp_conn_destroy(tcp_conn *c) {
   if (c->fd >= 0) close(c->fd);
+  if (c->probe_fd >= 0) close(c->probe_fd);
   free(c->sq);
   if (c->slot) c->ctx->slot_mem->free_slots(c->slot, c->ctx->args->chunk_bytes);
   free(c);
+}
+
+typedef struct tcp_proof {
+  tcp_handshake hs;
+  uint8_t mac[WEFT_AUTH_MAC_BYTES];
+} tcp_proof;
+_Static_assert(sizeof(tcp_proof) == TCP_HANDSHAKE_BYTES, "no padding in the proof");
+
+/* The dialer's first bytes for (peer, channel). */
+static void tcp_hello(const tcp_ctx *ctx, int peer, uint32_t channel, tcp_proof *proof) {
+  *proof = (tcp_proof){.hs = {htonl(TCP_HANDSHAKE_MAGIC), htonl((uint32_t)ctx->args->rank),
+                              htonl((uint32_t)peer), htonl(channel),
+                              htonl((uint32_t)(ctx->args->comm_id >> 32)),
+                              htonl((uint32_t)ctx->args->comm_id)}};
+  weft_auth_mac(ctx->args->auth, tcp_hello_context, tcp_no_challenge, &proof->hs,
+                sizeof proof->hs, proof->mac);
 }
 
 static void tcp_tune_socket(int fd) {
@@ -122,6 +157,8 @@ static void tcp_tune_socket(int fd) {
 }
 
 static void tcp_conn_up(tcp_conn *c, int fd) {
+  if (c->probe_fd >= 0) close(c->probe_fd); /* the dial came: no need */
+  c->probe_fd = -1;
   c->fd = fd;
   c->state = TCP_CONN_UP;
   c->ctx->awaiting_accept--;
@@ -145,15 +182,8 @@ weft_status tcp_conn_dial(tcp_conn *c, const struct sockaddr_storage *addr,
   weft_status st = net_connect(addr, len, deadline, false, &fd, &err);
   if (st) return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "%s", err.msg);
   tcp_tune_socket(fd);
-  struct {
-    tcp_handshake hs;
-    uint8_t mac[WEFT_AUTH_MAC_BYTES];
-  } proof = {.hs = {htonl(TCP_HANDSHAKE_MAGIC), htonl((uint32_t)ctx->args->rank),
-                    htonl((uint32_t)c->peer), htonl((uint32_t)c->channel),
-                    htonl((uint32_t)(ctx->args->comm_id >> 32)),
-                    htonl((uint32_t)ctx->args->comm_id)}};
-  weft_auth_mac(ctx->args->auth, tcp_hello_context, tcp_no_challenge, &proof.hs, sizeof proof.hs,
-                proof.mac);
+  tcp_proof proof;
+  tcp_hello(ctx, c->peer, (uint32_t)c->channel, &proof);
   st = net_send_all(fd, &proof, sizeof proof, deadline, &err);
   if (st) {
     close(fd);
@@ -161,6 +191,147 @@ weft_status tcp_conn_dial(tcp_conn *c, const struct sockaddr_storage *addr,
   }
   tcp_conn_up(c, fd);
   return WEFT_OK;
+}
+
+/* A peer's failure notice on a connection of its own (tcp_send_notices): the
+ * communicator fails with the peer's words, as from an abort frame. */
+static weft_status tcp_read_notice(tcp_ctx *ctx, int fd, int from, double wait) {
+  tcp_frame_hdr h;
+  char text[TCP_ABORT_TEXT_MAX + 1] = "";
+  weft_error_sink err;
+  tcp_frame_info f = {0};
+  weft_status st = net_recv_all(fd, &h, sizeof h, weft_now() + wait, &err);
+  if (!st) st = tcp_frame_parse((const uint8_t *)&h, sizeof h, &f);
+  if (!st && f.type == TCP_FRAME_ABORT) {
+    size_t len = f.len < TCP_ABORT_TEXT_MAX ? f.len : TCP_ABORT_TEXT_MAX;
+    if (net_recv_all(fd, text, len, weft_now() + wait, &err)) len = 0;
+    text[len] = 0;
+  }
+  close(fd);
+  if (!text[0]) snprintf(text, sizeof text, "rank %d failed (its notice was cut off)", from);
+  weft_error_sink_set(ctx->args->errors, "peer %d passed on a failure: %s", from, text);
+  snprintf(ctx->args->errors->origin, sizeof ctx->args->errors->origin, "%s", text);
+  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d got a failure notice from peer %d: %s",
+            ctx->args->rank, from, text);
+  return WEFT_ERR_PEER_LOST;
+}
+
+void tcp_send_notices(tcp_ctx *ctx, const char *reason) {
+  int n = ctx->args->size;
+  int *fd = malloc(2 * (size_t)n * sizeof *fd);
+  if (!fd) return;
+  int *who = fd + n; /* pfds entry -> peer */
+  struct pollfd *pf = ctx->pfds; /* size * (channels + 1) + 2 entries: enough */
+  size_t tlen = strnlen(reason, TCP_ABORT_TEXT_MAX);
+  int pending = 0;
+  /* Every connect starts at once, so an unreachable peer costs its share of
+   * one bounded wait, not a timeout each. */
+  for (int p = 0; p < n; p++) {
+    fd[p] = -1;
+    if (p == ctx->args->rank || !ctx->peers[p].known || ctx->peers[p].gone_at) continue;
+    const tcp_peer *peer = &ctx->peers[p];
+    int s = socket(peer->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0) break; /* out of fds: the peers left learn at their timeout */
+    if (connect(s, (const struct sockaddr *)&peer->addr, peer->addr_len) && errno != EINPROGRESS) {
+      close(s);
+      continue;
+    }
+    fd[p] = s;
+    pending++;
+  }
+  double budget = ctx->args->timeout_s < 1.0 ? ctx->args->timeout_s : 1.0;
+  double deadline = weft_now() + budget;
+  while (pending > 0) {
+    nfds_t k = 0;
+    for (int p = 0; p < n; p++)
+      if (fd[p] >= 0) {
+        who[k] = p;
+        pf[k++] = (struct pollfd){.fd = fd[p], .events = POLLOUT};
+      }
+    int ms = (int)((deadline - weft_now()) * 1000);
+    if (ms <= 0 || poll(pf, k, ms) <= 0) break;
+    for (nfds_t i = 0; i < k; i++) {
+      if (!pf[i].revents) continue;
+      int p = who[i], soerr = 0;
+      socklen_t sl = sizeof soerr;
+      if (!getsockopt(fd[p], SOL_SOCKET, SO_ERROR, &soerr, &sl) && !soerr) {
+        tcp_proof proof;
+        tcp_hello(ctx, p, TCP_NOTICE_CHANNEL, &proof);
+        tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0};
+        struct iovec iov[3] = {{&proof, sizeof proof}, {&h, sizeof h}, {(void *)reason, tlen}};
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 3};
+        /* a few hundred bytes into a new socket's empty buffer: all or nothing */
+        if (sendmsg(fd[p], &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+          WEFT_INFO(WEFT_SUBSYS_NET, "tcp: failure notice to peer %d not sent: %s", p,
+                    strerror(errno));
+      }
+      close(fd[p]); /* the kernel still delivers what was sent */
+      fd[p] = -1;
+      pending--;
+    }
+  }
+  for (int p = 0; p < n; p++)
+    if (fd[p] >= 0) {
+      WEFT_INFO(WEFT_SUBSYS_NET, "tcp: failure notice to peer %d not sent: no connection in %.1f s",
+                p, budget);
+      close(fd[p]);
+    }
+  free(fd);
+}
+
+/* The peer's listener refused: no process holds it any more, so the peer
+ * ended (it existed before the rendezvous ended and lives until fini, which
+ * comes only after the peer dialed every connection it needed). */
+static void tcp_probe_refused(tcp_conn *c) {
+  tcp_peer *p = &c->ctx->peers[c->peer];
+  if (!p->gone_at) p->gone_at = weft_now() - TCP_GONE_GRACE_S;
+  net_addr_str((const struct sockaddr *)&p->addr, c->where, sizeof c->where);
+  p->gone_why = "its listener refuses connections, so its process ended before it connected "
+                "to this rank";
+  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d: peer %d's listener refuses a probe", c->ctx->args->rank,
+            c->peer);
+}
+
+static void tcp_probe_send(tcp_conn *c, int fd) {
+  tcp_proof proof;
+  tcp_hello(c->ctx, c->peer, TCP_PROBE_CHANNEL, &proof);
+  if (send(fd, &proof, sizeof proof, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) { /* best effort */
+  }
+  close(fd);
+}
+
+void tcp_conn_probe_start(tcp_conn *c, double now) {
+  const tcp_peer *p = &c->ctx->peers[c->peer];
+  c->probe_at = now;
+  if (!p->known || c->probe_fd >= 0) return;
+  int fd = socket(p->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return; /* no fd now: the next interval tries again */
+  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d still waits for peer %d's dial: probing its listener",
+            c->ctx->args->rank, c->peer);
+  if (!connect(fd, (const struct sockaddr *)&p->addr, p->addr_len))
+    tcp_probe_send(c, fd);
+  else if (errno == EINPROGRESS)
+    c->probe_fd = fd;
+  else {
+    if (errno == ECONNREFUSED) tcp_probe_refused(c);
+    close(fd);
+  }
+}
+
+void tcp_conn_probe_done(tcp_conn *c) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  int fd = c->probe_fd;
+  c->probe_fd = -1;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len)) err = errno;
+  if (!err) {
+    tcp_probe_send(c, fd);
+    return;
+  }
+  /* Anything but a refusal (unreachable, timed out) says nothing of the
+   * process: the link may be down, and the timeout judges that. */
+  if (err == ECONNREFUSED) tcp_probe_refused(c);
+  close(fd);
 }
 
 weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
@@ -185,19 +356,39 @@ weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
     why = "it did not prove the job key (a foreign client, or WEFT_AUTH_TOKEN differs)";
   else if ((why = tcp_handshake_check(&hs, (uint32_t)ctx->args->rank, ctx->args->comm_id)))
     ;
-  else if (*(slot = &ctx->conns[tcp_conn_index((int)from, (int)hs.channel)]) &&
+  else if (hs.channel != TCP_NOTICE_CHANNEL && hs.channel != TCP_PROBE_CHANNEL &&
+           *(slot = &ctx->conns[tcp_conn_index((int)from, (int)hs.channel)]) &&
            (*slot)->state != TCP_CONN_AWAIT_ACCEPT)
     why = "second connection from the same rank and channel";
+  else if ((hs.channel == TCP_NOTICE_CHANNEL || hs.channel == TCP_PROBE_CHANNEL) &&
+           from >= (uint32_t)ctx->args->size)
+    why = "notice or probe from a rank outside the communicator";
   if (why) {
     WEFT_WARN(WEFT_SUBSYS_NET, "tcp: rank %d refused an incoming connection: %s",
               ctx->args->rank, why);
     close(fd);
     return WEFT_OK; /* the job goes on */
   }
+  if (hs.channel == TCP_NOTICE_CHANNEL) return tcp_read_notice(ctx, fd, (int)from, wait);
+  if (hs.channel == TCP_PROBE_CHANNEL) { /* a peer checking that we live: we do */
+    close(fd);
+    return WEFT_OK;
+  }
   if (!*slot) WEFT_CHECK(tcp_conn_create(ctx, (int)from, (int)hs.channel, slot));
   tcp_conn_up(*slot, fd);
   *progressed = true;
   return WEFT_OK;
+}
+
+weft_status tcp_notice_first(tcp_ctx *ctx, weft_status st) {
+  for (int i = 0; i < 8; i++) {
+    struct pollfd p = {.fd = ctx->listen_fd, .events = POLLIN};
+    if (poll(&p, 1, 0) != 1) break;
+    bool moved = false;
+    weft_status notice = tcp_conn_accept_one(ctx, &moved);
+    if (notice == WEFT_ERR_PEER_LOST) return notice; /* only a notice fails an accept so */
+  }
+  return st;
 }
 
 /* ---- send path ---------------------------------------------------------- */
@@ -229,8 +420,10 @@ static weft_status tcp_send_failed(tcp_conn *c, int err) {
         recv(c->fd, NULL, sizeof h + len, MSG_TRUNC | MSG_DONTWAIT) != (ssize_t)(sizeof h + len))
       break;
   }
-  return tcp_conn_fail(c, weft_status_from_errno(err) == WEFT_ERR_SYSTEM ? WEFT_ERR_SYSTEM : WEFT_ERR_PEER_LOST,
-                       "sending to %s: %s", c->where, strerror(err));
+  weft_status st = tcp_conn_fail(
+      c, weft_status_from_errno(err) == WEFT_ERR_SYSTEM ? WEFT_ERR_SYSTEM : WEFT_ERR_PEER_LOST,
+      "sending to %s: %s", c->where, strerror(err));
+  return tcp_notice_first(c->ctx, st);
 }
 
 weft_status tcp_conn_push_sends(tcp_conn *c, bool *progressed) {
@@ -251,9 +444,14 @@ weft_status tcp_conn_push_sends(tcp_conn *c, bool *progressed) {
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     ssize_t w = sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w < 0) {
-      if (errno == EAGAIN || errno == EINTR) return WEFT_OK;
+      if (errno == EINTR) return WEFT_OK;
+      if (errno == EAGAIN) { /* a gone peer reads no more: see tcp_conn_again */
+        weft_status st = c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
+        return st == WEFT_AGAIN ? WEFT_OK : st;
+      }
       return tcp_send_failed(c, errno);
     }
+    tcp_peer_heard(c);
     *progressed = true;
     c->ctx->data_moved = true;
     size_t left = (size_t)w;
@@ -272,10 +470,10 @@ weft_status tcp_conn_push_sends(tcp_conn *c, bool *progressed) {
   return WEFT_OK;
 }
 
-static weft_status tcp_ready(const tcp_conn *c) {
-  if (c->state == TCP_CONN_UP) return c->sq_count < TCP_SEND_DEPTH ? WEFT_OK : WEFT_AGAIN;
+static weft_status tcp_ready(tcp_conn *c) {
+  if (c->state == TCP_CONN_UP && c->sq_count < TCP_SEND_DEPTH) return WEFT_OK;
   if (c->state == TCP_CONN_DEAD) return c->dead_status;
-  return WEFT_AGAIN;
+  return c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
 }
 
 weft_status tcp_send_ready(weft_tp_conn *conn) {
@@ -344,7 +542,7 @@ static weft_status tcp_recv_frame(tcp_conn *c, uint32_t seq, size_t bytes, char 
   if (c->state == TCP_CONN_DEAD) return c->dead_status;
   if (c->state != TCP_CONN_UP) {
     c->want_recv = true;
-    return WEFT_AGAIN;
+    return c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
   }
   while (c->rhdr_got < sizeof c->rhdr || c->rpay_got < bytes) {
     struct iovec iov[2];
@@ -354,19 +552,22 @@ static weft_status tcp_recv_frame(tcp_conn *c, uint32_t seq, size_t bytes, char 
     if (c->rpay_got < bytes) iov[n++] = (struct iovec){target + c->rpay_got, bytes - c->rpay_got};
     ssize_t r = readv(c->fd, iov, n);
     if (r == 0)
-      return tcp_conn_fail(c, WEFT_ERR_PEER_LOST,
-                           "peer %d (%s) closed the connection: its process ended or crashed",
-                           c->peer, c->where);
+      return tcp_notice_first(
+          c->ctx, tcp_conn_fail(c, WEFT_ERR_PEER_LOST,
+                                "peer %d (%s) closed the connection: its process ended or crashed",
+                                c->peer, c->where));
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) {
         c->want_recv = true;
-        return WEFT_AGAIN;
+        return c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
       }
-      return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "receiving from peer %d (%s): %s", c->peer,
-                           c->where, strerror(errno));
+      return tcp_notice_first(c->ctx, tcp_conn_fail(c, WEFT_ERR_PEER_LOST,
+                                                    "receiving from peer %d (%s): %s", c->peer,
+                                                    c->where, strerror(errno)));
     }
     size_t got = (size_t)r;
+    tcp_peer_heard(c);
     c->ctx->data_moved = true;
     bool hdr_was_open = c->rhdr_got < sizeof c->rhdr;
     if (hdr_was_open) {

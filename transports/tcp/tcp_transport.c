@@ -7,9 +7,11 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "src/base/log.h"
@@ -17,12 +19,30 @@
 #include "src/base/settings.h"
 #include "src/base/status.h"
 #include "src/mem/mem.h"
+#include "src/topo/select.h"
 #include "tcp.h"
 
-/* The published address is the listener's, packed (net.h). */
+/* The published address: the listener's, packed (net.h), then the liveness
+ * facts (TCP_ADDR_BYTES); the packed address alone is accepted too. */
 static bool tcp_addr_unpack(const void *blob, size_t len, struct sockaddr_storage *a,
                             socklen_t *alen) {
-  return len == NET_ADDR_PACKED && net_addr_unpack(blob, a, alen);
+  return (len == NET_ADDR_PACKED || len == TCP_ADDR_BYTES) && net_addr_unpack(blob, a, alen);
+}
+
+static void tcp_put64(uint8_t *p, uint64_t v) {
+  for (int i = 7; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
+}
+static uint64_t tcp_get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = v << 8 | p[i];
+  return v;
+}
+
+/* FNV-1a: host identities are compared, never trusted for anything more. */
+static uint64_t tcp_hash(const char *s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+  return h;
 }
 
 /* The interfaces a socket could use: up, with an address; loopback last. */
@@ -57,6 +77,75 @@ static weft_status tcp_probe(char *why, size_t why_len) {
   return WEFT_OK;
 }
 
+static void tcp_fini(weft_tp_ctx *tctx);
+
+/* ---- fork: a child must not keep this process's sockets ------------------
+ * A child forked without exec (a DataLoader's workers) inherits every socket,
+ * and SOCK_CLOEXEC does not help without exec. Then, when this process dies,
+ * its sockets stay open in the child: no peer sees EOF, local or remote, and
+ * they wait their whole timeout. So the child closes its copies at once (the
+ * child handler of pthread_atfork: close is async-signal-safe), and a peer's
+ * liveness never depends on who holds a socket last. The registry lock is
+ * held across the fork, so the child sees a list no thread was changing.
+ * A child that tries the parent's communicator gets an error, never its
+ * parent's streams. */
+static pthread_mutex_t tcp_fork_lock = PTHREAD_MUTEX_INITIALIZER;
+static tcp_ctx *tcp_fork_list;
+static pthread_once_t tcp_fork_once = PTHREAD_ONCE_INIT;
+
+static void tcp_fork_prepare(void) {
+  pthread_mutex_lock(&tcp_fork_lock);
+}
+static void tcp_fork_parent(void) {
+  pthread_mutex_unlock(&tcp_fork_lock);
+}
+static void tcp_fork_child(void) {
+  for (tcp_ctx *ctx = tcp_fork_list; ctx; ctx = ctx->fork_next) {
+    if (ctx->listen_fd >= 0) close(ctx->listen_fd);
+    ctx->listen_fd = -1;
+    for (int i = 0; i < ctx->args->size * WEFT_TP_CHANNELS; i++) {
+      tcp_conn *c = ctx->conns[i];
+      if (!c) continue;
+      if (c->fd >= 0) close(c->fd);
+      if (c->probe_fd >= 0) close(c->probe_fd);
+      c->fd = c->probe_fd = -1;
+      if (c->state == TCP_CONN_AWAIT_ACCEPT) ctx->awaiting_accept--;
+      if (c->sq_count) ctx->nsending--;
+      c->sq_count = 0;
+      c->state = TCP_CONN_DEAD;
+      c->dead_status = WEFT_ERR_INVALID;
+    }
+    for (int p = 0; p < ctx->args->size; p++) {
+      if (ctx->peers[p].pidfd >= 0) close(ctx->peers[p].pidfd);
+      ctx->peers[p].pidfd = -1;
+    }
+  }
+  pthread_mutex_unlock(&tcp_fork_lock);
+}
+static void tcp_fork_register_once(void) {
+  if (pthread_atfork(tcp_fork_prepare, tcp_fork_parent, tcp_fork_child))
+    WEFT_WARN(WEFT_SUBSYS_NET, "tcp: cannot register the fork handler: a child forked later "
+                               "keeps this rank's sockets, and its death is seen at the timeout");
+}
+static void tcp_fork_track(tcp_ctx *ctx) {
+  pthread_once(&tcp_fork_once, tcp_fork_register_once);
+  pthread_mutex_lock(&tcp_fork_lock);
+  ctx->fork_next = tcp_fork_list;
+  if (tcp_fork_list) tcp_fork_list->fork_prev = ctx;
+  tcp_fork_list = ctx;
+  pthread_mutex_unlock(&tcp_fork_lock);
+}
+static void tcp_fork_untrack(tcp_ctx *ctx) {
+  pthread_mutex_lock(&tcp_fork_lock);
+  if (ctx->fork_prev)
+    ctx->fork_prev->fork_next = ctx->fork_next;
+  else if (tcp_fork_list == ctx)
+    tcp_fork_list = ctx->fork_next;
+  if (ctx->fork_next) ctx->fork_next->fork_prev = ctx->fork_prev;
+  ctx->fork_next = ctx->fork_prev = NULL;
+  pthread_mutex_unlock(&tcp_fork_lock);
+}
+
 static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **out,
                             void *addr, size_t *addr_len) {
   tcp_ctx *ctx = calloc(1, sizeof *ctx);
@@ -65,9 +154,16 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **
   ctx->slot_mem = args->slot_mem ? args->slot_mem : &weft_mem_host;
   ctx->listen_fd = -1;
   size_t nconns = (size_t)args->size * WEFT_TP_CHANNELS;
+  size_t npfds = 2 * nconns + (size_t)args->size + 2; /* conns, probes, pidfds, wake, listener */
   ctx->conns = calloc(nconns, sizeof *ctx->conns);
-  ctx->pfds = calloc(nconns + 2, sizeof *ctx->pfds);
-  if (!ctx->conns || !ctx->pfds) goto nomem;
+  ctx->pfds = calloc(npfds, sizeof *ctx->pfds);
+  ctx->pfd_peer = calloc(npfds, sizeof *ctx->pfd_peer);
+  ctx->peers = calloc((size_t)args->size, sizeof *ctx->peers);
+  if (!ctx->conns || !ctx->pfds || !ctx->pfd_peer || !ctx->peers) goto nomem;
+  for (int p = 0; p < args->size; p++) ctx->peers[p].pidfd = -1;
+  /* Two ranks compare pids only inside one pid namespace on one host. */
+  if (args->place && args->place->pid_ns && args->place->host_id[0])
+    ctx->host_hash = tcp_hash(args->place->host_id) ^ args->place->pid_ns;
 
   /* The default interface is the one that reached the rendezvous; the
    * settings can name another. */
@@ -81,9 +177,7 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **
                                          local_len, &local, &local_len, ifname, sizeof ifname,
                                          args->errors);
     if (st) {
-      free(ctx->conns);
-      free(ctx->pfds);
-      free(ctx);
+      tcp_fini((weft_tp_ctx *)ctx);
       return st;
     }
     WEFT_INFO(WEFT_SUBSYS_NET, "tcp: data sockets on interface %s", ifname);
@@ -92,22 +186,24 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **
   weft_status st = net_listen(&local, local_len, 1024, &ctx->listen_fd, &ctx->addr,
                               &ctx->addr_len, args->errors);
   if (st) {
-    free(ctx->conns);
-    free(ctx->pfds);
-    free(ctx);
+    tcp_fini((weft_tp_ctx *)ctx);
     return st;
   }
-  net_addr_pack(&ctx->addr, addr);
-  *addr_len = NET_ADDR_PACKED;
+  uint8_t *blob = addr;
+  net_addr_pack(&ctx->addr, blob);
+  uint32_t pid = ctx->host_hash ? htonl((uint32_t)getpid()) : 0;
+  memcpy(blob + NET_ADDR_PACKED, &pid, 4);
+  tcp_put64(blob + NET_ADDR_PACKED + 4, args->place ? args->place->pid_ns : 0);
+  tcp_put64(blob + NET_ADDR_PACKED + 12, ctx->host_hash);
+  *addr_len = TCP_ADDR_BYTES;
+  tcp_fork_track(ctx);
   char where[80];
   WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d listens on %s", args->rank,
             net_addr_str((struct sockaddr *)&ctx->addr, where, sizeof where));
   *out = (weft_tp_ctx *)ctx;
   return WEFT_OK;
 nomem:
-  free(ctx->conns);
-  free(ctx->pfds);
-  free(ctx);
+  tcp_fini((weft_tp_ctx *)ctx);
   return WEFT_ERR_NOMEM;
 }
 
@@ -133,6 +229,22 @@ static bool tcp_can_reach(weft_tp_ctx *tctx, int peer, const void *peer_addr,
     return false;
   }
   snprintf(why, why_len, "tcp to %s", net_addr_str((struct sockaddr *)&a, where, sizeof where));
+  /* Kept for the failure notices (abort_all) and, on this host, the peer's
+   * pid to watch while waiting for it (tcp_wait). */
+  if (peer >= 0 && peer < ctx->args->size && peer != ctx->args->rank) {
+    tcp_peer *p = &ctx->peers[peer];
+    const uint8_t *b = peer_addr;
+    uint32_t pid = 0;
+    if (addr_len == TCP_ADDR_BYTES) memcpy(&pid, b + NET_ADDR_PACKED, 4);
+    pid = ntohl(pid);
+    bool same_place = addr_len == TCP_ADDR_BYTES && ctx->host_hash &&
+                      tcp_get64(b + NET_ADDR_PACKED + 12) == ctx->host_hash &&
+                      tcp_get64(b + NET_ADDR_PACKED + 4) == ctx->args->place->pid_ns;
+    p->known = true;
+    p->addr = a;
+    p->addr_len = alen;
+    p->pid = same_place && pid > 0 && (pid_t)pid != getpid() ? pid : 0;
+  }
   return true;
 }
 
@@ -151,14 +263,20 @@ static weft_status tcp_connect(weft_tp_ctx *tctx, int peer, int channel, const v
   socklen_t alen;
   if (!tcp_addr_unpack(peer_addr, addr_len, &a, &alen))
     return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "peer %d published a malformed address", peer);
-  return tcp_conn_dial(c, &a, alen);
+  weft_status st = tcp_conn_dial(c, &a, alen);
+  return st ? tcp_notice_first(ctx, st) : WEFT_OK;
 }
 
 static weft_status tcp_progress(weft_tp_ctx *tctx, bool *progressed) {
   tcp_ctx *ctx = tcp_ctx_of(tctx);
   *progressed = ctx->data_moved;
   ctx->data_moved = false;
-  if (ctx->awaiting_accept > 0) WEFT_CHECK(tcp_conn_accept_one(ctx, progressed));
+  /* accept_pending: a failure notice (or a dial) came while nothing was
+   * awaited; the flag comes from a wait, so no accept call per round. */
+  if (ctx->awaiting_accept > 0 || ctx->accept_pending) {
+    ctx->accept_pending = false;
+    WEFT_CHECK(tcp_conn_accept_one(ctx, progressed));
+  }
   if (ctx->nsending > 0)
     for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
       tcp_conn *c = ctx->conns[p];
@@ -167,26 +285,92 @@ static weft_status tcp_progress(weft_tp_ctx *tctx, bool *progressed) {
   return WEFT_OK;
 }
 
+/* The pidfd of a peer on this host, opened at its first wait: it becomes
+ * readable when the process ends, however many processes (children it
+ * forked without exec, as DataLoader workers are) still hold its sockets.
+ * No pidfd (a kernel before 5.3): sockets alone tell, as before. */
+static int tcp_peer_pidfd(tcp_peer *p) {
+  if (p->pidfd_tried) return p->pidfd;
+  p->pidfd_tried = true;
+#ifdef SYS_pidfd_open
+  p->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)p->pid, 0);
+  if (p->pidfd < 0 && errno == ESRCH) p->gone_at = weft_now(); /* already gone */
+#endif
+  return p->pidfd;
+}
+
+/* Also sleeps on the listener always (a failure notice may come from any
+ * rank) and on the pidfd of each same-host peer it waits for: a wait is
+ * already the slow path, so watching costs no system call per chunk. */
 static weft_status tcp_wait(weft_tp_ctx *tctx, int timeout_ms) {
   tcp_ctx *ctx = tcp_ctx_of(tctx);
   struct pollfd *pf = ctx->pfds;
+  int *who = ctx->pfd_peer;
+  unsigned gen = ++ctx->wait_gen;
+  double now = 0; /* read once, only when a connection waits for a dial */
   nfds_t n = 0;
+  who[n] = -1;
   pf[n++] = (struct pollfd){.fd = ctx->args->wake_fd, .events = POLLIN};
-  if (ctx->awaiting_accept > 0) pf[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
-  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
-    tcp_conn *c = ctx->conns[p];
-    if (!c || c->state != TCP_CONN_UP) continue;
-    short ev = (short)((c->want_recv ? POLLIN : 0) | (c->sq_count ? POLLOUT : 0));
+  who[n] = -1;
+  pf[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
+  for (int i = 0; i < ctx->args->size * WEFT_TP_CHANNELS; i++) {
+    tcp_conn *c = ctx->conns[i];
+    if (!c || c->state == TCP_CONN_DEAD) continue;
+    bool up = c->state == TCP_CONN_UP;
+    short ev = (short)((c->want_recv ? POLLIN : 0) | (up && c->sq_count ? POLLOUT : 0));
+    bool waited_for = ev || !up; /* not yet dialed: waited for once created */
     c->want_recv = false;
-    if (ev) pf[n++] = (struct pollfd){.fd = c->fd, .events = ev};
+    if (up && ev) {
+      who[n] = -1;
+      pf[n++] = (struct pollfd){.fd = c->fd, .events = ev};
+    }
+    tcp_peer *p = &ctx->peers[c->peer];
+    if (!up && !p->gone_at) { /* waiting for its dial: is it still there? */
+      if (!now) now = weft_now();
+      if (c->probe_fd < 0 && now - c->probe_at >= TCP_PROBE_INTERVAL_S)
+        tcp_conn_probe_start(c, now);
+      if (c->probe_fd >= 0) {
+        who[n] = -2 - i; /* a probe: the connection's index */
+        pf[n++] = (struct pollfd){.fd = c->probe_fd, .events = POLLOUT};
+      }
+    }
+    if (waited_for && p->pid && !p->gone_at && p->polled != gen && tcp_peer_pidfd(p) >= 0) {
+      p->polled = gen;
+      who[n] = c->peer;
+      pf[n++] = (struct pollfd){.fd = p->pidfd, .events = POLLIN};
+    }
   }
-  if (poll(pf, n, timeout_ms) < 0 && errno != EINTR) {
+  int ready = poll(pf, n, timeout_ms);
+  if (ready < 0 && errno != EINTR) {
     weft_error_sink_set(ctx->args->errors, "poll: %s", strerror(errno));
     return WEFT_ERR_SYSTEM;
+  }
+  if (ready > 0) {
+    if (pf[1].revents) ctx->accept_pending = true;
+    for (nfds_t i = 2; i < n; i++)
+      if (who[i] <= -2 && pf[i].revents)
+        tcp_conn_probe_done(ctx->conns[-2 - who[i]]);
+      else if (who[i] >= 0 && pf[i].revents) {
+        ctx->peers[who[i]].gone_at = weft_now();
+        ctx->peers[who[i]].gone_why =
+            "its process ended, while processes it forked may still hold its sockets";
+        WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d sees peer %d (pid %u) ended", ctx->args->rank,
+                  who[i], ctx->peers[who[i]].pid);
+      }
   }
   return WEFT_OK;
 }
 
+/* Connections open lazily and the lower rank dials, so a rank that fails
+ * early holds connections to few peers; the others would wait for it (or
+ * for a dial it will never make) until their timeout. And an abort frame on
+ * an open connection is read only when its peer reads that connection: a
+ * peer waiting for a third rank does not. So a rank that fails first, of its
+ * own cause, also dials every peer's listener, which every wait watches, and
+ * leaves its notice there (tcp_send_notices: all dials at once, 1 s in
+ * all). A rank that fails because of a peer's notice (errors->origin is set)
+ * only passes it on its open connections: the first rank told everyone, so
+ * a failure costs one dial per peer, not one per pair of ranks. */
 static void tcp_abort_all(weft_tp_ctx *tctx, const char *reason) {
   tcp_ctx *ctx = tcp_ctx_of(tctx);
   for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
@@ -207,16 +391,25 @@ static void tcp_abort_all(weft_tp_ctx *tctx, const char *reason) {
     c->state = TCP_CONN_DEAD;
     c->dead_status = WEFT_ERR_ABORTED;
   }
+  if (!ctx->args->errors->origin[0] && !ctx->notices_sent) {
+    ctx->notices_sent = true;
+    tcp_send_notices(ctx, reason);
+  }
 }
 
 static void tcp_fini(weft_tp_ctx *tctx) {
   tcp_ctx *ctx = tcp_ctx_of(tctx);
   if (!ctx) return;
-  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
+  tcp_fork_untrack(ctx);
+  for (int p = 0; ctx->conns && p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) tcp_conn_destroy(ctx->conns[p]);
+  for (int p = 0; ctx->peers && p < ctx->args->size; p++)
+    if (ctx->peers[p].pidfd >= 0) close(ctx->peers[p].pidfd);
   if (ctx->listen_fd >= 0) close(ctx->listen_fd);
   free(ctx->conns);
   free(ctx->pfds);
+  free(ctx->pfd_peer);
+  free(ctx->peers);
   free(ctx);
 }
 

@@ -1,0 +1,208 @@
+/* test_tcp_faults.c - deaths that TCP's sockets alone do not show every rank
+ * (issue 14, items 3 and 4). Connections open lazily and the lower rank
+ * dials, so a rank that fails before it connected to everyone must still
+ * reach every rank; and a killed rank whose forked children keep its sockets
+ * open must still be noticed. Each case runs with WEFT_TIMEOUT=30 and wants
+ * every surviving rank to fail within 10 s: a pass at the timeout is a
+ * failure here. */
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define FAIL_WITHIN_S 10.0
+
+static void record(int rank, weft_status st, double t0, const weft_comm *comm) {
+  harness_shm->status[rank] = st;
+  harness_shm->seconds[rank] = harness_now() - t0;
+  snprintf(harness_shm->message[rank], sizeof harness_shm->message[rank], "%s",
+           weft_last_error(comm));
+  fprintf(stderr, "  rank %d -> %s after %.2f s: %s\n", rank, weft_status_name(st),
+          harness_shm->seconds[rank], weft_last_error(comm));
+}
+
+static void expect_fails_soon(int rank) {
+  assert_true(harness_shm->status[rank] < 0);
+  assert_true(harness_shm->seconds[rank] < FAIL_WITHIN_S);
+}
+
+/* Allreduces until one fails; rank `who` leaves as `how` says first. */
+typedef enum how_leaves {
+  EXITS_AFTER_INIT,
+  CHECKS_ALONE,
+  FORKS_THEN_KILLED,
+  COMES_LATE
+} how_leaves;
+/* as_hosts: every rank names a host of its own (WEFT_HOST_ID), as ranks on
+ * other machines would be, so no peer can watch another's pid. */
+typedef struct leaver {
+  int who;
+  how_leaves how;
+  bool as_hosts;
+} leaver;
+
+/* A child like a DataLoader worker: it inherits every socket of the rank
+ * and outlives it. Its stdio goes to /dev/null so that the test runner does
+ * not wait for it; it ends on its own after the test. */
+static void fork_sleeping_child(void) {
+  pid_t pid = fork();
+  if (pid != 0) return;
+  int null = open("/dev/null", O_RDWR);
+  if (null >= 0) {
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(null, 2);
+  }
+  sleep(40);
+  _exit(0);
+}
+
+static int allreduce_until_failure(int rank, int size, const weft_unique_id *id, void *arg) {
+  const leaver *l = arg;
+  if (rank == l->who && l->how == CHECKS_ALONE) setenv("WEFT_CHECK", "1", 1);
+  if (l->as_hosts) {
+    char host[32];
+    snprintf(host, sizeof host, "host%d", rank);
+    setenv("WEFT_HOST_ID", host, 1);
+  }
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  if (rank == l->who && l->how == EXITS_AFTER_INIT) _exit(0); /* gone without a word */
+  enum { N = 4096 };
+  static float v[N];
+  weft_status st = WEFT_OK;
+  double t0 = harness_now();
+  /* COMES_LATE: 5 s of work before the first call, then 20 good calls */
+  if (rank == l->who && l->how == COMES_LATE) sleep(5);
+  int iters = l->how == COMES_LATE ? 20 : 1000000;
+  for (int iter = 0; iter < iters && !st; iter++) {
+    if (rank == l->who && l->how == FORKS_THEN_KILLED && iter == 5) {
+      fork_sleeping_child();
+      raise(SIGKILL);
+    }
+    t0 = harness_now();
+    st = weft_allreduce(comm, v, v, N, WEFT_F32, WEFT_SUM);
+  }
+  record(rank, st, t0, comm);
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+/* Rank 1 of 4 exits right after init: rank 0 finds it gone at its first
+ * dial, ranks 2 and 3 wait for rank 0's dial and must hear from rank 0. */
+static void rank_exits_after_init(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
+  leaver l = {1, EXITS_AFTER_INIT, false};
+  harness_init();
+  assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
+  for (int r = 0; r < 4; r++)
+    if (r != 1) {
+      expect_fails_soon(r);
+      assert_int_equal(harness_shm->status[r], WEFT_ERR_PEER_LOST);
+    }
+}
+
+/* The same in a wider job, from the middle: ranks above 5 wait for its
+ * dial, ranks below find it gone; all hear within the bound. */
+static void rank_exits_after_init_of_12(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
+  leaver l = {5, EXITS_AFTER_INIT, false};
+  harness_init();
+  assert_int_equal(harness_run(12, env, 60, allreduce_until_failure, &l), 0);
+  for (int r = 0; r < 12; r++)
+    if (r != 5) {
+      expect_fails_soon(r);
+      assert_int_equal(harness_shm->status[r], WEFT_ERR_PEER_LOST);
+    }
+}
+
+/* Rank 0 exits after init and every rank runs on a host of its own: all
+ * others wait for rank 0's dial, none holds a connection to it or can watch
+ * its pid, so its death shows only in its listener refusing them. */
+static void lowest_rank_exits_after_init_on_another_host(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
+  leaver l = {0, EXITS_AFTER_INIT, true};
+  harness_init();
+  assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
+  for (int r = 1; r < 4; r++) {
+    expect_fails_soon(r);
+    assert_int_equal(harness_shm->status[r], WEFT_ERR_PEER_LOST);
+    assert_non_null(strstr(harness_shm->message[r], "peer 0")
+                        ? harness_shm->message[r]
+                        : strstr(harness_shm->message[r], "rank 0"));
+  }
+}
+
+/* Rank 0 computes for 5 s before its first call: a live rank, waited for
+ * (and probed) all that while, must never be taken for a dead one. */
+static void late_rank_is_not_taken_for_dead(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
+  for (int hosts = 0; hosts < 2; hosts++) {
+    leaver l = {0, COMES_LATE, hosts == 1};
+    harness_init();
+    assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
+    for (int r = 0; r < 4; r++) assert_int_equal(harness_shm->status[r], WEFT_OK);
+  }
+}
+
+/* WEFT_CHECK on rank 1 only: rank 1 fails its first call while alive; the
+ * ranks that never connected to it must hear of it. */
+static void check_set_on_one_rank(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
+  leaver l = {1, CHECKS_ALONE, false};
+  harness_init();
+  assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
+  for (int r = 0; r < 4; r++) expect_fails_soon(r);
+}
+
+/* Rank 1 forks a child that holds its sockets, then is killed mid-stream:
+ * no peer sees EOF, yet all must fail promptly and name rank 1. */
+static void run_forked_then_killed(bool as_hosts) {
+  static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
+  leaver l = {1, FORKS_THEN_KILLED, as_hosts};
+  harness_init();
+  assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 1);
+  for (int r = 0; r < 4; r++) {
+    if (r == 1) continue;
+    expect_fails_soon(r);
+    assert_non_null(strstr(harness_shm->message[r], "peer 1")
+                        ? harness_shm->message[r]
+                        : strstr(harness_shm->message[r], "rank 1"));
+  }
+}
+
+static void killed_rank_with_forked_child(void **state) {
+  (void)state;
+  run_forked_then_killed(false);
+}
+
+/* The same as seen from other hosts: no pid to watch, so the child must not
+ * have kept the sockets open. */
+static void killed_rank_with_forked_child_on_another_host(void **state) {
+  (void)state;
+  run_forked_then_killed(true);
+}
+
+int main(void) {
+  if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(rank_exits_after_init),
+      cmocka_unit_test(rank_exits_after_init_of_12),
+      cmocka_unit_test(lowest_rank_exits_after_init_on_another_host),
+      cmocka_unit_test(check_set_on_one_rank),
+      cmocka_unit_test(late_rank_is_not_taken_for_dead),
+      cmocka_unit_test(killed_rank_with_forked_child),
+      cmocka_unit_test(killed_rank_with_forked_child_on_another_host),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
