@@ -253,8 +253,10 @@ typedef struct weft_transport {
    * move, the wake fd is readable, or `timeout_ms` passed. Never longer. */
   weft_status (*wait)(weft_tp_ctx *ctx, int timeout_ms);
 
-  /* Best effort, does not block: tells every connected peer that this rank
-   * failed, with `reason`, so they fail now instead of at their timeout.
+  /* Best effort, bounded (tcp: at most about 1 s, when it dials peers it
+   * had no connection to and a host does not answer): tells every peer that
+   * this rank failed, with `reason`, so they fail now instead of at their
+   * timeout.
    * Connections (every channel) are unusable afterwards. */
   void (*abort_all)(weft_tp_ctx *ctx, const char *reason);
 
