@@ -169,11 +169,11 @@ for v in WEFT_TEST_SANITIZE WEFT_TEST_TSAN WEFT_TEST_FUZZ WEFT_FUZZ_SECONDS WEFT
 done
 
 t0=$(date +%s)
-say "== sh tools/quickstart.sh $*"
+say "== sh tools/quickstart.sh${*:+ $*}"
 set +e
 run_in_root "sh tools/quickstart.sh" "$@"
 q=$?
-say "sh tools/quickstart.sh $*: exit $q ($(($(date +%s) - t0)) s)"
+say "sh tools/quickstart.sh${*:+ $*}: exit $q ($(($(date +%s) - t0)) s)"
 t0=$(date +%s)
 say "== sh tools/test.sh${pass:+ (with$pass)}"
 run_in_root "sh tools/test.sh"
