@@ -94,6 +94,70 @@ static long sum_over_ranks(weft_comm *comm, long v) {
   return (long)x;
 }
 
+/* ---- which transport each pair of ranks took -------------------------------- */
+
+/* Selection, not the command line, decides the path (shm on one host, tcp
+ * across hosts), so the output says which one was measured: "#" lines before
+ * the table, ignored by scripts that read the rows (nccl-tests' and
+ * ../shared/peers' parsers skip "#" lines). A summary for any size (counted by
+ * the lower rank of each pair, one small allreduce), and one line per pair
+ * with the reason up to PAIR_LINES_MAX ranks (an allgather of every rank's
+ * view, so a pair the two ends see differently shows both). Collective: every
+ * rank calls it. */
+#define PAIR_LINES_MAX 8
+#define TP_NAME_LEN 8
+#define TP_REASON_LEN 88
+static const char *const known_tps[] = {"shm", "tcp", "ibv"};
+enum { N_KNOWN_TPS = sizeof known_tps / sizeof known_tps[0] };
+
+struct peer_view { /* what one rank says about one peer, fixed size for the allgather */
+  char tp[TP_NAME_LEN];
+  char why[TP_REASON_LEN];
+};
+
+static void print_transports(weft_comm *comm) {
+  int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
+  int64_t count[N_KNOWN_TPS + 1] = {0}; /* the last one: any other transport */
+  for (int peer = rank + 1; peer < np; peer++) {
+    const char *tp, *why;
+    weft_status st = weft_comm_peer_transport(comm, peer, &tp, &why);
+    if (st) die(comm, st, "weft_comm_peer_transport");
+    int k = 0;
+    while (k < N_KNOWN_TPS && strcmp(tp, known_tps[k])) k++;
+    count[k]++;
+  }
+  weft_status st = weft_allreduce(comm, count, count, N_KNOWN_TPS + 1, WEFT_I64, WEFT_SUM);
+  if (st) die(comm, st, "allreduce of transport counts");
+  if (rank == 0 && np > 1) {
+    int pairs = np * (np - 1) / 2;
+    printf("# transports of the %d rank pair%s:", pairs, pairs == 1 ? "" : "s");
+    for (int k = 0; k <= N_KNOWN_TPS; k++)
+      if (count[k]) printf(" %s %lld", k < N_KNOWN_TPS ? known_tps[k] : "other", (long long)count[k]);
+    printf("\n");
+  }
+  if (np < 2 || np > PAIR_LINES_MAX) return;
+  struct peer_view mine[PAIR_LINES_MAX], all[PAIR_LINES_MAX * PAIR_LINES_MAX];
+  memset(mine, 0, sizeof mine);
+  for (int peer = 0; peer < np; peer++) {
+    const char *tp, *why;
+    st = weft_comm_peer_transport(comm, peer, &tp, &why);
+    if (st) die(comm, st, "weft_comm_peer_transport");
+    snprintf(mine[peer].tp, sizeof mine[peer].tp, "%s", tp);
+    snprintf(mine[peer].why, sizeof mine[peer].why, "%s", why);
+  }
+  st = weft_allgather(comm, mine, all, (size_t)np * sizeof(struct peer_view), WEFT_U8);
+  if (st) die(comm, st, "allgather of transports");
+  if (rank != 0) return;
+  for (int a = 0; a < np; a++)
+    for (int b = a + 1; b < np; b++) {
+      const struct peer_view *ab = &all[a * np + b], *ba = &all[b * np + a];
+      if (strcmp(ab->tp, ba->tp))
+        printf("#   %d-%d %s as %d sees it, %s as %d sees it\n", a, b, ab->tp, a, ba->tp, b);
+      else
+        printf("#   %d-%d %s: %s\n", a, b, ab->tp, ab->why);
+    }
+}
+
 /* ---- element access for the check, in double ----------------------------- */
 
 static double half_to_double(uint16_t h, int bf) {
@@ -279,6 +343,9 @@ static int nccl_mode(int argc, char **argv) {
     printf("# weft-bench %s: %s, %d ranks, dtype %s, op %s, iters %d, warmup %d, check %d\n",
            weft_version_string(), o.is_bcast ? "broadcast" : "allreduce", np,
            weft_dtype_name(o.dtype), o.is_bcast ? "none" : weft_op_name(o.op), o.iters, o.warmup, o.check);
+  }
+  print_transports(comm);
+  if (rank == 0) {
     printf("#%62s%34s\n", "out-of-place", "in-place");
     printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type",
            "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
@@ -358,6 +425,9 @@ static int peers_mode(int argc, char **argv) {
            coll, np, is_bcast ? "none(root=0)" : "sum", label);
     printf("# timing: median over iters of per-iter time, max over ranks; %s; GB/s=1e9B/s\n",
            barrier ? "barrier before each iter" : "back-to-back (no barrier)");
+  }
+  print_transports(comm); /* "#" lines: run.sh reads only rows with 7 fields not starting with '#' */
+  if (rank == 0) {
     printf("# %10s %10s %6s %11s %10s %10s %6s\n", "bytes", "count", "iters", "time_us",
            "algbw_GBs", "busbw_GBs", "check");
     fflush(stdout);
