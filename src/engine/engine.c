@@ -28,8 +28,8 @@
 #define THREAD_YIELD_US 1000
 #define THREAD_SLICE_MS 5
 
-static weft_status lane_pass(weft_core *comm) {
-  return comm->engine->lane ? weft_p2p_pass(comm) : WEFT_OK;
+static weft_status lane_pass(weft_core *comm, const weft_engine *e) {
+  return e->lane ? weft_p2p_pass(comm) : WEFT_OK;
 }
 
 static bool has_work_locked(weft_core *comm) {
@@ -69,8 +69,7 @@ void weft_request_complete(weft_request *req, weft_status st) {
  * ended made it ~90 ns slower (0.54 against 0.45 us median of 20000, 8
  * alternating runs). The driver keeps its last reading (weft_engine.clock) and
  * the round it was taken in, and reuses it where a few rounds do not matter. */
-static double engine_now(weft_core *comm) {
-  weft_engine *e = comm->engine;
+static double engine_now(weft_engine *e) {
   e->clock = weft_now();
   e->clock_round = e->rounds;
   e->clock_ok = true;
@@ -79,9 +78,8 @@ static double engine_now(weft_core *comm) {
 
 /* The driver's reading if it is at most `rounds` drive rounds old (and no
  * yield or sleep came since), else a fresh one. */
-static double engine_recent(weft_core *comm, uint64_t rounds) {
-  weft_engine *e = comm->engine;
-  return e->clock_ok && e->rounds - e->clock_round <= rounds ? e->clock : engine_now(comm);
+static double engine_recent(weft_engine *e, uint64_t rounds) {
+  return e->clock_ok && e->rounds - e->clock_round <= rounds ? e->clock : engine_now(e);
 }
 
 /* A call this small moves little per round: its end may be stamped with a
@@ -98,8 +96,7 @@ static double engine_recent(weft_core *comm, uint64_t rounds) {
 #define CLOCK_ROUNDS 8
 
 /* Advances the head collectives as far as they go. Negative: the head failed. */
-static weft_status queue_pass(weft_core *comm, weft_request **failed) {
-  weft_engine *e = comm->engine;
+static weft_status queue_pass(weft_core *comm, weft_engine *e, weft_request **failed) {
   for (;;) {
     /* No q_lock to look: only the driver removes the head, and a submitter
      * sets it (release) only on an empty queue. A waiting call goes round
@@ -120,7 +117,7 @@ static weft_status queue_pass(weft_core *comm, weft_request **failed) {
        * nanoseconds ago. Read before those sends, the clock would delay
        * them; here the call waits for its peers anyway (or is done). */
       head->time_pending = false;
-      now = engine_now(comm);
+      now = engine_now(e);
       coll->issued = now;
       e->last_moved = now; /* queued on an idle engine: the timeout counts from here */
       weft_recorder_issued(&comm->recorder, coll);
@@ -137,7 +134,7 @@ static weft_status queue_pass(weft_core *comm, weft_request **failed) {
       return st;
     }
     if (!now && coll->count * coll->elem <= END_STAMP_MAX_BYTES)
-      now = engine_recent(comm, CLOCK_ROUNDS);
+      now = engine_recent(e, CLOCK_ROUNDS);
     weft_recorder_update(&comm->recorder, coll, WEFT_REC_DONE, WEFT_OK, now);
     weft_coll_end(coll);
     pthread_mutex_lock(&e->q_lock); /* a submitter may be appending to it */
@@ -206,11 +203,10 @@ static inline void cpu_relax(void) {
 
 /* Leaving drive with work still queued: progress seen since the last
  * stamp must count for the timeout of the driver that comes next. */
-static void drive_leave_stamp(weft_core *comm, bool stamp) {
-  weft_engine *e = comm->engine;
+static void drive_leave_stamp(weft_core *comm, weft_engine *e, bool stamp) {
   if (stamp &&
       (atomic_load_explicit(&e->q_head, memory_order_relaxed) || (e->lane && weft_p2p_busy(comm))))
-    e->last_moved = engine_recent(comm, 1);
+    e->last_moved = engine_recent(e, 1);
 }
 
 /* Caller holds call_lock. Returns when `target` is done (DRIVE_WAIT), after
@@ -229,14 +225,14 @@ static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
     e->rounds++;
     uint64_t seen = comm->links.events;
     weft_request *failed = NULL;
-    weft_status st = queue_pass(comm, &failed);
-    if (st >= 0) st = lane_pass(comm);
+    weft_status st = queue_pass(comm, e, &failed);
+    if (st >= 0) st = lane_pass(comm, e);
     if (st < 0) {
       drive_failed(comm, failed, st);
       return;
     }
     if (target && atomic_load_explicit(&target->done, memory_order_acquire)) {
-      drive_leave_stamp(comm, stamp || comm->links.events != seen);
+      drive_leave_stamp(comm, e, stamp || comm->links.events != seen);
       return;
     }
     if (thread) {
@@ -247,7 +243,7 @@ static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
         pthread_mutex_unlock(&e->q_lock);
       }
       if (leave) {
-        drive_leave_stamp(comm, stamp || comm->links.events != seen);
+        drive_leave_stamp(comm, e, stamp || comm->links.events != seen);
         return;
       }
     }
@@ -267,7 +263,7 @@ static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
       continue;
     }
     if (mode == DRIVE_ONCE) {
-      drive_leave_stamp(comm, stamp);
+      drive_leave_stamp(comm, e, stamp);
       return;
     }
     if (atomic_load_explicit(&comm->fail.aborted, memory_order_relaxed)) {
@@ -278,7 +274,7 @@ static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
     /* a reading from this round or the last is fresh enough here */
     bool fresh = stamp || idle_rounds % CLOCK_ROUNDS == 0;
     if (fresh) {
-      now = engine_recent(comm, 1);
+      now = engine_recent(e, 1);
       if (stamp) e->last_moved = now;
       stamp = false;
     }
@@ -307,7 +303,7 @@ static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
       continue;
     }
     if (!fresh) { /* the sleep is sized by the time left */
-      now = engine_recent(comm, 1);
+      now = engine_recent(e, 1);
       idle = now - e->last_moved;
     }
     double left_ms = (comm->fail.timeout_s - idle) * 1000;
