@@ -144,7 +144,7 @@ static int auto_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   for (int again = 0; again < 4; again++)
     bad |= one_call(comm, rank, n, in, out, 400000, (call_of){WEFT_F32, WEFT_AVG, 5 + again}, 0,
                     "direct");
-  if (!comm->choice.direct_agreed) {
+  if (!comm->core.choice.direct_agreed) {
     fprintf(stderr, "rank %d: repeated direct calls left no remembered agreement\n", rank);
     bad = 1;
   }

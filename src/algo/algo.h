@@ -72,7 +72,8 @@ typedef struct weft_algo_outcome {
 } weft_algo_outcome;
 
 struct weft_coll {
-  struct weft_comm *comm; /* the caller's (coll.c, engine.c); never read by an algorithm */
+  struct weft_core *comm; /* the communicator's core (src/coll/core.h): the caller's
+                             (coll.c, engine.c); never read by an algorithm */
   /* The members the algorithm runs among: 0 .. size-1, this rank being
    * member `rank`. Algorithms only see members, through `link`; a
    * hierarchical algorithm runs its phases on groups' links. */

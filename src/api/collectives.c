@@ -5,17 +5,15 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "src/api/api.h"
 #include "src/base/status.h"
 #include "src/coll/coll.h"
 #include "src/engine/engine.h"
 #include "weft.h"
 
 /* A blocking call: the caller drives it (behind any earlier non-blocking ones). */
-static weft_status coll_blocking(weft_request *r, weft_status setup) {
-  if (setup == WEFT_COLL_DONE) return WEFT_OK;
-  if (setup < 0) return setup;
-  weft_request_coll(r, false);
-  return weft_engine_call(r);
+static inline weft_status coll_blocking(weft_request *r, weft_status setup) {
+  return weft_engine_blocking(r, setup);
 }
 
 /* A non-blocking call: queued, and the progress thread moves it. */
@@ -36,143 +34,153 @@ static weft_status coll_issue(weft_request *r, weft_request **req, weft_status s
 
 WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, weft_op op) {
+  WEFT_API_LIVE(comm, "weft_allreduce");
   weft_request r;
-  return coll_blocking(&r, weft_coll_allreduce_setup(&r.coll, "weft_allreduce", comm, sendbuf,
-                                                     recvbuf, count, dtype, op));
+  return coll_blocking(&r, weft_coll_allreduce_setup(&r.coll, "weft_allreduce", &comm->core,
+                                                     sendbuf, recvbuf, count, dtype, op));
 }
 
 WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                      size_t count, weft_dtype dtype, weft_op op,
                                      weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_iallreduce", req, &r));
+  WEFT_CHECK(weft_api_request_new(comm, "weft_iallreduce", req, &r));
   return coll_issue(r, req,
-                    weft_coll_allreduce_setup(&r->coll, "weft_iallreduce", comm, sendbuf, recvbuf,
-                                              count, dtype, op));
+                    weft_coll_allreduce_setup(&r->coll, "weft_iallreduce", &comm->core, sendbuf,
+                                              recvbuf, count, dtype, op));
 }
 
 WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, int root) {
+  WEFT_API_LIVE(comm, "weft_broadcast");
   weft_request r;
-  return coll_blocking(&r, weft_coll_broadcast_setup(&r.coll, "weft_broadcast", comm, sendbuf,
-                                                     recvbuf, count, dtype, root));
+  return coll_blocking(&r, weft_coll_broadcast_setup(&r.coll, "weft_broadcast", &comm->core,
+                                                     sendbuf, recvbuf, count, dtype, root));
 }
 
 WEFT_API weft_status weft_ibroadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                      size_t count, weft_dtype dtype, int root, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_ibroadcast", req, &r));
+  WEFT_CHECK(weft_api_request_new(comm, "weft_ibroadcast", req, &r));
   return coll_issue(r, req,
-                    weft_coll_broadcast_setup(&r->coll, "weft_ibroadcast", comm, sendbuf, recvbuf,
-                                              count, dtype, root));
+                    weft_coll_broadcast_setup(&r->coll, "weft_ibroadcast", &comm->core, sendbuf,
+                                              recvbuf, count, dtype, root));
 }
 
 WEFT_API weft_status weft_reduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                                  weft_dtype dtype, weft_op op, int root) {
+  WEFT_API_LIVE(comm, "weft_reduce");
   weft_request r;
-  return coll_blocking(&r, weft_coll_reduce_setup(&r.coll, "weft_reduce", comm, sendbuf, recvbuf,
-                                                  count, dtype, op, root));
+  return coll_blocking(&r, weft_coll_reduce_setup(&r.coll, "weft_reduce", &comm->core, sendbuf,
+                                                  recvbuf, count, dtype, op, root));
 }
 
 WEFT_API weft_status weft_ireduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                                   weft_dtype dtype, weft_op op, int root, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_ireduce", req, &r));
+  WEFT_CHECK(weft_api_request_new(comm, "weft_ireduce", req, &r));
   return coll_issue(r, req,
-                    weft_coll_reduce_setup(&r->coll, "weft_ireduce", comm, sendbuf, recvbuf, count,
-                                           dtype, op, root));
+                    weft_coll_reduce_setup(&r->coll, "weft_ireduce", &comm->core, sendbuf, recvbuf,
+                                           count, dtype, op, root));
 }
 
 WEFT_API weft_status weft_allgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t sendcount, weft_dtype dtype) {
+  WEFT_API_LIVE(comm, "weft_allgather");
   weft_request r;
-  return coll_blocking(&r, weft_coll_allgather_setup(&r.coll, "weft_allgather", comm, sendbuf,
-                                                     recvbuf, sendcount, dtype));
+  return coll_blocking(&r, weft_coll_allgather_setup(&r.coll, "weft_allgather", &comm->core,
+                                                     sendbuf, recvbuf, sendcount, dtype));
 }
 
 WEFT_API weft_status weft_iallgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                      size_t sendcount, weft_dtype dtype, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_iallgather", req, &r));
+  WEFT_CHECK(weft_api_request_new(comm, "weft_iallgather", req, &r));
   return coll_issue(r, req,
-                    weft_coll_allgather_setup(&r->coll, "weft_iallgather", comm, sendbuf, recvbuf,
-                                              sendcount, dtype));
+                    weft_coll_allgather_setup(&r->coll, "weft_iallgather", &comm->core, sendbuf,
+                                              recvbuf, sendcount, dtype));
 }
 
 WEFT_API weft_status weft_reduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                          size_t recvcount, weft_dtype dtype, weft_op op) {
+  WEFT_API_LIVE(comm, "weft_reduce_scatter");
   weft_request r;
-  return coll_blocking(&r, weft_coll_reduce_scatter_setup(&r.coll, "weft_reduce_scatter", comm,
-                                                          sendbuf, recvbuf, recvcount, dtype, op));
+  return coll_blocking(
+      &r, weft_coll_reduce_scatter_setup(&r.coll, "weft_reduce_scatter", &comm->core, sendbuf,
+                                         recvbuf, recvcount, dtype, op));
 }
 
 WEFT_API weft_status weft_ireduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                           size_t recvcount, weft_dtype dtype, weft_op op,
                                           weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_ireduce_scatter", req, &r));
+  WEFT_CHECK(weft_api_request_new(comm, "weft_ireduce_scatter", req, &r));
   return coll_issue(r, req,
-                    weft_coll_reduce_scatter_setup(&r->coll, "weft_ireduce_scatter", comm, sendbuf,
-                                                   recvbuf, recvcount, dtype, op));
+                    weft_coll_reduce_scatter_setup(&r->coll, "weft_ireduce_scatter", &comm->core,
+                                                   sendbuf, recvbuf, recvcount, dtype, op));
 }
 
 WEFT_API weft_status weft_gather(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                  size_t sendcount, weft_dtype dtype, int root) {
+  WEFT_API_LIVE(comm, "weft_gather");
   weft_request r;
-  return coll_blocking(&r, weft_coll_gather_setup(&r.coll, "weft_gather", comm, sendbuf, recvbuf,
-                                                  sendcount, dtype, root));
+  return coll_blocking(&r, weft_coll_gather_setup(&r.coll, "weft_gather", &comm->core, sendbuf,
+                                                  recvbuf, sendcount, dtype, root));
 }
 
 WEFT_API weft_status weft_igather(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                   size_t sendcount, weft_dtype dtype, int root,
                                   weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_igather", req, &r));
+  WEFT_CHECK(weft_api_request_new(comm, "weft_igather", req, &r));
   return coll_issue(r, req,
-                    weft_coll_gather_setup(&r->coll, "weft_igather", comm, sendbuf, recvbuf,
+                    weft_coll_gather_setup(&r->coll, "weft_igather", &comm->core, sendbuf, recvbuf,
                                            sendcount, dtype, root));
 }
 
 WEFT_API weft_status weft_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                   size_t recvcount, weft_dtype dtype, int root) {
+  WEFT_API_LIVE(comm, "weft_scatter");
   weft_request r;
-  return coll_blocking(&r, weft_coll_scatter_setup(&r.coll, "weft_scatter", comm, sendbuf, recvbuf,
-                                                   recvcount, dtype, root));
+  return coll_blocking(&r, weft_coll_scatter_setup(&r.coll, "weft_scatter", &comm->core, sendbuf,
+                                                   recvbuf, recvcount, dtype, root));
 }
 
 WEFT_API weft_status weft_iscatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                    size_t recvcount, weft_dtype dtype, int root,
                                    weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_iscatter", req, &r));
+  WEFT_CHECK(weft_api_request_new(comm, "weft_iscatter", req, &r));
   return coll_issue(r, req,
-                    weft_coll_scatter_setup(&r->coll, "weft_iscatter", comm, sendbuf, recvbuf,
-                                            recvcount, dtype, root));
+                    weft_coll_scatter_setup(&r->coll, "weft_iscatter", &comm->core, sendbuf,
+                                            recvbuf, recvcount, dtype, root));
 }
 
 WEFT_API weft_status weft_alltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                    size_t count, weft_dtype dtype) {
+  WEFT_API_LIVE(comm, "weft_alltoall");
   weft_request r;
-  return coll_blocking(
-      &r, weft_coll_alltoall_setup(&r.coll, "weft_alltoall", comm, sendbuf, recvbuf, count, dtype));
+  return coll_blocking(&r, weft_coll_alltoall_setup(&r.coll, "weft_alltoall", &comm->core, sendbuf,
+                                                    recvbuf, count, dtype));
 }
 
 WEFT_API weft_status weft_ialltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_ialltoall", req, &r));
-  return coll_issue(
-      r, req,
-      weft_coll_alltoall_setup(&r->coll, "weft_ialltoall", comm, sendbuf, recvbuf, count, dtype));
+  WEFT_CHECK(weft_api_request_new(comm, "weft_ialltoall", req, &r));
+  return coll_issue(r, req,
+                    weft_coll_alltoall_setup(&r->coll, "weft_ialltoall", &comm->core, sendbuf,
+                                             recvbuf, count, dtype));
 }
 
 WEFT_API weft_status weft_barrier(weft_comm *comm) {
+  WEFT_API_LIVE(comm, "weft_barrier");
   weft_request r;
-  return coll_blocking(&r, weft_coll_barrier_setup(&r.coll, "weft_barrier", comm));
+  return coll_blocking(&r, weft_coll_barrier_setup(&r.coll, "weft_barrier", &comm->core));
 }
 
 WEFT_API weft_status weft_ibarrier(weft_comm *comm, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_ibarrier", req, &r));
-  return coll_issue(r, req, weft_coll_barrier_setup(&r->coll, "weft_ibarrier", comm));
+  WEFT_CHECK(weft_api_request_new(comm, "weft_ibarrier", req, &r));
+  return coll_issue(r, req, weft_coll_barrier_setup(&r->coll, "weft_ibarrier", &comm->core));
 }

@@ -7,25 +7,25 @@
 #include "weft.h"
 
 WEFT_API int weft_comm_rank(const weft_comm *comm) {
-  return weft_comm_is_live(comm) ? comm->rank : -1;
+  return weft_comm_is_live(comm) ? comm->core.rank : -1;
 }
 WEFT_API int weft_comm_size(const weft_comm *comm) {
-  return weft_comm_is_live(comm) ? comm->size : -1;
+  return weft_comm_is_live(comm) ? comm->core.size : -1;
 }
 WEFT_API int weft_comm_local_rank(const weft_comm *comm) {
   return weft_comm_is_live(comm) ? comm->local_rank : -1;
 }
 WEFT_API int weft_comm_local_size(const weft_comm *comm) {
-  return weft_comm_is_live(comm) ? comm->local_size : -1;
+  return weft_comm_is_live(comm) ? comm->core.hosts.local_size : -1;
 }
 
 WEFT_API weft_status weft_comm_peer_transport(const weft_comm *comm, int peer,
                                               const char **transport, const char **reason) {
-  if (!weft_comm_is_live(comm) || peer < 0 || peer >= comm->size || !transport || !reason)
+  if (!weft_comm_is_live(comm) || peer < 0 || peer >= comm->core.size || !transport || !reason)
     return WEFT_ERR_INVALID;
-  const weft_peer *p = &comm->peers[peer];
-  *transport = p->tp < 0 ? "self" : comm->tps[p->tp].ops->name;
-  *reason = p->tp < 0 ? "this rank" : p->why;
+  int tp = comm->core.links.peers[peer].tp;
+  *transport = tp < 0 ? "self" : comm->core.links.tps[tp].ops->name;
+  *reason = tp < 0 ? "this rank" : comm->peers[peer].why;
   return WEFT_OK;
 }
 

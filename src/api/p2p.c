@@ -4,8 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/comm/comm.h"
+#include "src/api/api.h"
 #include "src/base/status.h"
+#include "src/comm/comm.h"
 #include "src/engine/engine.h"
 #include "src/engine/p2p.h"
 #include "weft.h"
@@ -16,8 +17,14 @@ static weft_status p2p_blocking(weft_comm *comm, weft_request *r, weft_status se
   if (setup < 0) return setup;
   weft_engine_submit(r, false);
   weft_status st = weft_engine_wait(r);
-  if (st < 0) memcpy(comm->last_error, r->comm->last_error, sizeof comm->last_error);
+  if (st < 0)
+    memcpy(comm->core.fail.last_error, r->comm->fail.last_error, sizeof comm->core.fail.last_error);
   return st;
+}
+
+/* The core of the lane `comm` sends and receives on; NULL: none. */
+static weft_core *lane_of(weft_comm *comm) {
+  return comm->p2p ? &comm->p2p->core : NULL;
 }
 
 /* A non-blocking message: the progress thread moves it. */
@@ -34,30 +41,36 @@ static weft_status p2p_issue(weft_request **req, weft_request *r, weft_status se
 
 WEFT_API weft_status weft_send(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
                                int peer, int tag) {
+  WEFT_API_LIVE(comm, "weft_send");
   weft_request r = {.kind = WEFT_REQ_SEND};
   return p2p_blocking(comm, &r,
-                      weft_p2p_setup(&r, comm, "weft_send", true, buf, count, dtype, peer, tag));
+                      weft_p2p_setup(&r, &comm->core, lane_of(comm), "weft_send", true, buf, count,
+                                     dtype, peer, tag));
 }
 
 WEFT_API weft_status weft_recv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype, int peer,
                                int tag) {
+  WEFT_API_LIVE(comm, "weft_recv");
   weft_request r = {.kind = WEFT_REQ_SEND};
   return p2p_blocking(comm, &r,
-                      weft_p2p_setup(&r, comm, "weft_recv", false, buf, count, dtype, peer, tag));
+                      weft_p2p_setup(&r, &comm->core, lane_of(comm), "weft_recv", false, buf, count,
+                                     dtype, peer, tag));
 }
 
 WEFT_API weft_status weft_isend(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
                                 int peer, int tag, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_isend", req, &r));
+  WEFT_CHECK(weft_api_request_new(comm, "weft_isend", req, &r));
   return p2p_issue(req, r,
-                   weft_p2p_setup(r, comm, "weft_isend", true, buf, count, dtype, peer, tag));
+                   weft_p2p_setup(r, &comm->core, lane_of(comm), "weft_isend", true, buf, count,
+                                  dtype, peer, tag));
 }
 
 WEFT_API weft_status weft_irecv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
                                 int peer, int tag, weft_request **req) {
   weft_request *r = NULL;
-  WEFT_CHECK(weft_request_new(comm, "weft_irecv", req, &r));
+  WEFT_CHECK(weft_api_request_new(comm, "weft_irecv", req, &r));
   return p2p_issue(req, r,
-                   weft_p2p_setup(r, comm, "weft_irecv", false, buf, count, dtype, peer, tag));
+                   weft_p2p_setup(r, &comm->core, lane_of(comm), "weft_irecv", false, buf, count,
+                                  dtype, peer, tag));
 }

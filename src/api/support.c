@@ -15,7 +15,7 @@ weft_status weft_api_error(weft_comm *comm, weft_status st, const char *call, co
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  return weft_comm_error(comm, st, call, "%s", what);
+  return weft_core_error(&comm->core, st, call, "%s", what);
 }
 
 weft_status weft_api_handle_error(weft_status st, const char *call, const char *fmt, ...) {
@@ -32,7 +32,7 @@ bool weft_api_comm_live(const weft_comm *comm) {
 }
 
 bool weft_api_one_host(const weft_comm *comm) {
-  return comm->nhosts == 1;
+  return comm->core.hosts.nhosts == 1;
 }
 
 const weft_api_mem *weft_api_mem_of(const void *ptr, weft_memory memory) {

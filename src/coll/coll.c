@@ -14,7 +14,7 @@
 
 #include "src/algo/algo.h"
 #include "src/coll/choose.h"
-#include "src/comm/comm.h"
+#include "src/coll/core.h"
 #include "src/link/comm_link.h"
 #include "src/base/log.h"
 #include "src/base/net.h"
@@ -81,32 +81,32 @@ static void coll_describe(const weft_coll *coll, char *buf, size_t len) {
 static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, ...) {
-  weft_comm *comm = coll->comm;
+  weft_core *comm = coll->comm;
   char what[384], desc[160];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
   coll_describe(coll, desc, sizeof desc);
-  weft_comm_error(comm, st, desc, "%s", what);
-  comm->failed = st;
+  weft_core_error(comm, st, desc, "%s", what);
+  comm->fail.failed = st;
   if (coll->quiet_failure) return st; /* every rank saw it itself */
   char reason[600];
-  if (comm->sink.origin[0])
-    snprintf(reason, sizeof reason, "%s", comm->sink.origin);
+  if (comm->links.sink.origin[0])
+    snprintf(reason, sizeof reason, "%s", comm->links.sink.origin);
   else
     snprintf(reason, sizeof reason, "rank %d failed in %s: %s", comm->rank, desc, what);
-  for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->abort_all(comm->tps[t].ctx, reason);
+  weft_links_abort_all(&comm->links, reason);
   return st;
 }
 
 /* ---- what the engine asks of a collective ------------------------------- */
 
 weft_status weft_coll_flush(weft_coll *coll) {
-  weft_comm *comm = coll->comm;
-  for (int i = 0; i < comm->nactive; i++) {
-    int peer = comm->active[i];
-    if (comm->peers[peer].last_send_seq != coll->seq) continue;
+  weft_core *comm = coll->comm;
+  for (int i = 0; i < comm->links.nactive; i++) {
+    int peer = comm->links.active[i];
+    if (comm->links.peers[peer].last_send_seq != coll->seq) continue;
     /* the caller may reuse its buffer once the call completes: every chunk must be out */
     weft_status st = weft_link_send_idle(coll, peer);
     if (st != WEFT_OK) return st;
@@ -117,37 +117,38 @@ weft_status weft_coll_flush(weft_coll *coll) {
 /* What the call found out, kept for later calls to choose by (algo.h,
  * weft_algo_outcome): algorithms report, the communicator remembers. */
 void weft_coll_end(weft_coll *coll) {
-  weft_comm *comm = coll->comm;
+  weft_core *comm = coll->comm;
   weft_choice_keep(&comm->choice, coll);
-  for (int i = 0; i < comm->nactive; i++) comm->peers[comm->active[i]].is_active = false;
-  comm->nactive = 0;
+  for (int i = 0; i < comm->links.nactive; i++)
+    comm->links.peers[comm->links.active[i]].is_active = false;
+  comm->links.nactive = 0;
 }
 
 /* The sentence for a failure the engine saw while driving this collective. */
 weft_status weft_coll_failed(weft_coll *coll, weft_status st) {
-  weft_comm *comm = coll->comm;
+  weft_core *comm = coll->comm;
   int peer = coll->waiting_peer;
   switch (st) {
     case WEFT_ERR_ABORTED:
-      comm->sink.origin[0] = 0;
+      comm->links.sink.origin[0] = 0;
       weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, 0);
       weft_recorder_dump(&comm->recorder, comm->rank, comm->size, "aborted");
       return coll_fail(coll, st, "weft_comm_abort was called");
     case WEFT_ERR_TIMEOUT:
-      comm->sink.origin[0] = 0;
+      comm->links.sink.origin[0] = 0;
       weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, 0);
       weft_recorder_dump(&comm->recorder, comm->rank, comm->size, "timeout");
       return coll_fail(coll, st,
                        "no progress for %.1f s while waiting for %s peer %d (%s algorithm); is "
                        "peer %d alive and in the same call?",
-                       comm->timeout_s, coll->waiting_for ? coll->waiting_for : "", peer,
+                       comm->fail.timeout_s, coll->waiting_for ? coll->waiting_for : "", peer,
                        coll->algo, peer);
     default:
-      if (comm->failed) return comm->failed; /* the algorithm worded it (coll_fail) */
-      if (comm->sink.origin[0]) return coll_fail(coll, st, "%s", comm->sink.msg);
+      if (comm->fail.failed) return comm->fail.failed; /* the algorithm worded it (coll_fail) */
+      if (comm->links.sink.origin[0]) return coll_fail(coll, st, "%s", comm->links.sink.msg);
       if (coll->fail_peer >= 0)
-        return coll_fail(coll, st, "peer %d: %s", coll->fail_peer, comm->sink.msg);
-      return coll_fail(coll, st, "%s", comm->sink.msg);
+        return coll_fail(coll, st, "peer %d: %s", coll->fail_peer, comm->links.sink.msg);
+      return coll_fail(coll, st, "%s", comm->links.sink.msg);
   }
 }
 
@@ -225,7 +226,7 @@ static weft_status check_advance(weft_coll *coll) {
     char a[160], b[160];
     print_describe(&ck->prints[0], a, sizeof a);
     print_describe(&ck->prints[r], b, sizeof b);
-    coll->comm->sink.origin[0] = 0;
+    coll->comm->links.sink.origin[0] = 0;
     return coll_fail(coll, WEFT_ERR_MISMATCH,
                      "WEFT_CHECK: ranks disagree on call #%u: rank 0 called %s, rank %d called %s",
                      coll->seq, a, r, b);
@@ -286,8 +287,9 @@ static weft_status coll_start(weft_coll *coll, weft_status started) {
 
 /* ---- entry points --------------------------------------------------------- */
 
-/* Common checks; fills coll. Returns an error with the message set. */
-static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call,
+/* Common checks of a live communicator's call; fills coll. Returns an error
+ * with the message set. */
+static weft_status coll_begin(weft_core *comm, weft_coll *coll, const char *call,
                               enum coll_kind_id kind, const void *sendbuf, void *recvbuf,
                               size_t count, weft_dtype dtype, weft_op op, int root) {
   *coll = (weft_coll){.comm = comm,
@@ -301,30 +303,27 @@ static weft_status coll_begin(weft_comm *comm, weft_coll *coll, const char *call
                       .root = root,
                       .waiting_peer = -1,
                       .fail_peer = -1};
-  if (!weft_comm_is_live(comm))
-    return weft_init_error(WEFT_ERR_INVALID, -1, call,
-                           "the communicator handle is not a live communicator (NULL, destroyed, "
-                           "or never created)");
-  coll->rank = comm->rank; /* only now: a dead handle must not be read */
-  coll->link = weft_comm_link_init((weft_comm_link *)(void *)coll->link_ctx, comm,
+  /* the public entry point checked that the handle is live (src/api) */
+  coll->rank = comm->rank;
+  coll->link = weft_comm_link_init((weft_comm_link *)(void *)coll->link_ctx, &comm->links,
                                    &coll->waiting_peer, &coll->fail_peer, &coll->waiting_for);
   coll->chunk_bytes = comm->chunk_bytes;
   coll->size = coll->avg_div = comm->size;
-  if (atomic_load(&comm->aborted) && !comm->failed)
-    return weft_comm_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
-  if (comm->failed) return comm->failed; /* last_error keeps the first cause */
+  if (atomic_load(&comm->fail.aborted) && !comm->fail.failed)
+    return weft_core_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
+  if (comm->fail.failed) return comm->fail.failed; /* last_error keeps the first cause */
   const coll_kind *k = coll_kind_of(coll);
   if (k->has_root && (root < 0 || root >= comm->size))
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "root %d is out of range (size %d)", root,
+    return weft_core_error(comm, WEFT_ERR_INVALID, call, "root %d is out of range (size %d)", root,
                            comm->size);
   if ((unsigned)dtype >= WEFT_DTYPE_COUNT)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "unknown dtype %d", (int)dtype);
+    return weft_core_error(comm, WEFT_ERR_INVALID, call, "unknown dtype %d", (int)dtype);
   if (k->has_op && (unsigned)op >= WEFT_OP_COUNT)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "unknown op %d", (int)op);
+    return weft_core_error(comm, WEFT_ERR_INVALID, call, "unknown op %d", (int)op);
   coll->elem = weft_dtype_size(dtype);
   size_t blocks = k->blocks ? (size_t)comm->size : 1;
   if (count > SIZE_MAX / 2 / coll->elem / blocks)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "%s %zu is too large%s",
+    return weft_core_error(comm, WEFT_ERR_INVALID, call, "%s %zu is too large%s",
                            k->count_name ? k->count_name : "count", count,
                            k->blocks ? " (one block per rank overflows the address space)" : "");
   return WEFT_OK;
@@ -343,21 +342,21 @@ typedef struct coll_span {
 #define SAME_POINTER "in place needs the same pointer"
 
 static weft_status check_buffers(weft_coll *coll, coll_span sp) {
-  weft_comm *comm = coll->comm;
+  weft_core *comm = coll->comm;
   const char *call = coll->call, *what = coll_kind_of(coll)->count_name;
   if (coll->count == 0) return WEFT_OK;
   if (sp.send_elems && !coll->sendbuf)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "sendbuf is NULL but %s is %zu", what,
+    return weft_core_error(comm, WEFT_ERR_INVALID, call, "sendbuf is NULL but %s is %zu", what,
                            coll->count);
   if (sp.recv_elems && !coll->recvbuf)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "recvbuf is NULL but %s is %zu", what,
+    return weft_core_error(comm, WEFT_ERR_INVALID, call, "recvbuf is NULL but %s is %zu", what,
                            coll->count);
   if (!sp.send_elems || !sp.recv_elems) return WEFT_OK;
   uintptr_t s = (uintptr_t)coll->sendbuf, r = (uintptr_t)coll->recvbuf;
   bool overlap = s < r + sp.recv_elems * coll->elem && r < s + sp.send_elems * coll->elem;
   bool in_place = sp.in_place_rule && s + sp.send_at * coll->elem == r + sp.recv_at * coll->elem;
   if (overlap && !in_place)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call,
+    return weft_core_error(comm, WEFT_ERR_INVALID, call,
                            "sendbuf and recvbuf overlap without being in place (%s)",
                            sp.in_place_rule ? sp.in_place_rule : "this call never runs in place");
   return WEFT_OK;
@@ -395,7 +394,7 @@ static weft_status coll_start_late(weft_coll *coll) {
   return coll_start(coll, WEFT_OK);
 }
 
-weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, weft_op op) {
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0));
@@ -407,17 +406,12 @@ weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_co
     return WEFT_COLL_DONE;
   }
   /* the hosts, should the choice take the hierarchical algorithm */
-  coll->hosts = (weft_hosts){.nhosts = comm->nhosts,
-                             .host_members = comm->host_members,
-                             .local_size = comm->local_size,
-                             .host_index = comm->host_index,
-                             .leaders = comm->leaders,
-                             .leader_index = comm->leader_index};
+  coll->hosts = comm->hosts;
   weft_status st = weft_choose_allreduce(&comm->choice, coll);
   return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }
 
-weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, int root) {
   WEFT_CHECK(
@@ -434,7 +428,7 @@ weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_co
   return coll_start(coll, weft_tree_broadcast_start(coll, fanout));
 }
 
-weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_core *comm,
                                    const void *sendbuf, void *recvbuf, size_t count,
                                    weft_dtype dtype, weft_op op, int root) {
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_REDUCE, sendbuf, recvbuf, count, dtype, op, root));
@@ -450,7 +444,7 @@ weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_comm 
   return coll_start(coll, weft_tree_reduce_start(coll, fanout));
 }
 
-weft_status weft_coll_allgather_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_allgather_setup(weft_coll *coll, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t sendcount,
                                       weft_dtype dtype) {
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_ALLGATHER, sendbuf, recvbuf, sendcount, dtype,
@@ -465,7 +459,7 @@ weft_status weft_coll_allgather_setup(weft_coll *coll, const char *call, weft_co
   return coll_start(coll, weft_ring_allgather_start(coll));
 }
 
-weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, weft_core *comm,
                                            const void *sendbuf, void *recvbuf, size_t recvcount,
                                            weft_dtype dtype, weft_op op) {
   WEFT_CHECK(
@@ -483,7 +477,7 @@ weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, we
   return coll_start(coll, weft_ring_reduce_scatter_start(coll));
 }
 
-weft_status weft_coll_gather_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_gather_setup(weft_coll *coll, const char *call, weft_core *comm,
                                    const void *sendbuf, void *recvbuf, size_t sendcount,
                                    weft_dtype dtype, int root) {
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_GATHER, sendbuf, recvbuf, sendcount, dtype, WEFT_SUM,
@@ -499,7 +493,7 @@ weft_status weft_coll_gather_setup(weft_coll *coll, const char *call, weft_comm 
   return coll_start(coll, weft_flat_gather_start(coll));
 }
 
-weft_status weft_coll_scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_scatter_setup(weft_coll *coll, const char *call, weft_core *comm,
                                     const void *sendbuf, void *recvbuf, size_t recvcount,
                                     weft_dtype dtype, int root) {
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_SCATTER, sendbuf, recvbuf, recvcount, dtype,
@@ -515,13 +509,13 @@ weft_status weft_coll_scatter_setup(weft_coll *coll, const char *call, weft_comm
   return coll_start(coll, weft_flat_scatter_start(coll));
 }
 
-weft_status weft_coll_alltoall_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_alltoall_setup(weft_coll *coll, const char *call, weft_core *comm,
                                      const void *sendbuf, void *recvbuf, size_t count,
                                      weft_dtype dtype) {
   WEFT_CHECK(
       coll_begin(comm, coll, call, KIND_ALLTOALL, sendbuf, recvbuf, count, dtype, WEFT_SUM, 0));
   if (count && sendbuf && sendbuf == recvbuf)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call,
+    return weft_core_error(comm, WEFT_ERR_INVALID, call,
                            "sendbuf == recvbuf, but alltoall cannot run in place (a block would be "
                            "overwritten before it is sent); pass two separate buffers");
   size_t n = (size_t)comm->size;
@@ -532,7 +526,7 @@ weft_status weft_coll_alltoall_setup(weft_coll *coll, const char *call, weft_com
   return coll_start(coll, weft_pairwise_alltoall_start(coll));
 }
 
-weft_status weft_coll_barrier_setup(weft_coll *coll, const char *call, weft_comm *comm) {
+weft_status weft_coll_barrier_setup(weft_coll *coll, const char *call, weft_core *comm) {
   /* a one-byte max-allreduce: nobody leaves before everybody contributed */
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_BARRIER, NULL, NULL, 1, WEFT_U8, WEFT_MAX, 0));
   coll->token = 0;

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "src/algo/algo.h"
+#include "src/coll/core.h"
 #include "weft.h"
 
 /* A setup's answer besides OK (give the call to the engine) and errors (the
@@ -15,34 +16,34 @@
  * one rank). */
 #define WEFT_COLL_DONE ((weft_status)2)
 
-/* Each checks its arguments against `comm`, takes the call's sequence
- * number and starts its algorithm in `coll`; `call` is the name the user
- * called ("weft_iallreduce"). */
-weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
+/* Each checks its arguments against `comm` (the core of a communicator the
+ * caller found live), takes the call's sequence number and starts its
+ * algorithm in `coll`; `call` is the name the user called ("weft_iallreduce"). */
+weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, weft_op op);
-weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, int root);
-weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_core *comm,
                                    const void *sendbuf, void *recvbuf, size_t count,
                                    weft_dtype dtype, weft_op op, int root);
-weft_status weft_coll_allgather_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_allgather_setup(weft_coll *coll, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t sendcount,
                                       weft_dtype dtype);
-weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, weft_core *comm,
                                            const void *sendbuf, void *recvbuf, size_t recvcount,
                                            weft_dtype dtype, weft_op op);
-weft_status weft_coll_gather_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_gather_setup(weft_coll *coll, const char *call, weft_core *comm,
                                    const void *sendbuf, void *recvbuf, size_t sendcount,
                                    weft_dtype dtype, int root);
-weft_status weft_coll_scatter_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_scatter_setup(weft_coll *coll, const char *call, weft_core *comm,
                                     const void *sendbuf, void *recvbuf, size_t recvcount,
                                     weft_dtype dtype, int root);
-weft_status weft_coll_alltoall_setup(weft_coll *coll, const char *call, weft_comm *comm,
+weft_status weft_coll_alltoall_setup(weft_coll *coll, const char *call, weft_core *comm,
                                      const void *sendbuf, void *recvbuf, size_t count,
                                      weft_dtype dtype);
-weft_status weft_coll_barrier_setup(weft_coll *coll, const char *call, weft_comm *comm);
+weft_status weft_coll_barrier_setup(weft_coll *coll, const char *call, weft_core *comm);
 
 /* What the engine asks of a running call. */
 /* WEFT_OK once every chunk the call sent is out (its buffers may be reused). */

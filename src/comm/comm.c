@@ -61,7 +61,7 @@ static bool live_add(weft_comm *comm) {
 void weft_comm_dump_all(const char *why) {
   pthread_mutex_lock(&live_lock);
   for (int i = 0; i < nlive; i++)
-    weft_recorder_dump(&live[i]->recorder, live[i]->rank, live[i]->size, why);
+    weft_recorder_dump(&live[i]->core.recorder, live[i]->core.rank, live[i]->core.size, why);
   pthread_mutex_unlock(&live_lock);
 }
 
@@ -99,19 +99,6 @@ bool weft_comm_is_live(const weft_comm *comm) {
 
 static _Thread_local char thread_error[768];
 
-weft_status weft_comm_error(weft_comm *comm, weft_status st, const char *call, const char *fmt,
-                            ...) {
-  char what[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
-  snprintf(comm->last_error, sizeof comm->last_error, "weft rank %d/%d %s: %s (%s)", comm->rank,
-           comm->size, call, what, weft_status_name(st));
-  WEFT_WARN(WEFT_SUBSYS_COLL, "%s", comm->last_error);
-  return st;
-}
-
 weft_status weft_init_error(weft_status st, int rank, const char *call, const char *fmt, ...) {
   char what[512];
   va_list ap;
@@ -130,7 +117,7 @@ weft_status weft_init_error(weft_status st, int rank, const char *call, const ch
 
 WEFT_API const char *weft_last_error(const weft_comm *comm) {
   if (!comm || !weft_comm_is_live(comm)) return thread_error;
-  return comm->last_error;
+  return comm->core.fail.last_error;
 }
 
 /* ---- creation ------------------------------------------------------------- */
@@ -151,21 +138,23 @@ static weft_status settings_usable(int rank, const char *call) {
 
 static void comm_free(weft_comm *comm) {
   if (comm->p2p) {
-    weft_engine_stop(comm->p2p);
-    weft_p2p_lane_free(comm->p2p);
+    weft_engine_stop(&comm->p2p->core);
+    weft_p2p_lane_free(&comm->p2p->core);
     comm_free(comm->p2p);
   }
-  for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->fini(comm->tps[t].ctx);
+  weft_links *l = &comm->core.links;
+  for (int t = 0; t < l->ntps; t++) l->tps[t].ops->fini(l->tps[t].ctx);
   if (comm->engine.wake_fd >= 0) close(comm->engine.wake_fd);
   pthread_mutex_destroy(&comm->engine.call_lock);
   pthread_mutex_destroy(&comm->engine.q_lock);
   pthread_cond_destroy(&comm->engine.q_cond);
   free(comm->peers);
-  free(comm->active);
-  weft_recorder_free(&comm->recorder);
-  free(comm->host_members);
-  free(comm->leaders);
-  weft_choice_free(&comm->choice);
+  free(l->peers);
+  free(l->active);
+  weft_recorder_free(&comm->core.recorder);
+  free((void *)comm->core.hosts.host_members);
+  free((void *)comm->core.hosts.leaders);
+  weft_choice_free(&comm->core.choice);
   comm->magic = 0;
   free(comm);
 }
@@ -248,7 +237,7 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
                                 ? NULL
                                 : weft_setting_str(WEFT_SETTING_TRANSPORT),
                             order, why, sizeof why);
-  if (n <= 0) return weft_init_error(WEFT_ERR_INVALID, comm->rank, call, "%s", why);
+  if (n <= 0) return weft_init_error(WEFT_ERR_INVALID, comm->core.rank, call, "%s", why);
   size_t off = mine->addr_len; /* a lane appends to comm's */
   for (int i = 0; i < n; i++) {
     int b = 0;
@@ -260,14 +249,18 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
     weft_tp_ctx *ctx = NULL;
     weft_status st = ops->init(&comm->tp_args, &ctx, blob, &len);
     if (st == WEFT_ERR_UNSUPPORTED && n > 1) {
-      WEFT_INFO(WEFT_SUBSYS_INIT, "transport %s unusable here: %s", ops->name, comm->sink.msg);
+      WEFT_INFO(WEFT_SUBSYS_INIT, "transport %s unusable here: %s", ops->name,
+                comm->core.links.sink.msg);
       continue;
     }
     if (st)
-      return weft_init_error(st, comm->rank, call, "transport %s: %s", ops->name, comm->sink.msg);
-    comm->tps[comm->ntps++] = (weft_comm_transport){.ops = ops, .ctx = ctx, .builtin = b};
+      return weft_init_error(st, comm->core.rank, call, "transport %s: %s", ops->name,
+                             comm->core.links.sink.msg);
+    comm->core.links.tps[comm->core.links.ntps++] =
+        (weft_link_transport){.ops = ops, .ctx = ctx, .builtin = b};
     if (len > 255 || off + 2 + len > sizeof mine->addr)
-      return weft_init_error(WEFT_ERR_INTERNAL, comm->rank, call, "transport addresses too long");
+      return weft_init_error(WEFT_ERR_INTERNAL, comm->core.rank, call,
+                             "transport addresses too long");
     mine->addr[off] = (uint8_t)(b | comm->addr_tag);
     mine->addr[off + 1] = (uint8_t)len;
     memcpy(&mine->addr[off + 2], blob, len);
@@ -278,37 +271,43 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
 }
 
 /* First transport, in order, that reaches each peer; its reason is kept. */
+/* The peer table (core.links) gets the transport and the address the
+ * links connect to; the reason stays here, for weft_comm_peer_transport. */
 static weft_status transports_choose(weft_comm *comm, const char *call) {
-  comm->choice.sends_are_stores = true;
-  for (int p = 0; p < comm->size; p++) {
+  weft_links *l = &comm->core.links;
+  comm->core.choice.sends_are_stores = true;
+  for (int p = 0; p < comm->core.size; p++) {
     weft_peer *peer = &comm->peers[p];
-    peer->tp = -1;
-    if (p == comm->rank) {
+    weft_link_peer *lp = &l->peers[p];
+    lp->tp = -1;
+    if (p == comm->core.rank) {
       snprintf(peer->why, sizeof peer->why, "this rank");
       continue;
     }
     char refusals[512] = "";
-    for (int t = 0; t < comm->ntps && peer->tp < 0; t++) {
+    for (int t = 0; t < l->ntps && lp->tp < 0; t++) {
       const void *addr;
       size_t len;
-      weft_comm_peer_address(comm, p, comm->tps[t].builtin, &addr, &len);
+      weft_comm_peer_address(comm, p, l->tps[t].builtin, &addr, &len);
       char why[192] = "the peer did not start this transport";
-      if (addr && comm->tps[t].ops->can_reach(comm->tps[t].ctx, p, addr, len, why, sizeof why)) {
-        peer->tp = t;
+      if (addr && l->tps[t].ops->can_reach(l->tps[t].ctx, p, addr, len, why, sizeof why)) {
+        lp->tp = t;
+        lp->addr = addr;
+        lp->addr_len = len;
         snprintf(peer->why, sizeof peer->why, "%s", why);
       } else {
         size_t used = strlen(refusals);
         snprintf(refusals + used, sizeof refusals - used, "%s%s: %s", used ? "; " : "",
-                 comm->tps[t].ops->name, why);
+                 l->tps[t].ops->name, why);
       }
     }
-    if (peer->tp < 0)
-      return weft_init_error(WEFT_ERR_UNSUPPORTED, comm->rank, call,
+    if (lp->tp < 0)
+      return weft_init_error(WEFT_ERR_UNSUPPORTED, comm->core.rank, call,
                              "no transport reaches peer %d on %s (%s)", p, peer->info.host,
                              refusals);
-    WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d -> peer %d: %s (%s)", comm->rank, p,
-              comm->tps[peer->tp].ops->name, peer->why);
-    comm->choice.sends_are_stores &= comm->tps[peer->tp].ops->caps.sends_are_stores;
+    WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d -> peer %d: %s (%s)", comm->core.rank, p,
+              l->tps[lp->tp].ops->name, peer->why);
+    comm->core.choice.sends_are_stores &= l->tps[lp->tp].ops->caps.sends_are_stores;
   }
   return WEFT_OK;
 }
@@ -318,28 +317,31 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   weft_comm *comm = calloc(1, sizeof *comm);
   if (!comm) return NULL;
   comm->magic = WEFT_COMM_MAGIC;
-  comm->rank = rank;
-  comm->size = size;
+  comm->core.rank = rank;
+  comm->core.size = size;
   comm->local_rank = local_rank;
-  comm->local_size = 1;
-  comm->timeout_s = timeout_s;
+  comm->core.hosts.local_size = 1;
+  comm->core.fail.timeout_s = timeout_s;
   comm->engine.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   pthread_mutex_init(&comm->engine.call_lock, NULL);
   pthread_mutex_init(&comm->engine.q_lock, NULL);
   pthread_cond_init(&comm->engine.q_cond, NULL);
   const weft_settings_values *set = weft_settings();
-  comm->chunk_bytes = set->chunk_bytes;
+  comm->core.chunk_bytes = set->chunk_bytes;
+  comm->core.engine = &comm->engine;
   comm->peers = calloc((size_t)size, sizeof *comm->peers);
-  comm->active = calloc((size_t)size, sizeof *comm->active);
-  if (!comm->peers || !comm->active || comm->engine.wake_fd < 0) {
+  comm->core.links.peers = calloc((size_t)size, sizeof *comm->core.links.peers);
+  comm->core.links.active = calloc((size_t)size, sizeof *comm->core.links.active);
+  if (!comm->peers || !comm->core.links.peers || !comm->core.links.active ||
+      comm->engine.wake_fd < 0) {
     comm_free(comm);
     return NULL;
   }
   comm->engine.spin_us = spin_default(1);
-  weft_recorder_init(&comm->recorder);
-  if (comm->recorder.cap) weft_recorder_install_signal(weft_comm_dump_all);
-  comm->check_calls = set->check;
-  weft_choice_init(&comm->choice, rank, size);
+  weft_recorder_init(&comm->core.recorder);
+  if (comm->core.recorder.cap) weft_recorder_install_signal(weft_comm_dump_all);
+  comm->core.check_calls = set->check;
+  weft_choice_init(&comm->core.choice, rank, size);
   /* Yielding instead of sleeping keeps a waiting rank runnable: a sleeping one
    * costs a cross-CPU wake-up per chunk, which dominates on oversubscribed or
    * virtualized hosts (measured: 4 ranks on 2 vCPUs, 64 MiB allreduce
@@ -354,12 +356,12 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
  * the interface the rendezvous was reached from. */
 static void comm_tp_args(weft_comm *comm, const weft_comm *like) {
   weft_transport_init_args *a = &comm->tp_args;
-  a->rank = comm->rank;
-  a->size = comm->size;
-  a->chunk_bytes = comm->chunk_bytes;
-  a->timeout_s = comm->timeout_s;
+  a->rank = comm->core.rank;
+  a->size = comm->core.size;
+  a->chunk_bytes = comm->core.chunk_bytes;
+  a->timeout_s = comm->core.fail.timeout_s;
   a->wake_fd = comm->engine.wake_fd;
-  a->errors = &comm->sink;
+  a->errors = &comm->core.links.sink;
   a->place = &comm->place;
   a->auth = &comm->auth_key;
   if (like != comm) {
@@ -374,40 +376,43 @@ static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64
                               const char *call) {
   comm->id = id;
   comm->tp_args.comm_id = id;
-  const char *my_host = all[comm->rank].host;
+  const char *my_host = all[comm->core.rank].host;
   int local_index = 0;
-  comm->local_size = 0;
-  for (int p = 0; p < comm->size; p++) {
+  comm->core.hosts.local_size = 0;
+  for (int p = 0; p < comm->core.size; p++) {
     comm->peers[p].info = all[p];
     if (!strcmp(all[p].host, my_host)) {
-      if (p < comm->rank) local_index++;
-      comm->local_size++;
+      if (p < comm->core.rank) local_index++;
+      comm->core.hosts.local_size++;
     }
   }
   if (comm->local_rank < 0) comm->local_rank = local_index;
-  comm->tp_args.local_size = comm->local_size;
+  weft_hosts *h = &comm->core.hosts;
+  comm->tp_args.local_size = h->local_size;
   /* hosts: members of mine, and every host's lowest rank, both ascending */
-  comm->host_members = malloc(sizeof(int) * (size_t)comm->local_size);
-  comm->leaders = malloc(sizeof(int) * (size_t)comm->size);
-  if (!comm->host_members || !comm->leaders)
-    return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
-  comm->nhosts = 0;
+  int *members = malloc(sizeof(int) * (size_t)h->local_size);
+  int *leaders = malloc(sizeof(int) * (size_t)comm->core.size);
+  h->host_members = members;
+  h->leaders = leaders;
+  if (!members || !leaders)
+    return weft_init_error(WEFT_ERR_NOMEM, comm->core.rank, call, "out of memory");
+  h->nhosts = 0;
   int m = 0;
-  for (int p = 0; p < comm->size; p++) {
+  for (int p = 0; p < comm->core.size; p++) {
     if (!strcmp(all[p].host, my_host)) {
-      if (p == comm->rank) comm->host_index = m;
-      comm->host_members[m++] = p;
+      if (p == comm->core.rank) h->host_index = m;
+      members[m++] = p;
     }
     bool first = true;
     for (int q = 0; q < p && first; q++) first = strcmp(all[q].host, all[p].host) != 0;
     if (!first) continue;
-    if (!strcmp(all[p].host, my_host)) comm->leader_index = comm->nhosts;
-    comm->leaders[comm->nhosts++] = p;
+    if (!strcmp(all[p].host, my_host)) h->leader_index = h->nhosts;
+    leaders[h->nhosts++] = p;
   }
-  weft_choice_learn(&comm->choice, comm->size, comm->nhosts, comm->chunk_bytes);
-  comm->engine.spin_us = spin_default(comm->local_size);
-  if (comm->size == 1) {
-    comm->peers[0].tp = -1;
+  weft_choice_learn(&comm->core.choice, comm->core.size, h->nhosts, comm->core.chunk_bytes);
+  comm->engine.spin_us = spin_default(h->local_size);
+  if (comm->core.size == 1) {
+    comm->core.links.peers[0].tp = -1;
     return WEFT_OK;
   }
   return transports_choose(comm, call);
@@ -416,17 +421,18 @@ static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64
 /* The lane of `comm` for send/recv (p2p.h): its transports start now so
  * their addresses travel with comm's; it learns its peers with comm. */
 static weft_status lane_open(weft_comm *comm, boot_rank_info *mine, const char *call) {
-  weft_comm *lane = comm_alloc(comm->rank, comm->size, comm->local_rank, comm->timeout_s);
-  if (!lane) return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
+  weft_comm *lane =
+      comm_alloc(comm->core.rank, comm->core.size, comm->local_rank, comm->core.fail.timeout_s);
+  if (!lane) return weft_init_error(WEFT_ERR_NOMEM, comm->core.rank, call, "out of memory");
   comm->p2p = lane;
-  lane->owner = comm;
+  lane->engine.owner = &comm->core;
   lane->addr_tag = LANE_ADDR_TAG;
   lane->place = comm->place;
   lane->auth_key = comm->auth_key;
   comm_tp_args(lane, comm);
-  if (weft_p2p_lane_create(lane))
-    return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
-  return comm->size > 1 ? transports_start(lane, mine, call) : WEFT_OK;
+  if (weft_p2p_lane_create(&lane->core))
+    return weft_init_error(WEFT_ERR_NOMEM, comm->core.rank, call, "out of memory");
+  return comm->core.size > 1 ? transports_start(lane, mine, call) : WEFT_OK;
 }
 
 /* Both lanes learn the same table; the lane's id differs from comm's so
@@ -473,7 +479,7 @@ static void spread_once(const weft_comm *comm) {
   if (sched_getaffinity(0, sizeof allowed, &allowed)) return;
   int count = CPU_COUNT(&allowed);
   /* one CPU allowed: bound already (weftrun, mpirun), nothing to choose */
-  if (count < 2 || (comm->local_size <= count && mode != WEFT_SPREAD_ALWAYS)) return;
+  if (count < 2 || (comm->core.hosts.local_size <= count && mode != WEFT_SPREAD_ALWAYS)) return;
   int want = comm->local_rank % count;
   for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; cpu++) {
     if (!CPU_ISSET(cpu, &allowed) || seen++ != want) continue;
@@ -482,7 +488,7 @@ static void spread_once(const weft_comm *comm) {
       spread_mine = true;
       spread_last = weft_now();
       WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d: %d ranks here on %d CPUs: started on CPU %d",
-                comm->rank, comm->local_size, count, cpu);
+                comm->core.rank, comm->core.hosts.local_size, count, cpu);
     }
     return;
   }
@@ -499,10 +505,11 @@ void weft_spread_keep(void) {
 }
 
 static weft_status comm_publish(weft_comm *comm, const char *call) {
-  if (!live_add(comm)) return weft_init_error(WEFT_ERR_NOMEM, comm->rank, call, "out of memory");
-  WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d/%d ready (local %d/%d, chunk %zu B, spin %d us)", comm->rank,
-            comm->size, comm->local_rank, comm->local_size, comm->chunk_bytes,
-            comm->engine.spin_us);
+  if (!live_add(comm))
+    return weft_init_error(WEFT_ERR_NOMEM, comm->core.rank, call, "out of memory");
+  WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d/%d ready (local %d/%d, chunk %zu B, spin %d us)",
+            comm->core.rank, comm->core.size, comm->local_rank, comm->core.hosts.local_size,
+            comm->core.chunk_bytes, comm->engine.spin_us);
   return WEFT_OK;
 }
 
@@ -533,9 +540,9 @@ static weft_status comm_create(int rank, int size, int local_rank,
     int fd;
     weft_transport_init_args *a = &comm->tp_args;
     st = boot_connect(server, server_len, deadline, &fd, &a->local_addr, &a->local_addr_len,
-                      &comm->sink);
+                      &comm->core.links.sink);
     if (st) {
-      weft_init_error(st, rank, call, "%s", comm->sink.msg);
+      weft_init_error(st, rank, call, "%s", comm->core.links.sink.msg);
       goto fail;
     }
     st = transports_start(comm, &mine, call);
@@ -551,13 +558,14 @@ static weft_status comm_create(int rank, int size, int local_rank,
       goto fail;
     }
     uint64_t id;
-    st = boot_exchange(fd, nonce, job, rank, size, &mine, deadline, &id, all, &comm->sink);
+    st = boot_exchange(fd, nonce, job, rank, size, &mine, deadline, &id, all,
+                       &comm->core.links.sink);
     /* through the rendezvous, either way: the server this rank hosts ends
      * once every rank has its answer (no thread or fd outlives the init) */
     boot_server_finish(srv, rank, NULL);
     srv = NULL;
     if (st)
-      weft_init_error(st, rank, call, "%s", comm->sink.msg);
+      weft_init_error(st, rank, call, "%s", comm->core.links.sink.msg);
     else
       st = comm_learn_both(comm, all, id, call);
     free(all);
@@ -593,6 +601,16 @@ typedef struct split_entry {
   boot_rank_info info; /* the new communicator's addresses (both lanes) */
 } split_entry;
 
+/* An allgather over `parent` (live), made as weft_allgather makes it: the
+ * communicators sit below the public entry points and do not call them. */
+static weft_status parent_allgather(weft_comm *parent, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype) {
+  weft_request r;
+  return weft_engine_blocking(
+      &r, weft_coll_allgather_setup(&r.coll, "weft_allgather", &parent->core, sendbuf, recvbuf,
+                                    count, dtype));
+}
+
 /* Two allgathers over the parent: everybody's (color, key), then everybody's
  * new addresses; ranks of one color build their communicator from what the
  * members published. Every rank makes both calls, whatever its color, so the
@@ -601,16 +619,16 @@ WEFT_API weft_status weft_comm_split(weft_comm *parent, int color, int key, weft
   const char *call = "weft_comm_split";
   if (!newcomm) {
     if (weft_comm_is_live(parent))
-      return weft_comm_error(parent, WEFT_ERR_INVALID, call, "newcomm is NULL");
+      return weft_core_error(&parent->core, WEFT_ERR_INVALID, call, "newcomm is NULL");
     return weft_init_error(WEFT_ERR_INVALID, -1, call, "newcomm is NULL");
   }
   *newcomm = NULL;
   if (!weft_comm_is_live(parent))
     return weft_init_error(WEFT_ERR_INVALID, -1, call, "the parent is not a live communicator");
   if (color < 0 && color != WEFT_UNDEFINED)
-    return weft_comm_error(parent, WEFT_ERR_INVALID, call,
+    return weft_core_error(&parent->core, WEFT_ERR_INVALID, call,
                            "color %d is negative (colors are >= 0, or WEFT_UNDEFINED)", color);
-  int n = parent->size;
+  int n = parent->core.size;
   int32_t mine_ck[2] = {color, key};
   int32_t *ck = malloc(sizeof(int32_t) * 2 * (size_t)n);
   split_entry *all = calloc((size_t)n, sizeof *all);
@@ -619,23 +637,23 @@ WEFT_API weft_status weft_comm_split(weft_comm *parent, int color, int key, weft
   if (!ck || !all) {
     free(ck);
     free(all);
-    return weft_comm_error(parent, WEFT_ERR_NOMEM, call, "out of memory");
+    return weft_core_error(&parent->core, WEFT_ERR_NOMEM, call, "out of memory");
   }
-  st = weft_allgather(parent, mine_ck, ck, 2, WEFT_I32);
+  st = parent_allgather(parent, mine_ck, ck, 2, WEFT_I32);
   if (st) goto done;
   /* members of my color ordered by (key, parent rank): my new rank and size */
   int size = 0, rank = 0;
   for (int p = 0; p < n && color != WEFT_UNDEFINED; p++) {
     if (ck[2 * p] != color) continue;
     size++;
-    if (ck[2 * p + 1] < key || (ck[2 * p + 1] == key && p < parent->rank)) rank++;
+    if (ck[2 * p + 1] < key || (ck[2 * p + 1] == key && p < parent->core.rank)) rank++;
   }
   split_entry me = {.color = color, .key = key};
   weft_status local = WEFT_OK;
   if (color != WEFT_UNDEFINED) {
-    comm = comm_alloc(rank, size, -1, parent->timeout_s);
+    comm = comm_alloc(rank, size, -1, parent->core.fail.timeout_s);
     if (!comm) {
-      local = weft_comm_error(parent, WEFT_ERR_NOMEM, call, "out of memory");
+      local = weft_core_error(&parent->core, WEFT_ERR_NOMEM, call, "out of memory");
     } else {
       comm->place = parent->place;
       comm->auth_key = parent->auth_key;
@@ -646,43 +664,45 @@ WEFT_API weft_status weft_comm_split(weft_comm *parent, int color, int key, weft
       local = size > 1 ? transports_start(comm, &me.info, call) : WEFT_OK;
       if (!local) local = lane_open(comm, &me.info, call);
       if (local)
-        snprintf(parent->last_error, sizeof parent->last_error, "%s", weft_last_error(NULL));
+        snprintf(parent->core.fail.last_error, sizeof parent->core.fail.last_error, "%s",
+                 weft_last_error(NULL));
     }
   }
   /* a rank that failed locally still takes part (color -2 tells the others) */
   if (local) me.color = -2;
-  st = weft_allgather(parent, &me, all, sizeof me, WEFT_U8);
+  st = parent_allgather(parent, &me, all, sizeof me, WEFT_U8);
   if (st) goto done;
   for (int p = 0; p < n; p++)
     if (all[p].color == -2) {
       st = local
                ? local
-               : weft_comm_error(parent, WEFT_ERR_PEER_LOST, call,
+               : weft_core_error(&parent->core, WEFT_ERR_PEER_LOST, call,
                                  "rank %d of the parent could not set up its part of the split", p);
       goto done;
     }
   if (color == WEFT_UNDEFINED) goto done;
   boot_rank_info *infos = calloc((size_t)size, sizeof *infos);
   if (!infos) {
-    st = weft_comm_error(parent, WEFT_ERR_NOMEM, call, "out of memory");
+    st = weft_core_error(&parent->core, WEFT_ERR_NOMEM, call, "out of memory");
     goto done;
   }
   for (int p = 0; p < n; p++)
     if (all[p].color == color) infos[all[p].info.rank] = all[p].info;
   /* the same on every member: the parent, how many calls it has seen, the color */
-  uint64_t id = mix64(parent->id ^ mix64(((uint64_t)parent->seq << 32) | (uint32_t)color));
+  uint64_t id = mix64(parent->id ^ mix64(((uint64_t)parent->core.seq << 32) | (uint32_t)color));
   comm->local_rank = -1;
   comm->p2p->local_rank = -1;
   st = comm_learn_both(comm, infos, id, call);
   free(infos);
   if (st) {
-    snprintf(parent->last_error, sizeof parent->last_error, "%s", weft_last_error(NULL));
+    snprintf(parent->core.fail.last_error, sizeof parent->core.fail.last_error, "%s",
+             weft_last_error(NULL));
     goto done;
   }
   st = comm_publish(comm, call);
   if (st) goto done;
   WEFT_INFO(WEFT_SUBSYS_INIT, "split: parent rank %d, color %d, key %d -> rank %d of %d",
-            parent->rank, color, key, rank, size);
+            parent->core.rank, color, key, rank, size);
   *newcomm = comm;
   comm = NULL;
 done:
@@ -840,25 +860,26 @@ WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
   if (!live_remove(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_destroy",
                            "not a live communicator (destroyed twice, or never created)");
-  weft_engine_stop(comm);
+  weft_engine_stop(&comm->core);
   comm_free(comm);
   return WEFT_OK;
 }
 
 static void comm_abort_one(weft_comm *comm, int rank) {
-  atomic_store(&comm->aborted, 1);
+  atomic_store(&comm->core.fail.aborted, 1);
   uint64_t one = 1;
   if (write(comm->engine.wake_fd, &one, sizeof one) < 0) { /* already signalled: fine */
   }
   /* No call running: tell the peers from here. A running call does it
    * itself when it sees the flag (one thread drives the transport). */
   if (pthread_mutex_trylock(&comm->engine.call_lock) == 0) {
-    if (!comm->failed) {
-      comm->failed = WEFT_ERR_ABORTED;
-      weft_comm_error(comm, WEFT_ERR_ABORTED, "weft_comm_abort", "the communicator was aborted");
+    if (!comm->core.fail.failed) {
+      comm->core.fail.failed = WEFT_ERR_ABORTED;
+      weft_core_error(&comm->core, WEFT_ERR_ABORTED, "weft_comm_abort",
+                      "the communicator was aborted");
       char reason[128];
       snprintf(reason, sizeof reason, "rank %d called weft_comm_abort", rank);
-      for (int t = 0; t < comm->ntps; t++) comm->tps[t].ops->abort_all(comm->tps[t].ctx, reason);
+      weft_links_abort_all(&comm->core.links, reason);
     }
     pthread_mutex_unlock(&comm->engine.call_lock);
   }
@@ -867,7 +888,7 @@ static void comm_abort_one(weft_comm *comm, int rank) {
 WEFT_API weft_status weft_comm_abort(weft_comm *comm) {
   if (!weft_comm_is_live(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_abort", "not a live communicator");
-  comm_abort_one(comm, comm->rank);
-  if (comm->p2p) comm_abort_one(comm->p2p, comm->rank);
+  comm_abort_one(comm, comm->core.rank);
+  if (comm->p2p) comm_abort_one(comm->p2p, comm->core.rank);
   return WEFT_OK;
 }

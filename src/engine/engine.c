@@ -3,7 +3,7 @@
  * every transport; spins briefly, then yields, then sleeps in the transport's
  * wait; and fails the communicator once nothing moved for the timeout.
  *
- * Who drives: the holder of comm->engine.call_lock. A caller that waits (weft_wait,
+ * Who drives: the holder of the engine's call_lock. A caller that waits (weft_wait,
  * any blocking call) takes it and drives on its own thread, so a blocking
  * call costs no thread hand-off. The progress thread, started by the first
  * non-blocking call, drives only while no caller wants to: it checks
@@ -28,40 +28,31 @@
 #define THREAD_YIELD_US 1000
 #define THREAD_SLICE_MS 5
 
-static weft_status lane_pass(weft_comm *comm) {
-  return comm->lane ? weft_p2p_pass(comm) : WEFT_OK;
+static weft_status lane_pass(weft_core *comm, const weft_engine *e) {
+  return e->lane ? weft_p2p_pass(comm) : WEFT_OK;
 }
 
-static bool has_work_locked(weft_comm *comm) {
-  return atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed) ||
-         (comm->lane && weft_p2p_busy(comm));
+static bool has_work_locked(weft_core *comm) {
+  weft_engine *e = comm->engine;
+  return atomic_load_explicit(&e->q_head, memory_order_relaxed) || (e->lane && weft_p2p_busy(comm));
 }
 
 /* Completes everything queued with `st` (the first cause is already in
  * last_error). Caller holds call_lock. */
-static void fail_all(weft_comm *comm, weft_status st) {
-  pthread_mutex_lock(&comm->engine.q_lock);
-  weft_request *r = atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed);
-  atomic_store_explicit(&comm->engine.q_head, NULL, memory_order_relaxed);
-  comm->engine.q_tail = NULL;
-  pthread_mutex_unlock(&comm->engine.q_lock);
+static void fail_all(weft_core *comm, weft_status st) {
+  weft_engine *e = comm->engine;
+  pthread_mutex_lock(&e->q_lock);
+  weft_request *r = atomic_load_explicit(&e->q_head, memory_order_relaxed);
+  atomic_store_explicit(&e->q_head, NULL, memory_order_relaxed);
+  e->q_tail = NULL;
+  pthread_mutex_unlock(&e->q_lock);
   while (r) {
     weft_request *next = r->next;
     weft_coll_end(&r->coll);
     weft_request_complete(r, st);
     r = next;
   }
-  if (comm->lane) weft_p2p_fail_all(comm, st);
-}
-
-weft_status weft_request_new(weft_comm *comm, const char *call, weft_request **req,
-                             weft_request **out) {
-  if (!req)
-    return weft_comm_is_live(comm) ? weft_comm_error(comm, WEFT_ERR_INVALID, call, "req is NULL")
-                                   : weft_init_error(WEFT_ERR_INVALID, -1, call, "req is NULL");
-  *req = NULL;
-  *out = calloc(1, sizeof **out);
-  return *out ? WEFT_OK : WEFT_ERR_NOMEM;
+  if (e->lane) weft_p2p_fail_all(comm, st);
 }
 
 void weft_request_complete(weft_request *req, weft_status st) {
@@ -76,21 +67,19 @@ void weft_request_complete(weft_request *req, weft_status st) {
 /* A clock read costs ~25-45 ns alone on a paravirtualized machine; on the
  * path of an 8-byte allreduce between 2 ranks, the one read when the call
  * ended made it ~90 ns slower (0.54 against 0.45 us median of 20000, 8
- * alternating runs). The driver keeps its last reading (comm->engine.clock) and
+ * alternating runs). The driver keeps its last reading (weft_engine.clock) and
  * the round it was taken in, and reuses it where a few rounds do not matter. */
-static double engine_now(weft_comm *comm) {
-  comm->engine.clock = weft_now();
-  comm->engine.clock_round = comm->engine.rounds;
-  comm->engine.clock_ok = true;
-  return comm->engine.clock;
+static double engine_now(weft_engine *e) {
+  e->clock = weft_now();
+  e->clock_round = e->rounds;
+  e->clock_ok = true;
+  return e->clock;
 }
 
 /* The driver's reading if it is at most `rounds` drive rounds old (and no
  * yield or sleep came since), else a fresh one. */
-static double engine_recent(weft_comm *comm, uint64_t rounds) {
-  return comm->engine.clock_ok && comm->engine.rounds - comm->engine.clock_round <= rounds
-             ? comm->engine.clock
-             : engine_now(comm);
+static double engine_recent(weft_engine *e, uint64_t rounds) {
+  return e->clock_ok && e->rounds - e->clock_round <= rounds ? e->clock : engine_now(e);
 }
 
 /* A call this small moves little per round: its end may be stamped with a
@@ -107,12 +96,12 @@ static double engine_recent(weft_comm *comm, uint64_t rounds) {
 #define CLOCK_ROUNDS 8
 
 /* Advances the head collectives as far as they go. Negative: the head failed. */
-static weft_status queue_pass(weft_comm *comm, weft_request **failed) {
+static weft_status queue_pass(weft_core *comm, weft_engine *e, weft_request **failed) {
   for (;;) {
     /* No q_lock to look: only the driver removes the head, and a submitter
      * sets it (release) only on an empty queue. A waiting call goes round
      * here many times; a lock pair each time was a fair part of its cost. */
-    weft_request *head = atomic_load_explicit(&comm->engine.q_head, memory_order_acquire);
+    weft_request *head = atomic_load_explicit(&e->q_head, memory_order_acquire);
     if (!head) return WEFT_OK;
     weft_coll *coll = &head->coll;
     if (!head->started) {
@@ -128,9 +117,9 @@ static weft_status queue_pass(weft_comm *comm, weft_request **failed) {
        * nanoseconds ago. Read before those sends, the clock would delay
        * them; here the call waits for its peers anyway (or is done). */
       head->time_pending = false;
-      now = engine_now(comm);
+      now = engine_now(e);
       coll->issued = now;
-      comm->engine.last_moved = now; /* queued on an idle engine: the timeout counts from here */
+      e->last_moved = now; /* queued on an idle engine: the timeout counts from here */
       weft_recorder_issued(&comm->recorder, coll);
       weft_recorder_update(&comm->recorder, coll, WEFT_REC_RUNNING, WEFT_OK, now);
     }
@@ -145,53 +134,54 @@ static weft_status queue_pass(weft_comm *comm, weft_request **failed) {
       return st;
     }
     if (!now && coll->count * coll->elem <= END_STAMP_MAX_BYTES)
-      now = engine_recent(comm, CLOCK_ROUNDS);
+      now = engine_recent(e, CLOCK_ROUNDS);
     weft_recorder_update(&comm->recorder, coll, WEFT_REC_DONE, WEFT_OK, now);
     weft_coll_end(coll);
-    pthread_mutex_lock(&comm->engine.q_lock); /* a submitter may be appending to it */
+    pthread_mutex_lock(&e->q_lock); /* a submitter may be appending to it */
     weft_request *next = head->next;
-    atomic_store_explicit(&comm->engine.q_head, next, memory_order_relaxed);
-    if (!next) comm->engine.q_tail = NULL;
-    pthread_mutex_unlock(&comm->engine.q_lock);
-    comm->events++;
+    atomic_store_explicit(&e->q_head, next, memory_order_relaxed);
+    if (!next) e->q_tail = NULL;
+    pthread_mutex_unlock(&e->q_lock);
+    comm->links.events++;
     weft_request_complete(head, WEFT_OK);
   }
 }
 
 /* The peer the engine waits for, and its transport. */
-static const weft_comm_transport *waited_transport(weft_comm *comm) {
+static const weft_link_transport *waited_transport(weft_core *comm) {
+  weft_engine *e = comm->engine;
   int peer = -1;
-  weft_request *head = atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed);
+  weft_request *head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
   if (head) peer = head->coll.waiting_peer;
-  if (peer < 0 && comm->lane) peer = weft_p2p_waiting_peer(comm, NULL);
-  int t = peer >= 0 && peer != comm->rank ? comm->peers[peer].tp : 0;
-  return &comm->tps[t < 0 ? 0 : t];
+  if (peer < 0 && e->lane) peer = weft_p2p_waiting_peer(comm, NULL);
+  int t = peer >= 0 && peer != comm->rank ? comm->links.peers[peer].tp : 0;
+  return &comm->links.tps[t < 0 ? 0 : t];
 }
 
 /* A failure seen while driving: the head collective words it (or the lane),
  * the communicator fails, every request completes with the error. */
-static weft_status drive_failed(weft_comm *comm, weft_request *head, weft_status st) {
-  if (!head) head = atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed);
+static weft_status drive_failed(weft_core *comm, weft_request *head, weft_status st) {
+  weft_engine *e = comm->engine;
+  if (!head) head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
   if (head) {
     st = weft_coll_failed(&head->coll, st);
-  } else if (!comm->failed) {
+  } else if (!comm->fail.failed) {
     const char *what = NULL;
-    int peer = comm->lane ? weft_p2p_waiting_peer(comm, &what) : -1;
+    int peer = e->lane ? weft_p2p_waiting_peer(comm, &what) : -1;
     if (st == WEFT_ERR_TIMEOUT)
-      weft_comm_error(comm, st, "weft_send/weft_recv",
+      weft_core_error(comm, st, "weft_send/weft_recv",
                       "no progress for %.1f s while waiting for %s peer %d; is peer %d alive and "
                       "does it send/receive the matching message?",
-                      comm->timeout_s, what ? what : "", peer, peer);
+                      comm->fail.timeout_s, what ? what : "", peer, peer);
     else if (st == WEFT_ERR_ABORTED)
-      weft_comm_error(comm, st, "weft_send/weft_recv", "weft_comm_abort was called");
+      weft_core_error(comm, st, "weft_send/weft_recv", "weft_comm_abort was called");
     else
-      weft_comm_error(comm, st, "weft_send/weft_recv", "%s",
-                      comm->sink.origin[0] ? comm->sink.origin : comm->sink.msg);
-    comm->failed = st;
-    for (int t = 0; t < comm->ntps; t++)
-      comm->tps[t].ops->abort_all(comm->tps[t].ctx, comm->last_error);
+      weft_core_error(comm, st, "weft_send/weft_recv", "%s",
+                      comm->links.sink.origin[0] ? comm->links.sink.origin : comm->links.sink.msg);
+    comm->fail.failed = st;
+    weft_links_abort_all(&comm->links, comm->fail.last_error);
   }
-  fail_all(comm, comm->failed ? comm->failed : st);
+  fail_all(comm, comm->fail.failed ? comm->fail.failed : st);
   return st;
 }
 
@@ -213,89 +203,89 @@ static inline void cpu_relax(void) {
 
 /* Leaving drive with work still queued: progress seen since the last
  * stamp must count for the timeout of the driver that comes next. */
-static void drive_leave_stamp(weft_comm *comm, bool stamp) {
-  if (stamp && (atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed) ||
-                (comm->lane && weft_p2p_busy(comm))))
-    comm->engine.last_moved = engine_recent(comm, 1);
+static void drive_leave_stamp(weft_core *comm, weft_engine *e, bool stamp) {
+  if (stamp &&
+      (atomic_load_explicit(&e->q_head, memory_order_relaxed) || (e->lane && weft_p2p_busy(comm))))
+    e->last_moved = engine_recent(e, 1);
 }
 
 /* Caller holds call_lock. Returns when `target` is done (DRIVE_WAIT), after
  * one pass (DRIVE_ONCE), or when there is no work left or a caller wants to
  * drive (DRIVE_THREAD). */
-static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
+static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
+  weft_engine *e = comm->engine;
   bool thread = mode == DRIVE_THREAD;
-  int yield_us =
-      thread && comm->engine.yield_us > THREAD_YIELD_US ? THREAD_YIELD_US : comm->engine.yield_us;
+  int yield_us = thread && e->yield_us > THREAD_YIELD_US ? THREAD_YIELD_US : e->yield_us;
   bool stamp = false; /* something moved that last_moved does not show yet */
   unsigned idle_rounds = 0;
   double now = 0;
-  bool placed = thread;          /* the progress thread is never stepped */
-  comm->engine.clock_ok = false; /* the caller may have been away for hours */
+  bool placed = thread; /* the progress thread is never stepped */
+  e->clock_ok = false;  /* the caller may have been away for hours */
   for (;;) {
-    comm->engine.rounds++;
-    uint64_t seen = comm->events;
+    e->rounds++;
+    uint64_t seen = comm->links.events;
     weft_request *failed = NULL;
-    weft_status st = queue_pass(comm, &failed);
-    if (st >= 0) st = lane_pass(comm);
+    weft_status st = queue_pass(comm, e, &failed);
+    if (st >= 0) st = lane_pass(comm, e);
     if (st < 0) {
       drive_failed(comm, failed, st);
       return;
     }
     if (target && atomic_load_explicit(&target->done, memory_order_acquire)) {
-      drive_leave_stamp(comm, stamp || comm->events != seen);
+      drive_leave_stamp(comm, e, stamp || comm->links.events != seen);
       return;
     }
     if (thread) {
-      bool leave = atomic_load_explicit(&comm->engine.drivers_waiting, memory_order_relaxed) > 0;
+      bool leave = atomic_load_explicit(&e->drivers_waiting, memory_order_relaxed) > 0;
       if (!leave) {
-        pthread_mutex_lock(&comm->engine.q_lock);
-        leave = !has_work_locked(comm) || comm->engine.progress_stop;
-        pthread_mutex_unlock(&comm->engine.q_lock);
+        pthread_mutex_lock(&e->q_lock);
+        leave = !has_work_locked(comm) || e->progress_stop;
+        pthread_mutex_unlock(&e->q_lock);
       }
       if (leave) {
-        drive_leave_stamp(comm, stamp || comm->events != seen);
+        drive_leave_stamp(comm, e, stamp || comm->links.events != seen);
         return;
       }
     }
     bool moved = false;
-    for (int t = 0; t < comm->ntps && st >= 0; t++) {
+    for (int t = 0; t < comm->links.ntps && st >= 0; t++) {
       bool this_moved = false;
-      st = comm->tps[t].ops->progress(comm->tps[t].ctx, &this_moved);
+      st = comm->links.tps[t].ops->progress(comm->links.tps[t].ctx, &this_moved);
       moved |= this_moved;
     }
     if (st < 0) {
       drive_failed(comm, NULL, st);
       return;
     }
-    if (moved || comm->events != seen) {
+    if (moved || comm->links.events != seen) {
       stamp = true;
       idle_rounds = 0;
       continue;
     }
     if (mode == DRIVE_ONCE) {
-      drive_leave_stamp(comm, stamp);
+      drive_leave_stamp(comm, e, stamp);
       return;
     }
-    if (atomic_load_explicit(&comm->aborted, memory_order_relaxed)) {
-      comm->sink.origin[0] = 0;
+    if (atomic_load_explicit(&comm->fail.aborted, memory_order_relaxed)) {
+      comm->links.sink.origin[0] = 0;
       drive_failed(comm, NULL, WEFT_ERR_ABORTED);
       return;
     }
     /* a reading from this round or the last is fresh enough here */
     bool fresh = stamp || idle_rounds % CLOCK_ROUNDS == 0;
     if (fresh) {
-      now = engine_recent(comm, 1);
-      if (stamp) comm->engine.last_moved = now;
+      now = engine_recent(e, 1);
+      if (stamp) e->last_moved = now;
       stamp = false;
     }
     idle_rounds++;
-    double idle = now - comm->engine.last_moved;
-    if (idle >= comm->timeout_s) {
-      comm->sink.origin[0] = 0;
+    double idle = now - e->last_moved;
+    if (idle >= comm->fail.timeout_s) {
+      comm->links.sink.origin[0] = 0;
       drive_failed(comm, NULL, WEFT_ERR_TIMEOUT);
       return;
     }
-    if (idle * 1e6 < comm->engine.spin_us) {
+    if (idle * 1e6 < e->spin_us) {
       cpu_relax();
       continue;
     }
@@ -303,38 +293,37 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
     /* after a yield or a sleep (which may last milliseconds), the next
      * round reads the clock; the system call costs far more anyway */
     idle_rounds = 0;
-    if (idle * 1e6 < comm->engine.spin_us + yield_us) {
+    if (idle * 1e6 < e->spin_us + yield_us) {
       if (!placed) { /* once per wait, before the first yield */
-        if (comm->engine.keep_place) comm->engine.keep_place();
+        if (e->keep_place) e->keep_place();
         placed = true;
       }
       sched_yield();
-      comm->engine.clock_ok = false;
+      e->clock_ok = false;
       continue;
     }
     if (!fresh) { /* the sleep is sized by the time left */
-      now = engine_recent(comm, 1);
-      idle = now - comm->engine.last_moved;
+      now = engine_recent(e, 1);
+      idle = now - e->last_moved;
     }
-    double left_ms = (comm->timeout_s - idle) * 1000;
-    weft_request *head = atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed);
+    double left_ms = (comm->fail.timeout_s - idle) * 1000;
+    weft_request *head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
     if (head) /* what it waits for, for a dump */
       weft_recorder_update(&comm->recorder, &head->coll, WEFT_REC_RUNNING, WEFT_OK, now);
     int slice = thread ? THREAD_SLICE_MS : 100;
     /* sleep on what the head waits for; other transports are polled every
      * round and the waits are bounded slices */
     int ms = left_ms < slice ? (int)left_ms + 1 : slice;
-    comm->engine.clock_ok = false;
-    if (comm->ntps == 0) { /* one rank: only a message to itself can come */
+    e->clock_ok = false;
+    if (comm->links.ntps == 0) { /* one rank: only a message to itself can come */
       struct timespec pause = {0, 1000000};
       nanosleep(&pause, NULL);
       continue;
     }
-    const weft_comm_transport *t = waited_transport(comm);
+    const weft_link_transport *t = waited_transport(comm);
     st = t->ops->wait(t->ctx, ms);
     uint64_t drained;
-    if (read(comm->engine.wake_fd, &drained, sizeof drained) < 0 &&
-        errno != EAGAIN) { /* best effort */
+    if (read(e->wake_fd, &drained, sizeof drained) < 0 && errno != EAGAIN) { /* best effort */
     }
     if (st < 0) {
       drive_failed(comm, NULL, st);
@@ -344,32 +333,33 @@ static void drive(weft_comm *comm, weft_request *target, drive_mode mode) {
 }
 
 static void *progress_main(void *arg) {
-  weft_comm *comm = arg;
+  weft_core *comm = arg;
+  weft_engine *e = comm->engine;
   weft_log_set_rank(comm->rank);
-  pthread_mutex_lock(&comm->engine.q_lock);
+  pthread_mutex_lock(&e->q_lock);
   for (;;) {
-    while (!comm->engine.progress_stop &&
-           (!has_work_locked(comm) || atomic_load(&comm->engine.drivers_waiting) > 0))
-      pthread_cond_wait(&comm->engine.q_cond, &comm->engine.q_lock);
-    if (comm->engine.progress_stop) break;
-    pthread_mutex_unlock(&comm->engine.q_lock);
-    pthread_mutex_lock(&comm->engine.call_lock);
-    atomic_store(&comm->engine.progress_driving, true);
+    while (!e->progress_stop && (!has_work_locked(comm) || atomic_load(&e->drivers_waiting) > 0))
+      pthread_cond_wait(&e->q_cond, &e->q_lock);
+    if (e->progress_stop) break;
+    pthread_mutex_unlock(&e->q_lock);
+    pthread_mutex_lock(&e->call_lock);
+    atomic_store(&e->progress_driving, true);
     drive(comm, NULL, DRIVE_THREAD);
-    atomic_store(&comm->engine.progress_driving, false);
-    pthread_mutex_unlock(&comm->engine.call_lock);
-    pthread_mutex_lock(&comm->engine.q_lock);
+    atomic_store(&e->progress_driving, false);
+    pthread_mutex_unlock(&e->call_lock);
+    pthread_mutex_lock(&e->q_lock);
   }
-  pthread_mutex_unlock(&comm->engine.q_lock);
+  pthread_mutex_unlock(&e->q_lock);
   return NULL;
 }
 
 /* `driving`: the caller holds call_lock and drives right after. */
 static void submit(weft_request *req, bool wake, bool driving) {
-  weft_comm *comm = req->comm;
+  weft_core *comm = req->comm;
+  weft_engine *e = comm->engine;
   req->next = NULL;
   atomic_store_explicit(&req->done, 0, memory_order_relaxed);
-  pthread_mutex_lock(&comm->engine.q_lock);
+  pthread_mutex_lock(&e->q_lock);
   bool idle = !has_work_locked(comm);
   /* A collective's issue time is taken here, before any driver can see it,
    * except for a blocking call that its own caller drives on an idle
@@ -381,25 +371,25 @@ static void submit(weft_request *req, bool wake, bool driving) {
       req->coll.issued = now;
       weft_recorder_issued(&comm->recorder, &req->coll);
     }
-    if (idle) comm->engine.last_moved = now; /* the timeout counts from here */
+    if (idle) e->last_moved = now; /* the timeout counts from here */
   }
   if (req->kind == WEFT_REQ_COLL) {
-    if (comm->engine.q_tail)
-      comm->engine.q_tail->next = req;
+    if (e->q_tail)
+      e->q_tail->next = req;
     else
-      atomic_store_explicit(&comm->engine.q_head, req, memory_order_release);
-    comm->engine.q_tail = req;
+      atomic_store_explicit(&e->q_head, req, memory_order_release);
+    e->q_tail = req;
   } else {
     weft_p2p_post(req);
   }
-  if (wake && !comm->engine.progress_started && !comm->engine.progress_stop) {
-    if (pthread_create(&comm->engine.progress, NULL, progress_main, comm) == 0)
-      comm->engine.progress_started = true;
+  if (wake && !e->progress_started && !e->progress_stop) {
+    if (pthread_create(&e->progress, NULL, progress_main, comm) == 0)
+      e->progress_started = true;
     else /* still correct: waits drive it; it just does not overlap */
       WEFT_WARN(WEFT_SUBSYS_COLL, "cannot start the progress thread; requests move only in waits");
   }
-  if (wake) pthread_cond_signal(&comm->engine.q_cond);
-  pthread_mutex_unlock(&comm->engine.q_lock);
+  if (wake) pthread_cond_signal(&e->q_cond);
+  pthread_mutex_unlock(&e->q_lock);
 }
 
 void weft_engine_submit(weft_request *req, bool wake) {
@@ -407,33 +397,35 @@ void weft_engine_submit(weft_request *req, bool wake) {
 }
 
 /* Takes the call lock as a driver: the progress thread steps aside. */
-static void driver_enter(weft_comm *comm) {
+static void driver_enter(weft_core *comm) {
+  weft_engine *e = comm->engine;
   /* Free: no thread to ask aside (one that wants it later waits on the
    * lock, as it would behind a waiting caller), and two atomic updates and
    * a load fewer per blocking call. */
-  if (pthread_mutex_trylock(&comm->engine.call_lock) == 0) return;
-  atomic_fetch_add(&comm->engine.drivers_waiting, 1);
-  if (atomic_load(&comm->engine.progress_driving)) {
+  if (pthread_mutex_trylock(&e->call_lock) == 0) return;
+  atomic_fetch_add(&e->drivers_waiting, 1);
+  if (atomic_load(&e->progress_driving)) {
     uint64_t one = 1; /* ends a transport wait the thread may be sleeping in */
-    if (write(comm->engine.wake_fd, &one, sizeof one) < 0) { /* already signalled */
+    if (write(e->wake_fd, &one, sizeof one) < 0) { /* already signalled */
     }
   }
-  pthread_mutex_lock(&comm->engine.call_lock);
-  atomic_fetch_sub(&comm->engine.drivers_waiting, 1);
+  pthread_mutex_lock(&e->call_lock);
+  atomic_fetch_sub(&e->drivers_waiting, 1);
 }
 
-static void driver_leave(weft_comm *comm) {
-  pthread_mutex_unlock(&comm->engine.call_lock);
-  if (comm->engine.progress_started) {
-    pthread_mutex_lock(&comm->engine.q_lock);
-    pthread_cond_signal(&comm->engine.q_cond);
-    pthread_mutex_unlock(&comm->engine.q_lock);
+static void driver_leave(weft_core *comm) {
+  weft_engine *e = comm->engine;
+  pthread_mutex_unlock(&e->call_lock);
+  if (e->progress_started) {
+    pthread_mutex_lock(&e->q_lock);
+    pthread_cond_signal(&e->q_cond);
+    pthread_mutex_unlock(&e->q_lock);
   }
 }
 
 weft_status weft_engine_wait(weft_request *req) {
   if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
-    weft_comm *comm = req->comm;
+    weft_core *comm = req->comm;
     driver_enter(comm);
     drive(comm, req, DRIVE_WAIT);
     driver_leave(comm);
@@ -442,11 +434,11 @@ weft_status weft_engine_wait(weft_request *req) {
 }
 
 weft_status weft_engine_call(weft_request *req) {
-  weft_comm *comm = req->comm;
+  weft_core *comm = req->comm;
   /* The driver's place first, when free: then the call is known to start at
    * once (submit lets queue_pass take its time). Lock order as everywhere:
    * call_lock, then q_lock. */
-  bool driving = pthread_mutex_trylock(&comm->engine.call_lock) == 0;
+  bool driving = pthread_mutex_trylock(&comm->engine->call_lock) == 0;
   submit(req, false, driving);
   if (!driving) driver_enter(comm);
   drive(comm, req, DRIVE_WAIT);
@@ -456,34 +448,35 @@ weft_status weft_engine_call(weft_request *req) {
 
 bool weft_engine_test(weft_request *req) {
   if (atomic_load_explicit(&req->done, memory_order_acquire)) return true;
-  weft_comm *comm = req->comm;
-  if (pthread_mutex_trylock(&comm->engine.call_lock) == 0) {
+  weft_core *comm = req->comm;
+  weft_engine *e = comm->engine;
+  if (pthread_mutex_trylock(&e->call_lock) == 0) {
     drive(comm, req, DRIVE_ONCE);
-    pthread_mutex_unlock(&comm->engine.call_lock);
+    pthread_mutex_unlock(&e->call_lock);
   }
   return atomic_load_explicit(&req->done, memory_order_acquire);
 }
 
-void weft_engine_stop(weft_comm *comm) {
-  pthread_mutex_lock(&comm->engine.q_lock);
-  comm->engine.progress_stop = true;
-  pthread_cond_signal(&comm->engine.q_cond);
-  bool started = comm->engine.progress_started;
-  pthread_mutex_unlock(&comm->engine.q_lock);
+void weft_engine_stop(weft_core *comm) {
+  weft_engine *e = comm->engine;
+  pthread_mutex_lock(&e->q_lock);
+  e->progress_stop = true;
+  pthread_cond_signal(&e->q_cond);
+  bool started = e->progress_started;
+  pthread_mutex_unlock(&e->q_lock);
   uint64_t one = 1;
-  if (write(comm->engine.wake_fd, &one, sizeof one) < 0) { /* already signalled */
+  if (write(e->wake_fd, &one, sizeof one) < 0) { /* already signalled */
   }
-  if (started) pthread_join(comm->engine.progress, NULL);
-  comm->engine.progress_started = false;
-  pthread_mutex_lock(&comm->engine.call_lock);
-  if (atomic_load_explicit(&comm->engine.q_head, memory_order_relaxed) ||
-      (comm->lane && weft_p2p_busy(comm))) {
-    if (!comm->failed)
-      weft_comm_error(comm, WEFT_ERR_ABORTED, "weft_comm_destroy",
+  if (started) pthread_join(e->progress, NULL);
+  e->progress_started = false;
+  pthread_mutex_lock(&e->call_lock);
+  if (atomic_load_explicit(&e->q_head, memory_order_relaxed) || (e->lane && weft_p2p_busy(comm))) {
+    if (!comm->fail.failed)
+      weft_core_error(comm, WEFT_ERR_ABORTED, "weft_comm_destroy",
                       "the communicator was destroyed with requests outstanding");
     fail_all(comm, WEFT_ERR_ABORTED);
   }
-  pthread_mutex_unlock(&comm->engine.call_lock);
+  pthread_mutex_unlock(&e->call_lock);
 }
 
 weft_status weft_request_free(weft_request *req) {

@@ -13,13 +13,14 @@
 #include <stdbool.h>
 
 #include "src/coll/coll.h"
-#include "src/comm/comm.h"
+#include "src/coll/core.h"
+#include "src/engine/engine_state.h"
 #include "src/engine/p2p.h"
 
 typedef enum weft_req_kind { WEFT_REQ_COLL, WEFT_REQ_SEND, WEFT_REQ_RECV } weft_req_kind;
 
 struct weft_request {
-  weft_comm *comm;
+  weft_core *comm; /* the communicator's core (a lane's, for send/recv) */
   weft_req_kind kind;
   bool on_heap;      /* made by a weft_iNAME call: freed by wait/test; else it
                         lives on a blocking caller's stack */
@@ -52,12 +53,6 @@ weft_status weft_engine_call(weft_request *req);
 /* One non-blocking pass when nobody else is driving; true when `req` is done. */
 bool weft_engine_test(weft_request *req);
 
-/* A zeroed request for a weft_iNAME call; *req is set to NULL first, so a
- * call refused later leaves the caller's handle NULL. WEFT_ERR_INVALID
- * (message written) when req is NULL, WEFT_ERR_NOMEM without memory. */
-weft_status weft_request_new(weft_comm *comm, const char *call, weft_request **req,
-                             weft_request **out);
-
 /* A collective set up in req->coll (a weft_coll_*_setup) made a request:
  * on_heap for a weft_iNAME call's (wait/test free it), else it lives on a
  * blocking caller's stack. Inline: it is on every blocking call's path. */
@@ -71,7 +66,18 @@ static inline void weft_request_coll(weft_request *req, bool on_heap) {
   req->status = WEFT_OK;
 }
 
-/* Frees a done request made by weft_request_new; returns its status. */
+/* A blocking collective whose setup (weft_coll_*_setup on req->coll) said
+ * `setup`: complete already, refused (its sentence written), or driven
+ * here until done, as weft_engine_call. The request lives on the caller's
+ * stack. */
+static inline weft_status weft_engine_blocking(weft_request *req, weft_status setup) {
+  if (setup == WEFT_COLL_DONE) return WEFT_OK;
+  if (setup < 0) return setup;
+  weft_request_coll(req, false);
+  return weft_engine_call(req);
+}
+
+/* Frees a done request made for a weft_iNAME call (src/api); returns its status. */
 weft_status weft_request_free(weft_request *req);
 
 /* Marks `req` done with `st`. The driver's last touch of it. */
@@ -79,6 +85,6 @@ void weft_request_complete(weft_request *req, weft_status st);
 
 /* For destroy: stops the progress thread and completes every outstanding
  * request with WEFT_ERR_ABORTED. */
-void weft_engine_stop(weft_comm *comm);
+void weft_engine_stop(weft_core *comm);
 
 #endif

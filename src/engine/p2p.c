@@ -54,7 +54,7 @@ struct weft_p2p_lane {
   const char *waiting_for;
 };
 
-weft_status weft_p2p_lane_create(weft_comm *lane) {
+weft_status weft_p2p_lane_create(weft_core *lane) {
   weft_p2p_lane *l = calloc(1, sizeof *l);
   if (!l) return WEFT_ERR_NOMEM;
   l->peers = calloc((size_t)lane->size, sizeof *l->peers);
@@ -63,7 +63,7 @@ weft_status weft_p2p_lane_create(weft_comm *lane) {
     return WEFT_ERR_NOMEM;
   }
   l->waiting_peer = -1;
-  lane->lane = l;
+  lane->engine->lane = l;
   return WEFT_OK;
 }
 
@@ -75,35 +75,34 @@ static void ux_free_list(weft_p2p_unexpected *u) {
   }
 }
 
-void weft_p2p_lane_free(weft_comm *lane) {
-  weft_p2p_lane *l = lane->lane;
+void weft_p2p_lane_free(weft_core *lane) {
+  weft_p2p_lane *l = lane->engine->lane;
   if (!l) return;
   for (int p = 0; p < lane->size; p++) ux_free_list(l->peers[p].ux);
   free(l->peers);
   free(l);
-  lane->lane = NULL;
+  lane->engine->lane = NULL;
 }
 
-static void complete(weft_comm *lane, weft_request *r, weft_status st) {
-  atomic_fetch_sub(&lane->lane->outstanding, 1);
+static void complete(weft_core *lane, weft_request *r, weft_status st) {
+  atomic_fetch_sub(&lane->engine->lane->outstanding, 1);
   weft_request_complete(r, st);
 }
 
 /* A failure of the lane worded by p2p itself (a mismatch): every rank of the
  * pair hears of it, like a collective's mismatch. */
-static weft_status lane_fail(weft_comm *lane, weft_status st, const char *call, const char *fmt,
+static weft_status lane_fail(weft_core *lane, weft_status st, const char *call, const char *fmt,
                              ...) __attribute__((format(printf, 4, 5)));
-static weft_status lane_fail(weft_comm *lane, weft_status st, const char *call, const char *fmt,
+static weft_status lane_fail(weft_core *lane, weft_status st, const char *call, const char *fmt,
                              ...) {
   char what[400];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  weft_comm_error(lane, st, call, "%s", what);
-  lane->failed = st;
-  for (int t = 0; t < lane->ntps; t++)
-    lane->tps[t].ops->abort_all(lane->tps[t].ctx, lane->last_error);
+  weft_core_error(lane, st, call, "%s", what);
+  lane->fail.failed = st;
+  weft_links_abort_all(&lane->links, lane->fail.last_error);
   return st;
 }
 
@@ -116,7 +115,7 @@ static void append(weft_request **head, weft_request **tail, weft_request *r) {
   *tail = r;
 }
 
-static weft_status check_match(weft_comm *lane, const weft_request *r, int peer, int tag,
+static weft_status check_match(weft_core *lane, const weft_request *r, int peer, int tag,
                                weft_dtype dtype, size_t bytes) {
   const weft_p2p_op *o = &r->p2p;
   if (o->bytes == bytes && o->dtype == dtype) return WEFT_OK;
@@ -128,7 +127,7 @@ static weft_status check_match(weft_comm *lane, const weft_request *r, int peer,
 }
 
 /* Data of a complete unexpected message into the receive that takes it. */
-static weft_status ux_deliver(weft_comm *lane, p2p_peer *pp, weft_p2p_unexpected *u,
+static weft_status ux_deliver(weft_core *lane, p2p_peer *pp, weft_p2p_unexpected *u,
                               weft_request *r) {
   if (u->bytes) weft_mem_for(r->p2p.recv_buf)->copy(r->p2p.recv_buf, u->data, u->bytes);
   weft_p2p_unexpected **at = &pp->ux, *prev = NULL;
@@ -144,8 +143,8 @@ static weft_status ux_deliver(weft_comm *lane, p2p_peer *pp, weft_p2p_unexpected
 }
 
 /* A new receive: the oldest unexpected message with its tag, else it waits. */
-static weft_status post_recv(weft_comm *lane, weft_request *r) {
-  p2p_peer *pp = &lane->lane->peers[r->p2p.peer];
+static weft_status post_recv(weft_core *lane, weft_request *r) {
+  p2p_peer *pp = &lane->engine->lane->peers[r->p2p.peer];
   for (weft_p2p_unexpected *u = pp->ux; u; u = u->next) {
     if (u->tag != r->p2p.tag || u->taker) continue;
     WEFT_CHECK(check_match(lane, r, r->p2p.peer, u->tag, u->dtype, u->bytes));
@@ -158,8 +157,8 @@ static weft_status post_recv(weft_comm *lane, weft_request *r) {
 }
 
 /* A send to this rank itself: straight into a posted receive, or kept. */
-static weft_status post_self_send(weft_comm *lane, weft_request *r) {
-  p2p_peer *pp = &lane->lane->peers[lane->rank];
+static weft_status post_self_send(weft_core *lane, weft_request *r) {
+  p2p_peer *pp = &lane->engine->lane->peers[lane->rank];
   const weft_p2p_op *o = &r->p2p;
   weft_request **at = &pp->recvs, *prev = NULL;
   for (; *at; prev = *at, at = &(*at)->next) {
@@ -186,12 +185,12 @@ static weft_status post_self_send(weft_comm *lane, weft_request *r) {
   return WEFT_OK;
 }
 
-static weft_status take_posted(weft_comm *lane) {
-  weft_p2p_lane *l = lane->lane;
-  pthread_mutex_lock(&lane->engine.q_lock);
+static weft_status take_posted(weft_core *lane) {
+  weft_p2p_lane *l = lane->engine->lane;
+  pthread_mutex_lock(&lane->engine->q_lock);
   weft_request *r = l->posted;
   l->posted = l->posted_tail = NULL;
-  pthread_mutex_unlock(&lane->engine.q_lock);
+  pthread_mutex_unlock(&lane->engine->q_lock);
   weft_status st = WEFT_OK;
   while (r) {
     weft_request *next = r->next;
@@ -217,37 +216,29 @@ static weft_status take_posted(weft_comm *lane) {
  * section: the connection to a peer, and the chunk operations on it, each
  * chunk tagged with the message's number on that pair and direction. When
  * messages move to a channel of the collectives' own connection, only this
- * section changes. Progress counts in lane->events (the engine's timeout). */
+ * section changes. Progress counts in lane->links.events (the engine's timeout). */
 
-static weft_status lane_conn(weft_comm *lane, int peer, const weft_transport **ops,
+static weft_status lane_conn(weft_core *lane, int peer, const weft_transport **ops,
                              weft_tp_conn **conn) {
-  weft_peer *p = &lane->peers[peer];
-  const weft_comm_transport *t = &lane->tps[p->tp];
-  if (!p->conn) {
-    const void *addr;
-    size_t len;
-    weft_comm_peer_address(lane, peer, t->builtin, &addr, &len);
-    WEFT_CHECK(t->ops->connect(t->ctx, peer, WEFT_TP_CHANNEL_COLL, addr, len, &p->conn));
-  }
-  *ops = t->ops;
-  *conn = p->conn;
+  WEFT_CHECK(weft_links_conn(&lane->links, peer, conn));
+  *ops = lane->links.tps[lane->links.peers[peer].tp].ops;
   return WEFT_OK;
 }
 
 /* Sends one chunk of message `msg` once there is room. */
-static weft_status lane_send(weft_comm *lane, int peer, uint32_t msg, const void *src, size_t bytes,
+static weft_status lane_send(weft_core *lane, int peer, uint32_t msg, const void *src, size_t bytes,
                              const weft_mem_ops *mem) {
   const weft_transport *ops;
   weft_tp_conn *c;
   WEFT_CHECK(lane_conn(lane, peer, &ops, &c));
   WEFT_STATUS_PASS(ops->send_ready(c));
   weft_status st = ops->send(c, src, bytes, msg, mem);
-  if (st == WEFT_OK) lane->events++;
+  if (st == WEFT_OK) lane->links.events++;
   return st;
 }
 
 /* WEFT_OK once every chunk sent to `peer` is out (the buffer may be reused). */
-static weft_status lane_send_idle(weft_comm *lane, int peer) {
+static weft_status lane_send_idle(weft_core *lane, int peer) {
   const weft_transport *ops;
   weft_tp_conn *c;
   WEFT_CHECK(lane_conn(lane, peer, &ops, &c));
@@ -255,7 +246,7 @@ static weft_status lane_send_idle(weft_comm *lane, int peer) {
 }
 
 /* Copies the next chunk of message `msg` (`bytes` long) out of the link. */
-static weft_status lane_recv_copy(weft_comm *lane, int peer, uint32_t msg, size_t bytes,
+static weft_status lane_recv_copy(weft_core *lane, int peer, uint32_t msg, size_t bytes,
                                   void *dst) {
   const weft_transport *ops;
   weft_tp_conn *c;
@@ -264,18 +255,18 @@ static weft_status lane_recv_copy(weft_comm *lane, int peer, uint32_t msg, size_
   WEFT_STATUS_PASS(ops->recv_peek(c, msg, bytes, &slot));
   memcpy(dst, slot, bytes);
   weft_status st = ops->recv_release(c);
-  if (st == WEFT_OK) lane->events++;
+  if (st == WEFT_OK) lane->links.events++;
   return st;
 }
 
 /* Receives the next chunk of message `msg` straight into `dst`. */
-static weft_status lane_recv_into(weft_comm *lane, int peer, uint32_t msg, size_t bytes, void *dst,
+static weft_status lane_recv_into(weft_core *lane, int peer, uint32_t msg, size_t bytes, void *dst,
                                   const weft_mem_ops *mem) {
   const weft_transport *ops;
   weft_tp_conn *c;
   WEFT_CHECK(lane_conn(lane, peer, &ops, &c));
   weft_status st = ops->recv_into(c, msg, bytes, dst, mem);
-  if (st == WEFT_OK) lane->events++;
+  if (st == WEFT_OK) lane->links.events++;
   return st;
 }
 
@@ -283,8 +274,8 @@ static weft_status lane_recv_into(weft_comm *lane, int peer, uint32_t msg, size_
 
 /* Moves the head send of `peer` as far as it goes; OK when the peer has no
  * more sends or it waits. */
-static weft_status push_sends(weft_comm *lane, int peer) {
-  p2p_peer *pp = &lane->lane->peers[peer];
+static weft_status push_sends(weft_core *lane, int peer) {
+  p2p_peer *pp = &lane->engine->lane->peers[peer];
   while (pp->sends) {
     weft_request *r = pp->sends;
     weft_p2p_op *o = &r->p2p;
@@ -310,8 +301,8 @@ static weft_status push_sends(weft_comm *lane, int peer) {
 }
 
 /* Starts the next incoming message of `peer` at its header. */
-static weft_status take_header(weft_comm *lane, int peer) {
-  p2p_peer *pp = &lane->lane->peers[peer];
+static weft_status take_header(weft_core *lane, int peer) {
+  p2p_peer *pp = &lane->engine->lane->peers[peer];
   uint8_t h[WEFT_P2P_HEADER_BYTES];
   WEFT_STATUS_PASS(lane_recv_copy(lane, peer, pp->recvd_msgs, sizeof h, h));
   uint32_t magic, tag, dtype;
@@ -359,8 +350,8 @@ static weft_status take_header(weft_comm *lane, int peer) {
 
 /* Receives from `peer` while a receive from it is posted (or a message is
  * half in). */
-static weft_status pull_recvs(weft_comm *lane, int peer) {
-  p2p_peer *pp = &lane->lane->peers[peer];
+static weft_status pull_recvs(weft_core *lane, int peer) {
+  p2p_peer *pp = &lane->engine->lane->peers[peer];
   while (pp->in_busy || pp->recvs) {
     if (!pp->in_busy) WEFT_STATUS_PASS(take_header(lane, peer));
     unsigned char *dst = pp->in_req ? pp->in_req->p2p.recv_buf : pp->in_ux->data;
@@ -385,8 +376,8 @@ static weft_status pull_recvs(weft_comm *lane, int peer) {
   return WEFT_OK;
 }
 
-weft_status weft_p2p_pass(weft_comm *lane) {
-  weft_p2p_lane *l = lane->lane;
+weft_status weft_p2p_pass(weft_core *lane) {
+  weft_p2p_lane *l = lane->engine->lane;
   WEFT_CHECK(take_posted(lane));
   if (atomic_load(&l->outstanding) == 0) return WEFT_OK;
   l->waiting_peer = -1;
@@ -413,16 +404,16 @@ weft_status weft_p2p_pass(weft_comm *lane) {
   return WEFT_OK;
 }
 
-bool weft_p2p_busy(weft_comm *lane) {
-  return lane->lane->posted || atomic_load(&lane->lane->outstanding) > 0;
+bool weft_p2p_busy(weft_core *lane) {
+  return lane->engine->lane->posted || atomic_load(&lane->engine->lane->outstanding) > 0;
 }
 
-int weft_p2p_waiting_peer(weft_comm *lane, const char **what) {
-  if (what) *what = lane->lane->waiting_for;
-  return lane->lane->waiting_peer;
+int weft_p2p_waiting_peer(weft_core *lane, const char **what) {
+  if (what) *what = lane->engine->lane->waiting_for;
+  return lane->engine->lane->waiting_peer;
 }
 
-static void fail_list(weft_comm *lane, weft_request *r, weft_status st) {
+static void fail_list(weft_core *lane, weft_request *r, weft_status st) {
   while (r) {
     weft_request *next = r->next;
     complete(lane, r, st);
@@ -430,12 +421,12 @@ static void fail_list(weft_comm *lane, weft_request *r, weft_status st) {
   }
 }
 
-void weft_p2p_fail_all(weft_comm *lane, weft_status st) {
-  weft_p2p_lane *l = lane->lane;
-  pthread_mutex_lock(&lane->engine.q_lock);
+void weft_p2p_fail_all(weft_core *lane, weft_status st) {
+  weft_p2p_lane *l = lane->engine->lane;
+  pthread_mutex_lock(&lane->engine->q_lock);
   weft_request *posted = l->posted;
   l->posted = l->posted_tail = NULL;
-  pthread_mutex_unlock(&lane->engine.q_lock);
+  pthread_mutex_unlock(&lane->engine->q_lock);
   fail_list(lane, posted, st);
   for (int p = 0; p < lane->size; p++) {
     p2p_peer *pp = &l->peers[p];
@@ -448,11 +439,13 @@ void weft_p2p_fail_all(weft_comm *lane, weft_status st) {
     memset(pp, 0, sizeof *pp);
   }
   /* the user reads weft_last_error on the communicator it called */
-  if (lane->owner) memcpy(lane->owner->last_error, lane->last_error, sizeof lane->last_error);
+  if (lane->engine->owner)
+    memcpy(lane->engine->owner->fail.last_error, lane->fail.last_error,
+           sizeof lane->fail.last_error);
 }
 
 void weft_p2p_post(weft_request *req) {
-  weft_p2p_lane *l = req->comm->lane;
+  weft_p2p_lane *l = req->comm->engine->lane;
   atomic_fetch_add(&l->outstanding, 1);
   req->next = NULL;
   if (l->posted_tail)
@@ -464,33 +457,29 @@ void weft_p2p_post(weft_request *req) {
 
 /* ---- a new message ------------------------------------------------------------ */
 
-weft_status weft_p2p_setup(weft_request *r, weft_comm *comm, const char *call, bool is_send,
-                           const void *buf, size_t count, weft_dtype dtype, int peer, int tag) {
-  if (!weft_comm_is_live(comm))
-    return weft_init_error(WEFT_ERR_INVALID, -1, call,
-                           "the communicator handle is not a live communicator (NULL, destroyed, "
-                           "or never created)");
-  weft_comm *lane = comm->p2p;
-  if (atomic_load(&comm->aborted))
-    return weft_comm_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
-  if (lane && lane->failed) {
-    memcpy(comm->last_error, lane->last_error, sizeof comm->last_error);
-    return lane->failed;
+weft_status weft_p2p_setup(weft_request *r, weft_core *comm, weft_core *lane, const char *call,
+                           bool is_send, const void *buf, size_t count, weft_dtype dtype, int peer,
+                           int tag) {
+  if (atomic_load(&comm->fail.aborted))
+    return weft_core_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
+  if (lane && lane->fail.failed) {
+    memcpy(comm->fail.last_error, lane->fail.last_error, sizeof comm->fail.last_error);
+    return lane->fail.failed;
   }
   if (peer < 0 || peer >= comm->size)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "peer %d is out of range (size %d)", peer,
+    return weft_core_error(comm, WEFT_ERR_INVALID, call, "peer %d is out of range (size %d)", peer,
                            comm->size);
   if (tag < 0 || tag > 0xFFFFFF)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "tag %d is not in 0 .. %d", tag, 0xFFFFFF);
+    return weft_core_error(comm, WEFT_ERR_INVALID, call, "tag %d is not in 0 .. %d", tag, 0xFFFFFF);
   if ((unsigned)dtype >= WEFT_DTYPE_COUNT)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "unknown dtype %d", (int)dtype);
+    return weft_core_error(comm, WEFT_ERR_INVALID, call, "unknown dtype %d", (int)dtype);
   size_t elem = weft_dtype_size(dtype);
   if (count > SIZE_MAX / 2 / elem)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "count %zu is too large", count);
+    return weft_core_error(comm, WEFT_ERR_INVALID, call, "count %zu is too large", count);
   if (count && !buf)
-    return weft_comm_error(comm, WEFT_ERR_INVALID, call, "buf is NULL but count is %zu", count);
+    return weft_core_error(comm, WEFT_ERR_INVALID, call, "buf is NULL but count is %zu", count);
   if (!lane)
-    return weft_comm_error(comm, WEFT_ERR_INTERNAL, call, "this communicator has no p2p lane");
+    return weft_core_error(comm, WEFT_ERR_INTERNAL, call, "this communicator has no p2p lane");
   *r = (weft_request){.comm = lane, .kind = is_send ? WEFT_REQ_SEND : WEFT_REQ_RECV};
   weft_p2p_op *o = &r->p2p;
   *o = (weft_p2p_op){.call = call,

@@ -17,7 +17,7 @@
 
 #include "weft.h"
 
-typedef struct weft_comm weft_comm;
+typedef struct weft_core weft_core;
 typedef struct weft_request weft_request;
 typedef struct weft_p2p_unexpected weft_p2p_unexpected;
 
@@ -39,26 +39,28 @@ typedef struct weft_p2p_op {
 /* The lane's state, one per lane communicator (p2p.c). */
 typedef struct weft_p2p_lane weft_p2p_lane;
 
-weft_status weft_p2p_lane_create(weft_comm *lane);
-void weft_p2p_lane_free(weft_comm *lane);
+weft_status weft_p2p_lane_create(weft_core *lane);
+void weft_p2p_lane_free(weft_core *lane);
 
 /* Called by the engine, which holds the lane's call lock: takes newly posted
  * requests, moves every peer's messages as far as they go, completes what
  * is done. Negative: the lane failed (the engine then fails everything). */
-weft_status weft_p2p_pass(weft_comm *lane);
+weft_status weft_p2p_pass(weft_core *lane);
 /* Whether anything is outstanding (under the lane's queue lock). */
-bool weft_p2p_busy(weft_comm *lane);
+bool weft_p2p_busy(weft_core *lane);
 /* A peer the lane waits for, for the transport's wait and for messages; -1 if none. */
-int weft_p2p_waiting_peer(weft_comm *lane, const char **what);
+int weft_p2p_waiting_peer(weft_core *lane, const char **what);
 /* Completes every outstanding send and receive with `st`. */
-void weft_p2p_fail_all(weft_comm *lane, weft_status st);
+void weft_p2p_fail_all(weft_core *lane, weft_status st);
 /* Hands a new request to the lane (under the lane's queue lock). */
 void weft_p2p_post(weft_request *req);
 
-/* Checks a weft_send / weft_recv (is_send false) on the user's communicator
- * `comm` and fills `r` as a request on its lane; an error has its sentence
- * written. The caller then submits it to the engine. */
-weft_status weft_p2p_setup(weft_request *r, weft_comm *comm, const char *call, bool is_send,
-                           const void *buf, size_t count, weft_dtype dtype, int peer, int tag);
+/* Checks a weft_send / weft_recv (is_send false) on the core of a user's
+ * communicator the caller found live, `comm`, and fills `r` as a request on
+ * `lane`, the core of its lane (NULL: it has none); an error has its
+ * sentence written. The caller then submits it to the engine. */
+weft_status weft_p2p_setup(weft_request *r, weft_core *comm, weft_core *lane, const char *call,
+                           bool is_send, const void *buf, size_t count, weft_dtype dtype, int peer,
+                           int tag);
 
 #endif

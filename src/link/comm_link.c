@@ -1,22 +1,17 @@
 /* comm_link.c - a communicator's links (comm_link.h): rank -> transport
- * connection (opened on first use, put on the list of peers the call
- * touched), progress counted for the engine's timeout, what the call waits
- * for recorded in the call's fields.
- * It still reads the peer table in struct weft_comm (src/comm/comm.h), one
- * layer up: until that table moves below the links, this file is the one
- * place that does. */
+ * connection of the peer table (opened on first use, put on the list of
+ * peers the call touched), progress counted for the engine's timeout, what
+ * the call waits for recorded in the call's fields. */
 #include "src/link/comm_link.h"
 
 #include <stdio.h>
-
-#include "src/comm/comm.h"
 
 static inline weft_comm_link *cl_of(void *ctx) {
   return (weft_comm_link *)ctx;
 }
 
-static inline const weft_transport *peer_ops(const weft_comm *comm, int peer) {
-  return comm->tps[comm->peers[peer].tp].ops;
+static inline const weft_transport *peer_ops(const weft_links *l, int peer) {
+  return l->tps[l->peers[peer].tp].ops;
 }
 
 /* What the call waits for: for the engine's sleep and for the timeout's
@@ -30,19 +25,15 @@ static weft_status link_result(weft_comm_link *cl, int peer, weft_status st,
 }
 
 static weft_status link_conn(weft_comm_link *cl, int peer, weft_tp_conn **out) {
-  weft_comm *comm = cl->comm;
-  weft_peer *p = &comm->peers[peer];
+  weft_links *l = cl->links;
+  weft_link_peer *p = &l->peers[peer];
   if (!p->conn) {
-    const weft_comm_transport *t = &comm->tps[p->tp];
-    const void *addr;
-    size_t len;
-    weft_comm_peer_address(comm, peer, t->builtin, &addr, &len);
-    weft_status st = t->ops->connect(t->ctx, peer, WEFT_TP_CHANNEL_COLL, addr, len, &p->conn);
+    weft_status st = weft_links_conn(l, peer, out);
     if (st < 0) return link_result(cl, peer, st, "a connection to");
   }
   if (!p->is_active) {
     p->is_active = true;
-    comm->active[comm->nactive++] = peer;
+    l->active[l->nactive++] = peer;
   }
   *out = p->conn;
   return WEFT_OK;
@@ -52,7 +43,7 @@ static weft_status cl_send_ready(void *ctx, int peer) {
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  return link_result(cl, peer, peer_ops(cl->comm, peer)->send_ready(c), "room to send to");
+  return link_result(cl, peer, peer_ops(cl->links, peer)->send_ready(c), "room to send to");
 }
 
 static weft_status cl_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
@@ -60,10 +51,10 @@ static weft_status cl_send(void *ctx, int peer, const void *src, size_t bytes, u
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  weft_status st = peer_ops(cl->comm, peer)->send(c, src, bytes, seq, mem);
+  weft_status st = peer_ops(cl->links, peer)->send(c, src, bytes, seq, mem);
   if (st == WEFT_OK) {
-    cl->comm->events++;
-    cl->comm->peers[peer].last_send_seq = seq;
+    cl->links->events++;
+    cl->links->peers[peer].last_send_seq = seq;
   }
   return link_result(cl, peer, st, "room to send to");
 }
@@ -72,7 +63,7 @@ static weft_status cl_send_idle(void *ctx, int peer) {
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  return link_result(cl, peer, peer_ops(cl->comm, peer)->send_idle(c), "a send to complete to");
+  return link_result(cl, peer, peer_ops(cl->links, peer)->send_idle(c), "a send to complete to");
 }
 
 static weft_status cl_recv_peek(void *ctx, int peer, uint32_t seq, size_t bytes,
@@ -80,7 +71,7 @@ static weft_status cl_recv_peek(void *ctx, int peer, uint32_t seq, size_t bytes,
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  return link_result(cl, peer, peer_ops(cl->comm, peer)->recv_peek(c, seq, bytes, data),
+  return link_result(cl, peer, peer_ops(cl->links, peer)->recv_peek(c, seq, bytes, data),
                      "data from");
 }
 
@@ -88,8 +79,8 @@ static weft_status cl_recv_release(void *ctx, int peer) {
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  weft_status st = peer_ops(cl->comm, peer)->recv_release(c);
-  if (st == WEFT_OK) cl->comm->events++;
+  weft_status st = peer_ops(cl->links, peer)->recv_release(c);
+  if (st == WEFT_OK) cl->links->events++;
   return link_result(cl, peer, st, "data from");
 }
 
@@ -98,8 +89,8 @@ static weft_status cl_recv_into(void *ctx, int peer, uint32_t seq, size_t bytes,
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  weft_status st = peer_ops(cl->comm, peer)->recv_into(c, seq, bytes, dst, mem);
-  if (st == WEFT_OK) cl->comm->events++;
+  weft_status st = peer_ops(cl->links, peer)->recv_into(c, seq, bytes, dst, mem);
+  if (st == WEFT_OK) cl->links->events++;
   return link_result(cl, peer, st, "data from");
 }
 
@@ -107,11 +98,11 @@ static weft_status cl_map_peer_mem(void *ctx, int peer, const weft_mem_desc *des
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  return peer_ops(cl->comm, peer)->map_peer_mem(c, desc, local);
+  return peer_ops(cl->links, peer)->map_peer_mem(c, desc, local);
 }
 
 static void cl_progressed(void *ctx) {
-  cl_of(ctx)->comm->events++;
+  cl_of(ctx)->links->events++;
 }
 
 static int cl_rank_of(void *ctx, int member) {
@@ -120,14 +111,14 @@ static int cl_rank_of(void *ctx, int member) {
 }
 
 static const char *cl_last_error(void *ctx) {
-  return cl_of(ctx)->comm->sink.msg;
+  return cl_of(ctx)->links->sink.msg;
 }
 
 static void cl_set_error(void *ctx, const char *sentence) {
-  weft_comm *comm = cl_of(ctx)->comm;
-  char copy[sizeof comm->sink.msg]; /* the sentence may quote the sink itself */
+  weft_links *l = cl_of(ctx)->links;
+  char copy[sizeof l->sink.msg]; /* the sentence may quote the sink itself */
   snprintf(copy, sizeof copy, "%s", sentence);
-  weft_error_sink_set(&comm->sink, "%s", copy);
+  weft_error_sink_set(&l->sink, "%s", copy);
 }
 
 const weft_link_ops weft_comm_link_ops = {

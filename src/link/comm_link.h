@@ -1,17 +1,79 @@
-/* comm_link.h - a communicator's links (link.h): member m of a call is rank
- * m of the communicator; each rank is reached through the connection of the
- * transport chosen for it, opened on first use. What the call waits for and
+/* comm_link.h - a communicator's peer table (weft_links) and the links over
+ * it (link.h): member m of a call is rank m of the communicator; each rank is
+ * reached through the connection of the transport chosen for it, opened on
+ * first use at the address the peer published. What the call waits for and
  * which peer failed land in the call's fields, for the engine's sleep, the
- * timeout's sentence and the flight recorder. */
+ * timeout's sentence and the flight recorder. The communicator (src/comm)
+ * starts the transports and fills the table when it learns its peers; call
+ * setup, the engine and p2p reach the transports through it. */
 #ifndef WEFT_COMM_LINK_H
 #define WEFT_COMM_LINK_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/base/error_sink.h"
+#include "src/base/status.h"
 #include "src/link/link.h"
+#include "transports/transport.h"
 
-struct weft_comm;
+#define WEFT_MAX_TRANSPORTS 3
 
+/* A transport running in this communicator. */
+typedef struct weft_link_transport {
+  const weft_transport *ops;
+  weft_tp_ctx *ctx;
+  int builtin; /* index in the built-in table (the id peers publish) */
+} weft_link_transport;
+
+/* How one peer is reached. */
+typedef struct weft_link_peer {
+  int tp;             /* index into tps; -1 for this rank */
+  weft_tp_conn *conn; /* NULL until first used */
+  const void *addr;   /* what the peer published for that transport: its
+                         connect address (the communicator's memory) */
+  size_t addr_len;
+  uint32_t last_send_seq; /* last collective that sent to this peer */
+  bool is_active;         /* on the list of peers touched by the current call */
+} weft_link_peer;
+
+/* The peer table: the transports in use, which one reaches each peer and
+ * its connection, the peers the current call touched, progress, and the
+ * sink the transports write their sentences to. */
+typedef struct weft_links {
+  weft_link_transport tps[WEFT_MAX_TRANSPORTS]; /* in selection order */
+  int ntps;
+  weft_link_peer *peers; /* by rank; own entry unused */
+  int *active;           /* ranks touched by the current call */
+  int nactive;
+  uint64_t events;      /* completed sends/receives, counted by the links: the
+                           engine's sign of progress, for the timeout */
+  weft_error_sink sink; /* transport error sentences land here */
+} weft_links;
+
+/* The connection to `peer` (its transport's connect on first use, at the
+ * address the peer published). An error has its sentence in the sink. */
+static inline weft_status weft_links_conn(weft_links *l, int peer, weft_tp_conn **out) {
+  weft_link_peer *p = &l->peers[peer];
+  if (!p->conn) {
+    const weft_link_transport *t = &l->tps[p->tp];
+    weft_status st =
+        t->ops->connect(t->ctx, peer, WEFT_TP_CHANNEL_COLL, p->addr, p->addr_len, &p->conn);
+    if (st < 0) return st;
+  }
+  *out = p->conn;
+  return WEFT_OK;
+}
+
+/* Tells every peer, through every transport, that this rank failed. */
+static inline void weft_links_abort_all(weft_links *l, const char *reason) {
+  for (int t = 0; t < l->ntps; t++) l->tps[t].ops->abort_all(l->tps[t].ctx, reason);
+}
+
+/* The links of one call over a peer table. */
 typedef struct weft_comm_link {
-  struct weft_comm *comm;
+  weft_links *links;
   /* the call's (communicator ranks): the peer of the last WEFT_AGAIN or
    * failure and what was awaited from it, the peer whose link failed */
   int *waiting_peer, *fail_peer;
@@ -23,12 +85,12 @@ _Static_assert(sizeof(weft_comm_link) <= WEFT_LINK_CTX_BYTES,
 
 extern const weft_link_ops weft_comm_link_ops;
 
-/* Sets cl up for one call on `comm` and returns its links. `cl` may be the
- * room a call keeps (weft_coll.link_ctx). */
-static inline weft_link weft_comm_link_init(weft_comm_link *cl, struct weft_comm *comm,
+/* Sets cl up for one call over `links` and returns its links. `cl` may be
+ * the room a call keeps (weft_coll.link_ctx). */
+static inline weft_link weft_comm_link_init(weft_comm_link *cl, weft_links *links,
                                             int *waiting_peer, int *fail_peer,
                                             const char **waiting_for) {
-  *cl = (weft_comm_link){.comm = comm,
+  *cl = (weft_comm_link){.links = links,
                          .waiting_peer = waiting_peer,
                          .fail_peer = fail_peer,
                          .waiting_for = waiting_for};

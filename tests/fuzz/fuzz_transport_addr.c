@@ -44,7 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!shm_tctx) setup();
   if (size < 2) return 0;
   static weft_peer peers[2];
-  weft_comm comm = {.rank = 0, .size = 2, .peers = peers};
+  weft_comm comm = {.core = {.rank = 0, .size = 2}, .peers = peers};
   boot_rank_info *info = &peers[1].info;
   /* as unpack_info leaves it: addr_len clamped to the buffer */
   info->addr_len = (uint16_t)(data[0] << 8 | data[1]);

@@ -1,0 +1,55 @@
+/* core.h - the part of a communicator that call setup (coll.c), the engine
+ * and p2p (src/engine) read and write: its ranks and hosts, its peer table
+ * (src/link/comm_link.h), its failure state, the call counter, the
+ * algorithm choice and the flight recorder. The communicator
+ * (src/comm/comm.h) embeds one and fills it; the layers below it see a
+ * communicator only as its core, so none of them includes comm.h. */
+#ifndef WEFT_CORE_H
+#define WEFT_CORE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/algo/algo.h"
+#include "src/coll/choose.h"
+#include "src/coll/recorder.h"
+#include "src/link/comm_link.h"
+#include "weft.h"
+
+/* Failure: sticky, so every later call fails fast with the first cause. */
+typedef struct weft_fail {
+  atomic_int aborted;   /* weft_comm_abort was called (from any thread) */
+  weft_status failed;   /* sticky first failure, 0 while healthy */
+  double timeout_s;     /* no progress for this long fails the communicator */
+  char last_error[768]; /* what weft_last_error returns */
+} weft_fail;
+
+struct weft_engine;
+
+typedef struct weft_core {
+  int rank;
+  int size;
+  size_t chunk_bytes;
+  /* hosts, for hierarchical algorithms (weft_hosts: ranks in ascending
+   * order); hosts.local_size is the number of ranks on this host */
+  weft_hosts hosts;
+  weft_links links; /* transports and peers */
+  weft_fail fail;
+  /* calls */
+  uint32_t seq;             /* collective call counter, the same on every rank */
+  bool check_calls;         /* WEFT_CHECK: compare fingerprints before every collective */
+  weft_choice_state choice; /* algorithm choice: its settings and memory */
+  weft_recorder recorder;   /* the last calls, for the flight recorder */
+  /* the engine's part (src/engine/engine_state.h), held beside this core in
+   * the same communicator; only the engine reads it */
+  struct weft_engine *engine;
+} weft_core;
+
+/* Records a failure on `core` with the sentence the user reads (its
+ * last_error): it starts with the rank and the call. Returns st. */
+weft_status weft_core_error(weft_core *core, weft_status st, const char *call, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#endif
