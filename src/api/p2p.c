@@ -1,8 +1,7 @@
 /* api/p2p.c - weft_send, weft_recv and their non-blocking forms: the engine's
  * p2p checks and fills the request (src/engine/p2p.c), the engine moves it
- * on the communicator's lane. */
+ * on the communicator's lane (its own channel of the same connections). */
 #include <stdlib.h>
-#include <string.h>
 
 #include "src/api/api.h"
 #include "src/base/status.h"
@@ -11,20 +10,11 @@
 #include "src/engine/p2p.h"
 #include "weft.h"
 
-/* A blocking message: submitted and driven by the caller. A failure's
- * sentence is the lane's: the user reads it on the communicator it called. */
-static weft_status p2p_blocking(weft_comm *comm, weft_request *r, weft_status setup) {
+/* A blocking message: submitted and driven by the caller. */
+static weft_status p2p_blocking(weft_request *r, weft_status setup) {
   if (setup < 0) return setup;
   weft_engine_submit(r, false);
-  weft_status st = weft_engine_wait(r);
-  if (st < 0)
-    memcpy(comm->core.fail.last_error, r->comm->fail.last_error, sizeof comm->core.fail.last_error);
-  return st;
-}
-
-/* The core of the lane `comm` sends and receives on; NULL: none. */
-static weft_core *lane_of(weft_comm *comm) {
-  return comm->p2p ? &comm->p2p->core : NULL;
+  return weft_engine_wait(r);
 }
 
 /* A non-blocking message: the progress thread moves it. */
@@ -43,34 +33,30 @@ WEFT_API weft_status weft_send(weft_comm *comm, const void *buf, size_t count, w
                                int peer, int tag) {
   WEFT_API_LIVE(comm, "weft_send");
   weft_request r = {.kind = WEFT_REQ_SEND};
-  return p2p_blocking(comm, &r,
-                      weft_p2p_setup(&r, &comm->core, lane_of(comm), "weft_send", true, buf, count,
-                                     dtype, peer, tag));
+  return p2p_blocking(
+      &r, weft_p2p_setup(&r, &comm->core, "weft_send", true, buf, count, dtype, peer, tag));
 }
 
 WEFT_API weft_status weft_recv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype, int peer,
                                int tag) {
   WEFT_API_LIVE(comm, "weft_recv");
   weft_request r = {.kind = WEFT_REQ_SEND};
-  return p2p_blocking(comm, &r,
-                      weft_p2p_setup(&r, &comm->core, lane_of(comm), "weft_recv", false, buf, count,
-                                     dtype, peer, tag));
+  return p2p_blocking(
+      &r, weft_p2p_setup(&r, &comm->core, "weft_recv", false, buf, count, dtype, peer, tag));
 }
 
 WEFT_API weft_status weft_isend(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
                                 int peer, int tag, weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_isend", req, &r));
-  return p2p_issue(req, r,
-                   weft_p2p_setup(r, &comm->core, lane_of(comm), "weft_isend", true, buf, count,
-                                  dtype, peer, tag));
+  return p2p_issue(
+      req, r, weft_p2p_setup(r, &comm->core, "weft_isend", true, buf, count, dtype, peer, tag));
 }
 
 WEFT_API weft_status weft_irecv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
                                 int peer, int tag, weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_irecv", req, &r));
-  return p2p_issue(req, r,
-                   weft_p2p_setup(r, &comm->core, lane_of(comm), "weft_irecv", false, buf, count,
-                                  dtype, peer, tag));
+  return p2p_issue(
+      req, r, weft_p2p_setup(r, &comm->core, "weft_irecv", false, buf, count, dtype, peer, tag));
 }

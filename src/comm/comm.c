@@ -137,11 +137,7 @@ static weft_status settings_usable(int rank, const char *call) {
 }
 
 static void comm_free(weft_comm *comm) {
-  if (comm->p2p) {
-    weft_engine_stop(&comm->p2p->core);
-    weft_p2p_lane_free(&comm->p2p->core);
-    comm_free(comm->p2p);
-  }
+  weft_p2p_lane_free(&comm->core);
   weft_links *l = &comm->core.links;
   for (int t = 0; t < l->ntps; t++) l->tps[t].ops->fini(l->tps[t].ctx);
   if (comm->engine.wake_fd >= 0) close(comm->engine.wake_fd);
@@ -206,7 +202,7 @@ void weft_comm_peer_address(const weft_comm *comm, int peer, int builtin, const 
   for (size_t off = 0; off + 2 <= info->addr_len;) {
     size_t n = info->addr[off + 1];
     if (off + 2 + n > info->addr_len) return;
-    if (info->addr[off] == (builtin | comm->addr_tag)) {
+    if (info->addr[off] == builtin) {
       *addr = &info->addr[off + 2];
       *len = n;
       return;
@@ -238,7 +234,7 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
                                 : weft_setting_str(WEFT_SETTING_TRANSPORT),
                             order, why, sizeof why);
   if (n <= 0) return weft_init_error(WEFT_ERR_INVALID, comm->core.rank, call, "%s", why);
-  size_t off = mine->addr_len; /* a lane appends to comm's */
+  size_t off = mine->addr_len;
   for (int i = 0; i < n; i++) {
     int b = 0;
     while (b < BUILTIN_COUNT && strcmp(builtin_transports[b]->name, order[i])) b++;
@@ -261,7 +257,7 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
     if (len > 255 || off + 2 + len > sizeof mine->addr)
       return weft_init_error(WEFT_ERR_INTERNAL, comm->core.rank, call,
                              "transport addresses too long");
-    mine->addr[off] = (uint8_t)(b | comm->addr_tag);
+    mine->addr[off] = (uint8_t)b;
     mine->addr[off + 1] = (uint8_t)len;
     memcpy(&mine->addr[off + 2], blob, len);
     off += 2 + len;
@@ -349,6 +345,11 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
    * runnable thread, so it does not starve the caller's other work. */
   comm->engine.yield_us = (int)set->yield_us;
   comm->engine.keep_place = weft_spread_keep;
+  /* send/recv: their own channel of this communicator's connections */
+  if (weft_p2p_lane_create(&comm->core)) {
+    comm_free(comm);
+    return NULL;
+  }
   return comm;
 }
 
@@ -416,31 +417,6 @@ static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64
     return WEFT_OK;
   }
   return transports_choose(comm, call);
-}
-
-/* The lane of `comm` for send/recv (p2p.h): its transports start now so
- * their addresses travel with comm's; it learns its peers with comm. */
-static weft_status lane_open(weft_comm *comm, boot_rank_info *mine, const char *call) {
-  weft_comm *lane =
-      comm_alloc(comm->core.rank, comm->core.size, comm->local_rank, comm->core.fail.timeout_s);
-  if (!lane) return weft_init_error(WEFT_ERR_NOMEM, comm->core.rank, call, "out of memory");
-  comm->p2p = lane;
-  lane->engine.owner = &comm->core;
-  lane->addr_tag = LANE_ADDR_TAG;
-  lane->place = comm->place;
-  lane->auth_key = comm->auth_key;
-  comm_tp_args(lane, comm);
-  if (weft_p2p_lane_create(&lane->core))
-    return weft_init_error(WEFT_ERR_NOMEM, comm->core.rank, call, "out of memory");
-  return comm->core.size > 1 ? transports_start(lane, mine, call) : WEFT_OK;
-}
-
-/* Both lanes learn the same table; the lane's id differs from comm's so
- * its connections can never be mistaken for comm's. */
-static weft_status comm_learn_both(weft_comm *comm, const boot_rank_info *all, uint64_t id,
-                                   const char *call) {
-  WEFT_CHECK(comm_learn(comm, all, id, call));
-  return comm_learn(comm->p2p, all, id ^ 0x9e3779b97f4a7c15ull, call);
 }
 
 /* With more ranks on a host than CPUs they may use, waiting ranks yield
@@ -514,7 +490,7 @@ static weft_status comm_publish(weft_comm *comm, const char *call) {
 }
 
 /* Joins the job: dial the rendezvous at `server`, publish the transport
- * addresses (both lanes), learn every peer's, choose a transport per peer. */
+ * addresses, learn every peer's, choose a transport per peer. */
 static weft_status comm_create(int rank, int size, int local_rank,
                                const struct sockaddr_storage *server, socklen_t server_len,
                                const uint8_t nonce[BOOT_NONCE_BYTES], boot_server *srv,
@@ -546,7 +522,6 @@ static weft_status comm_create(int rank, int size, int local_rank,
       goto fail;
     }
     st = transports_start(comm, &mine, call);
-    if (!st) st = lane_open(comm, &mine, call);
     if (st) {
       close(fd);
       goto fail;
@@ -567,13 +542,12 @@ static weft_status comm_create(int rank, int size, int local_rank,
     if (st)
       weft_init_error(st, rank, call, "%s", comm->core.links.sink.msg);
     else
-      st = comm_learn_both(comm, all, id, call);
+      st = comm_learn(comm, all, id, call);
     free(all);
     if (st) goto fail;
   } else {
     comm->local_rank = local_rank < 0 ? 0 : local_rank;
-    st = lane_open(comm, &mine, call);
-    if (!st) st = comm_learn_both(comm, &mine, 1, call);
+    st = comm_learn(comm, &mine, 1, call);
     if (st) goto fail;
   }
   st = comm_publish(comm, call);
@@ -598,7 +572,7 @@ static uint64_t mix64(uint64_t x) {
 
 typedef struct split_entry {
   int32_t color, key;
-  boot_rank_info info; /* the new communicator's addresses (both lanes) */
+  boot_rank_info info; /* the new communicator's addresses */
 } split_entry;
 
 /* An allgather over `parent` (live), made as weft_allgather makes it: the
@@ -662,7 +636,6 @@ WEFT_API weft_status weft_comm_split(weft_comm *parent, int color, int key, weft
       me.info.pid = (uint32_t)getpid();
       snprintf(me.info.host, sizeof me.info.host, "%s", parent->place.host_id);
       local = size > 1 ? transports_start(comm, &me.info, call) : WEFT_OK;
-      if (!local) local = lane_open(comm, &me.info, call);
       if (local)
         snprintf(parent->core.fail.last_error, sizeof parent->core.fail.last_error, "%s",
                  weft_last_error(NULL));
@@ -691,8 +664,7 @@ WEFT_API weft_status weft_comm_split(weft_comm *parent, int color, int key, weft
   /* the same on every member: the parent, how many calls it has seen, the color */
   uint64_t id = mix64(parent->id ^ mix64(((uint64_t)parent->core.seq << 32) | (uint32_t)color));
   comm->local_rank = -1;
-  comm->p2p->local_rank = -1;
-  st = comm_learn_both(comm, infos, id, call);
+  st = comm_learn(comm, infos, id, call);
   free(infos);
   if (st) {
     snprintf(parent->core.fail.last_error, sizeof parent->core.fail.last_error, "%s",
@@ -889,6 +861,5 @@ WEFT_API weft_status weft_comm_abort(weft_comm *comm) {
   if (!weft_comm_is_live(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_abort", "not a live communicator");
   comm_abort_one(comm, comm->core.rank);
-  if (comm->p2p) comm_abort_one(comm->p2p, comm->core.rank);
   return WEFT_OK;
 }

@@ -20,9 +20,6 @@
 
 #define WEFT_COMM_MAGIC 0x5745464343u /* "WEFCC" */
 
-/* Address entries a lane publishes carry the transport index | this bit. */
-#define LANE_ADDR_TAG 0x80
-
 /* What this rank learned of a peer at the rendezvous. */
 typedef struct weft_peer {
   boot_rank_info info; /* host, pid, transport addresses */
@@ -33,7 +30,8 @@ typedef struct weft_peer {
  * hosts, the peer table of src/link, the failure state, the call counter,
  * the algorithm choice, the recorder), the engine's part
  * (src/engine/engine_state.h), and what only this layer uses: how the
- * communicator was made and how to make its transports and lane. */
+ * communicator was made and how to make its transports. Point-to-point
+ * messages run on a channel of the same transports (src/engine/p2p.h). */
 struct weft_comm {
   uint64_t magic;
   weft_core core;     /* core.engine points at `engine` */
@@ -45,9 +43,6 @@ struct weft_comm {
   weft_transport_init_args tp_args; /* the transport keeps a pointer to it */
   weft_peer *peers;                 /* by rank: what each published; core.links.peers
                                        point at their addresses */
-  /* the point-to-point lane: a hidden communicator with the same ranks (p2p.h) */
-  struct weft_comm *p2p; /* a user's communicator: its lane for send/recv */
-  uint8_t addr_tag;      /* 0, or LANE_ADDR_TAG on a lane: which published addresses are its */
 };
 
 /* A failure's sentence on a communicator is weft_core_error (core.h); this

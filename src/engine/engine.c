@@ -1,7 +1,9 @@
 /* engine.c - the one loop that moves data: it advances the collective at the
- * head of the queue (then the next, at once), the point-to-point lane, and
- * every transport; spins briefly, then yields, then sleeps in the transport's
- * wait; and fails the communicator once nothing moved for the timeout.
+ * head of the queue (then the next, at once), the point-to-point lane (its
+ * own channel of the same connections, p2p.h), and every transport; spins
+ * briefly, then yields, then sleeps in the transport's wait; and fails the
+ * communicator once its collectives saw nothing move for the timeout (the
+ * lane keeps a timeout of its own, weft_p2p_clock).
  *
  * Who drives: the holder of the engine's call_lock. A caller that waits (weft_wait,
  * any blocking call) takes it and drives on its own thread, so a blocking
@@ -28,8 +30,9 @@
 #define THREAD_YIELD_US 1000
 #define THREAD_SLICE_MS 5
 
-static weft_status lane_pass(weft_core *comm, const weft_engine *e) {
-  return e->lane ? weft_p2p_pass(comm) : WEFT_OK;
+/* The lane's failures are its own (p2p.h): they never fail the driver. */
+static void lane_pass(weft_core *comm, const weft_engine *e) {
+  if (e->lane) weft_p2p_pass(comm);
 }
 
 static bool has_work_locked(weft_core *comm) {
@@ -226,7 +229,7 @@ static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
     uint64_t seen = comm->links.events;
     weft_request *failed = NULL;
     weft_status st = queue_pass(comm, e, &failed);
-    if (st >= 0) st = lane_pass(comm, e);
+    if (st >= 0) lane_pass(comm, e);
     if (st < 0) {
       drive_failed(comm, failed, st);
       return;
@@ -280,7 +283,12 @@ static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
     }
     idle_rounds++;
     double idle = now - e->last_moved;
-    if (idle >= comm->fail.timeout_s) {
+    /* the lane's timeout is its own; the communicator's counts while a
+     * collective is queued */
+    double lane_left = e->lane ? weft_p2p_clock(comm, now) : 1e9;
+    if (target && atomic_load_explicit(&target->done, memory_order_acquire)) continue;
+    bool colls = atomic_load_explicit(&e->q_head, memory_order_relaxed) != NULL;
+    if (colls && idle >= comm->fail.timeout_s) {
       comm->links.sink.origin[0] = 0;
       drive_failed(comm, NULL, WEFT_ERR_TIMEOUT);
       return;
@@ -306,7 +314,9 @@ static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
       now = engine_recent(e, 1);
       idle = now - e->last_moved;
     }
-    double left_ms = (comm->fail.timeout_s - idle) * 1000;
+    if (e->lane) lane_left = weft_p2p_clock(comm, now);
+    double left_ms = (colls ? comm->fail.timeout_s - idle : lane_left) * 1000;
+    if (colls && lane_left * 1000 < left_ms) left_ms = lane_left * 1000;
     weft_request *head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
     if (head) /* what it waits for, for a dump */
       weft_recorder_update(&comm->recorder, &head->coll, WEFT_REC_RUNNING, WEFT_OK, now);

@@ -1,6 +1,6 @@
 /* engine_state.h - the engine's part of a communicator: the queue of
  * collectives, who drives (the call lock, the progress thread), the
- * driver's clock and its tuning, and a lane's p2p state. Defined here,
+ * driver's clock and its tuning, and the p2p lane's state. Defined here,
  * alone, so that the communicator (comm.h) can hold it without including
  * the engine; the communicator's core (src/coll/core.h) points at it. */
 #ifndef WEFT_ENGINE_STATE_H
@@ -13,7 +13,6 @@
 
 struct weft_request;
 struct weft_p2p_lane;
-struct weft_core;
 
 typedef struct weft_engine {
   pthread_mutex_t call_lock; /* held while a call drives the transport */
@@ -40,10 +39,9 @@ typedef struct weft_engine {
   /* called once per blocking wait before its first yield: the communicator
    * keeps its rank on the CPU it chose (comm.c, weft_spread_keep); NULL: nothing */
   void (*keep_place)(void);
-  /* the point-to-point lane (p2p.h): a hidden communicator with the same ranks */
-  struct weft_p2p_lane *lane; /* set on a lane: its messages */
-  struct weft_core *owner;    /* a lane: the core of the user's communicator it serves,
-                                 where its failures' sentences go */
+  /* the point-to-point lane (p2p.h): messages on channel WEFT_TP_CHANNEL_P2P
+   * of this communicator's own connections, driven beside its collectives */
+  struct weft_p2p_lane *lane;
 } weft_engine;
 
 #endif

@@ -1,5 +1,6 @@
-/* p2p.c - weft_send / weft_recv and their non-blocking forms, on the lane
- * (p2p.h says why a lane, and what a message looks like on the wire).
+/* p2p.c - weft_send / weft_recv and their non-blocking forms, on the lane:
+ * channel WEFT_TP_CHANNEL_P2P of the communicator's own connections (p2p.h
+ * says why a lane, and what a message looks like on the wire).
  *
  * Per peer, sends go out one message at a time in issue order; incoming
  * messages are taken in arrival order, and each is matched, at its header,
@@ -52,18 +53,29 @@ struct weft_p2p_lane {
   atomic_int outstanding;             /* posted and not complete */
   int waiting_peer;
   const char *waiting_for;
+  /* the lane's own failure (p2p.h), sticky, and its sentence: the
+   * communicator's last_error may be overwritten by a later collective's */
+  weft_status failed;
+  char last_error[768];
+  /* the lane's timeout, apart from the collectives': its chunks moved
+   * (events), the driver's reading when they last did, and `restart`: the
+   * lane went from idle to busy (set under q_lock by a poster), so its
+   * clock starts again at the next reading */
+  uint64_t events, events_seen;
+  double last_moved;
+  atomic_bool restart;
 };
 
-weft_status weft_p2p_lane_create(weft_core *lane) {
+weft_status weft_p2p_lane_create(weft_core *comm) {
   weft_p2p_lane *l = calloc(1, sizeof *l);
   if (!l) return WEFT_ERR_NOMEM;
-  l->peers = calloc((size_t)lane->size, sizeof *l->peers);
+  l->peers = calloc((size_t)comm->size, sizeof *l->peers);
   if (!l->peers) {
     free(l);
     return WEFT_ERR_NOMEM;
   }
   l->waiting_peer = -1;
-  lane->engine->lane = l;
+  comm->engine->lane = l;
   return WEFT_OK;
 }
 
@@ -75,34 +87,39 @@ static void ux_free_list(weft_p2p_unexpected *u) {
   }
 }
 
-void weft_p2p_lane_free(weft_core *lane) {
-  weft_p2p_lane *l = lane->engine->lane;
+void weft_p2p_lane_free(weft_core *comm) {
+  weft_p2p_lane *l = comm->engine ? comm->engine->lane : NULL;
   if (!l) return;
-  for (int p = 0; p < lane->size; p++) ux_free_list(l->peers[p].ux);
+  for (int p = 0; p < comm->size; p++) ux_free_list(l->peers[p].ux);
   free(l->peers);
   free(l);
-  lane->engine->lane = NULL;
+  comm->engine->lane = NULL;
 }
 
-static void complete(weft_core *lane, weft_request *r, weft_status st) {
-  atomic_fetch_sub(&lane->engine->lane->outstanding, 1);
+static void complete(weft_core *comm, weft_request *r, weft_status st) {
+  atomic_fetch_sub(&comm->engine->lane->outstanding, 1);
   weft_request_complete(r, st);
 }
 
-/* A failure of the lane worded by p2p itself (a mismatch): every rank of the
- * pair hears of it, like a collective's mismatch. */
-static weft_status lane_fail(weft_core *lane, weft_status st, const char *call, const char *fmt,
+/* A failure of the lane worded by p2p itself (a mismatch, a malformed
+ * header, no memory, the lane's timeout): the lane fails alone (p2p.h), its
+ * sentence on the communicator (weft_last_error) and kept for later calls.
+ * The transports are not aborted: their other channel carries the
+ * collectives, which go on. Returns st. */
+static weft_status lane_fail(weft_core *comm, weft_status st, const char *call, const char *fmt,
                              ...) __attribute__((format(printf, 4, 5)));
-static weft_status lane_fail(weft_core *lane, weft_status st, const char *call, const char *fmt,
+static weft_status lane_fail(weft_core *comm, weft_status st, const char *call, const char *fmt,
                              ...) {
+  weft_p2p_lane *l = comm->engine->lane;
+  if (l->failed) return st; /* the first cause stays */
   char what[400];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  weft_core_error(lane, st, call, "%s", what);
-  lane->fail.failed = st;
-  weft_links_abort_all(&lane->links, lane->fail.last_error);
+  weft_core_error(comm, st, call, "%s", what);
+  memcpy(l->last_error, comm->fail.last_error, sizeof l->last_error);
+  l->failed = st;
   return st;
 }
 
@@ -115,11 +132,11 @@ static void append(weft_request **head, weft_request **tail, weft_request *r) {
   *tail = r;
 }
 
-static weft_status check_match(weft_core *lane, const weft_request *r, int peer, int tag,
+static weft_status check_match(weft_core *comm, const weft_request *r, int peer, int tag,
                                weft_dtype dtype, size_t bytes) {
   const weft_p2p_op *o = &r->p2p;
   if (o->bytes == bytes && o->dtype == dtype) return WEFT_OK;
-  return lane_fail(lane, WEFT_ERR_MISMATCH, "weft_recv",
+  return lane_fail(comm, WEFT_ERR_MISMATCH, "weft_recv",
                    "the message from peer %d with tag %d is %zu bytes of %s, but the receive "
                    "posted for it expects %zu elements of %s (%zu bytes)",
                    peer, tag, bytes, weft_dtype_name(dtype), o->count, weft_dtype_name(o->dtype),
@@ -127,7 +144,7 @@ static weft_status check_match(weft_core *lane, const weft_request *r, int peer,
 }
 
 /* Data of a complete unexpected message into the receive that takes it. */
-static weft_status ux_deliver(weft_core *lane, p2p_peer *pp, weft_p2p_unexpected *u,
+static weft_status ux_deliver(weft_core *comm, p2p_peer *pp, weft_p2p_unexpected *u,
                               weft_request *r) {
   if (u->bytes) weft_mem_for(r->p2p.recv_buf)->copy(r->p2p.recv_buf, u->data, u->bytes);
   weft_p2p_unexpected **at = &pp->ux, *prev = NULL;
@@ -138,17 +155,17 @@ static weft_status ux_deliver(weft_core *lane, p2p_peer *pp, weft_p2p_unexpected
   *at = u->next;
   if (pp->ux_tail == u) pp->ux_tail = prev;
   free(u);
-  complete(lane, r, WEFT_OK);
+  complete(comm, r, WEFT_OK);
   return WEFT_OK;
 }
 
 /* A new receive: the oldest unexpected message with its tag, else it waits. */
-static weft_status post_recv(weft_core *lane, weft_request *r) {
-  p2p_peer *pp = &lane->engine->lane->peers[r->p2p.peer];
+static weft_status post_recv(weft_core *comm, weft_request *r) {
+  p2p_peer *pp = &comm->engine->lane->peers[r->p2p.peer];
   for (weft_p2p_unexpected *u = pp->ux; u; u = u->next) {
     if (u->tag != r->p2p.tag || u->taker) continue;
-    WEFT_CHECK(check_match(lane, r, r->p2p.peer, u->tag, u->dtype, u->bytes));
-    if (u->complete) return ux_deliver(lane, pp, u, r);
+    WEFT_CHECK(check_match(comm, r, r->p2p.peer, u->tag, u->dtype, u->bytes));
+    if (u->complete) return ux_deliver(comm, pp, u, r);
     u->taker = r; /* still arriving: delivered when complete */
     return WEFT_OK;
   }
@@ -157,23 +174,23 @@ static weft_status post_recv(weft_core *lane, weft_request *r) {
 }
 
 /* A send to this rank itself: straight into a posted receive, or kept. */
-static weft_status post_self_send(weft_core *lane, weft_request *r) {
-  p2p_peer *pp = &lane->engine->lane->peers[lane->rank];
+static weft_status post_self_send(weft_core *comm, weft_request *r) {
+  p2p_peer *pp = &comm->engine->lane->peers[comm->rank];
   const weft_p2p_op *o = &r->p2p;
   weft_request **at = &pp->recvs, *prev = NULL;
   for (; *at; prev = *at, at = &(*at)->next) {
     weft_request *rr = *at;
     if (rr->p2p.tag != o->tag) continue;
-    WEFT_CHECK(check_match(lane, rr, lane->rank, o->tag, o->dtype, o->bytes));
+    WEFT_CHECK(check_match(comm, rr, comm->rank, o->tag, o->dtype, o->bytes));
     *at = rr->next;
     if (pp->recvs_tail == rr) pp->recvs_tail = prev;
     if (o->bytes) weft_mem_for(rr->p2p.recv_buf)->copy(rr->p2p.recv_buf, o->send_buf, o->bytes);
-    complete(lane, rr, WEFT_OK);
-    complete(lane, r, WEFT_OK);
+    complete(comm, rr, WEFT_OK);
+    complete(comm, r, WEFT_OK);
     return WEFT_OK;
   }
   weft_p2p_unexpected *u = malloc(sizeof *u + o->bytes);
-  if (!u) return lane_fail(lane, WEFT_ERR_NOMEM, o->call, "no memory to keep a message to self");
+  if (!u) return lane_fail(comm, WEFT_ERR_NOMEM, o->call, "no memory to keep a message to self");
   *u = (weft_p2p_unexpected){.tag = o->tag, .dtype = o->dtype, .bytes = o->bytes, .complete = true};
   if (o->bytes) weft_mem_for(o->send_buf)->copy(u->data, o->send_buf, o->bytes);
   if (pp->ux_tail)
@@ -181,27 +198,27 @@ static weft_status post_self_send(weft_core *lane, weft_request *r) {
   else
     pp->ux = u;
   pp->ux_tail = u;
-  complete(lane, r, WEFT_OK);
+  complete(comm, r, WEFT_OK);
   return WEFT_OK;
 }
 
-static weft_status take_posted(weft_core *lane) {
-  weft_p2p_lane *l = lane->engine->lane;
-  pthread_mutex_lock(&lane->engine->q_lock);
+static weft_status take_posted(weft_core *comm) {
+  weft_p2p_lane *l = comm->engine->lane;
+  pthread_mutex_lock(&comm->engine->q_lock);
   weft_request *r = l->posted;
   l->posted = l->posted_tail = NULL;
-  pthread_mutex_unlock(&lane->engine->q_lock);
+  pthread_mutex_unlock(&comm->engine->q_lock);
   weft_status st = WEFT_OK;
   while (r) {
     weft_request *next = r->next;
     if (st < 0) {
-      complete(lane, r, st);
+      complete(comm, r, st);
     } else if (r->kind == WEFT_REQ_RECV) {
-      st = post_recv(lane, r);
-      if (st < 0) complete(lane, r, st);
-    } else if (r->p2p.peer == lane->rank) {
-      st = post_self_send(lane, r);
-      if (st < 0) complete(lane, r, st);
+      st = post_recv(comm, r);
+      if (st < 0) complete(comm, r, st);
+    } else if (r->p2p.peer == comm->rank) {
+      st = post_self_send(comm, r);
+      if (st < 0) complete(comm, r, st);
     } else {
       p2p_peer *pp = &l->peers[r->p2p.peer];
       append(&pp->sends, &pp->sends_tail, r);
@@ -211,62 +228,69 @@ static weft_status take_posted(weft_core *lane) {
   return st;
 }
 
-/* ---- the lane's connections ------------------------------------------------
- * Everything p2p takes from the lane communicator's transports is in this
- * section: the connection to a peer, and the chunk operations on it, each
- * chunk tagged with the message's number on that pair and direction. When
- * messages move to a channel of the collectives' own connection, only this
- * section changes. Progress counts in lane->links.events (the engine's timeout). */
+/* ---- the lane's connections -------------------------------------------------
+ * Everything p2p takes from the communicator's transports is in this
+ * section: the connection to a peer on channel WEFT_TP_CHANNEL_P2P of the
+ * transport the peer table chose for it (made on first use, at the address
+ * the peer published once for every channel), and the chunk operations on
+ * it, each chunk tagged with the message's number on that pair and
+ * direction. Progress counts in comm->links.events (the driver's sign that
+ * something moved) and in the lane's own events (its timeout). */
 
-static weft_status lane_conn(weft_core *lane, int peer, const weft_transport **ops,
+static weft_status lane_conn(weft_core *comm, int peer, const weft_transport **ops,
                              weft_tp_conn **conn) {
-  WEFT_CHECK(weft_links_conn(&lane->links, peer, conn));
-  *ops = lane->links.tps[lane->links.peers[peer].tp].ops;
+  WEFT_CHECK(weft_links_conn(&comm->links, peer, WEFT_TP_CHANNEL_P2P, conn));
+  *ops = comm->links.tps[comm->links.peers[peer].tp].ops;
   return WEFT_OK;
 }
 
+static void lane_moved(weft_core *comm) {
+  comm->links.events++;
+  comm->engine->lane->events++;
+}
+
 /* Sends one chunk of message `msg` once there is room. */
-static weft_status lane_send(weft_core *lane, int peer, uint32_t msg, const void *src, size_t bytes,
+static weft_status lane_send(weft_core *comm, int peer, uint32_t msg, const void *src, size_t bytes,
                              const weft_mem_ops *mem) {
   const weft_transport *ops;
   weft_tp_conn *c;
-  WEFT_CHECK(lane_conn(lane, peer, &ops, &c));
+  WEFT_CHECK(lane_conn(comm, peer, &ops, &c));
   WEFT_STATUS_PASS(ops->send_ready(c));
   weft_status st = ops->send(c, src, bytes, msg, mem);
-  if (st == WEFT_OK) lane->links.events++;
+  if (st == WEFT_OK) lane_moved(comm);
   return st;
 }
 
 /* WEFT_OK once every chunk sent to `peer` is out (the buffer may be reused). */
-static weft_status lane_send_idle(weft_core *lane, int peer) {
+static weft_status lane_send_idle(weft_core *comm, int peer) {
   const weft_transport *ops;
   weft_tp_conn *c;
-  WEFT_CHECK(lane_conn(lane, peer, &ops, &c));
+  WEFT_CHECK(lane_conn(comm, peer, &ops, &c));
   return ops->send_idle(c);
 }
 
 /* Copies the next chunk of message `msg` (`bytes` long) out of the link. */
-static weft_status lane_recv_copy(weft_core *lane, int peer, uint32_t msg, size_t bytes,
+static weft_status lane_recv_copy(weft_core *comm, int peer, uint32_t msg, size_t bytes,
                                   void *dst) {
   const weft_transport *ops;
   weft_tp_conn *c;
-  WEFT_CHECK(lane_conn(lane, peer, &ops, &c));
+  WEFT_CHECK(lane_conn(comm, peer, &ops, &c));
   const void *slot;
   WEFT_STATUS_PASS(ops->recv_peek(c, msg, bytes, &slot));
   memcpy(dst, slot, bytes);
   weft_status st = ops->recv_release(c);
-  if (st == WEFT_OK) lane->links.events++;
+  if (st == WEFT_OK) lane_moved(comm);
   return st;
 }
 
 /* Receives the next chunk of message `msg` straight into `dst`. */
-static weft_status lane_recv_into(weft_core *lane, int peer, uint32_t msg, size_t bytes, void *dst,
+static weft_status lane_recv_into(weft_core *comm, int peer, uint32_t msg, size_t bytes, void *dst,
                                   const weft_mem_ops *mem) {
   const weft_transport *ops;
   weft_tp_conn *c;
-  WEFT_CHECK(lane_conn(lane, peer, &ops, &c));
+  WEFT_CHECK(lane_conn(comm, peer, &ops, &c));
   weft_status st = ops->recv_into(c, msg, bytes, dst, mem);
-  if (st == WEFT_OK) lane->links.events++;
+  if (st == WEFT_OK) lane_moved(comm);
   return st;
 }
 
@@ -274,37 +298,37 @@ static weft_status lane_recv_into(weft_core *lane, int peer, uint32_t msg, size_
 
 /* Moves the head send of `peer` as far as it goes; OK when the peer has no
  * more sends or it waits. */
-static weft_status push_sends(weft_core *lane, int peer) {
-  p2p_peer *pp = &lane->engine->lane->peers[peer];
+static weft_status push_sends(weft_core *comm, int peer) {
+  p2p_peer *pp = &comm->engine->lane->peers[peer];
   while (pp->sends) {
     weft_request *r = pp->sends;
     weft_p2p_op *o = &r->p2p;
     uint32_t msg = pp->sent_msgs;
     const weft_mem_ops *mem = o->send_buf ? weft_mem_for(o->send_buf) : &weft_mem_host;
     if (!o->header_moved) {
-      WEFT_STATUS_PASS(lane_send(lane, peer, msg, o->header, sizeof o->header, mem));
+      WEFT_STATUS_PASS(lane_send(comm, peer, msg, o->header, sizeof o->header, mem));
       o->header_moved = true;
     }
     while (o->moved < o->bytes) {
-      size_t n = o->bytes - o->moved < lane->chunk_bytes ? o->bytes - o->moved : lane->chunk_bytes;
-      WEFT_STATUS_PASS(lane_send(lane, peer, msg, (const char *)o->send_buf + o->moved, n, mem));
+      size_t n = o->bytes - o->moved < comm->chunk_bytes ? o->bytes - o->moved : comm->chunk_bytes;
+      WEFT_STATUS_PASS(lane_send(comm, peer, msg, (const char *)o->send_buf + o->moved, n, mem));
       o->moved += n;
     }
     /* complete only when the buffer may be reused: every chunk is out */
-    WEFT_STATUS_PASS(lane_send_idle(lane, peer));
+    WEFT_STATUS_PASS(lane_send_idle(comm, peer));
     pp->sends = r->next;
     if (!pp->sends) pp->sends_tail = NULL;
     pp->sent_msgs++;
-    complete(lane, r, WEFT_OK);
+    complete(comm, r, WEFT_OK);
   }
   return WEFT_OK;
 }
 
 /* Starts the next incoming message of `peer` at its header. */
-static weft_status take_header(weft_core *lane, int peer) {
-  p2p_peer *pp = &lane->engine->lane->peers[peer];
+static weft_status take_header(weft_core *comm, int peer) {
+  p2p_peer *pp = &comm->engine->lane->peers[peer];
   uint8_t h[WEFT_P2P_HEADER_BYTES];
-  WEFT_STATUS_PASS(lane_recv_copy(lane, peer, pp->recvd_msgs, sizeof h, h));
+  WEFT_STATUS_PASS(lane_recv_copy(comm, peer, pp->recvd_msgs, sizeof h, h));
   uint32_t magic, tag, dtype;
   uint64_t bytes;
   memcpy(&magic, h, 4);
@@ -314,7 +338,7 @@ static weft_status take_header(weft_core *lane, int peer) {
   tag &= 0xFFFFFF;
   if (magic != HEADER_MAGIC || dtype >= WEFT_DTYPE_COUNT || bytes > SIZE_MAX / 2 ||
       bytes % weft_dtype_size((weft_dtype)dtype))
-    return lane_fail(lane, WEFT_ERR_PROTOCOL, "weft_recv",
+    return lane_fail(comm, WEFT_ERR_PROTOCOL, "weft_recv",
                      "peer %d sent a malformed message header (message #%u)", peer, pp->recvd_msgs);
   pp->in_busy = true;
   pp->in_tag = (int)tag;
@@ -327,7 +351,7 @@ static weft_status take_header(weft_core *lane, int peer) {
   for (; *at; prev = *at, at = &(*at)->next) {
     if ((*at)->p2p.tag != pp->in_tag) continue;
     weft_request *r = *at;
-    WEFT_CHECK(check_match(lane, r, peer, pp->in_tag, pp->in_dtype, pp->in_bytes));
+    WEFT_CHECK(check_match(comm, r, peer, pp->in_tag, pp->in_dtype, pp->in_bytes));
     *at = r->next;
     if (pp->recvs_tail == r) pp->recvs_tail = prev;
     pp->in_req = r;
@@ -335,7 +359,7 @@ static weft_status take_header(weft_core *lane, int peer) {
   }
   weft_p2p_unexpected *u = malloc(sizeof *u + pp->in_bytes);
   if (!u)
-    return lane_fail(lane, WEFT_ERR_NOMEM, "weft_recv",
+    return lane_fail(comm, WEFT_ERR_NOMEM, "weft_recv",
                      "no memory to keep an unexpected message of %zu bytes from peer %d (tag %d)",
                      pp->in_bytes, peer, pp->in_tag);
   *u = (weft_p2p_unexpected){.tag = pp->in_tag, .dtype = pp->in_dtype, .bytes = pp->in_bytes};
@@ -350,25 +374,25 @@ static weft_status take_header(weft_core *lane, int peer) {
 
 /* Receives from `peer` while a receive from it is posted (or a message is
  * half in). */
-static weft_status pull_recvs(weft_core *lane, int peer) {
-  p2p_peer *pp = &lane->engine->lane->peers[peer];
+static weft_status pull_recvs(weft_core *comm, int peer) {
+  p2p_peer *pp = &comm->engine->lane->peers[peer];
   while (pp->in_busy || pp->recvs) {
-    if (!pp->in_busy) WEFT_STATUS_PASS(take_header(lane, peer));
+    if (!pp->in_busy) WEFT_STATUS_PASS(take_header(comm, peer));
     unsigned char *dst = pp->in_req ? pp->in_req->p2p.recv_buf : pp->in_ux->data;
     const weft_mem_ops *mem = pp->in_req ? weft_mem_for(dst) : &weft_mem_host;
     while (pp->in_moved < pp->in_bytes) {
       size_t left = pp->in_bytes - pp->in_moved;
-      size_t n = left < lane->chunk_bytes ? left : lane->chunk_bytes;
-      WEFT_STATUS_PASS(lane_recv_into(lane, peer, pp->recvd_msgs, n, dst + pp->in_moved, mem));
+      size_t n = left < comm->chunk_bytes ? left : comm->chunk_bytes;
+      WEFT_STATUS_PASS(lane_recv_into(comm, peer, pp->recvd_msgs, n, dst + pp->in_moved, mem));
       pp->in_moved += n;
     }
     pp->in_busy = false;
     pp->recvd_msgs++;
     if (pp->in_req) {
-      complete(lane, pp->in_req, WEFT_OK);
+      complete(comm, pp->in_req, WEFT_OK);
     } else {
       pp->in_ux->complete = true;
-      if (pp->in_ux->taker) WEFT_CHECK(ux_deliver(lane, pp, pp->in_ux, pp->in_ux->taker));
+      if (pp->in_ux->taker) WEFT_CHECK(ux_deliver(comm, pp, pp->in_ux, pp->in_ux->taker));
     }
     pp->in_req = NULL;
     pp->in_ux = NULL;
@@ -376,16 +400,26 @@ static weft_status pull_recvs(weft_core *lane, int peer) {
   return WEFT_OK;
 }
 
-weft_status weft_p2p_pass(weft_core *lane) {
-  weft_p2p_lane *l = lane->engine->lane;
-  WEFT_CHECK(take_posted(lane));
+/* Completes everything outstanding with the lane's failure. */
+static void lane_failed(weft_core *comm, weft_status st) {
+  weft_p2p_lane *l = comm->engine->lane;
+  /* a transport's error on a channel-1 connection: worded by the transport */
+  if (!l->failed)
+    lane_fail(comm, st, "weft_send/weft_recv", "%s",
+              comm->links.sink.origin[0] ? comm->links.sink.origin : comm->links.sink.msg);
+  weft_p2p_fail_all(comm, l->failed);
+}
+
+static weft_status lane_pass(weft_core *comm) {
+  weft_p2p_lane *l = comm->engine->lane;
+  WEFT_CHECK(take_posted(comm));
   if (atomic_load(&l->outstanding) == 0) return WEFT_OK;
   l->waiting_peer = -1;
-  for (int p = 0; p < lane->size; p++) {
-    if (p == lane->rank) continue;
+  for (int p = 0; p < comm->size; p++) {
+    if (p == comm->rank) continue;
     p2p_peer *pp = &l->peers[p];
     if (pp->sends) {
-      weft_status st = push_sends(lane, p);
+      weft_status st = push_sends(comm, p);
       if (st < 0) return st;
       if (st == WEFT_AGAIN && l->waiting_peer < 0) {
         l->waiting_peer = p;
@@ -393,7 +427,7 @@ weft_status weft_p2p_pass(weft_core *lane) {
       }
     }
     if (pp->in_busy || pp->recvs) {
-      weft_status st = pull_recvs(lane, p);
+      weft_status st = pull_recvs(comm, p);
       if (st < 0) return st;
       if (st == WEFT_AGAIN && l->waiting_peer < 0) {
         l->waiting_peer = p;
@@ -404,49 +438,78 @@ weft_status weft_p2p_pass(weft_core *lane) {
   return WEFT_OK;
 }
 
-bool weft_p2p_busy(weft_core *lane) {
-  return lane->engine->lane->posted || atomic_load(&lane->engine->lane->outstanding) > 0;
+void weft_p2p_pass(weft_core *comm) {
+  weft_p2p_lane *l = comm->engine->lane;
+  if (l->failed) { /* what was posted since fails at once */
+    if (l->posted) weft_p2p_fail_all(comm, l->failed);
+    return;
+  }
+  weft_status st = lane_pass(comm);
+  if (st < 0) lane_failed(comm, st);
 }
 
-int weft_p2p_waiting_peer(weft_core *lane, const char **what) {
-  if (what) *what = lane->engine->lane->waiting_for;
-  return lane->engine->lane->waiting_peer;
+double weft_p2p_clock(weft_core *comm, double now) {
+  weft_p2p_lane *l = comm->engine->lane;
+  if (atomic_exchange(&l->restart, false) || l->events != l->events_seen) {
+    l->events_seen = l->events;
+    l->last_moved = now;
+  }
+  if (!weft_p2p_busy(comm)) return 1e9;
+  double left = comm->fail.timeout_s - (now - l->last_moved);
+  if (left > 0) return left;
+  int peer = l->waiting_peer;
+  lane_fail(comm, WEFT_ERR_TIMEOUT, "weft_send/weft_recv",
+            "no progress for %.1f s while waiting for %s peer %d; is peer %d alive and does it "
+            "send/receive the matching message?",
+            comm->fail.timeout_s, l->waiting_for ? l->waiting_for : "", peer, peer);
+  weft_p2p_fail_all(comm, WEFT_ERR_TIMEOUT);
+  return 1e9;
 }
 
-static void fail_list(weft_core *lane, weft_request *r, weft_status st) {
+bool weft_p2p_busy(weft_core *comm) {
+  return comm->engine->lane->posted || atomic_load(&comm->engine->lane->outstanding) > 0;
+}
+
+int weft_p2p_waiting_peer(weft_core *comm, const char **what) {
+  if (what) *what = comm->engine->lane->waiting_for;
+  return comm->engine->lane->waiting_peer;
+}
+
+static void fail_list(weft_core *comm, weft_request *r, weft_status st) {
   while (r) {
     weft_request *next = r->next;
-    complete(lane, r, st);
+    complete(comm, r, st);
     r = next;
   }
 }
 
-void weft_p2p_fail_all(weft_core *lane, weft_status st) {
-  weft_p2p_lane *l = lane->engine->lane;
-  pthread_mutex_lock(&lane->engine->q_lock);
+void weft_p2p_fail_all(weft_core *comm, weft_status st) {
+  weft_p2p_lane *l = comm->engine->lane;
+  pthread_mutex_lock(&comm->engine->q_lock);
   weft_request *posted = l->posted;
   l->posted = l->posted_tail = NULL;
-  pthread_mutex_unlock(&lane->engine->q_lock);
-  fail_list(lane, posted, st);
-  for (int p = 0; p < lane->size; p++) {
+  pthread_mutex_unlock(&comm->engine->q_lock);
+  fail_list(comm, posted, st);
+  for (int p = 0; p < comm->size; p++) {
     p2p_peer *pp = &l->peers[p];
-    fail_list(lane, pp->sends, st);
-    fail_list(lane, pp->recvs, st);
-    if (pp->in_req) complete(lane, pp->in_req, st);
+    fail_list(comm, pp->sends, st);
+    fail_list(comm, pp->recvs, st);
+    if (pp->in_req) complete(comm, pp->in_req, st);
     for (weft_p2p_unexpected *u = pp->ux; u; u = u->next)
-      if (u->taker) complete(lane, u->taker, st);
+      if (u->taker) complete(comm, u->taker, st);
     ux_free_list(pp->ux);
+    /* the message numbers stay: a failed lane takes no more messages, and
+     * a communicator that failed none either */
+    uint32_t sent = pp->sent_msgs, recvd = pp->recvd_msgs;
     memset(pp, 0, sizeof *pp);
+    pp->sent_msgs = sent;
+    pp->recvd_msgs = recvd;
   }
-  /* the user reads weft_last_error on the communicator it called */
-  if (lane->engine->owner)
-    memcpy(lane->engine->owner->fail.last_error, lane->fail.last_error,
-           sizeof lane->fail.last_error);
 }
 
 void weft_p2p_post(weft_request *req) {
   weft_p2p_lane *l = req->comm->engine->lane;
-  atomic_fetch_add(&l->outstanding, 1);
+  if (atomic_fetch_add(&l->outstanding, 1) == 0) atomic_store(&l->restart, true);
   req->next = NULL;
   if (l->posted_tail)
     l->posted_tail->next = req;
@@ -457,14 +520,16 @@ void weft_p2p_post(weft_request *req) {
 
 /* ---- a new message ------------------------------------------------------------ */
 
-weft_status weft_p2p_setup(weft_request *r, weft_core *comm, weft_core *lane, const char *call,
-                           bool is_send, const void *buf, size_t count, weft_dtype dtype, int peer,
-                           int tag) {
+weft_status weft_p2p_setup(weft_request *r, weft_core *comm, const char *call, bool is_send,
+                           const void *buf, size_t count, weft_dtype dtype, int peer, int tag) {
   if (atomic_load(&comm->fail.aborted))
     return weft_core_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
-  if (lane && lane->fail.failed) {
-    memcpy(comm->fail.last_error, lane->fail.last_error, sizeof comm->fail.last_error);
-    return lane->fail.failed;
+  /* its connections were aborted with it: the first cause is in last_error */
+  if (comm->fail.failed) return comm->fail.failed;
+  weft_p2p_lane *l = comm->engine->lane;
+  if (l && l->failed) {
+    memcpy(comm->fail.last_error, l->last_error, sizeof comm->fail.last_error);
+    return l->failed;
   }
   if (peer < 0 || peer >= comm->size)
     return weft_core_error(comm, WEFT_ERR_INVALID, call, "peer %d is out of range (size %d)", peer,
@@ -478,9 +543,8 @@ weft_status weft_p2p_setup(weft_request *r, weft_core *comm, weft_core *lane, co
     return weft_core_error(comm, WEFT_ERR_INVALID, call, "count %zu is too large", count);
   if (count && !buf)
     return weft_core_error(comm, WEFT_ERR_INVALID, call, "buf is NULL but count is %zu", count);
-  if (!lane)
-    return weft_core_error(comm, WEFT_ERR_INTERNAL, call, "this communicator has no p2p lane");
-  *r = (weft_request){.comm = lane, .kind = is_send ? WEFT_REQ_SEND : WEFT_REQ_RECV};
+  if (!l) return weft_core_error(comm, WEFT_ERR_INTERNAL, call, "this communicator has no p2p lane");
+  *r = (weft_request){.comm = comm, .kind = is_send ? WEFT_REQ_SEND : WEFT_REQ_RECV};
   weft_p2p_op *o = &r->p2p;
   *o = (weft_p2p_op){.call = call,
                      .peer = peer,

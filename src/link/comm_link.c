@@ -1,5 +1,5 @@
 /* comm_link.c - a communicator's links (comm_link.h): rank -> transport
- * connection of the peer table (opened on first use, put on the list of
+ * connection of the peer table on the collectives' channel (opened on first use, put on the list of
  * peers the call touched), progress counted for the engine's timeout, what
  * the call waits for recorded in the call's fields. */
 #include "src/link/comm_link.h"
@@ -27,15 +27,15 @@ static weft_status link_result(weft_comm_link *cl, int peer, weft_status st,
 static weft_status link_conn(weft_comm_link *cl, int peer, weft_tp_conn **out) {
   weft_links *l = cl->links;
   weft_link_peer *p = &l->peers[peer];
-  if (!p->conn) {
-    weft_status st = weft_links_conn(l, peer, out);
+  if (!p->conn[WEFT_TP_CHANNEL_COLL]) {
+    weft_status st = weft_links_conn(l, peer, WEFT_TP_CHANNEL_COLL, out);
     if (st < 0) return link_result(cl, peer, st, "a connection to");
   }
   if (!p->is_active) {
     p->is_active = true;
     l->active[l->nactive++] = peer;
   }
-  *out = p->conn;
+  *out = p->conn[WEFT_TP_CHANNEL_COLL];
   return WEFT_OK;
 }
 

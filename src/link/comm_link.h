@@ -29,8 +29,10 @@ typedef struct weft_link_transport {
 
 /* How one peer is reached. */
 typedef struct weft_link_peer {
-  int tp;             /* index into tps; -1 for this rank */
-  weft_tp_conn *conn; /* NULL until first used */
+  int tp; /* index into tps; -1 for this rank */
+  /* per channel (transport.h): WEFT_TP_CHANNEL_COLL for the collectives,
+   * WEFT_TP_CHANNEL_P2P for point-to-point messages; NULL until first used */
+  weft_tp_conn *conn[WEFT_TP_CHANNELS];
   const void *addr;   /* what the peer published for that transport: its
                          connect address (the communicator's memory) */
   size_t addr_len;
@@ -39,7 +41,7 @@ typedef struct weft_link_peer {
 } weft_link_peer;
 
 /* The peer table: the transports in use, which one reaches each peer and
- * its connection, the peers the current call touched, progress, and the
+ * its connections (one per channel: collectives, messages), the peers the current call touched, progress, and the
  * sink the transports write their sentences to. */
 typedef struct weft_links {
   weft_link_transport tps[WEFT_MAX_TRANSPORTS]; /* in selection order */
@@ -52,17 +54,19 @@ typedef struct weft_links {
   weft_error_sink sink; /* transport error sentences land here */
 } weft_links;
 
-/* The connection to `peer` (its transport's connect on first use, at the
- * address the peer published). An error has its sentence in the sink. */
-static inline weft_status weft_links_conn(weft_links *l, int peer, weft_tp_conn **out) {
+/* The connection to `peer` on `channel` (its transport's connect on first
+ * use, at the address the peer published: one address for every channel).
+ * An error has its sentence in the sink. */
+static inline weft_status weft_links_conn(weft_links *l, int peer, int channel,
+                                          weft_tp_conn **out) {
   weft_link_peer *p = &l->peers[peer];
-  if (!p->conn) {
+  if (!p->conn[channel]) {
     const weft_link_transport *t = &l->tps[p->tp];
     weft_status st =
-        t->ops->connect(t->ctx, peer, WEFT_TP_CHANNEL_COLL, p->addr, p->addr_len, &p->conn);
+        t->ops->connect(t->ctx, peer, channel, p->addr, p->addr_len, &p->conn[channel]);
     if (st < 0) return st;
   }
-  *out = p->conn;
+  *out = p->conn[channel];
   return WEFT_OK;
 }
 

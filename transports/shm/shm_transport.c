@@ -104,11 +104,12 @@ static bool shm_can_reach(weft_tp_ctx *tctx, int peer, const void *peer_addr, si
   }
   if (!weft_select_shm_reaches(&ctx->self.place, &pa->place, why, why_len)) return false;
   /* Room for every pair of ranks on this host, judged from what both ranks
-   * published, so both ends of a pair decide alike. Counted for channel 0
-   * only: a second channel's segments are made when it is first used
-   * (p2p), and a full /dev/shm then fails that connect with a sentence. */
+   * published, so both ends of a pair decide alike. Counted for every
+   * channel: a pair's second segment (p2p) is made when a message first
+   * goes between them, and the room for it must be there then too. */
   uint64_t pairs = (uint64_t)ctx->args->local_size * (uint64_t)(ctx->args->local_size - 1) / 2;
-  uint64_t need = pairs * shm_segment_bytes(ctx->nslots, ctx->args->chunk_bytes);
+  uint64_t need =
+      pairs * WEFT_TP_CHANNELS * shm_segment_bytes(ctx->nslots, ctx->args->chunk_bytes);
   uint64_t have = ctx->self.shm_free < pa->shm_free ? ctx->self.shm_free : pa->shm_free;
   if (have < need + need / 16) {
     snprintf(why, why_len,
@@ -117,7 +118,7 @@ static bool shm_can_reach(weft_tp_ctx *tctx, int peer, const void *peer_addr, si
              "WEFT_CHUNK_BYTES)",
              (unsigned long long)(have >> 20), (unsigned long long)ctx->args->local_size,
              (unsigned long long)(need >> 20));
-    /* once per process: every communicator (and its p2p lane) decides alike */
+    /* once per process: every communicator decides alike */
     static atomic_bool warned;
     if (!atomic_exchange(&warned, true)) WEFT_WARN(WEFT_SUBSYS_INIT, "shm: %s", why);
     return false;
