@@ -12,9 +12,15 @@
  *    outstanding at the same time;
  *  - a send/recv size mismatch fails on both ends; destroy completes what is
  *    outstanding with WEFT_ERR_ABORTED;
+ *  - messages ride the communicator's own transport contexts (channel 1 of
+ *    its connections), not a second hidden set: over tcp the process holds
+ *    one listening socket, over shm a pair has exactly its two segments,
+ *    one per channel, under one communicator id, and one progress thread
+ *    serves collectives and messages;
  *  - allreduces issued in different rhythms on different ranks (one at a
  *    time, or all at once) still choose alike call by call, and small ones
  *    stay with the one-round exchange over shm only. */
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -473,6 +479,148 @@ static int staggered_rank(int rank, int n, const weft_unique_id *id, void *arg) 
   return bad != 0;
 }
 
+/* ---- one set of transport contexts ----------------------------------------------- */
+
+/* Listening TCP sockets this process holds: the inodes of its socket fds
+ * (/proc/self/fd) that /proc/net/tcp{,6} lists in state 0A (LISTEN). */
+static int listening_sockets(void) {
+  unsigned long inodes[256];
+  int ninodes = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d)) && ninodes < 256;) {
+    char path[300], link[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n <= 0) continue;
+    link[n] = 0;
+    unsigned long ino;
+    if (sscanf(link, "socket:[%lu]", &ino) == 1) inodes[ninodes++] = ino;
+  }
+  closedir(d);
+  int count = 0;
+  static const char *const tables[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+  for (int t = 0; t < 2; t++) {
+    FILE *f = fopen(tables[t], "r");
+    if (!f) continue;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+      unsigned st;
+      unsigned long ino;
+      /* sl local rem st tx:rx tr:when retrnsmt uid timeout inode */
+      if (sscanf(line, " %*s %*s %*s %x %*s %*s %*s %*s %*s %lu", &st, &ino) != 2 || st != 0x0A)
+        continue;
+      for (int i = 0; i < ninodes; i++) count += inodes[i] == ino;
+    }
+    fclose(f);
+  }
+  return count;
+}
+
+/* The weft shared-memory segments this process maps (/proc/self/maps; the
+ * names are unlinked once both ends mapped them, the mapping keeps them):
+ * "/dev/shm/weft-ID-LO-HI-CHANNEL", distinct, at most `max`. */
+static int shm_segments(char names[][96], int max) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  int n = 0;
+  char line[768];
+  while (fgets(line, sizeof line, f)) {
+    char *at = strstr(line, "/dev/shm/weft-");
+    if (!at) continue;
+    at += strlen("/dev/shm/");
+    size_t len = strcspn(at, " \n");
+    if (len >= 96) continue;
+    bool seen = false;
+    for (int i = 0; i < n && !seen; i++) seen = !strncmp(names[i], at, len) && !names[i][len];
+    if (seen || n == max) continue;
+    memcpy(names[n], at, len);
+    names[n++][len] = 0;
+  }
+  fclose(f);
+  return n;
+}
+
+static int threads_here(void) {
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* Two ranks exchange messages (blocking and not) and run collectives
+ * beside them; then everything weft started for the communicator is
+ * counted. A second, hidden communicator for the messages would show as a
+ * second listener, a second id on the pair's segments, a second progress
+ * thread. */
+static int one_context_rank(int rank, int n, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  /* what this forked rank inherited (an earlier case's rendezvous server in
+   * the parent, say) is not the communicator's */
+  int listeners0 = listening_sockets(), threads0 = threads_here();
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  int bad = 0, peer = 1 - rank;
+  int32_t out[4] = {rank, 1, 2, 3}, in[4] = {-1, -1, -1, -1}, v = 1, sum = 0;
+  weft_request *rq[3] = {NULL, NULL, NULL};
+  weft_status st = weft_irecv(comm, in, 4, WEFT_I32, peer, 5, &rq[0]);
+  if (!st) st = weft_isend(comm, out, 4, WEFT_I32, peer, 5, &rq[1]);
+  if (!st) st = weft_iallreduce(comm, &v, &sum, 1, WEFT_I32, WEFT_SUM, &rq[2]);
+  if (!st) st = weft_wait_all(rq, 3);
+  if (!st) st = rank == 0 ? weft_send(comm, out, 4, WEFT_I32, peer, 6)
+                          : weft_recv(comm, in, 4, WEFT_I32, peer, 6);
+  if (st) bad += report(comm, rank, "messages beside a collective", st);
+  if (!bad && (in[0] != peer || in[3] != 3 || sum != n)) {
+    fprintf(stderr, "rank %d: got %d %d, sum %d\n", rank, in[0], in[3], sum);
+    bad++;
+  }
+  const char *tp = getenv("WEFT_TRANSPORT");
+  tp = tp ? tp : "";
+  int listeners = listening_sockets() - listeners0;
+  /* tcp: its one listener; shm: none; verbs: its one side listener */
+  int want = !strcmp(tp, "shm") ? 0 : 1;
+  if (listeners != want) {
+    fprintf(stderr, "rank %d over %s: %d listening sockets, expected %d (one per context)\n",
+            rank, tp, listeners, want);
+    bad++;
+  }
+  char names[8][96];
+  int nseg = shm_segments(names, 8);
+  if (!strcmp(tp, "shm")) {
+    /* weft-ID-0-1-CHANNEL: the collectives' and the messages' segments of
+     * the pair, under one id */
+    unsigned long long ids[2] = {0, 0};
+    int chans = 0;
+    for (int i = 0; i < nseg; i++) {
+      unsigned long long cid;
+      int lo, hi, ch;
+      if (sscanf(names[i], "weft-%llx-%d-%d-%d", &cid, &lo, &hi, &ch) == 4 && lo == 0 && hi == 1 &&
+          ch >= 0 && ch < 2) {
+        ids[ch] = cid;
+        chans |= 1 << ch;
+      }
+    }
+    if (nseg != 2 || chans != 3 || ids[0] != ids[1]) {
+      fprintf(stderr, "rank %d over shm: %d segments mapped, expected the pair's two channels "
+              "under one id:", rank, nseg);
+      for (int i = 0; i < nseg; i++) fprintf(stderr, " %s", names[i]);
+      fprintf(stderr, "\n");
+      bad++;
+    }
+  }
+  /* the communicator's one progress thread */
+  int threads = threads_here() - threads0;
+  if (threads != 1) {
+    fprintf(stderr, "rank %d over %s: %d new threads, expected 1 (one progress thread)\n", rank,
+            tp, threads);
+    bad++;
+  }
+  weft_comm_destroy(comm);
+  return bad != 0;
+}
+
 /* ---- errors ---------------------------------------------------------------------- */
 
 static int errors_rank(int rank, int n, const weft_unique_id *id, void *arg) {
@@ -545,6 +693,7 @@ RANKS_TEST(split7, split_rank, 7)
 RANKS_TEST(errors3, errors_rank, 3)
 RANKS_TEST(staggered3, staggered_rank, 3)
 RANKS_TEST(staggered4, staggered_rank, 4)
+RANKS_TEST(one_context2, one_context_rank, 2)
 
 int main(void) {
   const char *seed = getenv("WEFT_TEST_SEED");
@@ -557,6 +706,7 @@ int main(void) {
       cmocka_unit_test(p2p4),         cmocka_unit_test(split4),
       cmocka_unit_test(split7),       cmocka_unit_test(errors3),
       cmocka_unit_test(staggered3),   cmocka_unit_test(staggered4),
+      cmocka_unit_test(one_context2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
