@@ -17,6 +17,8 @@
  *    one listening socket, over shm a pair has exactly its two segments,
  *    one per channel, under one communicator id, and one progress thread
  *    serves collectives and messages;
+ *  - a receive whose message never comes fails alone at the timeout, while
+ *    collectives keep moving beside it and go on after it;
  *  - allreduces issued in different rhythms on different ranks (one at a
  *    time, or all at once) still choose alike call by call, and small ones
  *    stay with the one-round exchange over shm only. */
@@ -621,6 +623,54 @@ static int one_context_rank(int rank, int n, const weft_unique_id *id, void *arg
   return bad != 0;
 }
 
+/* ---- the lane's own timeout ---------------------------------------------------------- */
+
+/* WEFT_TIMEOUT=2. Rank 0 posts a receive that rank 1 never sends, then
+ * both run allreduces for 3.5 s: the receive must fail with
+ * WEFT_ERR_TIMEOUT by then (collectives that move do not keep it alive),
+ * the allreduces must all succeed (its failure is not theirs), a later
+ * message fails at once with the same cause, and collectives go on. */
+#define LANE_TIMEOUT_CALLS 35
+static int lane_timeout_rank(int rank, int n, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  int bad = 0;
+  int32_t got = -1, v = 1, sum = 0;
+  weft_request *rq = NULL;
+  if (rank == 0 && weft_irecv(comm, &got, 1, WEFT_I32, 1, 42, &rq)) bad++;
+  for (int i = 0; i < LANE_TIMEOUT_CALLS && !bad; i++) {
+    weft_status st = weft_allreduce(comm, &v, &sum, 1, WEFT_I32, WEFT_SUM);
+    if (st || sum != n) bad += report(comm, rank, "allreduce beside a stuck receive", st);
+    usleep(100000);
+  }
+  if (rank == 0 && !bad) {
+    int done = 0;
+    weft_status st = weft_test(&rq, &done);
+    if (!done || st != WEFT_ERR_TIMEOUT || !strstr(weft_last_error(comm), "peer 1")) {
+      fprintf(stderr, "rank 0: a receive that never matched, after 3.5 s: done %d, %s: %s\n", done,
+              weft_status_name(st), weft_last_error(comm));
+      bad++;
+    }
+    if ((st = weft_send(comm, &v, 1, WEFT_I32, 1, 43)) != WEFT_ERR_TIMEOUT) {
+      fprintf(stderr, "rank 0: a send after the lane failed: %s\n", weft_status_name(st));
+      bad++;
+    }
+  }
+  weft_status st = weft_allreduce(comm, &v, &sum, 1, WEFT_I32, WEFT_SUM);
+  if (st || sum != n) bad += report(comm, rank, "allreduce after the receive failed", st);
+  if (rq) weft_wait(&rq);
+  weft_comm_destroy(comm);
+  return bad != 0;
+}
+
+static void lane_timeout2(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=2", NULL};
+  harness_init();
+  assert_int_equal(harness_run(2, env, 60, lane_timeout_rank, NULL), 0);
+}
+
 /* ---- errors ---------------------------------------------------------------------- */
 
 static int errors_rank(int rank, int n, const weft_unique_id *id, void *arg) {
@@ -706,7 +756,7 @@ int main(void) {
       cmocka_unit_test(p2p4),         cmocka_unit_test(split4),
       cmocka_unit_test(split7),       cmocka_unit_test(errors3),
       cmocka_unit_test(staggered3),   cmocka_unit_test(staggered4),
-      cmocka_unit_test(one_context2),
+      cmocka_unit_test(one_context2), cmocka_unit_test(lane_timeout2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
