@@ -2,7 +2,8 @@
  * blocking ones included, is a request: collectives wait in one queue per
  * communicator and run one at a time in issue order (the order that matches
  * them across ranks); point-to-point messages run beside them on their own
- * lane (p2p.h). Whoever holds the communicator's call lock drives: a caller
+ * lane (p2p.h: a channel of the same connections), driven by the same
+ * driver. Whoever holds the communicator's call lock drives: a caller
  * blocked in weft_wait or a blocking call, or else the communicator's
  * progress thread, which steps aside as soon as a caller wants to drive, so
  * a blocking call never hands its data off to another thread. */
@@ -20,7 +21,7 @@
 typedef enum weft_req_kind { WEFT_REQ_COLL, WEFT_REQ_SEND, WEFT_REQ_RECV } weft_req_kind;
 
 struct weft_request {
-  weft_core *comm; /* the communicator's core (a lane's, for send/recv) */
+  weft_core *comm; /* the communicator's core (send/recv too: its lane is a channel) */
   weft_req_kind kind;
   bool on_heap;      /* made by a weft_iNAME call: freed by wait/test; else it
                         lives on a blocking caller's stack */

@@ -454,7 +454,9 @@ double weft_p2p_clock(weft_core *comm, double now) {
     l->events_seen = l->events;
     l->last_moved = now;
   }
-  if (!weft_p2p_busy(comm)) return 1e9;
+  /* outstanding counts what is posted too, and is atomic: a poster on
+   * another thread may be adding to it */
+  if (atomic_load(&l->outstanding) == 0) return 1e9;
   double left = comm->fail.timeout_s - (now - l->last_moved);
   if (left > 0) return left;
   int peer = l->waiting_peer;
