@@ -441,7 +441,7 @@ static weft_status lane_pass(weft_core *comm) {
 void weft_p2p_pass(weft_core *comm) {
   weft_p2p_lane *l = comm->engine->lane;
   if (l->failed) { /* what was posted since fails at once */
-    if (l->posted) weft_p2p_fail_all(comm, l->failed);
+    if (atomic_load(&l->outstanding) > 0) weft_p2p_fail_all(comm, l->failed);
     return;
   }
   weft_status st = lane_pass(comm);
@@ -460,10 +460,15 @@ double weft_p2p_clock(weft_core *comm, double now) {
   double left = comm->fail.timeout_s - (now - l->last_moved);
   if (left > 0) return left;
   int peer = l->waiting_peer;
-  lane_fail(comm, WEFT_ERR_TIMEOUT, "weft_send/weft_recv",
-            "no progress for %.1f s while waiting for %s peer %d; is peer %d alive and does it "
-            "send/receive the matching message?",
-            comm->fail.timeout_s, l->waiting_for ? l->waiting_for : "", peer, peer);
+  if (peer < 0) /* only receives from this rank itself */
+    lane_fail(comm, WEFT_ERR_TIMEOUT, "weft_send/weft_recv",
+              "no progress for %.1f s: a receive from this rank itself found no matching send",
+              comm->fail.timeout_s);
+  else
+    lane_fail(comm, WEFT_ERR_TIMEOUT, "weft_send/weft_recv",
+              "no progress for %.1f s while waiting for %s peer %d; is peer %d alive and does it "
+              "send/receive the matching message?",
+              comm->fail.timeout_s, l->waiting_for ? l->waiting_for : "", peer, peer);
   weft_p2p_fail_all(comm, WEFT_ERR_TIMEOUT);
   return 1e9;
 }
