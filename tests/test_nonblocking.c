@@ -18,7 +18,8 @@
  *    one per channel, under one communicator id, and one progress thread
  *    serves collectives and messages;
  *  - a receive whose message never comes fails alone at the timeout, while
- *    collectives keep moving beside it and go on after it;
+ *    collectives keep moving beside it and go on after it; a collective
+ *    issued beside such a receive times out from its own issue;
  *  - allreduces issued in different rhythms on different ranks (one at a
  *    time, or all at once) still choose alike call by call, and small ones
  *    stay with the one-round exchange over shm only. */
@@ -664,6 +665,37 @@ static int lane_timeout_rank(int rank, int n, const weft_unique_id *id, void *ar
   return bad != 0;
 }
 
+/* WEFT_TIMEOUT=2. Rank 0 posts a receive that never matches, then after
+ * 1.5 s joins a broadcast that rank 1 roots only at 2.5 s: the broadcast
+ * has waited 1 s of its own and must succeed (its timeout counts from its
+ * issue, not from when the waiting receive last moved), while the receive
+ * fails at 2 s. */
+static int coll_beside_waiting_rank(int rank, int n, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  int bad = 0;
+  int32_t got = -1, token = rank == 1 ? 4242 : -1;
+  weft_request *rq = NULL;
+  if (rank == 0 && weft_irecv(comm, &got, 1, WEFT_I32, 1, 42, &rq)) bad++;
+  usleep(rank == 0 ? 1500000 : 2500000);
+  weft_status st = weft_broadcast(comm, &token, &token, 1, WEFT_I32, 1);
+  if (st || token != 4242) bad += report(comm, rank, "broadcast beside a waiting receive", st);
+  if (rank == 0 && (st = weft_wait(&rq)) != WEFT_ERR_TIMEOUT) {
+    fprintf(stderr, "rank 0: the receive that never matched: %s\n", weft_status_name(st));
+    bad++;
+  }
+  weft_comm_destroy(comm);
+  return bad != 0;
+}
+
+static void coll_beside_waiting2(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=2", NULL};
+  harness_init();
+  assert_int_equal(harness_run(2, env, 60, coll_beside_waiting_rank, NULL), 0);
+}
+
 static void lane_timeout2(void **state) {
   (void)state;
   static const char *const env[] = {"WEFT_TIMEOUT=2", NULL};
@@ -757,6 +789,7 @@ int main(void) {
       cmocka_unit_test(split7),       cmocka_unit_test(errors3),
       cmocka_unit_test(staggered3),   cmocka_unit_test(staggered4),
       cmocka_unit_test(one_context2), cmocka_unit_test(lane_timeout2),
+      cmocka_unit_test(coll_beside_waiting2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

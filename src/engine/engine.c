@@ -281,6 +281,9 @@ static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
       if (stamp) e->last_moved = now;
       stamp = false;
     }
+    if (atomic_load_explicit(&e->coll_restart, memory_order_relaxed) &&
+        atomic_exchange_explicit(&e->coll_restart, false, memory_order_relaxed))
+      e->last_moved = now = engine_recent(e, 1);
     idle_rounds++;
     double idle = now - e->last_moved;
     /* the lane's timeout is its own; the communicator's counts while a
@@ -383,6 +386,11 @@ static void submit(weft_request *req, bool wake, bool driving) {
     }
     if (idle) e->last_moved = now; /* the timeout counts from here */
   }
+  /* the first collective queued beside messages that wait: its timeout
+   * counts from the driver's next reading, not from when they last moved
+   * (a driver may be running: it restarts its own clock) */
+  if (!idle && req->kind == WEFT_REQ_COLL && !atomic_load_explicit(&e->q_head, memory_order_relaxed))
+    atomic_store_explicit(&e->coll_restart, true, memory_order_relaxed);
   if (req->kind == WEFT_REQ_COLL) {
     if (e->q_tail)
       e->q_tail->next = req;
