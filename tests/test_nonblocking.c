@@ -572,8 +572,9 @@ static int one_context_rank(int rank, int n, const weft_unique_id *id, void *arg
   if (!st) st = weft_isend(comm, out, 4, WEFT_I32, peer, 5, &rq[1]);
   if (!st) st = weft_iallreduce(comm, &v, &sum, 1, WEFT_I32, WEFT_SUM, &rq[2]);
   if (!st) st = weft_wait_all(rq, 3);
-  if (!st) st = rank == 0 ? weft_send(comm, out, 4, WEFT_I32, peer, 6)
-                          : weft_recv(comm, in, 4, WEFT_I32, peer, 6);
+  if (!st)
+    st = rank == 0 ? weft_send(comm, out, 4, WEFT_I32, peer, 6)
+                   : weft_recv(comm, in, 4, WEFT_I32, peer, 6);
   if (st) bad += report(comm, rank, "messages beside a collective", st);
   if (!bad && (in[0] != peer || in[3] != 3 || sum != n)) {
     fprintf(stderr, "rank %d: got %d %d, sum %d\n", rank, in[0], in[3], sum);
@@ -585,8 +586,8 @@ static int one_context_rank(int rank, int n, const weft_unique_id *id, void *arg
   /* tcp: its one listener; shm: none; verbs: its one side listener */
   int want = !strcmp(tp, "shm") ? 0 : 1;
   if (listeners != want) {
-    fprintf(stderr, "rank %d over %s: %d listening sockets, expected %d (one per context)\n",
-            rank, tp, listeners, want);
+    fprintf(stderr, "rank %d over %s: %d listening sockets, expected %d (one per context)\n", rank,
+            tp, listeners, want);
     bad++;
   }
   char names[8][96];
@@ -606,8 +607,10 @@ static int one_context_rank(int rank, int n, const weft_unique_id *id, void *arg
       }
     }
     if (nseg != 2 || chans != 3 || ids[0] != ids[1]) {
-      fprintf(stderr, "rank %d over shm: %d segments mapped, expected the pair's two channels "
-              "under one id:", rank, nseg);
+      fprintf(stderr,
+              "rank %d over shm: %d segments mapped, expected the pair's two channels "
+              "under one id:",
+              rank, nseg);
       for (int i = 0; i < nseg; i++) fprintf(stderr, " %s", names[i]);
       fprintf(stderr, "\n");
       bad++;
@@ -616,8 +619,8 @@ static int one_context_rank(int rank, int n, const weft_unique_id *id, void *arg
   /* the communicator's one progress thread */
   int threads = threads_here() - threads0;
   if (threads != 1) {
-    fprintf(stderr, "rank %d over %s: %d new threads, expected 1 (one progress thread)\n", rank,
-            tp, threads);
+    fprintf(stderr, "rank %d over %s: %d new threads, expected 1 (one progress thread)\n", rank, tp,
+            threads);
     bad++;
   }
   weft_comm_destroy(comm);
@@ -782,13 +785,20 @@ int main(void) {
   base_seed = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
   printf("# seed %llu (WEFT_TEST_SEED reproduces)\n", (unsigned long long)base_seed);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(outstanding1), cmocka_unit_test(outstanding2),
-      cmocka_unit_test(outstanding3), cmocka_unit_test(outstanding5),
-      cmocka_unit_test(p2p1),         cmocka_unit_test(p2p2),
-      cmocka_unit_test(p2p4),         cmocka_unit_test(split4),
-      cmocka_unit_test(split7),       cmocka_unit_test(errors3),
-      cmocka_unit_test(staggered3),   cmocka_unit_test(staggered4),
-      cmocka_unit_test(one_context2), cmocka_unit_test(lane_timeout2),
+      cmocka_unit_test(outstanding1),
+      cmocka_unit_test(outstanding2),
+      cmocka_unit_test(outstanding3),
+      cmocka_unit_test(outstanding5),
+      cmocka_unit_test(p2p1),
+      cmocka_unit_test(p2p2),
+      cmocka_unit_test(p2p4),
+      cmocka_unit_test(split4),
+      cmocka_unit_test(split7),
+      cmocka_unit_test(errors3),
+      cmocka_unit_test(staggered3),
+      cmocka_unit_test(staggered4),
+      cmocka_unit_test(one_context2),
+      cmocka_unit_test(lane_timeout2),
       cmocka_unit_test(coll_beside_waiting2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

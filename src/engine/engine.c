@@ -389,7 +389,8 @@ static void submit(weft_request *req, bool wake, bool driving) {
   /* the first collective queued beside messages that wait: its timeout
    * counts from the driver's next reading, not from when they last moved
    * (a driver may be running: it restarts its own clock) */
-  if (!idle && req->kind == WEFT_REQ_COLL && !atomic_load_explicit(&e->q_head, memory_order_relaxed))
+  if (!idle && req->kind == WEFT_REQ_COLL &&
+      !atomic_load_explicit(&e->q_head, memory_order_relaxed))
     atomic_store_explicit(&e->coll_restart, true, memory_order_relaxed);
   if (req->kind == WEFT_REQ_COLL) {
     if (e->q_tail)

@@ -550,7 +550,8 @@ weft_status weft_p2p_setup(weft_request *r, weft_core *comm, const char *call, b
     return weft_core_error(comm, WEFT_ERR_INVALID, call, "count %zu is too large", count);
   if (count && !buf)
     return weft_core_error(comm, WEFT_ERR_INVALID, call, "buf is NULL but count is %zu", count);
-  if (!l) return weft_core_error(comm, WEFT_ERR_INTERNAL, call, "this communicator has no p2p lane");
+  if (!l)
+    return weft_core_error(comm, WEFT_ERR_INTERNAL, call, "this communicator has no p2p lane");
   *r = (weft_request){.comm = comm, .kind = is_send ? WEFT_REQ_SEND : WEFT_REQ_RECV};
   weft_p2p_op *o = &r->p2p;
   *o = (weft_p2p_op){.call = call,

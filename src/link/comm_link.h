@@ -33,16 +33,17 @@ typedef struct weft_link_peer {
   /* per channel (transport.h): WEFT_TP_CHANNEL_COLL for the collectives,
    * WEFT_TP_CHANNEL_P2P for point-to-point messages; NULL until first used */
   weft_tp_conn *conn[WEFT_TP_CHANNELS];
-  const void *addr;   /* what the peer published for that transport: its
-                         connect address (the communicator's memory) */
+  const void *addr; /* what the peer published for that transport: its
+                       connect address (the communicator's memory) */
   size_t addr_len;
   uint32_t last_send_seq; /* last collective that sent to this peer */
   bool is_active;         /* on the list of peers touched by the current call */
 } weft_link_peer;
 
 /* The peer table: the transports in use, which one reaches each peer and
- * its connections (one per channel: collectives, messages), the peers the current call touched, progress, and the
- * sink the transports write their sentences to. */
+ * its connections (one per channel: collectives, messages), the peers the
+ * current call touched, progress, and the sink the transports write their
+ * sentences to. */
 typedef struct weft_links {
   weft_link_transport tps[WEFT_MAX_TRANSPORTS]; /* in selection order */
   int ntps;
