@@ -83,8 +83,11 @@ mkdir -p "$root"
 chmod 755 "$root"
 root=$(cd "$root" && pwd)
 case $root in /) say "refusing / as the root"; exit 2 ;; esac
+# one run per root at a time (the lock is released when this shell exits)
+exec 9>"$root.lock"
+flock -n 9 || { say "another run is using $root"; exit 1; }
 if grep -q " ${root}[/ ]" /proc/self/mountinfo; then
-  say "$root has mounts (another run, or one that was killed): umount -R $root first"
+  say "$root has mounts (a run that was killed): umount -R $root first"
   exit 1
 fi
 
@@ -107,9 +110,9 @@ cleanup() {
   if grep -q " ${root}[/ ]" /proc/self/mountinfo; then
     say "could not unmount everything under $root; see /proc/self/mountinfo"
   elif [ "$delete" = 1 ]; then
-    rm -rf "$root" && say "removed $root"
+    rm -rf --one-file-system "$root" && say "removed $root"
   else
-    say "root kept: $root (reuse: sh tools/fresh-root.sh -r $root; remove: rm -rf $root)"
+    say "root kept: $root (reuse: sh tools/fresh-root.sh -r $root; remove, when no run uses it: rm -rf --one-file-system $root)"
   fi
   exit "$rc"
 }
@@ -146,8 +149,29 @@ mount --bind "$root" "$root"
 mount --make-rprivate "$root"
 mount -t proc proc "$root/proc"
 mount -t sysfs sysfs "$root/sys"           # hwloc reads the topology here
-mount --rbind /dev "$root/dev"
-mount --make-rprivate "$root/dev"          # (before the tmpfs below: the host's /dev/shm stays untouched)
+# /dev is the root's own tmpfs, never a bind of the host's /dev: an rm -rf of
+# the root while it is mounted (a second user making it fresh) would go
+# through such a bind and delete the host's device nodes (it happened). Each
+# host node is bound onto a file of its own, where rm fails with EBUSY.
+mount -t tmpfs -o mode=755,nosuid tmpfs "$root/dev"
+for node in null zero full random urandom tty; do
+  : >"$root/dev/$node"
+  mount --bind "/dev/$node" "$root/dev/$node"
+done
+if [ -d /dev/infiniband ]; then # real HCAs, for the verbs tests on a host that has them
+  mkdir "$root/dev/infiniband"
+  for node in /dev/infiniband/*; do
+    : >"$root/dev/infiniband/${node##*/}"
+    mount --bind "$node" "$root/dev/infiniband/${node##*/}"
+  done
+fi
+mkdir "$root/dev/pts" "$root/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$root/dev/pts"
+ln -s pts/ptmx "$root/dev/ptmx"
+ln -s /proc/self/fd "$root/dev/fd"
+ln -s /proc/self/fd/0 "$root/dev/stdin"
+ln -s /proc/self/fd/1 "$root/dev/stdout"
+ln -s /proc/self/fd/2 "$root/dev/stderr"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/dev/shm" # the ranks' segments, private to the root
 mount -t tmpfs -o mode=755,nosuid,nodev tmpfs "$root/run"      # ip netns add makes /run/netns here
 mkdir -p "$root/run/lock" "$root/run/netns"
@@ -159,7 +183,7 @@ run_in_root() { # CMD ARGS...: sh -c CMD inside the root's clone
   # $pass: NAME=VALUE words checked below (no spaces or globs in them)
   # shellcheck disable=SC2086
   env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-    $pass chroot "$root" /bin/sh -c 'cd /root/weft && '"$cmd"' "$@"' sh "$@"
+    $pass chroot "$root" /bin/sh -c 'cd /root/weft && '"$cmd"' "$@"' sh "$@" 9>&-
 }
 pass=""
 for v in WEFT_TEST_SANITIZE WEFT_TEST_TSAN WEFT_TEST_FUZZ WEFT_FUZZ_SECONDS WEFT_NP; do
