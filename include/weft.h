@@ -188,6 +188,15 @@ WEFT_API weft_status weft_comm_abort(weft_comm *comm);
 
 /* ---- collectives (blocking, collective over all ranks) ------------------ */
 
+/* Count 0 (of any call): no data moves. Every rank must still make the call
+ * (it counts in the order of collectives), and every rank must pass 0.
+ * Without WEFT_CHECK a count-0 call returns at once without a word to the
+ * peers, so a rank that passes 0 where the others pass 10 gets WEFT_OK; the
+ * others fail in that call and it fails in its next one, with
+ * WEFT_ERR_MISMATCH (or the peers' notice of it). With WEFT_CHECK=1 a
+ * count-0 call compares its fingerprint like any other, and every rank fails
+ * in it, naming both counts. */
+
 /* recvbuf[i] = op over all ranks of sendbuf[i], for i < count, on every rank;
  * bitwise identical on every rank. sendbuf == recvbuf is in place. The
  * buffers must not overlap otherwise. */
