@@ -191,9 +191,10 @@ WEFT_API weft_status weft_comm_abort(weft_comm *comm);
 /* Count 0 (of any call): no data moves. Every rank must still make the call
  * (it counts in the order of collectives), and every rank must pass 0.
  * Without WEFT_CHECK a count-0 call returns at once without a word to the
- * peers, so a rank that passes 0 where the others pass 10 gets WEFT_OK; the
- * others fail in that call and it fails in its next one, with
- * WEFT_ERR_MISMATCH (or the peers' notice of it). With WEFT_CHECK=1 a
+ * peers, so a rank that passes 0 where the others pass 10 gets WEFT_OK; a
+ * rank that waits for its data fails in that call, the others (a broadcast's
+ * root, say) and the rank itself in their next call, with WEFT_ERR_MISMATCH
+ * naming the calls (or the peers' notice of it). With WEFT_CHECK=1 a
  * count-0 call compares its fingerprint like any other, and every rank fails
  * in it, naming both counts. */
 
@@ -204,7 +205,15 @@ WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *
                                     size_t count, weft_dtype dtype, weft_op op);
 
 /* recvbuf = root's sendbuf on every rank. sendbuf is read on root only
- * (may be NULL elsewhere); sendbuf == recvbuf on root is in place. */
+ * (may be NULL elsewhere); sendbuf == recvbuf on root is in place.
+ * Every rank must pass the same count. Without WEFT_CHECK a rank whose count
+ * differs from the root's fails in the call with WEFT_ERR_MISMATCH naming
+ * both chunk lengths (or, when the counts differ by whole chunks, in its
+ * next call), while the root and the ranks that agree with it have sent or
+ * received all they expect and return WEFT_OK: they fail in their next call,
+ * with the disagreeing rank's sentence. Failing every rank in the call itself
+ * takes an agreement among all ranks (a round trip) per broadcast, which
+ * WEFT_CHECK=1 makes: then every rank fails in it, naming both counts. */
 WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, int root);
 

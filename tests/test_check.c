@@ -16,7 +16,9 @@
 
 static uint64_t base_seed;
 
-typedef enum disagreement { OP, DTYPE, ROOT, KIND, COUNT, ZERO_COUNT, BCAST_COUNT, NONE } disagreement;
+typedef enum disagreement {
+  OP, DTYPE, ROOT, KIND, COUNT, ZERO_COUNT, BCAST_COUNT, NONE
+} disagreement;
 
 /* Rank 2 is the odd one out (3 ranks). */
 static int disagreeing_rank(int rank, int n, const weft_unique_id *id, void *arg) {

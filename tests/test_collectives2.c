@@ -465,8 +465,14 @@ static void bad_input2(void **state) {
  * every rank passes the same (the mean must be that value: i8 100 on three
  * ranks is 100, not the 14 of a wrapped sum), then values mixed from them. */
 static int64_t avg_value(weft_dtype dt, int q, size_t i) {
-  int64_t lo = dt == WEFT_I8 ? INT8_MIN : dt == WEFT_U8 ? 0 : dt == WEFT_I32 ? INT32_MIN : INT64_MIN;
-  int64_t hi = dt == WEFT_I8 ? INT8_MAX : dt == WEFT_U8 ? UINT8_MAX : dt == WEFT_I32 ? INT32_MAX : INT64_MAX;
+  int64_t lo = dt == WEFT_I8    ? INT8_MIN
+               : dt == WEFT_U8  ? 0
+               : dt == WEFT_I32 ? INT32_MIN
+                                : INT64_MIN;
+  int64_t hi = dt == WEFT_I8    ? INT8_MAX
+               : dt == WEFT_U8  ? UINT8_MAX
+               : dt == WEFT_I32 ? INT32_MAX
+                                : INT64_MAX;
   const int64_t mixed[] = {hi, lo, hi - 1, lo + 1, 0, 1, -1, 100, -100, hi / 2 + 3};
   if (i == 0) return hi;
   if (i == 1) return lo;
@@ -497,8 +503,12 @@ static int avg_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   weft_comm *comm = harness_comm(rank, n, id);
   if (!comm) return 1;
   static const weft_dtype dts[] = {WEFT_I8, WEFT_U8, WEFT_I32, WEFT_I64};
-  const char *calls[] = {"weft_allreduce", "weft_allreduce (in place)", "weft_iallreduce",
-                         "weft_reduce (root 1)", "weft_ireduce (root 2)", "weft_reduce_scatter",
+  const char *calls[] = {"weft_allreduce",
+                         "weft_allreduce (in place)",
+                         "weft_iallreduce",
+                         "weft_reduce (root 1)",
+                         "weft_ireduce (root 2)",
+                         "weft_reduce_scatter",
                          "weft_ireduce_scatter (in place)"};
   size_t count = 1001; /* per block */
   int bad = 0;
@@ -516,7 +526,10 @@ static int avg_rank(int rank, int n, const weft_unique_id *id, void *arg) {
       size_t first = 0;
       switch (c) {
         case 0: st = weft_allreduce(comm, in, out, count, dt, WEFT_AVG); break;
-        case 1: st = weft_allreduce(comm, in, in, count, dt, WEFT_AVG); res = in; break;
+        case 1:
+          st = weft_allreduce(comm, in, in, count, dt, WEFT_AVG);
+          res = in;
+          break;
         case 2:
           st = weft_iallreduce(comm, in, out, count, dt, WEFT_AVG, &req);
           if (!st) st = weft_wait(&req);
@@ -638,6 +651,65 @@ static void counts_differ(void **state) {
     }
 }
 
+/* A broadcast where the last rank wants one element more: 3 ranks, root 0,
+ * counts 300, 300, 301, then a one-byte allreduce (issue 14, item 13). */
+static int bcast_disagrees(int rank, int n, const weft_unique_id *id, void *arg) {
+  const int *linger = arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  size_t count = rank == n - 1 ? 301 : 300;
+  float *buf = calloc(301, sizeof(float));
+  double t0 = harness_now();
+  weft_status st = weft_broadcast(comm, buf, buf, count, WEFT_F32, 0);
+  harness_shm->status[rank] = st;
+  uint8_t one = 1, got = 0;
+  weft_status next = st ? WEFT_OK : weft_allreduce(comm, &one, &got, 1, WEFT_U8, WEFT_SUM);
+  harness_shm->word[rank] = (uint64_t)(int64_t)next;
+  harness_shm->seconds[rank] = harness_now() - t0;
+  snprintf(harness_shm->message[rank], sizeof harness_shm->message[rank], "%s",
+           weft_last_error(comm));
+  free(buf);
+  if (st && *linger) { /* a rank that reports its error before it leaves */
+    struct timespec pause = {1, 0};
+    nanosleep(&pause, NULL);
+  }
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+/* Without WEFT_CHECK the root and rank 1 have sent or received all they
+ * expect and return OK (weft.h says why only WEFT_CHECK makes every rank
+ * fail in that call); rank 2 fails in it with WEFT_ERR_MISMATCH, and the
+ * root's next call reports rank 2's cause, not a closed peer. (Rank 1 never
+ * exchanged with rank 2: over shm it learns of it when rank 2 ends.) */
+static void broadcast_counts_differ(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=20", NULL};
+  int bad = 0;
+  /* rank 2 leaves at once (the issue's case: "Connection reset by peer"
+   * over tcp instead of the cause), or lingers */
+  for (int linger = 0; linger < 2; linger++) {
+    harness_init();
+    assert_int_equal(harness_run(3, env, 60, bcast_disagrees, &linger), 0);
+    for (int r = 0; r < 3; r++) {
+      weft_status first = harness_shm->status[r], next = (weft_status)(int64_t)harness_shm->word[r];
+      const char *msg = harness_shm->message[r];
+      int ok = (first != WEFT_OK || next != WEFT_OK) && harness_shm->seconds[r] < 10;
+      if (r == 2) ok = ok && first == WEFT_ERR_MISMATCH;
+      if (r != 1) /* the cause: rank 2's count and both chunk lengths */
+        ok = ok && strstr(msg, "count=301") && strstr(msg, "1200-byte chunk") &&
+             strstr(msg, "expects 1204 bytes");
+      if (!ok) {
+        fprintf(stderr, "rank 2 %s, rank %d: broadcast %s, next call %s, %.1f s: %s\n",
+                linger ? "lingers" : "leaves at once", r, weft_status_name(first),
+                weft_status_name(next), harness_shm->seconds[r], msg);
+        bad = 1;
+      }
+    }
+  }
+  assert_int_equal(bad, 0);
+}
+
 int main(void) {
   const char *fixed = getenv("WEFT_TEST_SEED");
   base_seed = fixed ? strtoull(fixed, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
@@ -660,6 +732,7 @@ int main(void) {
       cmocka_unit_test(bad_input2),
       cmocka_unit_test(counts_differ),
       cmocka_unit_test(integer_avg_does_not_wrap),
+      cmocka_unit_test(broadcast_counts_differ),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

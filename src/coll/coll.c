@@ -116,10 +116,10 @@ typedef struct coll_extra {
   bool widened, ran, narrowed;
   weft_dtype user_dtype;
   const void *user_send;
-  void *user_recv;    /* NULL: no result on this rank (weft_reduce off the root) */
-  int64_t *wide;      /* wide_elems of them, from the call's memory table */
+  void *user_recv; /* NULL: no result on this rank (weft_reduce off the root) */
+  int64_t *wide;   /* wide_elems of them, from the call's memory table */
   size_t wide_elems;
-  size_t result_at;   /* the result's first element in wide */
+  size_t result_at; /* the result's first element in wide */
   size_t result_elems;
   weft_status (*then)(weft_coll *coll); /* the algorithm, started after the widening */
 } coll_extra;
