@@ -208,12 +208,14 @@ WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *
  * (may be NULL elsewhere); sendbuf == recvbuf on root is in place.
  * Every rank must pass the same count. Without WEFT_CHECK a rank whose count
  * differs from the root's fails in the call with WEFT_ERR_MISMATCH naming
- * both chunk lengths (or, when the counts differ by whole chunks, in its
- * next call), while the root and the ranks that agree with it have sent or
- * received all they expect and return WEFT_OK: they fail in their next call,
- * with the disagreeing rank's sentence. Failing every rank in the call itself
- * takes an agreement among all ranks (a round trip) per broadcast, which
- * WEFT_CHECK=1 makes: then every rank fails in it, naming both counts. */
+ * both chunk lengths (when the counts differ by whole chunks: in its next
+ * call if its count is smaller, when the root's next call reaches it or at
+ * the timeout if larger), while the root and the ranks that agree with it
+ * have sent or received all they expect and return WEFT_OK: they fail in
+ * their next call, with the disagreeing rank's sentence. Failing every rank
+ * in the call itself takes an agreement among all ranks (a round trip) per
+ * broadcast, which WEFT_CHECK=1 makes: then every rank fails in it, naming
+ * both counts. */
 WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, int root);
 

@@ -388,7 +388,11 @@ static weft_status coll_start(weft_coll *coll, weft_status started) {
   if (started < 0) return coll_start_failed(coll, started);
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %zu bytes (per block), %s algorithm", coll->call, coll->seq,
              coll->count * coll->elem, coll->algo);
+  /* the recorder names what the user called: a widened avg's dtype too */
+  weft_dtype runs_as = coll->dtype;
+  coll->dtype = coll_user_dtype(coll);
   weft_recorder_issue(&coll->comm->recorder, coll); /* the engine adds the time */
+  coll->dtype = runs_as;
   coll_extra *x = coll->check;
   if (x && x->widened) {
     x->then = coll->advance;
