@@ -299,6 +299,12 @@ void weft_coll_release(weft_coll *coll) {
   if (!x) return;
   check_cleanup_free(coll);
   if (x->wide) coll->mem->free_scratch(x->wide);
+  if (x->widened) { /* the call as the user made it again: no pointer into freed memory */
+    coll->dtype = x->user_dtype;
+    coll->elem = weft_dtype_size(x->user_dtype);
+    coll->sendbuf = x->user_send;
+    coll->recvbuf = x->user_recv;
+  }
   free(x);
   coll->check = NULL;
 }
