@@ -85,8 +85,9 @@ typedef enum weft_dtype {
  * NCCL and MPI. avg is the sum divided by the number of ranks; for integer
  * types the division truncates toward zero. An i8, u8 or i32 avg sums in 64
  * bits, so it never wraps (three ranks of i8 100 give 100) and costs a
- * 64-bit copy of the buffer for the call; an i64 avg sums in 64 bits and may
- * wrap before the division, like an i64 sum. */
+ * 64-bit copy of the buffer for the call (in ordinary memory: it never takes
+ * the direct allreduce of weft_mem_alloc buffers); an i64 avg sums in 64 bits
+ * and may wrap before the division, like an i64 sum. */
 typedef enum weft_op {
   WEFT_SUM = 0,
   WEFT_PROD = 1,
