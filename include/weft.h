@@ -83,7 +83,11 @@ typedef enum weft_dtype {
 
 /* Reduction operations. Integer sum and prod wrap (two's complement), as in
  * NCCL and MPI. avg is the sum divided by the number of ranks; for integer
- * types the division truncates toward zero. */
+ * types the division truncates toward zero. An i8, u8 or i32 avg sums in 64
+ * bits, so it never wraps (three ranks of i8 100 give 100) and costs a
+ * 64-bit copy of the buffer for the call (in ordinary memory: it never takes
+ * the direct allreduce of weft_mem_alloc buffers); an i64 avg sums in 64 bits
+ * and may wrap before the division, like an i64 sum. */
 typedef enum weft_op {
   WEFT_SUM = 0,
   WEFT_PROD = 1,
@@ -185,6 +189,16 @@ WEFT_API weft_status weft_comm_abort(weft_comm *comm);
 
 /* ---- collectives (blocking, collective over all ranks) ------------------ */
 
+/* Count 0 (of any call): no data moves. Every rank must still make the call
+ * (it counts in the order of collectives), and every rank must pass 0.
+ * Without WEFT_CHECK a count-0 call returns at once without a word to the
+ * peers, so a rank that passes 0 where the others pass 10 gets WEFT_OK; a
+ * rank that waits for its data fails in that call, the others (a broadcast's
+ * root, say) and the rank itself in their next call, with WEFT_ERR_MISMATCH
+ * naming the calls (or the peers' notice of it). With WEFT_CHECK=1 a
+ * count-0 call compares its fingerprint like any other, and every rank fails
+ * in it, naming both counts. */
+
 /* recvbuf[i] = op over all ranks of sendbuf[i], for i < count, on every rank;
  * bitwise identical on every rank. sendbuf == recvbuf is in place. The
  * buffers must not overlap otherwise. */
@@ -192,7 +206,17 @@ WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *
                                     size_t count, weft_dtype dtype, weft_op op);
 
 /* recvbuf = root's sendbuf on every rank. sendbuf is read on root only
- * (may be NULL elsewhere); sendbuf == recvbuf on root is in place. */
+ * (may be NULL elsewhere); sendbuf == recvbuf on root is in place.
+ * Every rank must pass the same count. Without WEFT_CHECK a rank whose count
+ * differs from the root's fails in the call with WEFT_ERR_MISMATCH naming
+ * both chunk lengths (when the counts differ by whole chunks: in its next
+ * call if its count is smaller, when the root's next call reaches it or at
+ * the timeout if larger), while the root and the ranks that agree with it
+ * have sent or received all they expect and return WEFT_OK: they fail in
+ * their next call, with the disagreeing rank's sentence. Failing every rank
+ * in the call itself takes an agreement among all ranks (a round trip) per
+ * broadcast, which WEFT_CHECK=1 makes: then every rank fails in it, naming
+ * both counts. */
 WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, int root);
 

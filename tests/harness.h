@@ -318,7 +318,10 @@ static inline int harness_check_reduced(const void *res, size_t count, weft_dtyp
       ok = fabs(got - want) <= tol;
     } else {
       int64_t w = harness_wrap(iacc[i], dt), g = harness_get_int(res, i, dt);
-      if (op == WEFT_AVG) w /= n; /* C division truncates toward zero, as documented */
+      /* avg sums i8, u8 and i32 in 64 bits, where n <= 64 of them cannot wrap,
+       * and i64 in 64 bits, which may; C division truncates toward zero, as
+       * documented */
+      if (op == WEFT_AVG) w = (dt == WEFT_I64 ? w : (int64_t)iacc[i]) / n;
       ok = g == w;
       got = (double)g;
       want = (double)w;

@@ -16,7 +16,9 @@
 
 static uint64_t base_seed;
 
-typedef enum disagreement { OP, DTYPE, ROOT, KIND, COUNT, NONE } disagreement;
+typedef enum disagreement {
+  OP, DTYPE, ROOT, KIND, COUNT, ZERO_COUNT, BCAST_COUNT, NONE
+} disagreement;
 
 /* Rank 2 is the odd one out (3 ranks). */
 static int disagreeing_rank(int rank, int n, const weft_unique_id *id, void *arg) {
@@ -38,6 +40,10 @@ static int disagreeing_rank(int rank, int n, const weft_unique_id *id, void *arg
                : weft_allgather(comm, in, out, count, WEFT_F32);
       break;
     case COUNT: st = weft_allreduce(comm, in, out, odd ? count - 1 : count, WEFT_F32, WEFT_SUM); break;
+    /* a count-0 call moves nothing, but its fingerprint still takes part */
+    case ZERO_COUNT: st = weft_allreduce(comm, in, out, odd ? 0 : 10, WEFT_F32, WEFT_SUM); break;
+    /* the last rank of the tree wants one element more: every rank fails in this call */
+    case BCAST_COUNT: st = weft_broadcast(comm, in, out, odd ? 301 : 300, WEFT_F32, 0); break;
     default: st = weft_allreduce(comm, in, out, count, WEFT_F32, WEFT_SUM); break;
   }
   int bad = 0;
@@ -74,6 +80,14 @@ static int disagreeing_rank(int rank, int n, const weft_unique_id *id, void *arg
       fprintf(stderr, "rank %d: the message does not name the odd rank: %s\n", rank, msg);
       bad = 1;
     }
+    const char *sides[2][2] = {{"count=0", "count=10"}, {"count=301", "count=300"}};
+    if (d == ZERO_COUNT || d == BCAST_COUNT)
+      for (int i = 0; i < 2; i++)
+        if (st == WEFT_ERR_MISMATCH && !strstr(msg, sides[d == BCAST_COUNT][i])) {
+          fprintf(stderr, "rank %d: the message does not name %s: %s\n", rank,
+                  sides[d == BCAST_COUNT][i], msg);
+          bad = 1;
+        }
     if (took > 20) {
       fprintf(stderr, "rank %d: detection took %.1f s\n", rank, took);
       bad = 1;
@@ -96,6 +110,8 @@ static void dtypes_of_one_size_differ(void **state) { (void)state; run_disagreem
 static void roots_differ(void **state) { (void)state; run_disagreement(ROOT); }
 static void collectives_differ(void **state) { (void)state; run_disagreement(KIND); }
 static void counts_differ(void **state) { (void)state; run_disagreement(COUNT); }
+static void count_zero_differs(void **state) { (void)state; run_disagreement(ZERO_COUNT); }
+static void broadcast_counts_differ(void **state) { (void)state; run_disagreement(BCAST_COUNT); }
 static void agreeing_calls_are_correct(void **state) { (void)state; run_disagreement(NONE); }
 
 /* Rank 1 never makes the call: rank 0 times out and prints its recorder. */
@@ -148,7 +164,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(ops_differ),         cmocka_unit_test(dtypes_of_one_size_differ),
       cmocka_unit_test(roots_differ),       cmocka_unit_test(collectives_differ),
-      cmocka_unit_test(counts_differ),      cmocka_unit_test(agreeing_calls_are_correct),
+      cmocka_unit_test(counts_differ),      cmocka_unit_test(count_zero_differs),
+      cmocka_unit_test(broadcast_counts_differ), cmocka_unit_test(agreeing_calls_are_correct),
       cmocka_unit_test(timeout_prints_the_recorder),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

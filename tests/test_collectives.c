@@ -65,7 +65,9 @@ static int check_allreduce(weft_comm *comm, int rank, int n, size_t count, weft_
         bad += report(rank, "allreduce", count, dt, op, in_place, i, got, want);
     } else {
       int64_t want = harness_wrap(iacc[i], dt);
-      if (op == WEFT_AVG) want /= n; /* C division truncates toward zero, as documented */
+      /* avg sums i8, u8 and i32 in 64 bits (no wrap for n <= 64 ranks), i64 in
+       * 64 bits (may wrap); C division truncates toward zero, as documented */
+      if (op == WEFT_AVG) want = (dt == WEFT_I64 ? want : (int64_t)iacc[i]) / n;
       int64_t got = harness_get_int(res, i, dt);
       if (got != want) bad += report(rank, "allreduce", count, dt, op, in_place, i, (double)got, (double)want);
     }

@@ -459,6 +459,131 @@ static void bad_input2(void **state) {
   assert_int_equal(harness_run(2, NULL, 60, bad_input_rank, NULL), 0);
 }
 
+/* ---- integer avg: summed wide, never wrapped ---------------------------- */
+
+/* Element i of rank q for the integer avg test: the dtype's extremes where
+ * every rank passes the same (the mean must be that value: i8 100 on three
+ * ranks is 100, not the 14 of a wrapped sum), then values mixed from them. */
+static int64_t avg_value(weft_dtype dt, int q, size_t i) {
+  int64_t lo = dt == WEFT_I8    ? INT8_MIN
+               : dt == WEFT_U8  ? 0
+               : dt == WEFT_I32 ? INT32_MIN
+                                : INT64_MIN;
+  int64_t hi = dt == WEFT_I8    ? INT8_MAX
+               : dt == WEFT_U8  ? UINT8_MAX
+               : dt == WEFT_I32 ? INT32_MAX
+                                : INT64_MAX;
+  const int64_t mixed[] = {hi, lo, hi - 1, lo + 1, 0, 1, -1, 100, -100, hi / 2 + 3};
+  if (i == 0) return hi;
+  if (i == 1) return lo;
+  if (i == 2) return 100;
+  int64_t v = mixed[(i * 7 + (size_t)q * 3) % (sizeof mixed / sizeof mixed[0])];
+  return v < lo || v > hi ? 0 : v;
+}
+
+static void avg_store(void *buf, size_t i, weft_dtype dt, int64_t v) {
+  switch (dt) {
+    case WEFT_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case WEFT_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case WEFT_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    default: ((int64_t *)buf)[i] = v; break;
+  }
+}
+
+/* The mean over n ranks of element i, truncated toward zero: exact for i8,
+ * u8 and i32 (their sum fits in 64 bits); i64 sums wrap, as weft.h says. */
+static int64_t avg_reference(weft_dtype dt, int n, size_t i) {
+  uint64_t sum = 0;
+  for (int q = 0; q < n; q++) sum += (uint64_t)avg_value(dt, q, i);
+  return (int64_t)sum / n;
+}
+
+static int avg_rank(int rank, int n, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  static const weft_dtype dts[] = {WEFT_I8, WEFT_U8, WEFT_I32, WEFT_I64};
+  const char *calls[] = {"weft_allreduce",
+                         "weft_allreduce (in place)",
+                         "weft_iallreduce",
+                         "weft_reduce (root 1)",
+                         "weft_ireduce (root 2)",
+                         "weft_reduce_scatter",
+                         "weft_ireduce_scatter (in place)"};
+  size_t count = 1001; /* per block */
+  int bad = 0;
+  for (size_t d = 0; d < sizeof dts / sizeof dts[0] && !bad; d++) {
+    weft_dtype dt = dts[d];
+    size_t esz = weft_dtype_size(dt), total = count * (size_t)n;
+    unsigned char *in = malloc(total * esz), *out = malloc(total * esz);
+    for (int c = 0; c < 7 && !bad; c++) {
+      /* reduce-scatter: block b of rank q holds elements b*count.. of the pattern */
+      for (size_t i = 0; i < total; i++) avg_store(in, i, dt, avg_value(dt, rank, i));
+      memset(out, 0xEE, total * esz);
+      weft_request *req = NULL;
+      weft_status st;
+      const void *res = out;
+      size_t first = 0;
+      switch (c) {
+        case 0: st = weft_allreduce(comm, in, out, count, dt, WEFT_AVG); break;
+        case 1:
+          st = weft_allreduce(comm, in, in, count, dt, WEFT_AVG);
+          res = in;
+          break;
+        case 2:
+          st = weft_iallreduce(comm, in, out, count, dt, WEFT_AVG, &req);
+          if (!st) st = weft_wait(&req);
+          break;
+        case 3: st = weft_reduce(comm, in, out, count, dt, WEFT_AVG, 1); break;
+        case 4:
+          st = weft_ireduce(comm, in, out, count, dt, WEFT_AVG, 2 % n, &req);
+          if (!st) st = weft_wait(&req);
+          break;
+        case 5:
+          st = weft_reduce_scatter(comm, in, out, count, dt, WEFT_AVG);
+          first = (size_t)rank * count;
+          break;
+        default:
+          res = in + (size_t)rank * count * esz;
+          st = weft_ireduce_scatter(comm, in, (void *)res, count, dt, WEFT_AVG, &req);
+          if (!st) st = weft_wait(&req);
+          first = (size_t)rank * count;
+          break;
+      }
+      if (st) {
+        fprintf(stderr, "rank %d: %s %s avg failed: %s\n", rank, calls[c], weft_dtype_name(dt),
+                weft_last_error(comm));
+        bad = 1;
+        break;
+      }
+      if ((c == 3 && rank != 1) || (c == 4 && rank != 2 % n)) continue; /* no result here */
+      for (size_t i = 0; i < count; i++) {
+        int64_t got = harness_get_int(res, i, dt), want = avg_reference(dt, n, first + i);
+        if (got != want) {
+          fprintf(stderr, "rank %d of %d: %s %s avg: element %zu is %lld, reference %lld\n", rank,
+                  n, calls[c], weft_dtype_name(dt), first + i, (long long)got, (long long)want);
+          bad = 1;
+          break;
+        }
+      }
+    }
+    free(in);
+    free(out);
+  }
+  weft_comm_destroy(comm);
+  return bad;
+}
+
+/* Three ranks of i8 100 averaged to 14 and of i32 INT32_MAX to 715827881
+ * when the sum wrapped before the division (issue 14, item 12). */
+static void integer_avg_does_not_wrap(void **state) {
+  (void)state;
+  for (int n = 2; n <= 5; n += 3) {
+    harness_init();
+    assert_int_equal(harness_run(n, NULL, 120, avg_rank, NULL), 0);
+  }
+}
+
 /* ---- ranks that disagree ------------------------------------------------- */
 
 typedef struct disagreement {
@@ -526,6 +651,65 @@ static void counts_differ(void **state) {
     }
 }
 
+/* A broadcast where the last rank wants one element more: 3 ranks, root 0,
+ * counts 300, 300, 301, then a one-byte allreduce (issue 14, item 13). */
+static int bcast_disagrees(int rank, int n, const weft_unique_id *id, void *arg) {
+  const int *linger = arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  size_t count = rank == n - 1 ? 301 : 300;
+  float *buf = calloc(301, sizeof(float));
+  double t0 = harness_now();
+  weft_status st = weft_broadcast(comm, buf, buf, count, WEFT_F32, 0);
+  harness_shm->status[rank] = st;
+  uint8_t one = 1, got = 0;
+  weft_status next = st ? WEFT_OK : weft_allreduce(comm, &one, &got, 1, WEFT_U8, WEFT_SUM);
+  harness_shm->word[rank] = (uint64_t)(int64_t)next;
+  harness_shm->seconds[rank] = harness_now() - t0;
+  snprintf(harness_shm->message[rank], sizeof harness_shm->message[rank], "%s",
+           weft_last_error(comm));
+  free(buf);
+  if (st && *linger) { /* a rank that reports its error before it leaves */
+    struct timespec pause = {1, 0};
+    nanosleep(&pause, NULL);
+  }
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+/* Without WEFT_CHECK the root and rank 1 have sent or received all they
+ * expect and return OK (weft.h says why only WEFT_CHECK makes every rank
+ * fail in that call); rank 2 fails in it with WEFT_ERR_MISMATCH, and the
+ * root's next call reports rank 2's cause, not a closed peer. (Rank 1 never
+ * exchanged with rank 2: over shm it learns of it when rank 2 ends.) */
+static void broadcast_counts_differ(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=20", NULL};
+  int bad = 0;
+  /* rank 2 leaves at once (the issue's case: "Connection reset by peer"
+   * over tcp instead of the cause), or lingers */
+  for (int linger = 0; linger < 2; linger++) {
+    harness_init();
+    assert_int_equal(harness_run(3, env, 60, bcast_disagrees, &linger), 0);
+    for (int r = 0; r < 3; r++) {
+      weft_status first = harness_shm->status[r], next = (weft_status)(int64_t)harness_shm->word[r];
+      const char *msg = harness_shm->message[r];
+      int ok = (first != WEFT_OK || next != WEFT_OK) && harness_shm->seconds[r] < 10;
+      if (r == 2) ok = ok && first == WEFT_ERR_MISMATCH;
+      if (r != 1) /* the cause: rank 2's count and both chunk lengths */
+        ok = ok && strstr(msg, "count=301") && strstr(msg, "1200-byte chunk") &&
+             strstr(msg, "expects 1204 bytes");
+      if (!ok) {
+        fprintf(stderr, "rank 2 %s, rank %d: broadcast %s, next call %s, %.1f s: %s\n",
+                linger ? "lingers" : "leaves at once", r, weft_status_name(first),
+                weft_status_name(next), harness_shm->seconds[r], msg);
+        bad = 1;
+      }
+    }
+  }
+  assert_int_equal(bad, 0);
+}
+
 int main(void) {
   const char *fixed = getenv("WEFT_TEST_SEED");
   base_seed = fixed ? strtoull(fixed, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
@@ -547,6 +731,8 @@ int main(void) {
       cmocka_unit_test(bad_input1),
       cmocka_unit_test(bad_input2),
       cmocka_unit_test(counts_differ),
+      cmocka_unit_test(integer_avg_does_not_wrap),
+      cmocka_unit_test(broadcast_counts_differ),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

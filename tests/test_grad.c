@@ -58,7 +58,12 @@ static int check_tensor(const void *res, const model *m, int i, int rank, int n,
   double *acc = calloc(c + 1, sizeof *acc), *mag = calloc(c + 1, sizeof *mag);
   double *a1 = calloc(c + 1, sizeof *a1), *m1 = calloc(c + 1, sizeof *m1);
   uint64_t *iacc = calloc(c + 1, sizeof *iacc), *i1 = calloc(c + 1, sizeof *i1);
-  for (int q = 0; q < n; q++)
+  /* an integer avg sums the ranks' values in 64 bits; each rank's value is
+   * its micro-steps' sum in the dtype, which wraps */
+  uint64_t *iwide = calloc(c + 1, sizeof *iwide);
+  uint64_t *irank = calloc(c + 1, sizeof *irank);
+  for (int q = 0; q < n; q++) {
+    memset(irank, 0, (c + 1) * sizeof *irank);
     for (int mi = 0; mi < micros; mi++) {
       fill_grad(tmp, m, i, q, step, mi);
       harness_ref_fold(a1, m1, i1, tmp, c, dt, WEFT_SUM, 1);
@@ -66,8 +71,11 @@ static int check_tensor(const void *res, const model *m, int i, int rank, int n,
         acc[e] += a1[e];
         mag[e] += m1[e];
         iacc[e] += i1[e];
+        irank[e] += i1[e];
       }
     }
+    for (size_t e = 0; e < c; e++) iwide[e] += (uint64_t)harness_wrap(irank[e], dt);
+  }
   int bad = 0;
   for (size_t e = 0; e < c && bad < 3; e++) {
     double got, want;
@@ -80,7 +88,8 @@ static int check_tensor(const void *res, const model *m, int i, int rank, int n,
       ok = fabs(got - want) <= (n * micros + 3) * eps * mag[e] + 3 * eps * fabs(want);
     } else {
       int64_t w = harness_wrap(iacc[e], dt), g = harness_get_int(res, e, dt);
-      if (op == WEFT_AVG) w /= n;
+      /* avg sums i8, u8 and i32 in 64 bits (no wrap), i64 in 64 bits (may wrap) */
+      if (op == WEFT_AVG) w = (dt == WEFT_I64 ? w : (int64_t)iwide[e]) / n;
       ok = g == w;
       got = (double)g;
       want = (double)w;
@@ -100,6 +109,8 @@ static int check_tensor(const void *res, const model *m, int i, int rank, int n,
   free(a1);
   free(m1);
   free(iacc);
+  free(iwide);
+  free(irank);
   free(i1);
   return bad;
 }

@@ -648,6 +648,40 @@ static void test_avg_truncates_toward_zero(void **state) {
   }
 }
 
+/* An integer avg's 64-bit round trip (src/coll/coll.c): every value of
+ * the narrow type widens to itself (sign-extended for i8 and i32, not for
+ * u8) and narrows back unchanged, in and out of every position. */
+static void test_widen_narrow_i64(void **state) {
+  (void)state;
+  static const struct {
+    weft_dtype dtype;
+    int64_t v;
+  } cases[] = {
+      {WEFT_I8, -128},       {WEFT_I8, 127},        {WEFT_I8, -1},
+      {WEFT_U8, 255},        {WEFT_U8, 128},        {WEFT_I32, INT32_MIN},
+      {WEFT_I32, INT32_MAX}, {WEFT_I32, -100},      {WEFT_I64, INT64_MIN},
+      {WEFT_I64, INT64_MAX},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const dtype_info *t = NULL;
+    for (size_t i = 0; i < NUM_DTYPES; i++)
+      if (DTYPES[i].dtype == cases[k].dtype)
+        t = &DTYPES[i];
+    unsigned char narrow[8 * 33], back[8 * 33 + 8];
+    int64_t wide[33];
+    for (size_t i = 0; i < 33; i++)
+      set_bits(narrow, i, t->size, (uint64_t)(i == 17 ? cases[k].v : (int64_t)i));
+    memset(back, 0xA5, sizeof back);
+    weft_widen_i64(wide, narrow, 33, t->dtype);
+    weft_narrow_i64(back, wide, 33, t->dtype);
+    CHECK(wide[17] == cases[k].v, "%s widen(%lld): got %lld", t->name, (long long)cases[k].v,
+          (long long)wide[17]);
+    CHECK(!memcmp(back, narrow, 33 * t->size), "%s narrow(widen(%lld)) differs", t->name,
+          (long long)cases[k].v);
+    CHECK(back[33 * t->size] == 0xA5, "%s narrow wrote past the end", t->name);
+  }
+}
+
 /* Unknown dtype or op: nothing is written. */
 static void test_unknown_does_nothing(void **state) {
   (void)state;
@@ -891,6 +925,7 @@ int main(void) {
       ADD_TEST(test_minmax_signed_zero, &DTYPES[t], "minmax_signed_zero_%s", DTYPES[t].name);
     }
   ADD_TEST(test_avg_truncates_toward_zero, NULL, "avg_truncates_toward_zero");
+  ADD_TEST(test_widen_narrow_i64, NULL, "widen_narrow_i64");
   ADD_TEST(test_unknown_does_nothing, NULL, "unknown_dtype_op_does_nothing");
   ADD_TEST(test_reference_self_check, NULL, "reference_self_check");
   ADD_TEST(test_half_exhaustive, &HALF_F16, "f16_exhaustive_round_trip");

@@ -53,6 +53,11 @@ static int one_call(weft_comm *comm, int rank, int n, void *in, void *out, size_
            weft_dtype_name(k.dt), weft_op_name(k.op), in_place ? "in place" : "out of place");
   if (st) return report(comm, rank, what, st);
   int bad = 0;
+  /* an i8, u8 or i32 avg sums in a 64-bit copy of ordinary memory (weft.h):
+   * never the direct allreduce, whatever the buffers */
+  if (k.op == WEFT_AVG && (k.dt == WEFT_I8 || k.dt == WEFT_U8 || k.dt == WEFT_I32) && want_algo &&
+      !strcmp(want_algo, "direct"))
+    want_algo = NULL;
   if (count && want_algo && strcmp(harness_last_algo(comm), want_algo)) {
     fprintf(stderr, "rank %d: %s ran %s, expected %s\n", rank, what, harness_last_algo(comm), want_algo);
     bad = 1;

@@ -20,6 +20,7 @@
 #include "src/base/net.h"
 #include "src/base/settings.h"
 #include "src/base/status.h"
+#include "src/mem/reduce.h"
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -63,6 +64,8 @@ static const coll_kind *coll_kind_of(const weft_coll *coll) {
   return &coll_kinds[coll->kind < sizeof coll_kinds / sizeof coll_kinds[0] ? coll->kind : 0];
 }
 
+static weft_dtype coll_user_dtype(const weft_coll *coll);
+
 /* "weft_reduce(count=4, f32, sum, root=1) call #7": what the user called. */
 static void coll_describe(const weft_coll *coll, char *buf, size_t len) {
   const coll_kind *k = coll_kind_of(coll);
@@ -74,7 +77,7 @@ static void coll_describe(const weft_coll *coll, char *buf, size_t len) {
   if (k->has_op) snprintf(op, sizeof op, ", %s", weft_op_name(coll->op));
   if (k->has_root) snprintf(root, sizeof root, ", root=%d", coll->root);
   snprintf(buf, len, "%s(%s=%zu, %s%s%s) call #%u", coll->call, k->count_name, coll->count,
-           weft_dtype_name(coll->dtype), op, root, coll->seq);
+           weft_dtype_name(coll_user_dtype(coll)), op, root, coll->seq);
 }
 
 /* Makes the failure sticky, tells the peers, and writes the user's sentence. */
@@ -100,10 +103,103 @@ static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, .
   return st;
 }
 
+/* ---- what call setup keeps besides the algorithm's scratch --------------- */
+
+struct coll_check;
+
+/* Held in weft_coll.check (NULL when a call needs neither): WEFT_CHECK's
+ * fingerprint phase, and the 64-bit buffer of an integer avg (avg_widen). */
+typedef struct coll_extra {
+  struct coll_check *check; /* NULL when off or passed */
+  /* integer avg: the call runs as an i64 avg on `wide`, and the result is
+   * narrowed into the user's buffer when the algorithm is done */
+  bool widened, ran, narrowed;
+  weft_dtype user_dtype;
+  const void *user_send;
+  void *user_recv; /* NULL: no result on this rank (weft_reduce off the root) */
+  int64_t *wide;   /* wide_elems of them, from the call's memory table */
+  size_t wide_elems;
+  size_t result_at; /* the result's first element in wide */
+  size_t result_elems;
+  weft_status (*then)(weft_coll *coll); /* the algorithm, started after the widening */
+} coll_extra;
+
+static coll_extra *coll_extra_get(weft_coll *coll) {
+  if (!coll->check) coll->check = calloc(1, sizeof(coll_extra));
+  return coll->check;
+}
+
+/* The dtype the user passed: an integer avg runs in i64 (avg_widen), but its
+ * sentences and its fingerprint name what the user called. */
+static weft_dtype coll_user_dtype(const weft_coll *coll) {
+  const coll_extra *x = coll->check;
+  return x && x->widened ? x->user_dtype : coll->dtype;
+}
+
+/* An integer avg summed in i64 is exact for i8, u8 and i32 over any
+ * number of ranks (2^31 ranks of 2^31 fit in 2^62), and the mean of values
+ * in the dtype's range is in that range: narrowing it back never wraps. */
+static bool avg_is_widened(weft_dtype dtype, weft_op op) {
+  return op == WEFT_AVG && (dtype == WEFT_I8 || dtype == WEFT_U8 || dtype == WEFT_I32);
+}
+
+/* Makes the call an i64 avg over a buffer of `elems` (the user's sendbuf,
+ * widened when the call starts), whose elements [result_at, +result_elems)
+ * are the result for the user's recvbuf (NULL: none on this rank). The
+ * algorithm runs in place on it; avg_narrow copies the result back. */
+static weft_status avg_widen(weft_coll *coll, size_t elems, size_t result_at, size_t result_elems,
+                             bool gets_result) {
+  coll_extra *x = coll_extra_get(coll);
+  int64_t *wide = x && elems <= SIZE_MAX / 2 / sizeof(int64_t)
+                      ? coll->mem->alloc_scratch(elems * sizeof(int64_t))
+                      : NULL;
+  if (!wide) {
+    weft_coll_release(coll);
+    return coll_fail(coll, WEFT_ERR_NOMEM,
+                     "no memory for the 64-bit sums of an integer avg (%zu elements of 8 bytes)",
+                     elems);
+  }
+  *x = (coll_extra){.widened = true,
+                    .user_dtype = coll->dtype,
+                    .user_send = coll->sendbuf,
+                    .user_recv = gets_result ? coll->recvbuf : NULL,
+                    .wide = wide,
+                    .wide_elems = elems,
+                    .result_at = result_at,
+                    .result_elems = result_elems};
+  coll->dtype = WEFT_I64;
+  coll->elem = sizeof(int64_t);
+  coll->sendbuf = wide;
+  coll->recvbuf = gets_result ? wide + result_at : NULL;
+  return WEFT_OK;
+}
+
+/* The call's first step: the user's data into the wide buffer now, not at
+ * issue, as the algorithm would read it (an earlier call may still be
+ * writing it), then the algorithm. */
+static weft_status avg_widen_first(weft_coll *coll) {
+  coll_extra *x = coll->check;
+  weft_widen_i64(x->wide, x->user_send, x->wide_elems, x->user_dtype);
+  x->ran = true;
+  coll->advance = x->then;
+  return coll->advance(coll);
+}
+
+/* Once the algorithm is done: the mean, truncated toward zero, into the
+ * user's recvbuf. */
+static void avg_narrow(weft_coll *coll) {
+  coll_extra *x = coll->check;
+  if (!x->widened || !x->ran || x->narrowed) return;
+  x->narrowed = true;
+  if (x->user_recv)
+    weft_narrow_i64(x->user_recv, x->wide + x->result_at, x->result_elems, x->user_dtype);
+}
+
 /* ---- what the engine asks of a collective ------------------------------- */
 
 weft_status weft_coll_flush(weft_coll *coll) {
   weft_core *comm = coll->comm;
+  if (coll->check) avg_narrow(coll); /* the engine flushes once the algorithm is done */
   for (int i = 0; i < comm->links.nactive; i++) {
     int peer = comm->links.active[i];
     if (comm->links.peers[peer].last_send_seq != coll->seq) continue;
@@ -152,8 +248,6 @@ weft_status weft_coll_failed(weft_coll *coll, weft_status st) {
   }
 }
 
-/* ---- issuing ---------------------------------------------------------------- */
-
 /* ---- WEFT_CHECK: fingerprints before every collective ----------------------- */
 
 /* What every rank must agree on. Fields a call does not use are zero. */
@@ -178,7 +272,7 @@ static coll_print print_of(const weft_coll *coll) {
   const coll_kind *k = coll_kind_of(coll);
   return (coll_print){.seq = coll->seq,
                       .kind = (int32_t)(k - coll_kinds),
-                      .dtype = k->count_name ? (int32_t)coll->dtype : 0,
+                      .dtype = k->count_name ? (int32_t)coll_user_dtype(coll) : 0,
                       .op = k->has_op ? (int32_t)coll->op : 0,
                       .root = k->has_root ? coll->root : 0,
                       .count = k->count_name ? coll->count : 0};
@@ -201,19 +295,31 @@ static void print_describe(const coll_print *p, char *buf, size_t len) {
 
 static void check_cleanup_free(weft_coll *coll);
 void weft_coll_release(weft_coll *coll) {
+  coll_extra *x = coll->check;
+  if (!x) return;
   check_cleanup_free(coll);
-}
-
-static void check_cleanup_free(weft_coll *coll) {
-  coll_check *ck = coll->check;
-  if (!ck) return;
-  free(ck->inner.scratch);
-  free(ck);
+  if (x->wide) coll->mem->free_scratch(x->wide);
+  if (x->widened) { /* the call as the user made it again: no pointer into freed memory */
+    coll->dtype = x->user_dtype;
+    coll->elem = weft_dtype_size(x->user_dtype);
+    coll->sendbuf = x->user_send;
+    coll->recvbuf = x->user_recv;
+  }
+  free(x);
   coll->check = NULL;
 }
 
+static void check_cleanup_free(weft_coll *coll) {
+  coll_extra *x = coll->check;
+  coll_check *ck = x ? x->check : NULL;
+  if (!ck) return;
+  free(ck->inner.scratch);
+  free(ck);
+  x->check = NULL;
+}
+
 static weft_status check_advance(weft_coll *coll) {
-  coll_check *ck = coll->check;
+  coll_check *ck = ((coll_extra *)coll->check)->check;
   WEFT_STEP(ck->inner.advance(&ck->inner));
   int n = coll->comm->size;
   for (int r = 0; r < n; r++) {
@@ -239,8 +345,12 @@ static weft_status check_advance(weft_coll *coll) {
 /* Puts the fingerprint phase in front of the algorithm `coll` was started with. */
 static weft_status check_start(weft_coll *coll) {
   int n = coll->comm->size;
-  coll_check *ck = calloc(1, sizeof *ck + sizeof(coll_print) * (size_t)n);
-  if (!ck) return coll_fail(coll, WEFT_ERR_NOMEM, "no memory for the WEFT_CHECK fingerprints");
+  coll_extra *x = coll_extra_get(coll);
+  coll_check *ck = x ? calloc(1, sizeof *ck + sizeof(coll_print) * (size_t)n) : NULL;
+  if (!ck) {
+    weft_coll_release(coll);
+    return coll_fail(coll, WEFT_ERR_NOMEM, "no memory for the WEFT_CHECK fingerprints");
+  }
   ck->mine = print_of(coll);
   ck->then = coll->advance;
   ck->inner = (weft_coll){.comm = coll->comm,
@@ -260,9 +370,12 @@ static weft_status check_start(weft_coll *coll) {
                           .seq = coll->seq,
                           .waiting_peer = -1,
                           .fail_peer = -1};
-  coll->check = ck;
+  x->check = ck;
   weft_status st = weft_ring_allgather_start(&ck->inner);
-  if (st < 0) return coll_fail(coll, st, "could not start the WEFT_CHECK exchange");
+  if (st < 0) {
+    weft_coll_release(coll);
+    return coll_fail(coll, st, "could not start the WEFT_CHECK exchange");
+  }
   coll->advance = check_advance;
   return WEFT_OK;
 }
@@ -273,6 +386,7 @@ static weft_status check_start(weft_coll *coll) {
 static weft_status coll_start_failed(weft_coll *coll, weft_status started) {
   free(coll->scratch);
   coll->scratch = NULL;
+  weft_coll_release(coll);
   return coll_fail(coll, started, "could not start the algorithm: %s", weft_strerror(started));
 }
 
@@ -280,7 +394,16 @@ static weft_status coll_start(weft_coll *coll, weft_status started) {
   if (started < 0) return coll_start_failed(coll, started);
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %zu bytes (per block), %s algorithm", coll->call, coll->seq,
              coll->count * coll->elem, coll->algo);
+  /* the recorder names what the user called: a widened avg's dtype too */
+  weft_dtype runs_as = coll->dtype;
+  coll->dtype = coll_user_dtype(coll);
   weft_recorder_issue(&coll->comm->recorder, coll); /* the engine adds the time */
+  coll->dtype = runs_as;
+  coll_extra *x = coll->check;
+  if (x && x->widened) {
+    x->then = coll->advance;
+    coll->advance = avg_widen_first;
+  }
   if (coll->comm->check_calls) return check_start(coll);
   return WEFT_OK;
 }
@@ -370,6 +493,23 @@ static void coll_take_seq(weft_coll *coll) {
   coll->seq = ++coll->comm->seq;
 }
 
+/* The algorithm of a call with nothing to move. */
+static weft_status coll_nothing(weft_coll *coll) {
+  (void)coll;
+  return WEFT_OK;
+}
+
+/* A call of count 0 moves no data, so without WEFT_CHECK it ends here on
+ * every rank (weft.h says what a rank that disagrees on the count meets).
+ * With WEFT_CHECK it still compares its fingerprint with every rank's: a
+ * count 0 where the others pass 10 is a mismatch like any other. */
+static weft_status coll_empty(weft_coll *coll) {
+  if (!coll->comm->check_calls || coll->comm->size == 1) return WEFT_COLL_DONE;
+  coll->algo = "none (count 0)";
+  coll->advance = coll_nothing;
+  return coll_start(coll, WEFT_OK);
+}
+
 /* The own block's local copy for one rank; nothing when in place. */
 static weft_status coll_copy_alone(weft_coll *coll) {
   if (coll->recvbuf != coll->sendbuf)
@@ -400,11 +540,12 @@ weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_co
   WEFT_CHECK(coll_begin(comm, coll, call, KIND_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0));
   WEFT_CHECK(check_buffers(coll, (coll_span){count, count, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
-  if (count == 0) return WEFT_COLL_DONE;
+  if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
+  if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, true));
   /* the hosts, should the choice take the hierarchical algorithm */
   coll->hosts = comm->hosts;
   weft_status st = weft_choose_allreduce(&comm->choice, coll);
@@ -419,7 +560,7 @@ weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_co
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (coll_span){at_root ? count : 0, count, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
-  if (count == 0) return WEFT_COLL_DONE;
+  if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
     coll->mem->copy(recvbuf, sendbuf, count * coll->elem);
     return WEFT_COLL_DONE;
@@ -435,11 +576,12 @@ weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_core 
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (coll_span){count, at_root ? count : 0, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
-  if (count == 0) return WEFT_COLL_DONE;
+  if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
+  if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, at_root));
   int fanout = weft_choose_reduce_fanout(&comm->choice, count * coll->elem);
   return coll_start(coll, weft_tree_reduce_start(coll, fanout));
 }
@@ -454,7 +596,7 @@ weft_status weft_coll_allgather_setup(weft_coll *coll, const char *call, weft_co
       coll, (coll_span){sendcount, n * sendcount, 0, r * sendcount,
                         "in place needs sendbuf == recvbuf + rank*sendcount elements"}));
   coll_take_seq(coll);
-  if (sendcount == 0) return WEFT_COLL_DONE;
+  if (sendcount == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_ring_allgather_start(coll));
 }
@@ -469,11 +611,13 @@ weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, we
       coll, (coll_span){n * recvcount, recvcount, r * recvcount, 0,
                         "in place needs recvbuf == sendbuf + rank*recvcount elements"}));
   coll_take_seq(coll);
-  if (recvcount == 0) return WEFT_COLL_DONE;
+  if (recvcount == 0) return coll_empty(coll);
   if (n == 1) {
     coll->mem->finish(recvbuf, sendbuf, recvcount, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
+  if (avg_is_widened(dtype, op))
+    WEFT_CHECK(avg_widen(coll, n * recvcount, r * recvcount, recvcount, true));
   return coll_start(coll, weft_ring_reduce_scatter_start(coll));
 }
 
@@ -488,7 +632,7 @@ weft_status weft_coll_gather_setup(weft_coll *coll, const char *call, weft_core 
       coll, (coll_span){sendcount, at_root ? n * sendcount : 0, 0, (size_t)root * sendcount,
                         "in place needs sendbuf == recvbuf + root*sendcount elements"}));
   coll_take_seq(coll);
-  if (sendcount == 0) return WEFT_COLL_DONE;
+  if (sendcount == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_flat_gather_start(coll));
 }
@@ -504,7 +648,7 @@ weft_status weft_coll_scatter_setup(weft_coll *coll, const char *call, weft_core
       coll, (coll_span){at_root ? n * recvcount : 0, recvcount, (size_t)root * recvcount, 0,
                         "in place needs recvbuf == sendbuf + root*recvcount elements"}));
   coll_take_seq(coll);
-  if (recvcount == 0) return WEFT_COLL_DONE;
+  if (recvcount == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_flat_scatter_start(coll));
 }
@@ -521,7 +665,7 @@ weft_status weft_coll_alltoall_setup(weft_coll *coll, const char *call, weft_cor
   size_t n = (size_t)comm->size;
   WEFT_CHECK(check_buffers(coll, (coll_span){n * count, n * count, 0, 0, NULL}));
   coll_take_seq(coll);
-  if (count == 0) return WEFT_COLL_DONE;
+  if (count == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_pairwise_alltoall_start(coll));
 }

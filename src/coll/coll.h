@@ -53,7 +53,8 @@ void weft_coll_end(weft_coll *coll);
 /* The sentence for a failure the engine saw while driving it; fails the
  * communicator and tells the peers. Returns the status to report. */
 weft_status weft_coll_failed(weft_coll *coll, weft_status st);
-/* Frees what the call's setup held besides the algorithm (WEFT_CHECK's phase). */
+/* Frees what the call's setup held besides the algorithm (WEFT_CHECK's phase,
+ * an integer avg's 64-bit buffer; weft_coll.check holds both). */
 void weft_coll_release(weft_coll *coll);
 
 #endif

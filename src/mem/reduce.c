@@ -271,3 +271,43 @@ void weft_reduce_finish(void *dst, const void *src, size_t count, weft_dtype dty
   if (dst != src)
     memmove(dst, src, count * elem_size[dtype]);
 }
+
+/* ---- integer avg in 64 bits ------------------------------------------------ */
+
+#define WIDEN_CASE_(dt, type)                                                        \
+  case dt: {                                                                         \
+    const type *s = src;                                                             \
+    for (size_t i = 0; i < count; i++) dst[i] = s[i];                                \
+    break;                                                                           \
+  }
+
+WEFT_KERNEL void weft_widen_i64(int64_t *dst, const void *src, size_t count, weft_dtype dtype) {
+  switch (dtype) {
+    WIDEN_CASE_(WEFT_I8, int8_t)
+    WIDEN_CASE_(WEFT_U8, uint8_t)
+    WIDEN_CASE_(WEFT_I32, int32_t)
+    WIDEN_CASE_(WEFT_I64, int64_t)
+    default: break;
+  }
+}
+#undef WIDEN_CASE_
+
+/* Narrowing a value that fits is exact; one that does not wraps (modulo 2^N
+ * in GCC and clang), never undefined. */
+#define NARROW_CASE_(dt, type)                                                       \
+  case dt: {                                                                         \
+    type *d = dst;                                                                   \
+    for (size_t i = 0; i < count; i++) d[i] = (type)src[i];                          \
+    break;                                                                           \
+  }
+
+WEFT_KERNEL void weft_narrow_i64(void *dst, const int64_t *src, size_t count, weft_dtype dtype) {
+  switch (dtype) {
+    NARROW_CASE_(WEFT_I8, int8_t)
+    NARROW_CASE_(WEFT_U8, uint8_t)
+    NARROW_CASE_(WEFT_I32, int32_t)
+    NARROW_CASE_(WEFT_I64, int64_t)
+    default: break;
+  }
+}
+#undef NARROW_CASE_

@@ -6,6 +6,7 @@
 #define WEFT_REDUCE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "weft.h"
 
@@ -24,5 +25,13 @@ void weft_reduce_kernel(void *dst, const void *a, const void *b, size_t count, w
  * copy (or nothing when dst == src). Same division rules as weft_reduce_kernel. */
 void weft_reduce_finish(void *dst, const void *src, size_t count, weft_dtype dtype, weft_op op,
                         int postdiv);
+
+/* An integer avg sums in 64 bits (src/coll/coll.c): dst[i] = src[i] as
+ * int64_t, for src of dtype i8, u8, i32 or i64. */
+void weft_widen_i64(int64_t *dst, const void *src, size_t count, weft_dtype dtype);
+
+/* dst[i] = src[i] narrowed to dtype (i8, u8, i32, i64): the caller knows the
+ * values fit (a mean of values of that dtype); any other value wraps. */
+void weft_narrow_i64(void *dst, const int64_t *src, size_t count, weft_dtype dtype);
 
 #endif

@@ -304,7 +304,12 @@ weft_status shm_conn_create(shm_ctx *ctx, int peer, int channel, const shm_addr 
 }
 
 void shm_conn_notify_abort(shm_conn *c, const char *reason) {
-  if (c->state != SHM_CONN_UP) return;
+  /* A connection this rank found a stray chunk on (a mismatch) is dead for
+   * data, but its segment is still mapped and the peer still reads it: the
+   * peer that sent the chunk must get the cause too, not only our exit. */
+  bool mapped_dead = c->state == SHM_CONN_DEAD && c->tx && c->rx && !c->peer_ended &&
+                     c->dead_status == WEFT_ERR_MISMATCH;
+  if (c->state != SHM_CONN_UP && !mapped_dead) return;
   snprintf(c->tx->abort_text, sizeof c->tx->abort_text, "%s", reason);
   atomic_store_explicit(&c->tx->aborted, 1, memory_order_release);
   /* bump both words the peer may sleep on, so it wakes and sees the flag */
