@@ -87,6 +87,13 @@ static void two_hosts_differ_only_in_name(void **state) {
   assert_int_equal(a.n_rdma + b.n_rdma, 0);
 }
 
+/* rdma_host.xml: a two-socket GPU node with an InfiniBand HCA, written by
+ * hand in hwloc 2.x's XML format (the shape lstopo writes for a ConnectX-6
+ * and an A100): HCA mlx5_0 / ib0 near NUMA node 1, GPU cuda0 (also seen by
+ * DRM as card1) and eth0 near NUMA node 0; 2 packages, 2 NUMA nodes, 4
+ * cores, 8 PUs. The fixtures hold no XML comment: hwloc's minimal parser
+ * (no libhwloc-plugins) refuses one, and the suite runs this test with
+ * either parser. */
 static void rdma_host_fixture(void **state) {
   (void)state;
   weft_topo t;
