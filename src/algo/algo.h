@@ -148,6 +148,9 @@ static inline weft_status weft_link_map(weft_coll *coll, int peer, const weft_me
 /* Scratch memory of the call's memory kind (steps.c), `bytes` long, freed
  * when the call ends; one allocation per call. WEFT_ERR_NOMEM if none. */
 weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out);
+/* Frees memory weft_coll_scratch gave `coll` (NULL is a no-op), through
+ * the same table: the caller clears coll->scratch. */
+void weft_coll_scratch_free(weft_coll *coll, void *scratch);
 
 static inline int weft_mod(int a, int n) {
   return ((a % n) + n) % n;

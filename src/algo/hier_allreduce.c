@@ -35,11 +35,11 @@ _Static_assert(sizeof(hier_state) <= WEFT_ALGO_STATE_BYTES, "hier_state fits wef
 static void hier_cleanup(weft_coll *coll) {
   hier_state *hs = WEFT_ALGO_STATE(coll, hier_state);
   for (int p = 0; p < 3; p++) {
-    free(hs->spent[p]);
+    weft_coll_scratch_free(coll, hs->spent[p]);
     hs->spent[p] = NULL;
   }
   if (!hs->inner) return;
-  free(hs->inner->scratch);
+  weft_coll_scratch_free(hs->inner, hs->inner->scratch);
   hs->inner->scratch = NULL;
 }
 

@@ -15,12 +15,21 @@ size_t weft_chunk_elems(const weft_coll *coll) {
 
 /* Host memory for now: the memory table has no allocator yet. When a CUDA
  * table arrives, this asks coll->mem for memory of the buffers' kind. */
+/* The call's memory table, or host memory for a call set up without one. */
+static const weft_mem_ops *scratch_mem(const weft_coll *coll) {
+  return coll->mem ? coll->mem : &weft_mem_host;
+}
+
 weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out) {
   if (coll->scratch) return WEFT_ERR_INTERNAL; /* one allocation per call */
-  coll->scratch = malloc(bytes ? bytes : 1);
+  coll->scratch = scratch_mem(coll)->alloc_scratch(bytes);
   if (!coll->scratch) return WEFT_ERR_NOMEM;
   *out = coll->scratch;
   return WEFT_OK;
+}
+
+void weft_coll_scratch_free(weft_coll *coll, void *scratch) {
+  scratch_mem(coll)->free_scratch(scratch);
 }
 
 void weft_chunk_range(size_t k, size_t chunk_elems, size_t count, size_t *off, size_t *cnt) {

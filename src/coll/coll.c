@@ -313,7 +313,7 @@ static void check_cleanup_free(weft_coll *coll) {
   coll_extra *x = coll->check;
   coll_check *ck = x ? x->check : NULL;
   if (!ck) return;
-  free(ck->inner.scratch);
+  weft_coll_scratch_free(&ck->inner, ck->inner.scratch);
   free(ck);
   x->check = NULL;
 }
@@ -384,7 +384,7 @@ static weft_status check_start(weft_coll *coll) {
  * call and tells the peers, which would otherwise wait for this rank until
  * their timeout. */
 static weft_status coll_start_failed(weft_coll *coll, weft_status started) {
-  free(coll->scratch);
+  weft_coll_scratch_free(coll, coll->scratch);
   coll->scratch = NULL;
   weft_coll_release(coll);
   return coll_fail(coll, started, "could not start the algorithm: %s", weft_strerror(started));

@@ -61,7 +61,7 @@ static void fail_all(weft_core *comm, weft_status st) {
 void weft_request_complete(weft_request *req, weft_status st) {
   if (req->coll.cleanup) req->coll.cleanup(&req->coll);
   weft_coll_release(&req->coll);
-  free(req->coll.scratch);
+  weft_coll_scratch_free(&req->coll, req->coll.scratch);
   req->coll.scratch = NULL;
   req->status = st;
   atomic_store_explicit(&req->done, 1, memory_order_release);
