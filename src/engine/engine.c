@@ -322,6 +322,10 @@ static void culprit_verdict(const weft_core *comm, const int *waits_on, char *ou
              chain);
     return;
   }
+  if (culprit == me) { /* this rank waited on no peer: the others' waits cannot start here */
+    snprintf(out, len, "no rank's waits lead elsewhere");
+    return;
+  }
   /* every rank heard from whose waits lead to the culprit */
   char waiters[96] = "";
   size_t w = 0;

@@ -369,13 +369,16 @@ void shm_conn_check_peer(shm_conn *c) {
   if (c->peer_ended) shm_conn_unlink(c);
 }
 
-/* A peer's notice that came after this rank sent its own (its connection
- * is dead, so no data call reads it any more): read once, for the timeout's
- * culprit exchange (src/engine/engine.c), which collects every rank's. */
-weft_status shm_conn_take_late_notice(shm_conn *c) {
-  if (c->state != SHM_CONN_DEAD || c->notice_read || !c->rx ||
-      !atomic_load_explicit(&c->rx->aborted, memory_order_acquire))
+/* A peer's failure notice, from progress, as tcp's listener gives them: on
+ * a pair the current call does not read, and one that came after this rank
+ * sent its own (its connection is dead, so no data call reads it any more).
+ * Read once; the timeout's culprit exchange (src/engine/engine.c) collects
+ * every rank's this way. */
+weft_status shm_conn_take_notice(shm_conn *c) {
+  if (c->notice_read || !c->rx || !atomic_load_explicit(&c->rx->aborted, memory_order_acquire))
     return WEFT_OK;
+  if (c->state == SHM_CONN_UP) return shm_peer_gone(c);
+  if (c->state != SHM_CONN_DEAD) return WEFT_OK;
   c->notice_read = true;
   char text[SHM_ABORT_TEXT];
   snprintf(text, sizeof text, "%.*s", SHM_ABORT_TEXT - 1, c->rx->abort_text);
