@@ -169,8 +169,8 @@ static const weft_link_transport *waited_transport(weft_core *comm) {
  * (1 -> 0 -> 3 -> 2) ends at the rank that said nothing, the culprit.
  * The words go in the transports' failure notice, after WAITS_TAG: tcp
  * leaves it at every peer's listener; shm reaches the peers it has a
- * segment with, so the grace first opens the pairs not yet connected (both
- * ends of a live pair are in their grace then). Every wait is bounded: a
+ * segment with, so the grace first opens this host's pairs not yet
+ * connected (both ends of a live pair are in their grace then). Every wait is bounded: a
  * timeout is reported after at most the grace more (and tcp's bounded
  * notice, culprit_grace_s). */
 #define WAITS_TAG "[waits"
@@ -243,9 +243,14 @@ static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on
   int n = comm->size, me = comm->rank;
   double start = weft_now(), grace = culprit_grace_s(comm);
   double send_at = start + grace * (triggered ? 0.25 : 0.5), until = start + grace;
-  for (int p = 0; p < n; p++) {
+  /* this host's peers only: shm reaches no other, and tcp's notice goes to
+   * every listener without a connection (thousands of them would cost as
+   * many fds) */
+  for (int i = 0; comm->hosts.host_members && i < comm->hosts.local_size; i++) {
+    int p = comm->hosts.host_members[i];
     weft_tp_conn *conn;
-    if (p != me && l->peers[p].tp >= 0 && !l->peers[p].conn) (void)weft_links_conn(l, p, &conn);
+    if (p >= 0 && p < n && p != me && l->peers[p].tp >= 0 && !l->peers[p].conn)
+      (void)weft_links_conn(l, p, &conn);
   }
   bool sent = false;
   for (;;) {
