@@ -358,7 +358,7 @@ static void silent_peer_times_out(void **state) {
   expect_error_within(1, 3); /* the late rank finds the failure, it does not hang */
 }
 
-/* Rank 2 of 4 stops (SIGSTOP) before its 4th allreduce, for longer than
+/* Rank 2 of 4 (8) stops (SIGSTOP) before its 4th allreduce, for longer than
  * the timeout. Every other rank times out at about the same moment, each
  * waiting on its own neighbour (the ring: 3 on 2, 0 on 3, 1 on 0); each
  * must still name rank 2. The last of them to finish lets rank 2 go on
@@ -390,28 +390,29 @@ static int stops_itself(int rank, int size, const weft_unique_id *id, void *arg)
   return 0;
 }
 
-static void stopped_rank_named(const char *algo) {
+static void stopped_rank_named(const char *algo, int size) {
   const char *env[] = {"WEFT_TIMEOUT=1", algo, NULL};
   harness_init();
-  int failed = harness_run(4, env, 60, stops_itself, NULL);
+  int failed = harness_run(size, env, 60, stops_itself, NULL);
   if (harness_shm->word[STOPPED_RANK]) kill((pid_t)harness_shm->word[STOPPED_RANK], SIGKILL);
   assert_int_equal(failed, 0);
-  for (int r = 0; r < 4; r++) {
+  for (int r = 0; r < size; r++) {
     if (r == STOPPED_RANK) continue;
     /* the timeout, the grace (min(1 s, timeout/4)), tcp's notice, a loaded machine */
     expect_error_within(r, 4);
     assert_true(harness_shm->seconds[r] >= 0.9);
     assert_int_equal(harness_shm->status[r], WEFT_ERR_TIMEOUT);
     if (!strstr(harness_shm->message[r], "the culprit is rank 2:"))
-      fail_msg("%s: rank %d does not name rank 2: %s", algo, r, harness_shm->message[r]);
+      fail_msg("%s, %d ranks: rank %d does not name rank 2: %s", algo, size, r, harness_shm->message[r]);
   }
   assert_int_equal(weft_segments_left(), 0);
 }
 
 static void stopped_rank_is_named_by_every_rank(void **state) {
   (void)state;
-  stopped_rank_named("WEFT_ALGO=ring");
-  stopped_rank_named("WEFT_ALGO=rd");
+  stopped_rank_named("WEFT_ALGO=ring", 4);
+  stopped_rank_named("WEFT_ALGO=rd", 4);
+  stopped_rank_named("WEFT_ALGO=ring", 8); /* chains of 7, pairs never connected before */
 }
 
 /* ---- explicit config over IPv6 loopback ------------------------------------ */
