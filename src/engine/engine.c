@@ -203,10 +203,11 @@ static void waits_parse(const char *text, int *waits_on, int n) {
 static void waits_notice(const weft_core *comm, const weft_coll *coll, const int *waits_on,
                          char *buf, size_t len) {
   int n = comm->size, me = comm->rank;
-  size_t at = (size_t)snprintf(buf, len, "rank %d made no progress for %.1f s in call #%u, "
-                                         "waiting for peer %d " WAITS_TAG " %d>%d",
+  size_t at = (size_t)snprintf(buf, len,
+                               "rank %d made no progress for %.1f s in call #%u, "
+                               "waiting for peer %d " WAITS_TAG " %d>%d",
                                me, comm->fail.timeout_s, coll->seq, waits_on[me], me, waits_on[me]);
-  for (int r = 0; r < n && at + 16 < len; r++)
+  for (int r = 0; r < n && at + 24 < len; r++) /* room for a whole wait: none is cut */
     if (r != me && waits_on[r] != WAIT_UNKNOWN)
       at += (size_t)snprintf(buf + at, len - at, " %d>%d", r, waits_on[r]);
   if (at + 2 <= len) snprintf(buf + at, len - at, "]");
@@ -335,12 +336,15 @@ static void culprit_verdict(const weft_core *comm, const int *waits_on, char *ou
   char waiters[96] = "";
   size_t w = 0;
   int count = 0;
-  for (int r = 0; r < n && w + 12 < sizeof waiters; r++) {
+  for (int r = 0; r < n; r++) {
     if (r == culprit || waits_on[r] == WAIT_UNKNOWN) continue;
     int y = r;
     for (int k = 0; k < n && y != culprit && waits_on[y] >= 0; k++) y = waits_on[y];
     if (y != culprit) continue;
-    w += (size_t)snprintf(waiters + w, sizeof waiters - w, "%s%d", count ? ", " : "", r);
+    if (w + 20 < sizeof waiters)
+      w += (size_t)snprintf(waiters + w, sizeof waiters - w, "%s%d", count ? ", " : "", r);
+    else if (!strstr(waiters, "..."))
+      w += (size_t)snprintf(waiters + w, sizeof waiters - w, ", ...");
     count++;
   }
   char because[160];
@@ -377,9 +381,9 @@ static weft_status culprit_fail(weft_core *comm, weft_request *head, bool trigge
 static weft_status drive_failed(weft_core *comm, weft_request *head, weft_status st) {
   weft_engine *e = comm->engine;
   if (!head) head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
-  bool timeout_notice = st < 0 && st != WEFT_ERR_ABORTED && strstr(comm->links.sink.origin, WAITS_TAG);
-  if (head && !comm->fail.failed && comm->size > 1 &&
-      (st == WEFT_ERR_TIMEOUT || timeout_notice)) {
+  bool timeout_notice =
+      st < 0 && st != WEFT_ERR_ABORTED && strstr(comm->links.sink.origin, WAITS_TAG);
+  if (head && !comm->fail.failed && comm->size > 1 && (st == WEFT_ERR_TIMEOUT || timeout_notice)) {
     st = culprit_fail(comm, head, st != WEFT_ERR_TIMEOUT);
   } else if (head) {
     st = weft_coll_failed(&head->coll, st);
