@@ -177,12 +177,13 @@ static const weft_link_transport *waited_transport(weft_core *comm) {
 #define WAIT_UNKNOWN (-2) /* nothing heard from the rank */
 #define WAIT_NOBODY (-1)  /* the rank waits on no peer */
 
-/* min(1 s, timeout/4): long enough for every live rank, which times out
- * within a few milliseconds of the others, to join; short against the
- * timeout itself. */
+/* timeout/4 within [0.5 s, 1 s]: long enough for every live rank to join
+ * (they time out within milliseconds of each other, but on a loaded
+ * machine a rank may not run for a hundred; 0.25 s missed some ranks of 8
+ * on 2 cores), short against the timeout itself. */
 static double culprit_grace_s(const weft_core *comm) {
   double g = comm->fail.timeout_s / 4;
-  return g < 1.0 ? g : 1.0;
+  return g < 0.5 ? 0.5 : g > 1.0 ? 1.0 : g;
 }
 
 /* Learns the waits a notice carries ("[waits 1>0 0>3]"). */
