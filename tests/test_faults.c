@@ -410,13 +410,12 @@ static void stopped_rank_named(const char *algo, int size) {
 
 static void stopped_rank_is_named_by_every_rank(void **state) {
   (void)state;
-  /* ibv reads a peer's notice only on a live connection: after sending its
-   * own, a rank hears no more, so the exchange is not wired there yet */
-  const char *tp = getenv("WEFT_TRANSPORT");
-  if (tp && !strcmp(tp, "ibv")) skip();
   stopped_rank_named("WEFT_ALGO=ring", 4);
   stopped_rank_named("WEFT_ALGO=rd", 4);
-  stopped_rank_named("WEFT_ALGO=ring", 8); /* chains of 7, pairs never connected before */
+  /* chains of 7, pairs never connected before; over emulated verbs, 28
+   * handshakes in the grace were too slow on 2 loaded cores */
+  const char *tp = getenv("WEFT_TRANSPORT");
+  if (!tp || strcmp(tp, "ibv")) stopped_rank_named("WEFT_ALGO=ring", 8);
 }
 
 /* ---- explicit config over IPv6 loopback ------------------------------------ */
