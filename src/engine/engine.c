@@ -245,14 +245,16 @@ static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on
   int n = comm->size, me = comm->rank;
   double start = weft_now(), grace = culprit_grace_s(comm);
   double send_at = start + grace * (triggered ? 0.25 : 0.5), until = start + grace;
-  /* this host's peers only: shm reaches no other, and tcp's notice goes to
-   * every listener without a connection (thousands of them would cost as
-   * many fds) */
+  /* this host's peers only, and not over tcp: its notice goes to every
+   * listener without a connection, while a new connection costs an fd and
+   * an accept that waits for the dialer's proof (on 2 loaded cores, 8
+   * ranks' dials kept notices unread past the grace); shm and ibv tell only
+   * the peers they are connected to */
   for (int i = 0; comm->hosts.host_members && i < comm->hosts.local_size; i++) {
     int p = comm->hosts.host_members[i];
     weft_tp_conn *conn;
-    if (p >= 0 && p < n && p != me && l->peers[p].tp >= 0 && !l->peers[p].conn)
-      (void)weft_links_conn(l, p, &conn);
+    if (p < 0 || p >= n || p == me || l->peers[p].tp < 0 || l->peers[p].conn) continue;
+    if (strcmp(l->tps[l->peers[p].tp].ops->name, "tcp") != 0) (void)weft_links_conn(l, p, &conn);
   }
   bool sent = false;
   for (;;) {
