@@ -168,11 +168,12 @@ static const weft_link_transport *waited_transport(weft_core *comm) {
  * and collects theirs for a short grace (culprit_gather): the chain of waits
  * (1 -> 0 -> 3 -> 2) ends at the rank that said nothing, the culprit.
  * The words go in the transports' failure notice, after WAITS_TAG: tcp
- * leaves it at every peer's listener; shm reaches the peers it has a
- * segment with, so the grace first opens this host's pairs not yet
- * connected (both ends of a live pair are in their grace then). Every wait is bounded: a
- * timeout is reported after at most the grace more (and tcp's bounded
- * notice, culprit_grace_s). */
+ * leaves it at every peer's listener; shm and ibv reach the peers they are
+ * connected to, so the grace first opens this host's pairs not yet
+ * connected (both ends of a live pair are in their grace then), and both
+ * read a peer's notice after sending their own. Every wait is bounded: a
+ * timeout is reported at most the grace later (culprit_grace_s), plus tcp's
+ * notice (at most 1 s where a host does not answer). */
 #define WAITS_TAG "[waits"
 #define WAIT_UNKNOWN (-2) /* nothing heard from the rank */
 #define WAIT_NOBODY (-1)  /* the rank waits on no peer */
