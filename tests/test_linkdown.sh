@@ -6,7 +6,8 @@
 # is throttled to 1 kbit/s (=tbf) or deleted (=delete). Every rank must
 # return WEFT_ERR_TIMEOUT or WEFT_ERR_PEER_LOST with a sentence naming a
 # peer, within WEFT_TIMEOUT plus a margin - never hang, never succeed with
-# wrong data. Namespaces are removed however the test ends. Exits 77
+# wrong data; a timeout must name a rank of the other host as the
+# culprit. Namespaces are removed however the test ends. Exits 77
 # (skipped) where namespaces cannot be made, saying why.
 set -u
 prog=${1:?usage: test_linkdown.sh RANK_PROGRAM}
@@ -93,6 +94,15 @@ for p in $pids; do
   ended=$(now_ms)
   line=$(grep FAILED "$tmp/out.$r" | head -n 1)
   [ "$st" = 0 ] || { echo "not ok - rank $r exited $st: ${line:-no failure reported}"; rc=1; }
+  # A timeout names the rank the waits lead to (issue 14 item 8); with the
+  # link cut that is a rank of the other host, never this host's healthy
+  # leader, whom a rank waits on in the hierarchical allreduce.
+  if [ "$r" -lt 2 ]; then other="2|3"; else other="0|1"; fi
+  case $line in
+    *WEFT_ERR_TIMEOUT* | *"the culprit is rank"*)
+      echo "$line" | grep -Eq "the culprit is rank ($other):" ||
+        { echo "not ok - rank $r does not name a rank of the other host as the culprit"; rc=1; } ;;
+  esac
   echo "[$r] ${line:-(no failure line)} (ended <= $((ended - cut_at)) ms after the cut)"
   r=$((r + 1))
 done

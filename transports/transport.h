@@ -103,6 +103,11 @@ typedef struct weft_transport_caps {
    * peer's transport says so: over loopback TCP its extra sends cost more
    * than the round they save, 50 against 43 us at 4 ranks). */
   bool sends_are_stores;
+  /* True when abort_all reaches every peer, connected or not (tcp leaves its
+   * notice at each peer's listener); else only the peers a connection is
+   * open to hear it, and a caller that needs every peer to hear opens the
+   * connections first (a timeout's culprit exchange, src/engine/engine.c). */
+  bool notices_reach_unconnected;
 } weft_transport_caps;
 
 typedef struct weft_transport_init_args {

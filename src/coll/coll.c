@@ -248,6 +248,19 @@ weft_status weft_coll_failed(weft_coll *coll, weft_status st) {
   }
 }
 
+weft_status weft_coll_timed_out(weft_coll *coll, const char *verdict) {
+  weft_core *comm = coll->comm;
+  int peer = coll->waiting_peer;
+  comm->links.sink.origin[0] = 0; /* this rank's own words: every rank reached the same */
+  weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, WEFT_ERR_TIMEOUT, 0);
+  weft_recorder_dump(&comm->recorder, comm->rank, comm->size, "timeout");
+  return coll_fail(coll, WEFT_ERR_TIMEOUT,
+                   "no progress for %.1f s while waiting for %s peer %d (%s algorithm); %s",
+                   comm->fail.timeout_s, coll->waiting_for ? coll->waiting_for : "", peer,
+                   coll->algo, verdict);
+}
+
+
 /* ---- WEFT_CHECK: fingerprints before every collective ----------------------- */
 
 /* What every rank must agree on. Fields a call does not use are zero. */

@@ -53,6 +53,9 @@ void weft_coll_end(weft_coll *coll);
 /* The sentence for a failure the engine saw while driving it; fails the
  * communicator and tells the peers. Returns the status to report. */
 weft_status weft_coll_failed(weft_coll *coll, weft_status st);
+/* A timeout, worded with `verdict`: what the ranks found out together about
+ * whom they waited on (the engine's culprit exchange). */
+weft_status weft_coll_timed_out(weft_coll *coll, const char *verdict);
 /* Frees what the call's setup held besides the algorithm (WEFT_CHECK's phase,
  * an integer avg's 64-bit buffer; weft_coll.check holds both). */
 void weft_coll_release(weft_coll *coll);

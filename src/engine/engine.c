@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -161,12 +162,239 @@ static const weft_link_transport *waited_transport(weft_core *comm) {
   return &comm->links.tps[t < 0 ? 0 : t];
 }
 
+/* ---- a timeout's culprit --------------------------------------------------
+ * When one rank stops (SIGSTOP, a debugger, a long pause outside the call)
+ * or a link dies, every rank that waits on it, directly or through others,
+ * times out at about the same moment, each waiting on its own neighbour: no
+ * rank alone can tell who stopped. So before it reports, a rank that timed
+ * out, or heard a peer's timeout notice, tells every peer whom it waits on
+ * and collects theirs for a short grace (culprit_gather): the chain of waits
+ * (1 -> 0 -> 3 -> 2) ends at the rank that said nothing, the culprit.
+ * The words go in the transports' failure notice, after WAITS_TAG: tcp
+ * leaves it at every peer's listener; shm and ibv reach the peers they are
+ * connected to, so the grace first opens this host's pairs not yet
+ * connected (both ends of a live pair are in their grace then), and both
+ * read a peer's notice after sending their own. Every wait is bounded: a
+ * timeout is reported at most the grace later (culprit_grace_s), plus tcp's
+ * notice (at most 1 s where a host does not answer). */
+#define WAITS_TAG "[waits"
+#define WAIT_UNKNOWN (-2) /* nothing heard from the rank */
+#define WAIT_NOBODY (-1)  /* the rank waits on no peer */
+
+/* timeout/4 within [0.5 s, 1 s]: long enough for every live rank to join
+ * (they time out within milliseconds of each other, but on a loaded
+ * machine a rank may not run for a hundred; 0.25 s missed some ranks of 8
+ * on 2 cores), short against the timeout itself. */
+static double culprit_grace_s(const weft_core *comm) {
+  double g = comm->fail.timeout_s / 4;
+  return g < 0.5 ? 0.5 : g > 1.0 ? 1.0 : g;
+}
+
+/* Learns the waits a notice carries ("[waits 1>0 0>3]"). */
+static void waits_parse(const char *text, int *waits_on, int n) {
+  const char *s = strstr(text, WAITS_TAG);
+  if (!s) return;
+  s += strlen(WAITS_TAG);
+  int a, b, used;
+  while (sscanf(s, " %d>%d%n", &a, &b, &used) == 2) {
+    if (a >= 0 && a < n && b >= WAIT_NOBODY && b < n && waits_on[a] == WAIT_UNKNOWN)
+      waits_on[a] = b;
+    s += used;
+  }
+}
+
+/* This rank's notice: who it is, the call, whom it waits on, then every
+ * wait it knows (its own first), as many as fit a notice. */
+static void waits_notice(const weft_core *comm, const weft_coll *coll, const int *waits_on,
+                         char *buf, size_t len) {
+  int n = comm->size, me = comm->rank;
+  size_t at = (size_t)snprintf(buf, len,
+                               "rank %d made no progress for %.1f s in call #%u, "
+                               "waiting for peer %d " WAITS_TAG " %d>%d",
+                               me, comm->fail.timeout_s, coll->seq, waits_on[me], me, waits_on[me]);
+  for (int r = 0; r < n && at + 24 < len; r++) /* room for a whole wait: none is cut */
+    if (r != me && waits_on[r] != WAIT_UNKNOWN)
+      at += (size_t)snprintf(buf + at, len - at, " %d>%d", r, waits_on[r]);
+  if (at + 2 <= len) snprintf(buf + at, len - at, "]");
+}
+
+/* Reads every notice the transports hold (tcp: at the listener; shm: on
+ * the pairs, also after this rank sent its own). */
+static void culprit_harvest(weft_core *comm, int *waits_on) {
+  weft_error_sink *sink = &comm->links.sink;
+  for (int t = 0; t < comm->links.ntps; t++)
+    for (int k = 0; k < 4 * comm->size; k++) { /* one notice per call at most */
+      bool moved;
+      sink->origin[0] = 0;
+      weft_status st = comm->links.tps[t].ops->progress(comm->links.tps[t].ctx, &moved);
+      if (st >= 0) break;
+      waits_parse(sink->origin, waits_on, comm->size);
+    }
+  sink->origin[0] = 0;
+}
+
+static bool heard_all_but_one(const int *waits_on, int n) {
+  int unheard = 0;
+  for (int r = 0; r < n; r++) unheard += waits_on[r] == WAIT_UNKNOWN;
+  return unheard <= 1;
+}
+
+/* The grace: open the pairs not yet connected, send this rank's waits once
+ * every pair is up (or half the grace passed: the stopped rank never
+ * answers), and collect the others' until the grace ends or all but one
+ * rank were heard. `triggered`: a peer's notice started it (in `waits_on`
+ * already), so this rank tells the others sooner. */
+static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on, bool triggered) {
+  weft_links *l = &comm->links;
+  int n = comm->size, me = comm->rank;
+  double start = weft_now(), grace = culprit_grace_s(comm);
+  double send_at = start + grace * (triggered ? 0.25 : 0.5), until = start + grace;
+  /* this host's peers only, and not over tcp: its notice goes to every
+   * listener without a connection, while a new connection costs an fd and
+   * an accept that waits for the dialer's proof (on 2 loaded cores, 8
+   * ranks' dials kept notices unread past the grace); shm and ibv tell only
+   * the peers they are connected to */
+  for (int i = 0; comm->hosts.host_members && i < comm->hosts.local_size; i++) {
+    int p = comm->hosts.host_members[i];
+    weft_tp_conn *conn;
+    if (p < 0 || p >= n || p == me || l->peers[p].tp < 0 || l->peers[p].conn[WEFT_TP_CHANNEL_COLL])
+      continue;
+    if (!l->tps[l->peers[p].tp].ops->caps.notices_reach_unconnected)
+      (void)weft_links_conn(l, p, WEFT_TP_CHANNEL_COLL, &conn);
+  }
+  bool sent = false;
+  for (;;) {
+    if (atomic_load_explicit(&comm->fail.aborted, memory_order_relaxed)) break;
+    double now = weft_now();
+    if (!sent) {
+      bool all_up = true;
+      for (int p = 0; p < n; p++) {
+        weft_link_peer *lp = &l->peers[p];
+        if (p == me || lp->tp < 0 || !lp->conn[WEFT_TP_CHANNEL_COLL]) continue;
+        l->sink.origin[0] = 0;
+        weft_status st = l->tps[lp->tp].ops->send_ready(lp->conn[WEFT_TP_CHANNEL_COLL]); /* opens it; reads a notice */
+        if (st == WEFT_AGAIN) all_up = false;
+        if (st < 0) waits_parse(l->sink.origin, waits_on, n);
+      }
+      if (all_up || now >= send_at) {
+        char notice[288]; /* under the transports' 300-byte notice: no wait is cut */
+        waits_notice(comm, coll, waits_on, notice, sizeof notice);
+        l->sink.origin[0] = 0; /* tcp then dials every listener, as for a first cause */
+        weft_links_abort_all(l, notice);
+        sent = true;
+      }
+    }
+    culprit_harvest(comm, waits_on);
+    if (sent && (now >= until || heard_all_but_one(waits_on, n))) break;
+    /* a short sleep in each transport's wait: tcp takes a notice from its
+     * listener there */
+    for (int t = 0; t < l->ntps; t++) {
+      l->sink.origin[0] = 0;
+      if (l->tps[t].ops->wait(l->tps[t].ctx, 1) < 0) waits_parse(l->sink.origin, waits_on, n);
+    }
+    if (!l->ntps) {
+      struct timespec pause = {0, 1000000};
+      nanosleep(&pause, NULL);
+    }
+  }
+}
+
+/* What the waits say, for the sentence: the chain from this rank ends at a
+ * rank that said nothing (or waits on nobody): the culprit, with every rank
+ * whose chain ends there; or it closes on itself: a cycle. */
+static void culprit_verdict(const weft_core *comm, const int *waits_on, char *out, size_t len) {
+  int n = comm->size, me = comm->rank;
+  char chain[160];
+  size_t at = 0;
+  int x = me, hops = 0, culprit = -1;
+  bool *seen = calloc((size_t)n, sizeof *seen);
+  if (!seen) {
+    snprintf(out, len, "(no memory to follow the ranks' waits)");
+    return;
+  }
+  for (;;) {
+    if (hops < 12)
+      at += (size_t)snprintf(chain + at, sizeof chain - at, hops ? " -> %d" : "%d", x);
+    else if (hops == 12)
+      at += (size_t)snprintf(chain + at, sizeof chain - at, " -> ...");
+    if (at >= sizeof chain) at = sizeof chain - 1;
+    hops++;
+    if (seen[x]) break; /* a cycle */
+    seen[x] = true;
+    int next = waits_on[x];
+    if (next == WAIT_UNKNOWN || next == WAIT_NOBODY || next == x) {
+      culprit = x;
+      break;
+    }
+    x = next;
+  }
+  free(seen);
+  double grace = culprit_grace_s(comm);
+  if (culprit < 0) {
+    snprintf(out, len,
+             "ranks that wait on each other (%s), none of them stopped: a link between them is "
+             "cut, or they are in different calls",
+             chain);
+    return;
+  }
+  if (culprit == me) { /* this rank waited on no peer: the others' waits cannot start here */
+    snprintf(out, len, "no rank's waits lead elsewhere");
+    return;
+  }
+  /* every rank heard from whose waits lead to the culprit */
+  char waiters[96] = "";
+  size_t w = 0;
+  int count = 0;
+  for (int r = 0; r < n; r++) {
+    if (r == culprit || waits_on[r] == WAIT_UNKNOWN) continue;
+    int y = r;
+    for (int k = 0; k < n && y != culprit && waits_on[y] >= 0; k++) y = waits_on[y];
+    if (y != culprit) continue;
+    if (w + 20 < sizeof waiters)
+      w += (size_t)snprintf(waiters + w, sizeof waiters - w, "%s%d", count ? ", " : "", r);
+    else if (!strstr(waiters, "..."))
+      w += (size_t)snprintf(waiters + w, sizeof waiters - w, ", ...");
+    count++;
+  }
+  char because[160];
+  if (waits_on[culprit] == WAIT_NOBODY)
+    snprintf(because, sizeof because, "it waits on no peer (is it in this call?)");
+  else
+    snprintf(because, sizeof because,
+             "it made no progress and did not answer in %.2f s (stopped, busy outside this "
+             "call, or cut off)",
+             grace);
+  snprintf(out, len, "the culprit is rank %d: %s; rank%s %s waited on it (%s)", culprit, because,
+           count > 1 ? "s" : "", waiters, chain);
+}
+
+/* A timeout (this rank's, or a peer's notice of one): the ranks agree on the
+ * culprit before the head call reports it. */
+static weft_status culprit_fail(weft_core *comm, weft_request *head, bool triggered) {
+  int n = comm->size;
+  int *waits_on = malloc((size_t)n * sizeof *waits_on);
+  if (!waits_on) return weft_coll_failed(&head->coll, WEFT_ERR_TIMEOUT);
+  for (int r = 0; r < n; r++) waits_on[r] = WAIT_UNKNOWN;
+  int peer = head->coll.waiting_peer;
+  waits_on[comm->rank] = peer >= 0 && peer < n && peer != comm->rank ? peer : WAIT_NOBODY;
+  if (triggered) waits_parse(comm->links.sink.origin, waits_on, n);
+  culprit_gather(comm, &head->coll, waits_on, triggered);
+  char verdict[384];
+  culprit_verdict(comm, waits_on, verdict, sizeof verdict);
+  free(waits_on);
+  return weft_coll_timed_out(&head->coll, verdict);
+}
+
 /* A failure seen while driving: the head collective words it (or the lane),
  * the communicator fails, every request completes with the error. */
 static weft_status drive_failed(weft_core *comm, weft_request *head, weft_status st) {
   weft_engine *e = comm->engine;
   if (!head) head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
-  if (head) {
+  bool timeout_notice =
+      st < 0 && st != WEFT_ERR_ABORTED && strstr(comm->links.sink.origin, WAITS_TAG);
+  if (head && !comm->fail.failed && comm->size > 1 && (st == WEFT_ERR_TIMEOUT || timeout_notice)) {
+    st = culprit_fail(comm, head, st != WEFT_ERR_TIMEOUT);
+  } else if (head) {
     st = weft_coll_failed(&head->coll, st);
   } else if (!comm->fail.failed) {
     const char *what = NULL;

@@ -180,6 +180,7 @@ weft_status ibv_conn_create(ibv_ctx *ctx, int peer, int channel, ibv_conn **out)
 weft_status ibv_conn_dial(ibv_conn *c, const struct sockaddr_storage *addr, socklen_t len);
 weft_status ibv_conn_accept_one(ibv_ctx *ctx, bool *progressed);
 weft_status ibv_conn_poll(ibv_conn *c, bool *progressed);
+weft_status ibv_conn_take_late_notice(ibv_conn *c);
 weft_status ibv_conn_fail(ibv_conn *c, weft_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void ibv_conn_notify_abort(ibv_conn *c, const char *reason);

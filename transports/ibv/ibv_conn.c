@@ -429,7 +429,9 @@ static weft_status ibv_side_read(ibv_conn *c, bool *progressed) {
 void ibv_conn_notify_abort(ibv_conn *c, const char *reason) {
   /* a connection whose queue pair failed still has its socket: the peer
    * must hear why rather than see only the end of the process */
-  if (c->fd < 0 || c->abort_sent || c->peer_said_abort) return;
+  /* also when the peer failed first: it may still read ours (a timeout's
+   * culprit exchange, src/engine/engine.c, needs every rank's notice) */
+  if (c->fd < 0 || c->abort_sent) return;
   c->abort_sent = true;
   size_t tlen = strnlen(reason, IBV_ABORT_TEXT);
   uint8_t frame[8 + IBV_ABORT_TEXT];
@@ -549,6 +551,42 @@ static weft_status ibv_conn_poll_cq(ibv_conn *c, bool *progressed) {
   } while (n == 16);
   if (c->credit_dirty) WEFT_CHECK(ibv_send_credit(c));
   return WEFT_OK;
+}
+
+/* The peer's notice that came after ours (the connection is dead, so no
+ * poll reads its socket any more): read once, for the timeout's culprit
+ * exchange (src/engine/engine.c), which collects every rank's. Only notices
+ * follow the handshake on the side socket. */
+weft_status ibv_conn_take_late_notice(ibv_conn *c) {
+  if (c->state != IBV_CONN_DEAD || !c->abort_sent || c->peer_said_abort || c->fd < 0 ||
+      c->peer_ended)
+    return WEFT_OK;
+  for (;;) {
+    size_t want = 8;
+    if (c->rgot >= 8) {
+      uint32_t len = ntohl(((uint32_t *)c->rbuf)[1]);
+      want = 8 + (len > IBV_ABORT_TEXT ? IBV_ABORT_TEXT : len);
+    }
+    if (c->rgot < want) {
+      ssize_t r = recv(c->fd, c->rbuf + c->rgot, want - c->rgot, MSG_DONTWAIT);
+      if (r <= 0) {
+        if (r == 0 || (errno != EAGAIN && errno != EINTR)) c->peer_ended = true;
+        return WEFT_OK;
+      }
+      c->rgot += (size_t)r;
+      continue;
+    }
+    c->rgot = 0;
+    uint32_t hdr[2];
+    memcpy(hdr, c->rbuf, sizeof hdr);
+    if (ntohl(hdr[0]) != IBV_FRAME_ABORT) continue;
+    char text[IBV_ABORT_TEXT + 1];
+    snprintf(text, sizeof text, "%.*s", (int)(want - 8), (const char *)c->rbuf + sizeof hdr);
+    c->peer_said_abort = true;
+    weft_error_sink_set(c->ctx->args->errors, "peer %d passed on a failure: %s", c->peer, text);
+    snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
+    return WEFT_ERR_PEER_LOST;
+  }
 }
 
 weft_status ibv_conn_poll(ibv_conn *c, bool *progressed) {

@@ -482,6 +482,8 @@ static weft_status ibv_progress(weft_tp_ctx *tctx, bool *progressed) {
     if (!c) continue;
     if (c->state != IBV_CONN_DEAD) ibv_conn_poll(c, progressed);
     if (c->alive_before && c->state == IBV_CONN_DEAD && st == WEFT_OK) st = c->dead_status;
+    else if (!c->alive_before && st == WEFT_OK)
+      st = ibv_conn_take_late_notice(c);
   }
   return st;
 }

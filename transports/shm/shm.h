@@ -128,6 +128,7 @@ struct shm_conn {
   bool peeked;
   int pidfd;                         /* readable once the peer process ended; -1 */
   bool peer_ended;                   /* its process is gone: what it sent is still read */
+  bool notice_read;                  /* the peer's failure notice was read */
   uint32_t peer_pid;
   shm_peer_map maps[SHM_PEER_MAPS]; /* the peer's shared buffers, mapped on first use */
   int nmaps;
@@ -168,6 +169,7 @@ void shm_conn_check_peer(shm_conn *c);
 weft_status shm_conn_fail(shm_conn *c, weft_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void shm_conn_notify_abort(shm_conn *c, const char *reason);
+weft_status shm_conn_take_notice(shm_conn *c);
 void shm_conn_destroy(shm_conn *c);
 void shm_futex_wake(atomic_uint *word);
 void shm_futex_wait(atomic_uint *word, uint32_t expected, int timeout_ms);

@@ -306,15 +306,23 @@ weft_status shm_conn_create(shm_ctx *ctx, int peer, int channel, const shm_addr 
 void shm_conn_notify_abort(shm_conn *c, const char *reason) {
   /* A connection this rank found a stray chunk on (a mismatch) is dead for
    * data, but its segment is still mapped and the peer still reads it: the
-   * peer that sent the chunk must get the cause too, not only our exit. */
+   * peer that sent the chunk must get the cause too, not only our exit.
+   * Also on a connection that died of the peer's own notice: the peer may
+   * still read ours (a timeout's culprit exchange, src/engine/engine.c,
+   * needs every rank's notice at every rank). Once per connection. */
+  bool up = c->state == SHM_CONN_UP;
   bool mapped_dead = c->state == SHM_CONN_DEAD && c->tx && c->rx && !c->peer_ended &&
                      c->dead_status == WEFT_ERR_MISMATCH;
-  if (c->state != SHM_CONN_UP && !mapped_dead) return;
+  bool answering = c->state == SHM_CONN_DEAD && c->tx && c->notice_read;
+  if ((!up && !mapped_dead && !answering) ||
+      atomic_load_explicit(&c->tx->aborted, memory_order_relaxed))
+    return;
   snprintf(c->tx->abort_text, sizeof c->tx->abort_text, "%s", reason);
   atomic_store_explicit(&c->tx->aborted, 1, memory_order_release);
   /* bump both words the peer may sleep on, so it wakes and sees the flag */
   shm_futex_wake(&c->tx->head);
   shm_futex_wake(&c->rx->tail);
+  if (!up) return;
   c->state = SHM_CONN_DEAD;
   c->dead_status = WEFT_ERR_ABORTED;
 }
@@ -331,6 +339,7 @@ void shm_conn_destroy(shm_conn *c) {
 
 static weft_status shm_peer_gone(shm_conn *c) {
   if (c->rx && atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) {
+    c->notice_read = true;
     /* the peer's text: bounded here, whether or not it ended it */
     char text[SHM_ABORT_TEXT];
     snprintf(text, sizeof text, "%.*s", SHM_ABORT_TEXT - 1, c->rx->abort_text);
@@ -364,6 +373,24 @@ void shm_conn_check_peer(shm_conn *c) {
     }
   }
   if (c->peer_ended) shm_conn_unlink(c);
+}
+
+/* A peer's failure notice, from progress, as tcp's listener gives them: on
+ * a pair the current call does not read, and one that came after this rank
+ * sent its own (its connection is dead, so no data call reads it any more).
+ * Read once; the timeout's culprit exchange (src/engine/engine.c) collects
+ * every rank's this way. */
+weft_status shm_conn_take_notice(shm_conn *c) {
+  if (c->notice_read || !c->rx || !atomic_load_explicit(&c->rx->aborted, memory_order_acquire))
+    return WEFT_OK;
+  if (c->state == SHM_CONN_UP) return shm_peer_gone(c);
+  if (c->state != SHM_CONN_DEAD) return WEFT_OK;
+  c->notice_read = true;
+  char text[SHM_ABORT_TEXT];
+  snprintf(text, sizeof text, "%.*s", SHM_ABORT_TEXT - 1, c->rx->abort_text);
+  weft_error_sink_set(c->ctx->args->errors, "peer %d passed on a failure: %s", c->peer, text);
+  snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
+  return WEFT_ERR_PEER_LOST;
 }
 
 static weft_status shm_peer_ended(shm_conn *c, const char *needing) {

@@ -158,6 +158,14 @@ static weft_status shm_progress(weft_tp_ctx *tctx, bool *progressed) {
   ctx->next_liveness_check = now + SHM_LIVENESS_PERIOD;
   for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) shm_conn_check_peer(ctx->conns[p]);
+  /* a notice on a pair the call does not read, or after ours */
+  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
+    weft_status st = ctx->conns[p] ? shm_conn_take_notice(ctx->conns[p]) : WEFT_OK;
+    if (st < 0) {
+      ctx->next_liveness_check = 0; /* the next call looks at the others */
+      return st;
+    }
+  }
   return WEFT_OK;
 }
 

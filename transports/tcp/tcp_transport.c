@@ -419,7 +419,8 @@ const weft_transport weft_transport_tcp = {
     .caps = {.send_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_HOST) | WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
              .recv_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_HOST) | WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
              .map_kinds = 0, /* no shared address space with a remote peer */
-             .sends_are_stores = false},
+             .sends_are_stores = false,
+             .notices_reach_unconnected = true},
     .probe = tcp_probe,
     .init = tcp_init,
     .send_depth = tcp_send_depth,
