@@ -281,7 +281,7 @@ void weft_reduce_finish(void *dst, const void *src, size_t count, weft_dtype dty
     break;                                                                           \
   }
 
-WEFT_KERNEL void weft_widen_i64(int64_t *dst, const void *src, size_t count, weft_dtype dtype) {
+void weft_widen_i64(int64_t *dst, const void *src, size_t count, weft_dtype dtype) {
   switch (dtype) {
     WIDEN_CASE_(WEFT_I8, int8_t)
     WIDEN_CASE_(WEFT_U8, uint8_t)
@@ -301,7 +301,7 @@ WEFT_KERNEL void weft_widen_i64(int64_t *dst, const void *src, size_t count, wef
     break;                                                                           \
   }
 
-WEFT_KERNEL void weft_narrow_i64(void *dst, const int64_t *src, size_t count, weft_dtype dtype) {
+void weft_narrow_i64(void *dst, const int64_t *src, size_t count, weft_dtype dtype) {
   switch (dtype) {
     NARROW_CASE_(WEFT_I8, int8_t)
     NARROW_CASE_(WEFT_U8, uint8_t)

@@ -205,9 +205,11 @@ static weft_status shm_conn_refuse(shm_conn *c, shm_segment *seg, const shm_segm
     snprintf(chunk, sizeof chunk, "%sWEFT_CHUNK_BYTES is %llu on rank %d and %zu on rank %d",
              slots[0] ? " and " : "", (unsigned long long)info->slot_bytes, lo,
              c->ctx->args->chunk_bytes, me);
+  /* the precisions keep the sentence within SHM_ABORT_TEXT, as the
+   * compiler checks: the parts never reach them */
   snprintf(what, sizeof what,
-           "ranks %d and %d disagree on their shared memory: %s%s; set the same WEFT_SHM_SLOTS "
-           "and WEFT_CHUNK_BYTES on every rank",
+           "ranks %d and %d disagree on their shared memory: %.80s%.100s; set them alike on "
+           "every rank",
            lo, me, slots, chunk);
   shm_fifo *to_creator = &seg->fifo[1];
   snprintf(to_creator->abort_text, sizeof to_creator->abort_text, "%s", what);
