@@ -1,13 +1,14 @@
 #!/bin/sh
 # setup-debian.sh - installs what a fresh Debian 12 machine lacks to build and
 # test weft (compiler, meson, ninja, pkg-config, hwloc, CMocka, rdma-core
-# headers, clang + libFuzzer for tools/fuzz.sh, valgrind). Installs only missing packages; needs root (or sudo).
+# headers, clang + libFuzzer for tools/fuzz.sh, llvm-symbolizer so sanitizer reports name
+# functions and tests/tsan.supp can match them, valgrind). Installs only missing packages; needs root (or sudo).
 # Recommends are not installed, so anything the tests need must be named here:
 # libhwloc-plugins is hwloc's libxml2 XML loader (only a Recommends of libhwloc15);
 # without it the hand-written tests/topo/*.xml fixtures do not load.
 # tools/fresh-root.sh checks this list in a minimal Debian 12 root.
 set -eu
-packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libhwloc-plugins libcmocka-dev libibverbs-dev libssl-dev iproute2 clang libclang-rt-14-dev valgrind"
+packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libhwloc-plugins libcmocka-dev libibverbs-dev libssl-dev iproute2 clang libclang-rt-14-dev llvm valgrind"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
