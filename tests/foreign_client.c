@@ -32,16 +32,6 @@ typedef struct job {
 
 static job *shared;
 
-static int free_port(void) {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &len))
-    abort();
-  close(s);
-  return ntohs(a.sin_port);
-}
-
 /* One stranger: connect, send the case's bytes, then wait (at most 8 s) for
  * the other side to hang up. Returns the seconds that took. */
 static double stranger(int port, int door, int c) {
@@ -165,7 +155,7 @@ static int rank_main(int rank, int size, const weft_unique_id *id, void *arg) {
 
 int main(void) {
   shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  shared->rdv_port = free_port();
+  shared->rdv_port = harness_free_port();
   harness_init();
   static const char *const env[] = {"WEFT_TRANSPORT=tcp", "WEFT_DEBUG=NONE", NULL};
   strangers(shared->rdv_port, 0);

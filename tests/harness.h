@@ -6,8 +6,10 @@
 #ifndef WEFT_TEST_HARNESS_H
 #define WEFT_TEST_HARNESS_H
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -16,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -136,6 +139,17 @@ static inline weft_comm *harness_comm(int rank, int size, const weft_unique_id *
 }
 
 /* ---- data and reference ------------------------------------------------ */
+
+/* A loopback TCP port that was free a moment ago (for a rendezvous). */
+static inline int harness_free_port(void) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &len))
+    abort();
+  close(s);
+  return ntohs(a.sin_port);
+}
 
 static inline uint64_t harness_rng(uint64_t *s) {
   uint64_t x = *s;

@@ -33,16 +33,6 @@ static void record(int rank, weft_status st, double t0) {
             harness_shm->seconds[rank], weft_last_error(NULL));
 }
 
-static int free_port(void) {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &len))
-    abort();
-  close(s);
-  return ntohs(a.sin_port);
-}
-
 static weft_status join_at(int port, int rank, int size, double timeout_s, weft_comm **comm) {
   char where[64];
   snprintf(where, sizeof where, "127.0.0.1:%d", port);
@@ -95,7 +85,7 @@ static int joins_job_a_or_b(int proc, int nproc, const weft_unique_id *id, void 
 static void rank_of_another_job_is_refused(void **state) {
   (void)state;
   static two_jobs jobs;
-  jobs.port = free_port();
+  jobs.port = harness_free_port();
   harness_init();
   assert_int_equal(harness_run(5, NULL, 60, joins_job_a_or_b, &jobs), 0);
   for (int p = 0; p < 4; p++) assert_int_equal(harness_shm->status[p], WEFT_OK);
@@ -129,7 +119,7 @@ static int claims_a_rank(int proc, int nproc, const weft_unique_id *id, void *ar
 static void second_claimant_fails_every_rank(void **state) {
   (void)state;
   static int port;
-  port = free_port();
+  port = harness_free_port();
   harness_init();
   assert_int_equal(harness_run(4, NULL, 60, claims_a_rank, &port), 0);
   char first[32], second[32];
@@ -164,7 +154,7 @@ static void missing_rank_is_named_by_every_rank(void **state) {
   (void)state;
   static int port;
   for (int run = 0; run < 4; run++) {
-    port = free_port();
+    port = harness_free_port();
     harness_init();
     /* no rank crashes (a signal counts as failed) */
     assert_int_equal(harness_run(8, NULL, 30, joins_without_rank_1, &port), 0);
@@ -202,7 +192,7 @@ static int joins_with_bad_rank_0(int rank, int size, const weft_unique_id *id, v
 static void rank_0_failing_early_is_heard_by_all(void **state) {
   (void)state;
   static int port;
-  port = free_port();
+  port = harness_free_port();
   harness_init();
   assert_int_equal(harness_run(3, NULL, 60, joins_with_bad_rank_0, &port), 0);
   for (int r = 0; r < 3; r++) {
@@ -254,8 +244,8 @@ static void open_rendezvous_is_said_once(void **state) {
   static open_job job;
   static const char *const ids[] = {NULL, "run-7"};
   for (int with_id = 0; with_id < 2; with_id++) {
-    job.port[0] = free_port();
-    job.port[1] = free_port();
+    job.port[0] = harness_free_port();
+    job.port[1] = harness_free_port();
     job.job_id = ids[with_id];
     harness_init();
     assert_int_equal(harness_run(2, NULL, 60, joins_twice_and_counts_warnings, &job), 0);
@@ -284,7 +274,7 @@ static int count_entries(const char *dir) {
  * fails; after the init returns, threads and fds are as before it. */
 static void failed_init_leaves_no_thread_or_fd(void **state) {
   (void)state;
-  int port = free_port();
+  int port = harness_free_port();
   fflush(NULL);
   pid_t child = fork();
   if (child == 0) {
@@ -339,7 +329,7 @@ static int joins_short_of_fds(int rank, int size, const weft_unique_id *id, void
 static void rendezvous_out_of_fds(void **state) {
   (void)state;
   static int port;
-  port = free_port();
+  port = harness_free_port();
   harness_init();
   assert_int_equal(harness_run(16, NULL, 60, joins_short_of_fds, &port), 0);
   /* every rank fails at once (no spinning to the deadline), told why */

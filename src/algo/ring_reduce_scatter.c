@@ -20,8 +20,7 @@ typedef struct ring_block_state {
   size_t loops; /* chunks per block */
   size_t loop;
   int step;      /* 0 .. size-1 */
-  bool got;      /* this step's chunk is received (allgather) */
-  void *partial; /* one chunk of scratch: the partial sum on its way (reduce-scatter) */
+  void *partial; /* one chunk of scratch: the partial sum on its way */
 } ring_block_state;
 _Static_assert(sizeof(ring_block_state) <= WEFT_ALGO_STATE_BYTES,
                "ring_block_state fits weft_coll.algo_state");
