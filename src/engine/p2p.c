@@ -412,6 +412,10 @@ static void lane_failed(weft_core *comm, weft_status st) {
 
 static weft_status lane_pass(weft_core *comm) {
   weft_p2p_lane *l = comm->engine->lane;
+  /* Every drive round of the communicator's collectives comes here: with
+   * no message outstanding (posted ones count) there is nothing to take,
+   * and the queue lock is not taken either. */
+  if (atomic_load(&l->outstanding) == 0) return WEFT_OK;
   WEFT_CHECK(take_posted(comm));
   if (atomic_load(&l->outstanding) == 0) return WEFT_OK;
   l->waiting_peer = -1;
