@@ -207,16 +207,15 @@ WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *
 
 /* recvbuf = root's sendbuf on every rank. sendbuf is read on root only
  * (may be NULL elsewhere); sendbuf == recvbuf on root is in place.
- * Every rank must pass the same count. Without WEFT_CHECK a rank whose count
- * differs from the root's fails in the call with WEFT_ERR_MISMATCH naming
- * both chunk lengths (when the counts differ by whole chunks: in its next
- * call if its count is smaller, when the root's next call reaches it or at
- * the timeout if larger), while the root and the ranks that agree with it
- * have sent or received all they expect and return WEFT_OK: they fail in
- * their next call, with the disagreeing rank's sentence. Failing every rank
- * in the call itself takes an agreement among all ranks (a round trip) per
- * broadcast, which WEFT_CHECK=1 makes: then every rank fails in it, naming
- * both counts. */
+ * Every rank must pass the same count, dtype and root. When a rank's count
+ * or dtype differs, every rank fails in that call, within the timeout of
+ * none: the ranks compare what they passed over the edges of a hypercube,
+ * beside the data (a small message per edge, no round trip), and the one
+ * that sees a difference fails with WEFT_ERR_MISMATCH naming both counts or
+ * both chunk lengths, the others with WEFT_ERR_PEER_LOST quoting it. A root
+ * that differs is found the same way when the ranks' messages meet; else
+ * the call ends at the timeout. WEFT_CHECK=1 also names the call of every
+ * rank. */
 WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, int root);
 

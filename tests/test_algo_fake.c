@@ -310,6 +310,7 @@ typedef struct run_case {
   weft_dtype dt;
   weft_op op;
   int root, fanout;
+  bool confirmed; /* a broadcast as users call it: descriptors confirmed, fanout 0 binomial */
   bool in_place;
   size_t chunk_bytes;
   int tag;
@@ -339,10 +340,11 @@ static void describe(const run_case *c, char *buf, size_t len) {
   for (int g = 0; g < c->gsize && at < (int)sizeof grp - 4; g++)
     at += snprintf(grp + at, sizeof grp - (size_t)at, "%s%d", g ? "," : "", c->members[g]);
   snprintf(buf, len,
-           "%s: %d members, group [%s], count %zu %s %s, root %d, fanout %d, %s, chunk %zu bytes, "
-           "%d hosts%s%s (seed %llu)",
-           algo_names[c->algo], c->n, grp, c->count, weft_dtype_name(c->dt), weft_op_name(c->op),
-           c->root, c->fanout, c->in_place ? "in place" : "out of place", c->chunk_bytes, c->nhosts,
+           "%s%s: %d members, group [%s], count %zu %s %s, root %d, fanout %d, %s, chunk %zu "
+           "bytes, %d hosts%s%s (seed %llu)",
+           algo_names[c->algo], c->confirmed ? " (confirmed)" : "", c->n, grp, c->count,
+           weft_dtype_name(c->dt), weft_op_name(c->op), c->root, c->fanout,
+           c->in_place ? "in place" : "out of place", c->chunk_bytes, c->nhosts,
            c->shared ? ", shared buffers" : "", c->cannot_map >= 0 ? ", one member cannot map" : "",
            (unsigned long long)base_seed);
 }
@@ -447,7 +449,9 @@ static weft_status start(member *m, const run_case *c) {
     case ALGO_EXCHANGE_ASKING: return weft_exchange_allreduce_start(coll, true);
     case ALGO_DIRECT: return weft_direct_allreduce_start(coll);
     case ALGO_HIER: return weft_hier_allreduce_start(coll);
-    case ALGO_BCAST: return weft_tree_broadcast_start(coll, c->fanout);
+    case ALGO_BCAST:
+      return c->confirmed ? weft_confirmed_broadcast_start(coll, c->fanout)
+                          : weft_tree_broadcast_start(coll, c->fanout);
     case ALGO_REDUCE: return weft_tree_reduce_start(coll, c->fanout);
     case ALGO_REDUCE_SCATTER: return weft_ring_reduce_scatter_start(coll);
     case ALGO_ALLGATHER: return weft_ring_allgather_start(coll);
@@ -848,6 +852,8 @@ static run_case random_case(algo_id algo, int n, int tag, uint64_t *s) {
   if (rooted) c.root = (int)(harness_rng(s) % (uint64_t)c.gsize);
   static const int fanouts[] = {1, 2, 3, 4, 8};
   c.fanout = fanouts[harness_rng(s) % 5];
+  if (algo == ALGO_BCAST) c.confirmed = harness_rng(s) & 1;
+  if (c.confirmed && harness_rng(s) % 2) c.fanout = 0;
   return c;
 }
 

@@ -206,6 +206,9 @@ weft_status weft_rd_allreduce_start(weft_coll *coll);
  * ones may use it (exchange_allreduce.c). */
 weft_status weft_exchange_allreduce_start(weft_coll *coll, bool asking);
 weft_status weft_tree_broadcast_start(weft_coll *coll, int fanout);
+/* A user's broadcast: the tree (fanout >= 1) or the binomial tree
+ * (fanout 0), with every member's descriptor confirmed on every rank. */
+weft_status weft_confirmed_broadcast_start(weft_coll *coll, int fanout);
 weft_status weft_tree_reduce_start(weft_coll *coll, int fanout);
 weft_status weft_ring_reduce_scatter_start(weft_coll *coll);
 weft_status weft_ring_allgather_start(weft_coll *coll);

@@ -2,6 +2,9 @@
  * (fan-out 1 is a chain, the bandwidth-optimal shape for large buffers; 2 a
  * binary tree for small ones). The buffer moves in chunks: a rank forwards
  * chunk i to its children while chunk i+1 is still arriving. */
+#include <stdio.h>
+#include <string.h>
+
 #include "src/algo/algo.h"
 
 typedef struct tree_state {
@@ -52,5 +55,188 @@ weft_status weft_tree_broadcast_start(weft_coll *coll, int fanout) {
     coll->mem->copy(coll->recvbuf, coll->sendbuf, coll->count * coll->elem);
   coll->algo = ts->fanout == 1 ? "chain" : "tree";
   coll->advance = tree_advance;
+  return WEFT_OK;
+}
+
+/* ---- the user's broadcast: every rank fails in a call that disagrees ----
+ *
+ * In a plain tree the root and the ranks above a disagreeing one have sent
+ * or received all they expect and would return OK, learning of it only in
+ * their next call. So a user's broadcast also moves every member's
+ * descriptor (count, dtype, root) over the edges of a hypercube, against the
+ * data: an edge's two ends compare them, and a member sends nothing on an
+ * edge before it has checked all it received on earlier ones. Each message
+ * then vouches for every member it depends on, and as in recursive
+ * doubling every member's last receipt depends on all the others: a rank
+ * that finds a disagreement fails, its failure notice replaces the message
+ * its partners wait for, and no rank returns OK.
+ *
+ * Small buffers (and any buffer between two ranks) move on the same edges:
+ * a binomial tree in which the lower end of an edge sends the data and the
+ * higher end, which holds none yet, sends its descriptor the other way at
+ * once. That costs one small message per edge beside the data and no
+ * round trip, so a small broadcast takes as many hops as the plain tree.
+ * Large buffers keep the pipelined chain or tree, and the descriptors go
+ * over the hypercube after it (log2(size) small messages late, a few
+ * microseconds beside milliseconds of data).
+ *
+ * For a size that is not a power of two, member p2+i folds into member
+ * p2-1-i (never the root) before the rounds and gets the data (or the
+ * host's descriptor) from it after them. Virtual members: the root is 0. */
+
+typedef struct bcast_desc {
+  uint64_t count;
+  int32_t dtype, root;
+} bcast_desc;
+
+enum { BC_TREE, BC_FOLD_IN, BC_ROUNDS, BC_FOLD_OUT, BC_DONE };
+
+typedef struct bcast_state {
+  tree_state tree; /* first: tree_advance reads it as its own */
+  bcast_desc mine;
+  uint8_t phase;
+  bool with_data; /* the hypercube's edges carry the data, else descriptors only */
+  bool sent;      /* this edge's message from us is out */
+  int mask;       /* the round: partner = v ^ mask */
+  size_t chunk;   /* data chunks moved on this edge */
+} bcast_state;
+_Static_assert(sizeof(bcast_state) <= WEFT_ALGO_STATE_BYTES, "bcast_state fits algo_state");
+
+static int pow2_floor(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+static int bc_member(const weft_coll *coll, int v) {
+  return (v + coll->root) % coll->size;
+}
+
+/* Descriptors are host memory whatever the buffers' kind. */
+static weft_status bc_send_desc(weft_coll *coll, int v) {
+  bcast_state *bs = WEFT_ALGO_STATE(coll, bcast_state);
+  int peer = bc_member(coll, v);
+  WEFT_STEP(weft_link_send_ready(coll, peer));
+  return coll->link.ops->send(coll->link.ctx, peer, &bs->mine, sizeof bs->mine, coll->seq,
+                              &weft_mem_host);
+}
+
+static weft_status bc_recv_desc(weft_coll *coll, int v) {
+  bcast_state *bs = WEFT_ALGO_STATE(coll, bcast_state);
+  int peer = bc_member(coll, v);
+  const void *slot;
+  WEFT_STEP(weft_link_recv_peek(coll, peer, sizeof(bcast_desc), &slot));
+  bcast_desc theirs;
+  memcpy(&theirs, slot, sizeof theirs);
+  if (memcmp(&theirs, &bs->mine, sizeof theirs)) {
+    char why[384];
+    int prank = coll->link.ops->rank_of(coll->link.ctx, peer);
+    snprintf(why, sizeof why,
+             "ranks disagree on %s call #%u: peer %d passes count=%llu, %s, root=%d; this rank "
+             "passes count=%llu, %s, root=%d",
+             coll->call, coll->seq, prank, (unsigned long long)theirs.count,
+             weft_dtype_name((weft_dtype)theirs.dtype), theirs.root,
+             (unsigned long long)bs->mine.count, weft_dtype_name((weft_dtype)bs->mine.dtype),
+             bs->mine.root);
+    coll->link.ops->set_error(coll->link.ctx, why);
+    coll->fail_peer = prank;
+    return WEFT_ERR_MISMATCH;
+  }
+  return weft_link_recv_release(coll, peer);
+}
+
+/* The whole buffer to or from virtual member v, a chunk at a time. */
+static weft_status bc_send_data(weft_coll *coll, int v) {
+  bcast_state *bs = WEFT_ALGO_STATE(coll, bcast_state);
+  size_t ce = weft_chunk_elems(coll), off, cnt;
+  for (; bs->chunk * ce < coll->count; bs->chunk++) {
+    weft_chunk_range(bs->chunk, ce, coll->count, &off, &cnt);
+    WEFT_STEP(weft_step_send(coll, bc_member(coll, v), (const char *)coll->recvbuf + off * coll->elem,
+                             cnt * coll->elem));
+  }
+  bs->chunk = 0;
+  return WEFT_OK;
+}
+
+static weft_status bc_recv_data(weft_coll *coll, int v) {
+  bcast_state *bs = WEFT_ALGO_STATE(coll, bcast_state);
+  size_t ce = weft_chunk_elems(coll), off, cnt;
+  for (; bs->chunk * ce < coll->count; bs->chunk++) {
+    weft_chunk_range(bs->chunk, ce, coll->count, &off, &cnt);
+    WEFT_STEP(weft_link_recv_into(coll, bc_member(coll, v), cnt * coll->elem,
+                                  (char *)coll->recvbuf + off * coll->elem));
+  }
+  bs->chunk = 0;
+  return WEFT_OK;
+}
+
+/* One edge: our message, then the partner's. `give`: we send the data (and
+ * get a descriptor); `take`: we get the data (and send ours first). */
+static weft_status bc_edge(weft_coll *coll, int v, bool give, bool take) {
+  bcast_state *bs = WEFT_ALGO_STATE(coll, bcast_state);
+  if (!bs->sent) {
+    WEFT_STEP(give ? bc_send_data(coll, v) : bc_send_desc(coll, v));
+    bs->sent = true;
+  }
+  WEFT_STEP(take ? bc_recv_data(coll, v) : bc_recv_desc(coll, v));
+  bs->sent = false;
+  return WEFT_OK;
+}
+
+static weft_status bcast_advance(weft_coll *coll) {
+  bcast_state *bs = WEFT_ALGO_STATE(coll, bcast_state);
+  int n = coll->size, v = weft_mod(coll->rank - coll->root, n);
+  int p2 = pow2_floor(n), rem = n - p2;
+  bool data = bs->with_data;
+  if (bs->phase == BC_TREE) {
+    WEFT_STEP(tree_advance(coll));
+    bs->phase = BC_FOLD_IN;
+  }
+  if (bs->phase == BC_FOLD_IN) {
+    if (v >= p2) { /* folds into its host, and waits there for the end */
+      if (!bs->sent) {
+        WEFT_STEP(bc_send_desc(coll, p2 - 1 - (v - p2)));
+        bs->sent = true;
+      }
+      bs->phase = BC_FOLD_OUT;
+    } else {
+      if (v >= p2 - rem) WEFT_STEP(bc_recv_desc(coll, p2 + (p2 - 1 - v)));
+      bs->phase = BC_ROUNDS;
+      bs->mask = 1;
+    }
+  }
+  if (bs->phase == BC_ROUNDS) {
+    for (; bs->mask < p2; bs->mask <<= 1) {
+      int partner = v ^ bs->mask;
+      /* before this round only members below `mask` hold the data */
+      WEFT_STEP(bc_edge(coll, partner, data && v < bs->mask, data && partner < bs->mask));
+    }
+    bs->phase = BC_FOLD_OUT;
+  }
+  if (bs->phase == BC_FOLD_OUT) {
+    if (v >= p2) {
+      WEFT_STEP(data ? bc_recv_data(coll, p2 - 1 - (v - p2)) : bc_recv_desc(coll, p2 - 1 - (v - p2)));
+    } else if (v >= p2 - rem) {
+      int extra = p2 + (p2 - 1 - v);
+      WEFT_STEP(data ? bc_send_data(coll, extra) : bc_send_desc(coll, extra));
+    }
+    bs->sent = false;
+    bs->phase = BC_DONE;
+  }
+  return WEFT_OK;
+}
+
+weft_status weft_confirmed_broadcast_start(weft_coll *coll, int fanout) {
+  bool binomial = fanout <= 0;
+  WEFT_CHECK(weft_tree_broadcast_start(coll, binomial ? 1 : fanout));
+  bcast_state *bs = WEFT_ALGO_STATE(coll, bcast_state);
+  bs->mine = (bcast_desc){.count = coll->count, .dtype = (int32_t)coll->dtype, .root = coll->root};
+  bs->with_data = binomial;
+  bs->phase = binomial ? BC_FOLD_IN : BC_TREE;
+  bs->sent = false;
+  bs->mask = 1;
+  bs->chunk = 0;
+  coll->algo = binomial ? "binomial" : bs->tree.fanout == 1 ? "chain, confirmed" : "tree, confirmed";
+  coll->advance = bcast_advance;
   return WEFT_OK;
 }

@@ -190,8 +190,11 @@ weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier
   return rd_or_ring_start(c, coll);
 }
 
-int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes) {
-  return c->bcast_fanout > 0 ? c->bcast_fanout : bytes >= c->bcast_chain_bytes ? 1 : 2;
+int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes, int size,
+                             size_t chunk_bytes) {
+  if (c->bcast_fanout > 0) return c->bcast_fanout;
+  if (size == 2 || bytes <= chunk_bytes) return 0;
+  return bytes >= c->bcast_chain_bytes ? 1 : 2;
 }
 
 int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {

@@ -57,8 +57,12 @@ weft_status weft_choose_barrier(weft_choice_state *c, weft_coll *coll);
 /* At the head of the queue: starts what the outcomes so far pick; `barrier`
  * never takes the direct question. */
 weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier);
-/* The tree fan-out of a broadcast and of a reduce of `bytes`. */
-int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes);
+/* The tree fan-out of a broadcast and of a reduce of `bytes`; for a
+ * broadcast 0 is the binomial tree that carries the data on its confirming
+ * edges (tree_broadcast.c): between two ranks, and for a buffer of one
+ * chunk unless WEFT_BCAST_FANOUT names a fan-out. */
+int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes, int size,
+                             size_t chunk_bytes);
 int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes);
 
 /* The direct question's outcome for an allreduce of (count, dtype):

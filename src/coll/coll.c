@@ -578,8 +578,9 @@ weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_co
     coll->mem->copy(recvbuf, sendbuf, count * coll->elem);
     return WEFT_COLL_DONE;
   }
-  int fanout = weft_choose_bcast_fanout(&comm->choice, count * coll->elem);
-  return coll_start(coll, weft_tree_broadcast_start(coll, fanout));
+  int fanout =
+      weft_choose_bcast_fanout(&comm->choice, count * coll->elem, comm->size, coll->chunk_bytes);
+  return coll_start(coll, weft_confirmed_broadcast_start(coll, fanout));
 }
 
 weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_core *comm,

@@ -169,6 +169,7 @@ void shm_conn_check_peer(shm_conn *c);
 weft_status shm_conn_fail(shm_conn *c, weft_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void shm_conn_notify_abort(shm_conn *c, const char *reason);
+void shm_notice_unopened(shm_ctx *ctx, int peer, int channel, const char *reason);
 weft_status shm_conn_take_notice(shm_conn *c);
 void shm_conn_destroy(shm_conn *c);
 void shm_futex_wake(atomic_uint *word);
