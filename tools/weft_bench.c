@@ -300,7 +300,17 @@ static int nccl_mode(int argc, char **argv) {
       case 'w': o.warmup = atoi(optarg); break;
       case 'c': o.check = atoi(optarg); break;
       case 'r': o.root = atoi(optarg); break;
-      case 'C': o.is_bcast = !strcmp(optarg, "broadcast") || !strcmp(optarg, "bcast"); break;
+      case 'C':
+        /* A name this mode cannot run is refused, never run as another */
+        if (!strcmp(optarg, "broadcast") || !strcmp(optarg, "bcast")) {
+          o.is_bcast = 1;
+        } else if (!strcmp(optarg, "allreduce")) {
+          o.is_bcast = 0;
+        } else {
+          fprintf(stderr, "weft-bench: unknown collective '%s' (-C allreduce|broadcast)\n", optarg);
+          return 2;
+        }
+        break;
       case 'd': {
         int found = 0;
         for (int d = 0; d < WEFT_DTYPE_COUNT; d++)
@@ -406,6 +416,10 @@ static int peers_mode(int argc, char **argv) {
       case 't': label = optarg; break;
       default: fprintf(stderr, "weft-bench --peers: see ../shared/peers/src/bench_common.h\n"); return 2;
     }
+  }
+  if (strcmp(coll, "allreduce") && strcmp(coll, "bcast")) {
+    fprintf(stderr, "weft-bench --peers: unknown collective '%s' (-c allreduce|bcast)\n", coll);
+    return 2;
   }
   int is_bcast = coll[0] == 'b';
   if (minb < 4) minb = 4;
