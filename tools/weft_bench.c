@@ -561,8 +561,8 @@ static long nccl_table(weft_comm *comm, int kind, const struct opts *o, void *se
   long wrong_all = 0;
   for (size_t bytes = o->minb; bytes <= o->maxb; bytes *= (size_t)o->factor) {
     size_t whole = whole_count(kind, bytes, esz, np);
-    /* a size below one element per rank has nothing to move (nccl-tests'
-     * newer versions skip it too) */
+    /* a size below one element per rank has nothing to move: no row, as
+     * in ../shared/peers */
     if (whole || bytes == 0) {
       double t[2] = {0, 0}, algbw[2] = {0, 0};
       long wrong[2] = {0, 0};
