@@ -1,12 +1,14 @@
-/* weft-bench - an nccl-tests-style sweep of weft_allreduce / weft_broadcast.
- * Prints one row per size with nccl-tests' columns (size count type redop
- * root, then time algbw busbw #wrong out of place and in place), so scripts
- * written for nccl-tests read it. Runs under weftrun, mpirun, srun or
- * torchrun alike (weft_comm_init_env).
+/* weft-bench - an nccl-tests-style sweep of every collective of weft.h
+ * (-C NAME or -c NAME, or all): one row per size with nccl-tests' columns
+ * (size count type redop root, then time algbw busbw #wrong out of place and
+ * in place), its size convention and busbw factors, so scripts written for
+ * nccl-tests read it. Every row checks its results against values computed
+ * here; a wrong element fails the run (exit 1). Runs under weftrun, mpirun,
+ * srun or torchrun alike (weft_comm_init_env).
  *
- * --peers switches to the CLI and row format of ../shared/peers
- * (bench_common.h): -c allreduce|bcast, median of per-iteration times with a
- * barrier before each, max over ranks; for side-by-side tables. */
+ * --peers switches to the CLI, data, checks and row format of ../shared/peers
+ * (bench_common.h): median of per-iteration times with a barrier before
+ * each, max over ranks; for side-by-side tables with Open MPI and Gloo. */
 #include <math.h>
 #include <sched.h>
 #include <stdint.h>
@@ -158,6 +160,197 @@ static void print_transports(weft_comm *comm) {
     }
 }
 
+/* ---- the collectives ------------------------------------------------------ */
+
+/* Every collective of weft.h, with nccl-tests' size convention: a row's size
+ * is the whole buffer (nccl-tests prints max(send bytes, receive bytes)):
+ * the allgather and gather output, the reduce_scatter and scatter input, one
+ * rank's alltoall input (np blocks), the sendrecv message; for those
+ * "blocked" collectives the element count is rounded down to a multiple of
+ * the ranks. The count column is the count argument of the call, as
+ * nccl-tests prints it (one block for the blocked ones). */
+enum coll_kind {
+  COLL_ALLREDUCE,
+  COLL_BROADCAST,
+  COLL_REDUCE,
+  COLL_ALLGATHER,
+  COLL_REDUCE_SCATTER,
+  COLL_ALLTOALL,
+  COLL_GATHER,
+  COLL_SCATTER,
+  COLL_SENDRECV,
+  COLL_COUNT
+};
+
+struct coll_info {
+  const char *name;       /* -c / -C NAME, and the name in the default table's header */
+  const char *peers_name; /* coll= in --peers headers: ../shared/peers says bcast */
+  int blocked;            /* the whole buffer is np blocks */
+  int reduces;            /* takes an op */
+  int rooted;             /* takes a root */
+  int in_place;           /* weft.h has an in-place form (alltoall never; sendrecv
+                             from one buffer is a race, and nccl-tests does not check it) */
+};
+
+static const struct coll_info colls[COLL_COUNT] = {
+    [COLL_ALLREDUCE] = {"allreduce", "allreduce", 0, 1, 0, 1},
+    [COLL_BROADCAST] = {"broadcast", "bcast", 0, 0, 1, 1},
+    [COLL_REDUCE] = {"reduce", "reduce", 0, 1, 1, 1},
+    [COLL_ALLGATHER] = {"allgather", "allgather", 1, 0, 0, 1},
+    [COLL_REDUCE_SCATTER] = {"reduce_scatter", "reduce_scatter", 1, 1, 0, 1},
+    [COLL_ALLTOALL] = {"alltoall", "alltoall", 1, 0, 0, 0},
+    [COLL_GATHER] = {"gather", "gather", 1, 0, 1, 1},
+    [COLL_SCATTER] = {"scatter", "scatter", 1, 0, 1, 1},
+    [COLL_SENDRECV] = {"sendrecv", "sendrecv", 0, 0, 0, 0},
+};
+
+#define COLL_NAMES \
+  "allreduce broadcast reduce allgather reduce_scatter alltoall gather scatter sendrecv, or all"
+
+/* A collective by name (nccl-tests' binary names and ../shared/peers' bcast
+ * too); -1 when unknown: the caller refuses it, never runs another. */
+static int coll_by_name(const char *name) {
+  static const struct {
+    const char *alias;
+    int kind;
+  } aliases[] = {{"bcast", COLL_BROADCAST}, {"all_reduce", COLL_ALLREDUCE},
+                 {"all_gather", COLL_ALLGATHER}, {"reducescatter", COLL_REDUCE_SCATTER}};
+  for (int k = 0; k < COLL_COUNT; k++)
+    if (!strcmp(name, colls[k].name)) return k;
+  for (size_t a = 0; a < sizeof aliases / sizeof aliases[0]; a++)
+    if (!strcmp(name, aliases[a].alias)) return aliases[a].kind;
+  return -1;
+}
+
+/* Parses -c/-C NAME into a set of collectives (bit k: enum coll_kind k). */
+static int parse_colls(const char *name, unsigned *set, const char *mode) {
+  if (!strcmp(name, "all")) {
+    *set = (1u << COLL_COUNT) - 1;
+    return 0;
+  }
+  int k = coll_by_name(name);
+  if (k < 0) {
+    fprintf(stderr, "weft-bench%s: unknown collective '%s' (known: %s)\n", mode, name, COLL_NAMES);
+    return -1;
+  }
+  *set = 1u << k;
+  return 0;
+}
+
+/* busbw = algbw * this, as nccl-tests: the share of the whole buffer that
+ * crosses each rank's link. Allreduce 2(n-1)/n; allgather, reduce_scatter,
+ * alltoall, gather and scatter (n-1)/n (nccl-tests' gather_perf and
+ * scatter_perf use the same); broadcast, reduce and sendrecv 1. */
+static double busbw_factor(int kind, int np) {
+  switch (kind) {
+    case COLL_ALLREDUCE: return 2.0 * (np - 1) / np;
+    case COLL_BROADCAST: case COLL_REDUCE: case COLL_SENDRECV: return 1.0;
+    default: return (double)(np - 1) / np;
+  }
+}
+
+/* Elements of the whole buffer for `bytes`, and of one call's count argument. */
+static size_t whole_count(int kind, size_t bytes, size_t esz, int np) {
+  size_t c = bytes / esz;
+  return colls[kind].blocked ? c / (size_t)np * (size_t)np : c;
+}
+
+static size_t call_count(int kind, size_t whole, int np) {
+  return colls[kind].blocked ? whole / (size_t)np : whole;
+}
+
+/* Where one call reads and writes, in nccl-tests' layout: out of place from
+ * `send` to `recv`; in place within one buffer, the own block at rank*block
+ * (allgather and gather read it from the output, reduce_scatter and scatter
+ * write it into the input). */
+struct placement {
+  void *src; /* what the call reads (the own block, or the whole input) */
+  void *dst; /* what the call writes, and the check reads */
+};
+
+static struct placement place(int kind, int in_place, int rank, void *send, void *recv,
+                              size_t block_bytes) {
+  char *own_in_recv = (char *)recv + (size_t)rank * block_bytes;
+  char *own_in_send = (char *)send + (size_t)rank * block_bytes;
+  struct placement p = {send, recv};
+  if (!in_place) return p;
+  switch (kind) {
+    case COLL_ALLGATHER: case COLL_GATHER: p.src = own_in_recv; break;
+    case COLL_REDUCE_SCATTER: case COLL_SCATTER: p.dst = own_in_send; break;
+    default: p.dst = send; break;
+  }
+  return p;
+}
+
+/* One call. `count` is the call's count argument. Sendrecv is a ring of
+ * pairs, as nccl-tests' sendrecv_perf: each rank sends to rank+1 and receives
+ * from rank-1 (a rank of one sends to itself). */
+static weft_status run_coll(weft_comm *comm, int kind, const void *src, void *dst, size_t count,
+                            weft_dtype dt, weft_op op, int root) {
+  switch (kind) {
+    case COLL_ALLREDUCE: return weft_allreduce(comm, src, dst, count, dt, op);
+    case COLL_BROADCAST: return weft_broadcast(comm, src, dst, count, dt, root);
+    case COLL_REDUCE: return weft_reduce(comm, src, dst, count, dt, op, root);
+    case COLL_ALLGATHER: return weft_allgather(comm, src, dst, count, dt);
+    case COLL_REDUCE_SCATTER: return weft_reduce_scatter(comm, src, dst, count, dt, op);
+    case COLL_ALLTOALL: return weft_alltoall(comm, src, dst, count, dt);
+    case COLL_GATHER: return weft_gather(comm, src, dst, count, dt, root);
+    case COLL_SCATTER: return weft_scatter(comm, src, dst, count, dt, root);
+    case COLL_SENDRECV: {
+      int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
+      weft_request *req[2] = {NULL, NULL};
+      weft_status st = weft_irecv(comm, dst, count, dt, (rank + np - 1) % np, 0, &req[0]);
+      if (!st) st = weft_isend(comm, src, count, dt, (rank + 1) % np, 0, &req[1]);
+      weft_status done = weft_wait_all(req, 2);
+      return st ? st : done;
+    }
+    default: return WEFT_ERR_INVALID;
+  }
+}
+
+/* Which ranks' results the check reads: the root's only for reduce and
+ * gather (the others receive nothing). */
+static int rank_checks(int kind, int rank, int root) {
+  return (kind != COLL_REDUCE && kind != COLL_GATHER) || rank == root;
+}
+
+/* --test-corrupt (for the test suite only): one checking rank flips bits of
+ * one result element after the checked call and before the check, which
+ * must then report it and fail the run. Proves the check can fail. */
+static int corrupt_requested;
+
+static int corrupting_rank(int kind, int root, int np, int peers_bcast) {
+  if (kind == COLL_REDUCE || kind == COLL_GATHER) return root;
+  if (peers_bcast) return np > 1 ? (root + 1) % np : -1; /* ../shared/peers checks no root */
+  return np - 1;
+}
+
+static void corrupt_element(void *elem, size_t esz) {
+  /* bit 6 of every byte: an exponent bit of any float (whatever the byte
+   * order), a large change of any integer */
+  for (size_t b = 0; b < esz; b++) ((unsigned char *)elem)[b] ^= 0x40;
+}
+
+static void die_in(weft_comm *comm, weft_status st, int kind, size_t bytes, const char *what) {
+  char where[96];
+  snprintf(where, sizeof where, "%s of %zu bytes, %s", colls[kind].name, bytes, what);
+  die(comm, st, where);
+}
+
+/* The exit status: 1 on every rank when any result was wrong (each has the
+ * sum over ranks), rank 0 saying so. Rank 0 speaks before a last barrier:
+ * a launcher that stops the job when the first rank exits non-zero
+ * (weftrun, mpirun) would otherwise kill it before it said anything. */
+static int finish(weft_comm *comm, long wrong, const char *where) {
+  fflush(stdout);
+  if (wrong && weft_comm_rank(comm) == 0)
+    fprintf(stderr, "weft-bench: FAILED: %ld wrong elements (%s)\n", wrong, where);
+  weft_status st = weft_barrier(comm);
+  if (st) die(comm, st, "last barrier");
+  weft_comm_destroy(comm);
+  return wrong ? 1 : 0;
+}
+
 /* ---- element access for the check, in double ----------------------------- */
 
 static double half_to_double(uint16_t h, int bf) {
@@ -189,14 +382,23 @@ static double get_elem(const void *buf, size_t i, weft_dtype dt) {
   }
 }
 
-/* Small integers (exact in every type): 1..4 */
+/* Inputs of reductions: small integers 1..4, so sums and products of a few
+ * ranks are exact in every type and in any order. */
 static int pattern(size_t i, int rank) { return (int)((i * 7 + (size_t)rank * 3) % 4) + 1; }
+
+/* Inputs of the collectives that only move data: 1..113, exact in every type
+ * (i8, bf16 included), different for every rank below 113 and for offsets
+ * that are not multiples of 113, so a block from the wrong rank or the wrong
+ * place shows. */
+static int pattern_moved(size_t i, int rank) {
+  return (int)((i * 7 + (size_t)rank * 31) % 113) + 1;
+}
 
 static void set_elem(void *buf, size_t i, weft_dtype dt, int v) {
   switch (dt) {
     case WEFT_F32: ((float *)buf)[i] = (float)v; break;
     case WEFT_F64: ((double *)buf)[i] = v; break;
-    case WEFT_F16: { /* small positive integers: exact binary16 */
+    case WEFT_F16: { /* small positive integers (below 2048): exact binary16 */
       int e = 0;
       while ((v >> e) > 1) e++;
       uint16_t man = (uint16_t)(((unsigned)v << (10 - e)) & 1023);
@@ -218,8 +420,9 @@ static void set_elem(void *buf, size_t i, weft_dtype dt, int v) {
   }
 }
 
-static double expected(size_t i, int np, weft_op op, int is_bcast, int root) {
-  if (is_bcast) return pattern(i, root);
+/* The reduction of element i over all ranks, computed here from the
+ * pattern (the reference), in the dtype's arithmetic where it wraps. */
+static double reduced(size_t i, int np, weft_op op, weft_dtype dt) {
   double acc = pattern(i, 0);
   for (int r = 1; r < np; r++) {
     double v = pattern(i, r);
@@ -231,65 +434,192 @@ static double expected(size_t i, int np, weft_op op, int is_bcast, int root) {
       default: break;
     }
   }
-  return op == WEFT_AVG ? acc / np : acc;
+  if (op == WEFT_AVG) acc /= np;
+  int is_int = dt >= WEFT_I8;
+  if (is_int && op == WEFT_AVG) acc = trunc(acc);
+  if (dt == WEFT_I8) acc = (double)(int8_t)(int64_t)acc;
+  if (dt == WEFT_U8) acc = (double)(uint8_t)(int64_t)acc;
+  return acc;
 }
 
 /* ---- nccl-tests mode ------------------------------------------------------ */
 
 struct opts {
   size_t minb, maxb;
-  int factor, iters, warmup, check, root, is_bcast;
+  int factor, iters, warmup, check, root;
   weft_dtype dtype;
   weft_op op;
 };
 
-static weft_status run_once(weft_comm *comm, const struct opts *o, const void *send, void *recv,
-                            size_t count) {
-  if (o->is_bcast) return weft_broadcast(comm, send, recv, count, o->dtype, o->root);
-  return weft_allreduce(comm, send, recv, count, o->dtype, o->op);
+/* What `rank` puts into the call's input (at p.src) for the checked run. */
+static void fill_input(int kind, const struct opts *o, void *src, size_t whole, int rank,
+                       int np) {
+  size_t blk = whole / (size_t)np;
+  weft_dtype dt = o->dtype;
+  switch (kind) {
+    case COLL_ALLREDUCE: case COLL_REDUCE: case COLL_REDUCE_SCATTER:
+      for (size_t i = 0; i < whole; i++) set_elem(src, i, dt, pattern(i, rank));
+      break;
+    case COLL_BROADCAST: case COLL_SCATTER: /* read on the root only */
+      if (rank == o->root)
+        for (size_t i = 0; i < whole; i++) set_elem(src, i, dt, pattern_moved(i, rank));
+      break;
+    case COLL_ALLGATHER: case COLL_GATHER: /* the own block, as it lies in the output */
+      for (size_t i = 0; i < blk; i++) set_elem(src, i, dt, pattern_moved(rank * blk + i, rank));
+      break;
+    default: /* alltoall (block j goes to rank j), sendrecv */
+      for (size_t i = 0; i < whole; i++) set_elem(src, i, dt, pattern_moved(i, rank));
+      break;
+  }
 }
 
-static long check_result(weft_comm *comm, const struct opts *o, void *send, void *recv,
-                         size_t count, int in_place) {
+/* What element i of `rank`'s result must be, from the patterns alone. */
+static double want_output(int kind, const struct opts *o, size_t i, size_t whole, int rank,
+                          int np) {
+  size_t blk = whole / (size_t)np;
+  switch (kind) {
+    case COLL_ALLREDUCE: case COLL_REDUCE: return reduced(i, np, o->op, o->dtype);
+    case COLL_REDUCE_SCATTER: return reduced(rank * blk + i, np, o->op, o->dtype);
+    case COLL_BROADCAST: return pattern_moved(i, o->root);
+    case COLL_SCATTER: return pattern_moved(rank * blk + i, o->root);
+    case COLL_ALLGATHER: case COLL_GATHER: return pattern_moved(i, (int)(i / blk));
+    case COLL_ALLTOALL: return pattern_moved(rank * blk + i % blk, (int)(i / blk));
+    default: return pattern_moved(i, (rank + np - 1) % np); /* sendrecv: from rank-1 */
+  }
+}
+
+/* One call on freshly filled buffers, then every element this rank
+ * receives against want_output; the sum over ranks of the wrong ones. */
+static long check_result(weft_comm *comm, int kind, const struct opts *o, void *send, void *recv,
+                         size_t whole, int in_place) {
   int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
-  for (size_t i = 0; i < count; i++) set_elem(send, i, o->dtype, pattern(i, rank));
-  if (!in_place) memset(recv, 0, count * weft_dtype_size(o->dtype));
-  void *dst = in_place ? send : recv;
-  weft_status st = run_once(comm, o, send, dst, count);
-  if (st) die(comm, st, "checked run");
+  size_t esz = weft_dtype_size(o->dtype), blk = whole / (size_t)np;
+  size_t out_count = kind == COLL_REDUCE_SCATTER || kind == COLL_SCATTER ? blk : whole;
+  /* zeros first: a stale right answer from an earlier call must not pass */
+  memset(send, 0, whole * esz);
+  memset(recv, 0, whole * esz);
+  struct placement p = place(kind, in_place, rank, send, recv, blk * esz);
+  fill_input(kind, o, p.src, whole, rank, np);
+  weft_status st = run_coll(comm, kind, p.src, p.dst, call_count(kind, whole, np), o->dtype, o->op,
+                            o->root);
+  if (st) die_in(comm, st, kind, whole * esz, "checked run");
   long wrong = 0;
-  int is_int = o->dtype >= WEFT_I8;
-  double tol = o->dtype == WEFT_F16 || o->dtype == WEFT_BF16 ? 1e-2 : 1e-6;
-  for (size_t i = 0; i < count; i++) {
-    double want = expected(i, np, o->op, o->is_bcast, o->root);
-    if (is_int && o->op == WEFT_AVG) want = trunc(want);
-    if (is_int && o->dtype == WEFT_I8) want = (double)(int8_t)(int64_t)want;
-    if (is_int && o->dtype == WEFT_U8) want = (double)(uint8_t)(int64_t)want;
-    double got = get_elem(dst, i, o->dtype);
-    if (fabs(got - want) > tol * fabs(want)) wrong++;
+  if (rank_checks(kind, rank, o->root)) {
+    if (corrupt_requested && rank == corrupting_rank(kind, o->root, np, 0))
+      corrupt_element(p.dst, esz);
+    double tol = o->dtype == WEFT_F16 || o->dtype == WEFT_BF16 ? 1e-2 : 1e-6;
+    for (size_t i = 0; i < out_count; i++) {
+      double want = want_output(kind, o, i, whole, rank, np), got = get_elem(p.dst, i, o->dtype);
+      if (!(fabs(got - want) <= tol * fabs(want))) wrong++; /* a NaN is wrong too */
+    }
   }
   return sum_over_ranks(comm, wrong);
 }
 
-static double time_batch(weft_comm *comm, const struct opts *o, const void *send, void *recv,
-                         size_t count) {
+static double time_batch(weft_comm *comm, int kind, const struct opts *o, void *send, void *recv,
+                         size_t whole, int in_place) {
+  int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
+  size_t esz = weft_dtype_size(o->dtype);
+  struct placement p = place(kind, in_place, rank, send, recv, whole / (size_t)np * esz);
+  size_t count = call_count(kind, whole, np);
   for (int i = 0; i < o->warmup; i++) {
-    weft_status st = run_once(comm, o, send, recv, count);
-    if (st) die(comm, st, "warmup");
+    weft_status st = run_coll(comm, kind, p.src, p.dst, count, o->dtype, o->op, o->root);
+    if (st) die_in(comm, st, kind, whole * esz, "warmup");
   }
   weft_status st = weft_barrier(comm);
   if (st) die(comm, st, "barrier");
   double t0 = now_us();
   for (int i = 0; i < o->iters; i++) {
-    st = run_once(comm, o, send, recv, count);
-    if (st) die(comm, st, "timed run");
+    st = run_coll(comm, kind, p.src, p.dst, count, o->dtype, o->op, o->root);
+    if (st) die_in(comm, st, kind, whole * esz, "timed run");
   }
   return max_over_ranks(comm, (now_us() - t0) / o->iters);
 }
 
+static const char *const dnames[] = {"float", "double", "half", "bfloat16",
+                                     "int8",  "uint8",  "int32", "int64"};
+
+/* One nccl-tests table of one collective; returns the wrong elements of all rows. */
+static long nccl_table(weft_comm *comm, int kind, const struct opts *o, void *send, void *recv) {
+  int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
+  const struct coll_info *ci = &colls[kind];
+  size_t esz = weft_dtype_size(o->dtype);
+  if (rank == 0) {
+    printf("# weft-bench %s: %s, %d ranks, dtype %s, op %s, root %d, iters %d, warmup %d, "
+           "check %d\n",
+           weft_version_string(), ci->name, np, weft_dtype_name(o->dtype),
+           ci->reduces ? weft_op_name(o->op) : "none", ci->rooted ? o->root : -1, o->iters,
+           o->warmup, o->check);
+    printf("#%62s%34s\n", "out-of-place", "in-place");
+    printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type",
+           "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+    printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "(B)", "(elements)", "", "",
+           "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  }
+  double bw_sum = 0, busf = busbw_factor(kind, np);
+  int bw_count = 0;
+  long wrong_all = 0;
+  for (size_t bytes = o->minb; bytes <= o->maxb; bytes *= (size_t)o->factor) {
+    size_t whole = whole_count(kind, bytes, esz, np);
+    /* a size below one element per rank has nothing to move: no row, as
+     * in ../shared/peers */
+    if (whole || bytes == 0) {
+      double t[2] = {0, 0}, algbw[2] = {0, 0};
+      long wrong[2] = {0, 0};
+      int modes = ci->in_place ? 2 : 1;
+      for (int ip = 0; ip < modes; ip++) {
+        if (o->check) wrong[ip] = check_result(comm, kind, o, send, recv, whole, ip);
+        t[ip] = time_batch(comm, kind, o, send, recv, whole, ip);
+        algbw[ip] = t[ip] > 0 ? whole * esz / (t[ip] * 1e3) : 0;
+        bw_sum += algbw[ip] * busf;
+        bw_count++;
+        wrong_all += wrong[ip];
+      }
+      if (rank == 0) {
+        char w0[24] = "N/A", tail[64];
+        if (o->check) snprintf(w0, sizeof w0, "%ld", wrong[0]);
+        if (ci->in_place && o->check)
+          snprintf(tail, sizeof tail, "%8.2f %7.2f %7.2f %6ld", t[1], algbw[1], algbw[1] * busf,
+                   wrong[1]);
+        else if (ci->in_place)
+          snprintf(tail, sizeof tail, "%8.2f %7.2f %7.2f %6s", t[1], algbw[1], algbw[1] * busf,
+                   "N/A");
+        else /* no in-place form in weft.h: nothing measured */
+          snprintf(tail, sizeof tail, "%8s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");
+        printf(" %11zu %12zu %8s %6s %6d %8.2f %7.2f %7.2f %6s %s\n", whole * esz,
+               call_count(kind, whole, np), dnames[o->dtype],
+               ci->reduces ? weft_op_name(o->op) : "none", ci->rooted ? o->root : -1, t[0],
+               algbw[0], algbw[0] * busf, w0, tail);
+        fflush(stdout);
+      }
+    }
+    if (bytes == 0) break;
+  }
+  if (rank == 0) {
+    printf("# Out of bounds values : %ld %s\n", wrong_all,
+           o->check ? wrong_all ? "FAILED" : "OK" : "(not checked)");
+    printf("# Avg bus bandwidth    : %g\n#\n", bw_count ? bw_sum / bw_count : 0);
+  }
+  return wrong_all;
+}
+
+static void nccl_usage(FILE *f) {
+  fprintf(f,
+          "usage: weft-bench [-C NAME] [-b minbytes] [-e maxbytes] [-f factor] [-n iters]\n"
+          "                  [-w warmup] [-c 0|1 check] [-d dtype] [-o op] [-r root]\n"
+          "       weft-bench --peers [-c NAME] ... (../shared/peers format)\n"
+          "  NAME: " COLL_NAMES "\n"
+          "  (-c NAME picks the collective too; -c with a number is nccl-tests' check flag)\n"
+          "  sizes are the whole buffer, as in nccl-tests (allgather/gather: the output,\n"
+          "  reduce_scatter/scatter: the input, alltoall: one rank's input)\n"
+          "  --bind: pin each rank to one CPU by local rank (as mpirun does)\n"
+          "  --shared: buffers from weft_mem_alloc (ranks of one host reach them directly)\n"
+          "Run one process per rank: weftrun -n 4 weft-bench, or under mpirun/srun/torchrun.\n");
+}
+
 static int nccl_mode(int argc, char **argv) {
-  struct opts o = {8, 64u << 20, 2, 20, 5, 1, 0, 0, WEFT_F32, WEFT_SUM};
-  const char *dnames[] = {"float", "double", "half", "bfloat16", "int8", "uint8", "int32", "int64"};
+  struct opts o = {8, 64u << 20, 2, 20, 5, 1, 0, WEFT_F32, WEFT_SUM};
+  unsigned which = 1u << COLL_ALLREDUCE;
   int c;
   while ((c = getopt(argc, argv, "b:e:f:n:w:c:d:o:r:C:h")) != -1) {
     switch (c) {
@@ -298,9 +628,16 @@ static int nccl_mode(int argc, char **argv) {
       case 'f': o.factor = atoi(optarg); break;
       case 'n': o.iters = atoi(optarg); break;
       case 'w': o.warmup = atoi(optarg); break;
-      case 'c': o.check = atoi(optarg); break;
       case 'r': o.root = atoi(optarg); break;
-      case 'C': o.is_bcast = !strcmp(optarg, "broadcast") || !strcmp(optarg, "bcast"); break;
+      case 'c': /* nccl-tests' check flag when a number, else the collective as with -C */
+        if (optarg[0] >= '0' && optarg[0] <= '9')
+          o.check = atoi(optarg);
+        else if (parse_colls(optarg, &which, ""))
+          return 2;
+        break;
+      case 'C':
+        if (parse_colls(optarg, &which, "")) return 2;
+        break;
       case 'd': {
         int found = 0;
         for (int d = 0; d < WEFT_DTYPE_COUNT; d++)
@@ -319,166 +656,230 @@ static int nccl_mode(int argc, char **argv) {
         break;
       }
       default:
-        fprintf(stderr,
-                "usage: weft-bench [-C allreduce|broadcast] [-b minbytes] [-e maxbytes] [-f factor]\n"
-                "                  [-n iters] [-w warmup] [-c 0|1 check] [-d dtype] [-o op] [-r root]\n"
-                "       weft-bench --peers [-c allreduce|bcast] ... (../shared/peers format)\n"
-                "  --bind: pin each rank to one CPU by local rank (as mpirun does)\n"
-                "  --shared: buffers from weft_mem_alloc (ranks of one host reach them directly)\n"
-                "Run one process per rank: weftrun -n 4 weft-bench, or under mpirun/srun/torchrun.\n");
+        nccl_usage(c == 'h' ? stdout : stderr);
         return c == 'h' ? 0 : 2;
     }
   }
+  if (optind < argc) {
+    fprintf(stderr, "weft-bench: unexpected argument '%s' (-h for usage)\n", argv[optind]);
+    return 2;
+  }
   if (o.factor < 2) o.factor = 2;
+  if (o.iters < 1) o.iters = 1;
+  if (o.warmup < 0) o.warmup = 0;
   weft_comm *comm;
   weft_status st = weft_comm_init_env(&comm);
   if (st) die(NULL, st, "init");
   bind_to_core(comm);
-  int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
-  if (o.root < 0 || o.root >= np) o.root = 0;
-  size_t esz = weft_dtype_size(o.dtype);
+  int np = weft_comm_size(comm);
+  if (o.root < 0 || o.root >= np) {
+    /* every rank sees the same np: all refuse alike, none waits for the others */
+    fprintf(stderr, "weft-bench: root %d is not a rank of %d\n", o.root, np);
+    weft_comm_destroy(comm);
+    return 2;
+  }
   void *send = alloc_prefaulted(o.maxb), *recv = alloc_prefaulted(o.maxb);
   if (!send || !recv) die(comm, WEFT_ERR_NOMEM, "buffers");
-  if (rank == 0) {
-    printf("# weft-bench %s: %s, %d ranks, dtype %s, op %s, iters %d, warmup %d, check %d\n",
-           weft_version_string(), o.is_bcast ? "broadcast" : "allreduce", np,
-           weft_dtype_name(o.dtype), o.is_bcast ? "none" : weft_op_name(o.op), o.iters, o.warmup, o.check);
-  }
   print_transports(comm);
-  if (rank == 0) {
-    printf("#%62s%34s\n", "out-of-place", "in-place");
-    printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type",
-           "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-    printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "(B)", "(elements)", "", "",
-           "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-  }
-  double bw_sum = 0;
-  int rows = 0;
-  for (size_t bytes = o.minb; bytes <= o.maxb; bytes *= (size_t)o.factor) {
-    size_t count = bytes / esz;
-    double busf = o.is_bcast ? 1.0 : 2.0 * (np - 1) / np;
-    double t[2], algbw[2];
-    long wrong[2] = {0, 0};
-    for (int ip = 0; ip < 2; ip++) {
-      if (o.check) wrong[ip] = check_result(comm, &o, send, recv, count, ip);
-      t[ip] = time_batch(comm, &o, send, ip ? send : recv, count);
-      algbw[ip] = t[ip] > 0 ? count * esz / (t[ip] * 1e3) : 0;
-    }
-    if (rank == 0) {
-      printf(" %11zu %12zu %8s %6s %6d %8.2f %7.2f %7.2f %6ld %8.2f %7.2f %7.2f %6ld\n",
-             count * esz, count, dnames[o.dtype], o.is_bcast ? "none" : weft_op_name(o.op),
-             o.is_bcast ? o.root : -1, t[0], algbw[0], algbw[0] * busf, o.check ? wrong[0] : -1L,
-             t[1], algbw[1], algbw[1] * busf, o.check ? wrong[1] : -1L);
-      fflush(stdout);
-    }
-    bw_sum += algbw[1] * busf;
-    rows++;
-    if (bytes == 0) break;
-  }
-  if (rank == 0) printf("# Avg bus bandwidth    : %g\n#\n", rows ? bw_sum / rows : 0);
+  long wrong = 0;
+  for (int kind = 0; kind < COLL_COUNT; kind++)
+    if (which & (1u << kind)) wrong += nccl_table(comm, kind, &o, send, recv);
   release(send);
   release(recv);
-  weft_comm_destroy(comm);
-  return 0;
+  return finish(comm, wrong, "the #wrong columns");
 }
 
 /* ---- ../shared/peers mode ---------------------------------------------------- */
+
+/* The format, data and checks of ../shared/peers/src/bench_common.h, so a
+ * row of weft and a row of Open MPI mean the same thing: float32 sum, root
+ * 0, out of place (broadcast in place on the root, as MPI_Bcast); bytes the
+ * whole buffer and counts of allgather, reduce_scatter and alltoall rounded
+ * down to a multiple of the ranks (a size that rounds to nothing gives no
+ * row); values small integers so every sum is exact. reduce, gather, scatter
+ * and sendrecv, which bench_common.h lacks, follow the same rules (reduce as
+ * allreduce and gather as allgather, checked on the root; scatter from root
+ * 0; sendrecv from rank-1). */
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
 }
 
-static int peers_mode(int argc, char **argv) {
-  const char *coll = "allreduce", *label = "";
-  size_t minb = 8, maxb = 64u << 20, iter_bytes = 256u << 20;
-  int factor = 4, iters_min = 5, iters_max = 200, barrier = 1, c;
-  while ((c = getopt(argc, argv, "c:b:e:f:n:m:I:Nt:")) != -1) {
-    switch (c) {
-      case 'c': coll = optarg; break;
-      case 'b': minb = parse_size(optarg); break;
-      case 'e': maxb = parse_size(optarg); break;
-      case 'f': factor = atoi(optarg); break;
-      case 'n': iters_max = atoi(optarg); break;
-      case 'm': iters_min = atoi(optarg); break;
-      case 'I': iter_bytes = parse_size(optarg); break;
-      case 'N': barrier = 0; break;
-      case 't': label = optarg; break;
-      default: fprintf(stderr, "weft-bench --peers: see ../shared/peers/src/bench_common.h\n"); return 2;
-    }
+static float peers_val(size_t i) { return (float)((i % 13) + 1); }
+
+static void peers_fill(int kind, float *send, size_t whole, int rank, int np) {
+  size_t blk = whole / (size_t)np;
+  switch (kind) {
+    case COLL_BROADCAST:
+      for (size_t i = 0; i < whole; i++) send[i] = peers_val(i);
+      break;
+    case COLL_ALLGATHER: case COLL_GATHER:
+      for (size_t i = 0; i < blk; i++) send[i] = (float)(rank + 1) * peers_val(rank * blk + i);
+      break;
+    case COLL_SCATTER: /* block r of the root's input: (r+1)*val, as an allgather's output;
+                          zeros elsewhere, so a scatter from another rank shows */
+      for (size_t i = 0; i < whole; i++)
+        send[i] = rank ? 0.0f : (float)(i / blk + 1) * peers_val(i);
+      break;
+    default: /* allreduce, reduce, reduce_scatter, alltoall (block j to rank j), sendrecv */
+      for (size_t i = 0; i < whole; i++) send[i] = (float)(rank + 1) * peers_val(i);
+      break;
   }
-  int is_bcast = coll[0] == 'b';
-  if (minb < 4) minb = 4;
-  minb &= ~(size_t)3;
-  maxb &= ~(size_t)3;
-  if (factor < 2) factor = 2;
-  weft_comm *comm;
-  weft_status st = weft_comm_init_env(&comm);
-  if (st) die(NULL, st, "init");
-  bind_to_core(comm);
+}
+
+/* Wrong elements of `rank`'s result (bench_check, and the same for the rest). */
+static long peers_check(int kind, const float *res, size_t whole, int rank, int np) {
+  size_t blk = whole / (size_t)np, n = whole;
+  float sum = (float)(np * (np + 1) / 2);
+  long errs = 0;
+  if (kind == COLL_REDUCE_SCATTER || kind == COLL_SCATTER) n = blk;
+  for (size_t i = 0; i < n; i++) {
+    float want;
+    switch (kind) {
+      case COLL_BROADCAST: want = peers_val(i); break;
+      case COLL_ALLREDUCE: case COLL_REDUCE: want = sum * peers_val(i); break;
+      case COLL_ALLGATHER: case COLL_GATHER: want = (float)(i / blk + 1) * peers_val(i); break;
+      case COLL_REDUCE_SCATTER: want = sum * peers_val(rank * blk + i); break;
+      case COLL_ALLTOALL: want = (float)(i / blk + 1) * peers_val(rank * blk + i % blk); break;
+      case COLL_SCATTER: want = (float)(rank + 1) * peers_val(rank * blk + i); break;
+      default: want = (float)((rank + np - 1) % np + 1) * peers_val(i); break; /* sendrecv */
+    }
+    if (res[i] != want) errs++;
+  }
+  return errs;
+}
+
+static const char *peers_op(int kind) {
+  switch (kind) {
+    case COLL_BROADCAST: case COLL_GATHER: case COLL_SCATTER: return "none(root=0)";
+    case COLL_REDUCE: return "sum(root=0)";
+    case COLL_ALLREDUCE: case COLL_REDUCE_SCATTER: return "sum";
+    default: return "none";
+  }
+}
+
+struct peers_opts {
+  size_t minb, maxb, iter_bytes;
+  int factor, iters_min, iters_max, barrier;
+  const char *label;
+};
+
+/* One table of one collective; returns the wrong elements of all rows. */
+static long peers_table(weft_comm *comm, int kind, const struct peers_opts *o, float *send,
+                        float *recv, double *times) {
   int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
-  float *send = alloc_prefaulted(maxb), *recv = alloc_prefaulted(maxb);
-  double *times = malloc(sizeof(double) * (size_t)(iters_max > iters_min ? iters_max : iters_min));
-  if (!send || !recv || !times) die(comm, WEFT_ERR_NOMEM, "buffers");
   if (rank == 0) {
     printf("# peer=weft_%s coll=%s np=%d dtype=float32 op=%s label=\"%s\"\n", weft_version_string(),
-           coll, np, is_bcast ? "none(root=0)" : "sum", label);
+           colls[kind].peers_name, np, peers_op(kind), o->label);
     printf("# timing: median over iters of per-iter time, max over ranks; %s; GB/s=1e9B/s\n",
-           barrier ? "barrier before each iter" : "back-to-back (no barrier)");
-  }
-  print_transports(comm); /* "#" lines: run.sh reads only rows with 7 fields not starting with '#' */
-  if (rank == 0) {
+           o->barrier ? "barrier before each iter" : "back-to-back (no barrier)");
     printf("# %10s %10s %6s %11s %10s %10s %6s\n", "bytes", "count", "iters", "time_us",
            "algbw_GBs", "busbw_GBs", "check");
     fflush(stdout);
   }
-  for (size_t bytes = minb; bytes; bytes = bytes >= maxb ? 0 : (bytes * factor > maxb ? maxb : bytes * factor)) {
-    size_t count = bytes / 4;
-    for (size_t i = 0; i < count; i++) {
-      float v = (float)((i % 13) + 1);
-      send[i] = is_bcast ? (rank == 0 ? v : 0) : (float)(rank + 1) * v;
-      recv[i] = 0;
-    }
-    st = is_bcast ? weft_broadcast(comm, send, rank == 0 ? send : recv, count, WEFT_F32, 0)
-                  : weft_allreduce(comm, send, recv, count, WEFT_F32, WEFT_SUM);
-    if (st) die(comm, st, "checked run");
-    const float *res = is_bcast && rank == 0 ? send : recv;
-    float scale = is_bcast ? 1.0f : (float)(np * (np + 1) / 2);
+  long wrong_all = 0;
+  for (size_t bytes = o->minb; bytes;
+       bytes = bytes >= o->maxb ? 0 : (bytes * o->factor > o->maxb ? o->maxb : bytes * o->factor)) {
+    size_t whole = whole_count(kind, bytes, 4, np), count = call_count(kind, whole, np);
+    if (!whole) continue;
+    /* the broadcast's root sends from and keeps its own buffer (MPI_Bcast is in place) */
+    float *dst = kind == COLL_BROADCAST && rank == 0 ? send : recv;
+    peers_fill(kind, send, whole, rank, np);
+    memset(recv, 0, whole * sizeof(float));
+    weft_status st = run_coll(comm, kind, send, dst, count, WEFT_F32, WEFT_SUM, 0);
+    if (st) die_in(comm, st, kind, bytes, "checked run");
     long errs = 0;
-    for (size_t i = 0; i < count; i++)
-      if (res[i] != scale * (float)((i % 13) + 1)) errs++;
-    errs = sum_over_ranks(comm, errs);
-    size_t it = iter_bytes / bytes;
-    int iters = (int)(it < (size_t)iters_min ? (size_t)iters_min : it > (size_t)iters_max ? (size_t)iters_max : it);
-    for (int w = 0; w < iters / 10 + 1; w++) {
-      st = is_bcast ? weft_broadcast(comm, send, recv, count, WEFT_F32, 0)
-                    : weft_allreduce(comm, send, recv, count, WEFT_F32, WEFT_SUM);
-      if (st) die(comm, st, "warmup");
+    int checks = rank_checks(kind, rank, 0) && !(kind == COLL_BROADCAST && rank == 0);
+    if (checks) {
+      if (corrupt_requested && rank == corrupting_rank(kind, 0, np, kind == COLL_BROADCAST))
+        corrupt_element(dst, 4);
+      errs = peers_check(kind, dst, whole, rank, np);
     }
-    for (int k = 0; k < iters; k++) {
-      if (barrier && (st = weft_barrier(comm))) die(comm, st, "barrier");
+    errs = sum_over_ranks(comm, errs);
+    wrong_all += errs;
+    size_t it = o->iter_bytes / bytes; /* bench_iters: the maximum wins over the minimum */
+    if (it < (size_t)o->iters_min) it = (size_t)o->iters_min;
+    if (it > (size_t)o->iters_max) it = (size_t)o->iters_max;
+    int iters = it ? (int)it : 1, warm = iters / 10 + 1;
+    /* as bench_common's peers: warm-up and timed iterations alike, each after
+     * a barrier (-N: one barrier before the timed ones) */
+    for (int k = 0; k < warm + iters; k++) {
+      if ((o->barrier || k == warm) && (st = weft_barrier(comm))) die(comm, st, "barrier");
       double t0 = now_us();
-      st = is_bcast ? weft_broadcast(comm, send, recv, count, WEFT_F32, 0)
-                    : weft_allreduce(comm, send, recv, count, WEFT_F32, WEFT_SUM);
-      if (st) die(comm, st, "timed run");
-      times[k] = now_us() - t0;
+      st = run_coll(comm, kind, send, dst, count, WEFT_F32, WEFT_SUM, 0);
+      if (st) die_in(comm, st, kind, bytes, k < warm ? "warmup" : "timed run");
+      if (k >= warm) times[k - warm] = now_us() - t0;
     }
     qsort(times, (size_t)iters, sizeof(double), cmp_double);
     double med = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
     med = max_over_ranks(comm, med);
     if (rank == 0) {
       double algbw = bytes / (med * 1e-6) / 1e9;
-      printf("  %10zu %10zu %6d %11.2f %10.3f %10.3f %6s\n", bytes, count, iters, med, algbw,
-             algbw * (is_bcast ? 1.0 : 2.0 * (np - 1) / np), errs ? "FAIL" : "ok");
+      printf("  %10zu %10zu %6d %11.2f %10.3f %10.3f %6s\n", bytes, bytes / 4, iters, med, algbw,
+             algbw * busbw_factor(kind, np), errs ? "FAIL" : "ok");
       if (errs) printf("# FAIL: %ld wrong elements (summed over ranks)\n", errs);
       fflush(stdout);
     }
   }
+  return wrong_all;
+}
+
+static int peers_mode(int argc, char **argv) {
+  struct peers_opts o = {8, 64u << 20, 256u << 20, 4, 5, 200, 1, ""};
+  unsigned which = 1u << COLL_ALLREDUCE;
+  int c;
+  while ((c = getopt(argc, argv, "c:C:b:e:f:n:m:I:Nt:h")) != -1) {
+    switch (c) {
+      case 'c': case 'C':
+        if (parse_colls(optarg, &which, " --peers")) return 2;
+        break;
+      case 'b': o.minb = parse_size(optarg); break;
+      case 'e': o.maxb = parse_size(optarg); break;
+      case 'f': o.factor = atoi(optarg); break;
+      case 'n': o.iters_max = atoi(optarg); break;
+      case 'm': o.iters_min = atoi(optarg); break;
+      case 'I': o.iter_bytes = parse_size(optarg); break;
+      case 'N': o.barrier = 0; break;
+      case 't': o.label = optarg; break;
+      default:
+        fprintf(c == 'h' ? stdout : stderr,
+                "usage: weft-bench --peers [-c NAME] [-b minbytes] [-e maxbytes] [-f factor]\n"
+                "          [-n maxiters] [-m miniters] [-I iterbytes] [-N] [-t label]\n"
+                "  NAME: " COLL_NAMES " (bcast for broadcast too)\n"
+                "  the options, rows and checks of ../shared/peers/src/bench_common.h\n");
+        return c == 'h' ? 0 : 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "weft-bench --peers: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (o.minb < 4) o.minb = 4;
+  o.minb &= ~(size_t)3;
+  o.maxb &= ~(size_t)3;
+  if (o.factor < 2) o.factor = 2;
+  weft_comm *comm;
+  weft_status st = weft_comm_init_env(&comm);
+  if (st) die(NULL, st, "init");
+  bind_to_core(comm);
+  float *send = alloc_prefaulted(o.maxb), *recv = alloc_prefaulted(o.maxb);
+  int most = o.iters_max > o.iters_min ? o.iters_max : o.iters_min;
+  double *times = malloc(sizeof(double) * (size_t)(most > 1 ? most : 1));
+  if (!send || !recv || !times) die(comm, WEFT_ERR_NOMEM, "buffers");
+  int first = 1;
+  long wrong = 0;
+  for (int kind = 0; kind < COLL_COUNT; kind++) {
+    if (!(which & (1u << kind))) continue;
+    /* "#" lines: run.sh reads only rows with 7 fields not starting with '#' */
+    if (first) print_transports(comm);
+    first = 0;
+    wrong += peers_table(comm, kind, &o, send, recv, times);
+  }
   release(send);
   release(recv);
   free(times);
-  weft_comm_destroy(comm);
-  return 0;
+  return finish(comm, wrong, "rows marked FAIL");
 }
 
 /* --overlap [-b bytes] [-s sleep_ms] [-n iters]: how much of an allreduce
@@ -548,10 +949,12 @@ static int overlap_mode(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-  for (int i = 1; i < argc; i++) /* --bind and --shared may stand anywhere: take them out */
-    if (!strcmp(argv[i], "--bind") || !strcmp(argv[i], "--shared")) {
+  for (int i = 1; i < argc; i++) /* --bind, --shared, --test-corrupt may stand anywhere */
+    if (!strcmp(argv[i], "--bind") || !strcmp(argv[i], "--shared") ||
+        !strcmp(argv[i], "--test-corrupt")) {
       if (!strcmp(argv[i], "--bind")) bind_requested = 1;
-      else shared_requested = 1;
+      else if (!strcmp(argv[i], "--shared")) shared_requested = 1;
+      else corrupt_requested = 1;
       memmove(&argv[i], &argv[i + 1], sizeof *argv * (size_t)(argc - i));
       argc--;
       i--;
