@@ -3,7 +3,10 @@
  * reason (weft_comm_peer_transport: "tcp x2 streams over wr0,wr1 to ..."),
  * then runs allreduce, broadcast, allgather and alltoall large enough to
  * cross the rails many times, against a serial reference in double. Exit 0
- * only when everything matched. */
+ * only when everything matched.
+ * `rails_rank WORDS loop` runs checked allreduces, printing "iter N ok",
+ * until one fails (a rail is cut under it): it prints "rank R FAILED
+ * STATUS: sentence" and exits 0; 1 if none failed or a result was wrong. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +48,25 @@ int main(int argc, char **argv) {
   }
   size_t n = 4u << 20; /* 16 MiB of floats */
   float *v = malloc(n * sizeof *v);
+  if (argc > 2 && !strcmp(argv[2], "loop")) {
+    for (int it = 0; it < 400; it++) {
+      for (size_t i = 0; i < n; i++) v[i] = value(i, rank, 1);
+      weft_status st = weft_allreduce(comm, v, v, n, WEFT_F32, WEFT_SUM);
+      if (st) {
+        printf("rank %d FAILED %s: %s\n", rank, weft_status_name(st), weft_last_error(comm));
+        return 0;
+      }
+      for (size_t i = 0; i < n; i += 4099) {
+        double want = 0;
+        for (int r = 0; r < size; r++) want += value(i, r, 1);
+        if ((double)v[i] != want) return fail(rank, "allreduce", i, v[i], want);
+      }
+      printf("iter %d ok\n", it);
+      fflush(stdout);
+    }
+    fprintf(stderr, "rank %d: no call failed\n", rank);
+    return 1;
+  }
   for (int it = 0; it < 3; it++) {
     for (size_t i = 0; i < n; i++) v[i] = value(i, rank, it);
     if (weft_allreduce(comm, v, v, n, WEFT_F32, WEFT_SUM)) {

@@ -7,9 +7,12 @@
 # carry a fair share of the bytes (tx_bytes inside a namespace). The
 # namespaces are removed however the test ends. Exits 77 (skipped) where
 # namespaces cannot be made, saying why.
+# RAILS_CUT=1: the second rail goes down under running allreduces; every
+# rank must then fail (a timeout or a lost peer, its sentence naming a peer
+# or a rank) within WEFT_TIMEOUT plus a margin: never hang.
 # RAILS_IFNAME and RAILS_WORDS override the list and the words the reasons
-# must hold (WEFT_SOCKET_IFNAME==wr0 RAILS_WORDS="tcp to" shows the byte
-# check fail: one rail carries nothing).
+# must hold (RAILS_IFNAME==wr0 RAILS_WORDS="tcp to" shows the byte check
+# fail: one rail carries nothing).
 set -u
 prog=${1:?usage: test_rails.sh RANK_PROGRAM}
 ifnames=${RAILS_IFNAME:-=wr0,=wr1}
@@ -45,6 +48,55 @@ tx() { ip netns exec "$a" cat "/sys/class/net/$1/statistics/tx_bytes"; }
 tx0=$(tx wr0) tx1=$(tx wr1)
 
 port=$((20000 + tag % 20000))
+if [ "${RAILS_CUT:-0}" = 1 ]; then
+  timeout_s=5 margin=10
+  for r in 0 1 2 3; do
+    if [ "$r" -lt 2 ]; then ns=$a host=hostA; else ns=$b host=hostB; fi
+    ip netns exec "$ns" env WEFT_RANK=$r WEFT_SIZE=4 WEFT_RENDEZVOUS="$net0.1:$port" \
+      WEFT_HOST_ID=$host WEFT_SOCKET_IFNAME="$ifnames" WEFT_TIMEOUT=$timeout_s WEFT_DEBUG=NONE \
+      "$prog" "$words" loop >"$tmp/out.$r" 2>"$tmp/err.$r" &
+    pids="$pids $!"
+  done
+  t=0
+  until [ "$(grep -l '^iter 1 ok' "$tmp"/out.* 2>/dev/null | wc -l)" = 4 ]; do
+    sleep 0.2
+    t=$((t + 1))
+    if [ $t -gt 600 ] || grep -q FAILED "$tmp"/out.*; then
+      echo "not ok - the job did not get going before the rail was cut"
+      cat "$tmp"/out.* "$tmp"/err.*
+      exit 1
+    fi
+  done
+  ip -n "$a" link set wr1 down || { echo "not ok - could not cut wr1"; exit 1; }
+  cut_at=$(date +%s)
+  echo "rail wr1 cut after iteration 1; waiting at most $((timeout_s + margin)) s"
+  rc=0
+  r=0
+  for p in $pids; do
+    while kill -0 "$p" 2>/dev/null && [ $(($(date +%s) - cut_at)) -le $((timeout_s + margin)) ]; do
+      sleep 0.1
+    done
+    if kill -0 "$p" 2>/dev/null; then
+      echo "not ok - rank $r still running $((timeout_s + margin)) s after the cut: a hang"
+      kill -9 "$p"
+      rc=1
+    fi
+    wait "$p" || { echo "not ok - rank $r exited $?"; rc=1; }
+    line=$(grep FAILED "$tmp/out.$r" | head -n 1)
+    case $line in
+      *WEFT_ERR_TIMEOUT* | *WEFT_ERR_PEER_LOST*)
+        echo "$line" | grep -Eq "peer [0-9]|rank [0-9]" ||
+          { echo "not ok - rank $r names no peer"; rc=1; } ;;
+      *) echo "not ok - rank $r did not fail as it should: ${line:-nothing}"; rc=1 ;;
+    esac
+    echo "[$r] ${line:-(no failure line)} (ended within $(($(date +%s) - cut_at)) s of the cut)"
+    r=$((r + 1))
+  done
+  pids=""
+  [ "$rc" = 0 ] || for r in 0 1 2 3; do tail -n 3 "$tmp/out.$r" "$tmp/err.$r"; done
+  [ "$rc" = 0 ] && echo "ok - a rail cut under running allreduces: every rank failed, naming a peer, within ${timeout_s}+${margin} s"
+  exit $rc
+fi
 for r in 0 1 2 3; do
   if [ "$r" -lt 2 ]; then ns=$a host=hostA; else ns=$b host=hostB; fi
   ip netns exec "$ns" env WEFT_RANK=$r WEFT_SIZE=4 WEFT_RENDEZVOUS="$net0.1:$port" \
