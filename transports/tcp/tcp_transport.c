@@ -471,12 +471,11 @@ static weft_status tcp_wait(weft_tp_ctx *tctx, int timeout_ms) {
   pf[n++] = (struct pollfd){.fd = ctx->args->wake_fd, .events = POLLIN};
   who[n] = -1;
   pf[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
-  nfds_t listeners = n; /* entries 1 .. listeners-1 are listeners */
   for (int r = 1; r < ctx->nrails; r++) {
     who[n] = -1;
     pf[n++] = (struct pollfd){.fd = ctx->rail_fd[r], .events = POLLIN};
   }
-  listeners = n;
+  nfds_t listeners = n; /* entries 1 .. listeners - 1: every rail's listener */
   nfds_t done_at = 0; /* the helpers' done fd, 0 when none */
   if (ctx->nworkers > 0) {
     done_at = n;
