@@ -312,9 +312,10 @@ void tcp_pool_adopt(tcp_ctx *ctx, tcp_stream *s);
 /* Wakes the helper that drives s (work was posted). */
 void tcp_pool_wake(tcp_ctx *ctx, const tcp_stream *s);
 /* Ends and joins every helper; afterwards the caller drives every stream
- * (owner -1). Bounded: helpers sleep at most TCP_POOL_POLL_MS. */
+ * (owner -1). Bounded: each helper is woken and ends after its current
+ * non-blocking calls (a notice's text: at most 1 s). */
 void tcp_pool_stop(tcp_ctx *ctx);
-#define TCP_POOL_POLL_MS 100
+#define TCP_POOL_POLL_MS 1000 /* a wake fd write ends it at once: only a safety net */
 weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* WEFT_AGAIN, or the failure when c's peer process is gone (tcp_peer.gone_at)
