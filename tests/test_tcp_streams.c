@@ -1,7 +1,8 @@
 /* test_tcp_streams.c - several TCP streams per peer and the helper threads
  * that drive them (WEFT_TCP_STREAMS, WEFT_TCP_THREADS): allreduce,
  * broadcast, allgather and alltoall right at 2..4 ranks for 1..4 streams
- * and 0..3 threads, against a serial reference in double; and a stream cut
+ * and 0..3 threads, against a serial reference in double, also between ranks
+ * that ask for different numbers (each pair takes the smaller); and a stream cut
  * in the middle of a call (shutdown of its socket) fails every rank, naming
  * a peer, within the timeout: never a hang, never a wrong result. */
 #include <pthread.h>
@@ -158,6 +159,43 @@ static void test_streams_threads_collectives(void **state) {
   assert_int_equal(failed, 0);
 }
 
+/* Ranks that ask for different numbers (hosts of different sizes): each
+ * pair takes the smaller, both ends agree, and the results are right. */
+static int uneven_rank(int rank, int size, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  char n[16];
+  snprintf(n, sizeof n, "%d", 1 + rank);
+  setenv("WEFT_TCP_STREAMS", n, 1);
+  setenv("WEFT_TCP_THREADS", rank % 2 ? "1" : "0", 1);
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  for (int p = 0; p < size; p++) {
+    if (p == rank) continue;
+    const char *tp, *why;
+    weft_comm_peer_transport(comm, p, &tp, &why);
+    int pair = 1 + (rank < p ? rank : p);
+    char want[64];
+    if (pair > 1)
+      snprintf(want, sizeof want, "tcp x%d streams", pair);
+    else
+      snprintf(want, sizeof want, "tcp to ");
+    if (strncmp(why, want, strlen(want))) {
+      fprintf(stderr, "rank %d: peer %d: %s, expected \"%s...\"\n", rank, p, why, want);
+      return 1;
+    }
+  }
+  int rc = run_collectives(comm, rank, size);
+  weft_comm_destroy(comm);
+  return rc;
+}
+
+static void test_uneven_stream_counts(void **state) {
+  (void)state;
+  harness_init();
+  const char *env[] = {"WEFT_TRANSPORT=tcp", "WEFT_TIMEOUT=60", NULL};
+  assert_int_equal(harness_run(4, env, 120, uneven_rank, NULL), 0);
+}
+
 /* ---- a stream cut in the middle of a call ------------------------------ */
 
 #define CUT_TIMEOUT "5"
@@ -254,6 +292,7 @@ static void test_stream_cut_helper_driven(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_streams_threads_collectives),
+      cmocka_unit_test(test_uneven_stream_counts),
       cmocka_unit_test(test_stream_cut_caller_driven),
       cmocka_unit_test(test_stream_cut_helper_driven),
   };
