@@ -200,6 +200,7 @@ struct tcp_conn {
   int accepted;            /* streams up (the accepting side counts them) */
   int queued;              /* pieces queued on the caller-driven streams */
   tcp_stream *streams;     /* nstreams of them; streams[0] is driven by the caller */
+  atomic_bool heard;       /* a helper moved bytes of this peer's (tcp_conn_again) */
 
   bool rframe_done;   /* every piece of the chunk received, not yet released */
   char *slot;         /* receive slot for recv_peek, chunk_bytes long (ctx->slot_mem) */

@@ -108,9 +108,13 @@ weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...) {
   return st;
 }
 
+static inline void tcp_peer_heard(tcp_conn *c);
+
 weft_status tcp_conn_again(tcp_conn *c) {
   const tcp_peer *p = &c->ctx->peers[c->peer];
-  if (!p->gone_at || weft_now() - p->gone_at < TCP_GONE_GRACE_S) return WEFT_AGAIN;
+  if (!p->gone_at) return WEFT_AGAIN;
+  if (c->nstreams > 1 && atomic_exchange(&c->heard, false)) tcp_peer_heard(c); /* its helpers' bytes */
+  if (weft_now() - p->gone_at < TCP_GONE_GRACE_S) return WEFT_AGAIN;
   return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d (%s) is gone: %s", c->peer, c->where,
                        p->gone_why ? p->gone_why : "its process ended");
 }

@@ -42,7 +42,7 @@ static void tcp_stream_failed(tcp_stream *s, weft_status st, const char *fmt, ..
 
 /* Sends what the socket takes; true when a piece completed or it failed. */
 static bool tcp_helper_send(tcp_stream *s, bool *moved) {
-  const tcp_conn *c = s->conn;
+  tcp_conn *c = s->conn;
   int before = s->sq_count;
   while (s->sq_count) {
     ssize_t w = tcp_stream_write(s);
@@ -54,6 +54,7 @@ static bool tcp_helper_send(tcp_stream *s, bool *moved) {
       return true;
     }
     *moved = true;
+    atomic_store_explicit(&c->heard, true, memory_order_relaxed);
   }
   return s->sq_count < before;
 }
@@ -108,7 +109,7 @@ static bool tcp_helper_header(tcp_stream *s) {
 
 /* Reads the posted piece; true when it completed or the stream failed. */
 static bool tcp_helper_recv(tcp_stream *s, bool *moved) {
-  const tcp_conn *c = s->conn;
+  tcp_conn *c = s->conn;
   while (s->rhdr_got < sizeof s->rhdr || s->rpay_got < s->rx_len) {
     bool hdr_was_open = s->rhdr_got < sizeof s->rhdr;
     ssize_t r = tcp_stream_read(s, s->rx_target, s->rx_len);
@@ -127,6 +128,7 @@ static bool tcp_helper_recv(tcp_stream *s, bool *moved) {
       return true;
     }
     *moved = true;
+    atomic_store_explicit(&c->heard, true, memory_order_relaxed);
     if (hdr_was_open && s->rhdr_got == sizeof s->rhdr && !tcp_helper_header(s)) return true;
   }
   s->rx_done = true;
