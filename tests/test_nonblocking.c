@@ -560,6 +560,9 @@ static int threads_here(void) {
  * thread. */
 static int one_context_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   (void)arg;
+  /* tcp's helper threads (WEFT_TCP_THREADS, auto: some on a host with cores
+   * to spare) are the transport's own; this counts the engine's */
+  setenv("WEFT_TCP_THREADS", "0", 1);
   /* what this forked rank inherited (an earlier case's rendezvous server in
    * the parent, say) is not the communicator's */
   int listeners0 = listening_sockets(), threads0 = threads_here();

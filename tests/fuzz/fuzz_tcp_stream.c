@@ -62,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   close(sp[1]); /* then the peer is gone */
   tcp_conn *c;
   if (tcp_conn_create(ctx, 0, 0, &c)) __builtin_trap();
-  c->fd = sp[0];
+  c->streams[0].fd = sp[0];
   c->state = TCP_CONN_UP;
   ctx->awaiting_accept--;
   char *dst = malloc(CHUNK);

@@ -1,7 +1,15 @@
-/* tcp.h - the TCP transport's private types. One socket per (peer, channel)
- * carries frames both ways: a 16-byte header (magic+type, seq, length) then
- * the payload. The lower rank of a pair dials, naming the channel in its
- * handshake; the higher accepts on its one listener.
+/* tcp.h - the TCP transport's private types. A connection per (peer, channel)
+ * carries frames both ways: a 16-byte header (magic+type, seq, length, the
+ * chunk's whole length) then the payload. A collectives connection may be
+ * several sockets, its streams (WEFT_TCP_STREAMS): a large chunk is cut in
+ * order into one piece per stream, each a frame of its own, so the receiver
+ * reads each piece straight to its place; small chunks ride stream 0 alone.
+ * Streams past the first may be driven by a few helper threads
+ * (WEFT_TCP_THREADS, tcp_pool.c), stream 0 always by the caller, so a small
+ * chunk is never handed off. With several interfaces (a WEFT_SOCKET_IFNAME
+ * list) each rail has a listener and stream s rides rail s mod rails.
+ * The lower rank of a pair dials every stream, naming the channel, the
+ * stream and the count in its handshake; the higher accepts.
  *
  * How every rank learns of a death or a failure, although connections open
  * lazily (issue 14, items 3 and 4; none costs a system call per chunk):
@@ -18,9 +26,12 @@
 #ifndef WEFT_TCP_H
 #define WEFT_TCP_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include "src/base/net.h"
@@ -48,8 +59,22 @@
 /* What a rank publishes: its listener (net.h's packed address), then, for
  * peers on the same host, what tells whether its process still lives: pid,
  * pid namespace, and a hash of the host identity (all big-endian). A peer
- * that gave only the packed address is watched by its sockets alone. */
+ * that gave only the packed address is watched by its sockets alone.
+ * Then (TCP_ADDR_EXT) the streams it wants per collectives connection and
+ * its rails, and the listener of each rail past the first: a pair uses the
+ * smaller stream count and the rails both have, so both ranks reach the same
+ * answer from the same published facts. */
 #define TCP_ADDR_BYTES (NET_ADDR_PACKED + 4 + 8 + 8)
+#define TCP_MAX_STREAMS 16 /* WEFT_TCP_STREAMS' bound */
+#define TCP_MAX_THREADS 16 /* WEFT_TCP_THREADS' bound */
+#define TCP_MAX_RAILS 4    /* interfaces striped over; fits WEFT_TRANSPORT_ADDR_MAX */
+#define TCP_ADDR_EXT(rails) (TCP_ADDR_BYTES + 2 + ((rails) - 1) * NET_ADDR_PACKED)
+_Static_assert(TCP_ADDR_EXT(TCP_MAX_RAILS) <= WEFT_TRANSPORT_ADDR_MAX, "rails fit the address");
+/* A chunk is cut into pieces of at least this many bytes, so a small chunk
+ * costs one frame on stream 0, as with one stream; pieces start at
+ * multiples of TCP_PIECE_ALIGN. */
+#define TCP_PIECE_MIN (32u << 10)
+#define TCP_PIECE_ALIGN 64u
 /* A peer's process seen gone (pidfd readable) fails a connection that has
  * nothing to read, cannot send, or was never dialed after this long: its
  * last bytes may still be on their way (between network namespaces, behind
@@ -59,8 +84,8 @@
 typedef struct tcp_frame_hdr {
   uint32_t magic_type; /* network byte order on the wire, like every field */
   uint32_t seq;
-  uint32_t len;
-  uint32_t reserved;
+  uint32_t len;        /* this frame's payload: the chunk, or its piece on this stream */
+  uint32_t total;      /* the whole chunk's length (0 from a sender that did not say: len) */
 } tcp_frame_hdr;
 
 /* The dialer's first bytes (all big-endian), followed by an HMAC over them. */
@@ -68,7 +93,8 @@ typedef struct tcp_handshake {
   uint32_t magic;
   uint32_t from;
   uint32_t to;
-  uint32_t channel; /* < WEFT_TP_CHANNELS */
+  uint32_t channel; /* < WEFT_TP_CHANNELS in the low 16 bits; the stream in bits 16..23,
+                       the connection's stream count in bits 24..31 (0: one) */
   uint32_t comm_hi, comm_lo;
 } tcp_handshake;
 #define TCP_HANDSHAKE_BYTES (sizeof(tcp_handshake) + 32) /* + WEFT_AUTH_MAC_BYTES */
@@ -78,6 +104,7 @@ typedef struct tcp_handshake {
 
 typedef struct tcp_handshake_info {
   uint32_t magic, from, to, channel;
+  uint32_t stream, nstreams; /* from the channel word; nstreams >= 1 */
   uint64_t comm_id;
   const uint8_t *signed_part; /* sizeof(tcp_handshake) bytes the MAC covers */
   const uint8_t *mac;         /* WEFT_AUTH_MAC_BYTES */
@@ -87,6 +114,7 @@ typedef struct tcp_frame_info {
   uint32_t type; /* TCP_FRAME_DATA, TCP_FRAME_ABORT, or anything a peer sent */
   uint32_t seq;
   uint32_t len;
+  uint32_t total; /* the chunk's length: len when the sender wrote 0 */
 } tcp_frame_info;
 
 /* WEFT_ERR_PROTOCOL when shorter than TCP_HANDSHAKE_BYTES. */
@@ -111,11 +139,47 @@ enum tcp_conn_state { TCP_CONN_AWAIT_ACCEPT, TCP_CONN_UP, TCP_CONN_DEAD };
 typedef struct tcp_ctx tcp_ctx;
 typedef struct tcp_conn tcp_conn;
 
+/* One socket of a connection. The caller's thread drives stream 0, and every
+ * stream when there is no helper thread (owner -1): then nothing here is
+ * shared and no lock is taken. A stream a helper drives (owner >= 0) is
+ * shared with it under `lock`: the caller posts sends and the piece to
+ * receive, the helper moves bytes and reports completion or failure, and
+ * once the caller marks it dead (tcp_conn_fail) the helper touches neither
+ * it nor the caller's buffers again. */
+typedef struct tcp_stream {
+  tcp_conn *conn;
+  int index; /* in its connection */
+  int rail;  /* the interface it rides */
+  int fd;
+  int owner; /* the helper thread that drives it, -1: the caller */
+  pthread_mutex_t lock;
+  tcp_send_entry sq[TCP_SEND_DEPTH]; /* ring of pieces */
+  int sq_head, sq_count;
+  tcp_frame_hdr rhdr; /* header of the frame being received */
+  size_t rhdr_got;
+  size_t rpay_got;    /* payload bytes received into the target */
+  bool want_recv;     /* caller-driven: a data call said AGAIN waiting for input */
+  /* helper-driven: the piece the caller posted, where it goes and what it must be */
+  bool rx_posted, rx_done;
+  char *rx_target;
+  size_t rx_len, rx_total;
+  uint32_t rx_seq;
+  bool dead;              /* the connection failed: the helper leaves it */
+  weft_status failed;     /* what the helper found, for the caller to report */
+  bool failed_notice;     /* `origin` holds the peer's failure notice */
+  char why[256];
+  char origin[TCP_ABORT_TEXT_MAX + 1];
+} tcp_stream;
+
 /* What this rank knows of one peer that TCP carries (from can_reach). */
 typedef struct tcp_peer {
   bool known;                   /* can_reach said yes: an address to dial */
-  struct sockaddr_storage addr; /* its listener */
+  struct sockaddr_storage addr; /* its listener (rail 0) */
   socklen_t addr_len;
+  int nstreams;                 /* streams of the collectives connection (0: one) */
+  int nrails;                   /* rails both have (0: one) */
+  struct sockaddr_storage rail_addr[TCP_MAX_RAILS]; /* its listener on each rail */
+  socklen_t rail_len[TCP_MAX_RAILS];
   uint32_t pid;     /* same host and pid namespace: its pid, else 0 */
   int pidfd;        /* opened at its first wait, -1 before (or none) */
   bool pidfd_tried;
@@ -129,30 +193,50 @@ struct tcp_conn {
   tcp_ctx *ctx;
   int peer;
   int channel;
-  int fd;
   enum tcp_conn_state state;
   weft_status dead_status; /* why, once DEAD */
   char where[80];          /* peer's address, for messages */
+  int nstreams;            /* 1 unless the collectives channel to a peer that wants more */
+  int accepted;            /* streams up (the accepting side counts them) */
+  int queued;              /* pieces queued on the caller-driven streams */
+  tcp_stream *streams;     /* nstreams of them; streams[0] is driven by the caller */
+  atomic_bool heard;       /* a helper moved bytes of this peer's (tcp_conn_again) */
 
-  tcp_send_entry *sq; /* ring of TCP_SEND_DEPTH entries */
-  int sq_head, sq_count;
-
-  tcp_frame_hdr rhdr; /* header of the frame being received */
-  size_t rhdr_got;
-  size_t rpay_got;    /* payload bytes received into the target */
-  bool rframe_done;   /* header and payload complete, not yet released */
+  bool rframe_done;   /* every piece of the chunk received, not yet released */
   char *slot;         /* receive slot for recv_peek, chunk_bytes long (ctx->slot_mem) */
-  bool want_recv;     /* a data call said AGAIN waiting for input */
   int probe_fd;       /* AWAIT_ACCEPT: a liveness probe's connect in flight, else -1 */
   double probe_at;    /* when the last probe started */
 };
 
+/* The helper threads of one context (tcp_pool.c). */
+typedef struct tcp_worker {
+  tcp_ctx *ctx;
+  pthread_t thread;
+  int wake_fd;           /* eventfd: work posted, or stop */
+  pthread_mutex_t lock;  /* guards `list` */
+  tcp_stream **list;     /* the streams it drives */
+  int n, cap;
+  atomic_int changed;    /* the list grew since the helper last copied it */
+} tcp_worker;
+
 struct tcp_ctx {
   const weft_transport_init_args *args; /* owned by the core, outlives ctx */
   const struct weft_mem_ops *slot_mem;  /* where receive slots come from (init args) */
-  int listen_fd;
+  int listen_fd;            /* rail 0's listener: dials, failure notices, probes */
   struct sockaddr_storage addr;
   socklen_t addr_len;
+  int nrails;               /* interfaces this rank listens on (1 without a list) */
+  int rail_fd[TCP_MAX_RAILS]; /* listeners past rail 0, -1 where none ([0] unused) */
+  struct sockaddr_storage rail_addr[TCP_MAX_RAILS]; /* each rail's listener ([0] = addr) */
+  socklen_t rail_len[TCP_MAX_RAILS];
+  char rail_name[TCP_MAX_RAILS][64]; /* its interface, for the report */
+  int want_streams;         /* what this rank publishes (WEFT_TCP_STREAMS or auto) */
+  int want_threads;         /* -1 until decided (first can_reach: cores per rank known) */
+  tcp_worker *workers;      /* want_threads of them once started, else NULL */
+  int nworkers;             /* started */
+  atomic_bool stop;         /* the helpers end */
+  atomic_bool helper_moved; /* a helper moved bytes since the last progress */
+  int done_fd;              /* eventfd a helper writes when a piece ends or fails, -1 */
   tcp_conn **conns;         /* by tcp_conn_index(peer, channel); NULL until first needed */
   tcp_peer *peers;          /* by rank */
   uint64_t host_hash;       /* this rank's host identity, hashed (TCP_ADDR_BYTES) */
@@ -162,11 +246,29 @@ struct tcp_ctx {
   bool notices_sent;        /* abort_all told every peer's listener once */
   tcp_ctx *fork_next, *fork_prev; /* every live context, for tcp_fork_child */
   int awaiting_accept;      /* conns in TCP_CONN_AWAIT_ACCEPT */
-  struct pollfd *pfds;      /* scratch for wait, size * (WEFT_TP_CHANNELS + 1) + 2 entries */
-  int nsending;             /* conns with queued sends */
+  struct pollfd *pfds;      /* scratch for wait (tcp_pfds_max entries) */
+  int nsending;             /* conns with pieces queued on caller-driven streams */
   bool data_moved;          /* bytes moved inside a data call since the last progress:
                                partial progress, so no timeout while a chunk drains */
 };
+
+/* Entries tcp_wait may poll: every stream, a probe per connection, a pidfd
+ * per peer, the wake fd, the listeners and the helpers' done fd. */
+static inline size_t tcp_pfds_max(int size) {
+  return (size_t)size * WEFT_TP_CHANNELS * (TCP_MAX_STREAMS + 1) + (size_t)size + 2 +
+         TCP_MAX_RAILS;
+}
+
+/* How a chunk of `bytes` is cut over a connection's streams: the number of
+ * pieces (stream i carries piece i) and each piece's length but the last,
+ * which takes the rest. Both ends compute it from the length alone. */
+static inline int tcp_pieces(int nstreams, size_t bytes, size_t *piece) {
+  size_t most = bytes / TCP_PIECE_MIN;
+  int n = nstreams < 1 ? 1 : (size_t)nstreams < most ? nstreams : most ? (int)most : 1;
+  size_t p = (bytes + (size_t)n - 1) / (size_t)n;
+  *piece = n > 1 ? (p + TCP_PIECE_ALIGN - 1) / TCP_PIECE_ALIGN * TCP_PIECE_ALIGN : bytes;
+  return n;
+}
 
 static inline int tcp_conn_index(int peer, int channel) {
   return peer * WEFT_TP_CHANNELS + channel;
@@ -181,10 +283,40 @@ static inline tcp_ctx *tcp_ctx_of(weft_tp_ctx *c) {
 
 /* tcp_conn.c */
 weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out);
-weft_status tcp_conn_dial(tcp_conn *c, const struct sockaddr_storage *addr,
-                          socklen_t len);
-weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed);
+/* Dials every stream of `c`, stream s from this rank's rail s mod rails to
+ * the peer's listener on that rail. */
+weft_status tcp_conn_dial(tcp_conn *c);
+/* Accepts one waiting connection on `listen_fd` (any rail's listener). */
+weft_status tcp_conn_accept_one(tcp_ctx *ctx, int listen_fd, bool *progressed);
 weft_status tcp_conn_push_sends(tcp_conn *c, bool *progressed);
+/* The stream's lock, taken only when a helper shares it. */
+static inline void tcp_stream_lock(tcp_stream *s) {
+  if (s->owner >= 0) pthread_mutex_lock(&s->lock);
+}
+static inline void tcp_stream_unlock(tcp_stream *s) {
+  if (s->owner >= 0) pthread_mutex_unlock(&s->lock);
+}
+/* Writes what the socket takes of the stream's queue; completed pieces leave
+ * it. Returns the bytes written, or -errno (never 0 while pieces wait). */
+ssize_t tcp_stream_write(tcp_stream *s);
+/* Reads the rest of the frame header, then payload into target (len bytes). Returns
+ * the bytes read, 0 at the end of the stream, or -errno. */
+ssize_t tcp_stream_read(tcp_stream *s, char *target, size_t len);
+
+/* tcp_pool.c: the helper threads. */
+/* Starts ctx->want_threads helpers once (the first connection with more
+ * than one stream); WEFT_OK also when it could start none (the caller then
+ * drives every stream itself). */
+weft_status tcp_pool_start(tcp_ctx *ctx);
+/* Gives stream s (not stream 0) to a helper. */
+void tcp_pool_adopt(tcp_ctx *ctx, tcp_stream *s);
+/* Wakes the helper that drives s (work was posted). */
+void tcp_pool_wake(tcp_ctx *ctx, const tcp_stream *s);
+/* Ends and joins every helper; afterwards the caller drives every stream
+ * (owner -1). Bounded: each helper is woken and ends after its current
+ * non-blocking calls (a notice's text: at most 1 s). */
+void tcp_pool_stop(tcp_ctx *ctx);
+#define TCP_POOL_POLL_MS 1000 /* a wake fd write ends it at once: only a safety net */
 weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* WEFT_AGAIN, or the failure when c's peer process is gone (tcp_peer.gone_at)

@@ -1,7 +1,10 @@
 /* tcp_conn.c - one TCP connection to a peer: dialing and accepting with a
  * handshake that names the communicator, and the framed data path. Sends go
  * straight from the caller's buffer (writev of header+payload); receives read
- * header and payload with one readv, into a slot or into the caller's buffer. */
+ * header and payload with one readv, into a slot or into the caller's buffer.
+ * A connection of several streams cuts each chunk into pieces in order
+ * (tcp_pieces): piece i goes out on stream i and is read straight to its
+ * offset, by the caller or by the helper that drives the stream (tcp_pool.c). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stddef.h>
@@ -43,7 +46,10 @@ weft_status tcp_handshake_parse(const uint8_t *buf, size_t len, tcp_handshake_in
   out->magic = tcp_get32(buf + offsetof(tcp_handshake, magic));
   out->from = tcp_get32(buf + offsetof(tcp_handshake, from));
   out->to = tcp_get32(buf + offsetof(tcp_handshake, to));
-  out->channel = tcp_get32(buf + offsetof(tcp_handshake, channel));
+  uint32_t word = tcp_get32(buf + offsetof(tcp_handshake, channel));
+  out->channel = word & 0xffffu;
+  out->stream = (word >> 16) & 0xffu;
+  out->nstreams = word >> 24 ? word >> 24 : 1;
   out->comm_id = ((uint64_t)tcp_get32(buf + offsetof(tcp_handshake, comm_hi)) << 32) |
                  tcp_get32(buf + offsetof(tcp_handshake, comm_lo));
   out->signed_part = buf;
@@ -59,6 +65,8 @@ const char *tcp_handshake_check(const tcp_handshake_info *hs, uint32_t my_rank, 
   /* the lower rank dials: a dialer claims a rank below ours */
   if (hs->to != my_rank || hs->from >= my_rank) return "handshake with wrong ranks";
   if (hs->channel >= WEFT_TP_CHANNELS) return "handshake for an unknown channel";
+  if (hs->nstreams > TCP_MAX_STREAMS || hs->stream >= hs->nstreams)
+    return "handshake for an unknown stream";
   return NULL;
 }
 
@@ -69,6 +77,8 @@ weft_status tcp_frame_parse(const uint8_t *buf, size_t len, tcp_frame_info *out)
   out->type = mt & 0xffffu;
   out->seq = tcp_get32(buf + offsetof(tcp_frame_hdr, seq));
   out->len = tcp_get32(buf + offsetof(tcp_frame_hdr, len));
+  out->total = tcp_get32(buf + offsetof(tcp_frame_hdr, total));
+  if (!out->total) out->total = out->len;
   return WEFT_OK;
 }
 
@@ -81,16 +91,30 @@ weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...) {
   weft_error_sink_set(c->ctx->args->errors, "%s", what);
   WEFT_INFO(WEFT_SUBSYS_NET, "tcp: connection to peer %d (%s) failed: %s", c->peer, c->where, what);
   if (c->state == TCP_CONN_AWAIT_ACCEPT) c->ctx->awaiting_accept--;
-  if (c->sq_count) c->ctx->nsending--;
-  c->sq_count = 0;
+  if (c->queued) c->ctx->nsending--;
+  c->queued = 0;
+  /* From here no helper touches this connection's streams, nor the
+   * caller's buffers its pieces point into. */
+  for (int i = 0; i < c->nstreams; i++) {
+    tcp_stream *s = &c->streams[i];
+    tcp_stream_lock(s);
+    s->sq_count = 0;
+    s->rx_posted = false;
+    s->dead = true;
+    tcp_stream_unlock(s);
+  }
   c->state = TCP_CONN_DEAD;
   c->dead_status = st;
   return st;
 }
 
+static inline void tcp_peer_heard(tcp_conn *c);
+
 weft_status tcp_conn_again(tcp_conn *c) {
   const tcp_peer *p = &c->ctx->peers[c->peer];
-  if (!p->gone_at || weft_now() - p->gone_at < TCP_GONE_GRACE_S) return WEFT_AGAIN;
+  if (!p->gone_at) return WEFT_AGAIN;
+  if (c->nstreams > 1 && atomic_exchange(&c->heard, false)) tcp_peer_heard(c); /* its helpers' bytes */
+  if (weft_now() - p->gone_at < TCP_GONE_GRACE_S) return WEFT_AGAIN;
   return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d (%s) is gone: %s", c->peer, c->where,
                        p->gone_why ? p->gone_why : "its process ended");
 }
@@ -102,18 +126,36 @@ static inline void tcp_peer_heard(tcp_conn *c) {
   if (p->gone_at) p->gone_at = weft_now();
 }
 
+/* Streams of the connection to `peer` on `channel`: what the published
+ * addresses give for collectives; messages keep one (a message that fails
+ * fails only the lane, so no helper may still hold the user's buffer). */
+static int tcp_conn_streams_for(const tcp_ctx *ctx, int peer, int channel) {
+  int n = ctx->peers[peer].nstreams;
+  return channel == WEFT_TP_CHANNEL_COLL && n > 1 ? n : 1;
+}
+
 weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out) {
   tcp_conn *c = calloc(1, sizeof *c);
   if (!c) return WEFT_ERR_NOMEM;
-  c->sq = calloc(TCP_SEND_DEPTH, sizeof *c->sq);
-  if (!c->sq) {
+  c->nstreams = tcp_conn_streams_for(ctx, peer, channel);
+  c->streams = calloc((size_t)c->nstreams, sizeof *c->streams);
+  if (!c->streams) {
     free(c);
     return WEFT_ERR_NOMEM;
+  }
+  int rails = ctx->peers[peer].nrails > 1 ? ctx->peers[peer].nrails : 1;
+  for (int i = 0; i < c->nstreams; i++) {
+    tcp_stream *s = &c->streams[i];
+    s->conn = c;
+    s->index = i;
+    s->rail = i % rails;
+    s->fd = -1;
+    s->owner = -1;
+    pthread_mutex_init(&s->lock, NULL);
   }
   c->ctx = ctx;
   c->peer = peer;
   c->channel = channel;
-  c->fd = -1;
   c->probe_fd = -1;
   c->probe_at = weft_now(); /* the first probe after one interval of waiting */
   c->state = TCP_CONN_AWAIT_ACCEPT;
@@ -124,9 +166,12 @@ weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out)
 }
 
 void tcp_conn_destroy(tcp_conn *c) {
-  if (c->fd >= 0) close(c->fd);
+  for (int i = 0; i < c->nstreams; i++) {
+    if (c->streams[i].fd >= 0) close(c->streams[i].fd);
+    pthread_mutex_destroy(&c->streams[i].lock);
+  }
   if (c->probe_fd >= 0) close(c->probe_fd);
-  free(c->sq);
+  free(c->streams);
   if (c->slot) c->ctx->slot_mem->free_slots(c->slot, c->ctx->args->chunk_bytes);
   free(c);
 }
@@ -137,7 +182,7 @@ typedef struct tcp_proof {
 } tcp_proof;
 _Static_assert(sizeof(tcp_proof) == TCP_HANDSHAKE_BYTES, "no padding in the proof");
 
-/* The dialer's first bytes for (peer, channel). */
+/* The dialer's first bytes for (peer, channel word: tcp_handshake). */
 static void tcp_hello(const tcp_ctx *ctx, int peer, uint32_t channel, tcp_proof *proof) {
   *proof = (tcp_proof){.hs = {htonl(TCP_HANDSHAKE_MAGIC), htonl((uint32_t)ctx->args->rank),
                               htonl((uint32_t)peer), htonl(channel),
@@ -156,40 +201,100 @@ static void tcp_tune_socket(int fd) {
   }
 }
 
-static void tcp_conn_up(tcp_conn *c, int fd) {
+/* Every stream has its socket: the connection is up, and its streams past
+ * the first go to the helpers, if this rank has any. */
+static void tcp_conn_up(tcp_conn *c) {
+  tcp_ctx *ctx = c->ctx;
   if (c->probe_fd >= 0) close(c->probe_fd); /* the dial came: no need */
   c->probe_fd = -1;
-  c->fd = fd;
   c->state = TCP_CONN_UP;
-  c->ctx->awaiting_accept--;
+  ctx->awaiting_accept--;
   struct sockaddr_storage peer;
   socklen_t len = sizeof peer;
-  if (!getpeername(fd, (struct sockaddr *)&peer, &len))
+  if (!getpeername(c->streams[0].fd, (struct sockaddr *)&peer, &len))
     net_addr_str((struct sockaddr *)&peer, c->where, sizeof c->where);
-  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d connected to peer %d (channel %d) at %s",
-            c->ctx->args->rank, c->peer, c->channel, c->where);
+  if (c->nstreams > 1 && ctx->want_threads > 0 && tcp_pool_start(ctx) == WEFT_OK)
+    for (int i = 1; i < c->nstreams; i++) tcp_pool_adopt(ctx, &c->streams[i]);
+  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d connected to peer %d (channel %d, %d stream%s) at %s",
+            ctx->args->rank, c->peer, c->channel, c->nstreams, c->nstreams > 1 ? "s" : "",
+            c->where);
 }
 
-weft_status tcp_conn_dial(tcp_conn *c, const struct sockaddr_storage *addr,
-                          socklen_t len) {
-  tcp_ctx *ctx = c->ctx;
-  double deadline = weft_now() + ctx->args->timeout_s;
-  net_addr_str((const struct sockaddr *)addr, c->where, sizeof c->where);
-  int fd;
-  weft_error_sink err;
-  /* The peer's listener existed before the rendezvous ended: a refusal now
-   * means the peer is gone, so no retrying. */
-  weft_status st = net_connect(addr, len, deadline, false, &fd, &err);
-  if (st) return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "%s", err.msg);
-  tcp_tune_socket(fd);
-  tcp_proof proof;
-  tcp_hello(ctx, c->peer, (uint32_t)c->channel, &proof);
-  st = net_send_all(fd, &proof, sizeof proof, deadline, &err);
-  if (st) {
-    close(fd);
-    return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "handshake with %s: %s", c->where, err.msg);
+/* A connect bound to this rank's address on a rail, so a stream leaves by
+ * the interface it stripes over. */
+static weft_status tcp_dial_from(const struct sockaddr_storage *from, socklen_t from_len,
+                                 const struct sockaddr_storage *to, socklen_t to_len,
+                                 double deadline, int *out, weft_error_sink *err) {
+  if (!from) return net_connect(to, to_len, deadline, false, out, err);
+  char where[80], mine[80];
+  net_addr_str((const struct sockaddr *)to, where, sizeof where);
+  net_addr_str((const struct sockaddr *)from, mine, sizeof mine);
+  int fd = socket(to->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    weft_error_sink_set(err, "socket: %s", strerror(errno));
+    return WEFT_ERR_SYSTEM;
   }
-  tcp_conn_up(c, fd);
+  struct sockaddr_storage local = *from;
+  net_addr_set_port(&local, 0);
+  int e = 0;
+  if (bind(fd, (const struct sockaddr *)&local, from_len))
+    e = errno;
+  else if (connect(fd, (const struct sockaddr *)to, to_len) && errno != EINPROGRESS)
+    e = errno;
+  else {
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    double left = deadline - weft_now();
+    int ms = left <= 0 ? 0 : left > 1e6 ? 1000000000 : (int)(left * 1000) + 1;
+    socklen_t el = sizeof e;
+    if (poll(&p, 1, ms) != 1)
+      e = ETIMEDOUT;
+    else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el))
+      e = errno;
+  }
+  if (e) {
+    close(fd);
+    weft_error_sink_set(err, "cannot connect from %s to %s: %s", mine, where, strerror(e));
+    return e == ETIMEDOUT ? WEFT_ERR_TIMEOUT : WEFT_ERR_PEER_LOST;
+  }
+  net_set_nodelay(fd);
+  *out = fd;
+  return WEFT_OK;
+}
+
+weft_status tcp_conn_dial(tcp_conn *c) {
+  tcp_ctx *ctx = c->ctx;
+  const tcp_peer *p = &ctx->peers[c->peer];
+  double deadline = weft_now() + ctx->args->timeout_s;
+  bool rails = p->nrails > 1;
+  for (int i = 0; i < c->nstreams; i++) {
+    tcp_stream *s = &c->streams[i];
+    const struct sockaddr_storage *to = s->rail ? &p->rail_addr[s->rail] : &p->addr;
+    socklen_t to_len = s->rail ? p->rail_len[s->rail] : p->addr_len;
+    net_addr_str((const struct sockaddr *)to, c->where, sizeof c->where);
+    int fd;
+    weft_error_sink err;
+    /* The peer's listener existed before the rendezvous ended: a refusal now
+     * means the peer is gone, so no retrying. */
+    weft_status st = tcp_dial_from(rails ? &ctx->rail_addr[s->rail] : NULL,
+                                   rails ? ctx->rail_len[s->rail] : 0, to, to_len, deadline, &fd,
+                                   &err);
+    if (st) {
+      if (c->nstreams > 1)
+        return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "stream %d of %d to peer %d: %s", i,
+                             c->nstreams, c->peer, err.msg);
+      return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "%s", err.msg);
+    }
+    s->fd = fd;
+    tcp_tune_socket(fd);
+    tcp_proof proof;
+    uint32_t word = (uint32_t)c->channel | (uint32_t)i << 16 |
+                    (c->nstreams > 1 ? (uint32_t)c->nstreams << 24 : 0);
+    tcp_hello(ctx, c->peer, word, &proof);
+    st = net_send_all(fd, &proof, sizeof proof, deadline, &err);
+    if (st)
+      return tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "handshake with %s: %s", c->where, err.msg);
+  }
+  tcp_conn_up(c);
   return WEFT_OK;
 }
 
@@ -334,8 +439,8 @@ void tcp_conn_probe_done(tcp_conn *c) {
   close(fd);
 }
 
-weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
-  int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+weft_status tcp_conn_accept_one(tcp_ctx *ctx, int listen_fd, bool *progressed) {
+  int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return WEFT_OK; /* nothing waiting (EAGAIN) or a transient failure */
   tcp_tune_socket(fd);
   uint8_t proof[TCP_HANDSHAKE_BYTES];
@@ -349,6 +454,7 @@ weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
   uint32_t from = hs.from;
   tcp_conn **slot = NULL;
   const char *why = NULL;
+  bool data = hs.channel != TCP_NOTICE_CHANNEL && hs.channel != TCP_PROBE_CHANNEL;
   if (st)
     why = err.msg;
   else if (!weft_auth_verify(ctx->args->auth, tcp_hello_context, tcp_no_challenge, hs.signed_part,
@@ -356,10 +462,13 @@ weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
     why = "it did not prove the job key (a foreign client, or WEFT_AUTH_TOKEN differs)";
   else if ((why = tcp_handshake_check(&hs, (uint32_t)ctx->args->rank, ctx->args->comm_id)))
     ;
-  else if (hs.channel != TCP_NOTICE_CHANNEL && hs.channel != TCP_PROBE_CHANNEL &&
-           *(slot = &ctx->conns[tcp_conn_index((int)from, (int)hs.channel)]) &&
+  else if (data && *(slot = &ctx->conns[tcp_conn_index((int)from, (int)hs.channel)]) &&
            (*slot)->state != TCP_CONN_AWAIT_ACCEPT)
     why = "second connection from the same rank and channel";
+  else if (data && (int)hs.nstreams != tcp_conn_streams_for(ctx, (int)from, (int)hs.channel))
+    why = "its stream count differs from what the published addresses give";
+  else if (data && *slot && (*slot)->streams[hs.stream].fd >= 0)
+    why = "second connection from the same rank, channel and stream";
   else if ((hs.channel == TCP_NOTICE_CHANNEL || hs.channel == TCP_PROBE_CHANNEL) &&
            from >= (uint32_t)ctx->args->size)
     why = "notice or probe from a rank outside the communicator";
@@ -375,7 +484,9 @@ weft_status tcp_conn_accept_one(tcp_ctx *ctx, bool *progressed) {
     return WEFT_OK;
   }
   if (!*slot) WEFT_CHECK(tcp_conn_create(ctx, (int)from, (int)hs.channel, slot));
-  tcp_conn_up(*slot, fd);
+  tcp_conn *c = *slot;
+  c->streams[hs.stream].fd = fd;
+  if (++c->accepted == c->nstreams) tcp_conn_up(c);
   *progressed = true;
   return WEFT_OK;
 }
@@ -385,7 +496,7 @@ weft_status tcp_notice_first(tcp_ctx *ctx, weft_status st) {
     struct pollfd p = {.fd = ctx->listen_fd, .events = POLLIN};
     if (poll(&p, 1, 0) != 1) break;
     bool moved = false;
-    weft_status notice = tcp_conn_accept_one(ctx, &moved);
+    weft_status notice = tcp_conn_accept_one(ctx, ctx->listen_fd, &moved);
     if (notice == WEFT_ERR_PEER_LOST) return notice; /* only a notice fails an accept so */
   }
   return st;
@@ -393,7 +504,8 @@ weft_status tcp_notice_first(tcp_ctx *ctx, weft_status st) {
 
 /* ---- send path ---------------------------------------------------------- */
 
-static weft_status tcp_read_abort(tcp_conn *c, const char *target, size_t in_target);
+static weft_status tcp_read_abort(tcp_conn *c, tcp_stream *s, const char *target,
+                                  size_t in_target);
 
 /* Frames a dead peer sent before its failure notice that are looked past. */
 #define TCP_NOTICE_SCAN_FRAMES 64
@@ -403,77 +515,135 @@ static weft_status tcp_read_abort(tcp_conn *c, const char *target, size_t in_tar
  * The notice may sit behind data frames the peer sent before it failed (an
  * algorithm that sends to a peer twice before it reads): the connection is
  * dead, so those are read and dropped on the way, as long as they are here. */
-static weft_status tcp_send_failed(tcp_conn *c, int err) {
-  for (int f = 0; f < TCP_NOTICE_SCAN_FRAMES && c->rhdr_got == 0 && !c->rframe_done; f++) {
+static weft_status tcp_send_failed(tcp_conn *c, tcp_stream *s, int err) {
+  for (int f = 0; f < TCP_NOTICE_SCAN_FRAMES && s->rhdr_got == 0 && !c->rframe_done; f++) {
     tcp_frame_hdr h;
-    ssize_t n = recv(c->fd, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+    ssize_t n = recv(s->fd, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
     if (n != (ssize_t)sizeof h) break;
     uint32_t type = ntohl(h.magic_type), len = ntohl(h.len);
     if (type == (TCP_FRAME_MAGIC | TCP_FRAME_ABORT)) {
-      if (recv(c->fd, &c->rhdr, sizeof h, MSG_DONTWAIT) == (ssize_t)sizeof h)
-        return tcp_read_abort(c, NULL, 0);
+      if (recv(s->fd, &s->rhdr, sizeof h, MSG_DONTWAIT) == (ssize_t)sizeof h)
+        return tcp_read_abort(c, s, NULL, 0);
       break;
     }
     int queued = 0; /* a data frame is dropped only when all of it is here */
-    if (type != (TCP_FRAME_MAGIC | TCP_FRAME_DATA) || ioctl(c->fd, FIONREAD, &queued) ||
+    if (type != (TCP_FRAME_MAGIC | TCP_FRAME_DATA) || ioctl(s->fd, FIONREAD, &queued) ||
         (size_t)queued < sizeof h + len ||
-        recv(c->fd, NULL, sizeof h + len, MSG_TRUNC | MSG_DONTWAIT) != (ssize_t)(sizeof h + len))
+        recv(s->fd, NULL, sizeof h + len, MSG_TRUNC | MSG_DONTWAIT) != (ssize_t)(sizeof h + len))
       break;
   }
-  weft_status st = tcp_conn_fail(
-      c, weft_status_from_errno(err) == WEFT_ERR_SYSTEM ? WEFT_ERR_SYSTEM : WEFT_ERR_PEER_LOST,
-      "sending to %s: %s", c->where, strerror(err));
+  weft_status st = weft_status_from_errno(err) == WEFT_ERR_SYSTEM ? WEFT_ERR_SYSTEM
+                                                                  : WEFT_ERR_PEER_LOST;
+  if (c->nstreams > 1)
+    st = tcp_conn_fail(c, st, "sending to peer %d (%s) on stream %d of %d: %s", c->peer, c->where,
+                       s->index, c->nstreams, strerror(err));
+  else
+    st = tcp_conn_fail(c, st, "sending to %s: %s", c->where, strerror(err));
   return tcp_notice_first(c->ctx, st);
 }
 
-weft_status tcp_conn_push_sends(tcp_conn *c, bool *progressed) {
-  struct iovec iov[64];
-  const int depth = TCP_SEND_DEPTH;
-  while (c->sq_count) {
-    int n = 0;
-    for (int i = 0; i < c->sq_count && n + 2 <= 64; i++) {
-      tcp_send_entry *e = &c->sq[(c->sq_head + i) % depth];
-      size_t off = e->sent;
-      if (off < sizeof e->hdr) {
-        iov[n++] = (struct iovec){(char *)&e->hdr + off, sizeof e->hdr - off};
-        off = sizeof e->hdr;
-      }
-      if (e->len > off - sizeof e->hdr)
-        iov[n++] = (struct iovec){(char *)e->src + (off - sizeof e->hdr), e->len - (off - sizeof e->hdr)};
+ssize_t tcp_stream_write(tcp_stream *s) {
+  struct iovec iov[2 * TCP_SEND_DEPTH];
+  int n = 0;
+  for (int i = 0; i < s->sq_count; i++) {
+    tcp_send_entry *e = &s->sq[(s->sq_head + i) % TCP_SEND_DEPTH];
+    size_t off = e->sent;
+    if (off < sizeof e->hdr) {
+      iov[n++] = (struct iovec){(char *)&e->hdr + off, sizeof e->hdr - off};
+      off = sizeof e->hdr;
     }
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t w = sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (e->len > off - sizeof e->hdr)
+      iov[n++] = (struct iovec){(char *)e->src + (off - sizeof e->hdr),
+                                e->len - (off - sizeof e->hdr)};
+  }
+  struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+  ssize_t w = sendmsg(s->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (w < 0) return -errno;
+  size_t left = (size_t)w;
+  while (left && s->sq_count) {
+    tcp_send_entry *e = &s->sq[s->sq_head];
+    size_t need = sizeof e->hdr + e->len - e->sent;
+    size_t take = left < need ? left : need;
+    e->sent += take;
+    left -= take;
+    if (e->sent == sizeof e->hdr + e->len) {
+      s->sq_head = (s->sq_head + 1) % TCP_SEND_DEPTH;
+      s->sq_count--;
+    }
+  }
+  return w;
+}
+
+/* The caller's side of one stream's sends. */
+static weft_status tcp_stream_push(tcp_conn *c, tcp_stream *s, bool *progressed) {
+  while (s->sq_count) {
+    int before = s->sq_count;
+    ssize_t w = tcp_stream_write(s);
     if (w < 0) {
-      if (errno == EINTR) return WEFT_OK;
-      if (errno == EAGAIN) { /* a gone peer reads no more: see tcp_conn_again */
+      if (w == -EINTR) return WEFT_OK;
+      if (w == -EAGAIN) { /* a gone peer reads no more: see tcp_conn_again */
         weft_status st = c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
         return st == WEFT_AGAIN ? WEFT_OK : st;
       }
-      return tcp_send_failed(c, errno);
+      return tcp_send_failed(c, s, (int)-w);
     }
     tcp_peer_heard(c);
     *progressed = true;
     c->ctx->data_moved = true;
-    size_t left = (size_t)w;
-    while (left && c->sq_count) {
-      tcp_send_entry *e = &c->sq[c->sq_head];
-      size_t need = sizeof e->hdr + e->len - e->sent;
-      size_t take = left < need ? left : need;
-      e->sent += take;
-      left -= take;
-      if (e->sent == sizeof e->hdr + e->len) {
-        c->sq_head = (c->sq_head + 1) % depth;
-        if (--c->sq_count == 0) c->ctx->nsending--;
-      }
-    }
+    c->queued -= before - s->sq_count;
+    if (before > s->sq_count && c->queued == 0) c->ctx->nsending--;
   }
   return WEFT_OK;
 }
 
+weft_status tcp_conn_push_sends(tcp_conn *c, bool *progressed) {
+  for (int i = 0; i < c->nstreams && c->queued; i++) {
+    tcp_stream *s = &c->streams[i];
+    if (s->owner < 0 && s->sq_count) WEFT_CHECK(tcp_stream_push(c, s, progressed));
+  }
+  return WEFT_OK;
+}
+
+/* What a helper found on stream s becomes the connection's failure, with
+ * its sentence; a peer's notice keeps its words as the first cause. */
+static weft_status tcp_stream_absorb(tcp_conn *c, tcp_stream *s) {
+  char why[sizeof s->why], origin[sizeof s->origin];
+  tcp_stream_lock(s);
+  weft_status st = s->failed;
+  bool notice = s->failed_notice;
+  memcpy(why, s->why, sizeof why);
+  memcpy(origin, s->origin, sizeof origin);
+  tcp_stream_unlock(s);
+  st = tcp_conn_fail(c, st, "%s", why);
+  if (notice) {
+    snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", origin);
+    return st;
+  }
+  return st == WEFT_ERR_PEER_LOST ? tcp_notice_first(c->ctx, st) : st;
+}
+
+/* A helper's stream: its failure, or whether `full` pieces are queued. */
+static weft_status tcp_stream_busy(tcp_conn *c, tcp_stream *s, int full) {
+  tcp_stream_lock(s);
+  bool failed = s->failed != WEFT_OK;
+  bool busy = s->sq_count >= full;
+  tcp_stream_unlock(s);
+  if (failed) return tcp_stream_absorb(c, s);
+  return busy ? WEFT_AGAIN : WEFT_OK;
+}
+
 static weft_status tcp_ready(tcp_conn *c) {
-  if (c->state == TCP_CONN_UP && c->sq_count < TCP_SEND_DEPTH) return WEFT_OK;
   if (c->state == TCP_CONN_DEAD) return c->dead_status;
-  return c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
+  if (c->state != TCP_CONN_UP)
+    return c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
+  for (int i = 0; i < c->nstreams; i++) {
+    tcp_stream *s = &c->streams[i];
+    weft_status st = s->owner < 0 ? (s->sq_count < TCP_SEND_DEPTH ? WEFT_OK : WEFT_AGAIN)
+                                  : tcp_stream_busy(c, s, TCP_SEND_DEPTH);
+    if (st == WEFT_AGAIN) return c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
+    if (st) return st;
+  }
+  return WEFT_OK;
 }
 
 weft_status tcp_send_ready(weft_tp_conn *conn) {
@@ -487,13 +657,27 @@ weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t
   weft_status st = tcp_ready(c);
   if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
-  tcp_send_entry *e = &c->sq[(c->sq_head + c->sq_count) % TCP_SEND_DEPTH];
-  e->hdr = (tcp_frame_hdr){htonl(TCP_FRAME_MAGIC | TCP_FRAME_DATA), htonl(seq),
-                           htonl((uint32_t)bytes), 0};
-  e->src = src;
-  e->len = bytes;
-  e->sent = 0;
-  if (c->sq_count++ == 0) c->ctx->nsending++;
+  size_t piece;
+  int n = tcp_pieces(c->nstreams, bytes, &piece);
+  /* the helpers' pieces first, so they move while the caller writes its own */
+  for (int i = n - 1; i >= 0; i--) {
+    tcp_stream *s = &c->streams[i];
+    size_t off = (size_t)i * piece, len = i == n - 1 ? bytes - off : piece;
+    tcp_stream_lock(s);
+    tcp_send_entry *e = &s->sq[(s->sq_head + s->sq_count) % TCP_SEND_DEPTH];
+    e->hdr = (tcp_frame_hdr){htonl(TCP_FRAME_MAGIC | TCP_FRAME_DATA), htonl(seq),
+                             htonl((uint32_t)len), htonl((uint32_t)bytes)};
+    e->src = (const char *)src + off;
+    e->len = len;
+    e->sent = 0;
+    s->sq_count++;
+    tcp_stream_unlock(s);
+    if (s->owner >= 0) {
+      tcp_pool_wake(c->ctx, s);
+    } else if (c->queued++ == 0) {
+      c->ctx->nsending++;
+    }
+  }
   bool progressed;
   return tcp_conn_push_sends(c, &progressed);
 }
@@ -504,80 +688,148 @@ weft_status tcp_send_idle(weft_tp_conn *conn) {
   if (c->state != TCP_CONN_UP) return WEFT_OK; /* nothing was ever posted */
   bool progressed;
   WEFT_CHECK(tcp_conn_push_sends(c, &progressed));
-  return c->sq_count ? WEFT_AGAIN : WEFT_OK;
+  if (c->queued) return WEFT_AGAIN;
+  for (int i = 1; i < c->nstreams; i++)
+    if (c->streams[i].owner >= 0) WEFT_STATUS_PASS(tcp_stream_busy(c, &c->streams[i], 1));
+  return WEFT_OK;
 }
 
 /* ---- receive path ------------------------------------------------------- */
 
-static weft_status tcp_read_abort(tcp_conn *c, const char *target, size_t in_target) {
-  size_t len = ntohl(c->rhdr.len);
+static weft_status tcp_read_abort(tcp_conn *c, tcp_stream *s, const char *target,
+                                  size_t in_target) {
+  size_t len = ntohl(s->rhdr.len);
   if (len > TCP_ABORT_TEXT_MAX) len = TCP_ABORT_TEXT_MAX;
   char text[TCP_ABORT_TEXT_MAX + 1];
   size_t got = in_target < len ? in_target : len;
   if (got) memcpy(text, target, got);
   weft_error_sink err;
-  if (got < len && net_recv_all(c->fd, text + got, len - got, weft_now() + 1.0, &err)) len = got;
+  if (got < len && net_recv_all(s->fd, text + got, len - got, weft_now() + 1.0, &err)) len = got;
   text[len] = 0;
   weft_status st = tcp_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s", c->peer, text);
   snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
   return st;
 }
 
-static weft_status tcp_check_header(tcp_conn *c, uint32_t seq, size_t bytes,
-                                    const char *target) {
+static weft_status tcp_check_header(tcp_conn *c, tcp_stream *s, uint32_t seq, size_t len,
+                                    size_t total, const char *target) {
   tcp_frame_info f;
-  if (tcp_frame_parse((const uint8_t *)&c->rhdr, sizeof c->rhdr, &f))
+  if (tcp_frame_parse((const uint8_t *)&s->rhdr, sizeof s->rhdr, &f))
     return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "garbage on the connection from %s", c->where);
-  if (f.type == TCP_FRAME_ABORT) return tcp_read_abort(c, target, c->rpay_got);
+  if (f.type == TCP_FRAME_ABORT) return tcp_read_abort(c, s, target, s->rpay_got);
   if (f.type != TCP_FRAME_DATA)
     return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "unknown frame type %u from %s", f.type, c->where);
   weft_error_sink *sink = c->ctx->args->errors;
-  if (weft_chunk_check(sink, c->peer, f.seq, seq, f.len, bytes))
+  if (weft_chunk_check(sink, c->peer, f.seq, seq, f.total, total))
     return tcp_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
+  if (f.len != len)
+    return tcp_conn_fail(c, WEFT_ERR_PROTOCOL,
+                         "peer %d sent a %u-byte piece of a %zu-byte chunk on stream %d of %d "
+                         "where %zu bytes belong",
+                         c->peer, f.len, total, s->index, c->nstreams, len);
   return WEFT_OK;
 }
 
-/* Reads one frame of `bytes` payload into target; OK when complete. */
-static weft_status tcp_recv_frame(tcp_conn *c, uint32_t seq, size_t bytes, char *target) {
-  if (c->state == TCP_CONN_DEAD) return c->dead_status;
-  if (c->state != TCP_CONN_UP) {
-    c->want_recv = true;
-    return c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
+ssize_t tcp_stream_read(tcp_stream *s, char *target, size_t len) {
+  struct iovec iov[2];
+  int n = 0;
+  if (s->rhdr_got < sizeof s->rhdr)
+    iov[n++] = (struct iovec){(char *)&s->rhdr + s->rhdr_got, sizeof s->rhdr - s->rhdr_got};
+  if (s->rpay_got < len) iov[n++] = (struct iovec){target + s->rpay_got, len - s->rpay_got};
+  ssize_t r = readv(s->fd, iov, n);
+  if (r < 0) return -errno;
+  size_t got = (size_t)r;
+  if (s->rhdr_got < sizeof s->rhdr) {
+    size_t h = sizeof s->rhdr - s->rhdr_got;
+    size_t take = got < h ? got : h;
+    s->rhdr_got += take;
+    got -= take;
   }
-  while (c->rhdr_got < sizeof c->rhdr || c->rpay_got < bytes) {
-    struct iovec iov[2];
-    int n = 0;
-    if (c->rhdr_got < sizeof c->rhdr)
-      iov[n++] = (struct iovec){(char *)&c->rhdr + c->rhdr_got, sizeof c->rhdr - c->rhdr_got};
-    if (c->rpay_got < bytes) iov[n++] = (struct iovec){target + c->rpay_got, bytes - c->rpay_got};
-    ssize_t r = readv(c->fd, iov, n);
-    if (r == 0)
+  s->rpay_got += got;
+  return r;
+}
+
+/* The caller's side of one piece (`len` bytes of a `total`-byte chunk) on
+ * stream s into target; OK when complete. */
+static weft_status tcp_stream_recv(tcp_conn *c, tcp_stream *s, uint32_t seq, size_t len,
+                                   size_t total, char *target) {
+  while (s->rhdr_got < sizeof s->rhdr || s->rpay_got < len) {
+    bool hdr_was_open = s->rhdr_got < sizeof s->rhdr;
+    ssize_t r = tcp_stream_read(s, target, len);
+    if (r == 0) {
+      if (c->nstreams > 1)
+        return tcp_notice_first(
+            c->ctx, tcp_conn_fail(c, WEFT_ERR_PEER_LOST,
+                                  "peer %d (%s) closed stream %d of %d: its process ended or "
+                                  "crashed, or the stream was cut",
+                                  c->peer, c->where, s->index, c->nstreams));
       return tcp_notice_first(
           c->ctx, tcp_conn_fail(c, WEFT_ERR_PEER_LOST,
                                 "peer %d (%s) closed the connection: its process ended or crashed",
                                 c->peer, c->where));
+    }
     if (r < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) {
-        c->want_recv = true;
+      if (r == -EINTR) continue;
+      if (r == -EAGAIN) {
+        s->want_recv = true;
         return c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
       }
       return tcp_notice_first(c->ctx, tcp_conn_fail(c, WEFT_ERR_PEER_LOST,
                                                     "receiving from peer %d (%s): %s", c->peer,
-                                                    c->where, strerror(errno)));
+                                                    c->where, strerror((int)-r)));
     }
-    size_t got = (size_t)r;
     tcp_peer_heard(c);
     c->ctx->data_moved = true;
-    bool hdr_was_open = c->rhdr_got < sizeof c->rhdr;
-    if (hdr_was_open) {
-      size_t h = sizeof c->rhdr - c->rhdr_got;
-      size_t take = got < h ? got : h;
-      c->rhdr_got += take;
-      got -= take;
+    if (hdr_was_open && s->rhdr_got == sizeof s->rhdr)
+      WEFT_CHECK(tcp_check_header(c, s, seq, len, total, target));
+  }
+  return WEFT_OK;
+}
+
+/* Reads one chunk of `bytes` into target, piece i from stream i; OK when
+ * every piece is complete. */
+static weft_status tcp_recv_frame(tcp_conn *c, uint32_t seq, size_t bytes, char *target) {
+  if (c->state == TCP_CONN_DEAD) return c->dead_status;
+  if (c->state != TCP_CONN_UP) {
+    c->streams[0].want_recv = true;
+    return c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
+  }
+  size_t piece;
+  int n = tcp_pieces(c->nstreams, bytes, &piece);
+  bool pending = false;
+  for (int i = 0; i < n; i++) {
+    tcp_stream *s = &c->streams[i];
+    size_t off = (size_t)i * piece, len = i == n - 1 ? bytes - off : piece;
+    if (s->owner < 0) {
+      weft_status st = tcp_stream_recv(c, s, seq, len, bytes, target + off);
+      if (st == WEFT_AGAIN)
+        pending = true;
+      else if (st)
+        return st;
+      continue;
     }
-    c->rpay_got += got;
-    if (hdr_was_open && c->rhdr_got == sizeof c->rhdr) WEFT_CHECK(tcp_check_header(c, seq, bytes, target));
+    tcp_stream_lock(s);
+    bool failed = s->failed != WEFT_OK, posted = s->rx_posted, done = s->rx_done;
+    if (!failed && !posted) {
+      s->rx_posted = true;
+      s->rx_target = target + off;
+      s->rx_len = len;
+      s->rx_total = bytes;
+      s->rx_seq = seq;
+    }
+    tcp_stream_unlock(s);
+    if (failed) return tcp_stream_absorb(c, s);
+    if (!posted) tcp_pool_wake(c->ctx, s);
+    if (!done) pending = true;
+  }
+  if (pending) return c->ctx->peers[c->peer].gone_at ? tcp_conn_again(c) : WEFT_AGAIN;
+  for (int i = 0; i < n; i++) {
+    tcp_stream *s = &c->streams[i];
+    tcp_stream_lock(s);
+    s->rhdr_got = 0;
+    s->rpay_got = 0;
+    s->rx_posted = s->rx_done = false;
+    tcp_stream_unlock(s);
   }
   return WEFT_OK;
 }
@@ -602,8 +854,6 @@ weft_status tcp_recv_release(weft_tp_conn *conn) {
   tcp_conn *c = tcp_conn_of(conn);
   if (!c->rframe_done) return c->state == TCP_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->rframe_done = false;
-  c->rhdr_got = 0;
-  c->rpay_got = 0;
   return WEFT_OK;
 }
 
@@ -612,9 +862,5 @@ weft_status tcp_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *
   tcp_conn *c = tcp_conn_of(conn);
   (void)mem; /* host memory: the socket writes it directly */
   if (c->rframe_done) return WEFT_ERR_INTERNAL; /* a peeked chunk was not released */
-  weft_status st = tcp_recv_frame(c, seq, bytes, dst);
-  if (st) return st;
-  c->rhdr_got = 0;
-  c->rpay_got = 0;
-  return WEFT_OK;
+  return tcp_recv_frame(c, seq, bytes, dst);
 }

@@ -16,10 +16,14 @@
  * 15 KB/s) while bytes still trickle, so the timeout never fires. */
 #define WEFT_TCP_SETTINGS(X)                                                                     \
   X(SOCKET_IFNAME, socket_ifname, STRING, "", 0, 0, WEFT_NO_WORDS,                               \
-    "interfaces for data sockets: eth0 (prefix), =eth0 (exact), ^docker (exclude)")              \
+    "interfaces for data sockets: eth0 (prefix), =eth0 (exact), ^docker (exclude); a list (eth0,eth1) of interfaces that reach the peers stripes the streams over them, rail i to rail i") \
   X(SOCKET_FAMILY, socket_family, ENUM, "any", 0, 0, WEFT_FAMILY_WORDS,                          \
     "address family for data sockets and the rendezvous: 4, 6, or any")                          \
   X(TCP_BUF_BYTES, buf_bytes, BYTES_OR_0, "0", 4096, 1 << 30, WEFT_NO_WORDS,                     \
-    "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning")
+    "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning")                      \
+  X(TCP_STREAMS, streams, INT_OR_AUTO, "auto", 1, 16, WEFT_NO_WORDS,                             \
+    "sockets per peer for collectives, each chunk cut over them in order (the pair takes the smaller number of both ranks); auto: one per rail, 2 from 4 CPUs, 4 from 8") \
+  X(TCP_THREADS, threads, INT_OR_AUTO, "auto", 0, 16, WEFT_NO_WORDS,                             \
+    "helper threads that drive the streams past the first (the caller drives stream 0); auto: one per two CPUs a rank has, from 4 CPUs per rank, at most streams - 1")
 
 #endif

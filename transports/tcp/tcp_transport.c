@@ -1,5 +1,6 @@
 /* tcp_transport.c - the TCP transport's table, per-communicator state,
- * listener, progress and wait. The data path is in tcp_conn.c. */
+ * listeners (one per rail), the stream and thread counts, progress and wait.
+ * The data path is in tcp_conn.c, the helper threads in tcp_pool.c. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
@@ -8,6 +9,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,10 +25,18 @@
 #include "tcp.h"
 
 /* The published address: the listener's, packed (net.h), then the liveness
- * facts (TCP_ADDR_BYTES); the packed address alone is accepted too. */
+ * facts (TCP_ADDR_BYTES), then the streams and rails (TCP_ADDR_EXT); the
+ * shorter forms are accepted too (one stream, one rail). */
+static bool tcp_addr_ext_ok(const uint8_t *b, size_t len) {
+  if (len == NET_ADDR_PACKED || len == TCP_ADDR_BYTES) return true;
+  if (len < TCP_ADDR_EXT(1)) return false;
+  int streams = b[TCP_ADDR_BYTES], rails = b[TCP_ADDR_BYTES + 1];
+  return streams >= 1 && streams <= TCP_MAX_STREAMS && rails >= 1 && rails <= TCP_MAX_RAILS &&
+         len == (size_t)TCP_ADDR_EXT(rails);
+}
 static bool tcp_addr_unpack(const void *blob, size_t len, struct sockaddr_storage *a,
                             socklen_t *alen) {
-  return (len == NET_ADDR_PACKED || len == TCP_ADDR_BYTES) && net_addr_unpack(blob, a, alen);
+  return tcp_addr_ext_ok(blob, len) && net_addr_unpack(blob, a, alen);
 }
 
 static void tcp_put64(uint8_t *p, uint64_t v) {
@@ -103,15 +113,32 @@ static void tcp_fork_child(void) {
   for (tcp_ctx *ctx = tcp_fork_list; ctx; ctx = ctx->fork_next) {
     if (ctx->listen_fd >= 0) close(ctx->listen_fd);
     ctx->listen_fd = -1;
+    for (int r = 1; r < ctx->nrails; r++) {
+      if (ctx->rail_fd[r] >= 0) close(ctx->rail_fd[r]);
+      ctx->rail_fd[r] = -1;
+    }
+    /* The helpers were not copied into the child and their locks may be
+     * held: the child drives nothing and never takes a stream's lock. */
+    ctx->workers = NULL;
+    ctx->nworkers = 0;
+    ctx->want_threads = 0;
+    if (ctx->done_fd >= 0) close(ctx->done_fd);
+    ctx->done_fd = -1;
     for (int i = 0; i < ctx->args->size * WEFT_TP_CHANNELS; i++) {
       tcp_conn *c = ctx->conns[i];
       if (!c) continue;
-      if (c->fd >= 0) close(c->fd);
+      for (int j = 0; j < c->nstreams; j++) {
+        tcp_stream *st = &c->streams[j];
+        if (st->fd >= 0) close(st->fd);
+        st->fd = -1;
+        st->owner = -1;
+        st->sq_count = 0;
+      }
       if (c->probe_fd >= 0) close(c->probe_fd);
-      c->fd = c->probe_fd = -1;
+      c->probe_fd = -1;
       if (c->state == TCP_CONN_AWAIT_ACCEPT) ctx->awaiting_accept--;
-      if (c->sq_count) ctx->nsending--;
-      c->sq_count = 0;
+      if (c->queued) ctx->nsending--;
+      c->queued = 0;
       c->state = TCP_CONN_DEAD;
       c->dead_status = WEFT_ERR_INVALID;
     }
@@ -146,6 +173,72 @@ static void tcp_fork_untrack(tcp_ctx *ctx) {
   pthread_mutex_unlock(&tcp_fork_lock);
 }
 
+/* CPUs this process may run on (a launcher that binds ranks gives each its
+ * share), at least 1. */
+static int tcp_cpus(void) {
+  cpu_set_t set;
+  if (!sched_getaffinity(0, sizeof set, &set) && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+/* Streams this rank asks for: WEFT_TCP_STREAMS, else one per rail and more
+ * where there are cores to drive them (a 2- or 3-CPU rank keeps one: extra
+ * sockets there only add system calls). The pair takes the smaller of both
+ * ranks' numbers. */
+static int tcp_want_streams(int rails) {
+  long long set = weft_settings()->tcp.streams;
+  if (set != WEFT_SETTING_AUTO) return (int)set;
+  int cpus = tcp_cpus();
+  int n = cpus >= 8 ? 4 : cpus >= 4 ? 2 : 1;
+  return n > rails ? n : rails;
+}
+
+/* Helper threads: WEFT_TCP_THREADS, else, once the ranks on this host are
+ * known, one per two cores a rank has beyond three, never more than the
+ * streams past the first (stream 0 is the caller's). */
+static int tcp_want_threads(const tcp_ctx *ctx) {
+  long long set = weft_settings()->tcp.threads;
+  int most = ctx->want_streams - 1;
+  int n;
+  if (set != WEFT_SETTING_AUTO) {
+    n = (int)set;
+  } else {
+    int local = ctx->args->local_size > 0 ? ctx->args->local_size : 1;
+    int per_rank = tcp_cpus() / local;
+    n = per_rank >= 4 ? per_rank / 2 : 0;
+  }
+  return n < most ? n : most;
+}
+
+/* With a WEFT_SOCKET_IFNAME list (comma-separated, not an exclusion) each
+ * entry that matches an interface not taken yet is a rail, in the list's
+ * order: rail i of every rank should reach rail i of the others. Returns
+ * how many rails it found (0 without a list); ctx->rail_addr holds them. */
+static int tcp_pick_rails(tcp_ctx *ctx, const char *rules, int family) {
+  if (!strchr(rules, ',') || rules[0] == '^') return 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", rules);
+  int n = 0;
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ",", &save); tok && n < TCP_MAX_RAILS;
+       tok = strtok_r(NULL, ",", &save)) {
+    weft_error_sink err;
+    char name[64];
+    struct sockaddr_storage a;
+    socklen_t alen;
+    if (net_pick_local_addr(tok, family, NULL, 0, &a, &alen, name, sizeof name, &err)) continue;
+    bool taken = false;
+    for (int r = 0; r < n; r++) taken |= !strcmp(ctx->rail_name[r], name);
+    if (taken) continue;
+    ctx->rail_addr[n] = a;
+    ctx->rail_len[n] = alen;
+    snprintf(ctx->rail_name[n], sizeof ctx->rail_name[n], "%s", name);
+    n++;
+  }
+  return n;
+}
+
 static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **out,
                             void *addr, size_t *addr_len) {
   tcp_ctx *ctx = calloc(1, sizeof *ctx);
@@ -153,8 +246,12 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **
   ctx->args = args;
   ctx->slot_mem = args->slot_mem ? args->slot_mem : &weft_mem_host;
   ctx->listen_fd = -1;
+  ctx->done_fd = -1;
+  ctx->want_threads = -1;
+  ctx->nrails = 1;
+  for (int r = 0; r < TCP_MAX_RAILS; r++) ctx->rail_fd[r] = -1;
   size_t nconns = (size_t)args->size * WEFT_TP_CHANNELS;
-  size_t npfds = 2 * nconns + (size_t)args->size + 2; /* conns, probes, pidfds, wake, listener */
+  size_t npfds = tcp_pfds_max(args->size);
   ctx->conns = calloc(nconns, sizeof *ctx->conns);
   ctx->pfds = calloc(npfds, sizeof *ctx->pfds);
   ctx->pfd_peer = calloc(npfds, sizeof *ctx->pfd_peer);
@@ -166,12 +263,19 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **
     ctx->host_hash = tcp_hash(args->place->host_id) ^ args->place->pid_ns;
 
   /* The default interface is the one that reached the rendezvous; the
-   * settings can name another. */
+   * settings can name another, or a list of rails. */
   const char *rules = weft_settings()->tcp.socket_ifname;
   int family = WEFT_FAMILY_NUMBER(weft_settings()->tcp.socket_family);
   struct sockaddr_storage local = args->local_addr;
   socklen_t local_len = args->local_addr_len;
-  if (*rules || family || local_len == 0) {
+  int rails = tcp_pick_rails(ctx, rules, family);
+  if (rails >= 2) {
+    ctx->nrails = rails;
+    local = ctx->rail_addr[0];
+    local_len = ctx->rail_len[0];
+    WEFT_INFO(WEFT_SUBSYS_NET, "tcp: data sockets on %d interfaces, %s first", rails,
+              ctx->rail_name[0]);
+  } else if (*rules || family || local_len == 0) {
     char ifname[64];
     weft_status st = net_pick_local_addr(rules, family, local_len ? (struct sockaddr *)&local : NULL,
                                          local_len, &local, &local_len, ifname, sizeof ifname,
@@ -180,26 +284,39 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **
       tcp_fini((weft_tp_ctx *)ctx);
       return st;
     }
+    snprintf(ctx->rail_name[0], sizeof ctx->rail_name[0], "%s", ifname);
     WEFT_INFO(WEFT_SUBSYS_NET, "tcp: data sockets on interface %s", ifname);
   }
   net_addr_set_port(&local, 0);
   weft_status st = net_listen(&local, local_len, 1024, &ctx->listen_fd, &ctx->addr,
                               &ctx->addr_len, args->errors);
+  for (int r = 1; !st && r < ctx->nrails; r++)
+    st = net_listen(&ctx->rail_addr[r], ctx->rail_len[r], 1024, &ctx->rail_fd[r],
+                    &ctx->rail_addr[r], &ctx->rail_len[r], args->errors);
   if (st) {
     tcp_fini((weft_tp_ctx *)ctx);
     return st;
   }
+  ctx->rail_addr[0] = ctx->addr;
+  ctx->rail_len[0] = ctx->addr_len;
+  ctx->want_streams = tcp_want_streams(ctx->nrails);
   uint8_t *blob = addr;
   net_addr_pack(&ctx->addr, blob);
   uint32_t pid = ctx->host_hash ? htonl((uint32_t)getpid()) : 0;
   memcpy(blob + NET_ADDR_PACKED, &pid, 4);
   tcp_put64(blob + NET_ADDR_PACKED + 4, args->place ? args->place->pid_ns : 0);
   tcp_put64(blob + NET_ADDR_PACKED + 12, ctx->host_hash);
-  *addr_len = TCP_ADDR_BYTES;
+  blob[TCP_ADDR_BYTES] = (uint8_t)ctx->want_streams;
+  blob[TCP_ADDR_BYTES + 1] = (uint8_t)ctx->nrails;
+  for (int r = 1; r < ctx->nrails; r++)
+    net_addr_pack(&ctx->rail_addr[r], blob + TCP_ADDR_EXT(r));
+  *addr_len = TCP_ADDR_EXT(ctx->nrails);
   tcp_fork_track(ctx);
   char where[80];
-  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d listens on %s", args->rank,
-            net_addr_str((struct sockaddr *)&ctx->addr, where, sizeof where));
+  WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d listens on %s (%d rail%s), wants %d stream%s",
+            args->rank, net_addr_str((struct sockaddr *)&ctx->addr, where, sizeof where),
+            ctx->nrails, ctx->nrails > 1 ? "s" : "", ctx->want_streams,
+            ctx->want_streams > 1 ? "s" : "");
   *out = (weft_tp_ctx *)ctx;
   return WEFT_OK;
 nomem:
@@ -228,16 +345,54 @@ static bool tcp_can_reach(weft_tp_ctx *tctx, int peer, const void *peer_addr,
              net_addr_str((struct sockaddr *)&a, where, sizeof where));
     return false;
   }
-  snprintf(why, why_len, "tcp to %s", net_addr_str((struct sockaddr *)&a, where, sizeof where));
-  /* Kept for the failure notices (abort_all) and, on this host, the peer's
-   * pid to watch while waiting for it (tcp_wait). */
+  /* The pair's streams and rails, from both ranks' published numbers: the
+   * smaller stream count, and the rails both have, in order, of one family
+   * on both sides. */
+  const uint8_t *b = peer_addr;
+  bool ext = addr_len >= TCP_ADDR_EXT(1);
+  int peer_streams = ext ? b[TCP_ADDR_BYTES] : 1, peer_rails = ext ? b[TCP_ADDR_BYTES + 1] : 1;
+  int streams = peer_streams < ctx->want_streams ? peer_streams : ctx->want_streams;
+  struct sockaddr_storage rail_addr[TCP_MAX_RAILS];
+  socklen_t rail_len[TCP_MAX_RAILS];
+  rail_addr[0] = a;
+  rail_len[0] = alen;
+  int rails = 1;
+  while (rails < ctx->nrails && rails < peer_rails && rails < streams &&
+         net_addr_unpack(b + TCP_ADDR_EXT(rails), &rail_addr[rails], &rail_len[rails]) &&
+         rail_addr[rails].ss_family == ctx->rail_addr[rails].ss_family)
+    rails++;
+  if (ctx->want_threads < 0) ctx->want_threads = tcp_want_threads(ctx);
+  net_addr_str((struct sockaddr *)&a, where, sizeof where);
+  if (streams == 1) {
+    snprintf(why, why_len, "tcp to %s", where);
+  } else {
+    size_t used = (size_t)snprintf(why, why_len, "tcp x%d streams", streams);
+    if (ctx->want_threads > 0 && used < why_len)
+      used += (size_t)snprintf(why + used, why_len - used, " (%d helper thread%s)",
+                               ctx->want_threads, ctx->want_threads > 1 ? "s" : "");
+    for (int r = 0; r < rails && rails > 1 && used < why_len; r++)
+      used += (size_t)snprintf(why + used, why_len - used, "%s%s", r ? "," : " over ",
+                               ctx->rail_name[r][0] ? ctx->rail_name[r] : "?");
+    for (int r = 0; r < rails && used < why_len; r++) {
+      char w[80];
+      used += (size_t)snprintf(why + used, why_len - used, "%s%s", r ? ", " : " to ",
+                               net_addr_str((struct sockaddr *)&rail_addr[r], w, sizeof w));
+    }
+  }
+  /* Kept for the failure notices (abort_all), the streams' dials and, on
+   * this host, the peer's pid to watch while waiting for it (tcp_wait). */
   if (peer >= 0 && peer < ctx->args->size && peer != ctx->args->rank) {
     tcp_peer *p = &ctx->peers[peer];
-    const uint8_t *b = peer_addr;
+    p->nstreams = streams;
+    p->nrails = rails;
+    for (int r = 0; r < rails; r++) {
+      p->rail_addr[r] = rail_addr[r];
+      p->rail_len[r] = rail_len[r];
+    }
     uint32_t pid = 0;
-    if (addr_len == TCP_ADDR_BYTES) memcpy(&pid, b + NET_ADDR_PACKED, 4);
+    if (addr_len >= TCP_ADDR_BYTES) memcpy(&pid, b + NET_ADDR_PACKED, 4);
     pid = ntohl(pid);
-    bool same_place = addr_len == TCP_ADDR_BYTES && ctx->host_hash &&
+    bool same_place = addr_len >= TCP_ADDR_BYTES && ctx->host_hash &&
                       tcp_get64(b + NET_ADDR_PACKED + 12) == ctx->host_hash &&
                       tcp_get64(b + NET_ADDR_PACKED + 4) == ctx->args->place->pid_ns;
     p->known = true;
@@ -261,9 +416,9 @@ static weft_status tcp_connect(weft_tp_ctx *tctx, int peer, int channel, const v
   if (c->state != TCP_CONN_AWAIT_ACCEPT || ctx->args->rank > peer) return WEFT_OK;
   struct sockaddr_storage a;
   socklen_t alen;
-  if (!tcp_addr_unpack(peer_addr, addr_len, &a, &alen))
+  if (!tcp_addr_unpack(peer_addr, addr_len, &a, &alen) || !ctx->peers[peer].known)
     return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "peer %d published a malformed address", peer);
-  weft_status st = tcp_conn_dial(c, &a, alen);
+  weft_status st = tcp_conn_dial(c);
   return st ? tcp_notice_first(ctx, st) : WEFT_OK;
 }
 
@@ -271,16 +426,19 @@ static weft_status tcp_progress(weft_tp_ctx *tctx, bool *progressed) {
   tcp_ctx *ctx = tcp_ctx_of(tctx);
   *progressed = ctx->data_moved;
   ctx->data_moved = false;
+  if (ctx->nworkers > 0 && atomic_exchange(&ctx->helper_moved, false)) *progressed = true;
   /* accept_pending: a failure notice (or a dial) came while nothing was
    * awaited; the flag comes from a wait, so no accept call per round. */
   if (ctx->awaiting_accept > 0 || ctx->accept_pending) {
     ctx->accept_pending = false;
-    WEFT_CHECK(tcp_conn_accept_one(ctx, progressed));
+    WEFT_CHECK(tcp_conn_accept_one(ctx, ctx->listen_fd, progressed));
+    for (int r = 1; r < ctx->nrails; r++)
+      WEFT_CHECK(tcp_conn_accept_one(ctx, ctx->rail_fd[r], progressed));
   }
   if (ctx->nsending > 0)
     for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
       tcp_conn *c = ctx->conns[p];
-      if (c && c->state == TCP_CONN_UP && c->sq_count) WEFT_CHECK(tcp_conn_push_sends(c, progressed));
+      if (c && c->state == TCP_CONN_UP && c->queued) WEFT_CHECK(tcp_conn_push_sends(c, progressed));
     }
   return WEFT_OK;
 }
@@ -313,16 +471,35 @@ static weft_status tcp_wait(weft_tp_ctx *tctx, int timeout_ms) {
   pf[n++] = (struct pollfd){.fd = ctx->args->wake_fd, .events = POLLIN};
   who[n] = -1;
   pf[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
+  for (int r = 1; r < ctx->nrails; r++) {
+    who[n] = -1;
+    pf[n++] = (struct pollfd){.fd = ctx->rail_fd[r], .events = POLLIN};
+  }
+  nfds_t listeners = n; /* entries 1 .. listeners - 1: every rail's listener */
+  nfds_t done_at = 0; /* the helpers' done fd, 0 when none */
+  if (ctx->nworkers > 0) {
+    done_at = n;
+    who[n] = -1;
+    pf[n++] = (struct pollfd){.fd = ctx->done_fd, .events = POLLIN};
+  }
   for (int i = 0; i < ctx->args->size * WEFT_TP_CHANNELS; i++) {
     tcp_conn *c = ctx->conns[i];
     if (!c || c->state == TCP_CONN_DEAD) continue;
     bool up = c->state == TCP_CONN_UP;
-    short ev = (short)((c->want_recv ? POLLIN : 0) | (up && c->sq_count ? POLLOUT : 0));
-    bool waited_for = ev || !up; /* not yet dialed: waited for once created */
-    c->want_recv = false;
-    if (up && ev) {
-      who[n] = -1;
-      pf[n++] = (struct pollfd){.fd = c->fd, .events = ev};
+    bool waited_for = !up; /* not yet dialed: waited for once created */
+    for (int j = 0; j < c->nstreams; j++) {
+      tcp_stream *s = &c->streams[j];
+      if (s->owner >= 0) { /* its helper watches it and writes the done fd */
+        waited_for = true;
+        continue;
+      }
+      short ev = (short)((s->want_recv ? POLLIN : 0) | (up && s->sq_count ? POLLOUT : 0));
+      s->want_recv = false;
+      waited_for |= ev != 0;
+      if (up && ev) {
+        who[n] = -1;
+        pf[n++] = (struct pollfd){.fd = s->fd, .events = ev};
+      }
     }
     tcp_peer *p = &ctx->peers[c->peer];
     if (!up && !p->gone_at) { /* waiting for its dial: is it still there? */
@@ -346,8 +523,14 @@ static weft_status tcp_wait(weft_tp_ctx *tctx, int timeout_ms) {
     return WEFT_ERR_SYSTEM;
   }
   if (ready > 0) {
-    if (pf[1].revents) ctx->accept_pending = true;
-    for (nfds_t i = 2; i < n; i++)
+    for (nfds_t i = 1; i < listeners; i++)
+      if (pf[i].revents) ctx->accept_pending = true;
+    if (done_at && pf[done_at].revents) {
+      uint64_t drained;
+      if (read(ctx->done_fd, &drained, sizeof drained) < 0) { /* raced with another read: fine */
+      }
+    }
+    for (nfds_t i = listeners; i < n; i++)
       if (who[i] <= -2 && pf[i].revents)
         tcp_conn_probe_done(ctx->conns[-2 - who[i]]);
       else if (who[i] >= 0 && pf[i].revents) {
@@ -373,21 +556,26 @@ static weft_status tcp_wait(weft_tp_ctx *tctx, int timeout_ms) {
  * a failure costs one dial per peer, not one per pair of ranks. */
 static void tcp_abort_all(weft_tp_ctx *tctx, const char *reason) {
   tcp_ctx *ctx = tcp_ctx_of(tctx);
+  tcp_pool_stop(ctx); /* then only this thread writes the sockets */
   for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
     tcp_conn *c = ctx->conns[p];
     if (!c || c->state != TCP_CONN_UP) continue;
-    /* A frame cannot be cut into the middle of a half-written one; then the
-     * peer just sees the connection end. */
-    if (!c->sq_count || c->sq[c->sq_head].sent == 0) {
-      size_t tlen = strnlen(reason, TCP_ABORT_TEXT_MAX);
-      tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0};
-      struct iovec iov[2] = {{&h, sizeof h}, {(void *)reason, tlen}};
-      struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
-      if (sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-        WEFT_INFO(WEFT_SUBSYS_NET, "tcp: abort notice to peer %d not sent: %s", c->peer,
-                  strerror(errno));
+    /* On every stream, as the peer may be reading any of them. A frame
+     * cannot be cut into the middle of a half-written one; then the peer
+     * just sees that stream end. */
+    for (int j = 0; j < c->nstreams; j++) {
+      tcp_stream *s = &c->streams[j];
+      if (!s->sq_count || s->sq[s->sq_head].sent == 0) {
+        size_t tlen = strnlen(reason, TCP_ABORT_TEXT_MAX);
+        tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0};
+        struct iovec iov[2] = {{&h, sizeof h}, {(void *)reason, tlen}};
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+        if (sendmsg(s->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+          WEFT_INFO(WEFT_SUBSYS_NET, "tcp: abort notice to peer %d not sent: %s", c->peer,
+                    strerror(errno));
+      }
+      shutdown(s->fd, SHUT_WR);
     }
-    shutdown(c->fd, SHUT_WR);
     c->state = TCP_CONN_DEAD;
     c->dead_status = WEFT_ERR_ABORTED;
   }
@@ -401,11 +589,14 @@ static void tcp_fini(weft_tp_ctx *tctx) {
   tcp_ctx *ctx = tcp_ctx_of(tctx);
   if (!ctx) return;
   tcp_fork_untrack(ctx);
+  tcp_pool_stop(ctx);
   for (int p = 0; ctx->conns && p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) tcp_conn_destroy(ctx->conns[p]);
   for (int p = 0; ctx->peers && p < ctx->args->size; p++)
     if (ctx->peers[p].pidfd >= 0) close(ctx->peers[p].pidfd);
   if (ctx->listen_fd >= 0) close(ctx->listen_fd);
+  for (int r = 1; r < TCP_MAX_RAILS; r++)
+    if (ctx->rail_fd[r] >= 0) close(ctx->rail_fd[r]);
   free(ctx->conns);
   free(ctx->pfds);
   free(ctx->pfd_peer);
