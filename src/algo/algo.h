@@ -103,8 +103,8 @@ struct weft_coll {
    * it on; what a member sends on it keeps, so a result that reaches every
    * member is the same bits everywhere (docs/tuning.md, the error bound). */
   weft_dtype wire;
-  void *wire_stage;  /* the caller's, weft_wire_stage_bytes: chunks narrowed for sending */
-  int wire_sent_to;  /* 1 + the member the stage last went to (its send may still read it); 0 none */
+  void *wire_stage; /* the caller's, weft_wire_stage_bytes: chunks narrowed for sending */
+  int wire_sent_to; /* 1 + the member the stage last went to (its send may still read it); 0 none */
   const weft_mem_ops *mem;
   uint32_t seq;
   weft_algo_hint hint;

@@ -89,8 +89,7 @@ static weft_status wire_step_send(weft_coll *coll, int peer, const void *src, si
 /* A partial sum that goes on is rounded once, and dst keeps the rounded
  * value: the owner of a final chunk ends with the bits it sends. */
 static weft_status wire_step_recv_reduce(weft_coll *coll, int from, int to, void *dst,
-                                         const void *own, size_t cnt, int postdiv,
-                                         int wait_peer) {
+                                         const void *own, size_t cnt, int postdiv, int wait_peer) {
   const void *slot;
   void *stage = NULL;
   WEFT_STEP(weft_link_recv_peek(coll, from, weft_wire_bytes(cnt), &slot));

@@ -343,7 +343,8 @@ void weft_narrow_i64(void *dst, const int64_t *src, size_t count, weft_dtype dty
     }                                                                                \
   }                                                                                  \
   WEFT_KERNEL static void wire_reduce_##X##_##name##_staged(                         \
-      float *dst, const float *a, const void *b_, size_t count, int postdiv, void *stage_) { \
+      float *dst, const float *a, const void *b_, size_t count, int postdiv,         \
+      void *stage_) {                                                                \
     const uint16_t *b = b_;                                                          \
     uint16_t *stage = stage_;                                                        \
     (void)postdiv;                                                                   \
