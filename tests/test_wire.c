@@ -33,7 +33,8 @@ typedef struct tally {
   int bad;
   double bias_sum; /* sum of (got - want) * sign(want) / (u * mag) */
   size_t bias_n;
-  uint64_t hash; /* of every allreduce result */
+  double max_err, sq_err; /* |got - want| / (u * mag): the largest, and the sum of squares */
+  uint64_t hash;          /* of every allreduce result */
 } tally;
 
 static uint64_t base_seed = 0x5eed0f3172e5ULL;
@@ -112,8 +113,11 @@ static void check_sum(tally *t, int rank, int n, const char *what, const float *
     if (wire != WEFT_F32 && rounded && !representable(res[i], wire))
       report(t, rank, "(not a wire value)", count, i, got, w, 0);
     if (wire != WEFT_F32 && m > 0 && w != 0) {
-      t->bias_sum += (got - w) * (w > 0 ? 1 : -1) / (u * m);
+      double e = (got - w) / (u * m);
+      t->bias_sum += e * (w > 0 ? 1 : -1);
       t->bias_n++;
+      t->max_err = fabs(e) > t->max_err ? fabs(e) : t->max_err;
+      t->sq_err += e * e;
     }
   }
   free(x);
@@ -267,6 +271,13 @@ static int rank_main(int rank, int n, const weft_unique_id *id, void *arg) {
     fprintf(stderr, "rank %d: only %zu elements went through the wire dtype\n", rank, t.bias_n);
     t.bad++;
   }
+  /* WEFT_WIRE_REPORT=1: the measured error in units of the bound's u * A
+   * (the bound is n of them), for docs/tuning.md */
+  if (getenv("WEFT_WIRE_REPORT") && rank == 0 && t.bias_n)
+    printf("wire %s, %d ranks, %s, hosts %s: error max %.3f, rms %.3f, mean signed %.4f (u A) "
+           "over %zu elements; bound %d\n",
+           weft_dtype_name(g->wire), n, g->algo, g->hosts, t.max_err,
+           sqrt(t.sq_err / (double)t.bias_n), t.bias_sum / (double)t.bias_n, t.bias_n, n);
   harness_shm->word[rank] = t.hash;
   weft_comm_destroy(comm);
   return t.bad != 0;
