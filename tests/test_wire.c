@@ -12,12 +12,14 @@
  *  - where the wire dtype is ignored (one host, f64, max, the one-round
  *    exchange) the result is the exact f32 one, to f32's own bound;
  *  - ranks that disagree on it fail (never hang), and WEFT_CHECK names it;
+ *  - a peer that dies in the middle of such a call is named by the others;
  *  - a gradient set with its own wire_dtype. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <pthread.h>
 
 #include "harness.h"
 
@@ -319,6 +321,8 @@ WIRE_TEST(auto2, 2, "auto", "apart", WEFT_F16, 0)
 WIRE_TEST(auto4_pairs, 4, "auto", "pairs", WEFT_BF16, 0)
 WIRE_TEST(ring4_pairs, 4, "ring", "pairs", WEFT_BF16, 0)
 WIRE_TEST(exchange3, 3, "exchange", "apart", WEFT_BF16, 0)
+/* direct needs one host: across hosts the choice falls back to rd or the ring */
+WIRE_TEST(direct4_pairs, 4, "direct", "pairs", WEFT_BF16, 0)
 WIRE_TEST(api_f16_ring3, 3, "ring", "apart", WEFT_F16, 1)
 /* one host: ignored, exact f32 results */
 WIRE_TEST(one_host3, 3, "auto", "one", WEFT_BF16, 0)
@@ -365,6 +369,50 @@ static void disagreeing_ranks_checked(void **state) {
   static const char *const env[] = {"WEFT_TIMEOUT=20", "WEFT_CHECK=1", NULL};
   harness_init();
   assert_int_equal(harness_run(2, env, 60, disagree_main, NULL), 0);
+}
+
+/* ---- a peer that dies in the middle of a call ------------------------------ */
+
+static void *die_soon(void *arg) {
+  (void)arg;
+  struct timespec pause = {0, 150 * 1000000L};
+  nanosleep(&pause, NULL);
+  _exit(0);
+}
+
+/* 3 ranks on three hosts, bf16 allreduces of 1 Mi floats; rank 1 leaves
+ * 150 ms in, most likely in the middle of one (a wait on the stage
+ * included): the others fail naming it, never hang. */
+static int dies_main(int rank, int n, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  char host[32];
+  snprintf(host, sizeof host, "wire-host-%d", rank);
+  setenv("WEFT_HOST_ID", host, 1);
+  const char *tp = getenv("WEFT_TRANSPORT");
+  if (tp && !strcmp(tp, "shm")) unsetenv("WEFT_TRANSPORT");
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  enum { COUNT = 1 << 20 };
+  float *buf = malloc(sizeof(float) * COUNT);
+  fill(buf, COUNT, 11);
+  pthread_t killer;
+  if (rank == 1) pthread_create(&killer, NULL, die_soon, NULL);
+  weft_status st = WEFT_OK;
+  for (int i = 0; i < 100000 && st == WEFT_OK; i++)
+    st = weft_allreduce(comm, buf, buf, COUNT, WEFT_F32, WEFT_AVG);
+  const char *why = weft_last_error(comm);
+  int bad = !strstr(why, "peer 1") && !strstr(why, "rank 1");
+  if (bad) fprintf(stderr, "rank %d: %s does not name rank 1: %s\n", rank, weft_status_name(st), why);
+  weft_comm_destroy(comm);
+  free(buf);
+  return bad;
+}
+
+static void peer_dies_mid_call(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=20", "WEFT_WIRE_DTYPE=bf16", NULL};
+  harness_init();
+  assert_int_equal(harness_run(3, env, 60, dies_main, NULL), 0);
 }
 
 /* ---- a gradient set with its own wire dtype ------------------------------ */
@@ -432,6 +480,7 @@ int main(void) {
       cmocka_unit_test(api_f16_ring3),  cmocka_unit_test(one_host3),
       cmocka_unit_test(one_host_ring4), cmocka_unit_test(disagreeing_ranks),
       cmocka_unit_test(disagreeing_ranks_checked), cmocka_unit_test(grad_option),
+      cmocka_unit_test(direct4_pairs),  cmocka_unit_test(peer_dies_mid_call),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
