@@ -103,8 +103,9 @@ static weft_status wire_step_recv_reduce(weft_coll *coll, int from, int to, void
   return weft_link_recv_release(coll, from);
 }
 
-/* A final chunk is passed on as it came (no second rounding: widening and
- * narrowing again would give the same bits, the copy is cheaper). */
+/* A final chunk is passed on as it came: narrowing what was widened gives
+ * the same bits back (no second rounding), and reads the call's memory
+ * only, where a copy of the slot would read host memory into another kind. */
 static weft_status wire_step_recv_forward(weft_coll *coll, int from, int to, void *dst,
                                           size_t cnt) {
   const void *slot;
@@ -116,7 +117,7 @@ static weft_status wire_step_recv_forward(weft_coll *coll, int from, int to, voi
   }
   coll->mem->widen(dst, slot, cnt, coll->wire);
   if (to >= 0) {
-    coll->mem->copy(stage, slot, weft_wire_bytes(cnt));
+    coll->mem->narrow(stage, dst, cnt, coll->wire);
     WEFT_STEP(weft_wire_send(coll, to, cnt));
   }
   return weft_link_recv_release(coll, from);

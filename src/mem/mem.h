@@ -120,7 +120,8 @@ typedef struct weft_mem_ops {
    * narrow: dst (wire) = src (f32); widen: dst (f32) = src (wire), exact;
    * reduce_wire: dst = a + widen(b) in f32 (divided by postdiv for avg),
    * then, with a stage, stage = dst rounded and dst = widen(stage). dst, a
-   * and stage are in this memory, b in it or in host memory (a slot). */
+   * and stage are in this memory; the source of widen and b of reduce_wire
+   * in it or in host memory (a receive slot). */
   void (*narrow)(void *dst, const void *src, size_t count, weft_dtype wire);
   void (*widen)(void *dst, const void *src, size_t count, weft_dtype wire);
   void (*reduce_wire)(void *dst, const void *a, const void *b, size_t count, weft_dtype wire,
