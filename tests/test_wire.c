@@ -13,6 +13,7 @@
  *    exchange) the result is the exact f32 one, to f32's own bound;
  *  - ranks that disagree on it fail (never hang), and WEFT_CHECK names it;
  *  - a peer that dies in the middle of such a call is named by the others;
+ *  - WEFT_WIRE_DTYPE=fp8 is refused when the communicator is created;
  *  - a gradient set with its own wire_dtype. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -415,6 +416,28 @@ static void peer_dies_mid_call(void **state) {
   assert_int_equal(harness_run(3, env, 60, dies_main, NULL), 0);
 }
 
+/* ---- a setting that is not a wire dtype ------------------------------------ */
+
+static int refused_main(int rank, int n, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = NULL;
+  weft_status st = weft_comm_init_rank(&comm, id, rank, n);
+  const char *why = weft_last_error(NULL);
+  if (st == WEFT_ERR_INVALID && strstr(why, "WEFT_WIRE_DTYPE") && strstr(why, "fp8") &&
+      strstr(why, "bf16"))
+    return 0;
+  fprintf(stderr, "rank %d: WEFT_WIRE_DTYPE=fp8 gave %s: %s\n", rank, weft_status_name(st), why);
+  if (comm) weft_comm_destroy(comm);
+  return 1;
+}
+
+static void setting_refused(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_WIRE_DTYPE=fp8", "WEFT_TIMEOUT=5", NULL};
+  harness_init();
+  assert_int_equal(harness_run(2, env, 30, refused_main, NULL), 0);
+}
+
 /* ---- a gradient set with its own wire dtype ------------------------------ */
 
 static int grad_main(int rank, int n, const weft_unique_id *id, void *arg) {
@@ -481,6 +504,7 @@ int main(void) {
       cmocka_unit_test(one_host_ring4), cmocka_unit_test(disagreeing_ranks),
       cmocka_unit_test(disagreeing_ranks_checked), cmocka_unit_test(grad_option),
       cmocka_unit_test(direct4_pairs),  cmocka_unit_test(peer_dies_mid_call),
+      cmocka_unit_test(setting_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
