@@ -175,6 +175,25 @@ WEFT_API int weft_comm_local_size(const weft_comm *comm);
 WEFT_API weft_status weft_comm_peer_transport(const weft_comm *comm, int peer,
                                              const char **transport, const char **reason);
 
+/* ---- f32 gradients on the wire as bf16 / f16 ------------------------------ */
+/* What the f32 data of a sum or avg allreduce, reduce-scatter or reduce
+ * travels as between hosts: WEFT_BF16 or WEFT_F16 halves the bytes on the
+ * network; WEFT_F32 (the default, or the WEFT_WIRE_DTYPE setting) keeps it
+ * exact. Sums are still formed in f32: each hop adds the arriving value to
+ * its own in f32 and rounds once to send it on. An allreduce's result is
+ * rounded once more at the end and is the same bits on every rank; its
+ * error is below about (hops + 1) * 2^-8 (bf16; f16: 2^-11, within f16's
+ * range of 65504) of the sum of |x| over ranks, hops <= size - 1 (docs/
+ * tuning.md derives it). It applies to the calls issued after it on this
+ * communicator, so setting it around a call makes it per call (a gradient
+ * set has its own, weft_grad_options.wire_dtype). Other dtypes and ops, the
+ * other collectives and a communicator whose ranks all share one host move
+ * exact data, as before. Every rank must set the same value before the same
+ * call, like the call's own arguments: otherwise the chunk lengths differ
+ * and the call fails with WEFT_ERR_MISMATCH (WEFT_CHECK=1 names the wire
+ * dtypes). WEFT_ERR_INVALID for any other dtype or a bad handle. */
+WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire);
+
 /* Releases the communicator. Not collective, does not block on peers. Calling
  * it twice, or on a pointer that is not a live communicator, returns
  * WEFT_ERR_INVALID and touches nothing. */
@@ -437,7 +456,7 @@ typedef struct weft_tensor {
 
 typedef struct weft_grad weft_grad; /* opaque */
 
-#define WEFT_GRAD_OPTIONS_VERSION 1
+#define WEFT_GRAD_OPTIONS_VERSION 2 /* 2: wire_dtype */
 
 typedef struct weft_grad_options {
   uint32_t version;              /* WEFT_GRAD_OPTIONS_VERSION, set by weft_grad_options_init */
@@ -470,6 +489,10 @@ typedef struct weft_grad_options {
    * of every N-th synchronised step, inside weft_grad_wait. */
   int bcast_period;
   int bcast_root;
+  /* What f32 buckets travel as between hosts (weft_comm_set_wire_dtype):
+   * WEFT_BF16 or WEFT_F16 halves the bytes, WEFT_F32 keeps them exact; -1
+   * (the default): the communicator's. Every rank passes the same. */
+  int wire_dtype;
 } weft_grad_options;
 
 /* Fills `opts` with the defaults above. */

@@ -321,6 +321,7 @@ typedef struct run_case {
   size_t rd_max_bytes, chain_bytes; /* hier: the hints, the same on every member */
   bool nan_payloads;                /* inputs hold NaNs of other signs and payloads per member:
                                        only agreement across members is checked */
+  weft_dtype wire;                  /* f32 on the wire as bf16 / f16 (algo.h); WEFT_F32: off */
 } run_case;
 
 typedef struct member {
@@ -508,6 +509,41 @@ static void register_shared(fake_world *w, void *ptr, size_t bytes) {
     w->shared[w->nshared++] = (fake_shared){key, ptr};
 }
 
+/* A reduction's result with the wire dtype on: within n * u * (the sum of
+ * |x|) of the exact value, plus f32's own (docs/tuning.md). */
+static int check_wire(const void *res, const run_case *c, contrib *k, const char *what) {
+  int n = c->gsize, bad = 0;
+  float *x = malloc(sizeof(float) * (c->count + 1));
+  double *want = calloc(c->count + 1, sizeof(double)), *mag = calloc(c->count + 1, sizeof(double));
+  for (int q = 0; q < n; q++) {
+    fill_contrib(x, c->count, q, k);
+    for (size_t i = 0; i < c->count; i++) {
+      want[i] += x[i];
+      mag[i] += fabs((double)x[i]);
+    }
+  }
+  double u = c->wire == WEFT_BF16 ? ldexp(1, -8) : ldexp(1, -11);
+  for (size_t i = 0; i < c->count && bad < 3; i++) {
+    double d = c->op == WEFT_AVG ? n : 1, got = ((const float *)res)[i];
+    double tol = (n * u * (1 + n * u) + (n + 2) * ldexp(1, -24)) * mag[i] / d;
+    if (!(fabs(got - want[i] / d) <= tol)) {
+      fprintf(stderr, "%s count=%zu wire %s %s: element %zu is %.9g, reference %.9g, bound %.3g\n",
+              what, c->count, weft_dtype_name(c->wire), weft_op_name(c->op), i, got, want[i] / d,
+              tol);
+      bad++;
+    }
+  }
+  free(x);
+  free(want);
+  free(mag);
+  return bad;
+}
+
+static int check_any(const void *res, const run_case *c, contrib *k, const char *what) {
+  if (c->wire != WEFT_F32) return check_wire(res, c, k, what);
+  return harness_check_reduced(res, c->count, c->dt, c->op, c->gsize, fill_contrib, k, what);
+}
+
 /* Runs one case to the end under the adversarial scheduler; returns the
  * number of problems found (each printed). */
 static int run_one(const run_case *c, uint64_t sched_seed) {
@@ -606,6 +642,10 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
                                       .bcast_chain_bytes = c->chain_bytes,
                                       .direct_agreed = agreed};
       if (c->algo == ALGO_HIER) hier_hosts(m, c, r);
+      if (c->wire != WEFT_F32) { /* the stage the call layer allocates (coll.c) */
+        m->coll.wire = c->wire;
+        m->coll.wire_stage = malloc(weft_wire_stage_bytes(&m->coll));
+      }
       weft_status st = start(m, c);
       if (st < 0) {
         fprintf(stderr, "%s\n  member %d: start failed: %s\n", what, g, weft_status_name(st));
@@ -685,9 +725,7 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
         case ALGO_DIRECT:
         case ALGO_HIER: {
           contrib k = {c, 0};
-          if (!c->nan_payloads)
-            bad += harness_check_reduced(m->out, c->count, c->dt, c->op, c->gsize, fill_contrib,
-                                         &k, label);
+          if (!c->nan_payloads) bad += check_any(m->out, c, &k, label);
           /* every member ends with the same bits, NaNs included: pairs
            * combine in one order, the lower member's value first */
           uint64_t h = harness_hash(1469598103934665603ULL, m->out, block);
@@ -730,14 +768,12 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
         case ALGO_REDUCE:
           if (g == c->root) {
             contrib k = {c, 0};
-            bad += harness_check_reduced(m->out, c->count, c->dt, c->op, c->gsize, fill_contrib, &k,
-                                         label);
+            bad += check_any(m->out, c, &k, label);
           }
           break;
         case ALGO_REDUCE_SCATTER: {
           contrib k = {c, g};
-          bad += harness_check_reduced(m->out, c->count, c->dt, c->op, c->gsize, fill_contrib, &k,
-                                       label);
+          bad += check_any(m->out, c, &k, label);
           break;
         }
         default: {
@@ -774,6 +810,7 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
     member *m = &ms[g];
     if (m->coll.cleanup) m->coll.cleanup(&m->coll);
     free(m->coll.scratch);
+    free(m->coll.wire_stage);
     bool one_buffer = c->in_place && m->in_bytes && m->out_bytes && c->algo != ALGO_ALLTOALL;
     if (one_buffer) {
       unsigned char *base = m->in < m->out ? m->in : m->out;
@@ -951,6 +988,34 @@ static void nan_bits_agree_across_members(void **state) {
              (unsigned long long)base_seed);
 }
 
+/* f32 on the wire as bf16 / f16 (algo.h): every algorithm that carries it,
+ * 2..8 members, tiny chunks, under the adversarial scheduler: the steps
+ * that wait for the stage re-enter like the others, every member of an
+ * allreduce ends with the same bits, and the error stays within the bound.
+ * The exchange runs too: it must turn the wire dtype off (not send f32 where
+ * a peer expects half). */
+static void wire_dtype_every_reduction(void **state) {
+  (void)state;
+  uint64_t s = harness_seed(base_seed, 97, 5);
+  static const algo_id algos[] = {ALGO_RING, ALGO_RD, ALGO_HIER, ALGO_REDUCE, ALGO_REDUCE_SCATTER,
+                                  ALGO_EXCHANGE};
+  int bad = 0, tag = 7000;
+  for (size_t a = 0; a < sizeof algos / sizeof algos[0]; a++)
+    for (int n = 2; n <= MAX_N; n++)
+      for (int i = 0; i < 12 && bad < 3; i++) {
+        run_case c = random_case(algos[a], n, tag++, &s);
+        c.dt = WEFT_F32;
+        c.op = i % 2 ? WEFT_AVG : WEFT_SUM;
+        c.wire = i % 3 ? WEFT_BF16 : WEFT_F16;
+        c.count = 1 + harness_rng(&s) % 97;
+        c.chunk_bytes = 4 * (1 + harness_rng(&s) % 7) + (harness_rng(&s) & 1 ? 2 : 0);
+        if (algos[a] == ALGO_RD || algos[a] == ALGO_EXCHANGE) c.chunk_bytes = c.count * 4;
+        bad += run_one(&c, harness_rng(&s));
+      }
+  if (bad)
+    fail_msg("f32 on the wire: %d runs failed (seed %llu)", bad, (unsigned long long)base_seed);
+}
+
 /* The fake itself catches a wrong length and a wrong call: tags checked as
  * the transports check them. */
 static weft_status fake_alone_advance(weft_coll *coll) {
@@ -989,6 +1054,7 @@ int main(void) {
   if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(fake_catches_mismatch),
+      cmocka_unit_test(wire_dtype_every_reduction),
       cmocka_unit_test(ring_allreduce),
       cmocka_unit_test(rd_allreduce),
       cmocka_unit_test(exchange_allreduce),

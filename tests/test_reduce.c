@@ -855,6 +855,77 @@ static void test_half_random_sweep(void **state) {
   }
 }
 
+/* The wire kernels (reduce.h, weft_wire_*: f32 data carried as bf16 / f16)
+ * against the textbook reference: narrow rounds every float to nearest even
+ * (ties, subnormals, overflow and all), widen is exact, reduce adds a float
+ * and a widened value in float (the correctly rounded sum: the exact sum in
+ * double, cast) and divides for avg (float / int in double, cast: correctly
+ * rounded too), and with a stage rounds that once, keeping in dst the value
+ * of the bits it stages. Odd lengths and offsets reach the vector tails. */
+static void test_wire_kernels(void **state) {
+  const half_api *h = *state;
+  weft_dtype wire = h->fmt == &FMT_BF16 ? WEFT_BF16 : WEFT_F16;
+  char name[32];
+  snprintf(name, sizeof name, "wire %s", h->name);
+  rng r = rng_for(name);
+  enum { N = 1027 };
+  float *a = malloc(sizeof(float) * N), *dst = malloc(sizeof(float) * N);
+  float *wide = malloc(sizeof(float) * N);
+  uint16_t *b = malloc(sizeof(uint16_t) * N), *stage = malloc(sizeof(uint16_t) * N);
+  uint16_t *narrow = malloc(sizeof(uint16_t) * N);
+  for (int round = 0; round < 64; round++) {
+    size_t count = 1 + rng_next(&r) % N;
+    for (size_t i = 0; i < count; i++) {
+      /* values near the wire type's own range: ties, subnormals, overflow */
+      int e = (int)(rng_next(&r) % 40) - (wire == WEFT_F16 ? 26 : 20);
+      uint32_t u = (uint32_t)rng_next(&r);
+      if (i % 7 == 3) u &= 0xffffe000u | 0x1000u; /* a tie for f16 (bf16 below) */
+      if (i % 7 == 5) u = (u & 0xffff0000u) | 0x8000u;
+      a[i] = ldexpf(1.0f + (float)(u & 0x7fffff) / 8388608.0f, e) * (u >> 31 ? -1.0f : 1.0f);
+      if (i % 7 == 3 || i % 7 == 5)
+        a[i] = weft_f32_from_bits((weft_f32_bits(a[i]) & 0xff800000u) | (u & 0x007fffffu));
+      b[i] = (uint16_t)ref_round(ldexp((double)(rng_next(&r) % 4096) - 2048, e / 2 - 11), h->fmt);
+    }
+    weft_wire_narrow(narrow, a, count, wire);
+    weft_wire_widen(wide, b, count, wire);
+    for (size_t i = 0; i < count; i++) {
+      uint64_t want = ref_round(a[i], h->fmt);
+      CHECK(narrow[i] == want, "narrow %s(%a): got 0x%04x, want 0x%04llx", h->name, (double)a[i],
+            narrow[i], (unsigned long long)want);
+      CHECK((double)wide[i] == ref_decode(b[i], h->fmt), "widen %s(0x%04x): got %a, want %a",
+            h->name, b[i], (double)wide[i], ref_decode(b[i], h->fmt));
+    }
+    int postdiv = 1 + (int)(rng_next(&r) % 5);
+    weft_op op = round % 2 ? WEFT_AVG : WEFT_SUM;
+    int staged = round % 4 >= 2;
+    memcpy(dst, a, sizeof(float) * count); /* dst aliases a, as a tree's partial does */
+    weft_wire_reduce(dst, round % 8 < 4 ? dst : a, b, count, wire, op, postdiv,
+                     staged ? stage : NULL);
+    for (size_t i = 0; i < count; i++) {
+      float sum = (float)((double)a[i] + ref_decode(b[i], h->fmt));
+      float want = op == WEFT_AVG && postdiv > 1 ? (float)((double)sum / postdiv) : sum;
+      if (!staged) {
+        CHECK(dst[i] == want || (isnan(dst[i]) && isnan(want)),
+              "reduce %s %s/%d: %a + 0x%04x gave %a, want %a", h->name, weft_op_name(op),
+              postdiv, (double)a[i], b[i], (double)dst[i], (double)want);
+        continue;
+      }
+      uint64_t bits = ref_round(want, h->fmt);
+      CHECK(stage[i] == bits, "reduce %s %s/%d staged: %a + 0x%04x staged 0x%04x, want 0x%04llx",
+            h->name, weft_op_name(op), postdiv, (double)a[i], b[i], stage[i],
+            (unsigned long long)bits);
+      CHECK((double)dst[i] == ref_decode(bits, h->fmt) || isnan(dst[i]),
+            "reduce %s staged: kept %a, sent 0x%04x", h->name, (double)dst[i], stage[i]);
+    }
+  }
+  free(a);
+  free(dst);
+  free(wide);
+  free(b);
+  free(stage);
+  free(narrow);
+}
+
 /* The reference rounding and decoding, pointed at the f32 format, must agree
  * with the hardware's double->float cast and with the bits themselves; this
  * is what makes them trustworthy for f16 and bf16. */
@@ -938,6 +1009,8 @@ int main(void) {
   ADD_TEST(test_half_nan_from_float, &HALF_BF16, "bf16_nan_from_float");
   ADD_TEST(test_half_random_sweep, &HALF_F16, "f16_random_sweep");
   ADD_TEST(test_half_random_sweep, &HALF_BF16, "bf16_random_sweep");
+  ADD_TEST(test_wire_kernels, &HALF_F16, "wire_f16_kernels");
+  ADD_TEST(test_wire_kernels, &HALF_BF16, "wire_bf16_kernels");
 #undef ADD_TEST
 
   int failed = _cmocka_run_group_tests("reduce", tests, n, NULL, NULL);

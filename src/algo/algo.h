@@ -95,6 +95,16 @@ struct weft_coll {
   int root;
   size_t elem;        /* bytes per element */
   size_t chunk_bytes; /* pipelines cut buffers into chunks of this size */
+  /* f32 sum/avg data travels between members as this (WEFT_BF16 or
+   * WEFT_F16), half the bytes; anything else (WEFT_F32, zero) is off. The
+   * caller sets it (coll.c: when the call crosses hosts) with wire_stage;
+   * the steps below and rd_allreduce.c honour it. Each hop adds the
+   * arriving value to the local one in f32 and rounds the sum once to send
+   * it on; what a member sends on it keeps, so a result that reaches every
+   * member is the same bits everywhere (docs/tuning.md, the error bound). */
+  weft_dtype wire;
+  void *wire_stage; /* the caller's, weft_wire_stage_bytes: chunks narrowed for sending */
+  int wire_sent_to; /* 1 + the member the stage last went to (its send may still read it); 0 none */
   const weft_mem_ops *mem;
   uint32_t seq;
   weft_algo_hint hint;
@@ -151,6 +161,29 @@ weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out);
 /* Frees memory weft_coll_scratch gave `coll` (NULL is a no-op), through
  * the same table: the caller clears coll->scratch. */
 void weft_coll_scratch_free(weft_coll *coll, void *scratch);
+
+/* Whether the call carries its f32 data as wire (above), and the bytes
+ * of `cnt` elements there. */
+static inline bool weft_wire_on(const weft_coll *coll) {
+  return coll->wire == WEFT_BF16 || coll->wire == WEFT_F16;
+}
+static inline size_t weft_wire_bytes(size_t cnt) {
+  return cnt * 2;
+}
+/* The stage a call with wire on needs (the caller allocates it with the
+ * call's memory table): one chunk narrowed, then, 64-byte aligned, one
+ * chunk widened (recursive doubling's received buffer). */
+size_t weft_wire_stage_bytes(const weft_coll *coll);
+/* The stage's widened part. */
+static inline void *weft_wire_stage_wide(const weft_coll *coll, size_t cnt) {
+  return (char *)coll->wire_stage + ((weft_wire_bytes(cnt) + 63) & ~(size_t)63);
+}
+/* The stage, free to be written: the send that last read it is complete
+ * (WEFT_AGAIN until then). */
+weft_status weft_wire_stage_take(weft_coll *coll, void **stage);
+/* Sends `cnt` narrowed elements from the stage to `peer` (after
+ * weft_link_send_ready said OK), remembering that the send reads it. */
+weft_status weft_wire_send(weft_coll *coll, int peer, size_t cnt);
 
 static inline int weft_mod(int a, int n) {
   return ((a % n) + n) % n;

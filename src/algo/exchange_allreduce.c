@@ -91,6 +91,9 @@ static weft_status exchange_advance(weft_coll *coll) {
 weft_status weft_exchange_allreduce_start(weft_coll *coll, bool asking) {
   size_t bytes = coll->count * coll->elem;
   if (bytes > coll->chunk_bytes) return WEFT_ERR_INTERNAL;
+  /* f32 on the wire: one round of small messages costs latency, not bytes;
+   * every rank folds the exact values (docs/tuning.md) */
+  coll->wire = WEFT_F32;
   /* one scratch: a copy of the input when in place (recvbuf takes partial
    * results while the sends may still read their source, and before our own
    * turn in the fold comes), then every member's word when asking */

@@ -9,7 +9,9 @@
  * leaders. Phases share the call's sequence tag; a link carries one phase
  * after another in FIFO order, so their chunks cannot mix. Avg sums in the
  * first phase and divides once, by the whole communicator's size, in the
- * leaders' allreduce. */
+ * leaders' allreduce. A wire dtype (algo.h) is the leaders' phase's only:
+ * within a host the data moves in f32, and the leaders' result, rounded the
+ * same on every leader, is what the broadcast copies. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,7 +48,7 @@ static void hier_cleanup(weft_coll *coll) {
 /* Sets `inner` up as a phase of `coll` on the ranks `group` (this rank is
  * `rank` of `size`), reading `src` and writing `dst`. */
 static void phase_init(weft_coll *coll, const int *group, int rank, int size, const void *src,
-                       void *dst, int avg_div) {
+                       void *dst, int avg_div, bool across_hosts) {
   hier_state *hs = WEFT_ALGO_STATE(coll, hier_state);
   weft_coll *inner = hs->inner;
   *inner = (weft_coll){.link = weft_link_group_init(&hs->group, coll->link, group),
@@ -67,6 +69,10 @@ static void phase_init(weft_coll *coll, const int *group, int rank, int size, co
                        .seq = coll->seq,
                        .waiting_peer = -1,
                        .fail_peer = -1};
+  if (across_hosts) { /* the call's stage: it lives until the call's flush */
+    inner->wire = coll->wire;
+    inner->wire_stage = coll->wire_stage;
+  }
 }
 
 static weft_status hier_advance(weft_coll *coll) {
@@ -86,7 +92,7 @@ static weft_status hier_advance(weft_coll *coll) {
       case 0: /* reduce to the leader */
         if (h->local_size > 1) {
           phase_init(coll, h->host_members, h->host_index, h->local_size, coll->sendbuf,
-                     coll->recvbuf, 1);
+                     coll->recvbuf, 1, false);
           WEFT_CHECK(weft_tree_reduce_start(hs->inner, fanout));
           hs->running = true;
           continue;
@@ -97,7 +103,7 @@ static weft_status hier_advance(weft_coll *coll) {
       case 1: /* allreduce among the leaders, in place; avg divides by the call's */
         if (h->host_index == 0 && h->nhosts > 1) {
           phase_init(coll, h->leaders, h->leader_index, h->nhosts, coll->recvbuf, coll->recvbuf,
-                     coll->avg_div);
+                     coll->avg_div, true);
           bool rd = bytes <= coll->chunk_bytes && bytes <= coll->hint.rd_max_bytes;
           WEFT_CHECK(rd ? weft_rd_allreduce_start(hs->inner)
                         : weft_ring_allreduce_start(hs->inner));
@@ -112,7 +118,7 @@ static weft_status hier_advance(weft_coll *coll) {
       case 2: /* broadcast from the leader */
         if (h->local_size > 1) {
           phase_init(coll, h->host_members, h->host_index, h->local_size, coll->recvbuf,
-                     coll->recvbuf, 1);
+                     coll->recvbuf, 1, false);
           WEFT_CHECK(weft_tree_broadcast_start(hs->inner, fanout));
           hs->running = true;
           continue;

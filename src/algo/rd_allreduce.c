@@ -6,7 +6,11 @@
  * member's first: sum/prod/min/max commute in value, but not in the bits
  * of a NaN (x86 keeps the first operand's), so "own op received" on both
  * sides would leave partners with other NaN signs. Works in place on
- * recvbuf; needs the whole buffer to fit one chunk. */
+ * recvbuf; needs the whole buffer to fit one chunk.
+ *
+ * With a wire dtype (algo.h) a rank rounds its own value before it sends it
+ * and combines it rounded, so both partners add the same two values; the
+ * result is rounded once more at the end, before the fold-out sends it. */
 #include "src/algo/algo.h"
 
 typedef struct rd_state {
@@ -37,18 +41,49 @@ static void rd_combine(weft_coll *coll, int peer, const void *slot) {
     coll->mem->reduce(coll->recvbuf, coll->recvbuf, slot, coll->count, coll->dtype, coll->op, 1);
 }
 
+/* recvbuf rounded to the wire dtype in place, the narrowed copy in the
+ * stage (whose last send is complete: every exchange waits for it). */
+static void rd_round(weft_coll *coll) {
+  coll->mem->narrow(coll->wire_stage, coll->recvbuf, coll->count, coll->wire);
+  coll->mem->widen(coll->recvbuf, coll->wire_stage, coll->count, coll->wire);
+}
+
+/* Sends recvbuf to peer once it may (narrowed from the stage with a wire
+ * dtype; `round_own`: rounded in recvbuf too, as the partner will see it). */
+static weft_status rd_send(weft_coll *coll, int peer, size_t bytes, bool round_own) {
+  WEFT_STEP(weft_link_send_ready(coll, peer));
+  if (!weft_wire_on(coll)) return weft_link_send(coll, peer, coll->recvbuf, bytes);
+  if (round_own)
+    rd_round(coll);
+  else
+    coll->mem->narrow(coll->wire_stage, coll->recvbuf, coll->count, coll->wire);
+  return weft_wire_send(coll, peer, coll->count);
+}
+
+/* The peer's buffer as f32: the slot itself, or widened into the stage. */
+static const void *rd_peer_value(weft_coll *coll, const void *slot) {
+  if (!weft_wire_on(coll)) return slot;
+  void *wide = weft_wire_stage_wide(coll, coll->count);
+  coll->mem->widen(wide, slot, coll->count, coll->wire);
+  return wide;
+}
+
+/* The bytes of the whole buffer on the link. */
+static size_t rd_link_bytes(const weft_coll *coll) {
+  return weft_wire_on(coll) ? weft_wire_bytes(coll->count) : coll->count * coll->elem;
+}
+
 /* Sends our buffer to peer and folds the peer's into ours. */
 static weft_status rd_exchange(weft_coll *coll, int peer, size_t bytes) {
   rd_state *rd = WEFT_ALGO_STATE(coll, rd_state);
   if (!rd->sent) {
-    WEFT_STEP(weft_link_send_ready(coll, peer));
-    WEFT_STEP(weft_link_send(coll, peer, coll->recvbuf, bytes));
+    WEFT_STEP(rd_send(coll, peer, bytes, true));
     rd->sent = true;
   }
   const void *slot;
-  WEFT_STEP(weft_link_recv_peek(coll, peer, bytes, &slot));
-  WEFT_STEP(weft_link_send_idle(coll, peer)); /* recvbuf is about to change */
-  rd_combine(coll, peer, slot);
+  WEFT_STEP(weft_link_recv_peek(coll, peer, rd_link_bytes(coll), &slot));
+  WEFT_STEP(weft_link_send_idle(coll, peer)); /* recvbuf (or the stage) is about to change */
+  rd_combine(coll, peer, rd_peer_value(coll, slot));
   rd->sent = false;
   return weft_link_recv_release(coll, peer);
 }
@@ -61,8 +96,7 @@ static weft_status rd_advance(weft_coll *coll) {
   if (rd->phase == 0) { /* fold in */
     if (r < 2 * rem && r % 2 == 0) {
       if (!rd->sent) {
-        WEFT_STEP(weft_link_send_ready(coll, r + 1));
-        WEFT_STEP(weft_link_send(coll, r + 1, coll->recvbuf, bytes));
+        WEFT_STEP(rd_send(coll, r + 1, bytes, false));
         rd->sent = true;
       }
       WEFT_STEP(weft_link_send_idle(coll, r + 1)); /* the result lands in recvbuf */
@@ -70,8 +104,8 @@ static weft_status rd_advance(weft_coll *coll) {
       rd->newrank = -1;
     } else if (r < 2 * rem) {
       const void *slot;
-      WEFT_STEP(weft_link_recv_peek(coll, r - 1, bytes, &slot));
-      rd_combine(coll, r - 1, slot);
+      WEFT_STEP(weft_link_recv_peek(coll, r - 1, rd_link_bytes(coll), &slot));
+      rd_combine(coll, r - 1, rd_peer_value(coll, slot));
       WEFT_STEP(weft_link_recv_release(coll, r - 1));
       rd->newrank = r / 2;
     } else {
@@ -85,15 +119,22 @@ static weft_status rd_advance(weft_coll *coll) {
       WEFT_STEP(rd_exchange(coll, rd_real_rank(rd->newrank ^ rd->mask, rem), bytes));
       rd->mask <<= 1;
     }
-    if (rd->newrank >= 0)
+    if (rd->newrank >= 0) {
       coll->mem->finish(coll->recvbuf, coll->recvbuf, coll->count, coll->dtype, coll->op,
                         coll->avg_div);
+      /* the result as the fold-out sends it, on every rank alike */
+      if (weft_wire_on(coll)) rd_round(coll);
+    }
     rd->phase = 2;
   }
   if (rd->phase == 2) { /* fold out: the odd partner returns the result */
     if (r < 2 * rem && r % 2 == 1) {
-      WEFT_STEP(weft_link_send_ready(coll, r - 1));
-      WEFT_STEP(weft_link_send(coll, r - 1, coll->recvbuf, bytes));
+      WEFT_STEP(rd_send(coll, r - 1, bytes, false)); /* the stage holds the rounded result */
+    } else if (r < 2 * rem && weft_wire_on(coll)) {
+      const void *slot;
+      WEFT_STEP(weft_link_recv_peek(coll, r + 1, rd_link_bytes(coll), &slot));
+      coll->mem->widen(coll->recvbuf, slot, coll->count, coll->wire);
+      WEFT_STEP(weft_link_recv_release(coll, r + 1));
     } else if (r < 2 * rem) {
       WEFT_STEP(weft_link_recv_into(coll, r + 1, bytes, coll->recvbuf));
     }

@@ -49,13 +49,90 @@ weft_tree_shape weft_tree_shape_of(const weft_coll *coll, int fanout) {
                            .nchildren = first >= n ? 0 : (n - first < k ? n - first : k)};
 }
 
+/* ---- f32 on the wire as bf16 / f16 (algo.h, weft_coll.wire) ---------------
+ * One stage per call: every algorithm that carries a wire dtype sends to
+ * one member per step, and a step refills the stage only once the send
+ * that read it last is complete (a copy into the socket buffer on tcp, at
+ * once on shm), after its own receive, as weft_step_recv_reduce waits. */
+
+size_t weft_wire_stage_bytes(const weft_coll *coll) {
+  size_t chunk = weft_chunk_elems(coll);
+  size_t cnt = coll->count < chunk ? coll->count : chunk;
+  return ((weft_wire_bytes(cnt) + 63) & ~(size_t)63) + cnt * sizeof(float);
+}
+
+weft_status weft_wire_stage_take(weft_coll *coll, void **stage) {
+  if (!coll->wire_stage) return WEFT_ERR_INTERNAL; /* the caller allocates it with the call */
+  if (coll->wire_sent_to) {
+    WEFT_STEP(weft_link_send_idle(coll, coll->wire_sent_to - 1));
+    coll->wire_sent_to = 0;
+  }
+  *stage = coll->wire_stage;
+  return WEFT_OK;
+}
+
+weft_status weft_wire_send(weft_coll *coll, int peer, size_t cnt) {
+  coll->wire_sent_to = peer + 1;
+  return weft_link_send(coll, peer, coll->wire_stage, weft_wire_bytes(cnt));
+}
+
+/* The wire forms of the three steps below: the same moves, in the same
+ * order, on narrowed chunks. */
+static weft_status wire_step_send(weft_coll *coll, int peer, const void *src, size_t cnt) {
+  void *stage;
+  WEFT_STEP(weft_wire_stage_take(coll, &stage));
+  WEFT_STEP(weft_link_send_ready(coll, peer));
+  coll->mem->narrow(stage, src, cnt, coll->wire);
+  return weft_wire_send(coll, peer, cnt);
+}
+
+/* A partial sum that goes on is rounded once, and dst keeps the rounded
+ * value: the owner of a final chunk ends with the bits it sends. */
+static weft_status wire_step_recv_reduce(weft_coll *coll, int from, int to, void *dst,
+                                         const void *own, size_t cnt, int postdiv, int wait_peer) {
+  const void *slot;
+  void *stage = NULL;
+  WEFT_STEP(weft_link_recv_peek(coll, from, weft_wire_bytes(cnt), &slot));
+  if (wait_peer >= 0) WEFT_STEP(weft_link_send_idle(coll, wait_peer));
+  if (to >= 0) {
+    WEFT_STEP(weft_wire_stage_take(coll, &stage));
+    WEFT_STEP(weft_link_send_ready(coll, to));
+  }
+  coll->mem->reduce_wire(dst, own, slot, cnt, coll->wire, coll->op, postdiv, stage);
+  if (to >= 0) WEFT_STEP(weft_wire_send(coll, to, cnt));
+  return weft_link_recv_release(coll, from);
+}
+
+/* A final chunk is passed on as it came: narrowing what was widened gives
+ * the same bits back (no second rounding), and reads the call's memory
+ * only, where a copy of the slot would read host memory into another kind. */
+static weft_status wire_step_recv_forward(weft_coll *coll, int from, int to, void *dst,
+                                          size_t cnt) {
+  const void *slot;
+  void *stage = NULL;
+  WEFT_STEP(weft_link_recv_peek(coll, from, weft_wire_bytes(cnt), &slot));
+  if (to >= 0) {
+    WEFT_STEP(weft_wire_stage_take(coll, &stage));
+    WEFT_STEP(weft_link_send_ready(coll, to));
+  }
+  coll->mem->widen(dst, slot, cnt, coll->wire);
+  if (to >= 0) {
+    coll->mem->narrow(stage, dst, cnt, coll->wire);
+    WEFT_STEP(weft_wire_send(coll, to, cnt));
+  }
+  return weft_link_recv_release(coll, from);
+}
+
 weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
+  if (weft_wire_on(coll)) return wire_step_send(coll, peer, src, bytes / coll->elem);
   WEFT_STEP(weft_link_send_ready(coll, peer));
   return weft_link_send(coll, peer, src, bytes);
 }
 
 weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, const void *own,
                                   size_t cnt, int postdiv, int wait_peer) {
+  if (weft_wire_on(coll))
+    return wire_step_recv_reduce(coll, from, to, dst, own, cnt, postdiv, wait_peer);
   const void *slot;
   WEFT_STEP(weft_link_recv_peek(coll, from, cnt * coll->elem, &slot));
   /* Only after the peek: the peer drains our last send by peeking it, so
@@ -70,6 +147,7 @@ weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, 
 
 weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst, size_t bytes,
                                    bool *got) {
+  if (weft_wire_on(coll)) return wire_step_recv_forward(coll, from, to, dst, bytes / coll->elem);
   if (!*got) {
     WEFT_STEP(weft_link_recv_into(coll, from, bytes, dst));
     *got = true;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "src/api/api.h"
+#include "src/api/support.h"
 #include "src/base/status.h"
 #include "src/coll/coll.h"
 #include "src/engine/engine.h"
@@ -48,6 +49,20 @@ WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void 
   return coll_issue(r, req,
                     weft_coll_allreduce_setup(&r->coll, "weft_iallreduce", &comm->core, sendbuf,
                                               recvbuf, count, dtype, op));
+}
+
+weft_status weft_api_iallreduce_wire(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, weft_dtype dtype, weft_op op, int wire,
+                                     weft_request **req) {
+  weft_request *r = NULL;
+  WEFT_CHECK(weft_api_request_new(comm, "weft_iallreduce", req, &r));
+  /* the setup reads the attribute on this thread; the call keeps its own */
+  weft_dtype keep = comm->core.wire;
+  if (wire >= 0) comm->core.wire = (weft_dtype)wire;
+  weft_status st = weft_coll_allreduce_setup(&r->coll, "weft_iallreduce", &comm->core, sendbuf,
+                                             recvbuf, count, dtype, op);
+  comm->core.wire = keep;
+  return coll_issue(r, req, st);
 }
 
 WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,

@@ -3,6 +3,7 @@
  * (src/comm/comm.c): they own the list of live ones. */
 #include <string.h>
 
+#include "src/api/api.h"
 #include "src/comm/comm.h"
 #include "weft.h"
 
@@ -26,6 +27,16 @@ WEFT_API weft_status weft_comm_peer_transport(const weft_comm *comm, int peer,
   int tp = comm->core.links.peers[peer].tp;
   *transport = tp < 0 ? "self" : comm->core.links.tps[tp].ops->name;
   *reason = tp < 0 ? "this rank" : comm->peers[peer].why;
+  return WEFT_OK;
+}
+
+WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire) {
+  WEFT_API_LIVE(comm, "weft_comm_set_wire_dtype");
+  if (wire != WEFT_F32 && wire != WEFT_BF16 && wire != WEFT_F16)
+    return weft_core_error(&comm->core, WEFT_ERR_INVALID, "weft_comm_set_wire_dtype",
+                           "wire dtype %s (%d): f32 data travels as f32, bf16 or f16",
+                           weft_dtype_name(wire), (int)wire);
+  comm->core.wire = wire; /* calls read it at setup, on the caller's thread */
   return WEFT_OK;
 }
 

@@ -43,6 +43,8 @@
   WEFT_TRANSPORT_IBV_WORD_(W)
 #define WEFT_SPREAD_WORDS(W)                                                                     \
   W(WEFT_SPREAD_AUTO, "auto") W(WEFT_SPREAD_NEVER, "0") W(WEFT_SPREAD_ALWAYS, "1")
+/* What f32 sum/avg data crossing hosts travels as (WEFT_WIRE_DTYPE). */
+#define WEFT_WIRE_WORDS(W) W(WEFT_WIRE_F32, "f32") W(WEFT_WIRE_BF16, "bf16") W(WEFT_WIRE_F16, "f16")
 
 /* Each transport declares its own settings in its folder. */
 #include "transports/ibv/ibv_settings.h"
@@ -110,7 +112,9 @@
   X(TRANSPORT, transport, ENUM, "auto", 0, 0, WEFT_TRANSPORT_WORDS,                              \
     "force one transport for every peer; auto = choose per peer")                                \
   X(GRAD_CHECK, grad_check, BOOL, "0", 0, 0, WEFT_NO_WORDS,                                      \
-    "1: every gradient set checks at each step that all ranks agree (one small allgather a step; debug)")
+    "1: every gradient set checks at each step that all ranks agree (one small allgather a step; debug)") \
+  X(WIRE_DTYPE, wire_dtype, ENUM_ANYCASE, "f32", 0, 0, WEFT_WIRE_WORDS,                           \
+    "f32 sum/avg allreduce, reduce-scatter and reduce data crossing hosts travels as f32 (exact), bf16 or f16 (half the bytes; f32 sums, one rounding per hop: relative error up to about ranks x 2^-8 (bf16) or 2^-11 (f16) of the sum of |x|); ignored on one host; weft_comm_set_wire_dtype sets it per communicator")
 
 /* Every list, in weft-info's order: L(list, group name). */
 #define WEFT_SETTINGS_GROUPS(L)                                                                  \
@@ -124,6 +128,7 @@ enum weft_algo_choice { WEFT_ALGO_WORDS(WEFT_WORD_ENUM_) };
 enum weft_debug_choice { WEFT_DEBUG_WORDS(WEFT_WORD_ENUM_) };
 enum weft_transport_choice { WEFT_TRANSPORT_WORDS(WEFT_WORD_ENUM_) };
 enum weft_spread_choice { WEFT_SPREAD_WORDS(WEFT_WORD_ENUM_) };
+enum weft_wire_choice { WEFT_WIRE_WORDS(WEFT_WORD_ENUM_) };
 enum weft_family_choice { WEFT_FAMILY_WORDS(WEFT_WORD_ENUM_) };
 enum weft_debug_subsys_choice { WEFT_DEBUG_SUBSYS_WORDS(WEFT_WORD_ENUM_) };
 #undef WEFT_WORD_ENUM_

@@ -69,12 +69,14 @@ static weft_dtype coll_user_dtype(const weft_coll *coll);
 /* "weft_reduce(count=4, f32, sum, root=1) call #7": what the user called. */
 static void coll_describe(const weft_coll *coll, char *buf, size_t len) {
   const coll_kind *k = coll_kind_of(coll);
-  char op[32] = "", root[32] = "";
+  char op[48] = "", root[32] = "";
   if (!k->count_name) {
     snprintf(buf, len, "%s() call #%u", coll->call, coll->seq);
     return;
   }
-  if (k->has_op) snprintf(op, sizeof op, ", %s", weft_op_name(coll->op));
+  if (k->has_op)
+    snprintf(op, sizeof op, ", %s%s%s", weft_op_name(coll->op), weft_wire_on(coll) ? ", wire " : "",
+             weft_wire_on(coll) ? weft_dtype_name(coll->wire) : "");
   if (k->has_root) snprintf(root, sizeof root, ", root=%d", coll->root);
   snprintf(buf, len, "%s(%s=%zu, %s%s%s) call #%u", coll->call, k->count_name, coll->count,
            weft_dtype_name(coll_user_dtype(coll)), op, root, coll->seq);
@@ -267,7 +269,8 @@ weft_status weft_coll_timed_out(weft_coll *coll, const char *verdict) {
 typedef struct coll_print {
   uint32_t seq;
   int32_t kind; /* index in coll_kinds */
-  int32_t dtype, op, root, pad;
+  int32_t dtype, op, root;
+  int32_t wire; /* the wire dtype when on (algo.h), else 0 */
   uint64_t count;
 } coll_print;
 
@@ -288,6 +291,7 @@ static coll_print print_of(const weft_coll *coll) {
                       .dtype = k->count_name ? (int32_t)coll_user_dtype(coll) : 0,
                       .op = k->has_op ? (int32_t)coll->op : 0,
                       .root = k->has_root ? coll->root : 0,
+                      .wire = weft_wire_on(coll) ? (int32_t)coll->wire : 0,
                       .count = k->count_name ? coll->count : 0};
 }
 
@@ -296,8 +300,10 @@ static void print_describe(const coll_print *p, char *buf, size_t len) {
       &coll_kinds[p->kind >= 0 && (size_t)p->kind < sizeof coll_kinds / sizeof coll_kinds[0]
                       ? p->kind
                       : 0];
-  char op[32] = "", root[32] = "";
-  if (k->has_op) snprintf(op, sizeof op, ", %s", weft_op_name((weft_op)p->op));
+  char op[48] = "", root[32] = "";
+  if (k->has_op)
+    snprintf(op, sizeof op, ", %s%s%s", weft_op_name((weft_op)p->op), p->wire ? ", wire " : "",
+             p->wire ? weft_dtype_name((weft_dtype)p->wire) : "");
   if (k->has_root) snprintf(root, sizeof root, ", root=%d", p->root);
   if (!k->count_name)
     snprintf(buf, len, "%s()", k->call);
@@ -308,6 +314,10 @@ static void print_describe(const coll_print *p, char *buf, size_t len) {
 
 static void check_cleanup_free(weft_coll *coll);
 void weft_coll_release(weft_coll *coll) {
+  if (coll->wire_stage) { /* after the flush: no send reads it any more */
+    coll->mem->free_scratch(coll->wire_stage);
+    coll->wire_stage = NULL;
+  }
   coll_extra *x = coll->check;
   if (!x) return;
   check_cleanup_free(coll);
@@ -523,6 +533,26 @@ static weft_status coll_empty(weft_coll *coll) {
   return coll_start(coll, WEFT_OK);
 }
 
+/* An f32 sum or avg that crosses hosts travels as the communicator's wire
+ * dtype (weft_comm_set_wire_dtype, WEFT_WIRE_DTYPE), with the stage the
+ * steps narrow into (algo.h). Ignored for other dtypes and ops (their
+ * results stay exact), and on one host, where a link is a memory copy and
+ * half the bytes would buy nothing but the rounding (docs/tuning.md).
+ * Every rank decides alike: the same call, the same hosts, the same
+ * attribute (weft.h asks every rank to set it alike; WEFT_CHECK compares it). */
+static weft_status coll_wire(weft_coll *coll) {
+  weft_core *comm = coll->comm;
+  if ((comm->wire != WEFT_BF16 && comm->wire != WEFT_F16) || coll->dtype != WEFT_F32 ||
+      (coll->op != WEFT_SUM && coll->op != WEFT_AVG) || comm->hosts.nhosts < 2)
+    return WEFT_OK;
+  coll->wire = comm->wire;
+  size_t bytes = weft_wire_stage_bytes(coll);
+  coll->wire_stage = coll->mem->alloc_scratch(bytes);
+  if (coll->wire_stage) return WEFT_OK;
+  return coll_fail(coll, WEFT_ERR_NOMEM, "no memory for the %s wire stage (%zu bytes)",
+                   weft_dtype_name(coll->wire), bytes);
+}
+
 /* The own block's local copy for one rank; nothing when in place. */
 static weft_status coll_copy_alone(weft_coll *coll) {
   if (coll->recvbuf != coll->sendbuf)
@@ -559,6 +589,7 @@ weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_co
     return WEFT_COLL_DONE;
   }
   if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, true));
+  WEFT_CHECK(coll_wire(coll));
   /* the hosts, should the choice take the hierarchical algorithm */
   coll->hosts = comm->hosts;
   weft_status st = weft_choose_allreduce(&comm->choice, coll);
@@ -596,6 +627,7 @@ weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_core 
     return WEFT_COLL_DONE;
   }
   if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, at_root));
+  WEFT_CHECK(coll_wire(coll));
   int fanout = weft_choose_reduce_fanout(&comm->choice, count * coll->elem);
   return coll_start(coll, weft_tree_reduce_start(coll, fanout));
 }
@@ -632,6 +664,7 @@ weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, we
   }
   if (avg_is_widened(dtype, op))
     WEFT_CHECK(avg_widen(coll, n * recvcount, r * recvcount, recvcount, true));
+  WEFT_CHECK(coll_wire(coll));
   return coll_start(coll, weft_ring_reduce_scatter_start(coll));
 }
 

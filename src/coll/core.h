@@ -38,8 +38,12 @@ typedef struct weft_core {
   weft_links links; /* transports and peers */
   weft_fail fail;
   /* calls */
-  uint32_t seq;             /* collective call counter, the same on every rank */
-  bool check_calls;         /* WEFT_CHECK: compare fingerprints before every collective */
+  uint32_t seq;     /* collective call counter, the same on every rank */
+  bool check_calls; /* WEFT_CHECK: compare fingerprints before every collective */
+  /* f32 sum/avg data crossing hosts travels as this (WEFT_BF16, WEFT_F16;
+   * WEFT_F32: exact): WEFT_WIRE_DTYPE, or weft_comm_set_wire_dtype; coll.c
+   * decides per call (weft_coll.wire) */
+  weft_dtype wire;
   weft_choice_state choice; /* algorithm choice: its settings and memory */
   weft_recorder recorder;   /* the last calls, for the flight recorder */
   /* the engine's part (src/engine/engine_state.h), held beside this core in

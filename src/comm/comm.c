@@ -337,6 +337,9 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   weft_recorder_init(&comm->core.recorder);
   if (comm->core.recorder.cap) weft_recorder_install_signal(weft_comm_dump_all);
   comm->core.check_calls = set->check;
+  comm->core.wire = set->wire_dtype == WEFT_WIRE_BF16  ? WEFT_BF16
+                    : set->wire_dtype == WEFT_WIRE_F16 ? WEFT_F16
+                                                       : WEFT_F32;
   weft_choice_init(&comm->core.choice, rank, size);
   /* Yielding instead of sleeping keeps a waiting rank runnable: a sleeping one
    * costs a cross-CPU wake-up per chunk, which dominates on oversubscribed or

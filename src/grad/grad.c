@@ -531,6 +531,7 @@ WEFT_API void weft_grad_options_init(weft_grad_options *opts) {
   opts->op = WEFT_AVG;
   opts->bcast_period = 0;
   opts->bcast_root = 0;
+  opts->wire_dtype = -1;
 }
 
 static weft_status check_options(weft_comm *comm, const weft_grad_options *o) {
@@ -550,6 +551,11 @@ static weft_status check_options(weft_comm *comm, const weft_grad_options *o) {
   if (o->bcast_period < -1)
     return weft_api_error(comm, WEFT_ERR_INVALID, call, "bcast_period %d (-1, 0 or > 0)",
                           o->bcast_period);
+  if (o->wire_dtype != -1 && o->wire_dtype != WEFT_F32 && o->wire_dtype != WEFT_BF16 &&
+      o->wire_dtype != WEFT_F16)
+    return weft_api_error(comm, WEFT_ERR_INVALID, call,
+                          "wire_dtype %d: -1 (the communicator's), WEFT_F32, WEFT_BF16 or WEFT_F16",
+                          o->wire_dtype);
   if (o->bcast_root < 0 || o->bcast_root >= weft_comm_size(comm))
     return weft_api_error(comm, WEFT_ERR_INVALID, call, "bcast_root %d is out of range (size %d)",
                           o->bcast_root, weft_comm_size(comm));
@@ -779,7 +785,8 @@ static void grad_fill_spec(const weft_grad *g, agree_spec *s, const char *call) 
                          "bcast_period",
                          "bcast_root",
                          "fill order",
-                         "number of parameters (weft_grad_set_params)"};
+                         "number of parameters (weft_grad_set_params)",
+                         "wire_dtype"};
   uint64_t vals[] = {o->bucket_cap_bytes,
                      o->first_bucket_cap_bytes,
                      o->owned_storage ? 0 : o->inplace_min_bytes,
@@ -790,7 +797,8 @@ static void grad_fill_spec(const weft_grad *g, agree_spec *s, const char *call) 
                      (uint64_t)(int64_t)o->bcast_period,
                      (uint64_t)o->bcast_root,
                      order_hash(g),
-                     (uint64_t)g->nparams};
+                     (uint64_t)g->nparams,
+                     (uint64_t)(int64_t)o->wire_dtype};
   s->nfields = (int)(sizeof vals / sizeof vals[0]);
   for (int i = 0; i < s->nfields; i++) {
     s->field_name[i] = names[i];
@@ -885,7 +893,8 @@ static weft_status launch(weft_grad *g, int b, const char *call) {
   bk->launched = 1;
   WEFT_TRACE(WEFT_SUBSYS_GRAD, "step %llu: bucket %d launched (%zu %s)",
              (unsigned long long)g->step, b, bk->count, weft_dtype_name(bk->dtype));
-  weft_status st = weft_iallreduce(g->comm, bk->flat, bk->flat, bk->count, bk->dtype, op, &bk->req);
+  weft_status st = weft_api_iallreduce_wire(g->comm, bk->flat, bk->flat, bk->count, bk->dtype, op,
+                                            g->opts.wire_dtype, &bk->req);
   g->stats.buckets_launched++;
   g->stats.bytes_reduced += bytes;
   if (st) {

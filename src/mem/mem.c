@@ -51,6 +51,20 @@ static void host_scale(void *buf, size_t count, weft_dtype dtype, double factor)
   }
 }
 
+/* The wire kernels (reduce.c) take floats; the table takes any memory. */
+static void host_narrow(void *dst, const void *src, size_t count, weft_dtype wire) {
+  weft_wire_narrow(dst, src, count, wire);
+}
+
+static void host_widen(void *dst, const void *src, size_t count, weft_dtype wire) {
+  weft_wire_widen(dst, src, count, wire);
+}
+
+static void host_reduce_wire(void *dst, const void *a, const void *b, size_t count,
+                             weft_dtype wire, weft_op op, int postdiv, void *stage) {
+  weft_wire_reduce(dst, a, b, count, wire, op, postdiv, stage);
+}
+
 /* Page-aligned, so views handed to a framework suit any vector width. */
 static void *host_alloc(size_t bytes) {
   void *p = NULL;
@@ -143,6 +157,9 @@ const weft_mem_ops weft_mem_host = {
     .reduce = weft_reduce_kernel,
     .finish = weft_reduce_finish,
     .scale = host_scale,
+    .narrow = host_narrow,
+    .widen = host_widen,
+    .reduce_wire = host_reduce_wire,
     .alloc = host_alloc,
     .release = host_release,
     .stream_create = host_stream_create,

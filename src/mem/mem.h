@@ -115,6 +115,17 @@ typedef struct weft_mem_ops {
    * in float (double for f64) and rounded once; integers through double,
    * truncated toward zero. */
   void (*scale)(void *buf, size_t count, weft_dtype dtype, double factor);
+  /* f32 data carried between ranks as `wire` (WEFT_BF16 or WEFT_F16; the
+   * algorithms' wire dtype, algo.h), rounded to nearest even (reduce.h):
+   * narrow: dst (wire) = src (f32); widen: dst (f32) = src (wire), exact;
+   * reduce_wire: dst = a + widen(b) in f32 (divided by postdiv for avg),
+   * then, with a stage, stage = dst rounded and dst = widen(stage). dst, a
+   * and stage are in this memory; the source of widen and b of reduce_wire
+   * in it or in host memory (a receive slot). */
+  void (*narrow)(void *dst, const void *src, size_t count, weft_dtype wire);
+  void (*widen)(void *dst, const void *src, size_t count, weft_dtype wire);
+  void (*reduce_wire)(void *dst, const void *a, const void *b, size_t count, weft_dtype wire,
+                      weft_op op, int postdiv, void *stage);
   /* `bytes` of zero-filled memory of this kind (owned gradient buckets), or
    * NULL; freed with release (NULL is a no-op). */
   void *(*alloc)(size_t bytes);

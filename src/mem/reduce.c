@@ -4,6 +4,7 @@
  * on machines that have them. */
 #include "src/mem/reduce.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -311,3 +312,78 @@ void weft_narrow_i64(void *dst, const int64_t *src, size_t count, weft_dtype dty
   }
 }
 #undef NARROW_CASE_
+
+/* ---- f32 on the wire as f16 / bf16 ----------------------------------------
+ * One loop per (wire type, divide or not, kept rounded or not): a branch
+ * on postdiv or stage inside the loop would stop it from vectorizing. */
+
+#define DEFINE_WIRE(X)                                                               \
+  WEFT_KERNEL static void wire_narrow_##X(void *dst_, const float *src, size_t count) { \
+    uint16_t *dst = dst_;                                                            \
+    for (size_t i = 0; i < count; i++) dst[i] = X##_store(src[i]);                   \
+  }                                                                                  \
+  WEFT_KERNEL static void wire_widen_##X(float *dst, const void *src_, size_t count) {  \
+    const uint16_t *src = src_;                                                      \
+    for (size_t i = 0; i < count; i++) dst[i] = X##_load(src[i]);                    \
+  }                                                                                  \
+  DEFINE_WIRE_REDUCE(X, sum, x + y)                                                  \
+  DEFINE_WIRE_REDUCE(X, div, (x + y) / (float)postdiv)
+
+/* dst = a + widen(b) (EXPR), and the staged form that keeps the rounded value. */
+#define DEFINE_WIRE_REDUCE(X, name, EXPR)                                            \
+  WEFT_KERNEL static void wire_reduce_##X##_##name(float *dst, const float *a,       \
+                                                   const void *b_, size_t count,     \
+                                                   int postdiv) {                    \
+    const uint16_t *b = b_;                                                          \
+    (void)postdiv;                                                                   \
+    WEFT_NO_LOOP_DEPENDENCE                                                          \
+    for (size_t i = 0; i < count; i++) {                                             \
+      float x = a[i], y = X##_load(b[i]);                                            \
+      dst[i] = EXPR;                                                                 \
+    }                                                                                \
+  }                                                                                  \
+  WEFT_KERNEL static void wire_reduce_##X##_##name##_staged(                         \
+      float *dst, const float *a, const void *b_, size_t count, int postdiv,         \
+      void *stage_) {                                                                \
+    const uint16_t *b = b_;                                                          \
+    uint16_t *stage = stage_;                                                        \
+    (void)postdiv;                                                                   \
+    WEFT_NO_LOOP_DEPENDENCE                                                          \
+    for (size_t i = 0; i < count; i++) {                                             \
+      float x = a[i], y = X##_load(b[i]);                                            \
+      uint16_t h = X##_store(EXPR);                                                  \
+      stage[i] = h;                                                                  \
+      dst[i] = X##_load(h);                                                          \
+    }                                                                                \
+  }
+
+DEFINE_WIRE(bf16)
+DEFINE_WIRE(f16)
+
+void weft_wire_narrow(void *dst, const float *src, size_t count, weft_dtype wire) {
+  if (wire == WEFT_BF16) wire_narrow_bf16(dst, src, count);
+  if (wire == WEFT_F16) wire_narrow_f16(dst, src, count);
+}
+
+void weft_wire_widen(float *dst, const void *src, size_t count, weft_dtype wire) {
+  if (wire == WEFT_BF16) wire_widen_bf16(dst, src, count);
+  if (wire == WEFT_F16) wire_widen_f16(dst, src, count);
+}
+
+void weft_wire_reduce(float *dst, const float *a, const void *b, size_t count, weft_dtype wire,
+                      weft_op op, int postdiv, void *stage) {
+  bool div = op == WEFT_AVG && postdiv > 1;
+  if (wire == WEFT_BF16) {
+    if (stage)
+      (div ? wire_reduce_bf16_div_staged : wire_reduce_bf16_sum_staged)(dst, a, b, count, postdiv,
+                                                                        stage);
+    else
+      (div ? wire_reduce_bf16_div : wire_reduce_bf16_sum)(dst, a, b, count, postdiv);
+  } else if (wire == WEFT_F16) {
+    if (stage)
+      (div ? wire_reduce_f16_div_staged : wire_reduce_f16_sum_staged)(dst, a, b, count, postdiv,
+                                                                      stage);
+    else
+      (div ? wire_reduce_f16_div : wire_reduce_f16_sum)(dst, a, b, count, postdiv);
+  }
+}

@@ -34,4 +34,22 @@ void weft_widen_i64(int64_t *dst, const void *src, size_t count, weft_dtype dtyp
  * values fit (a mean of values of that dtype); any other value wraps. */
 void weft_narrow_i64(void *dst, const int64_t *src, size_t count, weft_dtype dtype);
 
+/* ---- f32 data on the wire as f16 or bf16 (weft_coll.wire, algo.h) ------------
+ * `wire` is WEFT_BF16 or WEFT_F16 (anything else: nothing is done). Rounding
+ * is half.h's, to nearest even, as the f16/bf16 kernels above. */
+
+/* dst[i] (wire) = src[i] (f32) rounded. */
+void weft_wire_narrow(void *dst, const float *src, size_t count, weft_dtype wire);
+
+/* dst[i] (f32) = src[i] (wire), exact. */
+void weft_wire_widen(float *dst, const void *src, size_t count, weft_dtype wire);
+
+/* dst[i] = a[i] + widen(b[i]) in f32, `a` first (NaN bits), divided by
+ * postdiv when op is WEFT_AVG and postdiv > 1 (any other op sums). Then, when
+ * `stage` is not NULL: stage[i] = dst[i] rounded to wire and dst[i] =
+ * widen(stage[i]), so the value sent on (stage) is the value kept (dst). dst
+ * may alias a exactly; stage aliases nothing. */
+void weft_wire_reduce(float *dst, const float *a, const void *b, size_t count, weft_dtype wire,
+                      weft_op op, int postdiv, void *stage);
+
 #endif
