@@ -113,23 +113,27 @@ def _from_buffer_protocol(ffi, where, role, obj):
         raise InvalidArgument("%s: %s is a %s, not a buffer (pass a numpy array, a torch "
                               "tensor or an object with the buffer protocol)"
                               % (where, role, _describe(obj))) from None
-    fmt = mv.format
+    # only the description is read from the memoryview, which is released at
+    # once: cffi takes its own view of obj below (a memoryview left in a
+    # reference cycle with cffi's view of it crashed the garbage collector)
+    with mv:
+        fmt, itemsize, nbytes = mv.format, mv.itemsize, mv.nbytes
+        readonly, contiguous, shape, strides = mv.readonly, mv.c_contiguous, mv.shape, mv.strides
     order, letter = (fmt[0], fmt[1:]) if fmt[:1] in "@=<>!" else ("@", fmt)
     native = order in "@=" or (order == "<") == (sys.byteorder == "little")
     dtype = None
     if native and letter in _FORMATS:
         dtype = _FORMATS[letter]
     elif native and len(letter) == 1 and letter in "bhilqBHILQ":
-        dtype = _INT_SIZES.get((letter.islower(), mv.itemsize))
+        dtype = _INT_SIZES.get((letter.islower(), itemsize))
     if dtype is None:
         raise InvalidDtype("%s: %s has buffer format %r, which weft does not reduce or move; "
-                           "supported: %s" % (where, role, mv.format, SUPPORTED))
-    if not mv.c_contiguous:
+                           "supported: %s" % (where, role, fmt, SUPPORTED))
+    if not contiguous:
         raise InvalidArgument("%s: %s is not contiguous (shape %s, strides %s)"
-                              % (where, role, mv.shape, mv.strides))
-    view = ffi.from_buffer(mv, require_writable=False)
-    return Buf(ffi.cast("void *", view), mv.nbytes // mv.itemsize, dtype, not mv.readonly,
-               (obj, mv, view), obj)
+                              % (where, role, shape, strides))
+    view = ffi.from_buffer(obj, require_writable=False)
+    return Buf(ffi.cast("void *", view), nbytes // itemsize, dtype, not readonly, (obj, view), obj)
 
 
 def as_buf(ffi, where, role, obj, writable=False):

@@ -152,7 +152,7 @@ def find_library():
     env = os.environ.get("WEFT_LIBRARY", "")
     if env:
         if os.path.isfile(env):
-            return env, "WEFT_LIBRARY"
+            return os.path.abspath(env), "WEFT_LIBRARY"
         # A set but wrong WEFT_LIBRARY is a mistake to report, not to skip
         # past: loading some other libweft would hide it.
         raise OSError("WEFT_LIBRARY=%s is not a file (unset it, or point it at a built "
