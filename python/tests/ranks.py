@@ -57,7 +57,9 @@ def run(size, target, *args, timeout=120, env=None, start="fork", may_die=()):
     import time
     deadline = time.monotonic() + timeout
     try:
-        while len(got) < size:
+        # done once every rank that must report has: a rank allowed to die
+        # may also be stopped or stuck, and is killed below
+        while not set(range(size)) - set(may_die) <= set(got):
             alive = [p for p in procs if p.is_alive()]
             try:
                 rank, kind, value = results.get(timeout=0.2)
@@ -71,6 +73,9 @@ def run(size, target, *args, timeout=120, env=None, start="fork", may_die=()):
                 missing = sorted(set(range(size)) - set(got))
                 raise RankFailed("ranks %s still running after %g s (a hang)" % (missing, timeout))
     finally:
+        for rank in may_die:
+            if rank not in got and procs[rank].is_alive():
+                os.kill(procs[rank].pid, signal.SIGKILL)
         for p in procs:
             p.join(timeout=max(0.1, deadline - time.monotonic()))
             if p.is_alive():
