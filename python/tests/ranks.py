@@ -15,6 +15,9 @@ class RankFailed(AssertionError):
 def _child(rank, size, target, args, env, uid_pipes, results):
     try:
         os.environ.update(env)
+        if uid_pipes is None:  # the target makes its own communicators
+            results.put((rank, "ok", target(rank, size, *args)))
+            return
         import weft  # after the environment: the library reads its settings at first use
         if rank == 0:
             uid = weft.get_unique_id()
@@ -31,11 +34,12 @@ def _child(rank, size, target, args, env, uid_pipes, results):
                                                   traceback.format_exc())))
 
 
-def run(size, target, *args, timeout=120, env=None, start="fork", may_die=()):
+def run(size, target, *args, timeout=120, env=None, start="fork", may_die=(), comm=True):
     """Runs target(comm, *args) on `size` ranks; returns the list of what
     each returned. A rank that raised fails the call with its traceback,
     unless its rank is in may_die (then its entry is None, as for a rank
-    that died without a word)."""
+    that died without a word). comm=False: target(rank, size, *args), no
+    communicator made (the target sets up torch.distributed, say)."""
     ctx = multiprocessing.get_context(start)
     env = dict(env or {})
     env.setdefault("WEFT_DEBUG", "NONE")
@@ -48,7 +52,8 @@ def run(size, target, *args, timeout=120, env=None, start="fork", may_die=()):
         ends = [None] * size
         for r in range(1, size):
             ends[r] = pipes[r][1] if rank == 0 else (pipes[r][0] if r == rank else None)
-        p = ctx.Process(target=_child, args=(rank, size, target, args, env, ends, results),
+        p = ctx.Process(target=_child,
+                        args=(rank, size, target, args, env, ends if comm else None, results),
                         name="weft-rank-%d" % rank, daemon=True)
         p.start()
         procs.append(p)

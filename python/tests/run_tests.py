@@ -2,13 +2,19 @@
 # (meson's "skipped") when what the tests need is not installed.
 import sys
 
-try:
-    import cffi  # noqa: F401
-    import numpy  # noqa: F401
-    import pytest
-except ImportError as e:
-    print("skipped: %s (install python3-numpy python3-cffi python3-pytest)" % e)
-    sys.exit(77)
 
-# no cache folder in the source tree; -rs lists why anything was skipped
-sys.exit(pytest.main(["-q", "-rs", "-p", "no:cacheprovider"] + sys.argv[1:]))
+def main():
+    try:
+        import cffi  # noqa: F401
+        import numpy  # noqa: F401
+        import pytest
+    except ImportError as e:
+        print("skipped: %s (install python3-numpy python3-cffi python3-pytest)" % e)
+        return 77
+    # no cache folder in the source tree; -rs lists why anything was skipped
+    return pytest.main(["-q", "-rs", "-p", "no:cacheprovider"] + sys.argv[1:])
+
+
+# guarded: ranks started with multiprocessing's spawn import this module again
+if __name__ == "__main__":
+    sys.exit(main())

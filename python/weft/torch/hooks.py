@@ -121,3 +121,9 @@ def bf16_compress_hook(state, bucket):
 
     _waiter.submit(request, future, decompress)
     return future
+
+
+# DDP's register_comm_hook refuses any hook whose __name__ is
+# "bf16_compress_hook" unless CUDA 11+ and NCCL 2.10+ are present (a check
+# meant for its own NCCL hook, torch 1.13 .. 2.x): this one runs anywhere.
+bf16_compress_hook.__name__ = bf16_compress_hook.__qualname__ = "weft_bf16_compress_hook"
