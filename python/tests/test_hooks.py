@@ -170,9 +170,12 @@ def failed_request_rank(comm):
     """Rank 0's hook request can never complete (rank 1 stays out) and its
     communicator is destroyed: the future must carry the error, not hang."""
     from weft.torch import hooks
+    import time
     if comm.rank == 1:
+        time.sleep(3)  # alive (no PEER_LOST) until rank 0 destroyed its side
         return "stayed out"
     fut = hooks.allreduce_hook(comm, FakeBucket(torch.ones(10)))
+    time.sleep(0.3)  # the hooks' waiter thread is in weft_wait by now
     assert not fut.done()
     comm.destroy()
     try:

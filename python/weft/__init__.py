@@ -159,11 +159,16 @@ class _State:
             pending = list(self.pending)
         if handle is None:
             return
+        if pending:
+            # Another thread (the DDP hooks' waiter, say) may be blocked in
+            # weft_wait on one of them, and weft_comm_destroy is not safe
+            # beside it; weft_comm_abort is (any thread, any time) and fails
+            # every request promptly. Each is then waited for, which frees
+            # it and lets its buffers go, before the communicator is freed.
+            self.lib.weft_comm_abort(handle)
+            for req in pending:
+                req._settle()
         self.lib.weft_comm_destroy(handle)
-        # weft completes outstanding requests with WEFT_ERR_ABORTED; each must
-        # still be waited for, which frees it and lets its buffers go
-        for req in pending:
-            req._settle()
 
 
 class Request:
