@@ -220,7 +220,9 @@ def request_keeps_buffers(comm):
     result back."""
     if comm.rank == 1:
         time.sleep(0.5)
-    reqs = [comm.iallreduce(np.full(100000, float(i + comm.rank), np.float64)) for i in range(4)]
+    # out of place, with the send buffers held by nothing but their requests
+    reqs = [comm.iallreduce(np.full(100000, float(i + comm.rank), np.float64),
+                            np.zeros(100000, np.float64)) for i in range(4)]
     gc.collect()
     junk = [np.full(100000, -1.0) for _ in range(8)]  # would reuse freed memory
     out = [r.wait()[:2].tolist() for r in reqs]
