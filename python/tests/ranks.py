@@ -43,9 +43,8 @@ def run(size, target, *args, timeout=120, env=None, start="fork", may_die=(), co
     ctx = multiprocessing.get_context(start)
     env = dict(env or {})
     env.setdefault("WEFT_DEBUG", "NONE")
+    # the unique id's way: rank 0 writes pipe r, rank r reads it
     pipes = [ctx.Pipe(duplex=False) for _ in range(size)]
-    # rank 0 writes every pipe, rank r reads pipe r
-    uid_pipes = [None] + [p for p in pipes[1:]]
     results = ctx.Queue()
     procs = []
     for rank in range(size):

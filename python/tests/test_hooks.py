@@ -4,7 +4,6 @@
 # batch within 1e-6 (allreduce_hook), close within bf16's precision
 # (bf16_compress_hook, which must put only bf16 on the wire), and a
 # deliberately wrong reduction must miss by far more (the check can fail).
-import os
 import socket
 
 import pytest
@@ -55,7 +54,6 @@ def max_diff(a, b):
 
 
 def ddp_rank(rank, size, port):
-    import weft
     from weft.torch import hooks
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
