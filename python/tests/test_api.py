@@ -126,6 +126,10 @@ def test_sizes_roots_ops_refused(comm):
     refused(weft.InvalidArgument, lambda: comm.ireduce(x, root=-1), "ireduce", "root -1")
     refused(weft.InvalidArgument, lambda: comm.send(x, 3), "send", "peer 3")
     refused(weft.InvalidArgument, lambda: comm.isend(x, 0, tag=-2), "isend", "tag -2")
+    refused(weft.InvalidArgument, lambda: comm.irecv(x, 0, tag="a"), "irecv", "tag 'a'")
+    refused(weft.InvalidArgument, lambda: comm.broadcast(x, root=True), "root True")
+    refused(weft.InvalidArgument, lambda: comm.broadcast(x, root=0.0), "root 0.0")
+    comm.broadcast(x, root=np.int64(0))  # numpy integers are integers
     # a refusal of the library itself (alltoall never in place) is the same class
     with pytest.raises(weft.InvalidArgument, match="in place"):
         comm.alltoall(x, x)

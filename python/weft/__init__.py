@@ -12,6 +12,7 @@ before anything is sent, so a refused call leaves no peer waiting. Failures
 of the library raise WeftError with the status name and weft_last_error's
 sentence (rank, call, peer). docs/python.md has the details.
 """
+import operator
 import threading
 import time
 import weakref
@@ -324,10 +325,15 @@ class Communicator:
         return as_buf(self._s.ffi, self._where(call), role, obj, writable)
 
     def _root(self, call, root, what="root"):
-        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < self.size:
+        # any integer (numpy's too, via __index__), but not a bool or a float
+        try:
+            value = None if isinstance(root, bool) else operator.index(root)
+        except TypeError:
+            value = None
+        if value is None or not 0 <= value < self.size:
             raise InvalidArgument("%s: %s %r is not a rank in 0 .. %d"
                                   % (self._where(call), what, root, self.size - 1))
-        return root
+        return value
 
     def _same_dtype(self, call, a, b, an, bn):
         if a.dtype != b.dtype:
@@ -453,8 +459,14 @@ class Communicator:
     def _p2p(self, nb, call, buf, peer, tag):
         c = ("i" if nb else "") + call
         peer = self._root(c, peer, "peer")
-        if not isinstance(tag, int) or tag < 0:
-            raise InvalidArgument("%s: tag %r must be an int >= 0" % (self._where(c), tag))
+        try:
+            value = operator.index(tag)
+        except TypeError:
+            value = -1
+        if not 0 <= value <= 0x7fffffff:
+            raise InvalidArgument("%s: tag %r must be an integer in 0 .. 2^31-1"
+                                  % (self._where(c), tag))
+        tag = value
         b = self._buf(c, "buf", buf, writable=call == "recv")
         return self._run(call, nb, (b.ptr, b.count, b.code, peer, tag), (b,), buf)
 
