@@ -187,6 +187,8 @@ def test_init_errors_carry_the_library_sentence():
         weft.init(0, 1, colour=3)
     with pytest.raises(TypeError, match="both rank and size"):
         weft.init(rank=0)
+    with pytest.raises(TypeError, match="must be integers"):
+        weft.init(0.5, 2, rendezvous="127.0.0.1:1")
     with pytest.raises(TypeError, match="needs rank and size"):
         weft.init(timeout=3)
     with pytest.raises(weft.InvalidArgument, match="128"):

@@ -90,37 +90,53 @@ def init(rank=None, size=None, unique_id=None, **config):
                             "WEFT_TIMEOUT / WEFT_RENDEZVOUS / WEFT_LOCAL_RANK instead"
                             % ", ".join(sorted(config)))
         st = lib.weft_comm_init_env(out)
-    elif rank is None or size is None:
-        raise TypeError("weft.init: give both rank and size (or neither, to read the "
-                        "launcher's environment)")
-    elif unique_id is not None:
-        if config:
-            raise TypeError("weft.init: %s cannot be combined with unique_id (the id names "
-                            "the rendezvous; set WEFT_TIMEOUT in the environment)"
-                            % ", ".join(sorted(config)))
-        uid = bytes(unique_id)
-        if len(uid) != 128:
-            raise InvalidArgument("weft.init: unique_id has %d bytes, expected the 128 of "
-                                  "weft.get_unique_id()" % len(uid))
-        cuid = ffi.new("weft_unique_id *")
-        ffi.memmove(cuid.bytes, uid, 128)
-        st = lib.weft_comm_init_rank(out, cuid, int(rank), int(size))
     else:
-        cfg = ffi.new("weft_config *")
-        lib.weft_config_init(cfg)
-        cfg.rank, cfg.size = int(rank), int(size)
-        keep = None
-        if config.get("rendezvous"):
-            keep = ffi.new("char[]", str(config["rendezvous"]).encode())
-            cfg.rendezvous = keep
-        if config.get("timeout") is not None:
-            cfg.timeout_s = float(config["timeout"])
-        if config.get("local_rank") is not None:
-            cfg.local_rank = int(config["local_rank"])
-        st = lib.weft_comm_init_config(cfg, out)
+        if rank is None or size is None:
+            raise TypeError("weft.init: give both rank and size (or neither, to read the "
+                            "launcher's environment)")
+        try:
+            rank, size = operator.index(rank), operator.index(size)
+        except TypeError:
+            raise TypeError("weft.init: rank %r and size %r must be integers"
+                            % (rank, size)) from None
+        if unique_id is not None:
+            st = _init_from_id(ffi, lib, out, rank, size, unique_id, config)
+        else:
+            st = _init_from_config(ffi, lib, out, rank, size, config)
     if st:
         _raise_init(ffi, lib, st)
     return Communicator._wrap(out[0])
+
+
+def _init_from_id(ffi, lib, out, rank, size, unique_id, config):
+    if config:
+        raise TypeError("weft.init: %s cannot be combined with unique_id (the id names "
+                        "the rendezvous; set WEFT_TIMEOUT in the environment)"
+                        % ", ".join(sorted(config)))
+    uid = bytes(unique_id)
+    if len(uid) != 128:
+        raise InvalidArgument("weft.init: unique_id has %d bytes, expected the 128 of "
+                              "weft.get_unique_id()" % len(uid))
+    cuid = ffi.new("weft_unique_id *")
+    ffi.memmove(cuid.bytes, uid, 128)
+    return lib.weft_comm_init_rank(out, cuid, rank, size)
+
+
+def _init_from_config(ffi, lib, out, rank, size, config):
+    cfg = ffi.new("weft_config *")
+    lib.weft_config_init(cfg)
+    cfg.rank, cfg.size = rank, size
+    keep = None  # the C string must live through the call
+    if config.get("rendezvous"):
+        keep = ffi.new("char[]", str(config["rendezvous"]).encode())
+        cfg.rendezvous = keep
+    if config.get("timeout") is not None:
+        cfg.timeout_s = float(config["timeout"])
+    if config.get("local_rank") is not None:
+        cfg.local_rank = int(config["local_rank"])
+    st = lib.weft_comm_init_config(cfg, out)
+    del keep
+    return st
 
 
 def _op_code(where, op):
