@@ -9,6 +9,9 @@
 # tools/fresh-root.sh checks this list in a minimal Debian 12 root.
 set -eu
 packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libhwloc-plugins libcmocka-dev libibverbs-dev libssl-dev iproute2 clang libclang-rt-14-dev llvm valgrind"
+# the Python package (python/weft) and its tests: cffi to load libweft, numpy and
+# pytest for the tests, torch and sklearn for the DDP hook's, Open MPI for mpirun's
+packages="$packages python3 python3-cffi python3-numpy python3-pytest python3-torch python3-sklearn openmpi-bin"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

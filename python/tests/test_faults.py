@@ -1,0 +1,72 @@
+# test_faults.py - a rank killed (or stopped) mid-job: every survivor gets a WeftError
+# naming the call and the dead peer, within a short WEFT_TIMEOUT, and no rank
+# hangs (ranks.run fails the test at its deadline). Blocking and
+# non-blocking, a few collectives and sizes.
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import ranks
+import weft
+
+TIMEOUT_S = 3
+
+
+def killed_peer(comm, victim, call):
+    x = np.ones(50000, np.float32)
+    comm.allreduce(x)  # every connection is up and working
+    if comm.rank == victim:
+        # SIGSTOP: alive, connections open, silent: only the timeout can tell
+        os.kill(os.getpid(), signal.SIGSTOP if call == "stopped" else signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        if call in ("allreduce", "stopped"):
+            for _ in range(3):  # the first may complete before the death is seen
+                comm.allreduce(x)
+        elif call == "broadcast":
+            for _ in range(3):
+                comm.broadcast(x, root=victim)
+        elif call == "iallreduce":
+            for _ in range(3):
+                comm.iallreduce(x).wait()
+        elif call == "allgather":
+            out = np.zeros(x.size * comm.size, np.float32)
+            for _ in range(3):
+                comm.allgather(x, out)
+    except weft.WeftError as e:
+        return {"status": e.status, "message": str(e), "seconds": time.monotonic() - t0,
+                "type": type(e).__name__}
+    return {"status": None, "message": "no error", "seconds": time.monotonic() - t0}
+
+
+@pytest.mark.parametrize("size,victim,call", [
+    (2, 1, "allreduce"), (3, 1, "allreduce"), (4, 3, "iallreduce"), (3, 0, "broadcast"),
+    (4, 2, "allgather"), (3, 2, "stopped")])
+def test_killed_rank(size, victim, call):
+    got = ranks.run(size, killed_peer, victim, call, may_die=(victim,), timeout=60,
+                    env={"WEFT_TIMEOUT": str(TIMEOUT_S)})
+    for rank, r in enumerate(got):
+        if rank == victim:
+            assert r is None, "the victim reported: %r" % (r,)
+            continue
+        assert r["status"] in ("WEFT_ERR_PEER_LOST", "WEFT_ERR_TIMEOUT"), \
+            "rank %d: %r" % (rank, r)
+        msg = r["message"]
+        # the call by its C name, and the dead peer: seen directly, or in
+        # the sentence a neighbour passed on ("peer 3 passed on a failure:
+        # rank 3 failed in ...: peer 2: peer 2 (pid ...) ended or crashed")
+        name = "allreduce" if call == "stopped" else call
+        assert "weft_%s(" % name in msg, "rank %d: the message does not name weft_%s: %s" % (
+            rank, name, msg)
+        # (a stopped one as "the culprit is rank 2"; not "rank 2/4", a rank's own name)
+        assert re.search(r"\b(peer|rank) %d\b(?!/)" % victim, msg), \
+            "rank %d: the message does not name the dead peer %d: %s" % (rank, victim, msg)
+        # a dead peer is seen at once (the connection closes), a timeout
+        # only after WEFT_TIMEOUT; neither later than the timeout and a margin
+        assert r["seconds"] < 3 * TIMEOUT_S + 10, "rank %d: %r" % (rank, r)
+        if r["status"] == "WEFT_ERR_PEER_LOST":
+            assert r["type"] == "PeerLost", r

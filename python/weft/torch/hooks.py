@@ -1,0 +1,129 @@
+# hooks.py - DDP communication hooks in pure Python, for users who keep
+# another backend (gloo, say) for init_process_group and let weft carry the
+# gradients:
+#
+#     ddp.register_comm_hook(None, weft.torch.hooks.allreduce_hook)
+#
+# The state is a weft.Communicator, or None for a default one (made once per
+# process: through the initialised torch.distributed group when there is
+# one, else weft.init() from the launcher's environment).
+#
+# DDP waits on the returned torch.futures.Future; weft's request completes
+# on weft's own progress thread, so one waiter thread per process waits for
+# the requests in issue order and completes the futures. The hook itself
+# never blocks on peers: backward goes on while buckets are reduced.
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+
+import weft
+
+__all__ = ["allreduce_hook", "bf16_compress_hook", "default_communicator"]
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_communicator():
+    """The communicator a hook uses when its state is None: made on the first
+    call, collectively. With torch.distributed initialised, rank 0 makes a
+    weft unique id and the group hands it out (the launcher's MASTER_PORT is
+    that group's store already, so weft cannot rendezvous there); otherwise
+    weft.init() reads the launcher's environment."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            if dist.is_available() and dist.is_initialized():
+                uid = [weft.get_unique_id() if dist.get_rank() == 0 else None]
+                dist.broadcast_object_list(uid, src=0)
+                _default = weft.init(dist.get_rank(), dist.get_world_size(), unique_id=uid[0])
+            else:
+                _default = weft.init()
+        return _default
+
+
+def _communicator(state):
+    if state is None:
+        return default_communicator()
+    if isinstance(state, weft.Communicator):
+        return state
+    raise TypeError("weft hook: state is a %s; pass a weft.Communicator (from weft.init()) or "
+                    "None for the default one" % type(state).__name__)
+
+
+def _bucket_buffer(bucket):
+    # torch >= 1.12: buffer(); torch 1.8 .. 1.11: get_tensor()
+    get = getattr(bucket, "buffer", None) or bucket.get_tensor
+    return get()
+
+
+class _Waiter:
+    """One daemon thread that waits for hook requests in the order they were
+    issued (the order weft completes them on a communicator) and completes
+    each future with its result, or with the request's WeftError."""
+
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def submit(self, request, future, finish):
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="weft-ddp-hook",
+                                                daemon=True)
+                self._thread.start()
+        self._queue.put((request, future, finish))
+
+    def _run(self):
+        while True:
+            request, future, finish = self._queue.get()
+            try:
+                request.wait()
+                result = finish()
+            except BaseException as e:  # the future carries it to DDP's wait
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+
+
+_waiter = _Waiter()
+
+
+def allreduce_hook(state, bucket):
+    """Averages the bucket over ranks, like DDP's default hook: divides by
+    the number of ranks first (no overflow in f16 buckets), then sums."""
+    comm = _communicator(state)
+    buf = _bucket_buffer(bucket)
+    buf.div_(comm.size)
+    request = comm.iallreduce(buf, op="sum")
+    future = torch.futures.Future()
+    _waiter.submit(request, future, lambda: buf)
+    return future
+
+
+def bf16_compress_hook(state, bucket):
+    """Halves the bytes on the wire for f32 buckets: compresses to bfloat16,
+    sums over ranks in bfloat16, decompresses into the bucket and divides by
+    the number of ranks there (in the bucket's own precision)."""
+    comm = _communicator(state)
+    buf = _bucket_buffer(bucket)
+    compressed = buf.to(torch.bfloat16)
+    request = comm.iallreduce(compressed, op="sum")
+    future = torch.futures.Future()
+
+    def decompress():
+        buf.copy_(compressed)
+        buf.div_(comm.size)
+        return buf
+
+    _waiter.submit(request, future, decompress)
+    return future
+
+
+# DDP's register_comm_hook refuses any hook whose __name__ is
+# "bf16_compress_hook" unless CUDA 11+ and NCCL 2.10+ are present (a check
+# meant for its own NCCL hook, torch 1.13 .. 2.x): this one runs anywhere.
+bf16_compress_hook.__name__ = bf16_compress_hook.__qualname__ = "weft_bf16_compress_hook"
