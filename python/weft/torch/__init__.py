@@ -1,0 +1,91 @@
+"""weft as a torch.distributed backend.
+
+    import torch.distributed as dist
+    import weft.torch                      # registers the backend "weft"
+    dist.init_process_group("weft")        # under torchrun, weftrun or mpirun
+
+Collectives on CPU tensors go through weft's non-blocking requests; see
+docs/torch.md for what is supported and what is refused.
+"""
+import os
+
+import torch as _torch
+import torch.distributed as _dist
+
+__all__ = ["BACKEND", "ProcessGroupWeft", "peer_transport"]
+
+BACKEND = "weft"
+
+
+def _env_from_launcher():
+    """Fill torch's RANK / WORLD_SIZE / LOCAL_RANK from mpirun's or Slurm's
+    variables when no torch launcher set them, so a script started by mpirun
+    needs no edits (MASTER_ADDR and MASTER_PORT it must still be given, e.g.
+    mpirun -x MASTER_ADDR=host -x MASTER_PORT=29500). torchrun and weftrun set
+    them all already; variables already set are never changed."""
+    if "RANK" in os.environ:
+        return
+    for rank, size, local in (
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+        ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+    ):
+        if rank in os.environ and size in os.environ:
+            os.environ["RANK"] = os.environ[rank]
+            os.environ.setdefault("WORLD_SIZE", os.environ[size])
+            if local in os.environ:
+                os.environ.setdefault("LOCAL_RANK", os.environ[local])
+            return
+
+
+def _load_backend():
+    # A build tree keeps the extension apart from these sources (meson test
+    # sets WEFT_TORCH_EXT_DIR); an installed package has it right here.
+    ext_dir = os.environ.get("WEFT_TORCH_EXT_DIR")
+    if ext_dir and ext_dir not in __path__:
+        __path__.append(ext_dir)
+    try:
+        from . import _backend
+    except ImportError as e:
+        raise ImportError(
+            "weft.torch: the C++ extension weft/torch/_backend is missing or does not load "
+            f"({e}); it is built by meson when a Python with torch is found "
+            "(see docs/torch.md)") from e
+    return _backend
+
+
+_backend = _load_backend()
+ProcessGroupWeft = _backend.ProcessGroupWeft
+
+
+def _create(store, rank, size, timeout):
+    return _backend.create(store, rank, size, timeout)
+
+
+def _register():
+    if getattr(_dist.Backend, BACKEND.upper(), None) is not None:
+        return  # registered already (the module reloaded)
+    if int(_torch.__version__.split(".")[0]) >= 2:
+        # cuda too: CUDA tensors then reach weft, which refuses them with a
+        # sentence on weft's GPU support instead of torch's "no backend"
+        _dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+    else:
+        _dist.Backend.register_backend(BACKEND, _create)
+
+
+def peer_transport(peer, group=None):
+    """The transport weft chose for `peer` in `group` ("shm", "tcp", "self")."""
+    pg = group if group is not None else _dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupWeft):
+        # torch 2.x wraps backends in a ProcessGroup
+        pg = pg._get_backend(_torch.device("cpu"))
+    return pg.peer_transport(peer)
+
+
+_env_from_launcher()
+_register()
+
+try:  # the DDP comm hooks (weft.torch.hooks) come with the Python package
+    from .hooks import *  # noqa: F401,F403
+except ImportError:
+    pass
