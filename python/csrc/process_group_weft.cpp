@@ -114,6 +114,14 @@ at::Tensor stack(const char *call, const std::vector<at::Tensor> &list, const at
   return at::cat(flat);
 }
 
+// weft's sentence for the last failure (it names rank, call, peer and the
+// status); the status's own sentence when there is none
+std::string weftSentence(const weft_comm *comm, weft_status st) {
+  const char *msg = weft_last_error(comm);
+  if (msg && *msg) return msg;
+  return std::string(weft_strerror(st)) + " (" + weft_status_name(st) + ")";
+}
+
 }  // namespace
 
 // ---- work ----------------------------------------------------------------------------
@@ -169,10 +177,10 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store,
     if (rank == 0) {
       st = weft_get_unique_id(&id);
       std::string value = st == WEFT_OK ? std::string("I") + std::string(id.bytes, sizeof id.bytes)
-                                        : std::string("E") + weft_last_error(nullptr);
+                                        : std::string("E") + weftSentence(nullptr, st);
       store->set(kIdKey, std::vector<uint8_t>(value.begin(), value.end()));
       TORCH_CHECK(st == WEFT_OK, "weft: init: rank 0 could not make a unique id: ",
-                  weft_last_error(nullptr), " (", weft_status_name(st), ")");
+                  weftSentence(nullptr, st));
     } else {
       std::vector<uint8_t> value = store->get(kIdKey);
       TORCH_CHECK(!value.empty() && value[0] != 'E', "weft: init: rank 0 could not make a unique id: ",
@@ -185,7 +193,7 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store,
     st = weft_comm_init_rank_config(&comm_, &id, &cfg);
   }
   TORCH_CHECK(st == WEFT_OK, "weft: init of rank ", rank, " of ", size, " failed: ",
-              weft_last_error(nullptr), " (", weft_status_name(st), ")");
+              weftSentence(nullptr, st));
   collective_thread_ = std::thread([this] { collectiveLoop(); });
   p2p_thread_ = std::thread([this] { p2pLoop(); });
 }
@@ -228,17 +236,23 @@ void ProcessGroupWeft::enqueue(const c10::intrusive_ptr<WorkWeft> &work, bool p2
 }
 
 void ProcessGroupWeft::failIssue(const char *call, weft_status st) const {
-  TORCH_CHECK(false, "weft: ", call, " refused on rank ", getRank(), ": ", weft_last_error(comm_),
-              " (", weft_status_name(st), ")");
+  TORCH_CHECK(false, "weft: ", call, " refused on rank ", getRank(), ": ",
+              weftSentence(comm_, st));
 }
 
 std::exception_ptr ProcessGroupWeft::failure(const WorkWeft &work, weft_status st) const {
   std::string msg = "weft: " + work.call + " failed on rank " + std::to_string(getRank()) +
-                    ": " + weft_last_error(comm_) + " (" + weft_status_name(st) + ")";
+                    ": " + weftSentence(comm_, st);
   return std::make_exception_ptr(std::runtime_error(msg));
 }
 
 void ProcessGroupWeft::finishWork(WorkWeft &work, weft_status st) {
+  {
+    // weft is done with the requests: counted before the user can see the
+    // work complete, so a destructor that follows never aborts for it
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    outstanding_--;
+  }
   std::exception_ptr eptr;
   if (st != WEFT_OK) {
     eptr = failure(work, st);
@@ -251,8 +265,6 @@ void ProcessGroupWeft::finishWork(WorkWeft &work, weft_status st) {
   }
   work.keep.clear();  // staging buffers go now, not when the user drops the work
   work.complete(eptr);
-  std::lock_guard<std::mutex> lock(queue_mu_);
-  outstanding_--;
 }
 
 // Collectives complete in issue order (weft's rule), so waiting for the
@@ -597,18 +609,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall_base(
   const int64_t size = getSize();
   TORCH_CHECK(input.numel() == output.numel(), "weft: ", call, ": the input has ",
               input.numel(), " elements, the output ", output.numel());
-  TORCH_CHECK(input.dim() > 0 && input.size(0) % size == 0, "weft: ", call,
-              ": the input's first dimension (", input.dim() ? input.size(0) : 0,
-              ") does not split into ", size, " equal blocks");
   // weft's alltoall moves equal blocks: split sizes are accepted when they say so
   for (auto *splits : {&inputSplits, &outputSplits}) {
     if (splits->empty()) continue;
     bool equal = static_cast<int64_t>(splits->size()) == size;
-    for (int64_t s : *splits) equal = equal && s == input.size(0) / size;
+    for (int64_t s : *splits) equal = equal && s == (*splits)[0];
     TORCH_CHECK(equal, "weft: ", call, ": unequal split sizes ", c10::IntArrayRef(*splits),
-                " are not supported (weft's alltoall moves equal blocks); pass none, or ", size,
-                " x ", input.size(0) / size);
+                " are not supported (weft's alltoall moves equal blocks); pass equal ones or none");
   }
+  TORCH_CHECK(input.dim() > 0 && input.size(0) % size == 0, "weft: ", call,
+              ": the input's first dimension (", input.dim() ? input.size(0) : 0,
+              ") does not split into ", size, " equal blocks");
   TORCH_CHECK(input.data_ptr() != output.data_ptr() || input.numel() == 0, "weft: ", call,
               ": the input and output must be different tensors");
   Wire w = moveWire(input);
