@@ -9,6 +9,9 @@
 # tools/fresh-root.sh checks this list in a minimal Debian 12 root.
 set -eu
 packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libhwloc-plugins libcmocka-dev libibverbs-dev libssl-dev iproute2 clang libclang-rt-14-dev llvm valgrind"
+# torchpg (issue 16): weft.torch, the torch.distributed backend (a C++ extension built
+# against Debian's torch), and its tests (sklearn's digits for DDP, mpirun as a launcher)
+packages="$packages g++ python3-dev python3-torch libtorch-dev pybind11-dev python3-sklearn openmpi-bin"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
