@@ -7,6 +7,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include <Python.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -209,8 +211,12 @@ ProcessGroupWeft::~ProcessGroupWeft() {
   // timeout; the abort completes them with an error (and tells the peers).
   if (pending) weft_comm_abort(comm_);
   queue_cv_.notify_all();
+  // Python drops the last reference with the GIL held; a completer may be
+  // running a Python callback chained on a future, which needs it
+  PyThreadState *saved = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
   if (collective_thread_.joinable()) collective_thread_.join();
   if (p2p_thread_.joinable()) p2p_thread_.join();
+  if (saved) PyEval_RestoreThread(saved);
   weft_comm_destroy(comm_);
 }
 

@@ -213,6 +213,21 @@ def run_ops(seed, cases):
     return done
 
 
+def run_groups(seed):
+    """A process group per parity of rank (dist.new_group): each is a weft
+    communicator of its own, met through its own store prefix."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size < 2:
+        return
+    groups = [dist.new_group(list(range(p, size, 2))) for p in (0, 1)]
+    mine = list(range(rank % 2, size, 2))
+    ins = [gen(seed, 999, r, torch.float64, 1000) for r in mine]
+    t = ins[mine.index(rank)].clone()
+    dist.all_reduce(t, group=groups[rank % 2])
+    check(t, reference(ins, "sum", torch.float64), torch.float64, f"allreduce in the group {mine}", ins)
+    dist.barrier()
+
+
 def expect_refusal(fn, *words):
     try:
         fn()
@@ -345,6 +360,7 @@ def main():
         os._exit(0)  # the group is broken: skip its teardown
     if "ops" in parts:
         done = run_ops(a.seed, a.cases)
+        run_groups(a.seed)
         if rank == 0:
             print(f"ops on {size} ranks, seed {a.seed}: " + ", ".join(f"{k} x{v}" for k, v in done.items()), flush=True)
     if "refusals" in parts:
