@@ -65,7 +65,8 @@ def main():
         print(f"skipped: {sys.executable} has no torch")
         return SKIP
     if not a.built:
-        print("skipped: the weft.torch backend was not built (meson found no Python with torch)")
+        print("skipped: the weft.torch backend was not built (meson says why: no Python with torch, "
+              "no C++ compiler, or a sanitizer build)")
         return SKIP
 
     env = dict(os.environ)
