@@ -32,6 +32,9 @@ PYBIND11_MODULE(_backend, m) {
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
       py::call_guard<py::gil_scoped_release>());
+  m.def("shutdown_all", &weft_torch::ProcessGroupWeft::shutdownAll,
+        "stops every weft process group's threads (weft.torch runs it at exit)",
+        py::call_guard<py::gil_scoped_release>());
   m.def("weft_version", []() { return std::string(weft_version_string()); });
   m.attr("torch_version_built") = std::to_string(TORCH_VERSION_MAJOR) + "." +
                                   std::to_string(TORCH_VERSION_MINOR);

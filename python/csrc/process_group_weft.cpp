@@ -5,6 +5,7 @@
 #include "process_group_weft.hpp"
 
 #include <cstring>
+#include <set>
 #include <stdexcept>
 
 #include <Python.h>
@@ -158,7 +159,9 @@ void WorkWeft::complete(std::exception_ptr eptr) {
 
 namespace {
 const char kIdKey[] = "weft_unique_id";
-}
+std::mutex live_mu;
+std::set<ProcessGroupWeft *> live_groups;  // for shutdownAll at interpreter exit
+}  // namespace
 
 ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store, int rank,
                                    int size, std::chrono::milliseconds timeout)
@@ -198,12 +201,29 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store,
               weftSentence(nullptr, st));
   collective_thread_ = std::thread([this] { collectiveLoop(); });
   p2p_thread_ = std::thread([this] { p2pLoop(); });
+  std::lock_guard<std::mutex> lock(live_mu);
+  live_groups.insert(this);
 }
 
 ProcessGroupWeft::~ProcessGroupWeft() {
+  // Python drops the last reference with the GIL held; a completer may be
+  // running a Python callback chained on a future, which needs it
+  PyThreadState *saved = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
+  {
+    std::lock_guard<std::mutex> lock(live_mu);  // waits for a shutdownAll in progress
+    live_groups.erase(this);
+  }
+  shutdown();
+  if (saved) PyEval_RestoreThread(saved);
+}
+
+void ProcessGroupWeft::shutdown() {
+  std::lock_guard<std::mutex> issue(issue_mu_);
   bool pending;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
+    if (shut_) return;
+    shut_ = true;
     pending = outstanding_ > 0;
     stopping_ = true;
   }
@@ -211,13 +231,21 @@ ProcessGroupWeft::~ProcessGroupWeft() {
   // timeout; the abort completes them with an error (and tells the peers).
   if (pending) weft_comm_abort(comm_);
   queue_cv_.notify_all();
-  // Python drops the last reference with the GIL held; a completer may be
-  // running a Python callback chained on a future, which needs it
-  PyThreadState *saved = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
   if (collective_thread_.joinable()) collective_thread_.join();
   if (p2p_thread_.joinable()) p2p_thread_.join();
-  if (saved) PyEval_RestoreThread(saved);
   weft_comm_destroy(comm_);
+  comm_ = nullptr;
+}
+
+void ProcessGroupWeft::shutdownAll() {
+  // held throughout: a group's destructor waits here before it goes
+  std::lock_guard<std::mutex> lock(live_mu);
+  for (auto *pg : live_groups) pg->shutdown();
+}
+
+void ProcessGroupWeft::checkLive(const char *call) const {
+  TORCH_CHECK(comm_ != nullptr, "weft: ", call,
+              ": the process group was shut down (at interpreter exit)");
 }
 
 std::string ProcessGroupWeft::peerTransport(int peer) const {
@@ -351,6 +379,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::broadcast(std::vector<at::Tenso
   auto work = newWork(c10d::OpType::BROADCAST, call, tensors);
   work->keep = {t};
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   void *p = t.data_ptr();
   weft_status st = weft_ibroadcast(comm_, getRank() == root ? p : nullptr, p, w.count, w.dtype,
@@ -370,6 +399,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce(std::vector<at::Tenso
   auto work = newWork(c10d::OpType::ALLREDUCE, call, tensors);
   work->keep = {t};
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st = weft_iallreduce(comm_, t.data_ptr(), t.data_ptr(), w.count, w.dtype, op, &req);
   if (st != WEFT_OK) failIssue(call, st);
@@ -392,6 +422,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce_coalesced(
   auto work = newWork(c10d::OpType::ALLREDUCE_COALESCED, call, tensors);
   work->keep = tensors;
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   for (size_t i = 0; i < tensors.size(); i++) {
     weft_request *req = nullptr;
     void *p = tensors[i].data_ptr();
@@ -417,6 +448,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce(std::vector<at::Tensor> 
   auto work = newWork(c10d::OpType::REDUCE, call, tensors);
   work->keep = {t};
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   void *p = t.data_ptr();
   weft_status st = weft_ireduce(comm_, p, getRank() == root ? p : nullptr, w.count, w.dtype, op,
@@ -452,6 +484,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allgather(
       outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
   };
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st = weft_iallgather(comm_, in.data_ptr(), flat.data_ptr(), w.count, w.dtype, &req);
   if (st != WEFT_OK) failIssue(call, st);
@@ -473,6 +506,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_allgather_base(
   auto work = newWork(c10d::OpType::_ALLGATHER_BASE, call, {output});
   work->keep = {input, output};
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st =
       weft_iallgather(comm_, input.data_ptr(), output.data_ptr(), w.count, w.dtype, &req);
@@ -518,6 +552,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::gather(
     };
   }
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st = weft_igather(comm_, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
                                 w.count, w.dtype, root, &req);
@@ -550,6 +585,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::scatter(
   work->keep = {out};
   if (flat.defined()) work->keep.push_back(flat);
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st = weft_iscatter(comm_, flat.defined() ? flat.data_ptr() : nullptr,
                                  out.data_ptr(), w.count, w.dtype, root, &req);
@@ -573,6 +609,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce_scatter(
   auto work = newWork(c10d::OpType::REDUCE_SCATTER, call, outputs);
   work->keep = {out, flat};
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st =
       weft_ireduce_scatter(comm_, flat.data_ptr(), out.data_ptr(), w.count, w.dtype, op, &req);
@@ -596,6 +633,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_reduce_scatter_base(
   auto work = newWork(c10d::OpType::_REDUCE_SCATTER_BASE, call, {output});
   work->keep = {input, output};
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st = weft_ireduce_scatter(comm_, input.data_ptr(), output.data_ptr(), w.count,
                                         w.dtype, op, &req);
@@ -632,6 +670,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall_base(
   auto work = newWork(c10d::OpType::ALLTOALL_BASE, call, {output});
   work->keep = {input, output};
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st = weft_ialltoall(comm_, input.data_ptr(), output.data_ptr(), w.count / size,
                                   w.dtype, &req);
@@ -670,6 +709,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall(std::vector<at::Tensor
       outs[r].copy_(out.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
   };
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st = weft_ialltoall(comm_, in.data_ptr(), out.data_ptr(), w.count, w.dtype, &req);
   if (st != WEFT_OK) failIssue(call, st);
@@ -689,6 +729,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::send(std::vector<at::Tensor> &t
   auto work = newWork(c10d::OpType::SEND, call, tensors);
   work->keep = {t};
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st = weft_isend(comm_, t.data_ptr(), w.count, w.dtype, dstRank, tag, &req);
   if (st != WEFT_OK) failIssue(call, st);
@@ -706,6 +747,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recv(std::vector<at::Tensor> &t
   auto work = newWork(c10d::OpType::RECV, call, tensors);
   work->keep = {t};
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st = weft_irecv(comm_, t.data_ptr(), w.count, w.dtype, srcRank, tag, &req);
   if (st != WEFT_OK) failIssue(call, st);
@@ -723,6 +765,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::barrier(const c10d::BarrierOpti
   const char *call = "barrier";
   auto work = newWork(c10d::OpType::BARRIER, call, {});
   std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
   weft_request *req = nullptr;
   weft_status st = weft_ibarrier(comm_, &req);
   if (st != WEFT_OK) failIssue(call, st);

@@ -113,6 +113,14 @@ class ProcessGroupWeft : public BackendBase {
   // The transport weft chose for `peer` ("shm", "tcp", ...), for tests and logs.
   std::string peerTransport(int peer) const;
 
+  // Stops the completer threads and destroys the communicator (aborting it
+  // when works are still running); later calls are refused. Idempotent.
+  void shutdown();
+  // shutdown() for every live process group: run at interpreter exit, while
+  // a completer can still take the GIL to finish a Python callback (later,
+  // Python ends any thread that asks for it, which aborts the process).
+  static void shutdownAll();
+
  private:
   c10::intrusive_ptr<WorkWeft> newWork(c10d::OpType type, const char *call,
                                        std::vector<at::Tensor> outputs);
@@ -120,6 +128,7 @@ class ProcessGroupWeft : public BackendBase {
   // receive that waits for its peer never holds back the collectives.
   void enqueue(const c10::intrusive_ptr<WorkWeft> &work, bool p2p);
   [[noreturn]] void failIssue(const char *call, weft_status st) const;
+  void checkLive(const char *call) const;  // under issue_mu_
   std::exception_ptr failure(const WorkWeft &work, weft_status st) const;
   void collectiveLoop();
   void p2pLoop();
@@ -135,6 +144,7 @@ class ProcessGroupWeft : public BackendBase {
   std::deque<c10::intrusive_ptr<WorkWeft>> collectives_;
   std::deque<c10::intrusive_ptr<WorkWeft>> p2p_;
   bool stopping_ = false;
+  bool shut_ = false;
   int outstanding_ = 0;  // works started and not finished
   std::thread collective_thread_;
   std::thread p2p_thread_;

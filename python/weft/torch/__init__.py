@@ -7,6 +7,7 @@
 Collectives on CPU tensors go through weft's non-blocking requests; see
 docs/torch.md for what is supported and what is refused.
 """
+import atexit
 import os
 
 import torch as _torch
@@ -84,6 +85,11 @@ def peer_transport(peer, group=None):
 
 _env_from_launcher()
 _register()
+# Before the interpreter finalizes: a completer thread that finishes a future
+# with a Python callback then needs the GIL, and Python 3.11 ends such a
+# thread mid-way once finalization began (the process aborts). Groups left
+# alive at exit (no destroy_process_group) are stopped here instead.
+atexit.register(_backend.shutdown_all)
 
 try:  # the DDP comm hooks (weft.torch.hooks) come with the Python package
     from .hooks import *  # noqa: F401,F403
