@@ -7,8 +7,10 @@ float64 / int64. Prints "RANK r OK" at the end; any failure raises.
   refusals   bad input refused with a sentence naming the call, on every rank
   ddp        a digits MLP trained one epoch with DDP on backend "weft": its
              parameters must equal a 1-process run within 1e-6
-  kill       (run.py --kill) the last rank dies inside a loop of allreduces;
-             the others must get an exception naming the call and the peer
+  kill       (run.py --kill) ranks pass different counts to one allreduce
+             (WEFT_CHECK=1): every rank must raise; then the last rank dies
+             inside a loop of allreduces: the others must get an exception
+             naming the call and the peer
 """
 import argparse
 import os
@@ -319,6 +321,24 @@ def run_ddp():
 
 # ---- a killed rank ----------------------------------------------------------------
 
+def run_mismatch():
+    """Ranks pass different counts to one allreduce (run.py sets WEFT_CHECK=1,
+    which compares every call's arguments first): every rank must raise,
+    naming the call and the counts, not hang. On a group of its own, left
+    failed behind."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    g = dist.new_group(list(range(size)))
+    t = torch.ones(10 + rank)
+    try:
+        dist.all_reduce(t, group=g)
+    except RuntimeError as e:
+        msg = str(e)
+        print(f"RANK {rank} mismatch refused: {msg}", flush=True)
+        assert "allreduce" in msg and "WEFT_ERR_MISMATCH" in msg, f"the error does not name the call and the mismatch: {msg}"
+        return
+    raise AssertionError("allreduce with counts that differ between ranks succeeded")
+
+
 def run_kill():
     """The last rank kills itself (SIGKILL) during a loop of allreduces; every
     other rank must raise, naming the call and the dead peer, well before the
@@ -356,6 +376,7 @@ def main():
     rank, size = dist.get_rank(), dist.get_world_size()
     parts = a.parts.split(",")
     if "kill" in parts:
+        run_mismatch()
         run_kill()
         print(f"RANK {rank} OK", flush=True)
         os._exit(0)  # the group is broken: skip its teardown

@@ -105,7 +105,7 @@ def main():
         start = time.monotonic()
         for r in range(n):
             e = dict(env, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(port))
+                     MASTER_PORT=str(port), WEFT_CHECK="1")
             args = ranks + (["--parts", "kill", "--timeout", "20"] if a.kill else [])
             procs.append(subprocess.Popen(args, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         out, rc = "", 0
