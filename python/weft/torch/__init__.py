@@ -8,6 +8,7 @@ Collectives on CPU tensors go through weft's non-blocking requests; see
 docs/torch.md for what is supported and what is refused.
 """
 import atexit
+import inspect
 import os
 
 import torch as _torch
@@ -66,11 +67,12 @@ def _create(store, rank, size, timeout):
 def _register():
     if getattr(_dist.Backend, BACKEND.upper(), None) is not None:
         return  # registered already (the module reloaded)
-    if int(_torch.__version__.split(".")[0]) >= 2:
-        # cuda too: CUDA tensors then reach weft, which refuses them with a
-        # sentence on weft's GPU support instead of torch's "no backend"
+    if "devices" in inspect.signature(_dist.Backend.register_backend).parameters:
+        # torch 2.x: cuda too, so CUDA tensors reach weft, which refuses them
+        # with a sentence on weft's GPU support instead of torch's "no
+        # backend"; object collectives and barrier still pick cpu
         _dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
-    else:
+    else:  # torch 1.13: one process group for every device
         _dist.Backend.register_backend(BACKEND, _create)
 
 
