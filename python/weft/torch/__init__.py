@@ -95,5 +95,8 @@ atexit.register(_backend.shutdown_all)
 
 try:  # the DDP comm hooks (weft.torch.hooks) come with the Python package
     from .hooks import *  # noqa: F401,F403
+    from . import hooks as _hooks
+
+    __all__ += list(getattr(_hooks, "__all__", []))
 except ImportError:
     pass
