@@ -375,6 +375,10 @@ def main():
     dist.init_process_group("weft", timeout=datetime.timedelta(seconds=a.timeout))
     rank, size = dist.get_rank(), dist.get_world_size()
     parts = a.parts.split(",")
+    want = os.environ.get("WEFT_TRANSPORT", "auto")
+    if size > 1 and want != "auto":  # the run meant to cover that transport really does
+        got = weft.torch.peer_transport((rank + 1) % size)
+        assert got == want, f"WEFT_TRANSPORT={want} but weft chose {got} for peer {(rank + 1) % size}"
     if "kill" in parts:
         run_mismatch()
         run_kill()

@@ -90,12 +90,14 @@ def main():
             print("skipped: no mpirun (Debian: apt-get install openmpi-bin)")
             return SKIP
         env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())
+        env["WEFT_TRANSPORT"] = "tcp"  # the other launchers' runs take shm: this one covers tcp
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # weft.torch fills them from Open MPI's
             env.pop(k, None)
         cmd = [mpirun, "-np", str(n), "--oversubscribe"]
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
-        for k in ("MASTER_ADDR", "MASTER_PORT", "PYTHONPATH", "WEFT_TORCH_EXT_DIR", "OMP_NUM_THREADS", "PYTHONUNBUFFERED"):
+        for k in ("MASTER_ADDR", "MASTER_PORT", "PYTHONPATH", "WEFT_TORCH_EXT_DIR", "OMP_NUM_THREADS",
+                  "PYTHONUNBUFFERED", "WEFT_TRANSPORT"):
             if k in env:
                 cmd += ["-x", k]
         rc, out = run(cmd + ranks, env, a.limit)
