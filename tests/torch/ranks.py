@@ -7,7 +7,8 @@ float64 / int64. Prints "RANK r OK" at the end; any failure raises.
   refusals   bad input refused with a sentence naming the call, on every rank
   ddp        a digits MLP trained one epoch with DDP on backend "weft": its
              parameters must equal a 1-process run within 1e-6
-  kill       (run.py --kill) ranks pass different counts to one allreduce
+  kill       (run.py --kill) one rank's tensor is refused: the others time
+             out (3 s), naming it; ranks pass different counts to one allreduce
              (WEFT_CHECK=1): every rank must raise; then the last rank dies
              inside a loop of allreduces: the others must get an exception
              naming the call and the peer
@@ -321,6 +322,31 @@ def run_ddp():
 
 # ---- a killed rank ----------------------------------------------------------------
 
+def run_stray():
+    """The last rank passes a non-contiguous tensor: refused on that rank at
+    once; the others, whose allreduce never gets its peer, must fail after
+    the group's timeout (3 s, from new_group's timeout=), naming the peer."""
+    import datetime
+    rank, size = dist.get_rank(), dist.get_world_size()
+    stray = size - 1
+    g = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=3))
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.zeros(4, 4).t() if rank == stray else torch.zeros(16), group=g)
+    except RuntimeError as e:
+        msg, took = str(e), time.monotonic() - start
+        print(f"RANK {rank} failed after {took:.1f} s: {msg}", flush=True)
+        if rank == stray:
+            assert "not contiguous" in msg and took < 1, msg
+        else:
+            # a rank waiting on another survivor names the stray rank as the culprit
+            assert "allreduce" in msg and "WEFT_ERR_TIMEOUT" in msg, msg
+            assert f"peer {stray}" in msg or f"culprit is rank {stray}" in msg, msg
+            assert 2.5 < took < 15, f"failed after {took:.1f} s; the group's timeout is 3 s"
+        return
+    raise AssertionError("no error although a rank's tensor was refused")
+
+
 def run_mismatch():
     """Ranks pass different counts to one allreduce (run.py sets WEFT_CHECK=1,
     which compares every call's arguments first): every rank must raise,
@@ -380,6 +406,7 @@ def main():
         got = weft.torch.peer_transport((rank + 1) % size)
         assert got == want, f"WEFT_TRANSPORT={want} but weft chose {got} for peer {(rank + 1) % size}"
     if "kill" in parts:
+        run_stray()
         run_mismatch()
         run_kill()
         print(f"RANK {rank} OK", flush=True)

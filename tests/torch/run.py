@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -103,22 +104,38 @@ def main():
         rc, out = run(cmd + ranks, env, a.limit)
     else:  # direct: ranks started here, so a dying rank stops nobody else
         port = free_port()
-        procs = []
+        procs, logs = [], []
         start = time.monotonic()
         for r in range(n):
             e = dict(env, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                      MASTER_PORT=str(port), WEFT_CHECK="1")
             args = ranks + (["--parts", "kill", "--timeout", "20"] if a.kill else [])
-            procs.append(subprocess.Popen(args, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        out, rc = "", 0
+            logs.append(tempfile.TemporaryFile("w+"))
+            procs.append(subprocess.Popen(args, env=e, stdout=logs[-1], stderr=subprocess.STDOUT, text=True))
+        # the output goes to files: a pipe nobody reads while waiting could fill
+        rc, failed = 0, None
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() - start > a.limit:
+                failed = f"ranks {[r for r, p in enumerate(procs) if p.poll() is None]} still ran after {a.limit} s (a hang)"
+                break
+            bad = [r for r, p in enumerate(procs) if p.poll() not in (None, 0) and not (a.kill and r == n - 1)]
+            if bad:  # one rank failed: the others would wait for it, so stop now
+                failed = f"rank {bad[0]} exited {procs[bad[0]].returncode}"
+                break
+            time.sleep(0.1)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        out = ""
+        for r, f in enumerate(logs):
+            f.seek(0)
+            out += "".join(f"[{r}] {line}" for line in f)
+            f.close()
+        if failed:
+            print(out, end="")
+            sys.exit(f"FAIL: {failed}")
         for r, p in enumerate(procs):
-            try:
-                o, _ = p.communicate(timeout=max(1, a.limit - (time.monotonic() - start)))
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                sys.exit(f"FAIL: rank {r} still ran after {a.limit} s (a hang)")
-            out += "".join(f"[{r}] {line}\n" for line in o.splitlines())
             if a.kill and r == n - 1:
                 if p.returncode != -signal.SIGKILL:
                     sys.exit(f"FAIL: the victim rank {r} exited {p.returncode}, not killed")
