@@ -137,9 +137,14 @@ def run_ops(seed, cases):
                 outs = [torch.zeros(n, dtype=dtype) for _ in range(size)]
                 dist.all_gather(outs, ins[rank])
                 out = torch.cat(outs)
-            else:
+            elif rng.random() < 0.5:
                 out = torch.zeros(size * n, dtype=dtype)
                 dist.all_gather_into_tensor(out, ins[rank])
+            else:  # in place, as FSDP does: the input is this rank's block of the output
+                out = torch.zeros(size * n, dtype=dtype)
+                out[rank * n:(rank + 1) * n] = ins[rank]
+                dist.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
+                what += " in place"
             check(out, torch.cat(ins), dtype, what)
         elif kind in ("reduce_scatter", "reduce_scatter_tensor"):
             n = random_count(rng)
@@ -148,8 +153,13 @@ def run_ops(seed, cases):
             if kind == "reduce_scatter":
                 dist.reduce_scatter(out, list(ins[rank].clone().chunk(size)) if n else
                                     [torch.zeros(0, dtype=dtype)] * size, op=OPS[op])
-            else:
+            elif rng.random() < 0.5:
                 dist.reduce_scatter_tensor(out, ins[rank].clone(), op=OPS[op])
+            else:  # in place: the output is this rank's block of the input
+                buf = ins[rank].clone()
+                out = buf[rank * n:(rank + 1) * n]
+                dist.reduce_scatter_tensor(out, buf, op=OPS[op])
+                what += " in place"
             mine = [x[rank * n:(rank + 1) * n] for x in ins]
             check(out, reference(mine, op, dtype), dtype, what, mine)
         elif kind in ("all_to_all_single", "all_to_all"):
