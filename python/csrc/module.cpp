@@ -9,8 +9,9 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(_backend, m) {
-  m.doc() = "weft's torch.distributed backend (use: import weft.torch; "
-            "dist.init_process_group(\"weft\"))";
+  m.doc() =
+      "weft's torch.distributed backend (use: import weft.torch; "
+      "dist.init_process_group(\"weft\"))";
   // the base class must be known to pybind before a class derives from it
   py::module_::import("torch.distributed");
 #if TORCH_VERSION_MAJOR >= 2
@@ -18,8 +19,8 @@ PYBIND11_MODULE(_backend, m) {
 #else
   using Base = c10d::ProcessGroup;
 #endif
-  py::class_<weft_torch::ProcessGroupWeft, c10::intrusive_ptr<weft_torch::ProcessGroupWeft>,
-             Base>(m, "ProcessGroupWeft")
+  py::class_<weft_torch::ProcessGroupWeft, c10::intrusive_ptr<weft_torch::ProcessGroupWeft>, Base>(
+      m, "ProcessGroupWeft")
       .def("peer_transport", &weft_torch::ProcessGroupWeft::peerTransport, py::arg("peer"),
            "the transport weft chose for peer (\"shm\", \"tcp\", \"self\", ...)");
   // the creator torch.distributed calls: (store, rank, size, timeout); the
@@ -36,6 +37,6 @@ PYBIND11_MODULE(_backend, m) {
         "stops every weft process group's threads (weft.torch runs it at exit)",
         py::call_guard<py::gil_scoped_release>());
   m.def("weft_version", []() { return std::string(weft_version_string()); });
-  m.attr("torch_version_built") = std::to_string(TORCH_VERSION_MAJOR) + "." +
-                                  std::to_string(TORCH_VERSION_MINOR);
+  m.attr("torch_version_built") =
+      std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
 }

@@ -30,8 +30,8 @@ void checkTensor(const char *call, const at::Tensor &t) {
               " tensors are not supported (dense tensors only)");
   // weft reads and writes the tensor's memory where it lies: a strided view
   // would need a copy and a copy back, which this backend does not hide
-  TORCH_CHECK(t.is_contiguous(), "weft: ", call,
-              ": the tensor is not contiguous (sizes ", t.sizes(), ", strides ", t.strides(),
+  TORCH_CHECK(t.is_contiguous(), "weft: ", call, ": the tensor is not contiguous (sizes ",
+              t.sizes(), ", strides ", t.strides(),
               "); pass tensor.contiguous() and copy the result back");
 }
 
@@ -66,8 +66,7 @@ struct Wire {
 
 Wire reduceWire(const char *call, const at::Tensor &t) {
   weft_dtype d;
-  TORCH_CHECK(weftType(t.scalar_type(), &d), "weft: ", call, ": cannot reduce ",
-              t.scalar_type(),
+  TORCH_CHECK(weftType(t.scalar_type(), &d), "weft: ", call, ": cannot reduce ", t.scalar_type(),
               " tensors; weft reduces float32, float64, float16, bfloat16, int8, uint8, "
               "int32 and int64");
   return {d, static_cast<size_t>(t.numel())};
@@ -86,13 +85,22 @@ weft_op weftOp(const char *call, const c10d::ReduceOp &op) {
     case c10d::ReduceOp::MIN: return WEFT_MIN;
     case c10d::ReduceOp::MAX: return WEFT_MAX;
     case c10d::ReduceOp::AVG: return WEFT_AVG;
-    case c10d::ReduceOp::BAND: TORCH_CHECK(false, "weft: ", call, ": ReduceOp.BAND is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
-    case c10d::ReduceOp::BOR: TORCH_CHECK(false, "weft: ", call, ": ReduceOp.BOR is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
-    case c10d::ReduceOp::BXOR: TORCH_CHECK(false, "weft: ", call, ": ReduceOp.BXOR is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
-    case c10d::ReduceOp::PREMUL_SUM: TORCH_CHECK(false, "weft: ", call, ": ReduceOp.PREMUL_SUM is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
+    case c10d::ReduceOp::BAND:
+      TORCH_CHECK(false, "weft: ", call,
+                  ": ReduceOp.BAND is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
+    case c10d::ReduceOp::BOR:
+      TORCH_CHECK(false, "weft: ", call,
+                  ": ReduceOp.BOR is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
+    case c10d::ReduceOp::BXOR:
+      TORCH_CHECK(false, "weft: ", call,
+                  ": ReduceOp.BXOR is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
+    case c10d::ReduceOp::PREMUL_SUM:
+      TORCH_CHECK(false, "weft: ", call,
+                  ": ReduceOp.PREMUL_SUM is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
     default: break;
   }
-  TORCH_CHECK(false, "weft: ", call, ": reduce op ", static_cast<int>(static_cast<c10d::ReduceOp::RedOpType>(op)),
+  TORCH_CHECK(false, "weft: ", call, ": reduce op ",
+              static_cast<int>(static_cast<c10d::ReduceOp::RedOpType>(op)),
               " is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
 }
 
@@ -100,7 +108,8 @@ void checkSame(const char *call, const at::Tensor &a, const at::Tensor &b, const
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "weft: ", call, ": ", what, " is ",
               b.scalar_type(), " but the input is ", a.scalar_type());
   TORCH_CHECK(!b.is_cuda() && b.device().is_cpu(), "weft: ", call, ": ", what, " is on ",
-              b.device(), "; CUDA tensors are not supported yet: GPU buffers come with weft's GPU issue (15)");
+              b.device(),
+              "; CUDA tensors are not supported yet: GPU buffers come with weft's GPU issue (15)");
 }
 
 // A flat copy of equally sized tensors, in order (the staging of list calls).
@@ -129,21 +138,25 @@ std::string weftSentence(const weft_comm *comm, weft_status st) {
 
 // ---- work ----------------------------------------------------------------------------
 
-WorkWeft::WorkWeft(int rank, c10d::OpType type, std::string call_name,
-                   std::vector<at::Tensor> outs)
+WorkWeft::WorkWeft(int rank, c10d::OpType type, std::string call_name, std::vector<at::Tensor> outs)
     : c10d::Work(rank, type),
       call(std::move(call_name)),
       outputs(std::move(outs)),
-      future(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+      future(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
 
 // The completers hold a reference until the requests are done, so a work is
 // only destroyed once weft no longer uses its buffers.
 WorkWeft::~WorkWeft() = default;
 
-c10::intrusive_ptr<c10::ivalue::Future> WorkWeft::getFuture() { return future; }
+c10::intrusive_ptr<c10::ivalue::Future> WorkWeft::getFuture() {
+  return future;
+}
 
-std::vector<at::Tensor> WorkWeft::result() { return outputs; }
+std::vector<at::Tensor> WorkWeft::result() {
+  return outputs;
+}
 
 void WorkWeft::complete(std::exception_ptr eptr) {
   finish(eptr);
@@ -163,8 +176,8 @@ std::mutex live_mu;
 std::set<ProcessGroupWeft *> live_groups;  // for shutdownAll at interpreter exit
 }  // namespace
 
-ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store, int rank,
-                                   int size, std::chrono::milliseconds timeout)
+ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+                                   std::chrono::milliseconds timeout)
     : BackendBase(rank, size) {
   weft_config cfg;
   weft_config_init(&cfg);
@@ -184,11 +197,12 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store,
       std::string value = st == WEFT_OK ? std::string("I") + std::string(id.bytes, sizeof id.bytes)
                                         : std::string("E") + weftSentence(nullptr, st);
       store->set(kIdKey, std::vector<uint8_t>(value.begin(), value.end()));
-      TORCH_CHECK(st == WEFT_OK, "weft: init: rank 0 could not make a unique id: ",
-                  weftSentence(nullptr, st));
+      TORCH_CHECK(st == WEFT_OK,
+                  "weft: init: rank 0 could not make a unique id: ", weftSentence(nullptr, st));
     } else {
       std::vector<uint8_t> value = store->get(kIdKey);
-      TORCH_CHECK(!value.empty() && value[0] != 'E', "weft: init: rank 0 could not make a unique id: ",
+      TORCH_CHECK(!value.empty() && value[0] != 'E',
+                  "weft: init: rank 0 could not make a unique id: ",
                   std::string(value.begin() + (value.empty() ? 0 : 1), value.end()));
       TORCH_CHECK(value[0] == 'I' && value.size() == 1 + sizeof id.bytes,
                   "weft: init: the store holds no weft unique id under \"", kIdKey, "\" (",
@@ -197,8 +211,8 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store,
     }
     st = weft_comm_init_rank_config(&comm_, &id, &cfg);
   }
-  TORCH_CHECK(st == WEFT_OK, "weft: init of rank ", rank, " of ", size, " failed: ",
-              weftSentence(nullptr, st));
+  TORCH_CHECK(st == WEFT_OK, "weft: init of rank ", rank, " of ", size,
+              " failed: ", weftSentence(nullptr, st));
   collective_thread_ = std::thread([this] { collectiveLoop(); });
   p2p_thread_ = std::thread([this] { p2pLoop(); });
   std::lock_guard<std::mutex> lock(live_mu);
@@ -270,13 +284,12 @@ void ProcessGroupWeft::enqueue(const c10::intrusive_ptr<WorkWeft> &work, bool p2
 }
 
 void ProcessGroupWeft::failIssue(const char *call, weft_status st) const {
-  TORCH_CHECK(false, "weft: ", call, " refused on rank ", getRank(), ": ",
-              weftSentence(comm_, st));
+  TORCH_CHECK(false, "weft: ", call, " refused on rank ", getRank(), ": ", weftSentence(comm_, st));
 }
 
 std::exception_ptr ProcessGroupWeft::failure(const WorkWeft &work, weft_status st) const {
-  std::string msg = "weft: " + work.call + " failed on rank " + std::to_string(getRank()) +
-                    ": " + weftSentence(comm_, st);
+  std::string msg = "weft: " + work.call + " failed on rank " + std::to_string(getRank()) + ": " +
+                    weftSentence(comm_, st);
   return std::make_exception_ptr(std::runtime_error(msg));
 }
 
@@ -328,8 +341,7 @@ void ProcessGroupWeft::p2pLoop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(queue_mu_);
-      if (live.empty())
-        queue_cv_.wait(lock, [this] { return stopping_ || !p2p_.empty(); });
+      if (live.empty()) queue_cv_.wait(lock, [this] { return stopping_ || !p2p_.empty(); });
       if (live.empty() && p2p_.empty()) return;
       while (!p2p_.empty()) {
         live.push_back(p2p_.front());
@@ -382,8 +394,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::broadcast(std::vector<at::Tenso
   checkLive(call);
   weft_request *req = nullptr;
   void *p = t.data_ptr();
-  weft_status st = weft_ibroadcast(comm_, getRank() == root ? p : nullptr, p, w.count, w.dtype,
-                                   root, &req);
+  weft_status st =
+      weft_ibroadcast(comm_, getRank() == root ? p : nullptr, p, w.count, w.dtype, root, &req);
   if (st != WEFT_OK) failIssue(call, st);
   work->reqs.push_back(req);
   enqueue(work, false);
@@ -451,8 +463,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce(std::vector<at::Tensor> 
   checkLive(call);
   weft_request *req = nullptr;
   void *p = t.data_ptr();
-  weft_status st = weft_ireduce(comm_, p, getRank() == root ? p : nullptr, w.count, w.dtype, op,
-                                root, &req);
+  weft_status st =
+      weft_ireduce(comm_, p, getRank() == root ? p : nullptr, w.count, w.dtype, op, root, &req);
   if (st != WEFT_OK) failIssue(call, st);
   work->reqs.push_back(req);
   enqueue(work, false);
@@ -464,8 +476,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allgather(
     const c10d::AllgatherOptions &) {
   const char *call = "allgather";
   const at::Tensor &in = single(call, inputs);
-  TORCH_CHECK(outputs.size() == 1, "weft: ", call, ": takes one output list, got ",
-              outputs.size());
+  TORCH_CHECK(outputs.size() == 1, "weft: ", call, ": takes one output list, got ", outputs.size());
   auto &outs = outputs[0];
   TORCH_CHECK(static_cast<int>(outs.size()) == getSize(), "weft: ", call, ": the output list has ",
               outs.size(), " tensors; the group has ", getSize(), " ranks");
@@ -493,8 +504,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allgather(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_allgather_base(
-    at::Tensor &output, at::Tensor &input, const c10d::AllgatherOptions &) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_allgather_base(at::Tensor &output,
+                                                                 at::Tensor &input,
+                                                                 const c10d::AllgatherOptions &) {
   const char *call = "allgather_into_tensor";
   checkTensor(call, input);
   checkTensor(call, output);
@@ -574,8 +586,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::scatter(
   at::NoGradGuard no_grad;
   at::Tensor flat;
   if (getRank() == root) {
-    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), "weft: ",
-                call, ": the root needs one list of ", getSize(), " input tensors");
+    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                "weft: ", call, ": the root needs one list of ", getSize(), " input tensors");
     flat = stack(call, inputs[0], out, "the input list");
   } else {
     TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "weft: ", call,
@@ -587,8 +599,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::scatter(
   std::lock_guard<std::mutex> issue(issue_mu_);
   checkLive(call);
   weft_request *req = nullptr;
-  weft_status st = weft_iscatter(comm_, flat.defined() ? flat.data_ptr() : nullptr,
-                                 out.data_ptr(), w.count, w.dtype, root, &req);
+  weft_status st = weft_iscatter(comm_, flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
+                                 w.count, w.dtype, root, &req);
   if (st != WEFT_OK) failIssue(call, st);
   work->reqs.push_back(req);
   enqueue(work, false);
@@ -602,8 +614,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce_scatter(
   const at::Tensor &out = single(call, outputs);
   Wire w = reduceWire(call, out);
   weft_op op = weftOp(call, opts.reduceOp);
-  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), "weft: ",
-              call, ": needs one list of ", getSize(), " input tensors");
+  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), "weft: ", call,
+              ": needs one list of ", getSize(), " input tensors");
   at::NoGradGuard no_grad;
   at::Tensor flat = stack(call, inputs[0], out, "the input list");
   auto work = newWork(c10d::OpType::REDUCE_SCATTER, call, outputs);
@@ -635,24 +647,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_reduce_scatter_base(
   std::lock_guard<std::mutex> issue(issue_mu_);
   checkLive(call);
   weft_request *req = nullptr;
-  weft_status st = weft_ireduce_scatter(comm_, input.data_ptr(), output.data_ptr(), w.count,
-                                        w.dtype, op, &req);
+  weft_status st =
+      weft_ireduce_scatter(comm_, input.data_ptr(), output.data_ptr(), w.count, w.dtype, op, &req);
   if (st != WEFT_OK) failIssue(call, st);
   work->reqs.push_back(req);
   enqueue(work, false);
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall_base(
-    at::Tensor &output, at::Tensor &input, std::vector<int64_t> &outputSplits,
-    std::vector<int64_t> &inputSplits, const c10d::AllToAllOptions &) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall_base(at::Tensor &output,
+                                                               at::Tensor &input,
+                                                               std::vector<int64_t> &outputSplits,
+                                                               std::vector<int64_t> &inputSplits,
+                                                               const c10d::AllToAllOptions &) {
   const char *call = "alltoall_base";
   checkTensor(call, input);
   checkTensor(call, output);
   checkSame(call, input, output, "the output");
   const int64_t size = getSize();
-  TORCH_CHECK(input.numel() == output.numel(), "weft: ", call, ": the input has ",
-              input.numel(), " elements, the output ", output.numel());
+  TORCH_CHECK(input.numel() == output.numel(), "weft: ", call, ": the input has ", input.numel(),
+              " elements, the output ", output.numel());
   // weft's alltoall moves equal blocks: split sizes are accepted when they say so
   for (auto *splits : {&inputSplits, &outputSplits}) {
     if (splits->empty()) continue;
@@ -672,8 +686,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall_base(
   std::lock_guard<std::mutex> issue(issue_mu_);
   checkLive(call);
   weft_request *req = nullptr;
-  weft_status st = weft_ialltoall(comm_, input.data_ptr(), output.data_ptr(), w.count / size,
-                                  w.dtype, &req);
+  weft_status st =
+      weft_ialltoall(comm_, input.data_ptr(), output.data_ptr(), w.count / size, w.dtype, &req);
   if (st != WEFT_OK) failIssue(call, st);
   work->reqs.push_back(req);
   enqueue(work, false);
@@ -684,10 +698,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall(std::vector<at::Tensor
                                                           std::vector<at::Tensor> &inputs,
                                                           const c10d::AllToAllOptions &) {
   const char *call = "alltoall";
-  TORCH_CHECK(static_cast<int>(inputs.size()) == getSize() &&
-                  static_cast<int>(outputs.size()) == getSize(),
-              "weft: ", call, ": needs ", getSize(), " input and output tensors, got ",
-              inputs.size(), " and ", outputs.size());
+  TORCH_CHECK(
+      static_cast<int>(inputs.size()) == getSize() && static_cast<int>(outputs.size()) == getSize(),
+      "weft: ", call, ": needs ", getSize(), " input and output tensors, got ", inputs.size(),
+      " and ", outputs.size());
   const at::Tensor &like = inputs[0];
   checkTensor(call, like);
   at::NoGradGuard no_grad;
@@ -696,7 +710,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall(std::vector<at::Tensor
     checkSame(call, like, o, "an output tensor");
     TORCH_CHECK(o.numel() == like.numel(), "weft: ", call,
                 ": every block must have the same size (weft's alltoall moves equal blocks); "
-                "an output has ", o.numel(), " elements, the first input ", like.numel());
+                "an output has ",
+                o.numel(), " elements, the first input ", like.numel());
   }
   at::Tensor out = at::empty_like(in);
   Wire w = moveWire(like);
@@ -720,8 +735,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall(std::vector<at::Tensor
 
 // ---- point to point ------------------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::send(std::vector<at::Tensor> &tensors,
-                                                      int dstRank, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::send(std::vector<at::Tensor> &tensors, int dstRank,
+                                                      int tag) {
   const char *call = "send";
   const at::Tensor &t = single(call, tensors);
   TORCH_CHECK(tag >= 0, "weft: ", call, ": tag ", tag, " is negative");
@@ -738,8 +753,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::send(std::vector<at::Tensor> &t
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recv(std::vector<at::Tensor> &tensors,
-                                                      int srcRank, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recv(std::vector<at::Tensor> &tensors, int srcRank,
+                                                      int tag) {
   const char *call = "recv";
   const at::Tensor &t = single(call, tensors);
   TORCH_CHECK(tag >= 0, "weft: ", call, ": tag ", tag, " is negative");
@@ -757,8 +772,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recv(std::vector<at::Tensor> &t
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recvAnysource(std::vector<at::Tensor> &, int) {
-  TORCH_CHECK(false, "weft: recv from any source is not supported: a weft receive names its "
-                     "peer (pass src=)");
+  TORCH_CHECK(false,
+              "weft: recv from any source is not supported: a weft receive names its "
+              "peer (pass src=)");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::barrier(const c10d::BarrierOptions &) {

@@ -53,10 +53,10 @@ class WorkWeft : public c10d::Work {
   // Marks the work done (eptr null) or failed, and its future with it.
   void complete(std::exception_ptr eptr);
 
-  std::string call;                    // "allreduce", for messages
-  std::vector<weft_request *> reqs;    // owned until completed
-  std::vector<at::Tensor> keep;        // every buffer weft reads or writes
-  std::function<void()> after;         // on success, before completion
+  std::string call;                  // "allreduce", for messages
+  std::vector<weft_request *> reqs;  // owned until completed
+  std::vector<at::Tensor> keep;      // every buffer weft reads or writes
+  std::function<void()> after;       // on success, before completion
   std::vector<at::Tensor> outputs;
   c10::intrusive_ptr<c10::ivalue::Future> future;
 };
@@ -106,8 +106,7 @@ class ProcessGroupWeft : public BackendBase {
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int srcRank,
                                       int tag) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor> &tensors,
-                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor> &tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override;
 
   // The transport weft chose for `peer` ("shm", "tcp", ...), for tests and logs.
