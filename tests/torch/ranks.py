@@ -205,6 +205,8 @@ def run_ops(seed, cases):
             dist.barrier()
         elif kind == "coalesced":
             k = rng.randint(1, 5)
+            if not hasattr(dist, "all_reduce_coalesced"):  # deprecated in torch 2.x
+                continue
             ns = [random_count(rng) for _ in range(k)]
             ins = [[gen(seed, case * 10 + j, r, dtype, ns[j], op) for r in range(size)] for j in range(k)]
             ts = [x[rank].clone() for x in ins]
@@ -241,11 +243,18 @@ def run_groups(seed):
     dist.barrier()
 
 
-def expect_refusal(fn, *words):
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+def expect_refusal(fn, *words, torch2_may_refuse=False):
+    """fn must raise naming `words`; torch 2.x refuses some input itself,
+    before the backend sees it, in its own words."""
     try:
         fn()
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:
         msg = str(e)
+        if torch2_may_refuse and TORCH2 and "weft" not in msg:
+            return msg
         missing = [w for w in words if w not in msg]
         if missing:
             raise AssertionError(f"refusal lacks {missing}: {msg}")
@@ -261,14 +270,15 @@ def run_refusals():
     expect_refusal(lambda: dist.all_reduce(torch.zeros(3, dtype=torch.int16)), "allreduce", "cannot reduce")
     expect_refusal(lambda: dist.all_reduce(torch.zeros(3, dtype=torch.int32), op=dist.ReduceOp.BAND),
                    "allreduce", "BAND")
-    expect_refusal(lambda: dist.all_reduce(torch.zeros(3, device="meta")), "allreduce", "CPU")
+    expect_refusal(lambda: dist.all_reduce(torch.zeros(3, device="meta")), "allreduce", "CPU",
+                   torch2_may_refuse=True)
     expect_refusal(lambda: dist.recv(torch.zeros(3)), "any source")
     if size > 1:
         splits = [2] + [1] * (size - 1)
         expect_refusal(lambda: dist.all_to_all_single(torch.zeros(size + 1), torch.zeros(size + 1), splits, splits),
                        "alltoall_base", "unequal split sizes")
     expect_refusal(lambda: dist.all_gather_into_tensor(torch.zeros(size * 3 + 1), torch.zeros(3)),
-                   "allgather_into_tensor", "elements")
+                   "allgather_into_tensor", "elements", torch2_may_refuse=True)
     t = torch.ones(5)
     dist.all_reduce(t)
     check(t, torch.full((5,), float(size)), torch.float32, "allreduce after refusals")
