@@ -160,6 +160,10 @@ typedef struct weft_unique_id {
 WEFT_API weft_status weft_get_unique_id(weft_unique_id *id);
 WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id *id, int rank,
                                          int size);
+/* Same, with cfg's rank, size, local_rank and timeout_s (rendezvous must be
+ * NULL: the id carries it), for frameworks that bring their own timeout. */
+WEFT_API weft_status weft_comm_init_rank_config(weft_comm **comm, const weft_unique_id *id,
+                                                const weft_config *cfg);
 
 /* Queries; safe from any thread. Return -1 for an invalid communicator. */
 WEFT_API int weft_comm_rank(const weft_comm *comm);

@@ -224,6 +224,39 @@ static void bad_config(void **state) {
   assert_int_equal(weft_get_unique_id(NULL), WEFT_ERR_INVALID);
 }
 
+/* torchpg (issue 16): weft_comm_init_rank_config, the unique-id path with a
+ * configuration's timeout (torch.distributed's process group timeout): it
+ * refuses a rendezvous of its own, and its timeout, not WEFT_TIMEOUT (300 s),
+ * bounds the wait for a rank that never comes. */
+static void init_rank_config(void **state) {
+  (void)state;
+  weft_comm *comm = (weft_comm *)&comm;
+  weft_unique_id id;
+  weft_config cfg;
+  weft_config_init(&cfg);
+  assert_int_equal(weft_comm_init_rank_config(&comm, &id, NULL), WEFT_ERR_INVALID);
+  assert_null(comm);
+  cfg.rank = 0;
+  cfg.size = 2;
+  cfg.rendezvous = "127.0.0.1:1";
+  assert_int_equal(weft_comm_init_rank_config(&comm, &id, &cfg), WEFT_ERR_INVALID);
+  assert_non_null(strstr(weft_last_error(NULL), "rendezvous"));
+  cfg.rendezvous = NULL;
+  cfg.rank = 2;
+  assert_int_equal(weft_get_unique_id(&id), WEFT_OK);
+  assert_int_equal(weft_comm_init_rank_config(&comm, &id, &cfg), WEFT_ERR_INVALID);
+  cfg.rank = 0;
+  cfg.timeout_s = 1.0;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  weft_status st = weft_comm_init_rank_config(&comm, &id, &cfg); /* rank 1 never comes */
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  assert_int_not_equal(st, WEFT_OK);
+  assert_null(comm);
+  assert_true(took >= 0.9 && took < 20);
+}
+
 static void settings_are_listed(void **state) {
   (void)state;
   weft_setting_desc d;
@@ -590,6 +623,7 @@ int main(void) {
       cmocka_unit_test(addresses_and_interfaces),
       cmocka_unit_test(bad_input),
       cmocka_unit_test(bad_config),
+      cmocka_unit_test(init_rank_config), /* before the tests that leave refused settings */
       cmocka_unit_test(settings_are_listed),
       cmocka_unit_test(ranks_as_threads),
       cmocka_unit_test(spread_is_not_a_binding),

@@ -9,9 +9,12 @@
 # tools/fresh-root.sh checks this list in a minimal Debian 12 root.
 set -eu
 packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libhwloc-plugins libcmocka-dev libibverbs-dev libssl-dev iproute2 clang libclang-rt-14-dev llvm valgrind"
-# the Python package (python/weft) and its tests: cffi to load libweft, numpy and
-# pytest for the tests, torch and sklearn for the DDP hook's, Open MPI for mpirun's
-packages="$packages python3 python3-cffi python3-numpy python3-pytest python3-torch python3-sklearn openmpi-bin"
+# Python (issue 16): the package python/weft (cffi loads libweft), the torch backend
+# weft.torch (a C++ extension built against Debian's torch: g++, python3-dev,
+# libtorch-dev, pybind11-dev) and their tests (numpy and pytest; torch and sklearn's
+# digits for DDP; Open MPI for the mpirun launcher case)
+packages="$packages python3 python3-dev python3-cffi python3-numpy python3-pytest g++"
+packages="$packages python3-torch libtorch-dev pybind11-dev python3-sklearn openmpi-bin"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -807,9 +807,8 @@ WEFT_API weft_status weft_get_unique_id(weft_unique_id *id) {
   return WEFT_OK;
 }
 
-WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id *id, int rank,
-                                         int size) {
-  const char *call = "weft_comm_init_rank";
+static weft_status init_from_id(weft_comm **comm, const weft_unique_id *id, int rank, int size,
+                                int local_rank, double timeout_s, const char *call) {
   if (!comm) return weft_init_error(WEFT_ERR_INVALID, rank, call, "comm is NULL");
   *comm = NULL;
   if (!id) return weft_init_error(WEFT_ERR_INVALID, rank, call, "id is NULL");
@@ -826,7 +825,31 @@ WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id 
                            "the id was not made by weft_get_unique_id (or was damaged in transit)");
   /* the id's server, when this process made it: this rank owns it (one rank has no rendezvous) */
   boot_server *srv = size > 1 ? boot_server_adopt(p + 24) : NULL;
-  return comm_create(rank, size, -1, &addr, len, p + 24, srv, timeout_or_setting(0), call, comm);
+  return comm_create(rank, size, local_rank, &addr, len, p + 24, srv, timeout_s, call, comm);
+}
+
+WEFT_API weft_status weft_comm_init_rank(weft_comm **comm, const weft_unique_id *id, int rank,
+                                         int size) {
+  return init_from_id(comm, id, rank, size, -1, timeout_or_setting(0), "weft_comm_init_rank");
+}
+
+/* torchpg (issue 16): the id path with a configuration's timeout and local rank, for
+ * frameworks that pass their own timeout (torch.distributed's process group timeout). */
+WEFT_API weft_status weft_comm_init_rank_config(weft_comm **comm, const weft_unique_id *id,
+                                                const weft_config *cfg) {
+  const char *call = "weft_comm_init_rank_config";
+  if (!cfg || cfg->version != WEFT_CONFIG_VERSION) {
+    if (comm) *comm = NULL;
+    return weft_init_error(WEFT_ERR_INVALID, -1, call,
+                           "cfg is NULL or not filled by weft_config_init");
+  }
+  if (cfg->rendezvous) {
+    if (comm) *comm = NULL;
+    return weft_init_error(WEFT_ERR_INVALID, cfg->rank, call,
+                           "cfg->rendezvous must be NULL: the unique id carries the rendezvous");
+  }
+  return init_from_id(comm, id, cfg->rank, cfg->size, cfg->local_rank,
+                      timeout_or_setting(cfg->timeout_s), call);
 }
 
 /* ---- destroy, abort --------------------------------------------------------------- */

@@ -1,0 +1,793 @@
+// process_group_weft.cpp - the weft process group: each torch call checks its
+// tensors, starts weft's non-blocking request(s) and returns a work object;
+// two completer threads finish those works (and the futures DDP waits on) as
+// weft completes the requests. Every refusal names the call and the reason.
+#include "process_group_weft.hpp"
+
+#include <cstring>
+#include <set>
+#include <stdexcept>
+
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace weft_torch {
+
+namespace {
+
+// ---- checks and conversions --------------------------------------------------------
+
+void checkTensor(const char *call, const at::Tensor &t) {
+  TORCH_CHECK(t.defined(), "weft: ", call, ": the tensor is undefined");
+  TORCH_CHECK(!t.is_cuda(), "weft: ", call, ": the tensor is on ", t.device(),
+              "; CUDA tensors are not supported yet: GPU buffers come with weft's GPU "
+              "issue (15). Use CPU tensors, or another backend for CUDA ones");
+  TORCH_CHECK(t.device().is_cpu(), "weft: ", call, ": the tensor is on ", t.device(),
+              "; weft takes CPU tensors only");
+  TORCH_CHECK(t.layout() == at::kStrided, "weft: ", call, ": ", t.layout(),
+              " tensors are not supported (dense tensors only)");
+  // weft reads and writes the tensor's memory where it lies: a strided view
+  // would need a copy and a copy back, which this backend does not hide
+  TORCH_CHECK(t.is_contiguous(), "weft: ", call, ": the tensor is not contiguous (sizes ",
+              t.sizes(), ", strides ", t.strides(),
+              "); pass tensor.contiguous() and copy the result back");
+}
+
+const at::Tensor &single(const char *call, std::vector<at::Tensor> &tensors) {
+  TORCH_CHECK(tensors.size() == 1, "weft: ", call, ": takes one tensor per call, got ",
+              tensors.size());
+  checkTensor(call, tensors[0]);
+  return tensors[0];
+}
+
+bool weftType(at::ScalarType s, weft_dtype *d) {
+  switch (s) {
+    case at::kFloat: *d = WEFT_F32; return true;
+    case at::kDouble: *d = WEFT_F64; return true;
+    case at::kHalf: *d = WEFT_F16; return true;
+    case at::kBFloat16: *d = WEFT_BF16; return true;
+    case at::kChar: *d = WEFT_I8; return true;
+    case at::kByte: *d = WEFT_U8; return true;
+    case at::kInt: *d = WEFT_I32; return true;
+    case at::kLong: *d = WEFT_I64; return true;
+    default: return false;
+  }
+}
+
+// What weft moves for a tensor: its own element type when weft has it.
+// Calls that only move data (broadcast, gathers, send) move any other type
+// (bool, int16, complex...) as bytes; calls that reduce refuse it.
+struct Wire {
+  weft_dtype dtype;
+  size_t count;
+};
+
+Wire reduceWire(const char *call, const at::Tensor &t) {
+  weft_dtype d;
+  TORCH_CHECK(weftType(t.scalar_type(), &d), "weft: ", call, ": cannot reduce ", t.scalar_type(),
+              " tensors; weft reduces float32, float64, float16, bfloat16, int8, uint8, "
+              "int32 and int64");
+  return {d, static_cast<size_t>(t.numel())};
+}
+
+Wire moveWire(const at::Tensor &t) {
+  weft_dtype d;
+  if (weftType(t.scalar_type(), &d)) return {d, static_cast<size_t>(t.numel())};
+  return {WEFT_U8, static_cast<size_t>(t.numel()) * t.element_size()};
+}
+
+weft_op weftOp(const char *call, const c10d::ReduceOp &op) {
+  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+    case c10d::ReduceOp::SUM: return WEFT_SUM;
+    case c10d::ReduceOp::PRODUCT: return WEFT_PROD;
+    case c10d::ReduceOp::MIN: return WEFT_MIN;
+    case c10d::ReduceOp::MAX: return WEFT_MAX;
+    case c10d::ReduceOp::AVG: return WEFT_AVG;
+    case c10d::ReduceOp::BAND:
+      TORCH_CHECK(false, "weft: ", call,
+                  ": ReduceOp.BAND is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
+    case c10d::ReduceOp::BOR:
+      TORCH_CHECK(false, "weft: ", call,
+                  ": ReduceOp.BOR is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
+    case c10d::ReduceOp::BXOR:
+      TORCH_CHECK(false, "weft: ", call,
+                  ": ReduceOp.BXOR is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
+    case c10d::ReduceOp::PREMUL_SUM:
+      TORCH_CHECK(false, "weft: ", call,
+                  ": ReduceOp.PREMUL_SUM is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
+    default: break;
+  }
+  TORCH_CHECK(false, "weft: ", call, ": reduce op ",
+              static_cast<int>(static_cast<c10d::ReduceOp::RedOpType>(op)),
+              " is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
+}
+
+void checkSame(const char *call, const at::Tensor &a, const at::Tensor &b, const char *what) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "weft: ", call, ": ", what, " is ",
+              b.scalar_type(), " but the input is ", a.scalar_type());
+  TORCH_CHECK(!b.is_cuda() && b.device().is_cpu(), "weft: ", call, ": ", what, " is on ",
+              b.device(),
+              "; CUDA tensors are not supported yet: GPU buffers come with weft's GPU issue (15)");
+}
+
+// A flat copy of equally sized tensors, in order (the staging of list calls).
+at::Tensor stack(const char *call, const std::vector<at::Tensor> &list, const at::Tensor &like,
+                 const char *what) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(list.size());
+  for (const auto &t : list) {
+    checkSame(call, like, t, what);
+    TORCH_CHECK(t.numel() == like.numel(), "weft: ", call, ": every tensor of ", what,
+                " must have ", like.numel(), " elements; one has ", t.numel());
+    flat.push_back(t.reshape({-1}));
+  }
+  return at::cat(flat);
+}
+
+// weft's sentence for the last failure (it names rank, call, peer and the
+// status); the status's own sentence when there is none
+std::string weftSentence(const weft_comm *comm, weft_status st) {
+  const char *msg = weft_last_error(comm);
+  if (msg && *msg) return msg;
+  return std::string(weft_strerror(st)) + " (" + weft_status_name(st) + ")";
+}
+
+}  // namespace
+
+// ---- work ----------------------------------------------------------------------------
+
+WorkWeft::WorkWeft(int rank, c10d::OpType type, std::string call_name, std::vector<at::Tensor> outs)
+    : c10d::Work(rank, type),
+      call(std::move(call_name)),
+      outputs(std::move(outs)),
+      future(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
+
+// The completers hold a reference until the requests are done, so a work is
+// only destroyed once weft no longer uses its buffers.
+WorkWeft::~WorkWeft() = default;
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkWeft::getFuture() {
+  return future;
+}
+
+std::vector<at::Tensor> WorkWeft::result() {
+  return outputs;
+}
+
+void WorkWeft::complete(std::exception_ptr eptr) {
+  finish(eptr);
+  // after finish: callbacks chained on the future run here, and work.wait()
+  // should not wait for them
+  if (eptr)
+    future->setError(eptr);
+  else
+    future->markCompleted(c10::IValue(outputs));
+}
+
+// ---- the process group ---------------------------------------------------------------
+
+namespace {
+const char kIdKey[] = "weft_unique_id";
+std::mutex live_mu;
+std::set<ProcessGroupWeft *> live_groups;  // for shutdownAll at interpreter exit
+}  // namespace
+
+ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+                                   std::chrono::milliseconds timeout)
+    : BackendBase(rank, size) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.rank = rank;
+  cfg.size = size;
+  cfg.timeout_s = timeout.count() > 0 ? static_cast<double>(timeout.count()) / 1000.0 : 0;
+  weft_status st;
+  if (size == 1) {
+    st = weft_comm_init_config(&cfg, &comm_);  // one rank meets nobody
+  } else {
+    // like NCCL's process group: rank 0 makes the id, the store carries it.
+    // A failure on rank 0 goes into the store too, so the others fail at
+    // once with its sentence instead of waiting for the store's timeout.
+    weft_unique_id id;
+    if (rank == 0) {
+      st = weft_get_unique_id(&id);
+      std::string value = st == WEFT_OK ? std::string("I") + std::string(id.bytes, sizeof id.bytes)
+                                        : std::string("E") + weftSentence(nullptr, st);
+      store->set(kIdKey, std::vector<uint8_t>(value.begin(), value.end()));
+      TORCH_CHECK(st == WEFT_OK,
+                  "weft: init: rank 0 could not make a unique id: ", weftSentence(nullptr, st));
+    } else {
+      std::vector<uint8_t> value = store->get(kIdKey);
+      TORCH_CHECK(!value.empty() && value[0] != 'E',
+                  "weft: init: rank 0 could not make a unique id: ",
+                  std::string(value.begin() + (value.empty() ? 0 : 1), value.end()));
+      TORCH_CHECK(value[0] == 'I' && value.size() == 1 + sizeof id.bytes,
+                  "weft: init: the store holds no weft unique id under \"", kIdKey, "\" (",
+                  value.size(), " bytes)");
+      std::memcpy(id.bytes, value.data() + 1, sizeof id.bytes);
+    }
+    st = weft_comm_init_rank_config(&comm_, &id, &cfg);
+  }
+  TORCH_CHECK(st == WEFT_OK, "weft: init of rank ", rank, " of ", size,
+              " failed: ", weftSentence(nullptr, st));
+  collective_thread_ = std::thread([this] { collectiveLoop(); });
+  p2p_thread_ = std::thread([this] { p2pLoop(); });
+  std::lock_guard<std::mutex> lock(live_mu);
+  live_groups.insert(this);
+}
+
+ProcessGroupWeft::~ProcessGroupWeft() {
+  // Python drops the last reference with the GIL held; a completer may be
+  // running a Python callback chained on a future, which needs it
+  PyThreadState *saved = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
+  {
+    std::lock_guard<std::mutex> lock(live_mu);  // waits for a shutdownAll in progress
+    live_groups.erase(this);
+  }
+  shutdown();
+  if (saved) PyEval_RestoreThread(saved);
+}
+
+void ProcessGroupWeft::shutdown() {
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  bool pending;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (shut_) return;
+    shut_ = true;
+    pending = outstanding_ > 0;
+    stopping_ = true;
+  }
+  // Requests still waiting for peers would hold the completers until the
+  // timeout; the abort completes them with an error (and tells the peers).
+  if (pending) weft_comm_abort(comm_);
+  queue_cv_.notify_all();
+  if (collective_thread_.joinable()) collective_thread_.join();
+  if (p2p_thread_.joinable()) p2p_thread_.join();
+  weft_comm_destroy(comm_);
+  comm_ = nullptr;
+}
+
+void ProcessGroupWeft::shutdownAll() {
+  // held throughout: a group's destructor waits here before it goes
+  std::lock_guard<std::mutex> lock(live_mu);
+  for (auto *pg : live_groups) pg->shutdown();
+}
+
+void ProcessGroupWeft::checkLive(const char *call) const {
+  TORCH_CHECK(comm_ != nullptr, "weft: ", call,
+              ": the process group was shut down (at interpreter exit)");
+}
+
+std::string ProcessGroupWeft::peerTransport(int peer) const {
+  const char *transport = nullptr, *reason = nullptr;
+  weft_status st = weft_comm_peer_transport(comm_, peer, &transport, &reason);
+  TORCH_CHECK(st == WEFT_OK, "weft: peer_transport: ", weft_last_error(comm_));
+  return transport;
+}
+
+c10::intrusive_ptr<WorkWeft> ProcessGroupWeft::newWork(c10d::OpType type, const char *call,
+                                                       std::vector<at::Tensor> outputs) {
+  return c10::make_intrusive<WorkWeft>(getRank(), type, call, std::move(outputs));
+}
+
+void ProcessGroupWeft::enqueue(const c10::intrusive_ptr<WorkWeft> &work, bool p2p) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    (p2p ? p2p_ : collectives_).push_back(work);
+    outstanding_++;
+  }
+  queue_cv_.notify_all();
+}
+
+void ProcessGroupWeft::failIssue(const char *call, weft_status st) const {
+  TORCH_CHECK(false, "weft: ", call, " refused on rank ", getRank(), ": ", weftSentence(comm_, st));
+}
+
+std::exception_ptr ProcessGroupWeft::failure(const WorkWeft &work, weft_status st) const {
+  std::string msg = "weft: " + work.call + " failed on rank " + std::to_string(getRank()) + ": " +
+                    weftSentence(comm_, st);
+  return std::make_exception_ptr(std::runtime_error(msg));
+}
+
+void ProcessGroupWeft::finishWork(WorkWeft &work, weft_status st) {
+  {
+    // weft is done with the requests: counted before the user can see the
+    // work complete, so a destructor that follows never aborts for it
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    outstanding_--;
+  }
+  std::exception_ptr eptr;
+  if (st != WEFT_OK) {
+    eptr = failure(work, st);
+  } else if (work.after) {
+    try {
+      work.after();
+    } catch (...) {
+      eptr = std::current_exception();
+    }
+  }
+  work.keep.clear();  // staging buffers go now, not when the user drops the work
+  work.complete(eptr);
+}
+
+// Collectives complete in issue order (weft's rule), so waiting for the
+// oldest one at a time loses nothing and needs no polling.
+void ProcessGroupWeft::collectiveLoop() {
+  at::NoGradGuard no_grad;  // copies out of staging buffers are not part of any graph
+  for (;;) {
+    c10::intrusive_ptr<WorkWeft> work;
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait(lock, [this] { return stopping_ || !collectives_.empty(); });
+      if (collectives_.empty()) return;
+      work = collectives_.front();
+      collectives_.pop_front();
+    }
+    weft_status st = weft_wait_all(work->reqs.data(), static_cast<int>(work->reqs.size()));
+    finishWork(*work, st);
+  }
+}
+
+// Sends and receives complete in any order, each when its peer gets there:
+// they are tested in turn, backing off to 200 us between rounds.
+void ProcessGroupWeft::p2pLoop() {
+  at::NoGradGuard no_grad;
+  std::vector<c10::intrusive_ptr<WorkWeft>> live;
+  int idle_us = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      if (live.empty()) queue_cv_.wait(lock, [this] { return stopping_ || !p2p_.empty(); });
+      if (live.empty() && p2p_.empty()) return;
+      while (!p2p_.empty()) {
+        live.push_back(p2p_.front());
+        p2p_.pop_front();
+        idle_us = 0;
+      }
+    }
+    bool progress = false;
+    for (size_t i = 0; i < live.size();) {
+      WorkWeft &w = *live[i];
+      weft_status st = WEFT_OK;
+      bool done = true;
+      for (auto &req : w.reqs) {
+        int req_done = 1;
+        if (req) {
+          weft_status s = weft_test(&req, &req_done);
+          if (s != WEFT_OK && st == WEFT_OK) st = s;
+        }
+        done = done && req_done;
+      }
+      if (done) {
+        finishWork(w, st);
+        live.erase(live.begin() + static_cast<long>(i));
+        progress = true;
+      } else {
+        i++;
+      }
+    }
+    if (!live.empty() && !progress) {
+      idle_us = idle_us ? std::min(idle_us * 2, 200) : 1;
+      std::this_thread::sleep_for(std::chrono::microseconds(idle_us));
+    } else {
+      idle_us = 0;
+    }
+  }
+}
+
+// ---- collectives ---------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::broadcast(std::vector<at::Tensor> &tensors,
+                                                           const c10d::BroadcastOptions &opts) {
+  const char *call = "broadcast";
+  const at::Tensor &t = single(call, tensors);
+  TORCH_CHECK(opts.rootTensor == 0, "weft: ", call, ": root_tensor must be 0");
+  const int root = static_cast<int>(opts.rootRank);
+  Wire w = moveWire(t);
+  auto work = newWork(c10d::OpType::BROADCAST, call, tensors);
+  work->keep = {t};
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  void *p = t.data_ptr();
+  weft_status st =
+      weft_ibroadcast(comm_, getRank() == root ? p : nullptr, p, w.count, w.dtype, root, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce(std::vector<at::Tensor> &tensors,
+                                                           const c10d::AllreduceOptions &opts) {
+  const char *call = "allreduce";
+  const at::Tensor &t = single(call, tensors);
+  Wire w = reduceWire(call, t);
+  weft_op op = weftOp(call, opts.reduceOp);
+  auto work = newWork(c10d::OpType::ALLREDUCE, call, tensors);
+  work->keep = {t};
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st = weft_iallreduce(comm_, t.data_ptr(), t.data_ptr(), w.count, w.dtype, op, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+// One weft allreduce per tensor, no packing: weft's own small-message path
+// is cheaper than a copy in and out, and mixed dtypes just work.
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce_coalesced(
+    std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts) {
+  const char *call = "allreduce_coalesced";
+  std::vector<Wire> wires;
+  for (const auto &t : tensors) {
+    checkTensor(call, t);
+    wires.push_back(reduceWire(call, t));
+  }
+  weft_op op = weftOp(call, opts.reduceOp);
+  auto work = newWork(c10d::OpType::ALLREDUCE_COALESCED, call, tensors);
+  work->keep = tensors;
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  for (size_t i = 0; i < tensors.size(); i++) {
+    weft_request *req = nullptr;
+    void *p = tensors[i].data_ptr();
+    weft_status st = weft_iallreduce(comm_, p, p, wires[i].count, wires[i].dtype, op, &req);
+    if (st != WEFT_OK) {
+      enqueue(work, false);  // the ones started are still waited for (and freed)
+      failIssue(call, st);
+    }
+    work->reqs.push_back(req);
+  }
+  enqueue(work, false);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce(std::vector<at::Tensor> &tensors,
+                                                        const c10d::ReduceOptions &opts) {
+  const char *call = "reduce";
+  const at::Tensor &t = single(call, tensors);
+  TORCH_CHECK(opts.rootTensor == 0, "weft: ", call, ": root_tensor must be 0");
+  Wire w = reduceWire(call, t);
+  weft_op op = weftOp(call, opts.reduceOp);
+  const int root = static_cast<int>(opts.rootRank);
+  auto work = newWork(c10d::OpType::REDUCE, call, tensors);
+  work->keep = {t};
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  void *p = t.data_ptr();
+  weft_status st =
+      weft_ireduce(comm_, p, getRank() == root ? p : nullptr, w.count, w.dtype, op, root, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allgather(
+    std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::AllgatherOptions &) {
+  const char *call = "allgather";
+  const at::Tensor &in = single(call, inputs);
+  TORCH_CHECK(outputs.size() == 1, "weft: ", call, ": takes one output list, got ", outputs.size());
+  auto &outs = outputs[0];
+  TORCH_CHECK(static_cast<int>(outs.size()) == getSize(), "weft: ", call, ": the output list has ",
+              outs.size(), " tensors; the group has ", getSize(), " ranks");
+  for (const auto &o : outs) {
+    checkSame(call, in, o, "an output tensor");
+    TORCH_CHECK(o.numel() == in.numel(), "weft: ", call, ": an output tensor has ", o.numel(),
+                " elements, the input ", in.numel());
+  }
+  Wire w = moveWire(in);
+  at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
+  auto work = newWork(c10d::OpType::ALLGATHER, call, outs);
+  work->keep = {in, flat};
+  const int64_t n = in.numel();
+  work->after = [flat, outs, n]() mutable {
+    for (size_t r = 0; r < outs.size(); r++)
+      outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
+  };
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st = weft_iallgather(comm_, in.data_ptr(), flat.data_ptr(), w.count, w.dtype, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_allgather_base(at::Tensor &output,
+                                                                 at::Tensor &input,
+                                                                 const c10d::AllgatherOptions &) {
+  const char *call = "allgather_into_tensor";
+  checkTensor(call, input);
+  checkTensor(call, output);
+  checkSame(call, input, output, "the output");
+  TORCH_CHECK(output.numel() == getSize() * input.numel(), "weft: ", call, ": the output has ",
+              output.numel(), " elements; it must have ranks (", getSize(), ") x input (",
+              input.numel(), ")");
+  Wire w = moveWire(input);
+  auto work = newWork(c10d::OpType::_ALLGATHER_BASE, call, {output});
+  work->keep = {input, output};
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st =
+      weft_iallgather(comm_, input.data_ptr(), output.data_ptr(), w.count, w.dtype, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::gather(
+    std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+    const c10d::GatherOptions &opts) {
+  const char *call = "gather";
+  const at::Tensor &in = single(call, inputs);
+  const int root = static_cast<int>(opts.rootRank);
+  TORCH_CHECK(root >= 0 && root < getSize(), "weft: ", call, ": root ", root,
+              " is not a rank of the group (size ", getSize(), ")");
+  Wire w = moveWire(in);
+  const int64_t n = in.numel();
+  std::vector<at::Tensor> outs;
+  at::Tensor flat;
+  if (getRank() == root) {
+    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+                "weft: ", call, ": the root needs one list of ", getSize(), " output tensors");
+    outs = outputs[0];
+    for (const auto &o : outs) {
+      checkSame(call, in, o, "an output tensor");
+      TORCH_CHECK(o.numel() == n, "weft: ", call, ": an output tensor has ", o.numel(),
+                  " elements, the input ", n);
+    }
+    flat = at::empty({getSize() * n}, in.options());
+  } else {
+    TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "weft: ", call,
+                ": only the root passes output tensors");
+  }
+  auto work = newWork(c10d::OpType::GATHER, call, outs);
+  work->keep = {in};
+  if (flat.defined()) {
+    work->keep.push_back(flat);
+    work->after = [flat, outs, n]() mutable {
+      for (size_t r = 0; r < outs.size(); r++)
+        outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
+    };
+  }
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st = weft_igather(comm_, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
+                                w.count, w.dtype, root, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::scatter(
+    std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
+    const c10d::ScatterOptions &opts) {
+  const char *call = "scatter";
+  const at::Tensor &out = single(call, outputs);
+  const int root = static_cast<int>(opts.rootRank);
+  TORCH_CHECK(root >= 0 && root < getSize(), "weft: ", call, ": root ", root,
+              " is not a rank of the group (size ", getSize(), ")");
+  Wire w = moveWire(out);
+  at::NoGradGuard no_grad;
+  at::Tensor flat;
+  if (getRank() == root) {
+    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                "weft: ", call, ": the root needs one list of ", getSize(), " input tensors");
+    flat = stack(call, inputs[0], out, "the input list");
+  } else {
+    TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "weft: ", call,
+                ": only the root passes input tensors");
+  }
+  auto work = newWork(c10d::OpType::SCATTER, call, outputs);
+  work->keep = {out};
+  if (flat.defined()) work->keep.push_back(flat);
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st = weft_iscatter(comm_, flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
+                                 w.count, w.dtype, root, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce_scatter(
+    std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
+    const c10d::ReduceScatterOptions &opts) {
+  const char *call = "reduce_scatter";
+  const at::Tensor &out = single(call, outputs);
+  Wire w = reduceWire(call, out);
+  weft_op op = weftOp(call, opts.reduceOp);
+  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), "weft: ", call,
+              ": needs one list of ", getSize(), " input tensors");
+  at::NoGradGuard no_grad;
+  at::Tensor flat = stack(call, inputs[0], out, "the input list");
+  auto work = newWork(c10d::OpType::REDUCE_SCATTER, call, outputs);
+  work->keep = {out, flat};
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st =
+      weft_ireduce_scatter(comm_, flat.data_ptr(), out.data_ptr(), w.count, w.dtype, op, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_reduce_scatter_base(
+    at::Tensor &output, at::Tensor &input, const c10d::ReduceScatterOptions &opts) {
+  const char *call = "reduce_scatter_tensor";
+  checkTensor(call, input);
+  checkTensor(call, output);
+  checkSame(call, input, output, "the output");
+  Wire w = reduceWire(call, output);
+  weft_op op = weftOp(call, opts.reduceOp);
+  TORCH_CHECK(input.numel() == getSize() * output.numel(), "weft: ", call, ": the input has ",
+              input.numel(), " elements; it must have ranks (", getSize(), ") x output (",
+              output.numel(), ")");
+  auto work = newWork(c10d::OpType::_REDUCE_SCATTER_BASE, call, {output});
+  work->keep = {input, output};
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st =
+      weft_ireduce_scatter(comm_, input.data_ptr(), output.data_ptr(), w.count, w.dtype, op, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall_base(at::Tensor &output,
+                                                               at::Tensor &input,
+                                                               std::vector<int64_t> &outputSplits,
+                                                               std::vector<int64_t> &inputSplits,
+                                                               const c10d::AllToAllOptions &) {
+  const char *call = "alltoall_base";
+  checkTensor(call, input);
+  checkTensor(call, output);
+  checkSame(call, input, output, "the output");
+  const int64_t size = getSize();
+  TORCH_CHECK(input.numel() == output.numel(), "weft: ", call, ": the input has ", input.numel(),
+              " elements, the output ", output.numel());
+  // weft's alltoall moves equal blocks: split sizes are accepted when they say so
+  for (auto *splits : {&inputSplits, &outputSplits}) {
+    if (splits->empty()) continue;
+    bool equal = static_cast<int64_t>(splits->size()) == size;
+    for (int64_t s : *splits) equal = equal && s == (*splits)[0];
+    TORCH_CHECK(equal, "weft: ", call, ": unequal split sizes ", c10::IntArrayRef(*splits),
+                " are not supported (weft's alltoall moves equal blocks); pass equal ones or none");
+  }
+  TORCH_CHECK(input.dim() > 0 && input.size(0) % size == 0, "weft: ", call,
+              ": the input's first dimension (", input.dim() ? input.size(0) : 0,
+              ") does not split into ", size, " equal blocks");
+  TORCH_CHECK(input.data_ptr() != output.data_ptr() || input.numel() == 0, "weft: ", call,
+              ": the input and output must be different tensors");
+  Wire w = moveWire(input);
+  auto work = newWork(c10d::OpType::ALLTOALL_BASE, call, {output});
+  work->keep = {input, output};
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st =
+      weft_ialltoall(comm_, input.data_ptr(), output.data_ptr(), w.count / size, w.dtype, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall(std::vector<at::Tensor> &outputs,
+                                                          std::vector<at::Tensor> &inputs,
+                                                          const c10d::AllToAllOptions &) {
+  const char *call = "alltoall";
+  TORCH_CHECK(
+      static_cast<int>(inputs.size()) == getSize() && static_cast<int>(outputs.size()) == getSize(),
+      "weft: ", call, ": needs ", getSize(), " input and output tensors, got ", inputs.size(),
+      " and ", outputs.size());
+  const at::Tensor &like = inputs[0];
+  checkTensor(call, like);
+  at::NoGradGuard no_grad;
+  at::Tensor in = stack(call, inputs, like, "the input list");
+  for (const auto &o : outputs) {
+    checkSame(call, like, o, "an output tensor");
+    TORCH_CHECK(o.numel() == like.numel(), "weft: ", call,
+                ": every block must have the same size (weft's alltoall moves equal blocks); "
+                "an output has ",
+                o.numel(), " elements, the first input ", like.numel());
+  }
+  at::Tensor out = at::empty_like(in);
+  Wire w = moveWire(like);
+  auto work = newWork(c10d::OpType::ALLTOALL, call, outputs);
+  work->keep = {in, out};
+  const int64_t n = like.numel();
+  std::vector<at::Tensor> outs = outputs;
+  work->after = [out, outs, n]() mutable {
+    for (size_t r = 0; r < outs.size(); r++)
+      outs[r].copy_(out.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
+  };
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st = weft_ialltoall(comm_, in.data_ptr(), out.data_ptr(), w.count, w.dtype, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+// ---- point to point ------------------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::send(std::vector<at::Tensor> &tensors, int dstRank,
+                                                      int tag) {
+  const char *call = "send";
+  const at::Tensor &t = single(call, tensors);
+  TORCH_CHECK(tag >= 0, "weft: ", call, ": tag ", tag, " is negative");
+  Wire w = moveWire(t);
+  auto work = newWork(c10d::OpType::SEND, call, tensors);
+  work->keep = {t};
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st = weft_isend(comm_, t.data_ptr(), w.count, w.dtype, dstRank, tag, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, true);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recv(std::vector<at::Tensor> &tensors, int srcRank,
+                                                      int tag) {
+  const char *call = "recv";
+  const at::Tensor &t = single(call, tensors);
+  TORCH_CHECK(tag >= 0, "weft: ", call, ": tag ", tag, " is negative");
+  Wire w = moveWire(t);
+  auto work = newWork(c10d::OpType::RECV, call, tensors);
+  work->keep = {t};
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st = weft_irecv(comm_, t.data_ptr(), w.count, w.dtype, srcRank, tag, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, true);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recvAnysource(std::vector<at::Tensor> &, int) {
+  TORCH_CHECK(false,
+              "weft: recv from any source is not supported: a weft receive names its "
+              "peer (pass src=)");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::barrier(const c10d::BarrierOptions &) {
+  const char *call = "barrier";
+  auto work = newWork(c10d::OpType::BARRIER, call, {});
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st = weft_ibarrier(comm_, &req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, false);
+  return work;
+}
+
+}  // namespace weft_torch

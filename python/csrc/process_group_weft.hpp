@@ -1,0 +1,152 @@
+// process_group_weft.hpp - weft as a torch.distributed backend: a process
+// group whose collectives are weft's non-blocking requests, and the work
+// objects that complete them. Built against torch 1.13 (backends derive from
+// c10d::ProcessGroup) and torch 2.x (they derive from c10d::Backend).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/version.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+
+#include "weft.h"
+
+namespace weft_torch {
+
+// torch 2.x splits the user-facing ProcessGroup from the per-device Backend
+// that third-party libraries provide; torch 1.13 has only ProcessGroup.
+#if TORCH_VERSION_MAJOR >= 2
+using BackendBase = c10d::Backend;
+#else
+using BackendBase = c10d::ProcessGroup;
+#endif
+
+class ProcessGroupWeft;
+
+// One torch call: weft requests, the tensors they use (kept alive until
+// weft is done with them), and what to do after success (copies out of a
+// staging buffer). Completed by the process group's completer threads, which
+// also complete the future DDP waits on.
+class WorkWeft : public c10d::Work {
+ public:
+  WorkWeft(int rank, c10d::OpType type, std::string call, std::vector<at::Tensor> outputs);
+  ~WorkWeft() override;
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  std::vector<at::Tensor> result() override;
+
+  // Marks the work done (eptr null) or failed, and its future with it.
+  void complete(std::exception_ptr eptr);
+
+  std::string call;                  // "allreduce", for messages
+  std::vector<weft_request *> reqs;  // owned until completed
+  std::vector<at::Tensor> keep;      // every buffer weft reads or writes
+  std::function<void()> after;       // on success, before completion
+  std::vector<at::Tensor> outputs;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+};
+
+class ProcessGroupWeft : public BackendBase {
+ public:
+  // Collective over the group: rank 0 makes a weft unique id and puts it in
+  // the store, the others read it, every rank joins the communicator.
+  ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+                   std::chrono::milliseconds timeout);
+  ~ProcessGroupWeft() override;
+
+  const std::string getBackendName() const override { return "weft"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor> &tensors,
+                                           const c10d::BroadcastOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
+                                           const c10d::AllreduceOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor> &tensors,
+                                        const c10d::ReduceOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>> &outputs,
+                                           std::vector<at::Tensor> &inputs,
+                                           const c10d::AllgatherOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &output, at::Tensor &input,
+                                                 const c10d::AllgatherOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs,
+                                        std::vector<at::Tensor> &inputs,
+                                        const c10d::GatherOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs,
+                                         std::vector<std::vector<at::Tensor>> &inputs,
+                                         const c10d::ScatterOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor> &outputs,
+                                                std::vector<std::vector<at::Tensor>> &inputs,
+                                                const c10d::ReduceScatterOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor &output, at::Tensor &input, const c10d::ReduceScatterOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
+                                               std::vector<int64_t> &outputSplits,
+                                               std::vector<int64_t> &inputSplits,
+                                               const c10d::AllToAllOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor> &outputs,
+                                          std::vector<at::Tensor> &inputs,
+                                          const c10d::AllToAllOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors, int dstRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int srcRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor> &tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override;
+
+  // The transport weft chose for `peer` ("shm", "tcp", ...), for tests and logs.
+  std::string peerTransport(int peer) const;
+
+  // Stops the completer threads and destroys the communicator (aborting it
+  // when works are still running); later calls are refused. Idempotent.
+  void shutdown();
+  // shutdown() for every live process group: run at interpreter exit, while
+  // a completer can still take the GIL to finish a Python callback (later,
+  // Python ends any thread that asks for it, which aborts the process).
+  static void shutdownAll();
+
+ private:
+  c10::intrusive_ptr<WorkWeft> newWork(c10d::OpType type, const char *call,
+                                       std::vector<at::Tensor> outputs);
+  // Hands a started work to a completer; p2p works to the polling one, so a
+  // receive that waits for its peer never holds back the collectives.
+  void enqueue(const c10::intrusive_ptr<WorkWeft> &work, bool p2p);
+  [[noreturn]] void failIssue(const char *call, weft_status st) const;
+  void checkLive(const char *call) const;  // under issue_mu_
+  std::exception_ptr failure(const WorkWeft &work, weft_status st) const;
+  void collectiveLoop();
+  void p2pLoop();
+  void finishWork(WorkWeft &work, weft_status st);
+
+  weft_comm *comm_ = nullptr;
+  // weft: one thread issues on a communicator at a time; torch may call from
+  // several (autograd threads, the user's).
+  std::mutex issue_mu_;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<c10::intrusive_ptr<WorkWeft>> collectives_;
+  std::deque<c10::intrusive_ptr<WorkWeft>> p2p_;
+  bool stopping_ = false;
+  bool shut_ = false;
+  int outstanding_ = 0;  // works started and not finished
+  std::thread collective_thread_;
+  std::thread p2p_thread_;
+};
+
+}  // namespace weft_torch

@@ -1,0 +1,113 @@
+"""weft as a torch.distributed backend.
+
+    import torch.distributed as dist
+    import weft.torch                      # registers the backend "weft"
+    dist.init_process_group("weft")        # under torchrun, weftrun or mpirun
+
+Collectives on CPU tensors go through weft's non-blocking requests; see
+docs/torch.md for what is supported and what is refused.
+"""
+import atexit
+import inspect
+import os
+
+import torch as _torch
+import torch.distributed as _dist
+
+__all__ = ["BACKEND", "ProcessGroupWeft", "peer_transport"]
+
+BACKEND = "weft"
+
+
+def _env_from_launcher():
+    """Fill torch's RANK / WORLD_SIZE / LOCAL_RANK from mpirun's or Slurm's
+    variables when no torch launcher set them, so a script started by mpirun
+    needs no edits (MASTER_ADDR and MASTER_PORT it must still be given, e.g.
+    mpirun -x MASTER_ADDR=host -x MASTER_PORT=29500). torchrun and weftrun set
+    them all already; variables already set are never changed."""
+    if "RANK" in os.environ:
+        return
+    for rank, size, local in (
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+        ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+    ):
+        if rank in os.environ and size in os.environ:
+            os.environ["RANK"] = os.environ[rank]
+            os.environ.setdefault("WORLD_SIZE", os.environ[size])
+            if local in os.environ:
+                os.environ.setdefault("LOCAL_RANK", os.environ[local])
+            return
+
+
+def _load_backend():
+    # A build tree keeps the extension apart from these sources (meson test
+    # sets WEFT_TORCH_EXT_DIR); an installed package has it right here.
+    ext_dir = os.environ.get("WEFT_TORCH_EXT_DIR")
+    if ext_dir and ext_dir not in __path__:
+        __path__.append(ext_dir)
+    try:
+        from . import _backend
+    except ImportError as e:
+        raise ImportError(
+            "weft.torch: the C++ extension weft/torch/_backend is missing or does not load "
+            f"({e}); it is built by meson when a Python with torch is found "
+            "(see docs/torch.md)") from e
+    return _backend
+
+
+# Without the extension (weft built without torch, say) the pure-Python DDP
+# hooks below still import; the backend then fails where it is asked for,
+# with the sentence of why it is missing.
+try:
+    _backend = _load_backend()
+    ProcessGroupWeft = _backend.ProcessGroupWeft
+except ImportError as _missing:
+    _backend, _backend_missing, ProcessGroupWeft = None, _missing, None
+
+
+def _create(store, rank, size, timeout):
+    if _backend is None:
+        raise _backend_missing
+    return _backend.create(store, rank, size, timeout)
+
+
+def _register():
+    if getattr(_dist.Backend, BACKEND.upper(), None) is not None:
+        return  # registered already (the module reloaded)
+    if "devices" in inspect.signature(_dist.Backend.register_backend).parameters:
+        # torch 2.x: cuda too, so CUDA tensors reach weft, which refuses them
+        # with a sentence on weft's GPU support instead of torch's "no
+        # backend"; object collectives and barrier still pick cpu
+        _dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+    else:  # torch 1.13: one process group for every device
+        _dist.Backend.register_backend(BACKEND, _create)
+
+
+def peer_transport(peer, group=None):
+    """The transport weft chose for `peer` in `group` ("shm", "tcp", "self")."""
+    if _backend is None:
+        raise _backend_missing
+    pg = group if group is not None else _dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupWeft):
+        # torch 2.x wraps backends in a ProcessGroup
+        pg = pg._get_backend(_torch.device("cpu"))
+    return pg.peer_transport(peer)
+
+
+_env_from_launcher()
+_register()
+# Before the interpreter finalizes: a completer thread that finishes a future
+# with a Python callback then needs the GIL, and Python 3.11 ends such a
+# thread mid-way once finalization began (the process aborts). Groups left
+# alive at exit (no destroy_process_group) are stopped here instead.
+if _backend is not None:
+    atexit.register(_backend.shutdown_all)
+
+try:  # the DDP comm hooks (weft.torch.hooks) come with the Python package
+    from .hooks import *  # noqa: F401,F403
+    from . import hooks as _hooks
+
+    __all__ += list(getattr(_hooks, "__all__", []))
+except ImportError:
+    pass

@@ -1,0 +1,470 @@
+"""One rank of the weft.torch tests, started by torchrun, weftrun, mpirun or
+tests/torch/run.py. Every rank makes every rank's inputs from the same seeds,
+so it computes each op's reference itself, independently of any backend, in
+float64 / int64. Prints "RANK r OK" at the end; any failure raises.
+
+  ops        every op through dist.*, random sizes, dtypes, ops and roots
+  refusals   bad input refused with a sentence naming the call, on every rank
+  ddp        a digits MLP trained one epoch with DDP on backend "weft": its
+             parameters must equal a 1-process run within 1e-6
+  kill       (run.py --kill) one rank's tensor is refused: the others time
+             out (3 s), naming it; ranks pass different counts to one allreduce
+             (WEFT_CHECK=1): every rank must raise; then the last rank dies
+             inside a loop of allreduces: the others must get an exception
+             naming the call and the peer
+"""
+import argparse
+import os
+import random
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import weft.torch  # noqa: F401  registers the backend "weft"
+
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
+# moved as bytes: weft cannot reduce them, but broadcast and gathers move them
+BYTES_ONLY = [torch.bool, torch.int16, torch.complex64]
+OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
+       "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
+
+
+def gen(seed, case, rank, dtype, n, op="sum"):
+    """Rank `rank`'s input of `case`: the same on every rank that asks."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + case * 1009 + rank)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    if dtype == torch.complex64:
+        return torch.randn(n, 2, generator=g).contiguous().view(torch.complex64).reshape(n)
+    if dtype in FLOATS:
+        if op == "product":
+            v = torch.randint(-2, 3, (n,), generator=g).double()
+        elif case % 2:
+            v = torch.randn(n, generator=g, dtype=torch.float64) * 4
+        else:  # integer values: sums exact in every float type
+            v = torch.randint(-8, 9, (n,), generator=g).double()
+        return v.to(dtype)
+    lo, hi = {torch.int8: (-128, 128), torch.uint8: (0, 256), torch.int16: (-2**15, 2**15),
+              torch.int32: (-2**31, 2**31), torch.int64: (-2**40, 2**40)}[dtype]
+    if op == "product":
+        lo, hi = (-3, 4) if dtype != torch.uint8 else (0, 4)
+    return torch.randint(lo, hi, (n,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def reference(inputs, op, dtype):
+    """op over ranks in float64 / int64, then rounded (floats) or wrapped (ints) to dtype."""
+    wide = torch.float64 if dtype in FLOATS else torch.int64
+    xs = torch.stack([x.to(wide) for x in inputs])
+    if op in ("sum", "avg"):
+        r = xs.sum(0)
+        if op == "avg":
+            r = r / len(inputs) if dtype in FLOATS else torch.div(r, len(inputs), rounding_mode="trunc")
+    elif op == "product":
+        r = xs.prod(0)
+    elif op == "min":
+        r = xs.min(0).values
+    else:
+        r = xs.max(0).values
+    if dtype in INTS and dtype != torch.int64:  # wrap as two's complement, like weft does (int64 inputs cannot overflow)
+        bits = torch.iinfo(dtype).bits
+        r = r & ((1 << bits) - 1)
+        if dtype != torch.uint8:
+            r = torch.where(r >= (1 << (bits - 1)), r - (1 << bits), r)
+    return r
+
+
+def check(got, want, dtype, what, inputs=None):
+    """Equal for ints; within a few roundings of dtype for floats."""
+    if dtype in FLOATS:
+        scale = torch.stack([x.double().abs() for x in inputs]).sum(0) if inputs else want.double().abs()
+        eps = {torch.float32: 2e-7, torch.float64: 1e-15, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+        tol = 4 * eps * (scale + want.double().abs() + 1)
+        bad = (got.double() - want.double()).abs() > tol
+    elif dtype == torch.complex64 or dtype == torch.bool:
+        bad = got != want
+    else:
+        bad = got.to(torch.int64) != want.to(torch.int64)
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise AssertionError(f"{what}: element {i} of {got.numel()} is {got.reshape(-1)[i].item()}, "
+                             f"expected {want.reshape(-1)[i].item()}")
+
+
+def random_count(rng, mult=1):
+    return mult * rng.choice([0, 1, 3, rng.randint(2, 300), rng.randint(300, 5000), rng.randint(5000, 70000)])
+
+
+def run_ops(seed, cases):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    rng = random.Random(seed)  # same choices on every rank
+    kinds = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+             "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single", "all_to_all",
+             "gather", "scatter", "send_recv", "barrier", "coalesced", "async_many"]
+    done = {}
+    for case in range(cases):
+        kind = kinds[case % len(kinds)]
+        reduces = kind in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "coalesced", "async_many")
+        dtype = rng.choice(FLOATS + INTS if reduces else FLOATS + INTS + BYTES_ONLY)
+        op = rng.choice(list(OPS))
+        root = rng.randrange(size)
+        what = f"case {case}: {kind} {str(dtype)[6:]} {op if reduces else ''} root {root} on {size} ranks"
+        if kind == "all_reduce":
+            n = random_count(rng)
+            ins = [gen(seed, case, r, dtype, n, op) for r in range(size)]
+            t = ins[rank].clone()
+            dist.all_reduce(t, op=OPS[op])
+            check(t, reference(ins, op, dtype), dtype, what, ins)
+        elif kind == "broadcast":
+            n = random_count(rng)
+            t = gen(seed, case, rank, dtype, n)
+            dist.broadcast(t, src=root)
+            check(t, gen(seed, case, root, dtype, n), dtype, what)
+        elif kind == "reduce":
+            n = random_count(rng)
+            ins = [gen(seed, case, r, dtype, n, op) for r in range(size)]
+            t = ins[rank].clone()
+            dist.reduce(t, dst=root, op=OPS[op])
+            if rank == root:
+                check(t, reference(ins, op, dtype), dtype, what, ins)
+        elif kind in ("all_gather", "all_gather_into_tensor"):
+            n = random_count(rng)
+            ins = [gen(seed, case, r, dtype, n) for r in range(size)]
+            if kind == "all_gather":
+                outs = [torch.zeros(n, dtype=dtype) for _ in range(size)]
+                dist.all_gather(outs, ins[rank])
+                out = torch.cat(outs)
+            elif rng.random() < 0.5:
+                out = torch.zeros(size * n, dtype=dtype)
+                dist.all_gather_into_tensor(out, ins[rank])
+            else:  # in place, as FSDP does: the input is this rank's block of the output
+                out = torch.zeros(size * n, dtype=dtype)
+                out[rank * n:(rank + 1) * n] = ins[rank]
+                dist.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
+                what += " in place"
+            check(out, torch.cat(ins), dtype, what)
+        elif kind in ("reduce_scatter", "reduce_scatter_tensor"):
+            n = random_count(rng)
+            ins = [gen(seed, case, r, dtype, size * n, op) for r in range(size)]
+            out = torch.zeros(n, dtype=dtype)
+            if kind == "reduce_scatter":
+                dist.reduce_scatter(out, list(ins[rank].clone().chunk(size)) if n else
+                                    [torch.zeros(0, dtype=dtype)] * size, op=OPS[op])
+            elif rng.random() < 0.5:
+                dist.reduce_scatter_tensor(out, ins[rank].clone(), op=OPS[op])
+            else:  # in place: the output is this rank's block of the input
+                buf = ins[rank].clone()
+                out = buf[rank * n:(rank + 1) * n]
+                dist.reduce_scatter_tensor(out, buf, op=OPS[op])
+                what += " in place"
+            mine = [x[rank * n:(rank + 1) * n] for x in ins]
+            check(out, reference(mine, op, dtype), dtype, what, mine)
+        elif kind in ("all_to_all_single", "all_to_all"):
+            n = random_count(rng)
+            ins = [gen(seed, case, r, dtype, size * n) for r in range(size)]
+            want = torch.cat([x[rank * n:(rank + 1) * n] for x in ins])
+            if kind == "all_to_all_single":
+                out = torch.zeros(size * n, dtype=dtype)
+                splits = [n] * size if rng.random() < 0.5 else None
+                dist.all_to_all_single(out, ins[rank], splits, splits)
+            else:
+                outs = [torch.zeros(n, dtype=dtype) for _ in range(size)]
+                dist.all_to_all(outs, list(ins[rank].chunk(size)) if n else [torch.zeros(0, dtype=dtype)] * size)
+                out = torch.cat(outs)
+            check(out, want, dtype, what)
+        elif kind == "gather":
+            n = random_count(rng)
+            ins = [gen(seed, case, r, dtype, n) for r in range(size)]
+            outs = [torch.zeros(n, dtype=dtype) for _ in range(size)] if rank == root else None
+            dist.gather(ins[rank], outs, dst=root)
+            if rank == root:
+                check(torch.cat(outs), torch.cat(ins), dtype, what)
+        elif kind == "scatter":
+            n = random_count(rng)
+            full = gen(seed, case, root, dtype, size * n)
+            out = torch.zeros(n, dtype=dtype)
+            dist.scatter(out, list(full.chunk(size)) if rank == root and n else
+                         ([torch.zeros(0, dtype=dtype)] * size if rank == root else None), src=root)
+            check(out, full[rank * n:(rank + 1) * n], dtype, what)
+        elif kind == "send_recv":
+            if size == 1:
+                continue
+            n = random_count(rng)
+            tag = rng.randrange(1000)
+            right, left = (rank + 1) % size, (rank - 1) % size
+            out = torch.zeros(n, dtype=dtype)
+            # receive posted first on every rank: the sends never wait for a receive
+            reqs = [dist.irecv(out, src=left, tag=tag), dist.isend(gen(seed, case, rank, dtype, n), dst=right, tag=tag)]
+            for q in reqs[::-1]:
+                q.wait()
+            check(out, gen(seed, case, left, dtype, n), dtype, what)
+        elif kind == "barrier":
+            dist.barrier()
+        elif kind == "coalesced":
+            k = rng.randint(1, 5)
+            if not hasattr(dist, "all_reduce_coalesced"):  # deprecated in torch 2.x
+                continue
+            ns = [random_count(rng) for _ in range(k)]
+            ins = [[gen(seed, case * 10 + j, r, dtype, ns[j], op) for r in range(size)] for j in range(k)]
+            ts = [x[rank].clone() for x in ins]
+            dist.all_reduce_coalesced(ts, op=OPS[op])
+            for j in range(k):
+                check(ts[j], reference(ins[j], op, dtype), dtype, f"{what}, tensor {j}", ins[j])
+        elif kind == "async_many":
+            # several works in flight, waited for in reverse order
+            k = rng.randint(2, 6)
+            ns = [random_count(rng) for _ in range(k)]
+            ins = [[gen(seed, case * 10 + j, r, dtype, ns[j], op) for r in range(size)] for j in range(k)]
+            ts = [x[rank].clone() for x in ins]
+            works = [dist.all_reduce(t, op=OPS[op], async_op=True) for t in ts]
+            for w in works[::-1]:
+                w.wait()
+            for j in range(k):
+                check(ts[j], reference(ins[j], op, dtype), dtype, f"{what}, tensor {j}", ins[j])
+        done[kind] = done.get(kind, 0) + 1
+    return done
+
+
+def run_groups(seed):
+    """A process group per parity of rank (dist.new_group): each is a weft
+    communicator of its own, met through its own store prefix."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size < 2:
+        return
+    groups = [dist.new_group(list(range(p, size, 2))) for p in (0, 1)]
+    mine = list(range(rank % 2, size, 2))
+    ins = [gen(seed, 999, r, torch.float64, 1000) for r in mine]
+    t = ins[mine.index(rank)].clone()
+    dist.all_reduce(t, group=groups[rank % 2])
+    check(t, reference(ins, "sum", torch.float64), torch.float64, f"allreduce in the group {mine}", ins)
+    dist.barrier()
+
+
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+def expect_refusal(fn, *words, torch2_may_refuse=False):
+    """fn must raise naming `words`; torch 2.x refuses some input itself,
+    before the backend sees it, in its own words."""
+    try:
+        fn()
+    except (RuntimeError, ValueError) as e:
+        msg = str(e)
+        if torch2_may_refuse and TORCH2 and "weft" not in msg:
+            return msg
+        missing = [w for w in words if w not in msg]
+        if missing:
+            raise AssertionError(f"refusal lacks {missing}: {msg}")
+        return msg
+    raise AssertionError(f"not refused: expected an error naming {words}")
+
+
+def run_refusals():
+    """Each is refused on every rank before anything is sent, so the group
+    stays usable; an allreduce at the end proves it."""
+    size = dist.get_world_size()
+    expect_refusal(lambda: dist.all_reduce(torch.zeros(4, 4).t()), "allreduce", "not contiguous")
+    expect_refusal(lambda: dist.all_reduce(torch.zeros(3, dtype=torch.int16)), "allreduce", "cannot reduce")
+    expect_refusal(lambda: dist.all_reduce(torch.zeros(3, dtype=torch.int32), op=dist.ReduceOp.BAND),
+                   "allreduce", "BAND")
+    expect_refusal(lambda: dist.all_reduce(torch.zeros(3, device="meta")), "allreduce", "CPU",
+                   torch2_may_refuse=True)
+    expect_refusal(lambda: dist.recv(torch.zeros(3)), "any source")
+    if torch.cuda.is_available():  # the GPU machine: refused until weft's GPU issue lands
+        expect_refusal(lambda: dist.all_reduce(torch.zeros(3, device="cuda")), "allreduce",
+                       "GPU buffers come with weft's GPU issue")
+    if size > 1:
+        splits = [2] + [1] * (size - 1)
+        expect_refusal(lambda: dist.all_to_all_single(torch.zeros(size + 1), torch.zeros(size + 1), splits, splits),
+                       "alltoall_base", "unequal split sizes")
+    expect_refusal(lambda: dist.all_gather_into_tensor(torch.zeros(size * 3 + 1), torch.zeros(3)),
+                   "allgather_into_tensor", "elements", torch2_may_refuse=True)
+    t = torch.ones(5)
+    dist.all_reduce(t)
+    check(t, torch.full((5,), float(size)), torch.float32, "allreduce after refusals")
+
+
+# ---- DDP ---------------------------------------------------------------------------
+
+def digits():
+    """sklearn's digits (1797 8x8 images, 10 classes); where sklearn is
+    missing, data of the same shape from a fixed seed, so the DDP check
+    still runs (it compares two trainings on the same data, whatever they are)."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        print("DDP: no sklearn here (python3-sklearn); training on generated 8x8 data instead", flush=True)
+        g = torch.Generator().manual_seed(11)
+        y = torch.randint(0, 10, (1797,), generator=g)
+        centers = torch.rand(10, 64, generator=g)
+        return (centers[y] + 0.3 * torch.rand(1797, 64, generator=g)).float(), y
+    d = load_digits()
+    x = torch.tensor(d.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(d.target, dtype=torch.int64)
+    return x, y
+
+
+def mlp():
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.Tanh(), torch.nn.Linear(48, 32),
+                               torch.nn.Tanh(), torch.nn.Linear(32, 10))
+
+
+def train(model, batches, step):
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    for xb, yb in batches:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        step(opt)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def run_ddp():
+    """One epoch, global batch 64 split evenly over the ranks: the mean of
+    the ranks' mean losses is the 1-process loss, so the parameters must
+    agree to float rounding (1e-6). The same epoch without the reduction
+    (each rank on its own share) must land far off: that shows the bound
+    can fail."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x, y = digits()
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(7))
+    gb, per = 64, 64 // size
+    steps = len(x) // gb
+    glob = [(x[perm[s * gb:(s + 1) * gb]], y[perm[s * gb:(s + 1) * gb]]) for s in range(steps)]
+    mine = [(xb[rank * per:(rank + 1) * per], yb[rank * per:(rank + 1) * per]) for xb, yb in glob]
+
+    ddp = torch.nn.parallel.DistributedDataParallel(mlp())
+    got = train(ddp, mine, lambda opt: opt.step())
+    want = train(mlp(), glob, lambda opt: opt.step())
+    diff = (got - want).abs().max().item()
+    print(f"RANK {rank} DDP max |param - 1-process param| = {diff:.3g} on {size} ranks", flush=True)
+    assert diff <= 1e-6, f"DDP on weft: parameters differ from the 1-process run by {diff:.3g} > 1e-6"
+    if size > 1:
+        alone = train(mlp(), mine, lambda opt: opt.step())
+        off = (alone - want).abs().max().item()
+        print(f"RANK {rank} without the reduction the difference would be {off:.3g}", flush=True)
+        assert off > 1e-3, f"control: training without reduction differs only by {off:.3g}"
+    # every rank holds the same parameters, bit for bit
+    gathered = [torch.zeros_like(got) for _ in range(size)]
+    dist.all_gather(gathered, got)
+    assert all(torch.equal(g, got) for g in gathered), "DDP ranks hold different parameters"
+
+
+# ---- a killed rank ----------------------------------------------------------------
+
+def run_stray():
+    """The last rank passes a non-contiguous tensor: refused on that rank at
+    once; the others, whose allreduce never gets its peer, must fail after
+    the group's timeout (3 s, from new_group's timeout=), naming the peer."""
+    import datetime
+    rank, size = dist.get_rank(), dist.get_world_size()
+    stray = size - 1
+    g = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=3))
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.zeros(4, 4).t() if rank == stray else torch.zeros(16), group=g)
+    except RuntimeError as e:
+        msg, took = str(e), time.monotonic() - start
+        print(f"RANK {rank} failed after {took:.1f} s: {msg}", flush=True)
+        if rank == stray:
+            assert "not contiguous" in msg and took < 1, msg
+        else:
+            # a rank waiting on another survivor names the stray rank as the culprit
+            assert "allreduce" in msg and "WEFT_ERR_TIMEOUT" in msg, msg
+            assert f"peer {stray}" in msg or f"culprit is rank {stray}" in msg, msg
+            assert 2.5 < took < 15, f"failed after {took:.1f} s; the group's timeout is 3 s"
+        return
+    raise AssertionError("no error although a rank's tensor was refused")
+
+
+def run_mismatch():
+    """Ranks pass different counts to one allreduce (run.py sets WEFT_CHECK=1,
+    which compares every call's arguments first): every rank must raise,
+    naming the call and the counts, not hang. On a group of its own, left
+    failed behind."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    g = dist.new_group(list(range(size)))
+    t = torch.ones(10 + rank)
+    try:
+        dist.all_reduce(t, group=g)
+    except RuntimeError as e:
+        msg = str(e)
+        print(f"RANK {rank} mismatch refused: {msg}", flush=True)
+        assert "allreduce" in msg and "WEFT_ERR_MISMATCH" in msg, f"the error does not name the call and the mismatch: {msg}"
+        return
+    raise AssertionError("allreduce with counts that differ between ranks succeeded")
+
+
+def run_kill():
+    """The last rank kills itself (SIGKILL) during a loop of allreduces; every
+    other rank must raise, naming the call and the dead peer, well before the
+    test's limit (the process group timeout is set to 20 s by run.py)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    victim = size - 1
+    t = torch.ones(1 << 16)
+    start = time.monotonic()
+    for i in range(100000):
+        if rank == victim and i == 20:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            dist.all_reduce(t)
+            t.fill_(1)
+        except RuntimeError as e:
+            msg = str(e)
+            took = time.monotonic() - start
+            print(f"RANK {rank} failed after {took:.1f} s in call {i}: {msg}", flush=True)
+            assert "allreduce" in msg, f"the error does not name the call: {msg}"
+            assert f"rank {victim}" in msg or f"peer {victim}" in msg, f"the error does not name the peer {victim}: {msg}"
+            return
+    raise AssertionError("no error although a rank died")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default="ops,refusals,ddp")
+    ap.add_argument("--seed", type=int, default=int(os.environ.get("WEFT_TEST_SEED", "20261123")))
+    ap.add_argument("--cases", type=int, default=60)
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--exit-without-destroy", action="store_true")
+    a = ap.parse_args()
+    import datetime
+    dist.init_process_group("weft", timeout=datetime.timedelta(seconds=a.timeout))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    parts = a.parts.split(",")
+    want = os.environ.get("WEFT_TRANSPORT", "auto")
+    if size > 1 and want != "auto":  # the run meant to cover that transport really does
+        got = weft.torch.peer_transport((rank + 1) % size)
+        assert got == want, f"WEFT_TRANSPORT={want} but weft chose {got} for peer {(rank + 1) % size}"
+    if "kill" in parts:
+        run_stray()
+        run_mismatch()
+        run_kill()
+        print(f"RANK {rank} OK", flush=True)
+        os._exit(0)  # the group is broken: skip its teardown
+    if "ops" in parts:
+        done = run_ops(a.seed, a.cases)
+        run_groups(a.seed)
+        if rank == 0:
+            print(f"ops on {size} ranks, seed {a.seed}: " + ", ".join(f"{k} x{v}" for k, v in done.items()), flush=True)
+    if "refusals" in parts:
+        run_refusals()
+    if "ddp" in parts:
+        run_ddp()
+    dist.barrier()
+    if a.exit_without_destroy:
+        # many scripts end so: the group lives on into the interpreter's exit,
+        # and the last future's Python callback is finished by a completer
+        # thread (which once aborted the process when exit came first)
+        t = torch.ones(1000)
+        got = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0].sum().item()).wait()
+        assert got == 1000 * size, got
+    else:
+        dist.destroy_process_group()
+    print(f"RANK {rank} OK", flush=True)
+
+
+if __name__ == "__main__":
+    main()
