@@ -176,6 +176,18 @@ def run_python(code, env=None, timeout=60):
                           timeout=timeout, cwd="/")
 
 
+def test_wire_dtype_names(comm):
+    """f32, bf16 and f16 are taken (one rank: nothing crosses a host, the sum
+    stays exact); anything else is refused by name before the library sees it."""
+    x = np.arange(1, 1001, dtype=np.float32) / 7
+    for wire in ("bf16", "f16", "f32"):
+        comm.set_wire_dtype(wire)
+        y = x.copy()
+        comm.allreduce(y)
+        assert np.array_equal(y, x)
+    refused(weft.InvalidArgument, lambda: comm.set_wire_dtype("fp8"), "set_wire_dtype", "fp8")
+
+
 def test_init_errors_carry_the_library_sentence():
     p = run_python("import weft\ntry:\n    weft.init()\nexcept weft.WeftError as e:\n"
                    "    print(e.status, '|', e.message)\n")

@@ -304,6 +304,21 @@ class Communicator:
                 raise s.error(st)
             return _text(s.ffi, t[0]), _text(s.ffi, r[0])
 
+    def set_wire_dtype(self, wire):
+        """What f32 sum/avg data crossing hosts travels as from the next call on:
+        "f32" (exact), "bf16" or "f16" (half the bytes, sums still formed in f32,
+        rounded once per hop; docs/tuning.md gives the error). Every rank must
+        set the same."""
+        s = self._s
+        names = {"f32": s.lib.WEFT_F32, "bf16": s.lib.WEFT_BF16, "f16": s.lib.WEFT_F16}
+        if wire not in names:
+            raise InvalidArgument("rank %d: set_wire_dtype: %r is none of f32, bf16, f16"
+                                  % (self.rank, wire))
+        with s.lock:
+            st = s.lib.weft_comm_set_wire_dtype(self._handle("set_wire_dtype"), names[wire])
+            if st:
+                raise s.error(st)
+
     def destroy(self):
         """Releases the communicator (not collective). Requests still
         outstanding complete with Aborted. Calling it twice does nothing."""

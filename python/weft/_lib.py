@@ -54,6 +54,7 @@ weft_status weft_comm_peer_transport(const weft_comm *comm, int peer, const char
                                      const char **reason);
 weft_status weft_comm_destroy(weft_comm *comm);
 weft_status weft_comm_abort(weft_comm *comm);
+weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire);
 weft_status weft_comm_split(weft_comm *comm, int color, int key, weft_comm **newcomm);
 
 weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
