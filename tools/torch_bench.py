@@ -166,9 +166,9 @@ class Bench:
             "weft": lambda ts: (lambda: self.allreduce_list(ts, self.weft_pg)),
             "hook": lambda ts: (lambda: self.allreduce_list_package(ts)),
         }
-        for label, ts in ((f"ResNet-50 grads, {len(tensors)} tensors ({mb:.1f} MB), "
+        for label, ts in ((f"ResNet-50 grads, {len(tensors)} tensors ({mb:.3g} MB), "
                            "one allreduce each", tensors),
-                          (f"ResNet-50 grads as one flat buffer ({mb:.1f} MB)",
+                          (f"ResNet-50 grads as one flat buffer ({mb:.3g} MB)",
                            [torch.empty(numel)])):
             ms = {k: self.timed(p(ts), prepare=fill(ts)) for k, p in paths.items()}
             results = {k: self.check_sums(f"{label}, {k}", ts, p(ts)) for k, p in paths.items()}
