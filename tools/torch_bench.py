@@ -25,6 +25,7 @@ Rank 0 prints one Markdown table row per case. Exits 1 when a backend's result
 disagrees with the reference or with gloo's, 77 when torch or weft.torch is missing.
 """
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -213,6 +214,8 @@ class Bench:
                 worst = max((g - want).abs().max().item() for g in grads)
                 if worst > 1e-5 * want:
                     self.fail(f"ResNet-50 DDP step, {key}: a gradient is off by {worst:g}")
+            del model, grads, step
+            gc.collect()  # DDP's reducer holds a copy of the 102 MB: free it before the next
         self.row(f"ResNet-50 grads, DDP step (forward+backward; local: {ms['local']:.1f} ms)",
                  ms["gloo"], ms["weft"], ms["hook"], "weft hook: DDP on gloo + weft allreduce_hook")
 
