@@ -60,7 +60,11 @@ def parse_args():
 def load_grads(path, quick):
     """[(name, shape)] from the TSV; --quick keeps 12 tensors, each at most 1/64."""
     shapes = []
-    with open(path) as f:
+    try:
+        f = open(path)
+    except OSError as e:
+        sys.exit(f"torch_bench: cannot read the gradient set --grads {path}: {e.strerror}")
+    with f:
         header = f.readline().rstrip("\n").split("\t")
         col = {k: i for i, k in enumerate(header)}
         for line in f:
