@@ -131,7 +131,11 @@ fi
 echo "$entries" >"$root/etc/apt/sources.list"
 rm -f "$root"/etc/apt/sources.list.d/*
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
-[ -s "$root/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
+# as Debian's installer writes it: the machine's own name resolves (torchrun
+# hands it to the ranks as MASTER_ADDR)
+[ -s "$root/etc/hosts" ] ||
+  printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' \
+    "$(hostname)" >"$root/etc/hosts"
 # no services start from package scripts inside the root
 printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
 chmod 755 "$root/usr/sbin/policy-rc.d"

@@ -416,6 +416,11 @@ static weft_status tcp_connect(weft_tp_ctx *tctx, int peer, int channel, const v
   if (c->state != TCP_CONN_AWAIT_ACCEPT || ctx->args->rank > peer) return WEFT_OK;
   struct sockaddr_storage a;
   socklen_t alen;
+  /* The pair's streams and rails come from can_reach; a caller that
+   * connects straight away (the contract allows it) learns them here. */
+  char why[256];
+  if (!ctx->peers[peer].known && !tcp_can_reach(tctx, peer, peer_addr, addr_len, why, sizeof why))
+    return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "peer %d cannot be reached: %s", peer, why);
   if (!tcp_addr_unpack(peer_addr, addr_len, &a, &alen) || !ctx->peers[peer].known)
     return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "peer %d published a malformed address", peer);
   weft_status st = tcp_conn_dial(c);
