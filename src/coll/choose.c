@@ -22,6 +22,7 @@ void weft_choice_init(weft_choice_state *c, int rank, int size) {
   c->direct_min_bytes = set->direct_min_bytes;
   c->bcast_chain_bytes = set->bcast_chain_bytes;
   c->bcast_fanout = set->bcast_fanout < size ? (int)set->bcast_fanout : 0;
+  c->bcast_confirm = set->bcast_confirm;
 }
 
 void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_bytes) {
@@ -193,7 +194,7 @@ weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier
 int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes, int size,
                              size_t chunk_bytes) {
   if (c->bcast_fanout > 0) return c->bcast_fanout;
-  if (size == 2 || bytes <= chunk_bytes) return 0;
+  if (c->bcast_confirm && (size == 2 || bytes <= chunk_bytes)) return 0;
   return bytes >= c->bcast_chain_bytes ? 1 : 2;
 }
 

@@ -23,6 +23,7 @@ typedef struct weft_choice_state {
   size_t exchange_max_bytes; /* one host, few ranks: the one-round exchange up to this size */
   size_t direct_min_bytes;   /* one host: try shared buffers from this size (0 never) */
   int bcast_fanout;          /* 0 = by size */
+  bool bcast_confirm;        /* WEFT_BCAST_CONFIRM: the user's broadcasts confirm descriptors */
   size_t bcast_chain_bytes;  /* broadcasts and reduces take a chain from this size */
   /* facts of the communicator, told by it (weft_choice_learn, transports) */
   int size;              /* ranks */
