@@ -139,12 +139,9 @@ static void shm_conn_map_fifos(shm_conn *c) {
   c->rx_tail = atomic_load(&c->rx->tail);
 }
 
-static weft_status shm_conn_taken(shm_conn *c);
-
 static weft_status shm_conn_make_segment(shm_conn *c) {
   shm_ctx *ctx = c->ctx;
   int fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0 && errno == EEXIST) return shm_conn_taken(c);
   if (fd < 0)
     return shm_conn_fail(c, WEFT_ERR_SYSTEM, "cannot create shared memory %s: %s", c->name,
                          strerror(errno));
@@ -263,19 +260,6 @@ weft_status shm_conn_try_open(shm_conn *c) {
   }
   shm_segment_info info = {0};
   shm_segment_parse(p, len, &info); /* len >= the header's pages */
-  if (info.version == SHM_SEG_VERSION && info.nslots == 0 &&
-      atomic_load_explicit(&seg->fifo[0].aborted, memory_order_acquire)) {
-    /* no pair: the creator failed first and left its notice (shm_notice_unopened) */
-    char text[SHM_ABORT_TEXT];
-    snprintf(text, sizeof text, "%.*s", SHM_ABORT_TEXT - 1, seg->fifo[0].abort_text);
-    munmap(p, len);
-    c->maybe_linked = true;
-    c->notice_read = true;
-    weft_status st = shm_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s",
-                                   c->peer, text);
-    snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
-    return st;
-  }
   if (info.version != SHM_SEG_VERSION || info.nslots != (uint32_t)c->ctx->nslots ||
       info.slot_bytes != c->ctx->args->chunk_bytes) {
     weft_status st = shm_conn_refuse(c, seg, &info);
@@ -321,37 +305,20 @@ weft_status shm_conn_create(shm_ctx *ctx, int peer, int channel, const shm_addr 
   return st == WEFT_AGAIN ? WEFT_OK : st;
 }
 
-/* A failure notice to a peer this rank never connected to: a lower peer
- * may wait on the pair's segment for this rank's first chunk, or make it
- * later to wait there, and a higher one waits for the segment to appear (a
- * rank that fails before its first exchange with it). Made by us when it is
- * not there yet: a header only, nslots 0, which the peer finds when it
- * makes the segment (shm_conn_make_segment) or opens it (shm_conn_try_open)
- * and unlinks, or unlinks at its end. Only the header is mapped, to write the
- * notice where the creator looks. Without it the peer would learn only that
- * this rank ended, and only once it has. Our end unlinks it in any case
- * (shm_unlink_unopened): a peer that comes later learns of it by our pidfd. */
+/* A failure notice to a lower peer this rank never connected to: the peer
+ * may have made the pair's segment and be waiting on it for this rank's
+ * first chunk (a rank that fails before its first exchange with it). Only
+ * the header is mapped, to write the notice where the peer looks; the name
+ * stays for shm_unlink_unopened. Never made here: a segment the peer never
+ * comes for would outlive a rank that exits without weft_comm_destroy, and
+ * a crash must leave nothing in /dev/shm. A peer that makes it after this
+ * learns that this rank ended, from its pidfd. */
 void shm_notice_unopened(shm_ctx *ctx, int peer, int channel, const char *reason) {
   char name[64];
   shm_pair_name(name, sizeof name, ctx->args->comm_id, ctx->args->rank, peer, channel);
   size_t head = shm_segment_head();
-  bool made = false;
   int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
-  /* Made on the collectives' channel only (a p2p wait learns of our end),
-   * and only by the rank that failed first, of its own cause: one that
-   * passes on a peer's notice leaves the others to that peer, as tcp does. */
-  bool first = !ctx->args->errors->origin[0];
-  if (fd < 0 && errno == ENOENT && channel == WEFT_TP_CHANNEL_COLL && first) {
-    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    made = fd >= 0;
-    if (made && ftruncate(fd, (off_t)head)) {
-      close(fd);
-      shm_unlink(name);
-      return;
-    }
-    if (fd < 0 && errno == EEXIST) fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600); /* it came */
-  }
-  if (fd < 0) return;
+  if (fd < 0) return; /* not made: the peer is not waiting on it */
   /* a segment its creator is still sizing: a few milliseconds at most */
   struct stat st = {0};
   for (int tries = 0; tries < 100 && fstat(fd, &st) == 0 && (size_t)st.st_size < head; tries++) {
@@ -362,66 +329,18 @@ void shm_notice_unopened(shm_ctx *ctx, int peer, int channel, const char *reason
                 ? mmap(NULL, head, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                 : MAP_FAILED;
   close(fd);
-  if (p == MAP_FAILED) {
-    if (made) shm_unlink(name);
-    return;
-  }
+  if (p == MAP_FAILED) return;
   shm_segment *seg = p;
-  if (made) { /* nslots 0: a notice, never a pair's FIFOs */
-    seg->version = SHM_SEG_VERSION;
-    seg->nslots = 0;
-    seg->slot_bytes = 0;
+  shm_fifo *to_creator = &seg->fifo[1];
+  if (!atomic_load_explicit(&to_creator->aborted, memory_order_relaxed)) {
+    snprintf(to_creator->abort_text, sizeof to_creator->abort_text, "%s", reason);
+    atomic_store_explicit(&to_creator->aborted, 1, memory_order_release);
   }
-  /* the lower rank's FIFO is fifo[0], as when the pair is up */
-  bool lower = ctx->args->rank < peer;
-  shm_fifo *to_peer = &seg->fifo[lower ? 0 : 1];
-  if (!atomic_load_explicit(&to_peer->aborted, memory_order_relaxed)) {
-    snprintf(to_peer->abort_text, sizeof to_peer->abort_text, "%s", reason);
-    atomic_store_explicit(&to_peer->aborted, 1, memory_order_release);
-  }
-  if (made) atomic_store_explicit(&seg->magic, SHM_SEG_MAGIC, memory_order_release);
   if (atomic_load_explicit(&seg->magic, memory_order_acquire) == SHM_SEG_MAGIC) {
-    shm_futex_wake(&to_peer->head);
-    shm_futex_wake(&seg->fifo[lower ? 1 : 0].tail);
+    shm_futex_wake(&to_creator->head);
+    shm_futex_wake(&seg->fifo[0].tail);
   }
   munmap(p, head);
-}
-
-/* The creator found the pair's name taken: a notice the peer left there
- * (shm_notice_unopened) says why; else it is another job's or a stale
- * segment. Unlinked either way: ours to make. */
-static weft_status shm_conn_taken(shm_conn *c) {
-  size_t head = shm_segment_head();
-  char text[SHM_ABORT_TEXT] = "";
-  /* the peer may be between making the name and marking it: a few ms */
-  for (int tries = 0; tries < 100 && !text[0]; tries++) {
-    if (tries) {
-      struct timespec ms = {0, 1000000};
-      nanosleep(&ms, NULL);
-    }
-    int fd = shm_open(c->name, O_RDWR | O_CLOEXEC, 0600);
-    struct stat info;
-    void *p = fd >= 0 && fstat(fd, &info) == 0 && (size_t)info.st_size >= head
-                  ? mmap(NULL, head, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                  : MAP_FAILED;
-    if (fd >= 0) close(fd);
-    if (p == MAP_FAILED) continue;
-    shm_segment *seg = p;
-    if (atomic_load_explicit(&seg->magic, memory_order_acquire) == SHM_SEG_MAGIC &&
-        seg->version == SHM_SEG_VERSION && seg->nslots == 0 &&
-        atomic_load_explicit(&seg->fifo[1].aborted, memory_order_acquire))
-      snprintf(text, sizeof text, "%.*s", SHM_ABORT_TEXT - 1, seg->fifo[1].abort_text);
-    munmap(p, head);
-  }
-  if (!text[0])
-    return shm_conn_fail(c, WEFT_ERR_SYSTEM, "cannot create shared memory %s: %s", c->name,
-                         strerror(EEXIST));
-  shm_unlink(c->name);
-  c->notice_read = true;
-  weft_status st = shm_conn_fail(c, WEFT_ERR_PEER_LOST, "peer %d passed on a failure: %s",
-                                 c->peer, text);
-  snprintf(c->ctx->args->errors->origin, sizeof c->ctx->args->errors->origin, "%s", text);
-  return st;
 }
 
 void shm_conn_notify_abort(shm_conn *c, const char *reason) {

@@ -201,7 +201,7 @@ static void shm_abort_all(weft_tp_ctx *tctx, const char *reason) {
       shm_conn *c = ctx->conns[shm_conn_index(peer, ch)];
       if (c && (c->creator || c->state != SHM_CONN_OPENING))
         shm_conn_notify_abort(c, reason);
-      else if (peer != ctx->args->rank && ctx->reachable[peer])
+      else if (peer < ctx->args->rank && ctx->reachable[peer])
         shm_notice_unopened(ctx, peer, ch, reason);
     }
 }
@@ -210,15 +210,10 @@ static void shm_abort_all(weft_tp_ctx *tctx, const char *reason) {
  * to: this rank gives up on it now, so its name goes (shm_conn.c says why
  * that is safe); the peer then learns of our end through our pidfd. */
 static void shm_unlink_unopened(shm_ctx *ctx) {
-  for (int peer = 0; peer < ctx->args->size; peer++) {
-    if (peer == ctx->args->rank || !ctx->reachable[peer]) continue;
+  for (int peer = 0; peer < ctx->args->rank; peer++) {
+    if (!ctx->reachable[peer]) continue;
     for (int ch = 0; ch < WEFT_TP_CHANNELS; ch++) {
-      int at = shm_conn_index(peer, ch);
-      if (ctx->conns[at]) continue; /* its destroy decides */
-      /* A higher peer's name is there only if it left its failure notice
-       * in it (shm_notice_unopened) for us, who never came to read it. Our
-       * own notice to a lower peer goes too: after our end the peer learns
-       * of it from our pidfd. */
+      if (ctx->conns[shm_conn_index(peer, ch)]) continue; /* its destroy decides */
       char name[64];
       shm_pair_name(name, sizeof name, ctx->args->comm_id, ctx->args->rank, peer, ch);
       shm_unlink(name);
