@@ -381,6 +381,19 @@ void ProcessGroupWeft::p2pLoop() {
 
 // ---- collectives ---------------------------------------------------------------------
 
+template <typename Start>
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::issueOne(const c10::intrusive_ptr<WorkWeft> &work,
+                                                          const char *call, bool p2p, Start start) {
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_request *req = nullptr;
+  weft_status st = start(&req);
+  if (st != WEFT_OK) failIssue(call, st);
+  work->reqs.push_back(req);
+  enqueue(work, p2p);
+  return work;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::broadcast(std::vector<at::Tensor> &tensors,
                                                            const c10d::BroadcastOptions &opts) {
   const char *call = "broadcast";
@@ -390,16 +403,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::broadcast(std::vector<at::Tenso
   Wire w = moveWire(t);
   auto work = newWork(c10d::OpType::BROADCAST, call, tensors);
   work->keep = {t};
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
   void *p = t.data_ptr();
-  weft_status st =
-      weft_ibroadcast(comm_, getRank() == root ? p : nullptr, p, w.count, w.dtype, root, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) {
+    return weft_ibroadcast(comm_, getRank() == root ? p : nullptr, p, w.count, w.dtype, root, req);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce(std::vector<at::Tensor> &tensors,
@@ -410,14 +417,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce(std::vector<at::Tenso
   weft_op op = weftOp(call, opts.reduceOp);
   auto work = newWork(c10d::OpType::ALLREDUCE, call, tensors);
   work->keep = {t};
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st = weft_iallreduce(comm_, t.data_ptr(), t.data_ptr(), w.count, w.dtype, op, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) {
+    return weft_iallreduce(comm_, t.data_ptr(), t.data_ptr(), w.count, w.dtype, op, req);
+  });
 }
 
 // One weft allreduce per tensor, no packing: weft's own small-message path
@@ -459,16 +461,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce(std::vector<at::Tensor> 
   const int root = static_cast<int>(opts.rootRank);
   auto work = newWork(c10d::OpType::REDUCE, call, tensors);
   work->keep = {t};
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
   void *p = t.data_ptr();
-  weft_status st =
-      weft_ireduce(comm_, p, getRank() == root ? p : nullptr, w.count, w.dtype, op, root, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) {
+    return weft_ireduce(comm_, p, getRank() == root ? p : nullptr, w.count, w.dtype, op, root, req);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allgather(
@@ -494,14 +490,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allgather(
     for (size_t r = 0; r < outs.size(); r++)
       outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
   };
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st = weft_iallgather(comm_, in.data_ptr(), flat.data_ptr(), w.count, w.dtype, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) {
+    return weft_iallgather(comm_, in.data_ptr(), flat.data_ptr(), w.count, w.dtype, req);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_allgather_base(at::Tensor &output,
@@ -517,15 +508,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_allgather_base(at::Tensor &out
   Wire w = moveWire(input);
   auto work = newWork(c10d::OpType::_ALLGATHER_BASE, call, {output});
   work->keep = {input, output};
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st =
-      weft_iallgather(comm_, input.data_ptr(), output.data_ptr(), w.count, w.dtype, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) {
+    return weft_iallgather(comm_, input.data_ptr(), output.data_ptr(), w.count, w.dtype, req);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::gather(
@@ -563,15 +548,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::gather(
         outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
     };
   }
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st = weft_igather(comm_, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr,
-                                w.count, w.dtype, root, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) {
+    return weft_igather(comm_, in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, w.count,
+                        w.dtype, root, req);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::scatter(
@@ -596,15 +576,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::scatter(
   auto work = newWork(c10d::OpType::SCATTER, call, outputs);
   work->keep = {out};
   if (flat.defined()) work->keep.push_back(flat);
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st = weft_iscatter(comm_, flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
-                                 w.count, w.dtype, root, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) {
+    return weft_iscatter(comm_, flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(), w.count,
+                         w.dtype, root, req);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce_scatter(
@@ -620,15 +595,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce_scatter(
   at::Tensor flat = stack(call, inputs[0], out, "the input list");
   auto work = newWork(c10d::OpType::REDUCE_SCATTER, call, outputs);
   work->keep = {out, flat};
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st =
-      weft_ireduce_scatter(comm_, flat.data_ptr(), out.data_ptr(), w.count, w.dtype, op, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) {
+    return weft_ireduce_scatter(comm_, flat.data_ptr(), out.data_ptr(), w.count, w.dtype, op, req);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_reduce_scatter_base(
@@ -644,15 +613,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_reduce_scatter_base(
               output.numel(), ")");
   auto work = newWork(c10d::OpType::_REDUCE_SCATTER_BASE, call, {output});
   work->keep = {input, output};
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st =
-      weft_ireduce_scatter(comm_, input.data_ptr(), output.data_ptr(), w.count, w.dtype, op, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) {
+    return weft_ireduce_scatter(comm_, input.data_ptr(), output.data_ptr(), w.count, w.dtype, op,
+                                req);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall_base(at::Tensor &output,
@@ -683,15 +647,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall_base(at::Tensor &outpu
   Wire w = moveWire(input);
   auto work = newWork(c10d::OpType::ALLTOALL_BASE, call, {output});
   work->keep = {input, output};
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st =
-      weft_ialltoall(comm_, input.data_ptr(), output.data_ptr(), w.count / size, w.dtype, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) {
+    return weft_ialltoall(comm_, input.data_ptr(), output.data_ptr(), w.count / size, w.dtype, req);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall(std::vector<at::Tensor> &outputs,
@@ -723,14 +681,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall(std::vector<at::Tensor
     for (size_t r = 0; r < outs.size(); r++)
       outs[r].copy_(out.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
   };
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st = weft_ialltoall(comm_, in.data_ptr(), out.data_ptr(), w.count, w.dtype, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) {
+    return weft_ialltoall(comm_, in.data_ptr(), out.data_ptr(), w.count, w.dtype, req);
+  });
 }
 
 // ---- point to point ------------------------------------------------------------------
@@ -743,14 +696,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::send(std::vector<at::Tensor> &t
   Wire w = moveWire(t);
   auto work = newWork(c10d::OpType::SEND, call, tensors);
   work->keep = {t};
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st = weft_isend(comm_, t.data_ptr(), w.count, w.dtype, dstRank, tag, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, true);
-  return work;
+  return issueOne(work, call, true, [&](weft_request **req) {
+    return weft_isend(comm_, t.data_ptr(), w.count, w.dtype, dstRank, tag, req);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recv(std::vector<at::Tensor> &tensors, int srcRank,
@@ -761,14 +709,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recv(std::vector<at::Tensor> &t
   Wire w = moveWire(t);
   auto work = newWork(c10d::OpType::RECV, call, tensors);
   work->keep = {t};
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st = weft_irecv(comm_, t.data_ptr(), w.count, w.dtype, srcRank, tag, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, true);
-  return work;
+  return issueOne(work, call, true, [&](weft_request **req) {
+    return weft_irecv(comm_, t.data_ptr(), w.count, w.dtype, srcRank, tag, req);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recvAnysource(std::vector<at::Tensor> &, int) {
@@ -780,14 +723,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recvAnysource(std::vector<at::T
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::barrier(const c10d::BarrierOptions &) {
   const char *call = "barrier";
   auto work = newWork(c10d::OpType::BARRIER, call, {});
-  std::lock_guard<std::mutex> issue(issue_mu_);
-  checkLive(call);
-  weft_request *req = nullptr;
-  weft_status st = weft_ibarrier(comm_, &req);
-  if (st != WEFT_OK) failIssue(call, st);
-  work->reqs.push_back(req);
-  enqueue(work, false);
-  return work;
+  return issueOne(work, call, false, [&](weft_request **req) { return weft_ibarrier(comm_, req); });
 }
 
 }  // namespace weft_torch

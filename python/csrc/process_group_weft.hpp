@@ -127,6 +127,11 @@ class ProcessGroupWeft : public BackendBase {
   // receive that waits for its peer never holds back the collectives.
   void enqueue(const c10::intrusive_ptr<WorkWeft> &work, bool p2p);
   [[noreturn]] void failIssue(const char *call, weft_status st) const;
+  // Starts the one weft request of `work` under issue_mu_ (start(&req) is the
+  // weft_i* call, which reads comm_ there) and hands the work to a completer.
+  template <typename Start>
+  c10::intrusive_ptr<c10d::Work> issueOne(const c10::intrusive_ptr<WorkWeft> &work,
+                                          const char *call, bool p2p, Start start);
   void checkLive(const char *call) const;  // under issue_mu_
   std::exception_ptr failure(const WorkWeft &work, weft_status st) const;
   void collectiveLoop();
