@@ -141,6 +141,17 @@ static inline weft_comm *harness_comm(int rank, int size, const weft_unique_id *
 /* ---- data and reference ------------------------------------------------ */
 
 /* A loopback TCP port that was free a moment ago (for a rendezvous). */
+/* A rank's outcome into the shared page (status, seconds since t0, the
+ * communicator's last sentence), and one line of it on stderr. */
+static inline void harness_record(int rank, weft_status st, double t0, const weft_comm *comm) {
+  harness_shm->status[rank] = st;
+  harness_shm->seconds[rank] = harness_now() - t0;
+  snprintf(harness_shm->message[rank], sizeof harness_shm->message[rank], "%s",
+           weft_last_error(comm));
+  fprintf(stderr, "  rank %d -> %s after %.2f s: %s\n", rank, weft_status_name(st),
+          harness_shm->seconds[rank], weft_last_error(comm));
+}
+
 static inline int harness_free_port(void) {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};

@@ -17,15 +17,6 @@
 
 #define FAIL_WITHIN_S 10.0
 
-static void record(int rank, weft_status st, double t0, const weft_comm *comm) {
-  harness_shm->status[rank] = st;
-  harness_shm->seconds[rank] = harness_now() - t0;
-  snprintf(harness_shm->message[rank], sizeof harness_shm->message[rank], "%s",
-           weft_last_error(comm));
-  fprintf(stderr, "  rank %d -> %s after %.2f s: %s\n", rank, weft_status_name(st),
-          harness_shm->seconds[rank], weft_last_error(comm));
-}
-
 static void expect_fails_soon(int rank) {
   assert_true(harness_shm->status[rank] < 0);
   assert_true(harness_shm->seconds[rank] < FAIL_WITHIN_S);
@@ -88,7 +79,7 @@ static int allreduce_until_failure(int rank, int size, const weft_unique_id *id,
     t0 = harness_now();
     st = weft_allreduce(comm, v, v, N, WEFT_F32, WEFT_SUM);
   }
-  record(rank, st, t0, comm);
+  harness_record(rank, st, t0, comm);
   weft_comm_destroy(comm);
   return 0;
 }

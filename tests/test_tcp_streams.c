@@ -248,12 +248,7 @@ static int cut_rank(int rank, int size, const weft_unique_id *id, void *arg) {
     }
     atomic_fetch_add(&calls_done, 1);
   }
-  harness_shm->status[rank] = st;
-  harness_shm->seconds[rank] = harness_now() - t0;
-  snprintf(harness_shm->message[rank], sizeof harness_shm->message[rank], "%s",
-           weft_last_error(comm));
-  fprintf(stderr, "  rank %d -> %s after %.2f s: %s\n", rank, weft_status_name(st),
-          harness_shm->seconds[rank], weft_last_error(comm));
+  harness_record(rank, st, t0, comm);
   if (rank == 0) pthread_join(th, NULL);
   weft_comm_destroy(comm);
   free(v);
