@@ -332,7 +332,7 @@ typedef struct member {
   size_t in_bytes, out_bytes;
   bool done;
   /* hier */
-  int host_members[MAX_N], leaders[MAX_N];
+  int host_members[MAX_N], leaders[MAX_N], index_peers[MAX_N];
 } member;
 
 static void describe(const run_case *c, char *buf, size_t len) {
@@ -485,6 +485,15 @@ static void hier_hosts(member *m, const run_case *c, int r) {
   h->local_size = k;
   h->host_members = m->host_members;
   h->leaders = m->leaders;
+  /* hosts of equal sizes: the split form's index groups (comm.c) */
+  for (int host = 0; host < c->nhosts; host++) {
+    int seen = 0;
+    m->index_peers[host] = -1;
+    for (int q = 0; q < c->n; q++)
+      if (c->host_of[q] == host && seen++ == h->host_index) m->index_peers[host] = q;
+    if (seen != k) return;
+  }
+  h->index_peers = m->index_peers;
 }
 
 static void *alloc_buf(size_t bytes, bool shared) {
@@ -543,6 +552,10 @@ static int check_any(const void *res, const run_case *c, contrib *k, const char 
   if (c->wire != WEFT_F32) return check_wire(res, c, k, what);
   return harness_check_reduced(res, c->count, c->dt, c->op, c->gsize, fill_contrib, k, what);
 }
+
+/* members that ran the hierarchical allreduce's split form: its test
+ * fails if none did (the cases would not reach it) */
+static long hier_split_runs;
 
 /* Runs one case to the end under the adversarial scheduler; returns the
  * number of problems found (each printed). */
@@ -653,6 +666,7 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
         break;
       }
       started++;
+      if (m->coll.algo && !strcmp(m->coll.algo, "hier-split")) hier_split_runs++;
     }
 
     /* the scheduler: every round, the members in a random order, deliveries
@@ -868,9 +882,15 @@ static run_case random_case(algo_id algo, int n, int tag, uint64_t *s) {
       perm[r] = perm[k];
       perm[k] = t;
     }
-    /* every host has a rank; which ranks share one is random */
+    /* every host has a rank; which ranks share one is random. Half the
+     * cases with hosts of equal sizes (the split form), when n allows */
+    bool equal = harness_rng(s) & 1;
+    if (equal)
+      while (n % c.nhosts) c.nhosts--;
     for (int i = 0; i < n; i++)
-      c.host_of[perm[i]] = i < c.nhosts ? i : (int)(harness_rng(s) % (uint64_t)c.nhosts);
+      c.host_of[perm[i]] = equal ? i % c.nhosts
+                           : i < c.nhosts ? i
+                                          : (int)(harness_rng(s) % (uint64_t)c.nhosts);
   }
   bool rooted =
       algo == ALGO_BCAST || algo == ALGO_REDUCE || algo == ALGO_GATHER || algo == ALGO_SCATTER;
@@ -914,6 +934,8 @@ static void run_algo(algo_id algo) {
   if (bad)
     fail_msg("%s: %d runs failed (seed %llu)", algo_names[algo], bad,
              (unsigned long long)base_seed);
+  if (algo == ALGO_HIER && hier_split_runs == 0)
+    fail_msg("hier: no case ran the split form (seed %llu)", (unsigned long long)base_seed);
 }
 
 #define ALGO_TEST(name, id)        \

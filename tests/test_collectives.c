@@ -20,7 +20,7 @@ static uint64_t base_seed;
 typedef struct group {
   int big;          /* include the multi-MiB cases */
   int all_small;    /* every dtype x op at the small counts */
-  int hosts;        /* 0: one host; 1: uneven hosts {0,1,2} {3,4} {5..}; 2: rank % 3 */
+  int hosts;        /* 0: one host; 1: uneven hosts {0,1,2} {3,4} {5..}; 2: rank % 3; 3: rank % 2 */
 } group;
 
 static int report(int rank, const char *what, size_t count, weft_dtype dt, weft_op op, int in_place,
@@ -109,7 +109,9 @@ static int rank_main(int rank, int n, const weft_unique_id *id, void *arg) {
      * host, tcp across; or tcp throughout when the suite forces tcp) */
     char host[32];
     snprintf(host, sizeof host, "pretend-host-%d",
-             g->hosts == 1 ? (rank < 3 ? 0 : rank < 5 ? 1 : 2) : rank % 3);
+             g->hosts == 1   ? (rank < 3 ? 0 : rank < 5 ? 1 : 2)
+             : g->hosts == 2 ? rank % 3
+                             : rank % 2);
     setenv("WEFT_HOST_ID", host, 1);
     const char *tp = getenv("WEFT_TRANSPORT");
     if (tp && !strcmp(tp, "shm")) unsetenv("WEFT_TRANSPORT");
@@ -207,6 +209,11 @@ GROUP_TEST(tree_fanout3, 7, WIDE_TREE, 0, 0)
 GROUP_TEST(hier_one_host5, 5, HIER, 0, 1)
 HOSTS_TEST(hier_uneven_hosts6, 6, NO_ENV, 1, 0, 1)
 HOSTS_TEST(hier_interleaved_hosts8, 8, HIER_TINY, 0, 0, 2)
+/* hosts of equal sizes, interleaved: the split form (every rank crosses the
+ * network with its share, segments pipelined), 2 hosts x 2 with the large
+ * counts, 3 hosts x 2 with tiny chunks (many segments, odd tails) */
+HOSTS_TEST(hier_split_hosts4, 4, NO_ENV, 1, 0, 3)
+HOSTS_TEST(hier_split_hosts6, 6, HIER_TINY, 0, 1, 2)
 
 int main(void) {
   const char *fixed = getenv("WEFT_TEST_SEED");
@@ -223,6 +230,7 @@ int main(void) {
       cmocka_unit_test(rd_power_of_two4), cmocka_unit_test(exchange_forced3),
       cmocka_unit_test(tree_fanout3), cmocka_unit_test(hier_one_host5),
       cmocka_unit_test(hier_uneven_hosts6), cmocka_unit_test(hier_interleaved_hosts8),
+      cmocka_unit_test(hier_split_hosts4), cmocka_unit_test(hier_split_hosts6),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -47,6 +47,10 @@ typedef struct weft_hosts {
   int host_index;     /* this rank's index there; 0: the host's leader */
   const int *leaders; /* the lowest rank of every host (nhosts of them) */
   int leader_index;   /* this host's index among the leaders */
+  /* When every host holds local_size ranks: the rank of index host_index
+   * on every host, in the leaders' order (this rank is leader_index
+   * there); NULL otherwise. */
+  const int *index_peers;
 } weft_hosts;
 
 /* What the caller knows that an algorithm may use: settings and what

@@ -51,6 +51,10 @@ static void rd_round(weft_coll *coll) {
 /* Sends recvbuf to peer once it may (narrowed from the stage with a wire
  * dtype; `round_own`: rounded in recvbuf too, as the partner will see it). */
 static weft_status rd_send(weft_coll *coll, int peer, size_t bytes, bool round_own) {
+  if (weft_wire_on(coll)) { /* a phase before this one (hier) may have sent from it last */
+    void *stage;
+    WEFT_STEP(weft_wire_stage_take(coll, &stage));
+  }
   WEFT_STEP(weft_link_send_ready(coll, peer));
   if (!weft_wire_on(coll)) return weft_link_send(coll, peer, coll->recvbuf, bytes);
   if (round_own)

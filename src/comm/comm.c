@@ -150,6 +150,7 @@ static void comm_free(weft_comm *comm) {
   weft_recorder_free(&comm->core.recorder);
   free((void *)comm->core.hosts.host_members);
   free((void *)comm->core.hosts.leaders);
+  free((void *)comm->core.hosts.index_peers);
   weft_choice_free(&comm->core.choice);
   comm->magic = 0;
   free(comm);
@@ -374,6 +375,33 @@ static void comm_tp_args(weft_comm *comm, const weft_comm *like) {
   }
 }
 
+/* When every host holds as many ranks as this one: the rank of this one's
+ * index on every host, in the leaders' order (the hierarchical allreduce's
+ * network groups, one per index, so every rank of a host crosses the
+ * network with its share). Left NULL otherwise. */
+static weft_status hosts_index_peers(weft_comm *comm, const boot_rank_info *all, const char *call) {
+  weft_hosts *h = &comm->core.hosts;
+  if (h->nhosts < 2 || h->local_size < 2 || h->nhosts * h->local_size != comm->core.size)
+    return WEFT_OK;
+  int *peers = malloc(sizeof(int) * (size_t)h->nhosts);
+  if (!peers) return weft_init_error(WEFT_ERR_NOMEM, comm->core.rank, call, "out of memory");
+  for (int k = 0; k < h->nhosts; k++) {
+    const char *host = all[h->leaders[k]].host;
+    int seen = 0;
+    peers[k] = -1;
+    for (int p = 0; p < comm->core.size; p++) {
+      if (strcmp(all[p].host, host)) continue;
+      if (seen++ == h->host_index) peers[k] = p;
+    }
+    if (seen != h->local_size) { /* hosts of unequal sizes: no index groups */
+      free(peers);
+      return WEFT_OK;
+    }
+  }
+  h->index_peers = peers;
+  return WEFT_OK;
+}
+
 /* Everybody's infos arrived: who is on this host, which transport reaches
  * each peer. `all` is indexed by rank in `comm`. */
 static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64_t id,
@@ -413,6 +441,7 @@ static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64
     if (!strcmp(all[p].host, my_host)) h->leader_index = h->nhosts;
     leaders[h->nhosts++] = p;
   }
+  WEFT_CHECK(hosts_index_peers(comm, all, call));
   weft_choice_learn(&comm->core.choice, comm->core.size, h->nhosts, comm->core.chunk_bytes);
   comm->engine.spin_us = spin_default(h->local_size);
   if (comm->core.size == 1) {
