@@ -17,6 +17,7 @@
 #include "src/comm/comm.h"
 #include "src/base/net.h"
 #include "src/base/settings.h"
+#include "src/coll/choose.h"
 
 static void clear_launcher_env(void) {
   const char *vars[] = {"WEFT_RANK", "WEFT_SIZE", "WEFT_LOCAL_RANK", "WEFT_RENDEZVOUS", "RANK", "WORLD_SIZE",
@@ -501,7 +502,30 @@ static void settings_typed_values(void **state) {
   }
   assert_int_equal(n, WEFT_SETTING_COUNT);
   assert_true(tcp_at > 0 && shm_at > tcp_at && ibv_at > shm_at);
+
   settings_restore();
+
+  /* weft-info's algorithms by size follow the settings */
+  weft_choice_state cs;
+  char text[2048];
+  weft_choice_init(&cs, 0, 0);
+  weft_choice_describe(&cs, 262144, text, sizeof text);
+  weft_choice_free(&cs);
+  assert_non_null(strstr(text, "recursive doubling up to 256 KiB, the ring above"));
+  assert_non_null(strstr(text, "counts confirmed"));
+  setenv("WEFT_ALGO", "ring", 1);
+  setenv("WEFT_BCAST_CONFIRM", "0", 1);
+  setenv("WEFT_BCAST_CHAIN_BYTES", "1048576", 1);
+  weft_settings_reload();
+  weft_choice_init(&cs, 0, 0);
+  weft_choice_describe(&cs, 262144, text, sizeof text);
+  weft_choice_free(&cs);
+  assert_non_null(strstr(text, "allreduce: ring for every size (WEFT_ALGO)"));
+  assert_non_null(strstr(text, "a pipelined chain from 1 MiB, a binary tree below; counts not"));
+  unsetenv("WEFT_ALGO");
+  unsetenv("WEFT_BCAST_CONFIRM");
+  unsetenv("WEFT_BCAST_CHAIN_BYTES");
+  weft_settings_reload();
 }
 
 /* ---- ranks as threads in one process ------------------------------------ */

@@ -8,6 +8,7 @@
 #include "weft.h"
 /* Internal headers: the topology is no part of the public API. */
 #include "src/base/settings.h"
+#include "src/coll/choose.h"
 #include "src/comm/comm.h"
 #include "src/topo/select.h"
 #include "src/topo/topo.h"
@@ -87,6 +88,17 @@ static void print_settings(void) {
   }
 }
 
+/* Which algorithm each collective takes by size, from the settings above. */
+static void print_choices(void) {
+  weft_choice_state c;
+  weft_choice_init(&c, 0, 0);
+  char text[2048];
+  weft_choice_describe(&c, weft_settings()->chunk_bytes, text, sizeof text);
+  weft_choice_free(&c);
+  printf("\nalgorithms by size (docs/tuning.md; WEFT_ALGO and WEFT_BCAST_FANOUT force them):\n");
+  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) print_wrapped(line, 2, 94);
+}
+
 static int usage(void) {
   fprintf(stderr,
           "usage: weft-info [-s | --topo-xml FILE]\n"
@@ -109,5 +121,6 @@ int main(int argc, char **argv) {
     printf("\n");
   }
   print_settings();
+  if (!settings_only) print_choices();
   return 0;
 }

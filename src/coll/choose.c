@@ -2,6 +2,8 @@
  * thresholds, and what earlier calls found out. */
 #include "src/coll/choose.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -213,4 +215,76 @@ void weft_choice_keep(weft_choice_state *c, const weft_coll *coll) {
   }
   if (o->direct_agreed > 0 && (c->direct_agreed = malloc(o->direct_msgs_bytes)))
     memcpy(c->direct_agreed, o->direct_msgs, o->direct_msgs_bytes);
+}
+
+/* ---- the policy in words (weft-info) ---------------------------------------------- */
+
+static void bytes_words(size_t b, char *out, size_t len) {
+  if (b >= 1048576 && b % 1048576 == 0)
+    snprintf(out, len, "%zu MiB", b / 1048576);
+  else if (b >= 1024 && b % 1024 == 0)
+    snprintf(out, len, "%zu KiB", b / 1024);
+  else
+    snprintf(out, len, "%zu B", b);
+}
+
+/* Appends a formatted line to out (its used length in *at), cut where it is full. */
+static void say(char *out, size_t len, size_t *at, const char *fmt, ...) {
+  if (*at + 1 >= len) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(out + *at, len - *at, fmt, ap);
+  va_end(ap);
+  if (n > 0) *at += (size_t)n < len - *at ? (size_t)n : len - *at - 1;
+}
+
+void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *out, size_t len) {
+  char chunk[32], rd[32], ex[32], direct[32], chain[32];
+  bytes_words(chunk_bytes, chunk, sizeof chunk);
+  bytes_words(c->rd_max_bytes < chunk_bytes ? c->rd_max_bytes : chunk_bytes, rd, sizeof rd);
+  bytes_words(c->exchange_max_bytes < chunk_bytes ? c->exchange_max_bytes : chunk_bytes, ex,
+              sizeof ex);
+  bytes_words(c->direct_min_bytes, direct, sizeof direct);
+  bytes_words(c->bcast_chain_bytes, chain, sizeof chain);
+  size_t at = 0;
+  if (out && len) out[0] = 0;
+#define ALGO_WORD_(name, word) word,
+  static const char *const forced[] = {WEFT_ALGO_WORDS(ALGO_WORD_)};
+#undef ALGO_WORD_
+  if (c->algo_forced != WEFT_ALGO_AUTO && (size_t)c->algo_forced < sizeof forced / sizeof *forced)
+    say(out, len, &at, "allreduce: %s for every size (WEFT_ALGO)\n", forced[c->algo_forced]);
+  else {
+    say(out, len, &at,
+        "allreduce, one host: the one-round exchange up to %s at %d ranks or fewer once every "
+        "link is a store (shm); ",
+        ex, EXCHANGE_MAX_RANKS);
+    if (c->direct_min_bytes)
+      say(out, len, &at, "direct (one pass through shared buffers) from %s when every rank's "
+          "buffers come from weft_mem_alloc; ", direct);
+    say(out, len, &at, "else recursive doubling up to %s, the ring above\n", rd);
+    say(out, len, &at,
+        "allreduce, several hosts (ranks sharing them): hierarchical; every rank's share crosses "
+        "the network, in segments pipelined with the host's reduce-scatter and allgather, when "
+        "hosts hold equal numbers of ranks and the buffer is at least a chunk (%s) per rank of "
+        "a host; else reduce to a leader per host, the leaders' allreduce, broadcast\n",
+        chunk);
+  }
+  if (c->bcast_fanout > 0)
+    say(out, len, &at, "broadcast: a tree of fan-out %d (WEFT_BCAST_FANOUT)", c->bcast_fanout);
+  else if (c->bcast_confirm && c->bcast_chain_bytes <= chunk_bytes)
+    say(out, len, &at,
+        "broadcast: a binomial tree up to one chunk (%s) and between 2 ranks, a pipelined chain "
+        "above", chunk);
+  else if (c->bcast_confirm)
+    say(out, len, &at,
+        "broadcast: a binomial tree up to one chunk (%s) and between 2 ranks; above, a binary "
+        "tree below %s, a pipelined chain from there", chunk, chain);
+  else
+    say(out, len, &at, "broadcast: a pipelined chain from %s, a binary tree below", chain);
+  say(out, len, &at, c->bcast_confirm ? "; counts confirmed on every rank\n"
+                                      : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
+  say(out, len, &at, "reduce: a pipelined chain from %s, a binary tree below\n", chain);
+  say(out, len, &at, "reduce_scatter, allgather: the ring, in chunks of %s\n", chunk);
+  say(out, len, &at, "alltoall: pairwise, each rank sends to rank+k and receives from rank-k\n");
+  say(out, len, &at, "gather, scatter: the root and every rank directly\n");
 }

@@ -76,4 +76,8 @@ void weft_choice_direct_note(weft_choice_state *c, size_t count, weft_dtype dtyp
  * same on every rank, for later calls to choose by. */
 void weft_choice_keep(weft_choice_state *c, const weft_coll *coll);
 
+/* The policy in words, a line per collective, from the settings `c` read
+ * and the chunk size (weft-info prints it). */
+void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *out, size_t len);
+
 #endif
