@@ -129,6 +129,12 @@ weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t by
   return weft_link_send(coll, peer, src, bytes);
 }
 
+weft_status weft_step_send_for_copy(weft_coll *coll, int peer, const void *src, size_t bytes) {
+  if (weft_wire_on(coll)) return wire_step_send(coll, peer, src, bytes / coll->elem);
+  WEFT_STEP(weft_link_send_ready(coll, peer));
+  return weft_link_send_for_copy(coll, peer, src, bytes);
+}
+
 weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, const void *own,
                                   size_t cnt, int postdiv, int wait_peer) {
   if (weft_wire_on(coll))
@@ -153,7 +159,7 @@ weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst,
     *got = true;
   }
   if (to < 0) return WEFT_OK;
-  return weft_step_send(coll, to, dst, bytes);
+  return weft_step_send_for_copy(coll, to, dst, bytes);
 }
 
 weft_status weft_step_send_all(weft_coll *coll, int *next, const void *src, size_t bytes) {
