@@ -150,7 +150,7 @@ static void sizes_around_threshold(const char *cma, bool single) {
   pair_open(&p, cma);
   settle(&p);
   shm_conn *rx = (shm_conn *)p.rx;
-  static const size_t sizes[] = {100,       112,       113,       4096,      MIN_BYTES - 1,
+  static const size_t sizes[] = {100,       112,           113,   4096,      MIN_BYTES - 1,
                                  MIN_BYTES, MIN_BYTES + 1, 40000, CHUNK - 1, CHUNK};
   static unsigned char src[CHUNK], dst[CHUNK], want[CHUNK];
   uint32_t seq = 2;
@@ -341,8 +341,8 @@ static void dead_sender_fails_its_receiver(void **state) {
 /* ---- collectives over shm, results and single copies counted ------------ */
 
 typedef struct coll_case {
-  const char *cma;       /* WEFT_SHM_CMA */
-  size_t counts[6];      /* elements (int32) per block, 0 ends */
+  const char *cma;  /* WEFT_SHM_CMA */
+  size_t counts[6]; /* elements (int32) per block, 0 ends */
 } coll_case;
 
 /* Element i of rank r's data in call `call`: every rank can compute every
@@ -413,13 +413,14 @@ static int coll_rank(int rank, int size, const weft_unique_id *id, void *arg) {
           case 0: /* block b is rank b's sendbuf */
           case 3: want = elem(seed, call, (int)b, j); break;
           case 1: /* block b comes from rank b, its block `rank` */
-            want = elem(seed, call, (int)b, (size_t)rank * n + j); break;
+            want = elem(seed, call, (int)b, (size_t)rank * n + j);
+            break;
           case 2: want = elem(seed, call, root, i); break;
           default: want = elem(seed, call, root, (size_t)rank * n + i); break;
         }
         if (recv[i] != want) {
-          fprintf(stdout, "rank %d: %s of %zu ints at %d ranks: element %zu is %d, not %d\n",
-                  rank, name[what], n, size, i, recv[i], want);
+          fprintf(stdout, "rank %d: %s of %zu ints at %d ranks: element %zu is %d, not %d\n", rank,
+                  name[what], n, size, i, recv[i], want);
           bad = 1;
         }
       }
@@ -445,14 +446,21 @@ static void collectives_on(const char *cma, int n) {
                               CHUNK / 4 * 2 + MIN_BYTES / 4 + 3, 0}};
   char env_cma[64];
   snprintf(env_cma, sizeof env_cma, "WEFT_SHM_CMA=%s", cma);
-  const char *env[] = {"WEFT_TRANSPORT=shm", "WEFT_CHUNK_BYTES=65536",
-                       "WEFT_SHM_CMA_MIN_BYTES=16384", "WEFT_DEBUG=INFO", "WEFT_DEBUG_SUBSYS=NET",
-                       "WEFT_TIMEOUT=30", env_cma, NULL};
+  const char *env[] = {"WEFT_TRANSPORT=shm",
+                       "WEFT_CHUNK_BYTES=65536",
+                       "WEFT_SHM_CMA_MIN_BYTES=16384",
+                       "WEFT_DEBUG=INFO",
+                       "WEFT_DEBUG_SUBSYS=NET",
+                       "WEFT_TIMEOUT=30",
+                       env_cma,
+                       NULL};
   harness_init();
   const char *fixed = getenv("WEFT_TEST_SEED");
-  uint64_t seed = fixed ? strtoull(fixed, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20) ^ (uint64_t)n;
+  uint64_t seed = fixed ? strtoull(fixed, NULL, 0)
+                        : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20) ^ (uint64_t)n;
   harness_shm->word[HARNESS_MAX_RANKS - 1] = seed;
-  printf("# %s, %d ranks, seed %llu (WEFT_TEST_SEED repeats it)\n", cma, n, (unsigned long long)seed);
+  printf("# %s, %d ranks, seed %llu (WEFT_TEST_SEED repeats it)\n", cma, n,
+         (unsigned long long)seed);
   assert_int_equal(harness_run(n, env, 120, coll_rank, &cc), 0);
   for (int r = 0; r < n; r++) {
     printf("#   rank %d: %llu chunks by single copy%s\n", r,

@@ -52,8 +52,8 @@ static weft_status cl_send_with(void *ctx, int peer, const void *src, size_t byt
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
   const weft_transport *ops = peer_ops(cl->links, peer);
-  weft_status st = for_copy ? ops->send_for_copy(c, src, bytes, seq, mem)
-                            : ops->send(c, src, bytes, seq, mem);
+  weft_status st =
+      for_copy ? ops->send_for_copy(c, src, bytes, seq, mem) : ops->send(c, src, bytes, seq, mem);
   if (st == WEFT_OK) {
     cl->links->events++;
     cl->links->peers[peer].last_send_seq = seq;

@@ -14,8 +14,9 @@
 #include "transports/transport.h"
 
 #define SHM_SEG_MAGIC 0x5745534du /* "WESM" */
-#define SHM_SEG_VERSION 4 /* 2: one cache line per slot, small chunks inline; 3: `refused`;
-                            4: single copy (a cell's `how`, the FIFO's cma words) */
+/* 2: one cache line per slot, small chunks inline; 3: `refused`; 4: single
+ * copy (a cell's `how`, the FIFO's cma words) */
+#define SHM_SEG_VERSION 4
 #define SHM_MAX_SLOTS 64
 #define SHM_ABORT_TEXT 300
 /* The size a creator leaves its pair's name at when /dev/shm had no room for
@@ -42,7 +43,7 @@ enum shm_cell_how {
 typedef struct shm_cell {
   _Alignas(64) atomic_uint ready;    /* the chunk's number + 1 once tag and data are written */
   uint32_t seq, len;
-  uint32_t how;                      /* enum shm_cell_how */
+  uint32_t how;                         /* enum shm_cell_how */
   unsigned char data[SHM_INLINE_BYTES]; /* the chunk when len <= SHM_INLINE_BYTES */
 } shm_cell;
 _Static_assert(sizeof(shm_cell) == 128, "a cell is two cache lines");

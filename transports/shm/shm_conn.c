@@ -144,8 +144,8 @@ static void shm_conn_map_fifos(shm_conn *c) {
    * (shm_fifo says how the pair agrees). The word lies in the segment, so
    * the peer can compare what it read with what it sees itself. */
   if (c->ctx->cma_mode != WEFT_SHM_CMA_OFF && !atomic_load(&c->tx->cma_offer)) {
-    c->tx->cma_probe_word = ((uint64_t)c->ctx->self.pid << 32) ^ (uint64_t)(uintptr_t)c ^
-                            0x9e3779b97f4a7c15ull;
+    c->tx->cma_probe_word =
+        ((uint64_t)c->ctx->self.pid << 32) ^ (uint64_t)(uintptr_t)c ^ 0x9e3779b97f4a7c15ull;
     c->tx->cma_probe_addr = (uint64_t)(uintptr_t)&c->tx->cma_probe_word;
     atomic_store_explicit(&c->tx->cma_offer, 1, memory_order_release);
   }
@@ -516,7 +516,8 @@ static void shm_cma_decide(shm_conn *c) {
   shm_ctx *ctx = c->ctx;
   uint32_t verdict = SHM_CMA_NO;
   if (ctx->cma_mode == WEFT_SHM_CMA_OFF) {
-    WEFT_INFO(WEFT_SUBSYS_NET, "shm: rank %d takes peer %d's chunks through the slots (WEFT_SHM_CMA=0)",
+    WEFT_INFO(WEFT_SUBSYS_NET,
+              "shm: rank %d takes peer %d's chunks through the slots (WEFT_SHM_CMA=0)",
               ctx->args->rank, c->peer);
   } else {
     /* test-refused reads address 0, which fails as a refusing kernel's read does */
@@ -536,8 +537,7 @@ static void shm_cma_decide(shm_conn *c) {
       WEFT_INFO(WEFT_SUBSYS_NET,
                 "shm: rank %d cannot read peer %d's memory (process_vm_readv of pid %u: %s%s): "
                 "two copies through the slots",
-                ctx->args->rank, c->peer, c->peer_pid,
-                e ? strerror(e) : "another value",
+                ctx->args->rank, c->peer, c->peer_pid, e ? strerror(e) : "another value",
                 ctx->cma_mode == WEFT_SHM_CMA_TEST_REFUSED ? ", WEFT_SHM_CMA=test-refused" : "");
     }
   }
@@ -722,7 +722,8 @@ static weft_status shm_peek(shm_conn *c, uint32_t seq, size_t bytes, const void 
     return WEFT_OK;
   }
   /* the length was checked: it says where the sender put the data */
-  char *slot = c->rx_slots + (size_t)(c->rx_tail % (uint32_t)c->ctx->nslots) * c->ctx->args->chunk_bytes;
+  char *slot =
+      c->rx_slots + (size_t)(c->rx_tail % (uint32_t)c->ctx->nslots) * c->ctx->args->chunk_bytes;
   /* a receiver that peeks a chunk sent for copy gets it through the slot */
   if (cell->how == SHM_CELL_CMA && !c->rx_in_slot) {
     WEFT_STATUS_PASS(shm_cma_read(c, cell, slot, bytes));
