@@ -231,6 +231,11 @@ weft_status weft_step_send_for_copy(weft_coll *coll, int peer, const void *src, 
  * be reading; the step waits for that send to complete before writing it. */
 weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, const void *own,
                                   size_t cnt, int postdiv, int wait_peer);
+/* The same, with wait_peer -1, where dst is final and `to` takes it with
+ * weft_step_recv_forward (the ring allreduce's last reduction): sent for
+ * copy, so shm copies it once. */
+weft_status weft_step_recv_reduce_final(weft_coll *coll, int from, int to, void *dst,
+                                        const void *own, size_t cnt, int postdiv);
 /* Receives `bytes` from `from` into dst (once: *got), then, when to >= 0,
  * sends dst on to `to` for copy (`to` takes it with this same step). */
 weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst, size_t bytes,
