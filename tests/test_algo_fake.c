@@ -34,6 +34,8 @@ typedef struct fake_chunk {
   unsigned char *data; /* the copy, once delivered */
   size_t bytes;
   uint32_t seq;
+  bool for_copy; /* sent with send_for_copy: read from src only by recv_into, as shm's
+                    single copy does, and complete only once received */
 } fake_chunk;
 
 /* Chunks from one member to another, oldest first: [0, delivered) have
@@ -109,8 +111,10 @@ static fake_chunk *at(fake_pipe *p, int i) {
 
 static void deliver_one(fake_world *w, fake_pipe *p) {
   fake_chunk *c = at(p, p->delivered);
-  c->data = malloc(c->bytes ? c->bytes : 1);
-  if (c->bytes) memcpy(c->data, c->src, c->bytes);
+  if (!c->for_copy) { /* a chunk for copy stays at its source until recv_into */
+    c->data = malloc(c->bytes ? c->bytes : 1);
+    if (c->bytes) memcpy(c->data, c->src, c->bytes);
+  }
   p->delivered++;
   w->events++;
 }
@@ -123,17 +127,27 @@ static weft_status fake_send_ready(void *ctx, int peer) {
   return WEFT_OK;
 }
 
-static weft_status fake_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
-                             const weft_mem_ops *mem) {
+static weft_status fake_send_with(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
+                                  const weft_mem_ops *mem, bool for_copy) {
   fake_end *e = end_of(ctx);
   fake_pipe *p = pipe_of(e, peer, true, "send");
   if (!p) return WEFT_ERR_INTERNAL;
   if (mem != &weft_mem_host) return misuse(e->w, "member %d: send with another memory", e->me);
   if (p->count >= e->w->credits)
     return misuse(e->w, "member %d: send to %d without room (send_ready not asked)", e->me, peer);
-  *at(p, p->count++) = (fake_chunk){.src = src, .bytes = bytes, .seq = seq};
+  *at(p, p->count++) = (fake_chunk){.src = src, .bytes = bytes, .seq = seq, .for_copy = for_copy};
   e->w->events++;
   return WEFT_OK;
+}
+
+static weft_status fake_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
+                             const weft_mem_ops *mem) {
+  return fake_send_with(ctx, peer, src, bytes, seq, mem, false);
+}
+
+static weft_status fake_send_for_copy(void *ctx, int peer, const void *src, size_t bytes,
+                                      uint32_t seq, const weft_mem_ops *mem) {
+  return fake_send_with(ctx, peer, src, bytes, seq, mem, true);
 }
 
 static weft_status fake_send_idle(void *ctx, int peer) {
@@ -146,6 +160,9 @@ static weft_status fake_send_idle(void *ctx, int peer) {
     if (!pct(e->w, e->w->hold_pct)) deliver_one(e->w, p);
     return WEFT_AGAIN;
   }
+  /* a chunk for copy is read from its source by the receiver's recv_into */
+  for (int i = 0; i < p->count; i++)
+    if (at(p, i)->for_copy) return WEFT_AGAIN;
   return WEFT_OK;
 }
 
@@ -173,6 +190,11 @@ static weft_status fake_recv_peek(void *ctx, int peer, uint32_t seq, size_t byte
   fake_pipe *p;
   weft_status st = arrived(e, peer, seq, bytes, &p);
   if (st) return st;
+  if (at(p, 0)->for_copy)
+    return misuse(e->w,
+                  "member %d: peeked a chunk that member %d sent for copy (only recv_into may "
+                  "take it)",
+                  e->me, peer);
   p->peeked = true;
   *data = at(p, 0)->data;
   return WEFT_OK;
@@ -181,7 +203,7 @@ static weft_status fake_recv_peek(void *ctx, int peer, uint32_t seq, size_t byte
 static void pop(fake_world *w, fake_pipe *p) {
   fake_chunk *c = at(p, 0);
   /* scribble over the slot: a reader that kept its pointer sees garbage */
-  if (c->bytes) memset(c->data, 0xA5, c->bytes);
+  if (c->bytes && c->data) memset(c->data, 0xA5, c->bytes);
   free(c->data);
   *c = (fake_chunk){0};
   p->head = (p->head + 1) % MAX_SLOTS;
@@ -208,7 +230,8 @@ static weft_status fake_recv_into(void *ctx, int peer, uint32_t seq, size_t byte
   weft_status st = arrived(e, peer, seq, bytes, &p);
   if (st) return st;
   if (p->peeked) return misuse(e->w, "member %d: recv_into from %d after a peek", e->me, peer);
-  if (bytes) memcpy(dst, at(p, 0)->data, bytes);
+  const fake_chunk *c = at(p, 0);
+  if (bytes) memcpy(dst, c->for_copy ? c->src : c->data, bytes);
   pop(e->w, p);
   return WEFT_OK;
 }
@@ -253,6 +276,7 @@ static void fake_set_error(void *ctx, const char *sentence) {
 static const weft_link_ops fake_ops = {
     .send_ready = fake_send_ready,
     .send = fake_send,
+    .send_for_copy = fake_send_for_copy,
     .send_idle = fake_send_idle,
     .recv_peek = fake_recv_peek,
     .recv_release = fake_recv_release,

@@ -197,6 +197,50 @@ static void credits_on(const weft_transport *tp) {
   pair_close(&p);
 }
 
+/* send_for_copy on every transport: the chunk arrives whole whether the
+ * receiver takes it with recv_into or peeks it, and it is complete once the
+ * receiver took it. On shm (threshold 0 here) chunks past the first go by
+ * single copy; tcp and ibv send them as any chunk. */
+static void for_copy_on(const weft_transport *tp) {
+  setenv("WEFT_SHM_CMA_MIN_BYTES", "0", 1);
+  pair p;
+  bool open = pair_open(&p, tp);
+  unsetenv("WEFT_SHM_CMA_MIN_BYTES");
+  if (!open) {
+    skip();
+    return;
+  }
+  static unsigned char buf[5][CHUNK];
+  for (uint32_t k = 0; k < 5; k++) {
+    size_t bytes = k == 0 ? 8 : k == 1 ? 100 : CHUNK - k;
+    fill(buf[k], bytes, 0, 50 + k);
+    double deadline = harness_now() + 5;
+    weft_status st;
+    while ((st = tp->send_ready(p.tx[0])) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
+    if (st || tp->send_for_copy(p.tx[0], buf[k], bytes, 50 + k, &weft_mem_host))
+      fail_msg("%s: send_for_copy #%u: %s", tp->name, 50 + k, p.sink[0].msg);
+    recv_one(&p, 0, 50 + k, bytes, k != 3);
+    while (tp->send_idle(p.tx[0]) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
+    assert_int_equal(tp->send_idle(p.tx[0]), WEFT_OK);
+  }
+  pair_close(&p);
+}
+
+static void for_copy_shm(void **state) {
+  (void)state;
+  for_copy_on(&weft_transport_shm);
+}
+static void for_copy_tcp(void **state) {
+  (void)state;
+  for_copy_on(&weft_transport_tcp);
+}
+#ifdef WEFT_HAVE_IBV
+static void for_copy_ibv(void **state) {
+  (void)state;
+  for_copy_on(&weft_transport_ibv);
+}
+#endif
+
 static void probe_and_depth(void **state) {
   (void)state;
   const weft_transport *all[] = {&weft_transport_shm, &weft_transport_tcp,
@@ -340,6 +384,10 @@ int main(void) {
       cmocka_unit_test(channels_ibv),     cmocka_unit_test(credits_ibv),
 #endif
       cmocka_unit_test(registration_shm), cmocka_unit_test(registration_refused),
+      cmocka_unit_test(for_copy_shm),     cmocka_unit_test(for_copy_tcp),
+#ifdef WEFT_HAVE_IBV
+      cmocka_unit_test(for_copy_ibv),
+#endif
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,8 +45,9 @@
 /* Bumped whenever a member changes, so an out-of-tree transport (a plugin)
  * built against another layout is refused rather than called wrongly.
  * 4: caps, channels, probe, send_depth reported by the transport, memory
- *    registration by kind with descriptors, opaque handles. */
-#define WEFT_TRANSPORT_ABI 4
+ *    registration by kind with descriptors, opaque handles.
+ * 5: send_for_copy. */
+#define WEFT_TRANSPORT_ABI 5
 
 /* Longest address blob a transport publishes through the rendezvous. */
 #define WEFT_TRANSPORT_ADDR_MAX 160
@@ -192,6 +193,17 @@ typedef struct weft_transport {
    * released chunk was read). */
   weft_status (*send)(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
                       const struct weft_mem_ops *mem);
+
+  /* Like send, for a chunk the receiver takes with recv_into (never
+   * recv_peek): a transport that can copy it from `src` straight into the
+   * receiver's buffer may post only where it is (shm: a process_vm_readv
+   * by the receiver, one copy instead of two). The chunk is then complete
+   * (send_idle, and its credit back for send_ready) only once the receiver
+   * has copied it, so `src` stays unchanged until then, as send's rule
+   * already says. A receiver that peeks it anyway still gets it (copied
+   * into a slot first). Transports with nothing to gain point it at send. */
+  weft_status (*send_for_copy)(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
+                               const struct weft_mem_ops *mem);
 
   /* WEFT_OK when every posted chunk is complete (its source may be reused),
    * WEFT_AGAIN otherwise. Drives the sends forward. */

@@ -138,6 +138,12 @@ static inline weft_status weft_link_send_ready(weft_coll *coll, int peer) {
 static inline weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
   return coll->link.ops->send(coll->link.ctx, peer, src, bytes, coll->seq, coll->mem);
 }
+/* A send whose chunk `peer` takes with weft_link_recv_into (never a peek):
+ * shm may copy it once, straight from src, completing when the peer has. */
+static inline weft_status weft_link_send_for_copy(weft_coll *coll, int peer, const void *src,
+                                                  size_t bytes) {
+  return coll->link.ops->send_for_copy(coll->link.ctx, peer, src, bytes, coll->seq, coll->mem);
+}
 static inline weft_status weft_link_send_idle(weft_coll *coll, int peer) {
   return coll->link.ops->send_idle(coll->link.ctx, peer);
 }
@@ -217,6 +223,11 @@ static inline int weft_tree_child(const weft_coll *coll, const weft_tree_shape *
 }
 /* Sends `bytes` from `src` to `peer` once there is room. */
 weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t bytes);
+/* The same for a chunk `peer` takes with weft_link_recv_into (directly or
+ * through weft_step_recv_forward / weft_step_recv_all), never with a peek:
+ * shm then copies it once. With wire on it is weft_step_send (the
+ * receiver's forward step peeks the narrowed chunk). */
+weft_status weft_step_send_for_copy(weft_coll *coll, int peer, const void *src, size_t bytes);
 /* Receives `cnt` elements from `from`, writes dst = own op them (divided by
  * postdiv for avg) and, when to >= 0, sends dst on to `to`. It reduces only
  * once the send can go, so a re-entered step never reduces twice.
@@ -224,8 +235,13 @@ weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t by
  * be reading; the step waits for that send to complete before writing it. */
 weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, const void *own,
                                   size_t cnt, int postdiv, int wait_peer);
+/* The same, with wait_peer -1, where dst is final and `to` takes it with
+ * weft_step_recv_forward (the ring allreduce's last reduction): sent for
+ * copy, so shm copies it once. */
+weft_status weft_step_recv_reduce_final(weft_coll *coll, int from, int to, void *dst,
+                                        const void *own, size_t cnt, int postdiv);
 /* Receives `bytes` from `from` into dst (once: *got), then, when to >= 0,
- * sends dst on to `to`. */
+ * sends dst on to `to` for copy (`to` takes it with this same step). */
 weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst, size_t bytes,
                                    bool *got);
 /* Sends `bytes` at `src` to every other member, in rank order from the next

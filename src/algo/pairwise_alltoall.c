@@ -23,7 +23,7 @@ static weft_status a2a_round(weft_coll *coll, int to, int from) {
     if (fs->sent < fs->nchunks) {
       weft_chunk_range(fs->sent, fs->chunk_elems, coll->count, &off, &cnt);
       const char *src = (const char *)coll->sendbuf + ((size_t)to * coll->count + off) * coll->elem;
-      st = weft_step_send(coll, to, src, cnt * coll->elem);
+      st = weft_step_send_for_copy(coll, to, src, cnt * coll->elem);
       WEFT_CHECK(st);
       if (st == WEFT_OK) fs->sent++, moved = true;
     }

@@ -52,10 +52,12 @@ static weft_status ring_step(weft_coll *coll) {
   const char *in = (const char *)coll->sendbuf + off * coll->elem;
 
   if (s == 0) return weft_step_send(coll, right, in, bytes);
-  /* reduce-scatter: receive, add own, pass on; at n-1 final (divided for avg) */
-  if (s <= n - 1)
-    return weft_step_recv_reduce(coll, left, right, out, in, cnt, s == n - 1 ? coll->avg_div : 1,
-                                 -1);
+  /* reduce-scatter: receive, add own, pass on */
+  if (s < n - 1) return weft_step_recv_reduce(coll, left, right, out, in, cnt, 1, -1);
+  /* at n-1 final (divided for avg): the right takes it into its output (a
+   * forward step), so it goes for copy */
+  if (s == n - 1)
+    return weft_step_recv_reduce_final(coll, left, right, out, in, cnt, coll->avg_div);
   /* allgather: the chunk lands straight in the output, then moves on */
   return weft_step_recv_forward(coll, left, s == 2 * n - 2 ? -1 : right, out, bytes, &rs->got);
 }

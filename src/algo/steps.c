@@ -129,8 +129,14 @@ weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t by
   return weft_link_send(coll, peer, src, bytes);
 }
 
-weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, const void *own,
-                                  size_t cnt, int postdiv, int wait_peer) {
+weft_status weft_step_send_for_copy(weft_coll *coll, int peer, const void *src, size_t bytes) {
+  if (weft_wire_on(coll)) return wire_step_send(coll, peer, src, bytes / coll->elem);
+  WEFT_STEP(weft_link_send_ready(coll, peer));
+  return weft_link_send_for_copy(coll, peer, src, bytes);
+}
+
+static weft_status recv_reduce_send(weft_coll *coll, int from, int to, void *dst, const void *own,
+                                    size_t cnt, int postdiv, int wait_peer, bool for_copy) {
   if (weft_wire_on(coll))
     return wire_step_recv_reduce(coll, from, to, dst, own, cnt, postdiv, wait_peer);
   const void *slot;
@@ -141,8 +147,19 @@ weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, 
   if (wait_peer >= 0) WEFT_STEP(weft_link_send_idle(coll, wait_peer));
   if (to >= 0) WEFT_STEP(weft_link_send_ready(coll, to));
   coll->mem->reduce(dst, own, slot, cnt, coll->dtype, coll->op, postdiv);
-  if (to >= 0) WEFT_STEP(weft_link_send(coll, to, dst, cnt * coll->elem));
+  if (to >= 0 && for_copy) WEFT_STEP(weft_link_send_for_copy(coll, to, dst, cnt * coll->elem));
+  if (to >= 0 && !for_copy) WEFT_STEP(weft_link_send(coll, to, dst, cnt * coll->elem));
   return weft_link_recv_release(coll, from);
+}
+
+weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, const void *own,
+                                  size_t cnt, int postdiv, int wait_peer) {
+  return recv_reduce_send(coll, from, to, dst, own, cnt, postdiv, wait_peer, false);
+}
+
+weft_status weft_step_recv_reduce_final(weft_coll *coll, int from, int to, void *dst,
+                                        const void *own, size_t cnt, int postdiv) {
+  return recv_reduce_send(coll, from, to, dst, own, cnt, postdiv, -1, true);
 }
 
 weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst, size_t bytes,
@@ -153,7 +170,7 @@ weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst,
     *got = true;
   }
   if (to < 0) return WEFT_OK;
-  return weft_step_send(coll, to, dst, bytes);
+  return weft_step_send_for_copy(coll, to, dst, bytes);
 }
 
 weft_status weft_step_send_all(weft_coll *coll, int *next, const void *src, size_t bytes) {

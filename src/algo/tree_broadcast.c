@@ -33,7 +33,7 @@ static weft_status tree_advance(weft_coll *coll) {
     }
     while (ts->children_sent < t.nchildren) {
       int child = weft_tree_child(coll, &t, ts->children_sent);
-      WEFT_STEP(weft_step_send(coll, child, src, bytes));
+      WEFT_STEP(weft_step_send_for_copy(coll, child, src, bytes));
       ts->children_sent++;
     }
     ts->chunk++;
@@ -151,8 +151,9 @@ static weft_status bc_send_data(weft_coll *coll, int v) {
   size_t ce = weft_chunk_elems(coll), off, cnt;
   for (; bs->chunk * ce < coll->count; bs->chunk++) {
     weft_chunk_range(bs->chunk, ce, coll->count, &off, &cnt);
-    WEFT_STEP(weft_step_send(coll, bc_member(coll, v), (const char *)coll->recvbuf + off * coll->elem,
-                             cnt * coll->elem));
+    WEFT_STEP(weft_step_send_for_copy(coll, bc_member(coll, v),
+                                      (const char *)coll->recvbuf + off * coll->elem,
+                                      cnt * coll->elem));
   }
   bs->chunk = 0;
   return WEFT_OK;

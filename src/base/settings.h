@@ -132,6 +132,7 @@ enum weft_transport_choice { WEFT_TRANSPORT_WORDS(WEFT_WORD_ENUM_) };
 enum weft_spread_choice { WEFT_SPREAD_WORDS(WEFT_WORD_ENUM_) };
 enum weft_wire_choice { WEFT_WIRE_WORDS(WEFT_WORD_ENUM_) };
 enum weft_family_choice { WEFT_FAMILY_WORDS(WEFT_WORD_ENUM_) };
+enum weft_shm_cma_choice { WEFT_SHM_CMA_WORDS(WEFT_WORD_ENUM_) };
 enum weft_debug_subsys_choice { WEFT_DEBUG_SUBSYS_WORDS(WEFT_WORD_ENUM_) };
 #undef WEFT_WORD_ENUM_
 

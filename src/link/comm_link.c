@@ -46,17 +46,29 @@ static weft_status cl_send_ready(void *ctx, int peer) {
   return link_result(cl, peer, peer_ops(cl->links, peer)->send_ready(c), "room to send to");
 }
 
-static weft_status cl_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
-                           const weft_mem_ops *mem) {
+static weft_status cl_send_with(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
+                                const weft_mem_ops *mem, bool for_copy) {
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  weft_status st = peer_ops(cl->links, peer)->send(c, src, bytes, seq, mem);
+  const weft_transport *ops = peer_ops(cl->links, peer);
+  weft_status st =
+      for_copy ? ops->send_for_copy(c, src, bytes, seq, mem) : ops->send(c, src, bytes, seq, mem);
   if (st == WEFT_OK) {
     cl->links->events++;
     cl->links->peers[peer].last_send_seq = seq;
   }
   return link_result(cl, peer, st, "room to send to");
+}
+
+static weft_status cl_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
+                           const weft_mem_ops *mem) {
+  return cl_send_with(ctx, peer, src, bytes, seq, mem, false);
+}
+
+static weft_status cl_send_for_copy(void *ctx, int peer, const void *src, size_t bytes,
+                                    uint32_t seq, const weft_mem_ops *mem) {
+  return cl_send_with(ctx, peer, src, bytes, seq, mem, true);
 }
 
 static weft_status cl_send_idle(void *ctx, int peer) {
@@ -124,6 +136,7 @@ static void cl_set_error(void *ctx, const char *sentence) {
 const weft_link_ops weft_comm_link_ops = {
     .send_ready = cl_send_ready,
     .send = cl_send,
+    .send_for_copy = cl_send_for_copy,
     .send_idle = cl_send_idle,
     .recv_peek = cl_recv_peek,
     .recv_release = cl_recv_release,

@@ -18,6 +18,12 @@ static weft_status group_send(void *ctx, int member, const void *src, size_t byt
   return g->over.ops->send(g->over.ctx, g->members[member], src, bytes, seq, mem);
 }
 
+static weft_status group_send_for_copy(void *ctx, int member, const void *src, size_t bytes,
+                                       uint32_t seq, const weft_mem_ops *mem) {
+  const weft_link_group *g = group_of(ctx);
+  return g->over.ops->send_for_copy(g->over.ctx, g->members[member], src, bytes, seq, mem);
+}
+
 static weft_status group_send_idle(void *ctx, int member) {
   const weft_link_group *g = group_of(ctx);
   return g->over.ops->send_idle(g->over.ctx, g->members[member]);
@@ -69,6 +75,7 @@ static void group_set_error(void *ctx, const char *sentence) {
 const weft_link_ops weft_link_group_ops = {
     .send_ready = group_send_ready,
     .send = group_send,
+    .send_for_copy = group_send_for_copy,
     .send_idle = group_send_idle,
     .recv_peek = group_recv_peek,
     .recv_release = group_recv_release,

@@ -29,6 +29,11 @@ typedef struct weft_link_ops {
    * send_idle says OK. */
   weft_status (*send)(void *ctx, int member, const void *src, size_t bytes, uint32_t seq,
                       const weft_mem_ops *mem);
+  /* Like send, for a chunk that `member` takes with recv_into, never
+   * recv_peek (transport.h, send_for_copy: shm may then copy it once,
+   * straight from src; it completes when the member has copied it). */
+  weft_status (*send_for_copy)(void *ctx, int member, const void *src, size_t bytes, uint32_t seq,
+                               const weft_mem_ops *mem);
   /* OK once every chunk sent to `member` has left its source. */
   weft_status (*send_idle)(void *ctx, int member);
   /* The next chunk from `member`, where it landed, once it has: it must

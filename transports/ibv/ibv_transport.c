@@ -537,6 +537,7 @@ const weft_transport weft_transport_ibv = {
     .connect = ibv_connect,
     .send_ready = ibv_send_ready,
     .send = ibv_send,
+    .send_for_copy = ibv_send, /* the receiver reads the socket / slot into dst already */
     .send_idle = ibv_send_idle,
     .recv_peek = ibv_recv_peek,
     .recv_release = ibv_recv_release,

@@ -14,7 +14,9 @@
 #include "transports/transport.h"
 
 #define SHM_SEG_MAGIC 0x5745534du /* "WESM" */
-#define SHM_SEG_VERSION 3 /* 2: one cache line per slot, small chunks inline; 3: `refused` */
+/* 2: one cache line per slot, small chunks inline; 3: `refused`; 4: single
+ * copy (a cell's `how`, the FIFO's cma words) */
+#define SHM_SEG_VERSION 4
 #define SHM_MAX_SLOTS 64
 #define SHM_ABORT_TEXT 300
 /* The size a creator leaves its pair's name at when /dev/shm had no room for
@@ -32,10 +34,16 @@
  * so both lines travel at once. */
 #define SHM_INLINE_FIRST 48
 #define SHM_INLINE_BYTES 112
+enum shm_cell_how {
+  SHM_CELL_DATA = 0, /* the chunk is in `data` (inline) or in the cell's slot */
+  SHM_CELL_CMA = 1,  /* single copy: `data` holds the sender's address of the chunk (a
+                        uint64_t); the receiver reads it with process_vm_readv, and the chunk
+                        is complete for the sender once the receiver released the cell */
+};
 typedef struct shm_cell {
   _Alignas(64) atomic_uint ready;    /* the chunk's number + 1 once tag and data are written */
   uint32_t seq, len;
-  uint32_t pad;
+  uint32_t how;                         /* enum shm_cell_how */
   unsigned char data[SHM_INLINE_BYTES]; /* the chunk when len <= SHM_INLINE_BYTES */
 } shm_cell;
 _Static_assert(sizeof(shm_cell) == 128, "a cell is two cache lines");
@@ -50,6 +58,15 @@ typedef struct shm_fifo {
   atomic_uint send_sleeping;         /* sender waits for room on tail */
   _Alignas(64) atomic_uint aborted;  /* the sender failed; abort_text says why */
   char abort_text[SHM_ABORT_TEXT];
+  /* Single copy (process_vm_readv), decided once per direction: the sender
+   * offers (cma_offer, last) the address in its own process of the word
+   * cma_probe_word, which both see; the receiver reads that address from
+   * the sender's process and writes its verdict. Only after a yes does the
+   * sender post descriptors (SHM_CELL_CMA), so both ends agree. */
+  _Alignas(64) atomic_uint cma_offer; /* 1: probe_addr and probe_word are written */
+  atomic_uint cma_verdict;            /* the receiver's: 0 not yet, 1 yes, 2 no */
+  uint64_t cma_probe_addr;            /* &cma_probe_word in the sender's mapping */
+  uint64_t cma_probe_word;            /* a value of the sender's choosing */
   shm_cell cell[SHM_MAX_SLOTS];      /* written by the sender, `ready` last */
 } shm_fifo;
 
@@ -104,7 +121,8 @@ enum shm_conn_state { SHM_CONN_OPENING, SHM_CONN_UP, SHM_CONN_DEAD };
 
 typedef struct shm_ctx shm_ctx;
 typedef struct shm_conn shm_conn;
-enum shm_want { SHM_WANT_NONE, SHM_WANT_RECV, SHM_WANT_SEND, SHM_WANT_OPEN };
+enum shm_want { SHM_WANT_NONE, SHM_WANT_RECV, SHM_WANT_SEND, SHM_WANT_OPEN, SHM_WANT_IDLE };
+enum shm_cma_verdict { SHM_CMA_UNDECIDED = 0, SHM_CMA_YES = 1, SHM_CMA_NO = 2 };
 
 struct shm_conn {
   shm_ctx *ctx;
@@ -126,6 +144,13 @@ struct shm_conn {
                                         known without touching its line every send */
   uint32_t rx_tail;                  /* local copy: chunks we released */
   bool peeked;
+  /* single copy (shm_fifo's cma words) */
+  uint8_t tx_cma;                    /* the peer's verdict on reading us, once it is known */
+  bool tx_copy_pending;              /* chunks up to tx_copy_until are descriptors: */
+  uint32_t tx_copy_until;            /* complete only once tail reaches it */
+  bool rx_cma_decided;               /* our verdict on reading the peer is written */
+  bool rx_in_slot;                   /* the peeked descriptor's chunk was read into its slot */
+  uint64_t cma_chunks, cma_bytes;    /* received by single copy (logged at the end; tests) */
   int pidfd;                         /* readable once the peer process ended; -1 */
   bool peer_ended;                   /* its process is gone: what it sent is still read */
   bool notice_read;                  /* the peer's failure notice was read */
@@ -142,6 +167,8 @@ struct shm_ctx {
   shm_conn **conns;                  /* by shm_conn_index(peer, channel) */
   bool *reachable;                   /* by peer: can_reach said yes, so a lower one may
                                         have made segments this rank never opened */
+  int cma_mode;                      /* WEFT_SHM_CMA (shm_settings.h) */
+  size_t cma_min_bytes;              /* WEFT_SHM_CMA_MIN_BYTES */
   shm_conn *want_conn;       /* the last connection a data call said AGAIN for */
   enum shm_want want;
   double next_liveness_check;
@@ -179,6 +206,8 @@ void shm_futex_wait(atomic_uint *word, uint32_t expected, int timeout_ms);
 weft_status shm_send_ready(weft_tp_conn *conn);
 weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
                      const struct weft_mem_ops *mem);
+weft_status shm_send_for_copy(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
+                              const struct weft_mem_ops *mem);
 weft_status shm_send_idle(weft_tp_conn *conn);
 weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
 weft_status shm_recv_release(weft_tp_conn *conn);

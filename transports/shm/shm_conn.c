@@ -1,7 +1,8 @@
 /* shm_conn.c - one shared-memory connection: the pair segment (created by the
  * lower rank, unlinked by the higher as soon as it has mapped it, and by
  * whichever side gives up on the pair before that, so a crash leaves no name
- * behind), the FIFO data path, futex sleeping, and noticing a dead peer
+ * behind), the FIFO data path, single copy (process_vm_readv) for chunks the
+ * receiver takes with recv_into, futex sleeping, and noticing a dead peer
  * through its pidfd. */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,6 +27,7 @@
 #include "src/mem/mem.h"
 #include "src/mem/shared_mem.h"
 #include "src/base/net.h"
+#include "src/base/settings.h"
 #include "src/base/status.h"
 
 /* The header's pages: the same for every geometry, so an opener can read a
@@ -137,6 +140,15 @@ static void shm_conn_map_fifos(shm_conn *c) {
   c->tx_head = atomic_load(&c->tx->head);
   c->tx_tail_seen = atomic_load(&c->tx->tail);
   c->rx_tail = atomic_load(&c->rx->tail);
+  /* Single copy: offer the peer a word of ours to read from our process
+   * (shm_fifo says how the pair agrees). The word lies in the segment, so
+   * the peer can compare what it read with what it sees itself. */
+  if (c->ctx->cma_mode != WEFT_SHM_CMA_OFF && !atomic_load(&c->tx->cma_offer)) {
+    c->tx->cma_probe_word =
+        ((uint64_t)c->ctx->self.pid << 32) ^ (uint64_t)(uintptr_t)c ^ 0x9e3779b97f4a7c15ull;
+    c->tx->cma_probe_addr = (uint64_t)(uintptr_t)&c->tx->cma_probe_word;
+    atomic_store_explicit(&c->tx->cma_offer, 1, memory_order_release);
+  }
 }
 
 static weft_status shm_conn_make_segment(shm_conn *c) {
@@ -368,6 +380,12 @@ void shm_conn_notify_abort(shm_conn *c, const char *reason) {
 }
 
 void shm_conn_destroy(shm_conn *c) {
+  if (c->cma_chunks)
+    WEFT_INFO(WEFT_SUBSYS_NET,
+              "shm: rank %d took %llu chunks (%.1f MiB) from peer %d by single copy "
+              "(process_vm_readv)",
+              c->ctx->args->rank, (unsigned long long)c->cma_chunks,
+              (double)c->cma_bytes / (1 << 20), c->peer);
   for (int i = 0; i < c->nmaps; i++) munmap(c->maps[i].base, c->maps[i].bytes);
   if (c->seg) munmap(c->seg, c->seg_bytes);
   shm_conn_unlink(c); /* the peer never mapped it, or this rank never did */
@@ -475,12 +493,122 @@ weft_status shm_send_ready(weft_tp_conn *conn) {
   return shm_ready(shm_conn_of(conn));
 }
 
-weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
-                     const struct weft_mem_ops *mem) {
-  shm_conn *c = shm_conn_of(conn);
+/* ---- single copy ---------------------------------------------------------------- */
+
+/* Whether a chunk of `bytes` read with `mem` may go as a descriptor: large
+ * enough to be worth a system call, host memory (the peer's kernel reads it
+ * through our page tables), and the peer said it can read us. */
+static bool shm_cma_usable(shm_conn *c, size_t bytes, const struct weft_mem_ops *mem) {
+  if (bytes <= SHM_INLINE_BYTES || bytes < c->ctx->cma_min_bytes) return false;
+  if (mem->kind != WEFT_MEMORY_HOST && mem->kind != WEFT_MEMORY_SHARED) return false;
+  if (c->tx_cma == SHM_CMA_UNDECIDED)
+    c->tx_cma = (uint8_t)atomic_load_explicit(&c->tx->cma_verdict, memory_order_acquire);
+  return c->tx_cma == SHM_CMA_YES;
+}
+
+/* The receiver's side of the agreement: once the sender has offered its
+ * word, read it from the sender's process and say whether that worked.
+ * Refusals are ordinary (seccomp in containers, Yama ptrace_scope 2+,
+ * another user): the pair keeps two copies, said under NET. */
+static void shm_cma_decide(shm_conn *c) {
+  if (!atomic_load_explicit(&c->rx->cma_offer, memory_order_acquire)) return;
+  c->rx_cma_decided = true;
+  shm_ctx *ctx = c->ctx;
+  uint32_t verdict = SHM_CMA_NO;
+  if (ctx->cma_mode == WEFT_SHM_CMA_OFF) {
+    WEFT_INFO(WEFT_SUBSYS_NET,
+              "shm: rank %d takes peer %d's chunks through the slots (WEFT_SHM_CMA=0)",
+              ctx->args->rank, c->peer);
+  } else {
+    /* test-refused reads address 0, which fails as a refusing kernel's read does */
+    uint64_t addr = ctx->cma_mode == WEFT_SHM_CMA_TEST_REFUSED ? 0 : c->rx->cma_probe_addr;
+    uint64_t word = 0;
+    struct iovec local = {&word, sizeof word}, remote = {(void *)(uintptr_t)addr, sizeof word};
+    ssize_t n = process_vm_readv((pid_t)c->peer_pid, &local, 1, &remote, 1, 0);
+    int e = n < 0 ? errno : 0;
+    if (n == (ssize_t)sizeof word && word == c->rx->cma_probe_word) {
+      verdict = SHM_CMA_YES;
+      WEFT_INFO(WEFT_SUBSYS_NET,
+                "shm: rank %d reads peer %d's chunks of %zu bytes and more straight from its "
+                "memory (process_vm_readv, single copy)",
+                ctx->args->rank, c->peer,
+                ctx->cma_min_bytes > SHM_INLINE_BYTES ? ctx->cma_min_bytes : SHM_INLINE_BYTES + 1);
+    } else {
+      WEFT_INFO(WEFT_SUBSYS_NET,
+                "shm: rank %d cannot read peer %d's memory (process_vm_readv of pid %u: %s%s): "
+                "two copies through the slots",
+                ctx->args->rank, c->peer, c->peer_pid, e ? strerror(e) : "another value",
+                ctx->cma_mode == WEFT_SHM_CMA_TEST_REFUSED ? ", WEFT_SHM_CMA=test-refused" : "");
+    }
+  }
+  atomic_store_explicit(&c->rx->cma_verdict, verdict, memory_order_release);
+}
+
+/* Whether the peer's process is still there, asked now (not from the last
+ * liveness round). */
+static bool shm_peer_alive_now(shm_conn *c) {
+  if (c->pidfd >= 0) {
+    struct pollfd p = {.fd = c->pidfd, .events = POLLIN};
+    if (poll(&p, 1, 0) == 1) c->peer_ended = true;
+  } else if (kill((pid_t)c->peer_pid, 0) != 0 && errno == ESRCH) {
+    c->peer_ended = true;
+  }
+  return !c->peer_ended;
+}
+
+/* The sender of a descriptor ended before we copied its chunk: the bytes
+ * were only in its memory, so they are lost with it. */
+static weft_status shm_cma_lost(shm_conn *c, size_t bytes) {
+  weft_status st = shm_peer_gone(c); /* a failure notice says more than the exit */
+  if (st) return st;
+  return shm_conn_fail(c, WEFT_ERR_PEER_LOST,
+                       "peer %d (pid %u) ended or crashed before this rank copied the %zu bytes "
+                       "it had posted (single copy: they were only in its memory)",
+                       c->peer, c->peer_pid, bytes);
+}
+
+/* Copies the chunk a descriptor cell points at from the peer's process
+ * into dst (host memory). */
+static weft_status shm_cma_read(shm_conn *c, const shm_cell *cell, void *dst, size_t bytes) {
+  uint64_t addr;
+  memcpy(&addr, cell->data, sizeof addr);
+  size_t done = 0;
+  while (done < bytes) {
+    struct iovec local = {(char *)dst + done, bytes - done};
+    struct iovec remote = {(void *)(uintptr_t)(addr + done), bytes - done};
+    ssize_t n = process_vm_readv((pid_t)c->peer_pid, &local, 1, &remote, 1, 0);
+    if (n > 0) {
+      done += (size_t)n; /* partial only where a page failed: the next call says why */
+      continue;
+    }
+    int e = n < 0 ? errno : EFAULT;
+    if (e == EINTR) continue;
+    if (e == ESRCH || !shm_peer_alive_now(c)) return shm_cma_lost(c, bytes);
+    return shm_conn_fail(c, e == EFAULT ? WEFT_ERR_PROTOCOL : WEFT_ERR_SYSTEM,
+                         "rank %d could not copy %zu bytes from peer %d (pid %u) at %#llx: "
+                         "process_vm_readv: %s",
+                         c->ctx->args->rank, bytes, c->peer, c->peer_pid,
+                         (unsigned long long)addr + done, strerror(e));
+  }
+  /* The pid named the peer all along only if the peer is alive now: a pid
+   * reused after its end would be another process's memory. */
+  if (!shm_peer_alive_now(c)) return shm_cma_lost(c, bytes);
+  /* A sender that failed may have handed its buffer back to its caller
+   * before we read it: what we read may not be what it posted. */
+  if (atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) return shm_peer_gone(c);
+  c->cma_chunks++;
+  c->cma_bytes += bytes;
+  return WEFT_OK;
+}
+
+/* ---- sending ------------------------------------------------------------------- */
+
+static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t seq,
+                            const struct weft_mem_ops *mem, bool for_copy) {
   weft_status st = shm_ready(c);
   if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
+  bool by_address = for_copy && shm_cma_usable(c, bytes, mem);
   uint32_t slot = c->tx_head % (uint32_t)c->ctx->nslots;
   shm_cell *cell = &c->tx->cell[slot];
   uint32_t number = c->tx_head++;
@@ -492,9 +620,18 @@ weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t
    * sleeps, or we see that it sleeps and wake it (no lost wake-up); a
    * receiver that sees head ahead of a cell not yet ready polls again. */
   atomic_store(&c->tx->head, c->tx_head);
-  mem->copy(bytes <= SHM_INLINE_BYTES ? (void *)cell->data
-                                      : c->tx_slots + (size_t)slot * c->ctx->args->chunk_bytes,
-            src, bytes);
+  if (by_address) {
+    uint64_t addr = (uint64_t)(uintptr_t)src;
+    memcpy(cell->data, &addr, sizeof addr);
+    cell->how = SHM_CELL_CMA;
+    c->tx_copy_pending = true;
+    c->tx_copy_until = c->tx_head; /* complete once the peer released this cell */
+  } else {
+    mem->copy(bytes <= SHM_INLINE_BYTES ? (void *)cell->data
+                                        : c->tx_slots + (size_t)slot * c->ctx->args->chunk_bytes,
+              src, bytes);
+    cell->how = SHM_CELL_DATA;
+  }
   cell->seq = seq;
   cell->len = (uint32_t)bytes;
   atomic_store_explicit(&cell->ready, number + 1, memory_order_release);
@@ -502,7 +639,18 @@ weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t
   return WEFT_OK;
 }
 
-/* A chunk is complete once copied into the slot. */
+weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
+                     const struct weft_mem_ops *mem) {
+  return shm_post(shm_conn_of(conn), src, bytes, seq, mem, false);
+}
+
+weft_status shm_send_for_copy(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
+                              const struct weft_mem_ops *mem) {
+  return shm_post(shm_conn_of(conn), src, bytes, seq, mem, true);
+}
+
+/* A chunk is complete once copied into the slot; a descriptor's once the
+ * peer has copied it and released its cell. */
 weft_status shm_send_idle(weft_tp_conn *conn) {
   shm_conn *c = shm_conn_of(conn);
   if (c->state == SHM_CONN_DEAD) return c->dead_status;
@@ -514,11 +662,27 @@ weft_status shm_send_idle(weft_tp_conn *conn) {
     if (c->peer_ended) return shm_peer_ended(c, "it to map the shared memory");
     return WEFT_AGAIN;
   }
+  if (c->tx_copy_pending) {
+    c->tx_tail_seen = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
+    if ((int32_t)(c->tx_tail_seen - c->tx_copy_until) >= 0) {
+      c->tx_copy_pending = false;
+      return WEFT_OK;
+    }
+    if (atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) return shm_peer_gone(c);
+    if (c->peer_ended) return shm_peer_ended(c, "it to copy what this rank sent");
+    c->ctx->want_conn = c;
+    c->ctx->want = SHM_WANT_IDLE;
+    return WEFT_AGAIN;
+  }
   return WEFT_OK;
 }
 
-static weft_status shm_peek(shm_conn *c, uint32_t seq, size_t bytes, const void **data) {
+/* ---- receiving ----------------------------------------------------------------- */
+
+/* The oldest chunk's cell once it has arrived, its tag checked (peeked). */
+static weft_status shm_arrived(shm_conn *c, uint32_t seq, size_t bytes, shm_cell **out) {
   WEFT_STATUS_PASS(shm_conn_usable(c));
+  if (!c->rx_cma_decided) shm_cma_decide(c);
   uint32_t slot = c->rx_tail % (uint32_t)c->ctx->nslots;
   shm_cell *cell = &c->rx->cell[slot];
   if (!c->peeked) {
@@ -537,11 +701,35 @@ static weft_status shm_peek(shm_conn *c, uint32_t seq, size_t bytes, const void 
     weft_error_sink *sink = c->ctx->args->errors;
     if (weft_chunk_check(sink, c->peer, cell->seq, seq, cell->len, bytes))
       return shm_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
+    /* a descriptor only ever stands for a chunk that would not fit inline */
+    if (cell->how != SHM_CELL_DATA && (cell->how != SHM_CELL_CMA || bytes <= SHM_INLINE_BYTES))
+      return shm_conn_fail(c, WEFT_ERR_PROTOCOL,
+                           "peer %d posted a chunk of %zu bytes marked %u, which this build "
+                           "cannot read",
+                           c->peer, bytes, cell->how);
     c->peeked = true;
+    c->rx_in_slot = false;
+  }
+  *out = cell;
+  return WEFT_OK;
+}
+
+static weft_status shm_peek(shm_conn *c, uint32_t seq, size_t bytes, const void **data) {
+  shm_cell *cell;
+  WEFT_STATUS_PASS(shm_arrived(c, seq, bytes, &cell));
+  if (bytes <= SHM_INLINE_BYTES) {
+    *data = cell->data;
+    return WEFT_OK;
   }
   /* the length was checked: it says where the sender put the data */
-  *data = bytes <= SHM_INLINE_BYTES ? (const void *)cell->data
-                                    : c->rx_slots + (size_t)slot * c->ctx->args->chunk_bytes;
+  char *slot =
+      c->rx_slots + (size_t)(c->rx_tail % (uint32_t)c->ctx->nslots) * c->ctx->args->chunk_bytes;
+  /* a receiver that peeks a chunk sent for copy gets it through the slot */
+  if (cell->how == SHM_CELL_CMA && !c->rx_in_slot) {
+    WEFT_STATUS_PASS(shm_cma_read(c, cell, slot, bytes));
+    c->rx_in_slot = true;
+  }
+  *data = slot;
   return WEFT_OK;
 }
 
@@ -565,9 +753,16 @@ weft_status shm_recv_release(weft_tp_conn *conn) {
 weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem) {
   shm_conn *c = shm_conn_of(conn);
-  const void *slot = NULL;
-  WEFT_STATUS_PASS(shm_peek(c, seq, bytes, &slot));
-  mem->copy(dst, slot, bytes);
+  shm_cell *cell;
+  WEFT_STATUS_PASS(shm_arrived(c, seq, bytes, &cell));
+  bool host = mem->kind == WEFT_MEMORY_HOST || mem->kind == WEFT_MEMORY_SHARED;
+  if (cell->how == SHM_CELL_CMA && !c->rx_in_slot && host) {
+    WEFT_STATUS_PASS(shm_cma_read(c, cell, dst, bytes)); /* the single copy */
+  } else {
+    const void *slot = NULL;
+    WEFT_STATUS_PASS(shm_peek(c, seq, bytes, &slot));
+    mem->copy(dst, slot, bytes);
+  }
   return shm_release(c);
 }
 

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,10 +43,35 @@ static weft_status shm_probe(char *why, size_t why_len) {
     return WEFT_ERR_UNSUPPORTED;
   }
   long long slots = weft_settings()->shm.slots;
-  snprintf(why, why_len, "/dev/shm %llu MiB, %llu MiB free; WEFT_SHM_SLOTS=%lld",
-           (unsigned long long)(size >> 20), (unsigned long long)(free_bytes >> 20), slots);
+  snprintf(why, why_len, "/dev/shm %llu MiB, %llu MiB free; WEFT_SHM_SLOTS=%lld; WEFT_SHM_CMA=%s",
+           (unsigned long long)(size >> 20), (unsigned long long)(free_bytes >> 20), slots,
+           weft_setting_str(WEFT_SETTING_SHM_CMA));
   if (free_bytes == 0) return WEFT_ERR_UNSUPPORTED;
   return WEFT_OK;
+}
+
+/* Under Yama's ptrace_scope 1 only a process's ancestors may read its
+ * memory, so a peer's process_vm_readv of our chunks fails. As Open MPI
+ * does for its single copy, this process then lets any process of its user
+ * read it (the probe still decides per pair); only with single copy on, and
+ * once per process. Scopes 2 and 3 cannot be lifted this way: the probe
+ * fails and the pair keeps two copies. */
+static void shm_cma_allow_readers(void) {
+  static atomic_bool done;
+  if (atomic_exchange(&done, true)) return;
+  FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+  if (!f) return; /* no Yama: same-user reads are allowed */
+  int scope = -1;
+  if (fscanf(f, "%d", &scope) != 1) scope = -1;
+  fclose(f);
+  if (scope != 1) return;
+  if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0)
+    WEFT_INFO(WEFT_SUBSYS_NET,
+              "shm: Yama ptrace_scope is 1: this process lets processes of its user read its "
+              "memory (PR_SET_PTRACER_ANY) for single copy; WEFT_SHM_CMA=0 leaves it as it was");
+  else
+    WEFT_INFO(WEFT_SUBSYS_NET, "shm: PR_SET_PTRACER_ANY: %s (peers will copy twice)",
+              strerror(errno));
 }
 
 static weft_status shm_init(const weft_transport_init_args *args, weft_tp_ctx **out,
@@ -67,6 +93,9 @@ static weft_status shm_init(const weft_transport_init_args *args, weft_tp_ctx **
   ctx->args = args;
   long long slots = weft_settings()->shm.slots;
   ctx->nslots = slots < 2 ? 2 : slots > SHM_MAX_SLOTS ? SHM_MAX_SLOTS : (int)slots;
+  ctx->cma_mode = weft_settings()->shm.cma;
+  ctx->cma_min_bytes = weft_settings()->shm.cma_min_bytes;
+  if (ctx->cma_mode != WEFT_SHM_CMA_OFF) shm_cma_allow_readers();
   ctx->self.magic = SHM_ADDR_MAGIC;
   ctx->self.pid = (uint32_t)getpid();
   ctx->self.place = *args->place;
@@ -184,6 +213,14 @@ static weft_status shm_wait(weft_tp_ctx *tctx, int timeout_ms) {
     if (atomic_load(&c->tx->tail) == full_tail && !atomic_load(&c->rx->aborted))
       shm_futex_wait(&c->tx->tail, full_tail, ms);
     atomic_store(&c->tx->send_sleeping, 0);
+  } else if (c && c->state == SHM_CONN_UP && ctx->want == SHM_WANT_IDLE) {
+    /* a descriptor waits for the peer to copy it and release its cell */
+    atomic_store(&c->tx->send_sleeping, 1);
+    uint32_t tail = atomic_load(&c->tx->tail);
+    if (c->tx_copy_pending && (int32_t)(tail - c->tx_copy_until) < 0 &&
+        !atomic_load(&c->rx->aborted))
+      shm_futex_wait(&c->tx->tail, tail, ms);
+    atomic_store(&c->tx->send_sleeping, 0);
   } else {
     struct timespec pause = {0, (ms < 1 ? ms : 1) * 1000000L};
     nanosleep(&pause, NULL);
@@ -246,6 +283,7 @@ const weft_transport weft_transport_shm = {
     .connect = shm_connect,
     .send_ready = shm_send_ready,
     .send = shm_send,
+    .send_for_copy = shm_send_for_copy,
     .send_idle = shm_send_idle,
     .recv_peek = shm_recv_peek,
     .recv_release = shm_recv_release,

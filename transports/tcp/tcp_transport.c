@@ -624,6 +624,7 @@ const weft_transport weft_transport_tcp = {
     .connect = tcp_connect,
     .send_ready = tcp_send_ready,
     .send = tcp_send,
+    .send_for_copy = tcp_send, /* the receiver reads the socket / slot into dst already */
     .send_idle = tcp_send_idle,
     .recv_peek = tcp_recv_peek,
     .recv_release = tcp_recv_release,

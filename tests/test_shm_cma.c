@@ -1,0 +1,508 @@
+/* test_shm_cma.c - single copy in the shared-memory transport: a chunk sent
+ * for copy is read by the receiver straight from the sender's memory
+ * (process_vm_readv), only where the probe at connection said the kernel
+ * allows it, and is complete for the sender only once the receiver copied
+ * it. Three levels:
+ *  - a pair of contexts in this process: which chunks go by single copy
+ *    (the connection's counter; sizes around WEFT_SHM_CMA_MIN_BYTES), that
+ *    send_idle waits for the receiver, that a peek still gets the bytes,
+ *    and the fallbacks (WEFT_SHM_CMA=0, a probe that fails);
+ *  - two processes: a sender that ends after posting leaves its receiver a
+ *    PEER_LOST naming it, at once, not a crash or a hang;
+ *  - allgather, alltoall, broadcast, gather and scatter over shm at 2 and 3
+ *    ranks on random data around the threshold, against a reference each
+ *    rank computes from every rank's seed, with the single copies counted
+ *    from the WEFT_DEBUG lines each rank logs. */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <cmocka.h>
+
+#include "harness.h"
+#include "src/base/auth.h"
+#include "src/base/settings.h"
+#include "src/base/status.h"
+#include "src/mem/mem.h"
+#include "src/topo/select.h"
+#include "transports/shm/shm.h"
+#include "transports/transport.h"
+
+#define CHUNK 65536
+#define MIN_BYTES 16384 /* WEFT_SHM_CMA_MIN_BYTES in these tests */
+
+static const weft_transport *shm = &weft_transport_shm;
+
+/* ---- a pair of contexts in this process ------------------------------------ */
+
+typedef struct pair {
+  weft_place place;
+  weft_auth_key key;
+  weft_error_sink sink[2];
+  weft_transport_init_args args[2];
+  uint8_t addr[2][WEFT_TRANSPORT_ADDR_MAX];
+  size_t alen[2];
+  weft_tp_ctx *ctx[2];
+  weft_tp_conn *tx, *rx; /* rank 0 -> 1 on the collectives' channel */
+} pair;
+
+static void drive(pair *p) {
+  bool moved;
+  shm->progress(p->ctx[0], &moved);
+  shm->progress(p->ctx[1], &moved);
+}
+
+/* `cma`: WEFT_SHM_CMA for both ranks. */
+static void pair_open(pair *p, const char *cma) {
+  memset(p, 0, sizeof *p);
+  setenv("WEFT_SHM_CMA", cma, 1);
+  setenv("WEFT_SHM_CMA_MIN_BYTES", "16384", 1);
+  weft_settings_reload();
+  weft_place_here(NULL, &p->place);
+  weft_auth_key_for_job(NULL, 0, &p->key);
+  static uint64_t pairs_made;
+  uint64_t comm_id = ((uint64_t)getpid() << 24) ^ (0xc3a0 + ++pairs_made);
+  for (int r = 0; r < 2; r++) {
+    p->args[r] = (weft_transport_init_args){.rank = r,
+                                            .size = 2,
+                                            .comm_id = comm_id,
+                                            .chunk_bytes = CHUNK,
+                                            .timeout_s = 5,
+                                            .wake_fd = -1,
+                                            .errors = &p->sink[r],
+                                            .place = &p->place,
+                                            .auth = &p->key,
+                                            .local_size = 2};
+    if (shm->init(&p->args[r], &p->ctx[r], p->addr[r], &p->alen[r]))
+      fail_msg("shm init rank %d: %s", r, p->sink[r].msg);
+  }
+  assert_int_equal(shm->connect(p->ctx[1], 0, 0, p->addr[0], p->alen[0], &p->rx), WEFT_OK);
+  assert_int_equal(shm->connect(p->ctx[0], 1, 0, p->addr[1], p->alen[1], &p->tx), WEFT_OK);
+  double deadline = harness_now() + 5;
+  while (shm->send_ready(p->tx) == WEFT_AGAIN && harness_now() < deadline) drive(p);
+  assert_int_equal(shm->send_ready(p->tx), WEFT_OK);
+}
+
+static void pair_close(pair *p) {
+  shm->fini(p->ctx[0]);
+  shm->fini(p->ctx[1]);
+  unsetenv("WEFT_SHM_CMA");
+  unsetenv("WEFT_SHM_CMA_MIN_BYTES");
+  weft_settings_reload();
+}
+
+static uint64_t rng_next(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+static void fill_random(unsigned char *buf, size_t n, uint64_t seed) {
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)(rng_next(&s) >> 24);
+}
+
+static void post(pair *p, const void *src, size_t bytes, uint32_t seq) {
+  double deadline = harness_now() + 5;
+  weft_status st;
+  while ((st = shm->send_ready(p->tx)) == WEFT_AGAIN && harness_now() < deadline) drive(p);
+  if (st || shm->send_for_copy(p->tx, src, bytes, seq, &weft_mem_host))
+    fail_msg("send_for_copy #%u of %zu bytes: %s", seq, bytes, p->sink[0].msg);
+}
+
+/* Takes the next chunk into dst, with recv_into or by a peek. */
+static void take(pair *p, void *dst, size_t bytes, uint32_t seq, bool peek) {
+  double deadline = harness_now() + 5;
+  weft_status st;
+  const void *data = NULL;
+  do {
+    st = peek ? shm->recv_peek(p->rx, seq, bytes, &data)
+              : shm->recv_into(p->rx, seq, bytes, dst, &weft_mem_host);
+    if (st == WEFT_AGAIN) drive(p);
+  } while (st == WEFT_AGAIN && harness_now() < deadline);
+  if (st) fail_msg("receive #%u of %zu bytes: %s", seq, bytes, p->sink[1].msg);
+  if (peek) {
+    memcpy(dst, data, bytes);
+    assert_int_equal(shm->recv_release(p->rx), WEFT_OK);
+  }
+}
+
+/* The receiver decides on its first look at the FIFO: one small chunk
+ * each way of the pair's direction settles the verdict before the sizes
+ * that matter are sent. */
+static void settle(pair *p) {
+  unsigned char b = 7, got = 0;
+  post(p, &b, 1, 1);
+  take(p, &got, 1, 1, false);
+  assert_int_equal(got, 7);
+}
+
+/* Chunk sizes around the threshold and the inline limit, each sent for
+ * copy and taken with recv_into (and some with a peek). `single`: whether
+ * the pair uses single copy at all. */
+static void sizes_around_threshold(const char *cma, bool single) {
+  pair p;
+  pair_open(&p, cma);
+  settle(&p);
+  shm_conn *rx = (shm_conn *)p.rx;
+  static const size_t sizes[] = {100,       112,           113,   4096,      MIN_BYTES - 1,
+                                 MIN_BYTES, MIN_BYTES + 1, 40000, CHUNK - 1, CHUNK};
+  static unsigned char src[CHUNK], dst[CHUNK], want[CHUNK];
+  uint32_t seq = 2;
+  for (int peek = 0; peek < 2; peek++) {
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++, seq++) {
+      size_t bytes = sizes[i];
+      fill_random(src, bytes, seq);
+      memcpy(want, src, bytes);
+      uint64_t before = rx->cma_chunks;
+      post(&p, src, bytes, seq);
+      bool by_address = single && bytes >= MIN_BYTES;
+      /* a descriptor is complete only once the receiver copied it */
+      weft_status idle = shm->send_idle(p.tx);
+      assert_int_equal(idle, by_address ? WEFT_AGAIN : WEFT_OK);
+      memset(dst, 0, bytes);
+      take(&p, dst, bytes, seq, peek);
+      if (memcmp(dst, want, bytes))
+        fail_msg("%s #%u, %zu bytes (%s): other bytes arrived", cma, seq, bytes,
+                 peek ? "peek" : "recv_into");
+      assert_int_equal(rx->cma_chunks - before, by_address ? 1 : 0);
+      double deadline = harness_now() + 5;
+      while (shm->send_idle(p.tx) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
+      assert_int_equal(shm->send_idle(p.tx), WEFT_OK);
+    }
+  }
+  pair_close(&p);
+}
+
+static void single_copy_used_around_threshold(void **state) {
+  (void)state;
+  sizes_around_threshold("auto", true);
+}
+
+static void cma_off_copies_twice(void **state) {
+  (void)state;
+  sizes_around_threshold("0", false);
+}
+
+static void refused_probe_copies_twice(void **state) {
+  (void)state;
+  sizes_around_threshold("test-refused", false);
+}
+
+/* Several descriptors in flight fill the slots: the sender gets its credits
+ * back only as the receiver copies, and send_idle waits for the last. */
+static void credits_return_as_the_receiver_copies(void **state) {
+  (void)state;
+  pair p;
+  pair_open(&p, "auto");
+  settle(&p);
+  int depth = shm->send_depth(p.ctx[0]);
+  unsigned char *src = malloc((size_t)depth * CHUNK), *dst = malloc(CHUNK);
+  for (int i = 0; i < depth; i++) {
+    fill_random(src + (size_t)i * CHUNK, CHUNK, 100 + i);
+    post(&p, src + (size_t)i * CHUNK, CHUNK, 100 + i);
+  }
+  for (int i = 0; i < 10; i++) drive(&p);
+  assert_int_equal(shm->send_ready(p.tx), WEFT_AGAIN);
+  for (int i = 0; i < depth; i++) {
+    assert_int_equal(shm->send_idle(p.tx), WEFT_AGAIN);
+    take(&p, dst, CHUNK, 100 + i, false);
+    assert_memory_equal(dst, src + (size_t)i * CHUNK, CHUNK);
+    assert_int_equal(shm->send_ready(p.tx), WEFT_OK);
+  }
+  assert_int_equal(shm->send_idle(p.tx), WEFT_OK);
+  assert_int_equal(((shm_conn *)p.rx)->cma_chunks, (uint64_t)depth);
+  free(src);
+  free(dst);
+  pair_close(&p);
+}
+
+/* ---- a sender that ends after posting (two processes) -------------------- */
+
+enum { W_ALEN = 0, W_POSTED = 2, W_PID = 3 };
+
+static bool word_wait(int i, double seconds) {
+  double until = harness_now() + seconds;
+  while (!__atomic_load_n(&harness_shm->word[i], __ATOMIC_ACQUIRE)) {
+    if (harness_now() > until) return false;
+    usleep(1000);
+  }
+  return true;
+}
+
+/* Rank 1 posts a chunk for copy and ends without waiting for it to
+ * complete; rank 0 then takes it. */
+static int dead_sender_rank(int rank, int size, const weft_unique_id *id, void *arg) {
+  (void)size;
+  (void)id;
+  const char *cma = arg;
+  setenv("WEFT_SHM_CMA", cma, 1);
+  setenv("WEFT_SHM_CMA_MIN_BYTES", "16384", 1);
+  weft_settings_reload();
+  weft_place place;
+  weft_auth_key key;
+  weft_error_sink sink = {0};
+  weft_place_here(NULL, &place);
+  weft_auth_key_for_job(NULL, 0, &key);
+  weft_transport_init_args args = {.rank = rank,
+                                   .size = 2,
+                                   .comm_id = ((uint64_t)getppid() << 24) ^ 0xdead,
+                                   .chunk_bytes = CHUNK,
+                                   .timeout_s = 5,
+                                   .wake_fd = -1,
+                                   .errors = &sink,
+                                   .place = &place,
+                                   .auth = &key,
+                                   .local_size = 2};
+  weft_tp_ctx *ctx;
+  uint8_t addr[WEFT_TRANSPORT_ADDR_MAX], peer_addr[WEFT_TRANSPORT_ADDR_MAX];
+  size_t alen;
+  if (shm->init(&args, &ctx, addr, &alen)) return 1;
+  memcpy(harness_shm->message[rank], addr, alen);
+  __atomic_store_n(&harness_shm->word[W_ALEN + rank], alen, __ATOMIC_RELEASE);
+  if (!word_wait(W_ALEN + !rank, 10)) return 2;
+  memcpy(peer_addr, harness_shm->message[!rank], harness_shm->word[W_ALEN + !rank]);
+  char why[256];
+  if (!shm->can_reach(ctx, !rank, peer_addr, harness_shm->word[W_ALEN + !rank], why, sizeof why))
+    return 3;
+  weft_tp_conn *conn;
+  if (shm->connect(ctx, !rank, 0, peer_addr, harness_shm->word[W_ALEN + !rank], &conn)) return 4;
+  double deadline = harness_now() + 10;
+  bool moved;
+  if (rank == 1) {
+    static unsigned char src[CHUNK];
+    unsigned char one = 1;
+    while (shm->send_ready(conn) == WEFT_AGAIN && harness_now() < deadline) shm->wait(ctx, 1);
+    if (shm->send_for_copy(conn, &one, 1, 1, &weft_mem_host)) return 5;
+    /* the receiver's verdict, once it has taken the first chunk */
+    while (((shm_conn *)conn)->tx->cma_verdict == SHM_CMA_UNDECIDED && harness_now() < deadline)
+      usleep(1000);
+    while (shm->send_ready(conn) == WEFT_AGAIN && harness_now() < deadline) shm->wait(ctx, 1);
+    fill_random(src, CHUNK, 2);
+    if (shm->send_for_copy(conn, src, CHUNK, 2, &weft_mem_host)) return 6;
+    __atomic_store_n(&harness_shm->word[W_PID], (uint64_t)getpid(), __ATOMIC_RELEASE);
+    __atomic_store_n(&harness_shm->word[W_POSTED], 1, __ATOMIC_RELEASE);
+    _exit(0); /* gone before its chunk was copied: no fini, as in a crash */
+  }
+  unsigned char got = 0;
+  weft_status st;
+  while ((st = shm->recv_into(conn, 1, 1, &got, &weft_mem_host)) == WEFT_AGAIN &&
+         harness_now() < deadline)
+    shm->progress(ctx, &moved);
+  if (st || got != 1) return 7;
+  if (!word_wait(W_POSTED, 10)) return 8;
+  /* the sender is gone (reaped or not) before this rank looks */
+  pid_t pid = (pid_t)harness_shm->word[W_PID];
+  while (kill(pid, 0) == 0 && harness_now() < deadline) {
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (fd < 0) break;
+    struct pollfd pf = {fd, POLLIN, 0};
+    int ended = poll(&pf, 1, 100);
+    close(fd);
+    if (ended == 1) break;
+  }
+  static unsigned char dst[CHUNK];
+  double t0 = harness_now();
+  while ((st = shm->recv_into(conn, 2, CHUNK, dst, &weft_mem_host)) == WEFT_AGAIN &&
+         harness_now() < deadline)
+    shm->wait(ctx, 1);
+  harness_shm->status[0] = st;
+  harness_shm->seconds[0] = harness_now() - t0;
+  snprintf(harness_shm->message[2], sizeof harness_shm->message[2], "%s", sink.msg);
+  unsigned char want[CHUNK];
+  fill_random(want, CHUNK, 2);
+  harness_shm->word[10] = st == WEFT_OK && !memcmp(dst, want, CHUNK);
+  shm->fini(ctx);
+  return 0;
+}
+
+static void dead_sender_fails_its_receiver(void **state) {
+  (void)state;
+  harness_init();
+  assert_int_equal(harness_run(2, NULL, 30, dead_sender_rank, "auto"), 0);
+  printf("# single copy: %s after %.3f s: %s\n", weft_status_name(harness_shm->status[0]),
+         harness_shm->seconds[0], harness_shm->message[2]);
+  assert_int_equal(harness_shm->status[0], WEFT_ERR_PEER_LOST);
+  assert_non_null(strstr(harness_shm->message[2], "peer 1"));
+  assert_non_null(strstr(harness_shm->message[2], "single copy"));
+  assert_true(harness_shm->seconds[0] < 2);
+  /* two copies: the chunk was in the slot, so it still arrives whole */
+  harness_init();
+  assert_int_equal(harness_run(2, NULL, 30, dead_sender_rank, "0"), 0);
+  assert_int_equal(harness_shm->status[0], WEFT_OK);
+  assert_int_equal(harness_shm->word[10], 1);
+}
+
+/* ---- collectives over shm, results and single copies counted ------------ */
+
+typedef struct coll_case {
+  const char *cma;  /* WEFT_SHM_CMA */
+  size_t counts[6]; /* elements (int32) per block, 0 ends */
+} coll_case;
+
+/* Element i of rank r's data in call `call`: every rank can compute every
+ * other rank's, so the reference needs no exchange. */
+static int32_t elem(uint64_t seed, int call, int r, size_t i) {
+  uint64_t s = seed ^ ((uint64_t)call << 40) ^ ((uint64_t)r << 32) ^ i;
+  s = (s ^ (s >> 31)) * 0x7fb5d329728ea185ull;
+  s = (s ^ (s >> 27)) * 0x81dadef4bc2a1a15ull;
+  return (int32_t)(s ^ (s >> 33));
+}
+
+/* Single copies this rank made, from its WEFT_DEBUG lines ("took N chunks"). */
+static uint64_t chunks_logged(const char *path, bool *refused) {
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  char line[1024];
+  uint64_t total = 0;
+  while (fgets(line, sizeof line, f)) {
+    const char *t = strstr(line, " took ");
+    unsigned long long n;
+    if (t && strstr(line, "by single copy") && sscanf(t, " took %llu chunks", &n) == 1) total += n;
+    if (strstr(line, "cannot read peer")) *refused = true;
+  }
+  fclose(f);
+  return total;
+}
+
+static int coll_rank(int rank, int size, const weft_unique_id *id, void *arg) {
+  const coll_case *cc = arg;
+  char path[128];
+  snprintf(path, sizeof path, "/tmp/weft-test-cma-%d-%d.log", (int)getppid(), rank);
+  int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0 || dup2(fd, 2) < 0) return 1;
+  close(fd);
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 2;
+  uint64_t seed = harness_shm->word[HARNESS_MAX_RANKS - 1];
+  int bad = 0, call = 0;
+  for (int k = 0; k < 6 && cc->counts[k] && !bad; k++) {
+    size_t n = cc->counts[k], all = n * (size_t)size;
+    int32_t *send = malloc(all * sizeof *send), *recv = malloc(all * sizeof *recv);
+    for (int what = 0; what < 5 && !bad; what++, call++) {
+      int root = call % size;
+      /* the sender's buffer is its own from the call's return: fill it anew
+       * at once, so a peer still reading it would see other bytes */
+      for (size_t i = 0; i < all; i++) send[i] = elem(seed, call, rank, i);
+      memset(recv, 0x5a, all * sizeof *recv);
+      weft_status st;
+      const char *name[] = {"allgather", "alltoall", "broadcast", "gather", "scatter"};
+      switch (what) {
+        case 0: st = weft_allgather(comm, send, recv, n, WEFT_I32); break;
+        case 1: st = weft_alltoall(comm, send, recv, n, WEFT_I32); break;
+        case 2: st = weft_broadcast(comm, send, recv, all, WEFT_I32, root); break;
+        case 3: st = weft_gather(comm, send, recv, n, WEFT_I32, root); break;
+        default: st = weft_scatter(comm, send, recv, n, WEFT_I32, root); break;
+      }
+      for (size_t i = 0; i < all; i++) send[i] = ~send[i];
+      if (st) {
+        fprintf(stdout, "rank %d: %s of %zu: %s\n", rank, name[what], n, weft_last_error(comm));
+        bad = 1;
+        break;
+      }
+      size_t check = what == 4 ? n : what == 3 && rank != root ? 0 : all;
+      for (size_t i = 0; i < check && !bad; i++) {
+        int32_t want;
+        size_t b = i / n, j = i % n;
+        switch (what) {
+          case 0: /* block b is rank b's sendbuf */
+          case 3: want = elem(seed, call, (int)b, j); break;
+          case 1: /* block b comes from rank b, its block `rank` */
+            want = elem(seed, call, (int)b, (size_t)rank * n + j);
+            break;
+          case 2: want = elem(seed, call, root, i); break;
+          default: want = elem(seed, call, root, (size_t)rank * n + i); break;
+        }
+        if (recv[i] != want) {
+          fprintf(stdout, "rank %d: %s of %zu ints at %d ranks: element %zu is %d, not %d\n", rank,
+                  name[what], n, size, i, recv[i], want);
+          bad = 1;
+        }
+      }
+    }
+    free(send);
+    free(recv);
+  }
+  if (weft_comm_destroy(comm)) bad = 1;
+  fflush(stderr);
+  bool refused = false;
+  harness_shm->word[rank] = chunks_logged(path, &refused);
+  harness_shm->status[rank] = refused;
+  unlink(path);
+  return bad;
+}
+
+static void collectives_on(const char *cma, int n) {
+  static coll_case cc;
+  /* 4-byte elements: blocks from below the threshold to several chunks,
+   * with chunks just under, at and just over MIN_BYTES */
+  cc = (coll_case){.cma = cma,
+                   .counts = {MIN_BYTES / 4 - 1, MIN_BYTES / 4, MIN_BYTES / 4 + 1, 40000,
+                              CHUNK / 4 * 2 + MIN_BYTES / 4 + 3, 0}};
+  char env_cma[64];
+  snprintf(env_cma, sizeof env_cma, "WEFT_SHM_CMA=%s", cma);
+  const char *env[] = {"WEFT_TRANSPORT=shm",
+                       "WEFT_CHUNK_BYTES=65536",
+                       "WEFT_SHM_CMA_MIN_BYTES=16384",
+                       "WEFT_DEBUG=INFO",
+                       "WEFT_DEBUG_SUBSYS=NET",
+                       "WEFT_TIMEOUT=30",
+                       env_cma,
+                       NULL};
+  harness_init();
+  const char *fixed = getenv("WEFT_TEST_SEED");
+  uint64_t seed = fixed ? strtoull(fixed, NULL, 0)
+                        : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20) ^ (uint64_t)n;
+  harness_shm->word[HARNESS_MAX_RANKS - 1] = seed;
+  printf("# %s, %d ranks, seed %llu (WEFT_TEST_SEED repeats it)\n", cma, n,
+         (unsigned long long)seed);
+  assert_int_equal(harness_run(n, env, 120, coll_rank, &cc), 0);
+  for (int r = 0; r < n; r++) {
+    printf("#   rank %d: %llu chunks by single copy%s\n", r,
+           (unsigned long long)harness_shm->word[r],
+           harness_shm->status[r] ? ", the probe refused" : "");
+    if (!strcmp(cma, "auto")) {
+      assert_true(harness_shm->word[r] > 0);
+    } else {
+      assert_int_equal(harness_shm->word[r], 0);
+      if (!strcmp(cma, "test-refused")) assert_true(harness_shm->status[r]);
+    }
+  }
+}
+
+static void collectives_single_copy_2_ranks(void **state) {
+  (void)state;
+  collectives_on("auto", 2);
+}
+static void collectives_single_copy_3_ranks(void **state) {
+  (void)state;
+  collectives_on("auto", 3);
+}
+static void collectives_refused_probe_3_ranks(void **state) {
+  (void)state;
+  collectives_on("test-refused", 3);
+}
+static void collectives_cma_off_2_ranks(void **state) {
+  (void)state;
+  collectives_on("0", 2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(single_copy_used_around_threshold),
+      cmocka_unit_test(cma_off_copies_twice),
+      cmocka_unit_test(refused_probe_copies_twice),
+      cmocka_unit_test(credits_return_as_the_receiver_copies),
+      cmocka_unit_test(dead_sender_fails_its_receiver),
+      cmocka_unit_test(collectives_single_copy_2_ranks),
+      cmocka_unit_test(collectives_single_copy_3_ranks),
+      cmocka_unit_test(collectives_refused_probe_3_ranks),
+      cmocka_unit_test(collectives_cma_off_2_ranks),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
