@@ -715,7 +715,7 @@ static weft_status shm_arrived(shm_conn *c, uint32_t seq, size_t bytes, shm_cell
 }
 
 static weft_status shm_peek(shm_conn *c, uint32_t seq, size_t bytes, const void **data) {
-  shm_cell *cell;
+  shm_cell *cell = NULL; /* set by shm_arrived on OK (gcc -O3 cannot tell) */
   WEFT_STATUS_PASS(shm_arrived(c, seq, bytes, &cell));
   if (bytes <= SHM_INLINE_BYTES) {
     *data = cell->data;
@@ -753,7 +753,7 @@ weft_status shm_recv_release(weft_tp_conn *conn) {
 weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem) {
   shm_conn *c = shm_conn_of(conn);
-  shm_cell *cell;
+  shm_cell *cell = NULL;
   WEFT_STATUS_PASS(shm_arrived(c, seq, bytes, &cell));
   bool host = mem->kind == WEFT_MEMORY_HOST || mem->kind == WEFT_MEMORY_SHARED;
   if (cell->how == SHM_CELL_CMA && !c->rx_in_slot && host) {
