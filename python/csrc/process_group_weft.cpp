@@ -5,6 +5,7 @@
 #include "process_group_weft.hpp"
 
 #include <cstring>
+#include <pthread.h>
 #include <set>
 #include <stdexcept>
 
@@ -215,6 +216,9 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store,
               " failed: ", weftSentence(nullptr, st));
   collective_thread_ = std::thread([this] { collectiveLoop(); });
   p2p_thread_ = std::thread([this] { p2pLoop(); });
+  // named, so top -H, gdb and /proc/PID/task show which thread is which
+  pthread_setname_np(collective_thread_.native_handle(), "weft-pg-coll");
+  pthread_setname_np(p2p_thread_.native_handle(), "weft-pg-p2p");
   std::lock_guard<std::mutex> lock(live_mu);
   live_groups.insert(this);
 }
