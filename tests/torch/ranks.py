@@ -243,6 +243,42 @@ def run_groups(seed):
     dist.barrier()
 
 
+def run_reused(seed):
+    """A tensor allreduced again and again (as DDP's buckets are) moves into
+    weft's shared memory at its second allreduce when every peer is on this
+    host over shm: every result must stay right, before and after, through a
+    view taken before the move and with two allreduces of it in flight at once
+    (the second must not move memory the first still uses)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    n = 1 << 19  # 2 MiB of float32: weft's direct allreduce starts at 1 MiB
+    t = torch.empty(n)
+    head = t[:1000]  # a view, like a gradient of gradient_as_bucket_view
+    first = t.data_ptr()
+    for i in range(20):  # weft asks for the direct path again every 16 calls
+        ins = [gen(seed, 2000 + i, r, torch.float32, n) for r in range(size)]
+        t.copy_(ins[rank])
+        if i == 5:  # two in flight: sums twice
+            works = [dist.all_reduce(t, async_op=True) for _ in range(2)]
+            for w in works:
+                w.wait()
+            want = reference(ins, "sum", torch.float64) * size
+            # the second sums the first's float32 sums: roundings of size x the inputs
+            check(t, want, torch.float32, f"two allreduces in flight of a reused tensor, call {i}",
+                  [x * size for x in ins])
+            continue
+        dist.all_reduce(t)
+        want = reference(ins, "sum", torch.float32)
+        check(t, want, torch.float32, f"allreduce of a reused tensor, call {i}", ins)
+        check(head, want[:1000], torch.float32, f"a view of a reused tensor, call {i}",
+              [x[:1000] for x in ins])
+    all_shm = size > 1 and all(weft.torch.peer_transport(p) == "shm" for p in range(size) if p != rank)
+    share = os.environ.get("WEFT_TORCH_SHARED_BUCKETS", "1") != "0"
+    moved = t.data_ptr() != first
+    assert moved == (all_shm and share), (
+        f"rank {rank}: the reused tensor {'moved' if moved else 'did not move'} into shared "
+        f"memory (every peer over shm: {all_shm}, WEFT_TORCH_SHARED_BUCKETS on: {share})")
+
+
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 
 
@@ -450,6 +486,7 @@ def main():
     if "ops" in parts:
         done = run_ops(a.seed, a.cases)
         run_groups(a.seed)
+        run_reused(a.seed)
         if rank == 0:
             print(f"ops on {size} ranks, seed {a.seed}: " + ", ".join(f"{k} x{v}" for k, v in done.items()), flush=True)
     if "refusals" in parts:
