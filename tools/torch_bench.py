@@ -49,7 +49,9 @@ def parse_args():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--what", choices=["grads", "ddp", "resnet", "cnn", "all"], default="all")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per case (default 30)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed steps first (default 3; DDP steps 20: weft asks whether a "
+                    "bucket moved to shared memory every 16 calls, so the first steps run the ring)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: the first 12 gradient tensors at 1/64 size, 3 steps")
     ap.add_argument("--grads", default=os.path.join(HERE, "data", "resnet50_grads.tsv"),
@@ -64,8 +66,11 @@ def parse_args():
     ap.add_argument("--tolerance", type=float, default=1e-4,
                     help="largest parameter difference between the CNN's backends (default 1e-4)")
     a = ap.parse_args()
+    a.ddp_warmup = 20 if a.warmup is None else a.warmup
+    if a.warmup is None:
+        a.warmup = 3
     if a.quick:
-        a.steps, a.warmup = min(a.steps, 3), min(a.warmup, 1)
+        a.steps, a.warmup, a.ddp_warmup = min(a.steps, 3), min(a.warmup, 1), min(a.ddp_warmup, 1)
     if a.steps < 1 or a.warmup < 0:
         ap.error("--steps wants at least 1, --warmup at least 0")
     return a
@@ -151,14 +156,14 @@ class Bench:
         torch, dist = self.torch, self.dist
         keys = list(steps)
         times = {k: [] for k in keys}
-        for i in range(self.a.warmup + self.a.steps):
+        for i in range(self.a.ddp_warmup + self.a.steps):
             r = i % len(keys)
             for k in keys[r:] + keys[:r]:
                 dist.barrier(group=self.gloo)
                 t0 = time.perf_counter()
                 steps[k]()
                 t = time.perf_counter() - t0
-                if i >= self.a.warmup:
+                if i >= self.a.ddp_warmup:
                     times[k].append(t)
         slowest = torch.tensor([times[k] for k in keys], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=self.gloo)
@@ -368,7 +373,7 @@ class Bench:
             self.fail(f"CNN: parameters differ from gloo's by {diff:g} (> {self.a.tolerance:g})")
         if ranks_diff > 0:
             self.fail(f"CNN on weft: the ranks' parameters differ by {ranks_diff:g}")
-        nsteps = self.a.warmup + self.a.steps
+        nsteps = self.a.ddp_warmup + self.a.steps
         self.ddp_row(f"CNN on {source}, DDP step ({batch}/rank, {nsteps} steps)", times,
                      f"test accuracy gloo {accs['gloo']:.4f} weft {accs['weft']:.4f} "
                      f"hook {accs['hook']:.4f}; max param diff to gloo {diff:.1e}")
@@ -392,7 +397,9 @@ class Bench:
                 print(r)
         if self.ddp_rows:
             o = self.ddp_options()
-            print(f"\n# DDP steps: DDP(gradient_as_bucket_view={o['gradient_as_bucket_view']}, "
+            print(f"\n# DDP steps: {a.steps} rounds after {a.ddp_warmup} warm-up; "
+                  f"WEFT_TORCH_SHARED_BUCKETS={os.environ.get('WEFT_TORCH_SHARED_BUCKETS', 'unset')}; "
+                  f"DDP(gradient_as_bucket_view={o['gradient_as_bucket_view']}, "
                   f"bucket_cap_mb={o['bucket_cap_mb']:g}) on every backend, "
                   "zero_grad(set_to_none=True); step / exposed ms: the median of the slowest "
                   "rank's step, and of its excess over the local step (no DDP) of the same "
