@@ -183,23 +183,27 @@ class Bench:
         """One row of the DDP table from timed_rounds' times (keys local, nocomm,
         gloo, weft, hook): each DDP step's median, and the median over rounds of
         what it took beyond the local step of its round (the exposed time; for
-        nocomm, DDP's own share of it: hooks, bucket copies)."""
+        nocomm, DDP's own share of it: hooks, bucket copies), and beyond the DDP
+        step without communication of its round (the communication alone)."""
         med = {k: statistics.median(v) for k, v in times.items()}
-        exposed = {k: statistics.median(t - l for t, l in zip(v, times["local"]))
-                   for k, v in times.items() if k != "local"}
 
-        def ratio(k):
+        def excess(k, base):
+            return statistics.median(t - b for t, b in zip(times[k], times[base]))
+
+        exposed = {k: excess(k, "local") for k in times if k != "local"}
+        comm = {k: excess(k, "nocomm") for k in ("gloo", "weft", "hook")}
+
+        def ratio(of, k):
             # a DDP step that exposes nothing (or less than the noise) has no ratio
-            return f"{exposed['gloo'] / exposed[k]:.1f}x" if exposed[k] > 0 else "-"
+            return f"{of['gloo'] / of[k]:.1f}x" if of[k] > 0 else "-"
 
         self.ddp_rows.append(
             f"| {case} | {self.size} | {self.weft_over} | {med['local']:.1f} | "
             f"{med['nocomm']:.1f} / {exposed['nocomm']:.1f} | "
-            + " | ".join(f"{med[k]:.1f} / {exposed[k]:.1f}" for k in ("gloo", "weft", "hook"))
-            + f" | {ratio('weft')} | {ratio('hook')} | {note} |")
-
-    def fail(self, what):
-        self.failures.append(what)
+            + " | ".join(f"{med[k]:.1f} / {exposed[k]:.1f} / {comm[k]:.1f}"
+                         for k in ("gloo", "weft", "hook"))
+            + f" | {ratio(exposed, 'weft')} / {ratio(comm, 'weft')}"
+            + f" | {ratio(exposed, 'hook')} / {ratio(comm, 'hook')} | {note} |")
 
     # --- the ResNet-50 gradient set ---
     def allreduce_list(self, tensors, pg):
@@ -401,14 +405,16 @@ class Bench:
                   f"WEFT_TORCH_SHARED_BUCKETS={os.environ.get('WEFT_TORCH_SHARED_BUCKETS', 'unset')}; "
                   f"DDP(gradient_as_bucket_view={o['gradient_as_bucket_view']}, "
                   f"bucket_cap_mb={o['bucket_cap_mb']:g}) on every backend, "
-                  "zero_grad(set_to_none=True); step / exposed ms: the median of the slowest "
-                  "rank's step, and of its excess over the local step (no DDP) of the same "
-                  "round; DDP without communication: a comm hook that returns the bucket as it "
-                  "is (DDP's own share of the exposed time: bucket copies, hooks); "
-                  "gloo / weft: the ratio of the exposed times")
+                  "zero_grad(set_to_none=True); step / exposed / communication ms: the median of "
+                  "the slowest rank's step, of its excess over the local step (no DDP) of the "
+                  "same round, and of its excess over the DDP step without communication of the "
+                  "same round (a comm hook that returns the bucket as it is: DDP's own share, "
+                  "bucket copies and hooks); gloo / weft: the ratios of the exposed and of the "
+                  "communication times")
             print("| case | ranks | weft over | local ms | DDP without communication step / exposed | "
-                  "gloo (TCP) step / exposed | "
-                  "weft backend step / exposed | weft hook step / exposed | gloo / weft backend | "
+                  "gloo (TCP) step / exposed / communication | "
+                  "weft backend step / exposed / communication | "
+                  "weft hook step / exposed / communication | gloo / weft backend | "
                   "gloo / weft hook | note |")
             print("|---|---|---|---|---|---|---|---|---|---|---|")
             for r in self.ddp_rows:
