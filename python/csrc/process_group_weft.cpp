@@ -314,7 +314,8 @@ void ProcessGroupWeft::shutdown() {
   // Requests still waiting for peers would hold the completers until the
   // timeout; the abort completes them with an error (and tells the peers).
   if (pending) weft_comm_abort(comm_);
-  queue_cv_.notify_all();
+  coll_cv_.notify_all();
+  p2p_cv_.notify_all();
   if (collective_thread_.joinable()) collective_thread_.join();
   if (p2p_thread_.joinable()) p2p_thread_.join();
   weft_comm_destroy(comm_);
@@ -352,7 +353,7 @@ void ProcessGroupWeft::enqueue(const c10::intrusive_ptr<WorkWeft> &work, bool p2
     for (const auto &t : work->keep)
       if (t.defined()) in_flight_[t.storage().unsafeGetStorageImpl()]++;
   }
-  queue_cv_.notify_all();
+  (p2p ? p2p_cv_ : coll_cv_).notify_one();
 }
 
 void ProcessGroupWeft::failIssue(const char *call, weft_status st) const {
@@ -399,7 +400,7 @@ void ProcessGroupWeft::collectiveLoop() {
     c10::intrusive_ptr<WorkWeft> work;
     {
       std::unique_lock<std::mutex> lock(queue_mu_);
-      queue_cv_.wait(lock, [this] { return stopping_ || !collectives_.empty(); });
+      coll_cv_.wait(lock, [this] { return stopping_ || !collectives_.empty(); });
       if (collectives_.empty()) return;
       work = collectives_.front();
       collectives_.pop_front();
@@ -418,7 +419,7 @@ void ProcessGroupWeft::p2pLoop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(queue_mu_);
-      if (live.empty()) queue_cv_.wait(lock, [this] { return stopping_ || !p2p_.empty(); });
+      if (live.empty()) p2p_cv_.wait(lock, [this] { return stopping_ || !p2p_.empty(); });
       if (live.empty() && p2p_.empty()) return;
       while (!p2p_.empty()) {
         live.push_back(p2p_.front());

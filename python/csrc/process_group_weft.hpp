@@ -149,7 +149,10 @@ class ProcessGroupWeft : public BackendBase {
   std::mutex issue_mu_;
 
   std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
+  // one per completer: a collective queued wakes only the collective one
+  // (each wake-up is a context switch, dear on a 2-vCPU guest)
+  std::condition_variable coll_cv_;
+  std::condition_variable p2p_cv_;
   std::deque<c10::intrusive_ptr<WorkWeft>> collectives_;
   std::deque<c10::intrusive_ptr<WorkWeft>> p2p_;
   // the storages allreduced so far (only those shareIfReused may move), and
