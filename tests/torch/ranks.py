@@ -243,6 +243,17 @@ def run_groups(seed):
     dist.barrier()
 
 
+class _Scale(torch.nn.Module):
+    """sum(p * x): the gradient of p is x."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return (self.p * x).sum()
+
+
 def run_reused(seed):
     """A tensor allreduced again and again (as DDP's buckets are) moves into
     weft's shared memory at its second allreduce when every peer is on this
@@ -271,6 +282,21 @@ def run_reused(seed):
         check(t, want, torch.float32, f"allreduce of a reused tensor, call {i}", ins)
         check(head, want[:1000], torch.float32, f"a view of a reused tensor, call {i}",
               [x[:1000] for x in ins])
+    # DDP's buckets, the tensors this is for: a 2 MiB parameter whose gradient
+    # on rank r is rank r's input, averaged over 20 steps (the bucket moves at
+    # its second, weft's direct path takes it from about the 17th)
+    for view in (False, True):
+        p = torch.nn.Parameter(torch.zeros(n))
+        model = torch.nn.parallel.DistributedDataParallel(_Scale(p), gradient_as_bucket_view=view)
+        for i in range(20):
+            ins = [gen(seed, 3000 + i, r, torch.float32, n) for r in range(size)]
+            model.zero_grad(set_to_none=True)
+            model(ins[rank]).backward()
+            want = reference(ins, "avg", torch.float32)
+            check(p.grad, want, torch.float32,
+                  f"DDP (gradient_as_bucket_view={view}) gradient of a 2 MiB parameter, step {i}",
+                  ins)
+        del model
     all_shm = size > 1 and all(weft.torch.peer_transport(p) == "shm" for p in range(size) if p != rank)
     share = os.environ.get("WEFT_TORCH_SHARED_BUCKETS", "1") != "0"
     moved = t.data_ptr() != first
