@@ -3,7 +3,8 @@ tests/torch/run.py. Every rank makes every rank's inputs from the same seeds,
 so it computes each op's reference itself, independently of any backend, in
 float64 / int64. Prints "RANK r OK" at the end; any failure raises.
 
-  ops        every op through dist.*, random sizes, dtypes, ops and roots
+  ops        every op through dist.*, random sizes, dtypes, ops and roots; a
+             tensor and a DDP bucket reused for 20 steps (moved to shared memory)
   refusals   bad input refused with a sentence naming the call, on every rank
   ddp        a digits MLP trained one epoch with DDP on backend "weft": its
              parameters must equal a 1-process run within 1e-6
