@@ -173,7 +173,8 @@ void ProcessGroupWeft::shareIfReused(const at::Tensor &t) {
   if (storage.nbytes() != t.nbytes()) return;
   const c10::DataPtr &dp = storage.data_ptr();
   if (dp.get_deleter() == &freeShared) return;  // moved already
-  if (dp.get_deleter() == nullptr || dp.get_deleter() != c10::GetDefaultCPUAllocator()->raw_deleter())
+  if (dp.get_deleter() == nullptr ||
+      dp.get_deleter() != c10::GetDefaultCPUAllocator()->raw_deleter())
     return;
   auto it = seen_.find(impl);
   if (it == seen_.end() || it->second.storage.expired() || it->second.data != dp.get()) {
