@@ -13,15 +13,24 @@ what weft picks, or WEFT_TRANSPORT), plus a weft communicator of the Python pack
 for the DDP hook path (weft.torch.hooks). Cases, each timed as the median over
 --steps steps, after --warmup, of the slowest rank's step time:
 
-  resnet  the ResNet-50 gradient set (tools/data/resnet50_grads.tsv, float32 CPU):
+  grads   the ResNet-50 gradient set (tools/data/resnet50_grads.tsv, float32 CPU):
           every tensor allreduced (all started, then all waited for); the same bytes
-          as one flat buffer; a DDP step (forward+backward) of a model holding those
-          parameters, where backward's allreduces are what is measured.
+          as one flat buffer.
+  ddp     a DDP step (forward+backward) of a model holding those parameters.
   cnn     a DDP training step (forward+backward+SGD) of a small CNN on sklearn's
           8x8 digits, 64 images per rank, from the same seed on every backend: the
           final test accuracy must be the same and the parameters must agree.
+  resnet  grads and ddp; all: every case.
 
-Rank 0 prints one Markdown table row per case. Exits 1 when a backend's result
+A DDP step is timed beside the same step without DDP ("local": no communication,
+both ranks busy the same way), in rounds: each round runs local, gloo, weft and the
+hook once each, in an order rotated every round, so a load that comes and goes on
+the machine falls on all of them alike. What DDP adds, the exposed communication,
+is the median over the rounds of (step - local step of the same round); gloo / weft
+is the ratio of those. Every DDP model gets the same options (--bucket-view,
+--bucket-mb), printed in the output.
+
+Rank 0 prints Markdown tables, one row per case. Exits 1 when a backend's result
 disagrees with the reference or with gloo's, 77 when torch or weft.torch is missing.
 """
 import argparse
@@ -38,20 +47,30 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--what", choices=["resnet", "cnn", "all"], default="all")
+    ap.add_argument("--what", choices=["grads", "ddp", "resnet", "cnn", "all"], default="all")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per case (default 30)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed steps first (default 3; DDP steps 20: weft asks whether a "
+                    "bucket moved to shared memory every 16 calls, so the first steps run the ring)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: the first 12 gradient tensors at 1/64 size, 3 steps")
     ap.add_argument("--grads", default=os.path.join(HERE, "data", "resnet50_grads.tsv"),
                     help="the gradient set: a TSV of index, name, shape (AxBx..), numel")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch.set_num_threads per rank (default 1: the ranks share the cores)")
+    ap.add_argument("--bucket-view", type=int, choices=[0, 1], default=0,
+                    help="DDP's gradient_as_bucket_view for every DDP model (default 0, "
+                    "DDP's own default; 1 saves the copy from the buckets to the gradients)")
+    ap.add_argument("--bucket-mb", type=float, default=25,
+                    help="DDP's bucket_cap_mb for every DDP model (default 25, DDP's own)")
     ap.add_argument("--tolerance", type=float, default=1e-4,
                     help="largest parameter difference between the CNN's backends (default 1e-4)")
     a = ap.parse_args()
+    a.ddp_warmup = 20 if a.warmup is None else a.warmup
+    if a.warmup is None:
+        a.warmup = 3
     if a.quick:
-        a.steps, a.warmup = min(a.steps, 3), min(a.warmup, 1)
+        a.steps, a.warmup, a.ddp_warmup = min(a.steps, 3), min(a.warmup, 1), min(a.ddp_warmup, 1)
     if a.steps < 1 or a.warmup < 0:
         ap.error("--steps wants at least 1, --warmup at least 0")
     return a
@@ -84,6 +103,15 @@ def load_grads(path, quick):
     return shapes
 
 
+def no_comm_hook(state, bucket):
+    """A DDP comm hook that leaves the bucket as it is: the DDP step without
+    communication, to show DDP's own share of a step (bucket copies, hooks)."""
+    import torch
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor())
+    return future
+
+
 class Bench:
     def __init__(self, a):
         import torch
@@ -98,7 +126,7 @@ class Bench:
         self.gloo = dist.group.WORLD
         self.weft_pg = dist.new_group(backend="weft")
         self.comm = hooks.default_communicator()  # the package's, for the hook path
-        self.rows, self.failures = [], []
+        self.rows, self.ddp_rows, self.failures = [], [], []
         self.weft_over = "self"
         if self.size > 1:
             self.weft_over = weft.torch.peer_transport((self.rank + 1) % self.size, self.weft_pg)
@@ -120,14 +148,62 @@ class Bench:
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=self.gloo)
         return statistics.median(slowest.tolist()) * 1e3
 
+    def timed_rounds(self, steps):
+        """Times every step of `steps` ({key: step}) once per round, after a barrier
+        each, in an order rotated every round; returns {key: [the slowest rank's ms,
+        one per timed round]}. Round i of every key ran within the same second or
+        so, under the same load."""
+        torch, dist = self.torch, self.dist
+        keys = list(steps)
+        times = {k: [] for k in keys}
+        for i in range(self.a.ddp_warmup + self.a.steps):
+            r = i % len(keys)
+            for k in keys[r:] + keys[:r]:
+                dist.barrier(group=self.gloo)
+                t0 = time.perf_counter()
+                steps[k]()
+                t = time.perf_counter() - t0
+                if i >= self.a.ddp_warmup:
+                    times[k].append(t)
+        slowest = torch.tensor([times[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=self.gloo)
+        return {k: [t * 1e3 for t in slowest[j].tolist()] for j, k in enumerate(keys)}
+
     def row(self, case, gloo_ms, weft_ms, hook_ms, note=""):
         speed = f"{gloo_ms / weft_ms:.1f}x" if weft_ms > 0 else "-"
         hook = f"{hook_ms:.2f}" if hook_ms is not None else "-"
         self.rows.append(f"| {case} | {self.size} | {self.weft_over} | {gloo_ms:.2f} | "
                          f"{weft_ms:.2f} | {hook} | {speed} | {note} |")
 
-    def fail(self, what):
-        self.failures.append(what)
+    def ddp_options(self):
+        return dict(gradient_as_bucket_view=bool(self.a.bucket_view),
+                    bucket_cap_mb=self.a.bucket_mb)
+
+    def ddp_row(self, case, times, note=""):
+        """One row of the DDP table from timed_rounds' times (keys local, nocomm,
+        gloo, weft, hook): each DDP step's median, and the median over rounds of
+        what it took beyond the local step of its round (the exposed time; for
+        nocomm, DDP's own share of it: hooks, bucket copies), and beyond the DDP
+        step without communication of its round (the communication alone)."""
+        med = {k: statistics.median(v) for k, v in times.items()}
+
+        def excess(k, base):
+            return statistics.median(t - b for t, b in zip(times[k], times[base]))
+
+        exposed = {k: excess(k, "local") for k in times if k != "local"}
+        comm = {k: excess(k, "nocomm") for k in ("gloo", "weft", "hook")}
+
+        def ratio(of, k):
+            # a DDP step that exposes nothing (or less than the noise) has no ratio
+            return f"{of['gloo'] / of[k]:.1f}x" if of[k] > 0 else "-"
+
+        self.ddp_rows.append(
+            f"| {case} | {self.size} | {self.weft_over} | {med['local']:.1f} | "
+            f"{med['nocomm']:.1f} / {exposed['nocomm']:.1f} | "
+            + " | ".join(f"{med[k]:.1f} / {exposed[k]:.1f} / {comm[k]:.1f}"
+                         for k in ("gloo", "weft", "hook"))
+            + f" | {ratio(exposed, 'weft')} / {ratio(comm, 'weft')}"
+            + f" | {ratio(exposed, 'hook')} / {ratio(comm, 'hook')} | {note} |")
 
     # --- the ResNet-50 gradient set ---
     def allreduce_list(self, tensors, pg):
@@ -184,7 +260,8 @@ class Bench:
 
     def bench_grad_ddp(self, shapes):
         """DDP's backward on a model holding the gradient set: the forward is one
-        multiply per parameter, so the step is mostly DDP's allreduces."""
+        multiply per parameter, so the step is mostly DDP's allreduces; the same
+        model without DDP is the local step."""
         torch, nn = self.torch, self.torch.nn
         DDP = nn.parallel.DistributedDataParallel
 
@@ -197,31 +274,32 @@ class Bench:
                 return sum((p * x).sum() for p in self.ps)
 
         x = torch.ones(())
-        ms = {}
-        for key in ("local", "gloo", "weft", "hook"):
+        models, steps = {}, {}
+        for key in ("local", "nocomm", "gloo", "weft", "hook"):
             model = Holder()
-            if key == "weft":
-                model = DDP(model, process_group=self.weft_pg)
-            elif key in ("gloo", "hook"):
-                model = DDP(model, process_group=self.gloo)
-                if key == "hook":
-                    model.register_comm_hook(self.comm, self.hooks.allreduce_hook)
+            if key != "local":
+                model = DDP(model, process_group=self.weft_pg if key == "weft" else self.gloo,
+                            **self.ddp_options())
+            if key == "hook":
+                model.register_comm_hook(self.comm, self.hooks.allreduce_hook)
+            elif key == "nocomm":
+                model.register_comm_hook(None, no_comm_hook)
 
             def step(model=model):
                 model.zero_grad(set_to_none=True)
                 model(x * (self.rank + 1)).backward()
 
-            ms[key] = self.timed(step)
-            grads = [p.grad for p in model.parameters()]
-            if key != "local":  # every gradient: the mean of rank + 1
-                want = (self.size + 1) / 2
-                worst = max((g - want).abs().max().item() for g in grads)
-                if worst > 1e-5 * want:
-                    self.fail(f"ResNet-50 DDP step, {key}: a gradient is off by {worst:g}")
-            del model, grads, step
-            gc.collect()  # DDP's reducer holds a copy of the 102 MB: free it before the next
-        self.row(f"ResNet-50 grads, DDP step (forward+backward; local: {ms['local']:.1f} ms)",
-                 ms["gloo"], ms["weft"], ms["hook"], "weft hook: DDP on gloo + weft allreduce_hook")
+            models[key], steps[key] = model, step
+        times = self.timed_rounds(steps)
+        want = (self.size + 1) / 2  # every gradient: the mean of rank + 1
+        for key in ("gloo", "weft", "hook"):
+            worst = max((p.grad - want).abs().max().item() for p in models[key].parameters())
+            if worst > 1e-5 * want:
+                self.fail(f"ResNet-50 DDP step, {key}: a gradient is off by {worst:g}")
+        del models, steps
+        gc.collect()  # each DDP reducer holds buckets of the 102 MB: free them
+        self.ddp_row("ResNet-50 grads, DDP step (forward+backward)", times,
+                     "weft hook: DDP on gloo + weft allreduce_hook")
 
     # --- a small CNN on digits ---
     def digits(self):
@@ -254,16 +332,21 @@ class Bench:
                                  nn.Conv2d(channels[0], channels[1], 3, padding=1), nn.ReLU(),
                                  nn.Flatten(), nn.Linear(channels[1] * 64, 10))
 
-        results = {}
-        for key in ("gloo", "weft", "hook"):
-            model = DDP(make(), process_group=self.weft_pg if key == "weft" else self.gloo)
+        models, steps = {}, {}
+        for key in ("local", "nocomm", "gloo", "weft", "hook"):
+            model = make()
+            if key != "local":  # local: the same model and data on each rank, no DDP
+                model = DDP(model, process_group=self.weft_pg if key == "weft" else self.gloo,
+                            **self.ddp_options())
             if key == "hook":
                 model.register_comm_hook(self.comm, self.hooks.allreduce_hook)
+            elif key == "nocomm":
+                model.register_comm_hook(None, no_comm_hook)
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             loss_fn = nn.CrossEntropyLoss()
             it = [0]
 
-            def step(model=model, opt=opt):
+            def step(model=model, opt=opt, loss_fn=loss_fn, it=it):
                 # rank r takes the r-th 64 of each step's size*64 images
                 start = ((it[0] * self.size + self.rank) * batch) % (len(ytr) - batch)
                 it[0] += 1
@@ -271,17 +354,19 @@ class Bench:
                 loss_fn(model(xtr[start:start + batch]), ytr[start:start + batch]).backward()
                 opt.step()
 
-            ms = self.timed(step)
+            models[key], steps[key] = model, step
+        times = self.timed_rounds(steps)
+        results = {}
+        for key in ("gloo", "weft", "hook"):
             with torch.no_grad():
-                acc = (model(xte).argmax(1) == yte).float().mean().item()
-            params = torch.cat([p.detach().flatten() for p in model.parameters()])
-            results[key] = (ms, acc, params)
+                acc = (models[key](xte).argmax(1) == yte).float().mean().item()
+            params = torch.cat([p.detach().flatten() for p in models[key].parameters()])
+            results[key] = (acc, params)
 
-        ms = {k: v[0] for k, v in results.items()}
-        accs = {k: v[1] for k, v in results.items()}
-        diff = max((results[k][2] - results["gloo"][2]).abs().max().item() for k in ("weft", "hook"))
+        accs = {k: v[0] for k, v in results.items()}
+        diff = max((results[k][1] - results["gloo"][1]).abs().max().item() for k in ("weft", "hook"))
         # the ranks must also hold the same parameters (DDP keeps them equal)
-        spread = results["weft"][2].clone()
+        spread = results["weft"][1].clone()
         low = spread.clone()
         self.dist.all_reduce(spread, op=self.dist.ReduceOp.MAX, group=self.gloo)
         self.dist.all_reduce(low, op=self.dist.ReduceOp.MIN, group=self.gloo)
@@ -292,11 +377,10 @@ class Bench:
             self.fail(f"CNN: parameters differ from gloo's by {diff:g} (> {self.a.tolerance:g})")
         if ranks_diff > 0:
             self.fail(f"CNN on weft: the ranks' parameters differ by {ranks_diff:g}")
-        steps = self.a.warmup + self.a.steps
-        self.row(f"CNN on {source}, DDP step ({batch}/rank, {steps} steps)",
-                 ms["gloo"], ms["weft"], ms["hook"],
-                 f"test accuracy gloo {accs['gloo']:.4f} weft {accs['weft']:.4f} "
-                 f"hook {accs['hook']:.4f}; max param diff to gloo {diff:.1e}")
+        nsteps = self.a.ddp_warmup + self.a.steps
+        self.ddp_row(f"CNN on {source}, DDP step ({batch}/rank, {nsteps} steps)", times,
+                     f"test accuracy gloo {accs['gloo']:.4f} weft {accs['weft']:.4f} "
+                     f"hook {accs['hook']:.4f}; max param diff to gloo {diff:.1e}")
 
     def report(self):
         if self.rank != 0:
@@ -307,13 +391,34 @@ class Bench:
               f"{os.cpu_count()} cores{', --quick' if a.quick else ''}")
         print(f"# weft over {self.weft_over} (WEFT_TRANSPORT={os.environ.get('WEFT_TRANSPORT', 'unset')}); "
               "gloo always over TCP (loopback here: gloo has no shared-memory transport)")
-        print("# ms: median over the steps of the slowest rank's step; "
-              "weft hook: weft's Python package (weft.torch.hooks' path)")
-        print("| case | ranks | weft over | gloo (TCP) ms | weft backend ms | weft hook ms | "
-              "gloo / weft | note |")
-        print("|---|---|---|---|---|---|---|---|")
-        for r in self.rows:
-            print(r)
+        print("# weft hook: weft's Python package (weft.torch.hooks' path)")
+        if self.rows:
+            print("\n# ms: median over the steps of the slowest rank's step")
+            print("| case | ranks | weft over | gloo (TCP) ms | weft backend ms | weft hook ms | "
+                  "gloo / weft | note |")
+            print("|---|---|---|---|---|---|---|---|")
+            for r in self.rows:
+                print(r)
+        if self.ddp_rows:
+            o = self.ddp_options()
+            print(f"\n# DDP steps: {a.steps} rounds after {a.ddp_warmup} warm-up; "
+                  f"WEFT_TORCH_SHARED_BUCKETS={os.environ.get('WEFT_TORCH_SHARED_BUCKETS', 'unset')}; "
+                  f"DDP(gradient_as_bucket_view={o['gradient_as_bucket_view']}, "
+                  f"bucket_cap_mb={o['bucket_cap_mb']:g}) on every backend, "
+                  "zero_grad(set_to_none=True); step / exposed / communication ms: the median of "
+                  "the slowest rank's step, of its excess over the local step (no DDP) of the "
+                  "same round, and of its excess over the DDP step without communication of the "
+                  "same round (a comm hook that returns the bucket as it is: DDP's own share, "
+                  "bucket copies and hooks); gloo / weft: the ratios of the exposed and of the "
+                  "communication times")
+            print("| case | ranks | weft over | local ms | DDP without communication step / exposed | "
+                  "gloo (TCP) step / exposed / communication | "
+                  "weft backend step / exposed / communication | "
+                  "weft hook step / exposed / communication | gloo / weft backend | "
+                  "gloo / weft hook | note |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|")
+            for r in self.ddp_rows:
+                print(r)
         sys.stdout.flush()
 
 
@@ -329,10 +434,12 @@ def main():
         print(f"skipped: weft.torch's backend is not built ({weft.torch._backend_missing})")
         return SKIP
     b = Bench(a)
-    if a.what in ("resnet", "all"):
+    if a.what in ("grads", "ddp", "resnet", "all"):
         shapes = load_grads(a.grads, a.quick)
-        b.bench_grad_set(shapes)
-        b.bench_grad_ddp(shapes)
+        if a.what in ("grads", "resnet", "all"):
+            b.bench_grad_set(shapes)
+        if a.what in ("ddp", "resnet", "all"):
+            b.bench_grad_ddp(shapes)
     if a.what in ("cnn", "all"):
         b.bench_cnn()
     b.report()

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <torch/version.h>
@@ -133,6 +134,10 @@ class ProcessGroupWeft : public BackendBase {
   c10::intrusive_ptr<c10d::Work> issueOne(const c10::intrusive_ptr<WorkWeft> &work,
                                           const char *call, bool p2p, Start start);
   void checkLive(const char *call) const;  // under issue_mu_
+  // Moves a tensor that is allreduced again and again (DDP's buckets) into
+  // weft_mem_alloc memory, where weft reduces it in one pass among the ranks
+  // of a host instead of a ring through shared slots. Under issue_mu_.
+  void shareIfReused(const at::Tensor &t);
   std::exception_ptr failure(const WorkWeft &work, weft_status st) const;
   void collectiveLoop();
   void p2pLoop();
@@ -144,9 +149,24 @@ class ProcessGroupWeft : public BackendBase {
   std::mutex issue_mu_;
 
   std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
+  // one per completer: a collective queued wakes only the collective one
+  // (each wake-up is a context switch, dear on a 2-vCPU guest)
+  std::condition_variable coll_cv_;
+  std::condition_variable p2p_cv_;
   std::deque<c10::intrusive_ptr<WorkWeft>> collectives_;
   std::deque<c10::intrusive_ptr<WorkWeft>> p2p_;
+  // the storages allreduced so far (only those shareIfReused may move), and
+  // whether it may move any: every peer on this host, over shared memory
+  struct Seen {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    const void *data;
+  };
+  std::unordered_map<const c10::StorageImpl *, Seen> seen_;
+  // storages some started work still reads or writes (under queue_mu_): a
+  // storage in it never moves, the old memory would go while weft uses it
+  std::unordered_map<const c10::StorageImpl *, int> in_flight_;
+  bool share_ = false;
+
   bool stopping_ = false;
   bool shut_ = false;
   int outstanding_ = 0;  // works started and not finished

@@ -3,7 +3,8 @@ tests/torch/run.py. Every rank makes every rank's inputs from the same seeds,
 so it computes each op's reference itself, independently of any backend, in
 float64 / int64. Prints "RANK r OK" at the end; any failure raises.
 
-  ops        every op through dist.*, random sizes, dtypes, ops and roots
+  ops        every op through dist.*, random sizes, dtypes, ops and roots; a
+             tensor and a DDP bucket reused for 20 steps (moved to shared memory)
   refusals   bad input refused with a sentence naming the call, on every rank
   ddp        a digits MLP trained one epoch with DDP on backend "weft": its
              parameters must equal a 1-process run within 1e-6
@@ -243,6 +244,68 @@ def run_groups(seed):
     dist.barrier()
 
 
+class _Scale(torch.nn.Module):
+    """sum(p * x): the gradient of p is x."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return (self.p * x).sum()
+
+
+def run_reused(seed):
+    """A tensor allreduced again and again (as DDP's buckets are) moves into
+    weft's shared memory at its second allreduce when every peer is on this
+    host over shm: every result must stay right, before and after, through a
+    view taken before the move and with two allreduces of it in flight at once
+    (the second must not move memory the first still uses)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    n = 1 << 19  # 2 MiB of float32: weft's direct allreduce starts at 1 MiB
+    t = torch.empty(n)
+    head = t[:1000]  # a view, like a gradient of gradient_as_bucket_view
+    first = t.data_ptr()
+    for i in range(20):  # weft asks for the direct path again every 16 calls
+        ins = [gen(seed, 2000 + i, r, torch.float32, n) for r in range(size)]
+        t.copy_(ins[rank])
+        if i == 5:  # two in flight: sums twice
+            works = [dist.all_reduce(t, async_op=True) for _ in range(2)]
+            for w in works:
+                w.wait()
+            want = reference(ins, "sum", torch.float64) * size
+            # the second sums the first's float32 sums: roundings of size x the inputs
+            check(t, want, torch.float32, f"two allreduces in flight of a reused tensor, call {i}",
+                  [x * size for x in ins])
+            continue
+        dist.all_reduce(t)
+        want = reference(ins, "sum", torch.float32)
+        check(t, want, torch.float32, f"allreduce of a reused tensor, call {i}", ins)
+        check(head, want[:1000], torch.float32, f"a view of a reused tensor, call {i}",
+              [x[:1000] for x in ins])
+    # DDP's buckets, the tensors this is for: a 2 MiB parameter whose gradient
+    # on rank r is rank r's input, averaged over 20 steps (the bucket moves at
+    # its second, weft's direct path takes it from about the 17th)
+    for view in (False, True):
+        p = torch.nn.Parameter(torch.zeros(n))
+        model = torch.nn.parallel.DistributedDataParallel(_Scale(p), gradient_as_bucket_view=view)
+        for i in range(20):
+            ins = [gen(seed, 3000 + i, r, torch.float32, n) for r in range(size)]
+            model.zero_grad(set_to_none=True)
+            model(ins[rank]).backward()
+            want = reference(ins, "avg", torch.float32)
+            check(p.grad, want, torch.float32,
+                  f"DDP (gradient_as_bucket_view={view}) gradient of a 2 MiB parameter, step {i}",
+                  ins)
+        del model
+    all_shm = size > 1 and all(weft.torch.peer_transport(p) == "shm" for p in range(size) if p != rank)
+    share = os.environ.get("WEFT_TORCH_SHARED_BUCKETS", "1") != "0"
+    moved = t.data_ptr() != first
+    assert moved == (all_shm and share), (
+        f"rank {rank}: the reused tensor {'moved' if moved else 'did not move'} into shared "
+        f"memory (every peer over shm: {all_shm}, WEFT_TORCH_SHARED_BUCKETS on: {share})")
+
+
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 
 
@@ -450,6 +513,7 @@ def main():
     if "ops" in parts:
         done = run_ops(a.seed, a.cases)
         run_groups(a.seed)
+        run_reused(a.seed)
         if rank == 0:
             print(f"ops on {size} ranks, seed {a.seed}: " + ", ".join(f"{k} x{v}" for k, v in done.items()), flush=True)
     if "refusals" in parts:
