@@ -143,10 +143,12 @@ std::string weftSentence(const weft_comm *comm, weft_status st) {
 // its WEFT_DIRECT_MIN_BYTES, 1 MiB by default; below that the ring is as fast
 constexpr size_t kShareMinBytes = size_t{1} << 20;
 
-// WEFT_TORCH_SHARED_BUCKETS=0 keeps every tensor where torch put it
+// WEFT_TORCH_SHARED_BUCKETS=1 opts in. Off by default: the move changes a
+// tensor's address under its owner, and a raw pointer taken outside torch
+// (tensor.numpy() held across allreduces) would then read freed memory.
 bool sharingWanted() {
   const char *v = std::getenv("WEFT_TORCH_SHARED_BUCKETS");
-  return !(v && std::strcmp(v, "0") == 0);
+  return v && std::strcmp(v, "1") == 0;
 }
 
 void freeShared(void *p) {

@@ -299,7 +299,7 @@ def run_reused(seed):
                   ins)
         del model
     all_shm = size > 1 and all(weft.torch.peer_transport(p) == "shm" for p in range(size) if p != rank)
-    share = os.environ.get("WEFT_TORCH_SHARED_BUCKETS", "1") != "0"
+    share = os.environ.get("WEFT_TORCH_SHARED_BUCKETS", "0") == "1"
     moved = t.data_ptr() != first
     assert moved == (all_shm and share), (
         f"rank {rank}: the reused tensor {'moved' if moved else 'did not move'} into shared "
