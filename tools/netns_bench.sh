@@ -10,7 +10,8 @@
 # Environment: R (ranks per host, 2), RATE (tbf rate of each link, empty =
 # unlimited), RAILS (1 or 2 veth pairs, 1), WIRE (WEFT_WIRE_DTYPE, unset),
 # ALGOS ("hier ring rd"), BEG/END/F (weft-bench sizes, 8 / 64M / 8388608),
-# EXTRA (more VAR=value words for every rank, e.g. "WEFT_TCP_STREAMS=2").
+# EXTRA (more VAR=value words for every rank, e.g. "WEFT_TCP_STREAMS=2"),
+# QSTATS (set: print each link's queue counters at the end: bytes, drops).
 set -u
 build=${1:-build}
 bench=$build/tools/weft-bench
@@ -55,3 +56,13 @@ for algo in ${ALGOS:-hier ring rd}; do
   grep -v "^#" "/tmp/wnb.$tag.0"
   port=$((port + 1))
 done
+if [ -n "${QSTATS:-}" ]; then # what each link's queue saw: bytes, drops, overlimits
+  i=1
+  while [ "$i" -le "$RAILS" ]; do
+    for ns in "$a" "$b"; do
+      printf 'wn%s in %s: ' "$i" "$ns"
+      ip netns exec "$ns" tc -s qdisc show dev "wn$i" | sed -n 's/^ *Sent/Sent/p'
+    done
+    i=$((i + 1))
+  done
+fi
