@@ -335,6 +335,7 @@ typedef struct run_case {
   weft_op op;
   int root, fanout;
   bool confirmed; /* a broadcast as users call it: descriptors confirmed, fanout 0 binomial */
+  bool pairwise;  /* an allgather pairwise (every block from its owner), not around the ring */
   bool in_place;
   size_t chunk_bytes;
   int tag;
@@ -367,7 +368,8 @@ static void describe(const run_case *c, char *buf, size_t len) {
   snprintf(buf, len,
            "%s%s: %d members, group [%s], count %zu %s %s, root %d, fanout %d, %s, chunk %zu "
            "bytes, %d hosts%s%s (seed %llu)",
-           algo_names[c->algo], c->confirmed ? " (confirmed)" : "", c->n, grp, c->count,
+           algo_names[c->algo], c->confirmed ? " (confirmed)" : c->pairwise ? " (pairwise)" : "",
+           c->n, grp, c->count,
            weft_dtype_name(c->dt), weft_op_name(c->op), c->root, c->fanout,
            c->in_place ? "in place" : "out of place", c->chunk_bytes, c->nhosts,
            c->shared ? ", shared buffers" : "", c->cannot_map >= 0 ? ", one member cannot map" : "",
@@ -479,7 +481,8 @@ static weft_status start(member *m, const run_case *c) {
                           : weft_tree_broadcast_start(coll, c->fanout);
     case ALGO_REDUCE: return weft_tree_reduce_start(coll, c->fanout);
     case ALGO_REDUCE_SCATTER: return weft_ring_reduce_scatter_start(coll);
-    case ALGO_ALLGATHER: return weft_ring_allgather_start(coll);
+    case ALGO_ALLGATHER:
+      return c->pairwise ? weft_pairwise_allgather_start(coll) : weft_ring_allgather_start(coll);
     case ALGO_GATHER: return weft_flat_gather_start(coll);
     case ALGO_SCATTER: return weft_flat_scatter_start(coll);
     case ALGO_ALLTOALL: return weft_pairwise_alltoall_start(coll);
@@ -934,6 +937,7 @@ static run_case random_case(algo_id algo, int n, int tag, uint64_t *s) {
   static const int fanouts[] = {1, 2, 3, 4, 8};
   c.fanout = fanouts[harness_rng(s) % 5];
   if (algo == ALGO_BCAST) c.confirmed = harness_rng(s) & 1;
+  if (algo == ALGO_ALLGATHER) c.pairwise = harness_rng(s) & 1;
   if (c.confirmed && harness_rng(s) % 2) c.fanout = 0;
   return c;
 }

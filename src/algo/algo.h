@@ -268,6 +268,7 @@ weft_status weft_ring_allgather_start(weft_coll *coll);
 weft_status weft_flat_gather_start(weft_coll *coll);
 weft_status weft_flat_scatter_start(weft_coll *coll);
 weft_status weft_pairwise_alltoall_start(weft_coll *coll);
+weft_status weft_pairwise_allgather_start(weft_coll *coll);
 weft_status weft_hier_allreduce_start(weft_coll *coll);
 weft_status weft_direct_allreduce_start(weft_coll *coll);
 

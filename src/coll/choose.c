@@ -25,6 +25,7 @@ void weft_choice_init(weft_choice_state *c, int rank, int size) {
   c->bcast_chain_bytes = set->bcast_chain_bytes;
   c->bcast_fanout = set->bcast_fanout < size ? (int)set->bcast_fanout : 0;
   c->bcast_confirm = set->bcast_confirm;
+  c->allgather_pairwise_bytes = set->allgather_pairwise_bytes;
 }
 
 void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_bytes) {
@@ -205,6 +206,19 @@ int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {
   return bytes >= c->bcast_chain_bytes ? 1 : 2;
 }
 
+weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
+  /* A ring's block waits at every rank for the one before it to forward
+   * it; pairwise, every block comes from its owner. Where links are stores
+   * that wins from a size on, and single copy reads each block once. Over
+   * sockets the ring's one neighbour per rank stays (a socket per pair
+   * active at once gains nothing on one NIC). */
+  size_t block = coll->count * coll->elem;
+  if (c->sends_are_stores && c->size > 2 && c->allgather_pairwise_bytes &&
+      block >= c->allgather_pairwise_bytes)
+    return weft_pairwise_allgather_start(coll);
+  return weft_ring_allgather_start(coll);
+}
+
 void weft_choice_keep(weft_choice_state *c, const weft_coll *coll) {
   const weft_algo_outcome *o = &coll->outcome;
   if (o->exchange_verdict) c->exchange_verdict = o->exchange_verdict;
@@ -284,7 +298,15 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
   say(out, len, &at, c->bcast_confirm ? "; counts confirmed on every rank\n"
                                       : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
   say(out, len, &at, "reduce: a pipelined chain from %s, a binary tree below\n", chain);
-  say(out, len, &at, "reduce_scatter, allgather: the ring, in chunks of %s\n", chunk);
+  say(out, len, &at, "reduce_scatter: the ring, in chunks of %s\n", chunk);
+  if (c->allgather_pairwise_bytes) {
+    char pw[32];
+    bytes_words(c->allgather_pairwise_bytes, pw, sizeof pw);
+    say(out, len, &at,
+        "allgather: pairwise (every block straight from its owner) from %s per rank at 3 or "
+        "more ranks on shared memory, else the ring\n", pw);
+  } else
+    say(out, len, &at, "allgather: the ring\n");
   say(out, len, &at, "alltoall: pairwise, each rank sends to rank+k and receives from rank-k\n");
   say(out, len, &at, "gather, scatter: the root and every rank directly\n");
 }

@@ -25,6 +25,7 @@ typedef struct weft_choice_state {
   int bcast_fanout;          /* 0 = by size */
   bool bcast_confirm;        /* WEFT_BCAST_CONFIRM: the user's broadcasts confirm descriptors */
   size_t bcast_chain_bytes;  /* broadcasts and reduces take a chain from this size */
+  size_t allgather_pairwise_bytes; /* links all stores, 3+ ranks: pairwise from this block size */
   /* facts of the communicator, told by it (weft_choice_learn, transports) */
   int size;              /* ranks */
   int nhosts;            /* hosts they run on */
@@ -65,6 +66,9 @@ weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier
 int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes, int size,
                              size_t chunk_bytes);
 int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes);
+/* Starts an allgather of `block_bytes` per rank: pairwise where every link
+ * is a store and the block is large enough, else the ring. */
+weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll);
 
 /* The direct question's outcome for an allreduce of (count, dtype):
  * ordinary buffers somewhere (remembered, so the next calls of that shape

@@ -645,7 +645,7 @@ weft_status weft_coll_allgather_setup(weft_coll *coll, const char *call, weft_co
   coll_take_seq(coll);
   if (sendcount == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
-  return coll_start(coll, weft_ring_allgather_start(coll));
+  return coll_start(coll, weft_choose_allgather(&comm->choice, coll));
 }
 
 weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, weft_core *comm,
