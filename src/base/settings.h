@@ -105,7 +105,7 @@
     "broadcasts compare every rank's count, dtype and root beside the data, so a disagreement fails every rank in that call; 0 = the plain tree: small broadcasts over tcp at 3+ ranks take fewer messages, and the root and the ranks that agree with it learn of a disagreement in their next call") \
   X(BCAST_CHAIN_BYTES, bcast_chain_bytes, BYTES, "65536", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
     "broadcasts of at least this many bytes use a pipelined chain")                              \
-  X(ALLGATHER_PAIRWISE_BYTES, allgather_pairwise_bytes, BYTES, "262144", 0, WEFT_SETTING_NO_MAX, \
+  X(ALLGATHER_PAIRWISE_BYTES, allgather_pairwise_bytes, BYTES, "8192", 0, WEFT_SETTING_NO_MAX, \
     WEFT_NO_WORDS,                                                                               \
     "allgather with at least this many bytes per rank, 3 or more ranks all on shm: every rank sends its block straight to every other (pairwise; with single copy each is read once from its owner) instead of around the ring; 0 = always the ring") \
   X(CHECK, check, BOOL, "0", 0, 0, WEFT_NO_WORDS,                                                \

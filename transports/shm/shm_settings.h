@@ -16,7 +16,7 @@
     "chunks in flight per direction between two ranks of one host")                              \
   X(SHM_CMA, cma, ENUM, "auto", 0, 0, WEFT_SHM_CMA_WORDS,                                        \
     "single copy between ranks of one host: a receiver reads a large chunk of allgather, alltoall, broadcast, gather or scatter straight from the sender's buffer (process_vm_readv) instead of through the shared slot; auto: where a probe at connection shows the kernel allows it (not under seccomp, Yama ptrace_scope 2+, other users), 0: never (also no PR_SET_PTRACER), test-refused: for tests, the probe fails") \
-  X(SHM_CMA_MIN_BYTES, cma_min_bytes, BYTES, "65536", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,    \
+  X(SHM_CMA_MIN_BYTES, cma_min_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,    \
     "chunks of at least this many bytes (and above 112, which travel inline) go by single copy where WEFT_SHM_CMA allows")
 
 #endif
