@@ -55,11 +55,11 @@ typedef struct hier_ctl {
   /* the split form */
   size_t seg_elems; /* a multiple of L */
   size_t segs;
-  size_t body;               /* elements the segments cover: count rounded down to L */
-  size_t rs_done, ar_done;   /* phases finished, in segment order */
-  int wire_sent_to;          /* the network chain's wire stage, from one phase to the next */
-  weft_coll tail;            /* the last count - body elements, in the leader form */
-  int tail_phase;            /* 0 not started, 1 running, 2 done */
+  size_t body;             /* elements the segments cover: count rounded down to L */
+  size_t rs_done, ar_done; /* phases finished, in segment order */
+  int wire_sent_to;        /* the network chain's wire stage, from one phase to the next */
+  weft_coll tail;          /* the last count - body elements, in the leader form */
+  bool tail_started;       /* `tail` is set up (its own ctl to free) */
   void *spent[2 * HIER_SEGMENTS + 3]; /* finished phases' scratch: their last sends may read it */
   int nspent;
 } hier_ctl;
@@ -79,7 +79,7 @@ static void ctl_free(weft_coll *coll, hier_ctl *ctl) {
   for (int i = 0; i < ctl->nspent; i++) weft_coll_scratch_free(coll, ctl->spent[i]);
   hier_chain *chains[2] = {&ctl->host, &ctl->net};
   for (int c = 0; c < 2; c++) weft_coll_scratch_free(coll, chains[c]->inner.scratch);
-  if (ctl->tail_phase) {
+  if (ctl->tail_started) {
     hier_ctl *tail = WEFT_ALGO_STATE(&ctl->tail, hier_state)->ctl;
     if (tail) ctl_free(&ctl->tail, tail);
   }
@@ -129,7 +129,11 @@ static weft_coll *phase_init(weft_coll *coll, hier_chain *ch, const int *group, 
 static weft_status chain_step(hier_ctl *ctl, hier_chain *ch) {
   weft_status st = ch->inner.advance(&ch->inner);
   if (st != WEFT_OK) return st;
-  if (ch->inner.scratch) ctl->spent[ctl->nspent++] = ch->inner.scratch;
+  if (ch->inner.scratch) {
+    /* at most a reduce-scatter and an allreduce per segment, or 3 phases */
+    if (ctl->nspent == (int)(sizeof ctl->spent / sizeof *ctl->spent)) return WEFT_ERR_INTERNAL;
+    ctl->spent[ctl->nspent++] = ch->inner.scratch;
+  }
   ch->inner.scratch = NULL;
   ch->running = false;
   return WEFT_OK;
@@ -168,8 +172,9 @@ static weft_status leader_advance(weft_coll *coll) {
         continue;
       case 1: /* allreduce among the leaders, in place; avg divides by the call's */
         if (h->host_index == 0 && h->nhosts > 1) {
-          weft_coll *in = phase_init(coll, ch, h->leaders, h->leader_index, h->nhosts,
-                                     coll->recvbuf, coll->recvbuf, coll->count, coll->avg_div, true);
+          weft_coll *in =
+              phase_init(coll, ch, h->leaders, h->leader_index, h->nhosts, coll->recvbuf,
+                         coll->recvbuf, coll->count, coll->avg_div, true);
           WEFT_CHECK(net_allreduce_start(in, coll));
           continue;
         }
@@ -232,8 +237,8 @@ static weft_status host_next(weft_coll *coll, hier_ctl *ctl, bool *started) {
     char *dst = (char *)coll->recvbuf + off * coll->elem;
     char *mine = dst + (size_t)h->host_index * part * coll->elem;
     if (rs) {
-      weft_coll *in = phase_init(coll, ch, h->host_members, h->host_index, L, src, mine, part, 1,
-                                 false);
+      weft_coll *in =
+          phase_init(coll, ch, h->host_members, h->host_index, L, src, mine, part, 1, false);
       WEFT_CHECK(weft_ring_reduce_scatter_start(in));
     } else {
       /* In place, RS(s) sent the other parts of this segment from the
@@ -245,8 +250,8 @@ static weft_status host_next(weft_coll *coll, hier_ctl *ctl, bool *started) {
             weft_status st = coll->link.ops->send_idle(coll->link.ctx, h->host_members[m]);
             if (st != WEFT_OK) return st == WEFT_AGAIN ? WEFT_OK : st;
           }
-      weft_coll *in = phase_init(coll, ch, h->host_members, h->host_index, L, mine, dst, part, 1,
-                                 false);
+      weft_coll *in =
+          phase_init(coll, ch, h->host_members, h->host_index, L, mine, dst, part, 1, false);
       WEFT_CHECK(weft_ring_allgather_start(in));
     }
     ch->next++;
@@ -267,8 +272,8 @@ static weft_status net_next(weft_coll *coll, hier_ctl *ctl, bool *started) {
   segment(ctl, s, &off, &cnt);
   size_t part = cnt / (size_t)h->local_size;
   char *mine = (char *)coll->recvbuf + (off + (size_t)h->host_index * part) * coll->elem;
-  weft_coll *in = phase_init(coll, ch, h->index_peers, h->leader_index, h->nhosts, mine, mine,
-                             part, coll->avg_div, true);
+  weft_coll *in = phase_init(coll, ch, h->index_peers, h->leader_index, h->nhosts, mine, mine, part,
+                             coll->avg_div, true);
   in->wire_sent_to = ctl->wire_sent_to; /* the last phase's send may still read the stage */
   WEFT_CHECK(net_allreduce_start(in, coll));
   ch->next++;
@@ -307,7 +312,7 @@ static weft_status tail_start(weft_coll *coll, hier_ctl *ctl) {
   if (!tc) return WEFT_ERR_NOMEM;
   WEFT_ALGO_STATE(t, hier_state)->ctl = tc;
   t->advance = leader_advance;
-  ctl->tail_phase = 1;
+  ctl->tail_started = true;
   return WEFT_OK;
 }
 
@@ -347,7 +352,7 @@ static weft_status split_advance(weft_coll *coll) {
                      ctl->ar_done == ctl->segs;
     if (!body_done) return WEFT_AGAIN;
     if (ctl->body == coll->count) return WEFT_OK;
-    if (ctl->tail_phase == 0) {
+    if (!ctl->tail_started) {
       /* the network chain's wire stage: its last sends must be done
        * before the tail's leaders (other member numbers) may write it */
       for (int k = 0; k < h->nhosts; k++)
@@ -357,9 +362,7 @@ static weft_status split_advance(weft_coll *coll) {
         }
       WEFT_CHECK(tail_start(coll, ctl));
     }
-    WEFT_STEP(ctl->tail.advance(&ctl->tail));
-    ctl->tail_phase = 2;
-    return WEFT_OK;
+    return ctl->tail.advance(&ctl->tail);
   }
 }
 

@@ -18,6 +18,11 @@ typedef struct weft_error_sink {
 void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* snprintf that appends at buf + *used and never runs past len (cuts
+ * quietly): for sentences and descriptions built in pieces. */
+void weft_appendf(char *buf, size_t len, size_t *used, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* Every transport checks an arriving chunk's tag the same way: a chunk of
  * another call or another size is WEFT_ERR_MISMATCH, with one sentence for
  * each case written to `sink`. WEFT_OK when (seq, len) are the expected ones. */

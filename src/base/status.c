@@ -53,6 +53,15 @@ void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...) {
   va_end(ap);
 }
 
+void weft_appendf(char *buf, size_t len, size_t *used, const char *fmt, ...) {
+  if (*used >= len) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf + *used, len - *used, fmt, ap);
+  va_end(ap);
+  if (n > 0) *used = *used + (size_t)n < len ? *used + (size_t)n : len - 1;
+}
+
 weft_status weft_chunk_check(weft_error_sink *sink, int peer, uint32_t seq, uint32_t want_seq,
                              size_t len, size_t want_len) {
   if (seq != want_seq) {

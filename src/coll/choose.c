@@ -2,13 +2,13 @@
  * thresholds, and what earlier calls found out. */
 #include "src/coll/choose.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "src/algo/algo.h"
+#include "src/base/error_sink.h"
 #include "src/base/log.h"
 #include "src/base/settings.h"
 
@@ -242,16 +242,6 @@ static void bytes_words(size_t b, char *out, size_t len) {
     snprintf(out, len, "%zu B", b);
 }
 
-/* Appends a formatted line to out (its used length in *at), cut where it is full. */
-static void say(char *out, size_t len, size_t *at, const char *fmt, ...) {
-  if (*at + 1 >= len) return;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(out + *at, len - *at, fmt, ap);
-  va_end(ap);
-  if (n > 0) *at += (size_t)n < len - *at ? (size_t)n : len - *at - 1;
-}
-
 void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *out, size_t len) {
   char chunk[32], rd[32], ex[32], direct[32], chain[32];
   bytes_words(chunk_bytes, chunk, sizeof chunk);
@@ -266,17 +256,22 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
   static const char *const forced[] = {WEFT_ALGO_WORDS(ALGO_WORD_)};
 #undef ALGO_WORD_
   if (c->algo_forced != WEFT_ALGO_AUTO && (size_t)c->algo_forced < sizeof forced / sizeof *forced)
-    say(out, len, &at, "allreduce: %s for every size (WEFT_ALGO)\n", forced[c->algo_forced]);
+    weft_appendf(out, len, &at, "allreduce: %s for every size (WEFT_ALGO)\n",
+                 forced[c->algo_forced]);
   else {
-    say(out, len, &at,
+    weft_appendf(
+        out, len, &at,
         "allreduce, one host: the one-round exchange up to %s at %d ranks or fewer once every "
         "link is a store (shm); ",
         ex, EXCHANGE_MAX_RANKS);
     if (c->direct_min_bytes)
-      say(out, len, &at, "direct (one pass through shared buffers) from %s when every rank's "
-          "buffers come from weft_mem_alloc; ", direct);
-    say(out, len, &at, "else recursive doubling up to %s, the ring above\n", rd);
-    say(out, len, &at,
+      weft_appendf(out, len, &at,
+                   "direct (one pass through shared buffers) from %s when every rank's "
+                   "buffers come from weft_mem_alloc; ",
+                   direct);
+    weft_appendf(out, len, &at, "else recursive doubling up to %s, the ring above\n", rd);
+    weft_appendf(
+        out, len, &at,
         "allreduce, several hosts (ranks sharing them): hierarchical; every rank's share crosses "
         "the network, in segments pipelined with the host's reduce-scatter and allgather, when "
         "hosts hold equal numbers of ranks and the buffer is at least a chunk (%s) per rank of "
@@ -284,29 +279,38 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
         chunk);
   }
   if (c->bcast_fanout > 0)
-    say(out, len, &at, "broadcast: a tree of fan-out %d (WEFT_BCAST_FANOUT)", c->bcast_fanout);
+    weft_appendf(out, len, &at, "broadcast: a tree of fan-out %d (WEFT_BCAST_FANOUT)",
+                 c->bcast_fanout);
   else if (c->bcast_confirm && c->bcast_chain_bytes <= chunk_bytes)
-    say(out, len, &at,
+    weft_appendf(
+        out, len, &at,
         "broadcast: a binomial tree up to one chunk (%s) and between 2 ranks, a pipelined chain "
-        "above", chunk);
+        "above",
+        chunk);
   else if (c->bcast_confirm)
-    say(out, len, &at,
+    weft_appendf(
+        out, len, &at,
         "broadcast: a binomial tree up to one chunk (%s) and between 2 ranks; above, a binary "
-        "tree below %s, a pipelined chain from there", chunk, chain);
+        "tree below %s, a pipelined chain from there",
+        chunk, chain);
   else
-    say(out, len, &at, "broadcast: a pipelined chain from %s, a binary tree below", chain);
-  say(out, len, &at, c->bcast_confirm ? "; counts confirmed on every rank\n"
-                                      : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
-  say(out, len, &at, "reduce: a pipelined chain from %s, a binary tree below\n", chain);
-  say(out, len, &at, "reduce_scatter: the ring, in chunks of %s\n", chunk);
+    weft_appendf(out, len, &at, "broadcast: a pipelined chain from %s, a binary tree below", chain);
+  weft_appendf(out, len, &at,
+               c->bcast_confirm ? "; counts confirmed on every rank\n"
+                                : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
+  weft_appendf(out, len, &at, "reduce: a pipelined chain from %s, a binary tree below\n", chain);
+  weft_appendf(out, len, &at, "reduce_scatter: the ring, in chunks of %s\n", chunk);
   if (c->allgather_pairwise_bytes) {
     char pw[32];
     bytes_words(c->allgather_pairwise_bytes, pw, sizeof pw);
-    say(out, len, &at,
+    weft_appendf(
+        out, len, &at,
         "allgather: pairwise (every block straight from its owner) from %s per rank at 3 or "
-        "more ranks on shared memory, else the ring\n", pw);
+        "more ranks on shared memory, else the ring\n",
+        pw);
   } else
-    say(out, len, &at, "allgather: the ring\n");
-  say(out, len, &at, "alltoall: pairwise, each rank sends to rank+k and receives from rank-k\n");
-  say(out, len, &at, "gather, scatter: the root and every rank directly\n");
+    weft_appendf(out, len, &at, "allgather: the ring\n");
+  weft_appendf(out, len, &at,
+               "alltoall: pairwise, each rank sends to rank+k and receives from rank-k\n");
+  weft_appendf(out, len, &at, "gather, scatter: the root and every rank directly\n");
 }

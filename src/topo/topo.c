@@ -202,28 +202,16 @@ weft_status weft_topo_load(const char *xml_path, weft_topo *out, weft_error_sink
 
 /* ---- describe ------------------------------------------------------------ */
 
-/* snprintf that appends and never runs past the end (truncates quietly). */
-static void topo_append(char *buf, size_t len, size_t *used, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void topo_append(char *buf, size_t len, size_t *used, const char *fmt, ...) {
-  if (*used >= len) return;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(buf + *used, len - *used, fmt, ap);
-  va_end(ap);
-  if (n > 0) *used = *used + (size_t)n < len ? *used + (size_t)n : len - 1;
-}
-
 static void topo_append_count(char *buf, size_t len, size_t *used, int n, const char *what,
                               const char *sep) {
-  topo_append(buf, len, used, "%d %s%s%s", n, what, n == 1 ? "" : "s", sep);
+  weft_appendf(buf, len, used, "%d %s%s%s", n, what, n == 1 ? "" : "s", sep);
 }
 
 static void topo_append_devices(char *buf, size_t len, size_t *used, const char *label,
                                 const weft_topo_device *devs, int n) {
-  topo_append(buf, len, used, "%s: ", label);
-  if (n == 0) topo_append(buf, len, used, "none");
-  for (int i = 0; i < n; i++) topo_append(buf, len, used, "%s%s", i ? ", " : "", devs[i].name);
+  weft_appendf(buf, len, used, "%s: ", label);
+  if (n == 0) weft_appendf(buf, len, used, "none");
+  for (int i = 0; i < n; i++) weft_appendf(buf, len, used, "%s%s", i ? ", " : "", devs[i].name);
 }
 
 void weft_topo_describe(const weft_topo *topo, char *buf, size_t len) {
@@ -231,15 +219,15 @@ void weft_topo_describe(const weft_topo *topo, char *buf, size_t len) {
   buf[0] = 0;
   if (!topo) return;
   size_t used = 0;
-  topo_append(buf, len, &used, "host %s: ", topo->hostname);
+  weft_appendf(buf, len, &used, "host %s: ", topo->hostname);
   topo_append_count(buf, len, &used, topo->packages, "package", ", ");
   topo_append_count(buf, len, &used, topo->numa_nodes, "NUMA node", ", ");
   topo_append_count(buf, len, &used, topo->cores, "core", ", ");
   topo_append_count(buf, len, &used, topo->pus, "PU", "; ");
   topo_append_devices(buf, len, &used, "net", topo->net, topo->n_net);
-  topo_append(buf, len, &used, "; ");
+  weft_appendf(buf, len, &used, "; ");
   topo_append_devices(buf, len, &used, "rdma", topo->rdma, topo->n_rdma);
-  topo_append(buf, len, &used, "; ");
+  weft_appendf(buf, len, &used, "; ");
   topo_append_devices(buf, len, &used, "gpu", topo->gpu, topo->n_gpu);
 }
 
