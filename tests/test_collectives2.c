@@ -308,7 +308,7 @@ static void run_group(int n, const char *const *env, int small, int big, int all
 /* 4 KiB chunks: the prime count crosses several chunks; the reduce as a
  * chain (every size) or as a binary tree (every size) */
 #define TINY_CHAIN \
-  { "WEFT_CHUNK_BYTES=4096", "WEFT_BCAST_CHAIN_BYTES=1", NULL }
+  { "WEFT_CHUNK_BYTES=4096", "WEFT_BCAST_CHAIN_BYTES=1", "WEFT_BCAST_FLAT_MIN_BYTES=0", NULL }
 #define TINY_TREE \
   { "WEFT_CHUNK_BYTES=4096", "WEFT_BCAST_CHAIN_BYTES=1000000000", NULL }
 /* tcp: socket buffers smaller than a chunk, so a send is still in flight
