@@ -737,6 +737,10 @@ static void broadcast_counts_differ(void **state) {
       bcast_case c = {0, 0, rand() % n, rand() % n, large ? 5000 : 300};
       bad |= bcast_case_run(n, n == 4 ? "tcp" : "shm", c);
     }
+  /* the flat tree (3-4 ranks all on shm, 16 KiB to 1 MiB): descriptors
+   * through the root, each rank (the root too) the odd one in turn */
+  for (int odd = 0; odd < 4; odd++)
+    bad |= bcast_case_run(4, "shm", (bcast_case){0, odd & 1, odd, 1, 5000});
   /* WEFT_BCAST_CONFIRM=0 (the plain tree): every rank still fails, in the
    * broadcast or in the call after it */
   for (int t = 0; t < 2; t++)
