@@ -100,7 +100,7 @@
   X(RD_MAX_BYTES, rd_max_bytes, BYTES, "262144", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,          \
     "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk)")     \
   X(BCAST_FANOUT, bcast_fanout, INT, "0", 0, 65536, WEFT_NO_WORDS,                               \
-    "broadcast tree fan-out; 0 = auto (a binomial tree for one chunk or two ranks, binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
+    "broadcast tree fan-out; 0 = auto (flat among 3-4 ranks on shm within the WEFT_BCAST_FLAT_ sizes, else a binomial tree for one chunk or two ranks, binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
   X(BCAST_CONFIRM, bcast_confirm, BOOL, "1", 0, 0, WEFT_NO_WORDS,                                \
     "broadcasts compare every rank's count, dtype and root beside the data, so a disagreement fails every rank in that call; 0 = the plain tree: small broadcasts over tcp at 3+ ranks take fewer messages, and the root and the ranks that agree with it learn of a disagreement in their next call") \
   X(BCAST_CHAIN_BYTES, bcast_chain_bytes, BYTES, "65536", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
