@@ -304,8 +304,8 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
     bytes_words(c->bcast_flat_min_bytes, lo, sizeof lo);
     bytes_words(c->bcast_flat_max_bytes, hi, sizeof hi);
     weft_appendf(out, len, &at,
-                 "broadcast, 3 or %d ranks all on shm: a flat tree from %s to %s (every rank "
-                 "copies from the root)\n",
+                 "broadcast among 3 or %d ranks all on shm: a flat tree from %s to %s (every "
+                 "rank copies straight from the root); elsewhere as below\n",
                  BCAST_FLAT_MAX_RANKS, lo, hi);
   }
   if (c->bcast_fanout > 0)
