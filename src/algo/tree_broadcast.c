@@ -96,11 +96,14 @@ weft_status weft_tree_broadcast_start(weft_coll *coll, int fanout) {
  * a hop (8 KiB to 128 KiB at 4 ranks over shm: 5-10 us more). */
 
 /* Up to this many bytes the binomial tree's data rides in one message
- * behind the giver's descriptor, through a staging copy. Above, the copy
- * costs more than the second message (4 ranks over tcp, 128 KiB: 79 us
- * packed, 75 with two messages, 67 before the giver's descriptor went at
- * all), and over shm chunks from 16 KiB go by single copy. */
-#define BC_PACK_MAX_BYTES 8192
+ * behind the giver's descriptor, through a staging copy. Where links are
+ * stores (shm) chunks from 16 KiB go by single copy, which packing would
+ * lose. Over sockets a second message cost more than the copy up to 32 KiB
+ * and less from 128 KiB (4 ranks over tcp, 32 / 128 KiB: 42 / 79 us
+ * packed, 47 / 75 with two messages, 36 / 67 before the giver's
+ * descriptor went at all). */
+#define BC_PACK_STORES_MAX_BYTES 8192
+#define BC_PACK_SOCKETS_MAX_BYTES 65536
 
 typedef struct bcast_desc {
   uint64_t count;
@@ -331,7 +334,9 @@ weft_status weft_confirmed_broadcast_start(weft_coll *coll, int fanout) {
    * message on the edge then has a length the other does not expect, and
    * both fail as for any other disagreement. */
   size_t bytes = coll->count * coll->elem;
-  bs->packed = binomial && bytes <= BC_PACK_MAX_BYTES &&
+  size_t pack_max =
+      coll->hint.sends_are_stores ? BC_PACK_STORES_MAX_BYTES : BC_PACK_SOCKETS_MAX_BYTES;
+  bs->packed = binomial && bytes <= pack_max &&
                sizeof(bcast_desc) + bytes <= coll->chunk_bytes && !weft_wire_on(coll) &&
                (coll->mem->kind == WEFT_MEMORY_HOST || coll->mem->kind == WEFT_MEMORY_SHARED);
   bs->mask = 1;
