@@ -201,9 +201,10 @@ weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier
  * and no forwarding. A binomial tree or a chain makes ranks copy one after
  * another from ranks that copied before; at 4 ranks on this machine's 2
  * vCPUs (weft-bench --peers -c bcast, interleaved runs, time us) flat took
- * 12 / 23 / 85 at 32 / 128 / 512 KiB against the binomial tree's 15 / 35 /
- * 127 and Open MPI's 12 / 26 / 109 (its linear broadcast, the same shape);
- * at 3 ranks 7.5 / 12 against 13 / 23 at 16 / 64 KiB. Below 16 KiB chunks
+ * 12-13 / 23-33 / 85-126 at 32 / 128 / 512 KiB against 15-16 / 33-37 /
+ * 127-138 for the binomial tree and chain, and Open MPI's 12-13 / 26-32 /
+ * 109-131 (its linear broadcast, the same shape); at 3 ranks 8 / 19
+ * against 17 / 35 at 32 / 128 KiB. Below 16 KiB chunks
  * go through the slots (the root would copy once per rank); at 8 ranks
  * the runs were mixed (256 KiB: 139 against 106), so up to 4 ranks. */
 #define BCAST_FLAT_MAX_RANKS 4
