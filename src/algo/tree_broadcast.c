@@ -73,10 +73,10 @@ weft_status weft_tree_broadcast_start(weft_coll *coll, int fanout) {
  *
  * Small buffers (and any buffer between two ranks) move on the same edges:
  * a binomial tree in which the lower end of an edge sends its descriptor
- * and the data, and the higher end, which holds none yet, sends its
- * descriptor the other way at once. That costs two small messages per
- * edge beside the data and no round trip, so a small broadcast takes as
- * many hops as the plain tree.
+ * and the data (one message while the data is small), and the higher end,
+ * which holds none yet, sends its descriptor the other way at once. That
+ * costs one or two small messages per edge beside the data and no round
+ * trip, so a small broadcast takes as many hops as the plain tree.
  * Large buffers keep the pipelined chain or tree, and the descriptors go
  * over the hypercube after it (log2(size) small messages late, a few
  * microseconds beside milliseconds of data).
