@@ -513,6 +513,7 @@ static void settings_typed_values(void **state) {
   weft_choice_free(&cs);
   assert_non_null(strstr(text, "recursive doubling up to 256 KiB, the ring above"));
   assert_non_null(strstr(text, "counts confirmed"));
+  assert_non_null(strstr(text, "a flat tree from 16 KiB to 1 MiB"));
   setenv("WEFT_ALGO", "ring", 1);
   setenv("WEFT_BCAST_CONFIRM", "0", 1);
   setenv("WEFT_BCAST_CHAIN_BYTES", "1048576", 1);

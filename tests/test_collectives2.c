@@ -308,7 +308,7 @@ static void run_group(int n, const char *const *env, int small, int big, int all
 /* 4 KiB chunks: the prime count crosses several chunks; the reduce as a
  * chain (every size) or as a binary tree (every size) */
 #define TINY_CHAIN \
-  { "WEFT_CHUNK_BYTES=4096", "WEFT_BCAST_CHAIN_BYTES=1", NULL }
+  { "WEFT_CHUNK_BYTES=4096", "WEFT_BCAST_CHAIN_BYTES=1", "WEFT_BCAST_FLAT_MIN_BYTES=0", NULL }
 #define TINY_TREE \
   { "WEFT_CHUNK_BYTES=4096", "WEFT_BCAST_CHAIN_BYTES=1000000000", NULL }
 /* tcp: socket buffers smaller than a chunk, so a send is still in flight
@@ -660,16 +660,19 @@ typedef struct bcast_case {
   int odd;    /* the rank that passes count + 1 */
   int root;
   size_t count;
+  int dtype_differs; /* the odd rank passes i32 for f32 instead: the same bytes */
 } bcast_case;
 
 static int bcast_disagrees(int rank, int n, const weft_unique_id *id, void *arg) {
   const bcast_case *c = arg;
   weft_comm *comm = harness_comm(rank, n, id);
   if (!comm) return 1;
-  size_t count = rank == c->odd ? c->count + 1 : c->count;
+  int odd = rank == c->odd;
+  size_t count = odd && !c->dtype_differs ? c->count + 1 : c->count;
   float *buf = calloc(c->count + 1, sizeof(float));
   double t0 = harness_now();
-  weft_status st = weft_broadcast(comm, buf, buf, count, WEFT_F32, c->root);
+  weft_status st =
+      weft_broadcast(comm, buf, buf, count, odd && c->dtype_differs ? WEFT_I32 : WEFT_F32, c->root);
   harness_shm->status[rank] = st;
   uint8_t one = 1, got = 0;
   weft_status next = st ? WEFT_OK : weft_allreduce(comm, &one, &got, 1, WEFT_U8, WEFT_SUM);
@@ -693,7 +696,10 @@ static int bcast_disagrees(int rank, int n, const weft_unique_id *id, void *arg)
 static int bcast_case_run(int n, const char *transport, bcast_case c) {
   char tp[64], want[32];
   snprintf(tp, sizeof tp, "WEFT_TRANSPORT=%s", transport);
-  snprintf(want, sizeof want, "count=%zu", c.count + 1);
+  if (c.dtype_differs)
+    snprintf(want, sizeof want, "%s", weft_dtype_name(WEFT_I32));
+  else
+    snprintf(want, sizeof want, "count=%zu", c.count + 1);
   /* small chunks: a large count takes the chain and its confirming round */
   const char *const env[] = {"WEFT_TIMEOUT=20", "WEFT_CHUNK_BYTES=4096", tp,
                              c.plain ? "WEFT_BCAST_CONFIRM=0" : NULL, NULL};
@@ -728,19 +734,30 @@ static void broadcast_counts_differ(void **state) {
   /* the case: the failing ranks leave at once or linger */
   for (int linger = 0; linger < 2; linger++)
     for (int t = 0; t < 2; t++)
-      bad |= bcast_case_run(3, t ? "tcp" : "shm", (bcast_case){0, linger, 2, 0, 300});
+      bad |= bcast_case_run(3, t ? "tcp" : "shm", (bcast_case){0, linger, 2, 0, 300, 0});
   /* every shape: two ranks, powers of two and not, another root, the
    * binomial tree (one chunk) and the chain with its confirming round */
   srand((unsigned)base_seed);
   for (int n = 2; n <= 5; n++)
     for (int large = 0; large < 2; large++) {
-      bcast_case c = {0, 0, rand() % n, rand() % n, large ? 5000 : 300};
+      bcast_case c = {0, 0, rand() % n, rand() % n, large ? 5000 : 300, 0};
       bad |= bcast_case_run(n, n == 4 ? "tcp" : "shm", c);
     }
+  /* the flat tree (3-4 ranks all on shm, 16 KiB to 1 MiB): descriptors
+   * through the root, each rank (the root too) the odd one in turn */
+  for (int odd = 0; odd < 4; odd++)
+    bad |= bcast_case_run(4, "shm", (bcast_case){0, odd & 1, odd, 1, 5000, 0});
+  /* a dtype of the same size (the same bytes on the wire): the binomial
+   * tree's takers check the giver's descriptor too, over both transports,
+   * at 2-5 ranks, small (one packed message per edge) and not */
+  for (int n = 2; n <= 5; n++)
+    for (int large = 0; large < 2; large++)
+      bad |= bcast_case_run(n, (n + large) % 2 ? "tcp" : "shm",
+                            (bcast_case){0, 0, rand() % n, rand() % n, large ? 3000 : 300, 1});
   /* WEFT_BCAST_CONFIRM=0 (the plain tree): every rank still fails, in the
    * broadcast or in the call after it */
   for (int t = 0; t < 2; t++)
-    bad |= bcast_case_run(3, t ? "tcp" : "shm", (bcast_case){1, 1, 2, 0, 300});
+    bad |= bcast_case_run(3, t ? "tcp" : "shm", (bcast_case){1, 1, 2, 0, 300, 0});
   assert_int_equal(bad, 0);
 }
 

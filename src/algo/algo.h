@@ -56,7 +56,7 @@ typedef struct weft_hosts {
 /* What the caller knows that an algorithm may use: settings and what
  * earlier calls found (the same on every rank). */
 typedef struct weft_algo_hint {
-  bool sends_are_stores;     /* exchange: every link of this rank is a store (transport.h) */
+  bool sends_are_stores;     /* exchange, broadcast: every link of this rank is a store (transport.h) */
   const void *direct_agreed; /* direct: every member's message in the last call that all could
                                 map (size of them), or NULL */
   size_t rd_max_bytes;       /* hier: recursive doubling among the leaders up to this size */

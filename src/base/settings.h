@@ -100,11 +100,16 @@
   X(RD_MAX_BYTES, rd_max_bytes, BYTES, "262144", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,          \
     "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk)")     \
   X(BCAST_FANOUT, bcast_fanout, INT, "0", 0, 65536, WEFT_NO_WORDS,                               \
-    "broadcast tree fan-out; 0 = auto (a binomial tree for one chunk or two ranks, binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
+    "broadcast tree fan-out; 0 = auto (flat among 3-4 ranks on shm within the WEFT_BCAST_FLAT_ sizes, else a binomial tree for one chunk or two ranks, binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
   X(BCAST_CONFIRM, bcast_confirm, BOOL, "1", 0, 0, WEFT_NO_WORDS,                                \
     "broadcasts compare every rank's count, dtype and root beside the data, so a disagreement fails every rank in that call; 0 = the plain tree: small broadcasts over tcp at 3+ ranks take fewer messages, and the root and the ranks that agree with it learn of a disagreement in their next call") \
   X(BCAST_CHAIN_BYTES, bcast_chain_bytes, BYTES, "65536", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
     "broadcasts of at least this many bytes use a pipelined chain")                              \
+  X(BCAST_FLAT_MIN_BYTES, bcast_flat_min_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX,          \
+    WEFT_NO_WORDS,                                                                               \
+    "broadcasts of at least this many bytes among 3 or 4 ranks all on shm: the root sends to every rank itself (a flat tree; with single copy every rank copies straight from the root's buffer, all at once); 0 = never") \
+  X(BCAST_FLAT_MAX_BYTES, bcast_flat_max_bytes, BYTES, "1048576", 0, WEFT_SETTING_NO_MAX,        \
+    WEFT_NO_WORDS, "broadcasts take the flat tree (WEFT_BCAST_FLAT_MIN_BYTES) up to this many bytes") \
   X(ALLGATHER_PAIRWISE_BYTES, allgather_pairwise_bytes, BYTES, "8192", 0, WEFT_SETTING_NO_MAX, \
     WEFT_NO_WORDS,                                                                               \
     "allgather with at least this many bytes per rank, 3 or more ranks all on shm: every rank sends its block straight to every other (pairwise; with single copy each is read once from its owner) instead of around the ring; 0 = always the ring") \

@@ -25,6 +25,8 @@ void weft_choice_init(weft_choice_state *c, int rank, int size) {
   c->bcast_chain_bytes = set->bcast_chain_bytes;
   c->bcast_fanout = set->bcast_fanout < size ? (int)set->bcast_fanout : 0;
   c->bcast_confirm = set->bcast_confirm;
+  c->bcast_flat_min_bytes = set->bcast_flat_min_bytes;
+  c->bcast_flat_max_bytes = set->bcast_flat_max_bytes;
   c->allgather_pairwise_bytes = set->allgather_pairwise_bytes;
 }
 
@@ -194,9 +196,28 @@ weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier
   return rd_or_ring_start(c, coll);
 }
 
+/* A flat tree where every link is a store: with single copy each rank
+ * copies straight from the root's buffer, all at the same time, one hop
+ * and no forwarding. A binomial tree or a chain makes ranks copy one after
+ * another from ranks that copied before; at 4 ranks on this machine's 2
+ * vCPUs (weft-bench --peers -c bcast, interleaved runs, time us) flat took
+ * 12-13 / 23-33 / 85-126 at 32 / 128 / 512 KiB against 15-16 / 33-37 /
+ * 127-138 for the binomial tree and chain, and Open MPI's 12-13 / 26-32 /
+ * 109-131 (its linear broadcast, the same shape); at 3 ranks 8 / 19
+ * against 17 / 35 at 32 / 128 KiB. Below 16 KiB chunks
+ * go through the slots (the root would copy once per rank); at 8 ranks
+ * the runs were mixed (256 KiB: 139 against 106), so up to 4 ranks. */
+#define BCAST_FLAT_MAX_RANKS 4
+static bool bcast_flat(const weft_choice_state *c, size_t bytes, int size) {
+  return c->sends_are_stores && size > 2 && size <= BCAST_FLAT_MAX_RANKS &&
+         c->bcast_flat_min_bytes && bytes >= c->bcast_flat_min_bytes &&
+         bytes <= c->bcast_flat_max_bytes;
+}
+
 int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes, int size,
                              size_t chunk_bytes) {
   if (c->bcast_fanout > 0) return c->bcast_fanout;
+  if (bcast_flat(c, bytes, size)) return size - 1;
   if (c->bcast_confirm && (size == 2 || bytes <= chunk_bytes)) return 0;
   return bytes >= c->bcast_chain_bytes ? 1 : 2;
 }
@@ -277,6 +298,16 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
         "hosts hold equal numbers of ranks and the buffer is at least a chunk (%s) per rank of "
         "a host; else reduce to a leader per host, the leaders' allreduce, broadcast\n",
         chunk);
+  }
+  if (c->bcast_fanout <= 0 && c->bcast_flat_min_bytes &&
+      c->bcast_flat_min_bytes <= c->bcast_flat_max_bytes) {
+    char lo[32], hi[32];
+    bytes_words(c->bcast_flat_min_bytes, lo, sizeof lo);
+    bytes_words(c->bcast_flat_max_bytes, hi, sizeof hi);
+    weft_appendf(out, len, &at,
+                 "broadcast among 3 or %d ranks all on shm: a flat tree from %s to %s (every "
+                 "rank copies straight from the root); elsewhere as below\n",
+                 BCAST_FLAT_MAX_RANKS, lo, hi);
   }
   if (c->bcast_fanout > 0)
     weft_appendf(out, len, &at, "broadcast: a tree of fan-out %d (WEFT_BCAST_FANOUT)",

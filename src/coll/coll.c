@@ -611,6 +611,7 @@ weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_co
   }
   int fanout =
       weft_choose_bcast_fanout(&comm->choice, count * coll->elem, comm->size, coll->chunk_bytes);
+  coll->hint.sends_are_stores = comm->choice.sends_are_stores; /* how the binomial tree packs */
   if (!comm->choice.bcast_confirm) return coll_start(coll, weft_tree_broadcast_start(coll, fanout));
   return coll_start(coll, weft_confirmed_broadcast_start(coll, fanout));
 }
