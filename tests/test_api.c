@@ -322,6 +322,10 @@ static const bad_setting bad_settings[] = {
     {"WEFT_DEBUG", "LOUD", "NONE, WARN"},
     {"WEFT_DEBUG_SUBSYS", "INIT,NTE", "INIT, BOOT, NET, COLL, GRAD"},
     {"WEFT_RD_MAX_BYTES", "-1", "byte count"},
+    {"WEFT_RD_MAX_BYTES", "1MB", "K, M, G"}, /* ambiguous: 10^6 or 2^20 */
+    {"WEFT_CHUNK_BYTES", "1m5", "K, M, G"},
+    {"WEFT_CHUNK_BYTES", "128M", "from 4096 to 67108864"},
+    {"WEFT_RD_MAX_BYTES", "99999999999G", "byte count"},
     {"WEFT_IB_QPS_PER_PEER", "9", "from 1 to 8"},
 };
 
@@ -441,7 +445,9 @@ static void settings_typed_values(void **state) {
 
   static const char *const accepted[][2] = {{"WEFT_TIMEOUT", "0.5"},
                                             {"WEFT_ALGO", "RING"},
-                                            {"WEFT_TCP_BUF_BYTES", "65536"},
+                                            {"WEFT_TCP_BUF_BYTES", "2M"},
+                                            {"WEFT_RD_MAX_BYTES", "256KiB"},
+                                            {"WEFT_DIRECT_MIN_BYTES", "0x10000"},
                                             {"WEFT_SOCKET_FAMILY", "6"},
                                             {"WEFT_DEBUG", "info"},
                                             {"WEFT_CHECK", "yes"},
@@ -461,7 +467,9 @@ static void settings_typed_values(void **state) {
   s = weft_settings();
   assert_true(s->timeout_s == 0.5);
   assert_int_equal(s->algo, WEFT_ALGO_RING);
-  assert_int_equal(s->tcp.buf_bytes, 65536);
+  assert_int_equal(s->tcp.buf_bytes, 2 << 20); /* K, M, G are powers of 1024 */
+  assert_int_equal(s->rd_max_bytes, 256 << 10);
+  assert_int_equal(s->direct_min_bytes, 65536);
   assert_int_equal(s->tcp.socket_family, WEFT_FAMILY_IPV6);
   assert_int_equal(WEFT_FAMILY_NUMBER(s->tcp.socket_family), 6);
   assert_int_equal(s->debug, WEFT_DEBUG_INFO);

@@ -48,6 +48,12 @@ bench 2 -C bogus -b 8 -e 64 -n 2 -w 1
 check "-C bogus is refused" refused
 bench 2 -c bogus -b 8 -e 64 -n 2 -w 1
 check "-c bogus is refused" refused
+# a size with anything after its number (K, M, G aside) once ran as the number
+bad_size() { [ "$rc" != 0 ] && grep -q '"8x" is not a size' "$TMP/err" && ! grep -q '^ *[0-9]' "$TMP/out"; }
+bench 2 --peers -c bcast -b 8x -e 64 -n 2
+check "--peers -b 8x is refused" bad_size
+bench 2 -b 8 -e 8x -n 2 -w 1
+check "-e 8x is refused" bad_size
 
 # ---- the default format: nccl-tests' columns and size convention ----
 # Sizes 8, 64, 512, 4096 B. A blocked collective's size is the whole buffer

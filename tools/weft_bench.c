@@ -26,13 +26,22 @@ static double now_us(void) {
   return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
 }
 
+/* A size as WEFT_*_BYTES settings take it: a number, then K, M or G
+ * (powers of 1024, KiB etc. too). Anything else is refused: "-b 8x" once
+ * ran as 8 bytes. */
 static size_t parse_size(const char *s) {
   char *end;
   double v = strtod(s, &end);
+  const char *unit = end;
   switch (*end) {
-    case 'k': case 'K': v *= 1024; break;
-    case 'm': case 'M': v *= 1024 * 1024; break;
-    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; break;
+    case 'k': case 'K': v *= 1024; end++; break;
+    case 'm': case 'M': v *= 1024 * 1024; end++; break;
+    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; end++; break;
+  }
+  if (end != unit && (end[0] == 'i' || end[0] == 'I') && (end[1] == 'b' || end[1] == 'B')) end += 2;
+  if (unit == s || *end || !(v >= 0) || v > 1e15) {
+    fprintf(stderr, "weft-bench: \"%s\" is not a size (bytes, or a number then K, M or G)\n", s);
+    exit(2);
   }
   return (size_t)v;
 }

@@ -5,7 +5,9 @@
  * kept as a sentence that weft_settings_check hands to the caller. */
 #include "src/base/settings.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -87,12 +89,13 @@ static void rule_phrase(const struct setting_spec *s, char *out, size_t len) {
     case WEFT_SETTING_BYTES:
     case WEFT_SETTING_BYTES_OR_0: {
       const char *zero = s->type == WEFT_SETTING_BYTES_OR_0 ? "0 or " : "";
+      const char *units = " (K, M, G: times 1024, 1024^2, 1024^3)";
       if (open && lo == 0)
-        snprintf(out, len, "any byte count");
+        snprintf(out, len, "any byte count%s", units);
       else if (open)
-        snprintf(out, len, "%sa byte count of at least %lld", zero, lo);
+        snprintf(out, len, "%sa byte count of at least %lld%s", zero, lo, units);
       else
-        snprintf(out, len, "%sa byte count from %lld to %lld", zero, lo, hi);
+        snprintf(out, len, "%sa byte count from %lld to %lld%s", zero, lo, hi, units);
       return;
     }
     case WEFT_SETTING_SECONDS:
@@ -125,6 +128,25 @@ static bool parse_integer(const char *text, long long *out) {
   long long v = strtoll(text, &end, 0);
   if (end == text || *end || errno == ERANGE) return false;
   *out = v;
+  return true;
+}
+
+/* A byte count: decimal digits, then optionally K, M or G (also KiB, MiB,
+ * GiB; any case), powers of 1024 as weft-bench's sizes. Hexadecimal too, as
+ * for integers. Anything else after the number is refused, not ignored. */
+static bool parse_bytes(const char *text, long long *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(text, &end, 0);
+  if (end == text || errno == ERANGE || v < 0) return false;
+  if (!*end) return *out = v, true;
+  static const char units[] = "kmg";
+  const char *u = strchr(units, tolower((unsigned char)*end));
+  if (!u || !*u) return false;
+  if (end[1] && strcasecmp(end + 1, "ib")) return false;
+  int shift = 10 * (int)(u - units + 1);
+  if (v > (LLONG_MAX >> shift)) return false;
+  *out = v << shift;
   return true;
 }
 
@@ -166,9 +188,11 @@ static bool parse_value(const struct setting_spec *s, const char *text, parsed *
       if (!strcmp(text, "auto")) return out->i = WEFT_SETTING_AUTO, true;
       /* fall through */
     case WEFT_SETTING_INT:
+      if (!parse_integer(text, &out->i)) return false;
+      return (double)out->i >= s->lo && (double)out->i <= s->hi;
     case WEFT_SETTING_BYTES:
     case WEFT_SETTING_BYTES_OR_0:
-      if (!parse_integer(text, &out->i)) return false;
+      if (!parse_bytes(text, &out->i)) return false;
       if (s->type == WEFT_SETTING_BYTES_OR_0 && out->i == 0) return true;
       return (double)out->i >= s->lo && (double)out->i <= s->hi;
     case WEFT_SETTING_SECONDS: {
