@@ -199,13 +199,15 @@ static void credits_on(const weft_transport *tp) {
 
 /* send_for_copy on every transport: the chunk arrives whole whether the
  * receiver takes it with recv_into or peeks it, and it is complete once the
- * receiver took it. On shm (threshold 0 here) chunks past the first go by
- * single copy; tcp and ibv send them as any chunk. */
+ * receiver took it. On shm (threshold 0, WEFT_SHM_CMA=on here) chunks past
+ * the first go by single copy; tcp and ibv send them as any chunk. */
 static void for_copy_on(const weft_transport *tp) {
   setenv("WEFT_SHM_CMA_MIN_BYTES", "0", 1);
+  setenv("WEFT_SHM_CMA", "on", 1); /* auto may keep the slots where single copy costs more */
   pair p;
   bool open = pair_open(&p, tp);
   unsetenv("WEFT_SHM_CMA_MIN_BYTES");
+  unsetenv("WEFT_SHM_CMA");
   if (!open) {
     skip();
     return;

@@ -218,4 +218,10 @@ weft_status shm_register_mem(weft_tp_ctx *ctx, const weft_mem_region *region, we
 void shm_deregister_mem(weft_tp_ctx *ctx, weft_tp_mem *handle);
 weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void **local);
 
+/* Single copy's cost here: process_vm_readv over memcpy of the same bytes,
+ * timed once per process (0 where it could not be); whether it pays for
+ * `ctx` (WEFT_SHM_CMA=auto), with the reason in words. */
+double shm_cma_cost_ratio(void);
+bool shm_cma_pays(const shm_ctx *ctx, char *why, size_t why_len);
+
 #endif
