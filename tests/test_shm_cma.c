@@ -196,7 +196,7 @@ static void single_copy_used_around_threshold(void **state) {
 /* auto: single copy only where it pays. Here that is decided from this
  * machine's own timing, which the test reads and judges independently: two
  * ranks that each have a core keep the slots when process_vm_readv cost at
- * least 1.5 memcpy of the same bytes; ranks that outnumber the cores always
+ * least 2 memcpy of the same bytes; ranks that outnumber the cores always
  * read by single copy. */
 static void auto_single_copy_where_it_pays(void **state) {
   (void)state;
@@ -204,7 +204,7 @@ static void auto_single_copy_where_it_pays(void **state) {
   double ratio = shm_cma_cost_ratio();
   printf("# process_vm_readv costs %.2fx a memcpy here, %ld cores\n", ratio, cores);
   assert_true(ratio >= 0);
-  bool pays = cores < 2 || ratio == 0 || ratio < 1.5;
+  bool pays = cores < 2 || ratio == 0 || ratio < 2.0;
   sizes_around_threshold_of("auto", pays, 2);
   sizes_around_threshold_of("auto", true, (int)cores + 1);
 }

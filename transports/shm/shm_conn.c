@@ -514,11 +514,13 @@ static bool shm_cma_usable(shm_conn *c, size_t bytes, const struct weft_mem_ops 
  * in some VMs it is not: on a 2-vCPU KVM guest (Firecracker) reading 256 KiB
  * cost 3.4-3.7x a memcpy of it, and a 2-rank broadcast of 2 MiB took 275 us
  * by single copy against 85 us through the slots. Two copies run on two
- * cores at once, so they pay only where each rank of the host has a core:
- * where ranks outnumber cores they also double the CPU time, and single copy
- * stays (WEFT_SHM_CMA=auto; "on" takes it wherever it is allowed). */
+ * cores at once, so they pay only where each rank of the host has a core
+ * (where ranks outnumber cores, single copy stays); and where every rank
+ * sends as much as it receives (allgather, alltoall) each rank makes both
+ * copies of its share, so they must cost less than one read: the bar is 2
+ * (WEFT_SHM_CMA=auto; "on" takes single copy wherever it is allowed). */
 #define SHM_CMA_TIMED_BYTES (256u << 10)
-#define SHM_CMA_PAYS_BELOW 1.5 /* readv time over memcpy time */
+#define SHM_CMA_PAYS_BELOW 2.0 /* readv time over memcpy time */
 
 static double shm_now_us(void) {
   struct timespec ts;
