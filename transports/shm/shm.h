@@ -222,6 +222,7 @@ weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void
  * timed once per process (0 where it could not be); whether it pays for
  * `ctx` (WEFT_SHM_CMA=auto), with the reason in words. */
 double shm_cma_cost_ratio(void);
+bool shm_cma_ratio_pays(double ratio); /* where every rank of the host has a core */
 bool shm_cma_pays(const shm_ctx *ctx, char *why, size_t why_len);
 
 #endif

@@ -565,6 +565,10 @@ double shm_cma_cost_ratio(void) {
   return cma_cost_ratio;
 }
 
+bool shm_cma_ratio_pays(double ratio) {
+  return ratio < SHM_CMA_PAYS_BELOW;
+}
+
 /* Whether single copy from peers pays for this rank (WEFT_SHM_CMA=auto);
  * `why` says so in words either way. */
 bool shm_cma_pays(const shm_ctx *ctx, char *why, size_t why_len) {
@@ -579,7 +583,7 @@ bool shm_cma_pays(const shm_ctx *ctx, char *why, size_t why_len) {
     snprintf(why, why_len, "process_vm_readv could not be timed");
     return true; /* the probe decides, as before */
   }
-  bool pays = ratio < SHM_CMA_PAYS_BELOW;
+  bool pays = shm_cma_ratio_pays(ratio);
   snprintf(why, why_len,
            "process_vm_readv of %u KiB took %.1f us, %.1fx a memcpy of it (%.1f us)%s",
            SHM_CMA_TIMED_BYTES >> 10, cma_timed_readv_us, ratio, cma_timed_copy_us,

@@ -43,9 +43,17 @@ static weft_status shm_probe(char *why, size_t why_len) {
     return WEFT_ERR_UNSUPPORTED;
   }
   long long slots = weft_settings()->shm.slots;
-  snprintf(why, why_len, "/dev/shm %llu MiB, %llu MiB free; WEFT_SHM_SLOTS=%lld; WEFT_SHM_CMA=%s",
-           (unsigned long long)(size >> 20), (unsigned long long)(free_bytes >> 20), slots,
-           weft_setting_str(WEFT_SETTING_SHM_CMA));
+  int at = snprintf(why, why_len,
+                    "/dev/shm %llu MiB, %llu MiB free; WEFT_SHM_SLOTS=%lld; WEFT_SHM_CMA=%s",
+                    (unsigned long long)(size >> 20), (unsigned long long)(free_bytes >> 20),
+                    slots, weft_setting_str(WEFT_SETTING_SHM_CMA));
+  /* what auto will decide, for weft-info (timed once per process) */
+  double ratio = weft_settings()->shm.cma == WEFT_SHM_CMA_AUTO ? shm_cma_cost_ratio() : 0;
+  if (ratio > 0 && at > 0 && (size_t)at < why_len)
+    snprintf(why + at, why_len - (size_t)at,
+             " (process_vm_readv costs %.1fx a memcpy here: %s)", ratio,
+             shm_cma_ratio_pays(ratio) ? "single copy"
+                                       : "two copies where every rank has a core");
   if (free_bytes == 0) return WEFT_ERR_UNSUPPORTED;
   return WEFT_OK;
 }
