@@ -34,6 +34,7 @@ typedef struct harness_shared {
   int status[HARNESS_MAX_RANKS];
   char message[HARNESS_MAX_RANKS][768]; /* room for a wrapped message (a gradient set quoting its allreduce) */
   char transport[HARNESS_MAX_RANKS][8]; /* what a rank's test chose to record */
+  uint64_t job_id;                      /* a test's choice: the job's communicator id */
 } harness_shared;
 
 static harness_shared *harness_shm;
