@@ -194,6 +194,19 @@ static void peer_killed_during_a_bucketed_step(void **state) {
 
 /* ---- rendezvous failures ---------------------------------------------------- */
 
+/* These fail in the bootstrap (comm_create: boot_connect, then the
+ * transports start, then boot_exchange), the same code whichever transport
+ * is chosen; what a started transport does when the exchange fails
+ * (comm_free) is the same however it fails, and wrong_world_size still runs
+ * over every transport. So the slow ones, which wait out a timeout or a
+ * late rank (10 of the 20 s this binary took), run over tcp only, which
+ * also gets a stranger at a data port; over shm and verbs they ran the same
+ * code again. WEFT_TRANSPORT unset: they run. */
+static void over_tcp_only(void) {
+  const char *tp = getenv("WEFT_TRANSPORT");
+  if (tp && strcmp(tp, "tcp")) skip();
+}
+
 static int joins_with_size(int rank, int size, const weft_unique_id *id, void *arg) {
   const int *sizes = arg;
   (void)size;
@@ -208,6 +221,7 @@ static int joins_with_size(int rank, int size, const weft_unique_id *id, void *a
 
 static void rank_never_arrives(void **state) {
   (void)state;
+  over_tcp_only();
   static const char *const env[] = {"WEFT_TIMEOUT=3", NULL};
   static const int sizes[] = {3, 3};
   harness_init();
@@ -269,6 +283,7 @@ static void busy_port(void **state) {
 
 static void rendezvous_unreachable(void **state) {
   (void)state;
+  over_tcp_only();
   char where[64];
   snprintf(where, sizeof where, "127.0.0.1:%d", free_port(NULL));
   weft_config cfg;
@@ -585,6 +600,7 @@ static int joins_with_token(int rank, int size, const weft_unique_id *id, void *
 
 static void strangers_are_rejected(void **state) {
   (void)state;
+  over_tcp_only();
   static token_job job = {0, {"s3cret", "s3cret", "s3cret"}};
   job.port = free_port(NULL);
   harness_init();
@@ -603,6 +619,7 @@ static void strangers_are_rejected(void **state) {
 
 static void wrong_token_is_refused(void **state) {
   (void)state;
+  over_tcp_only();
   static token_job job = {0, {"s3cret", "guess"}};
   job.port = free_port(NULL);
   harness_init();
