@@ -21,22 +21,36 @@ run_suite() { # DIR SETUP-ARGS...
     return 1
   fi
   echo "== tests in $dir ($*)"
-  # shellcheck disable=SC2086
-  meson test -C "$dir" --print-errorlogs --num-processes 1 ${SUITE_ARGS:-} || rc=1
-  log="$dir/meson-logs/testlog.json"
-  [ -f "$log" ] || return 1
-  passed=$((passed + $(grep -c '"result": "OK"' "$log")))
-  failed=$((failed + $(grep -c '"result": "\(FAIL\|TIMEOUT\|ERROR\)"' "$log")))
-  skipped=$((skipped + $(grep -c '"result": "SKIP"' "$log")))
+  rm -f "$dir/meson-logs/testlog.json" "$dir/meson-logs/sleeps.json"
+  logs="$dir/meson-logs/testlog.json"
+  if [ -n "${SLEEPS_APART:-}" ]; then
+    # Suite "sleeps" (tests/meson.build): tests that mostly wait on
+    # timeouts, two at a time (2 cores: about 70 s less per pass); then
+    # the rest one at a time, as their ranks need the cores. (Not with
+    # SUITE_ARGS: meson's --suite adds, it cannot narrow.)
+    meson test -C "$dir" --print-errorlogs --num-processes 2 --suite sleeps --logbase sleeps || rc=1
+    logs="$logs $dir/meson-logs/sleeps.json"
+    # shellcheck disable=SC2086
+    meson test -C "$dir" --print-errorlogs --num-processes 1 --no-suite sleeps ${SUITE_ARGS:-} || rc=1
+  else
+    # shellcheck disable=SC2086
+    meson test -C "$dir" --print-errorlogs --num-processes 1 ${SUITE_ARGS:-} || rc=1
+  fi
+  for log in $logs; do
+    [ -f "$log" ] || return 1
+    passed=$((passed + $(grep -c '"result": "OK"' "$log")))
+    failed=$((failed + $(grep -c '"result": "\(FAIL\|TIMEOUT\|ERROR\)"' "$log")))
+    skipped=$((skipped + $(grep -c '"result": "SKIP"' "$log")))
+  done
   return 0 # (grep -c exits 1 when it counts zero)
 }
 
-run_suite build-test --buildtype=debugoptimized || rc=1
+SLEEPS_APART=1 run_suite build-test --buildtype=debugoptimized || rc=1
 if [ "${WEFT_TEST_SANITIZE:-1}" != 0 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   export WEFT_TEST_QUICK=1 # sanitizers are slow: a lighter collective matrix
   # the heavy collective matrices ran above; their code paths run here too
-  SUITE_ARGS="--no-suite heavy" run_suite build-sanitize --buildtype=debug \
+  SLEEPS_APART=1 SUITE_ARGS="--no-suite heavy" run_suite build-sanitize --buildtype=debug \
     -Db_sanitize=address,undefined -Db_lundef=false || rc=1
   unset ASAN_OPTIONS UBSAN_OPTIONS
 fi
@@ -45,7 +59,7 @@ if [ "${WEFT_TEST_TSAN:-1}" != 0 ] && command -v clang >/dev/null; then
   # report makes the rank exit 66, which its test counts as a failure;
   # tests/tsan.supp: the one report fork makes of a parent's thread (it says why)
   export TSAN_OPTIONS="die_after_fork=0:exitcode=66:suppressions=$PWD/tests/tsan.supp" WEFT_TEST_QUICK=1
-  CC=clang SUITE_ARGS="--suite threads" run_suite build-tsan --buildtype=debugoptimized \
+  CC=clang SLEEPS_APART= SUITE_ARGS="--suite threads" run_suite build-tsan --buildtype=debugoptimized \
     -Db_sanitize=thread -Db_lundef=false || rc=1
 elif [ "${WEFT_TEST_TSAN:-1}" != 0 ]; then
   echo "== ThreadSanitizer pass skipped: clang is not installed"
