@@ -532,7 +532,11 @@ static double cma_cost_ratio; /* 0: could not be timed */
 static double cma_timed_readv_us, cma_timed_copy_us;
 
 /* Times both ways of moving SHM_CMA_TIMED_BYTES within this process (a
- * process may read itself), best of five each: about a millisecond, once. */
+ * process may read itself), best of eleven each: about a millisecond,
+ * once. Fewer tries let one rank of a pair, now and then, take a preempted
+ * memcpy for the norm and decide the other way (best of five: 1 pair in
+ * about 20 split, and that split pair ran a 2-rank alltoall 2-3x slower
+ * than either way alone). */
 static void shm_cma_time_once(void) {
   size_t n = SHM_CMA_TIMED_BYTES;
   char *a = mmap(NULL, 2 * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -540,7 +544,7 @@ static void shm_cma_time_once(void) {
   char *b = a + n;
   memset(a, 1, 2 * n); /* faults stay out of the timing */
   double readv_us = 1e9, copy_us = 1e9;
-  for (int i = 0; i < 5; i++) {
+  for (int i = 0; i < 11; i++) {
     double t0 = shm_now_us();
     memcpy(b, a, n);
     double t1 = shm_now_us();
