@@ -512,8 +512,8 @@ static bool shm_cma_usable(shm_conn *c, size_t bytes, const struct weft_mem_ops 
  * process_vm_readv pins every page it reads, one by one. Where that is cheap
  * it beats two copies through the slots (the sender's copy in, ours out);
  * in some VMs it is not: on a 2-vCPU KVM guest (Firecracker) reading 256 KiB
- * cost 3.4-3.7x a memcpy of it, and a 2-rank broadcast of 2 MiB took 275 us
- * by single copy against 85 us through the slots. Two copies run on two
+ * cost 3.0-3.9x a memcpy of it, and a 2-rank broadcast of 2 MiB took
+ * 287-290 us by single copy against 94-111 us through the slots. Two copies run on two
  * cores at once, so they pay only where each rank of the host has a core
  * (where ranks outnumber cores, single copy stays); and where every rank
  * sends as much as it receives (allgather, alltoall) each rank makes both
@@ -521,12 +521,6 @@ static bool shm_cma_usable(shm_conn *c, size_t bytes, const struct weft_mem_ops 
  * (WEFT_SHM_CMA=auto; "on" takes single copy wherever it is allowed). */
 #define SHM_CMA_TIMED_BYTES (256u << 10)
 #define SHM_CMA_PAYS_BELOW 2.0 /* readv time over memcpy time */
-
-static double shm_now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
 
 static double cma_cost_ratio; /* 0: could not be timed */
 static double cma_timed_readv_us, cma_timed_copy_us;
@@ -545,12 +539,12 @@ static void shm_cma_time_once(void) {
   memset(a, 1, 2 * n); /* faults stay out of the timing */
   double readv_us = 1e9, copy_us = 1e9;
   for (int i = 0; i < 11; i++) {
-    double t0 = shm_now_us();
+    double t0 = weft_now() * 1e6;
     memcpy(b, a, n);
-    double t1 = shm_now_us();
+    double t1 = weft_now() * 1e6;
     struct iovec local = {b, n}, remote = {a, n};
     ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
-    double t2 = shm_now_us();
+    double t2 = weft_now() * 1e6;
     if (got != (ssize_t)n) break;
     if (t1 - t0 < copy_us) copy_us = t1 - t0;
     if (t2 - t1 < readv_us) readv_us = t2 - t1;
