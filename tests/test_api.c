@@ -410,6 +410,44 @@ static void refused_setting_fails_rank0_and_frees_the_port(void **state) {
 }
 
 /* The typed values: the documented defaults, and the edges that are accepted. */
+/* Which allreduce a shape starts, by the cores of the host: the algorithm's
+ * name once started, or "late" where the choice waits for the queue (the
+ * exchange's verdict). */
+static const char *allreduce_choice(weft_choice_state *cs, int size, bool cored, size_t bytes) {
+  static float buf[65536]; /* 256 KiB: one default chunk */
+  weft_choice_learn(cs, size, 1, 262144);
+  cs->core_per_rank = cored;
+  cs->sends_are_stores = true;
+  weft_coll coll = {.rank = 0, .size = size, .sendbuf = buf, .recvbuf = buf,
+                    .count = bytes / 4, .dtype = WEFT_F32, .op = WEFT_SUM, .elem = 4,
+                    .chunk_bytes = 262144, .mem = &weft_mem_host};
+  weft_status st = weft_choose_allreduce(cs, &coll);
+  if (st == WEFT_CHOICE_LATE) return "late";
+  assert_int_equal(st, WEFT_OK);
+  return coll.algo;
+}
+
+/* With a CPU per rank (16 cores measured) the ring takes over from
+ * recursive doubling at 128 KiB / log2(ranks) and the exchange keeps 4 ranks
+ * at most; where ranks outnumber CPUs both stay as measured on 2 vCPUs. */
+static void choice_by_cores(void **state) {
+  (void)state;
+  weft_choice_state cs;
+  weft_choice_init(&cs, 0, 16);
+  assert_string_equal(allreduce_choice(&cs, 4, false, 98304), "recursive doubling");
+  assert_string_equal(allreduce_choice(&cs, 4, true, 98304), "ring");
+  assert_string_equal(allreduce_choice(&cs, 4, true, 65536), "recursive doubling");
+  assert_string_equal(allreduce_choice(&cs, 16, true, 49152), "ring");
+  assert_string_equal(allreduce_choice(&cs, 16, true, 32768), "recursive doubling");
+  assert_string_equal(allreduce_choice(&cs, 16, false, 131072), "recursive doubling");
+  assert_string_equal(allreduce_choice(&cs, 2, true, 262144), "recursive doubling");
+  /* small: the exchange (late) up to 8 ranks sharing cores, 4 with a core each */
+  assert_string_equal(allreduce_choice(&cs, 8, false, 8), "late");
+  assert_string_equal(allreduce_choice(&cs, 8, true, 8), "recursive doubling");
+  assert_string_equal(allreduce_choice(&cs, 4, true, 8), "late");
+  weft_choice_free(&cs);
+}
+
 static void settings_typed_values(void **state) {
   (void)state;
   settings_clear();
@@ -519,9 +557,28 @@ static void settings_typed_values(void **state) {
   weft_choice_init(&cs, 0, 0);
   weft_choice_describe(&cs, 262144, text, sizeof text);
   weft_choice_free(&cs);
-  assert_non_null(strstr(text, "recursive doubling up to 256 KiB, the ring above"));
+  assert_non_null(strstr(text, "recursive doubling up to 256 KiB (on one host with a CPU per rank"));
+  assert_non_null(strstr(text, "8 ranks or fewer (4 where every rank has a CPU of its own)"));
   assert_non_null(strstr(text, "counts confirmed"));
   assert_non_null(strstr(text, "a flat tree from 16 KiB to 1 MiB"));
+  assert_non_null(strstr(text, "among up to 8 with a CPU per rank to 64 KiB"));
+  /* the flat tree's reach: 3-4 ranks on stores up to 1 MiB; 5-8 only with a
+   * CPU per rank, and only up to 64 KiB; never two ranks or sockets */
+  weft_choice_init(&cs, 0, 8);
+  cs.sends_are_stores = true;
+  for (int cored = 0; cored < 2; cored++) {
+    cs.core_per_rank = cored;
+    assert_int_equal(weft_choose_bcast_fanout(&cs, 65536, 4, 262144), 3);
+    assert_int_equal(weft_choose_bcast_fanout(&cs, 1048576, 4, 262144), 3);
+    assert_int_equal(weft_choose_bcast_fanout(&cs, 65536, 8, 262144) == 7, cored);
+    assert_int_not_equal(weft_choose_bcast_fanout(&cs, 131072, 8, 262144), 7);
+    assert_int_not_equal(weft_choose_bcast_fanout(&cs, 65536, 9, 262144), 8);
+    assert_int_not_equal(weft_choose_bcast_fanout(&cs, 65536, 2, 262144), 1);
+    assert_int_not_equal(weft_choose_bcast_fanout(&cs, 8192, 4, 262144), 3);
+  }
+  cs.sends_are_stores = false;
+  assert_int_not_equal(weft_choose_bcast_fanout(&cs, 65536, 8, 262144), 7);
+  weft_choice_free(&cs);
   setenv("WEFT_ALGO", "ring", 1);
   setenv("WEFT_BCAST_CONFIRM", "0", 1);
   setenv("WEFT_BCAST_CHAIN_BYTES", "1048576", 1);
@@ -667,6 +724,7 @@ int main(void) {
       cmocka_unit_test(refused_settings_fail_creation),
       cmocka_unit_test(refused_setting_fails_rank0_and_frees_the_port),
       cmocka_unit_test(settings_typed_values),
+      cmocka_unit_test(choice_by_cores),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

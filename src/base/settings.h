@@ -96,9 +96,9 @@
   X(DIRECT_MIN_BYTES, direct_min_bytes, BYTES, "1048576", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
     "allreduce of at least this many bytes among ranks of one host first asks whether every rank's buffers are shared (weft_mem_alloc): if so, one pass straight through them; 0 = never") \
   X(EXCHANGE_MAX_BYTES, exchange_max_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
-    "auto picks the one-round exchange for allreduce up to this many bytes when all ranks (at most 8) share one host: it needs fewer turns of ranks that share a core; 0 = never") \
+    "auto picks the one-round exchange for allreduce up to this many bytes when all ranks share one host, at most 8 of them (4 where every rank has a CPU of its own): it needs fewer turns of ranks that share a core; 0 = never") \
   X(RD_MAX_BYTES, rd_max_bytes, BYTES, "262144", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,          \
-    "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk)")     \
+    "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk; on one host with a CPU per rank and 3 or more ranks, at most 128 KiB / log2(ranks))") \
   X(BCAST_FANOUT, bcast_fanout, INT, "0", 0, 65536, WEFT_NO_WORDS,                               \
     "broadcast tree fan-out; 0 = auto (flat among 3-4 ranks on shm within the WEFT_BCAST_FLAT_ sizes, else a binomial tree for one chunk or two ranks, binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
   X(BCAST_CONFIRM, bcast_confirm, BOOL, "1", 0, 0, WEFT_NO_WORDS,                                \
@@ -107,7 +107,7 @@
     "broadcasts of at least this many bytes use a pipelined chain")                              \
   X(BCAST_FLAT_MIN_BYTES, bcast_flat_min_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX,          \
     WEFT_NO_WORDS,                                                                               \
-    "broadcasts of at least this many bytes among 3 or 4 ranks all on shm: the root sends to every rank itself (a flat tree; with single copy every rank copies straight from the root's buffer, all at once); 0 = never") \
+    "broadcasts of at least this many bytes among 3 or 4 ranks all on shm (5 to 8 with a CPU each, up to a sixteenth of WEFT_BCAST_FLAT_MAX_BYTES): the root sends to every rank itself (a flat tree; with single copy every rank copies straight from the root's buffer, all at once); 0 = never") \
   X(BCAST_FLAT_MAX_BYTES, bcast_flat_max_bytes, BYTES, "1048576", 0, WEFT_SETTING_NO_MAX,        \
     WEFT_NO_WORDS, "broadcasts take the flat tree (WEFT_BCAST_FLAT_MIN_BYTES) up to this many bytes") \
   X(ALLGATHER_PAIRWISE_BYTES, allgather_pairwise_bytes, BYTES, "8192", 0, WEFT_SETTING_NO_MAX, \

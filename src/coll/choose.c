@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "src/algo/algo.h"
 #include "src/base/error_sink.h"
@@ -34,6 +35,11 @@ void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_
   c->size = size;
   c->nhosts = nhosts;
   c->chunk_bytes = chunk_bytes;
+  /* The host's online CPUs, not this process's affinity: a bound rank may
+   * use one CPU, and every rank of the host must answer alike (the shm
+   * transport's single-copy rule counts the same way). */
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  c->core_per_rank = nhosts == 1 && cpus >= size;
 }
 
 void weft_choice_free(weft_choice_state *c) {
@@ -113,10 +119,14 @@ void weft_choice_direct_note(weft_choice_state *c, size_t count, weft_dtype dtyp
 /* The one-round exchange has every rank send size-1 copies and poll size-1
  * peers. With more ranks than cores it won at every size tried (8 bytes on
  * 2 cores: 6.5 against 11.5 us at 3 ranks, 40 against 65 at 8, 90 against
- * 180 at 16); with a core per rank, recursive doubling's log2(size) rounds
- * must win somewhere as the group grows (not measurable on 2 cores), so the
- * exchange stays with small groups. */
+ * 180 at 16), so it stays with groups of up to 8 there. With a core per
+ * rank a round of recursive doubling is a cache line away, and its
+ * log2(size) rounds won at every size up to 16 KiB (16 cores, 2 interleaved
+ * runs each: 8 B 1.0-1.2 against 1.6-1.9 us at 8 ranks, 1.4-1.5 against
+ * 3.2-4.5 at 16; 16 KiB 10-13 against 26-29 and 16-22 against 67-71), so
+ * there the exchange keeps only small groups. */
 #define EXCHANGE_MAX_RANKS 8
+#define EXCHANGE_MAX_RANKS_CORED 4
 
 /* Whether the direct question applies (one host, large or forced), and
  * whether the one-round exchange may (small, one host, few ranks, or
@@ -130,17 +140,36 @@ static bool direct_candidate(const weft_choice_state *c, size_t bytes) {
 static bool exchange_candidate(const weft_choice_state *c, size_t bytes) {
   if (bytes > c->chunk_bytes) return false;
   return c->algo_forced == WEFT_ALGO_EXCHANGE ||
-         (c->algo_forced == WEFT_ALGO_AUTO && c->nhosts == 1 && c->size <= EXCHANGE_MAX_RANKS &&
+         (c->algo_forced == WEFT_ALGO_AUTO && c->nhosts == 1 &&
+          c->size <= (c->core_per_rank ? EXCHANGE_MAX_RANKS_CORED : EXCHANGE_MAX_RANKS) &&
           bytes <= c->exchange_max_bytes);
 }
 
-/* Recursive doubling while the buffer fits one chunk and the rd_max setting
- * (latency), the ring above (bandwidth). */
+/* With a core per rank the ring's steps run on every core at once, and
+ * it overtakes recursive doubling (log2(size) whole buffers per rank)
+ * sooner as the group grows (16 cores, shm, 2 interleaved runs each, rd
+ * against ring: 4 ranks 64 KiB 17-28 / 24-27 us, 128 KiB 33-60 / 29-34;
+ * 16 ranks 32 KiB 27-42 / 32, 64 KiB 55-74 / 45-52). Where ranks outnumber
+ * cores every step costs turns of the scheduler and the fewer rounds win
+ * up to WEFT_RD_MAX_BYTES (2 vCPUs, 4 ranks: 256 KiB 223-234 against
+ * 283-300 us). */
+#define RD_CORED_BYTES_LOG2 (128u << 10) /* the bytes limit times log2(size) */
+
+static size_t rd_max_for(const weft_choice_state *c) {
+  if (!c->core_per_rank || c->size <= 2) return c->rd_max_bytes;
+  int rounds = 0;
+  while ((1 << rounds) < c->size) rounds++;
+  size_t cored = RD_CORED_BYTES_LOG2 / (size_t)rounds;
+  return cored < c->rd_max_bytes ? cored : c->rd_max_bytes;
+}
+
+/* Recursive doubling while the buffer fits one chunk and the limit above
+ * (latency), the ring beyond (bandwidth). */
 static weft_status rd_or_ring_start(const weft_choice_state *c, weft_coll *coll) {
   size_t bytes = coll->count * coll->elem;
   bool use_rd =
       bytes <= c->chunk_bytes && (c->algo_forced == WEFT_ALGO_RD ||
-                                  (c->algo_forced == WEFT_ALGO_AUTO && bytes <= c->rd_max_bytes));
+                                  (c->algo_forced == WEFT_ALGO_AUTO && bytes <= rd_max_for(c)));
   return use_rd ? weft_rd_allreduce_start(coll) : weft_ring_allreduce_start(coll);
 }
 
@@ -206,12 +235,21 @@ weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier
  * 109-131 (its linear broadcast, the same shape); at 3 ranks 8 / 19
  * against 17 / 35 at 32 / 128 KiB. Below 16 KiB chunks
  * go through the slots (the root would copy once per rank); at 8 ranks
- * the runs were mixed (256 KiB: 139 against 106), so up to 4 ranks. */
+ * the runs were mixed (256 KiB: 139 against 106), so up to 4 ranks. With a
+ * core per rank, 8 ranks copying at once still won up to 64 KiB (16 cores,
+ * 2 interleaved runs each, flat against the default: 16 KiB 5.8-7.4 /
+ * 9.4-15.4 us, 64 KiB 20-32 / 24-42; 256 KiB mixed, 90-149 / 82-143; 1 MiB
+ * 314-559 / 314-355) and was level at 16 ranks, so 5 to 8 ranks take it
+ * up to a sixteenth of the flat tree's upper bound. */
 #define BCAST_FLAT_MAX_RANKS 4
+#define BCAST_FLAT_MAX_RANKS_CORED 8
 static bool bcast_flat(const weft_choice_state *c, size_t bytes, int size) {
-  return c->sends_are_stores && size > 2 && size <= BCAST_FLAT_MAX_RANKS &&
-         c->bcast_flat_min_bytes && bytes >= c->bcast_flat_min_bytes &&
-         bytes <= c->bcast_flat_max_bytes;
+  if (!c->sends_are_stores || size <= 2 || !c->bcast_flat_min_bytes ||
+      bytes < c->bcast_flat_min_bytes)
+    return false;
+  if (size <= BCAST_FLAT_MAX_RANKS) return bytes <= c->bcast_flat_max_bytes;
+  return c->core_per_rank && size <= BCAST_FLAT_MAX_RANKS_CORED &&
+         bytes <= c->bcast_flat_max_bytes / 16;
 }
 
 int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes, int size,
@@ -288,15 +326,18 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
   else {
     weft_appendf(
         out, len, &at,
-        "allreduce, one host: the one-round exchange up to %s at %d ranks or fewer once every "
-        "link is a store (shm); ",
-        ex, EXCHANGE_MAX_RANKS);
+        "allreduce, one host: the one-round exchange up to %s at %d ranks or fewer (%d where "
+        "every rank has a CPU of its own) once every link is a store (shm); ",
+        ex, EXCHANGE_MAX_RANKS, EXCHANGE_MAX_RANKS_CORED);
     if (c->direct_min_bytes)
       weft_appendf(out, len, &at,
                    "direct (one pass through shared buffers) from %s when every rank's "
                    "buffers come from weft_mem_alloc; ",
                    direct);
-    weft_appendf(out, len, &at, "else recursive doubling up to %s, the ring above\n", rd);
+    weft_appendf(out, len, &at,
+                 "else recursive doubling up to %s (on one host with a CPU per rank and 3 or more "
+                 "ranks, up to 128 KiB / log2(ranks) when that is less), the ring above\n",
+                 rd);
     weft_appendf(
         out, len, &at,
         "allreduce, several hosts (ranks sharing them): hierarchical; every rank's share crosses "
@@ -310,10 +351,13 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
     char lo[32], hi[32];
     bytes_words(c->bcast_flat_min_bytes, lo, sizeof lo);
     bytes_words(c->bcast_flat_max_bytes, hi, sizeof hi);
+    char hi_cored[32];
+    bytes_words(c->bcast_flat_max_bytes / 16, hi_cored, sizeof hi_cored);
     weft_appendf(out, len, &at,
                  "broadcast among 3 or %d ranks all on shm: a flat tree from %s to %s (every "
-                 "rank copies straight from the root); elsewhere as below\n",
-                 BCAST_FLAT_MAX_RANKS, lo, hi);
+                 "rank copies straight from the root), among up to %d with a CPU per rank to "
+                 "%s; elsewhere as below\n",
+                 BCAST_FLAT_MAX_RANKS, lo, hi, BCAST_FLAT_MAX_RANKS_CORED, hi_cored);
   }
   if (c->bcast_fanout > 0)
     weft_appendf(out, len, &at, "broadcast: a tree of fan-out %d (WEFT_BCAST_FANOUT)",

@@ -32,6 +32,9 @@ typedef struct weft_choice_state {
   int nhosts;            /* hosts they run on */
   size_t chunk_bytes;    /* the largest chunk a link carries */
   bool sends_are_stores; /* every peer's transport says so (transport.h) */
+  bool core_per_rank;    /* one host, with an online CPU for every rank: the steps of a
+                            ring run at once, and a round's wait is a cache line, not a
+                            turn of the scheduler (weft_choice_learn) */
   /* what earlier calls found, the same on every rank */
   int exchange_verdict; /* 0 not asked yet, 1 every rank's sends are stores, -1 not */
   struct weft_direct_memo_table *direct_memo; /* per call shape: whether the last question
