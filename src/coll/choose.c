@@ -28,6 +28,8 @@ void weft_choice_init(weft_choice_state *c, int rank, int size) {
   c->bcast_flat_min_bytes = set->bcast_flat_min_bytes;
   c->bcast_flat_max_bytes = set->bcast_flat_max_bytes;
   c->allgather_pairwise_bytes = set->allgather_pairwise_bytes;
+  c->allgather_bruck_max_bytes = set->allgather_bruck_max_bytes;
+  c->reduce_scatter_rd_max_bytes = set->reduce_scatter_rd_max_bytes;
 }
 
 void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_bytes) {
@@ -227,7 +229,19 @@ int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {
   return bytes >= c->bcast_chain_bytes ? 1 : 2;
 }
 
+/* Whether a small call's whole buffer (every rank's block: allgather's
+ * output, reduce_scatter's input) takes log2(size) rounds of one message
+ * instead of the ring's size-1 serial steps: among 3 or more ranks (between
+ * 2 both are one exchange), up to the setting and one chunk. The settings'
+ * defaults (settings.h) quote what they were measured from. */
+static bool whole_is_small(const weft_choice_state *c, const weft_coll *coll, size_t max_bytes) {
+  size_t whole = (size_t)c->size * coll->count * coll->elem;
+  return c->size > 2 && whole <= c->chunk_bytes && whole <= max_bytes;
+}
+
 weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
+  if (whole_is_small(c, coll, c->allgather_bruck_max_bytes))
+    return weft_bruck_allgather_start(coll);
   /* A ring's block waits at every rank for the one before it to forward
    * it; pairwise, every block comes from its owner. Where links are stores
    * that wins from a size on, and single copy reads each block once. Over
@@ -244,6 +258,14 @@ weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
       block >= c->allgather_pairwise_bytes)
     return weft_pairwise_allgather_start(coll);
   return weft_ring_allgather_start(coll);
+}
+
+weft_status weft_choose_reduce_scatter(const weft_choice_state *c, weft_coll *coll) {
+  /* With a wire dtype the ring stays: the stage holds one block's chunk,
+   * not the whole input that recursive doubling sends. */
+  if (!weft_wire_on(coll) && whole_is_small(c, coll, c->reduce_scatter_rd_max_bytes))
+    return weft_rd_reduce_scatter_start(coll);
+  return weft_ring_reduce_scatter_start(coll);
 }
 
 void weft_choice_keep(weft_choice_state *c, const weft_coll *coll) {
@@ -336,18 +358,36 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
                c->bcast_confirm ? "; counts confirmed on every rank\n"
                                 : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
   weft_appendf(out, len, &at, "reduce: a pipelined chain from %s, a binary tree below\n", chain);
-  weft_appendf(out, len, &at, "reduce_scatter: the ring, in chunks of %s\n", chunk);
+  if (c->reduce_scatter_rd_max_bytes) {
+    char rs[32];
+    bytes_words(
+        c->reduce_scatter_rd_max_bytes < chunk_bytes ? c->reduce_scatter_rd_max_bytes : chunk_bytes,
+        rs, sizeof rs);
+    weft_appendf(out, len, &at,
+                 "reduce_scatter: at 3 or more ranks, recursive doubling on the whole input "
+                 "(every rank's blocks) up to %s in all (the ring when f32 crosses hosts as "
+                 "bf16/f16); else the ring, in chunks of %s\n",
+                 rs, chunk);
+  } else
+    weft_appendf(out, len, &at, "reduce_scatter: the ring, in chunks of %s\n", chunk);
+  weft_appendf(out, len, &at, "allgather: ");
+  if (c->allgather_bruck_max_bytes) {
+    char bk[32];
+    bytes_words(
+        c->allgather_bruck_max_bytes < chunk_bytes ? c->allgather_bruck_max_bytes : chunk_bytes, bk,
+        sizeof bk);
+    weft_appendf(out, len, &at,
+                 "Bruck (log2(ranks) rounds) at 3 or more ranks up to %s of output in all; ", bk);
+  }
   if (c->allgather_pairwise_bytes) {
     char pw[32];
     bytes_words(c->allgather_pairwise_bytes, pw, sizeof pw);
-    weft_appendf(
-        out, len, &at,
-        "allgather: pairwise (every block straight from its owner) from %s per rank at 3 or "
-        "more ranks on shared memory, and between 2 ranks over sockets; else the ring\n",
-        pw);
-  } else
     weft_appendf(out, len, &at,
-                 "allgather: pairwise between 2 ranks over sockets, else the ring\n");
+                 "pairwise (every block straight from its owner) from %s per rank at 3 or "
+                 "more ranks on shared memory, and between 2 ranks over sockets; else the ring\n",
+                 pw);
+  } else
+    weft_appendf(out, len, &at, "pairwise between 2 ranks over sockets, else the ring\n");
   weft_appendf(out, len, &at,
                "alltoall: pairwise, each rank sends to rank+k and receives from rank-k\n");
   weft_appendf(out, len, &at, "gather, scatter: the root and every rank directly\n");
