@@ -232,8 +232,18 @@ int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {
 /* Whether a small call's whole buffer (every rank's block: allgather's
  * output, reduce_scatter's input) takes log2(size) rounds of one message
  * instead of the ring's size-1 serial steps: among 3 or more ranks (between
- * 2 both are one exchange), up to the setting and one chunk. The settings'
- * defaults (settings.h) quote what they were measured from. */
+ * 2 both are one exchange), up to the setting and one chunk. Their 8 KiB
+ * defaults: on this machine's 2 vCPUs (weftrun -n 4/8 weft-bench --peers,
+ * whole buffer 32 B .. 256 KiB, setting 0 against 1G interleaved, 3-5 runs,
+ * time ratio old/new of the medians, >1 the new one wins) allgather over
+ * shm won up to 4-8 KiB at 4 ranks (0.88-1.16 at 8 KiB, 0.57 at 16 KiB,
+ * 0.32 at 32 KiB, where pairwise's single copy takes over) and up to 16
+ * KiB at 8 (1.22; 0.50-0.92 at 32 KiB); over tcp it won at every size
+ * measured (4 ranks 1.04-1.92, 8 ranks 1.34-2.46, up to 256 KiB). Reduce_scatter
+ * over shm won up to 4-8 KiB (4 ranks 0.99-1.01 at 8 KiB, 0.78 at 16; 8
+ * ranks 1.37 at 4 KiB, 0.62-1.24 at 8: the whole input reduced at every
+ * round costs cores that 8 ranks share), over tcp up to 16 KiB at 4 ranks
+ * (1.09; 0.89-0.94 at 32) and 32 KiB at 8 (1.46-1.57; 0.73 at 128). */
 static bool whole_is_small(const weft_choice_state *c, const weft_coll *coll, size_t max_bytes) {
   size_t whole = (size_t)c->size * coll->count * coll->elem;
   return c->size > 2 && whole <= c->chunk_bytes && whole <= max_bytes;
