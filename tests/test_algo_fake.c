@@ -336,6 +336,9 @@ typedef struct run_case {
   int root, fanout;
   bool confirmed; /* a broadcast as users call it: descriptors confirmed, fanout 0 binomial */
   bool pairwise;  /* an allgather pairwise (every block from its owner), not around the ring */
+  /* log2(size) rounds on the whole buffer, which fits one chunk: an
+   * allgather by Bruck, a reduce-scatter by recursive doubling */
+  bool log_rounds;
   bool in_place;
   size_t chunk_bytes;
   int tag;
@@ -368,9 +371,12 @@ static void describe(const run_case *c, char *buf, size_t len) {
   snprintf(buf, len,
            "%s%s: %d members, group [%s], count %zu %s %s, root %d, fanout %d, %s, chunk %zu "
            "bytes, %d hosts%s%s (seed %llu)",
-           algo_names[c->algo], c->confirmed ? " (confirmed)" : c->pairwise ? " (pairwise)" : "",
-           c->n, grp, c->count,
-           weft_dtype_name(c->dt), weft_op_name(c->op), c->root, c->fanout,
+           algo_names[c->algo],
+           c->confirmed    ? " (confirmed)"
+           : c->pairwise   ? " (pairwise)"
+           : c->log_rounds ? " (log2 rounds)"
+                           : "",
+           c->n, grp, c->count, weft_dtype_name(c->dt), weft_op_name(c->op), c->root, c->fanout,
            c->in_place ? "in place" : "out of place", c->chunk_bytes, c->nhosts,
            c->shared ? ", shared buffers" : "", c->cannot_map >= 0 ? ", one member cannot map" : "",
            (unsigned long long)base_seed);
@@ -480,8 +486,11 @@ static weft_status start(member *m, const run_case *c) {
       return c->confirmed ? weft_confirmed_broadcast_start(coll, c->fanout)
                           : weft_tree_broadcast_start(coll, c->fanout);
     case ALGO_REDUCE: return weft_tree_reduce_start(coll, c->fanout);
-    case ALGO_REDUCE_SCATTER: return weft_ring_reduce_scatter_start(coll);
+    case ALGO_REDUCE_SCATTER:
+      return c->log_rounds ? weft_rd_reduce_scatter_start(coll)
+                           : weft_ring_reduce_scatter_start(coll);
     case ALGO_ALLGATHER:
+      if (c->log_rounds) return weft_bruck_allgather_start(coll);
       return c->pairwise ? weft_pairwise_allgather_start(coll) : weft_ring_allgather_start(coll);
     case ALGO_GATHER: return weft_flat_gather_start(coll);
     case ALGO_SCATTER: return weft_flat_scatter_start(coll);
@@ -578,6 +587,28 @@ static int check_wire(const void *res, const run_case *c, contrib *k, const char
 static int check_any(const void *res, const run_case *c, contrib *k, const char *what) {
   if (c->wire != WEFT_F32) return check_wire(res, c, k, what);
   return harness_check_reduced(res, c->count, c->dt, c->op, c->gsize, fill_contrib, k, what);
+}
+
+/* Whether member g, done, left a chunk in flight that still reads its
+ * scratch (`bytes` of it): the call frees the scratch when it ends. */
+static int scratch_still_read(const fake_world *w, const run_case *c, const member *m, int g,
+                              size_t bytes, const char *what) {
+  const char *lo = m->coll.scratch, *hi = lo + bytes;
+  int r = c->members[g];
+  for (int b = 0; b < c->n; b++) {
+    const fake_pipe *p = &w->pipe[r][b];
+    for (int i = 0; i < p->count; i++) {
+      const fake_chunk *k = &p->q[(p->head + i) % MAX_SLOTS];
+      const char *src = k->src;
+      if ((i >= p->delivered || k->for_copy) && src >= lo && src < hi) {
+        fprintf(stderr,
+                "%s\n  member %d was done while a chunk to member %d still read its scratch\n",
+                what, g, b);
+        return 1;
+      }
+    }
+  }
+  return 0;
 }
 
 /* members that ran the hierarchical allreduce's split form: its test
@@ -720,6 +751,8 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
         if (st == WEFT_OK) {
           m->done = true;
           left--;
+          if (c->log_rounds && m->coll.scratch)
+            bad += scratch_still_read(w, c, m, order[i], (size_t)c->gsize * c->count * esz, what);
         } else if (st != WEFT_AGAIN) {
           fprintf(stderr, "%s\n  member %d failed: %s (%s; link says: %s)\n", what, order[i],
                   weft_status_name(st), w->error, ends[c->members[order[i]]].sink);
@@ -973,6 +1006,35 @@ static void run_algo(algo_id algo) {
   }
 ALGO_TEST(ring_allreduce, ALGO_RING)
 ALGO_TEST(rd_allreduce, ALGO_RD)
+
+/* The small allgather and reduce-scatter (Bruck, recursive doubling on the
+ * whole input): every size from 2 (powers of two and not), the whole buffer
+ * in one chunk as the call layer gives them. */
+static void run_log_rounds(algo_id algo) {
+  uint64_t s = harness_seed(base_seed, (int)algo, 11);
+  int bad = 0, tag = 3000;
+  for (int n = 2; n <= MAX_N; n++)
+    for (int i = 0; i < cases_per_size && bad < 3; i++) {
+      run_case c = random_case(algo, n, tag++, &s);
+      c.pairwise = false;
+      c.log_rounds = true;
+      c.chunk_bytes = (size_t)n * c.count * weft_dtype_size(c.dt) + harness_rng(&s) % 16;
+      bad += run_one(&c, harness_rng(&s));
+    }
+  if (bad)
+    fail_msg("%s in log2 rounds: %d runs failed (seed %llu)", algo_names[algo], bad,
+             (unsigned long long)base_seed);
+}
+
+static void bruck_allgather(void **state) {
+  (void)state;
+  run_log_rounds(ALGO_ALLGATHER);
+}
+
+static void rd_reduce_scatter(void **state) {
+  (void)state;
+  run_log_rounds(ALGO_REDUCE_SCATTER);
+}
 ALGO_TEST(exchange_allreduce, ALGO_EXCHANGE)
 ALGO_TEST(exchange_allreduce_asking, ALGO_EXCHANGE_ASKING)
 ALGO_TEST(direct_allreduce, ALGO_DIRECT)
@@ -1117,6 +1179,8 @@ int main(void) {
       cmocka_unit_test(nan_bits_agree_across_members),
       cmocka_unit_test(ring_reduce_scatter),
       cmocka_unit_test(ring_allgather),
+      cmocka_unit_test(bruck_allgather),
+      cmocka_unit_test(rd_reduce_scatter),
       cmocka_unit_test(flat_gather),
       cmocka_unit_test(flat_scatter),
       cmocka_unit_test(pairwise_alltoall),

@@ -562,6 +562,8 @@ static void settings_typed_values(void **state) {
   assert_non_null(strstr(text, "counts confirmed"));
   assert_non_null(strstr(text, "a flat tree from 16 KiB to 1 MiB"));
   assert_non_null(strstr(text, "among up to 8 with a CPU per rank to 64 KiB"));
+  assert_non_null(strstr(text, "allgather: Bruck"));
+  assert_non_null(strstr(text, "reduce_scatter: at 3 or more ranks, recursive doubling"));
   /* the flat tree's reach: 3-4 ranks on stores up to 1 MiB; 5-8 only with a
    * CPU per rank, and only up to 64 KiB; never two ranks or sockets */
   weft_choice_init(&cs, 0, 8);
@@ -582,12 +584,18 @@ static void settings_typed_values(void **state) {
   setenv("WEFT_ALGO", "ring", 1);
   setenv("WEFT_BCAST_CONFIRM", "0", 1);
   setenv("WEFT_BCAST_CHAIN_BYTES", "1048576", 1);
+  setenv("WEFT_ALLGATHER_BRUCK_MAX_BYTES", "0", 1);
+  setenv("WEFT_REDUCE_SCATTER_RD_MAX_BYTES", "0", 1);
   weft_settings_reload();
   weft_choice_init(&cs, 0, 0);
   weft_choice_describe(&cs, 262144, text, sizeof text);
   weft_choice_free(&cs);
   assert_non_null(strstr(text, "allreduce: ring for every size (WEFT_ALGO)"));
   assert_non_null(strstr(text, "a pipelined chain from 1 MiB, a binary tree below; counts not"));
+  assert_non_null(strstr(text, "reduce_scatter: the ring, in chunks of 256 KiB"));
+  assert_null(strstr(text, "Bruck"));
+  unsetenv("WEFT_ALLGATHER_BRUCK_MAX_BYTES");
+  unsetenv("WEFT_REDUCE_SCATTER_RD_MAX_BYTES");
   unsetenv("WEFT_ALGO");
   unsetenv("WEFT_BCAST_CONFIRM");
   unsetenv("WEFT_BCAST_CHAIN_BYTES");

@@ -315,6 +315,14 @@ static void run_group(int n, const char *const *env, int small, int big, int all
  * when the next step runs (scratch must wait for it; no cycle of waits) */
 #define SLOW_SENDS \
   { "WEFT_TCP_BUF_BYTES=65536", "WEFT_CHUNK_BYTES=1048576", NULL }
+/* Small allgather and reduce_scatter in log2(ranks) rounds (Bruck,
+ * recursive doubling on the whole input) for every whole buffer of one
+ * chunk, whatever the defaults say; and never, so the rings still run at
+ * the small sizes. */
+#define LOG_ROUNDS_ALWAYS \
+  { "WEFT_ALLGATHER_BRUCK_MAX_BYTES=1G", "WEFT_REDUCE_SCATTER_RD_MAX_BYTES=1G", NULL }
+#define LOG_ROUNDS_NEVER \
+  { "WEFT_ALLGATHER_BRUCK_MAX_BYTES=0", "WEFT_REDUCE_SCATTER_RD_MAX_BYTES=0", NULL }
 
 GROUP_TEST(ranks1, 1, NO_ENV, 1, 1, 1, 1021)
 GROUP_TEST(ranks2, 2, NO_ENV, 1, 1, 1, 1021)
@@ -328,6 +336,11 @@ GROUP_TEST(tiny_chunks_chain3, 3, TINY_CHAIN, 1, 0, 1, 4099)
 GROUP_TEST(tiny_chunks_chain5, 5, TINY_CHAIN, 1, 0, 0, 4099)
 GROUP_TEST(tiny_chunks_tree6, 6, TINY_TREE, 1, 0, 0, 4099)
 GROUP_TEST(slow_sends4, 4, SLOW_SENDS, 0, 1, 0, 1021)
+GROUP_TEST(log_rounds_always3, 3, LOG_ROUNDS_ALWAYS, 1, 0, 1, 1021)
+GROUP_TEST(log_rounds_always5, 5, LOG_ROUNDS_ALWAYS, 1, 0, 0, 1021)
+GROUP_TEST(log_rounds_always8, 8, LOG_ROUNDS_ALWAYS, 1, 0, 0, 1021)
+GROUP_TEST(log_rounds_never4, 4, LOG_ROUNDS_NEVER, 1, 0, 0, 1021)
+GROUP_TEST(log_rounds_never7, 7, LOG_ROUNDS_NEVER, 1, 0, 0, 1021)
 
 /* ---- refusals -------------------------------------------------------------- */
 
@@ -779,6 +792,11 @@ int main(void) {
       cmocka_unit_test(tiny_chunks_chain5),
       cmocka_unit_test(tiny_chunks_tree6),
       cmocka_unit_test(slow_sends4),
+      cmocka_unit_test(log_rounds_always3),
+      cmocka_unit_test(log_rounds_always5),
+      cmocka_unit_test(log_rounds_always8),
+      cmocka_unit_test(log_rounds_never4),
+      cmocka_unit_test(log_rounds_never7),
       cmocka_unit_test(bad_input1),
       cmocka_unit_test(bad_input2),
       cmocka_unit_test(counts_differ),

@@ -255,6 +255,10 @@ weft_status weft_step_recv_all(weft_coll *coll, int *next, void *base, size_t by
 /* Algorithm entry points: set coll->advance and the state. */
 weft_status weft_ring_allreduce_start(weft_coll *coll);
 weft_status weft_rd_allreduce_start(weft_coll *coll);
+/* Reduce-scatter as recursive doubling over a scratch copy of the whole
+ * input (size blocks), each member keeping its block; the whole input must
+ * fit one chunk, and no wire dtype (rd_allreduce.c). */
+weft_status weft_rd_reduce_scatter_start(weft_coll *coll);
 /* asking: the communicator's first exchange, which settles whether later
  * ones may use it (exchange_allreduce.c). */
 weft_status weft_exchange_allreduce_start(weft_coll *coll, bool asking);
@@ -265,6 +269,9 @@ weft_status weft_confirmed_broadcast_start(weft_coll *coll, int fanout);
 weft_status weft_tree_reduce_start(weft_coll *coll, int fanout);
 weft_status weft_ring_reduce_scatter_start(weft_coll *coll);
 weft_status weft_ring_allgather_start(weft_coll *coll);
+/* Bruck's allgather: ceil(log2 size) rounds; the whole output must fit one
+ * chunk (bruck_allgather.c). */
+weft_status weft_bruck_allgather_start(weft_coll *coll);
 weft_status weft_flat_gather_start(weft_coll *coll);
 weft_status weft_flat_scatter_start(weft_coll *coll);
 weft_status weft_pairwise_alltoall_start(weft_coll *coll);

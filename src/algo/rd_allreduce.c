@@ -10,7 +10,12 @@
  *
  * With a wire dtype (algo.h) a rank rounds its own value before it sends it
  * and combines it rounded, so both partners add the same two values; the
- * result is rounded once more at the end, before the fold-out sends it. */
+ * result is rounded once more at the end, before the fold-out sends it.
+ *
+ * The same rounds make the small reduce-scatter: every member's whole input
+ * (size blocks) allreduced in a scratch copy, each keeping its own block; a
+ * folded-out member gets only its block back. log2(size) rounds of a small
+ * message beat the ring's size-1 steps where latency rules. */
 #include "src/algo/algo.h"
 
 typedef struct rd_state {
@@ -18,6 +23,12 @@ typedef struct rd_state {
   int mask;
   bool sent;   /* this round's send is posted */
   int newrank; /* rank among the power-of-two group, -1 if folded out */
+  void *buf;   /* what the rounds combine in place: recvbuf, or the reduce-scatter's scratch */
+  size_t count;
+  /* reduce-scatter: this member's block of buf ends here (recvbuf, count
+   * elements); NULL for the allreduce */
+  void *block_out;
+  bool loaded; /* reduce-scatter: sendbuf is copied into buf */
 } rd_state;
 _Static_assert(sizeof(rd_state) <= WEFT_ALGO_STATE_BYTES, "rd_state fits weft_coll.algo_state");
 
@@ -32,49 +43,54 @@ static int rd_real_rank(int newrank, int rem) {
   return newrank < rem ? newrank * 2 + 1 : newrank + rem;
 }
 
-/* recvbuf = (the lower member's value) op (the higher one's), `slot`
- * holding the peer's: the same operands in the same order on both sides. */
+/* buf = (the lower member's value) op (the higher one's), `slot` holding
+ * the peer's: the same operands in the same order on both sides. */
 static void rd_combine(weft_coll *coll, int peer, const void *slot) {
+  rd_state *rd = WEFT_ALGO_STATE(coll, rd_state);
   if (peer < coll->rank)
-    coll->mem->reduce(coll->recvbuf, slot, coll->recvbuf, coll->count, coll->dtype, coll->op, 1);
+    coll->mem->reduce(rd->buf, slot, rd->buf, rd->count, coll->dtype, coll->op, 1);
   else
-    coll->mem->reduce(coll->recvbuf, coll->recvbuf, slot, coll->count, coll->dtype, coll->op, 1);
+    coll->mem->reduce(rd->buf, rd->buf, slot, rd->count, coll->dtype, coll->op, 1);
 }
 
-/* recvbuf rounded to the wire dtype in place, the narrowed copy in the
- * stage (whose last send is complete: every exchange waits for it). */
+/* buf rounded to the wire dtype in place, the narrowed copy in the stage
+ * (whose last send is complete: every exchange waits for it). */
 static void rd_round(weft_coll *coll) {
-  coll->mem->narrow(coll->wire_stage, coll->recvbuf, coll->count, coll->wire);
-  coll->mem->widen(coll->recvbuf, coll->wire_stage, coll->count, coll->wire);
+  rd_state *rd = WEFT_ALGO_STATE(coll, rd_state);
+  coll->mem->narrow(coll->wire_stage, rd->buf, rd->count, coll->wire);
+  coll->mem->widen(rd->buf, coll->wire_stage, rd->count, coll->wire);
 }
 
-/* Sends recvbuf to peer once it may (narrowed from the stage with a wire
- * dtype; `round_own`: rounded in recvbuf too, as the partner will see it). */
+/* Sends buf to peer once it may (narrowed from the stage with a wire dtype;
+ * `round_own`: rounded in buf too, as the partner will see it). */
 static weft_status rd_send(weft_coll *coll, int peer, size_t bytes, bool round_own) {
+  rd_state *rd = WEFT_ALGO_STATE(coll, rd_state);
   if (weft_wire_on(coll)) { /* a phase before this one (hier) may have sent from it last */
     void *stage;
     WEFT_STEP(weft_wire_stage_take(coll, &stage));
   }
   WEFT_STEP(weft_link_send_ready(coll, peer));
-  if (!weft_wire_on(coll)) return weft_link_send(coll, peer, coll->recvbuf, bytes);
+  if (!weft_wire_on(coll)) return weft_link_send(coll, peer, rd->buf, bytes);
   if (round_own)
     rd_round(coll);
   else
-    coll->mem->narrow(coll->wire_stage, coll->recvbuf, coll->count, coll->wire);
-  return weft_wire_send(coll, peer, coll->count);
+    coll->mem->narrow(coll->wire_stage, rd->buf, rd->count, coll->wire);
+  return weft_wire_send(coll, peer, rd->count);
 }
 
 /* The peer's buffer as f32: the slot itself, or widened into the stage. */
 static const void *rd_peer_value(weft_coll *coll, const void *slot) {
+  rd_state *rd = WEFT_ALGO_STATE(coll, rd_state);
   if (!weft_wire_on(coll)) return slot;
-  void *wide = weft_wire_stage_wide(coll, coll->count);
-  coll->mem->widen(wide, slot, coll->count, coll->wire);
+  void *wide = weft_wire_stage_wide(coll, rd->count);
+  coll->mem->widen(wide, slot, rd->count, coll->wire);
   return wide;
 }
 
 /* The bytes of the whole buffer on the link. */
 static size_t rd_link_bytes(const weft_coll *coll) {
-  return weft_wire_on(coll) ? weft_wire_bytes(coll->count) : coll->count * coll->elem;
+  const rd_state *rd = (const rd_state *)(const void *)coll->algo_state;
+  return weft_wire_on(coll) ? weft_wire_bytes(rd->count) : rd->count * coll->elem;
 }
 
 /* Sends our buffer to peer and folds the peer's into ours. */
@@ -96,7 +112,12 @@ static weft_status rd_advance(weft_coll *coll) {
   rd_state *rd = WEFT_ALGO_STATE(coll, rd_state);
   int n = coll->size, r = coll->rank;
   int p2 = pow2_floor(n), rem = n - p2;
-  size_t bytes = coll->count * coll->elem;
+  size_t bytes = rd->count * coll->elem;
+  /* read now, not at issue: an earlier call may still be writing sendbuf */
+  if (!rd->loaded) {
+    coll->mem->copy(rd->buf, coll->sendbuf, bytes);
+    rd->loaded = true;
+  }
   if (rd->phase == 0) { /* fold in */
     if (r < 2 * rem && r % 2 == 0) {
       if (!rd->sent) {
@@ -124,12 +145,27 @@ static weft_status rd_advance(weft_coll *coll) {
       rd->mask <<= 1;
     }
     if (rd->newrank >= 0) {
-      coll->mem->finish(coll->recvbuf, coll->recvbuf, coll->count, coll->dtype, coll->op,
-                        coll->avg_div);
+      coll->mem->finish(rd->buf, rd->buf, rd->count, coll->dtype, coll->op, coll->avg_div);
       /* the result as the fold-out sends it, on every rank alike */
       if (weft_wire_on(coll)) rd_round(coll);
     }
     rd->phase = 2;
+  }
+  if (rd->phase == 2 && rd->block_out) { /* reduce-scatter: each member's block only */
+    size_t block = coll->count * coll->elem;
+    char *blocks = rd->buf;
+    if (r < 2 * rem && r % 2 == 1) {
+      if (!rd->sent) {
+        WEFT_STEP(weft_step_send_for_copy(coll, r - 1, blocks + (size_t)(r - 1) * block, block));
+        rd->sent = true;
+      }
+      WEFT_STEP(weft_link_send_idle(coll, r - 1)); /* the scratch is freed when the call ends */
+    }
+    if (r < 2 * rem && r % 2 == 0)
+      WEFT_STEP(weft_link_recv_into(coll, r + 1, block, rd->block_out));
+    else
+      coll->mem->copy(rd->block_out, blocks + (size_t)r * block, block);
+    rd->phase = 3;
   }
   if (rd->phase == 2) { /* fold out: the odd partner returns the result */
     if (r < 2 * rem && r % 2 == 1) {
@@ -147,12 +183,44 @@ static weft_status rd_advance(weft_coll *coll) {
   return WEFT_OK;
 }
 
+/* A reduce-scatter of zero elements: nothing to move. */
+static weft_status rd_nothing(weft_coll *coll) {
+  (void)coll;
+  return WEFT_OK;
+}
+
 weft_status weft_rd_allreduce_start(weft_coll *coll) {
   if (coll->count * coll->elem > coll->chunk_bytes) return WEFT_ERR_INTERNAL;
   if (coll->sendbuf != coll->recvbuf)
     coll->mem->copy(coll->recvbuf, coll->sendbuf, coll->count * coll->elem);
-  *WEFT_ALGO_STATE(coll, rd_state) =
-      (rd_state){.phase = 0, .mask = 1, .sent = false, .newrank = -1};
+  *WEFT_ALGO_STATE(coll, rd_state) = (rd_state){.phase = 0,
+                                                .mask = 1,
+                                                .sent = false,
+                                                .newrank = -1,
+                                                .buf = coll->recvbuf,
+                                                .count = coll->count,
+                                                .loaded = true};
+  coll->algo = "recursive doubling";
+  coll->advance = rd_advance;
+  return WEFT_OK;
+}
+
+weft_status weft_rd_reduce_scatter_start(weft_coll *coll) {
+  size_t whole = (size_t)coll->size * coll->count;
+  /* the wire stage holds one block's chunk, not the whole input: the ring carries those */
+  if (whole * coll->elem > coll->chunk_bytes || weft_wire_on(coll)) return WEFT_ERR_INTERNAL;
+  coll->algo = "recursive doubling";
+  coll->advance = rd_nothing;
+  if (whole == 0) return WEFT_OK;
+  void *scratch;
+  WEFT_CHECK(weft_coll_scratch(coll, whole * coll->elem, &scratch));
+  *WEFT_ALGO_STATE(coll, rd_state) = (rd_state){.phase = 0,
+                                                .mask = 1,
+                                                .sent = false,
+                                                .newrank = -1,
+                                                .buf = scratch,
+                                                .count = whole,
+                                                .block_out = coll->recvbuf};
   coll->algo = "recursive doubling";
   coll->advance = rd_advance;
   return WEFT_OK;

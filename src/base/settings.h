@@ -113,6 +113,13 @@
   X(ALLGATHER_PAIRWISE_BYTES, allgather_pairwise_bytes, BYTES, "8192", 0, WEFT_SETTING_NO_MAX, \
     WEFT_NO_WORDS,                                                                               \
     "allgather with at least this many bytes per rank, 3 or more ranks all on shm: every rank sends its block straight to every other (pairwise; with single copy each is read once from its owner) instead of around the ring; 0 = always the ring") \
+  /* 8 KiB, both below: measured where log2 rounds stop winning (choose.c, whole_is_small) */  \
+  X(ALLGATHER_BRUCK_MAX_BYTES, allgather_bruck_max_bytes, BYTES, "8192", 0, WEFT_SETTING_NO_MAX,  \
+    WEFT_NO_WORDS,                                                                               \
+    "allgather among 3 or more ranks whose whole output (all ranks' blocks) is at most this many bytes and one chunk: Bruck's ceil(log2 ranks) rounds instead of the ring's ranks-1 steps (or pairwise); 0 = never") \
+  X(REDUCE_SCATTER_RD_MAX_BYTES, reduce_scatter_rd_max_bytes, BYTES, "8192", 0,                 \
+    WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,                                                          \
+    "reduce_scatter among 3 or more ranks whose whole input (all ranks' blocks) is at most this many bytes and one chunk: recursive doubling on the whole input, each rank keeping its block, instead of the ring's ranks-1 steps; 0 = never") \
   X(CHECK, check, BOOL, "0", 0, 0, WEFT_NO_WORDS,                                                \
     "1: every collective first compares a fingerprint (call, count, dtype, op, root) across ranks; a difference fails every rank naming both sides") \
   X(RECORDER, recorder, INT, "64", 0, 100000, WEFT_NO_WORDS,                                     \

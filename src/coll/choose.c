@@ -29,6 +29,8 @@ void weft_choice_init(weft_choice_state *c, int rank, int size) {
   c->bcast_flat_min_bytes = set->bcast_flat_min_bytes;
   c->bcast_flat_max_bytes = set->bcast_flat_max_bytes;
   c->allgather_pairwise_bytes = set->allgather_pairwise_bytes;
+  c->allgather_bruck_max_bytes = set->allgather_bruck_max_bytes;
+  c->reduce_scatter_rd_max_bytes = set->reduce_scatter_rd_max_bytes;
 }
 
 void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_bytes) {
@@ -265,7 +267,29 @@ int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {
   return bytes >= c->bcast_chain_bytes ? 1 : 2;
 }
 
+/* Whether a small call's whole buffer (every rank's block: allgather's
+ * output, reduce_scatter's input) takes log2(size) rounds of one message
+ * instead of the ring's size-1 serial steps: among 3 or more ranks (between
+ * 2 both are one exchange), up to the setting and one chunk. Their 8 KiB
+ * defaults: on this machine's 2 vCPUs (weftrun -n 4/8 weft-bench --peers,
+ * whole buffer 32 B .. 256 KiB, setting 0 against 1G interleaved, 3-5 runs,
+ * time ratio old/new of the medians, >1 the new one wins) allgather over
+ * shm won up to 4-8 KiB at 4 ranks (0.88-1.16 at 8 KiB, 0.57 at 16 KiB,
+ * 0.32 at 32 KiB, where pairwise's single copy takes over) and up to 16
+ * KiB at 8 (1.22; 0.50-0.92 at 32 KiB); over tcp it won at every size
+ * measured (4 ranks 1.04-1.92, 8 ranks 1.34-2.46, up to 256 KiB). Reduce_scatter
+ * over shm won up to 4-8 KiB (4 ranks 0.99-1.01 at 8 KiB, 0.78 at 16; 8
+ * ranks 1.37 at 4 KiB, 0.62-1.24 at 8: the whole input reduced at every
+ * round costs cores that 8 ranks share), over tcp up to 16 KiB at 4 ranks
+ * (1.09; 0.89-0.94 at 32) and 32 KiB at 8 (1.46-1.57; 0.73 at 128). */
+static bool whole_is_small(const weft_choice_state *c, const weft_coll *coll, size_t max_bytes) {
+  size_t whole = (size_t)c->size * coll->count * coll->elem;
+  return c->size > 2 && whole <= c->chunk_bytes && whole <= max_bytes;
+}
+
 weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
+  if (whole_is_small(c, coll, c->allgather_bruck_max_bytes))
+    return weft_bruck_allgather_start(coll);
   /* A ring's block waits at every rank for the one before it to forward
    * it; pairwise, every block comes from its owner. Where links are stores
    * that wins from a size on, and single copy reads each block once. Over
@@ -282,6 +306,14 @@ weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
       block >= c->allgather_pairwise_bytes)
     return weft_pairwise_allgather_start(coll);
   return weft_ring_allgather_start(coll);
+}
+
+weft_status weft_choose_reduce_scatter(const weft_choice_state *c, weft_coll *coll) {
+  /* With a wire dtype the ring stays: the stage holds one block's chunk,
+   * not the whole input that recursive doubling sends. */
+  if (!weft_wire_on(coll) && whole_is_small(c, coll, c->reduce_scatter_rd_max_bytes))
+    return weft_rd_reduce_scatter_start(coll);
+  return weft_ring_reduce_scatter_start(coll);
 }
 
 void weft_choice_keep(weft_choice_state *c, const weft_coll *coll) {
@@ -380,18 +412,36 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
                c->bcast_confirm ? "; counts confirmed on every rank\n"
                                 : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
   weft_appendf(out, len, &at, "reduce: a pipelined chain from %s, a binary tree below\n", chain);
-  weft_appendf(out, len, &at, "reduce_scatter: the ring, in chunks of %s\n", chunk);
+  if (c->reduce_scatter_rd_max_bytes) {
+    char rs[32];
+    bytes_words(
+        c->reduce_scatter_rd_max_bytes < chunk_bytes ? c->reduce_scatter_rd_max_bytes : chunk_bytes,
+        rs, sizeof rs);
+    weft_appendf(out, len, &at,
+                 "reduce_scatter: at 3 or more ranks, recursive doubling on the whole input "
+                 "(every rank's blocks) up to %s in all (the ring when f32 crosses hosts as "
+                 "bf16/f16); else the ring, in chunks of %s\n",
+                 rs, chunk);
+  } else
+    weft_appendf(out, len, &at, "reduce_scatter: the ring, in chunks of %s\n", chunk);
+  weft_appendf(out, len, &at, "allgather: ");
+  if (c->allgather_bruck_max_bytes) {
+    char bk[32];
+    bytes_words(
+        c->allgather_bruck_max_bytes < chunk_bytes ? c->allgather_bruck_max_bytes : chunk_bytes, bk,
+        sizeof bk);
+    weft_appendf(out, len, &at,
+                 "Bruck (log2(ranks) rounds) at 3 or more ranks up to %s of output in all; ", bk);
+  }
   if (c->allgather_pairwise_bytes) {
     char pw[32];
     bytes_words(c->allgather_pairwise_bytes, pw, sizeof pw);
-    weft_appendf(
-        out, len, &at,
-        "allgather: pairwise (every block straight from its owner) from %s per rank at 3 or "
-        "more ranks on shared memory, and between 2 ranks over sockets; else the ring\n",
-        pw);
-  } else
     weft_appendf(out, len, &at,
-                 "allgather: pairwise between 2 ranks over sockets, else the ring\n");
+                 "pairwise (every block straight from its owner) from %s per rank at 3 or "
+                 "more ranks on shared memory, and between 2 ranks over sockets; else the ring\n",
+                 pw);
+  } else
+    weft_appendf(out, len, &at, "pairwise between 2 ranks over sockets, else the ring\n");
   weft_appendf(out, len, &at,
                "alltoall: pairwise, each rank sends to rank+k and receives from rank-k\n");
   weft_appendf(out, len, &at, "gather, scatter: the root and every rank directly\n");

@@ -27,6 +27,8 @@ typedef struct weft_choice_state {
   size_t bcast_chain_bytes;  /* broadcasts and reduces take a chain from this size */
   size_t bcast_flat_min_bytes, bcast_flat_max_bytes; /* one host, 3-4 ranks: a flat tree (0 never) */
   size_t allgather_pairwise_bytes; /* links all stores, 3+ ranks: pairwise from this block size */
+  size_t allgather_bruck_max_bytes; /* 3+ ranks: Bruck up to this whole output (0 never) */
+  size_t reduce_scatter_rd_max_bytes; /* 3+ ranks: recursive doubling up to this whole input */
   /* facts of the communicator, told by it (weft_choice_learn, transports) */
   int size;              /* ranks */
   int nhosts;            /* hosts they run on */
@@ -70,9 +72,12 @@ weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier
 int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes, int size,
                              size_t chunk_bytes);
 int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes);
-/* Starts an allgather of `block_bytes` per rank: pairwise where every link
- * is a store and the block is large enough, else the ring. */
+/* Starts an allgather: Bruck while the whole output is small, pairwise
+ * where every link is a store and the block is large enough, else the ring. */
 weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll);
+/* Starts a reduce-scatter: recursive doubling on the whole input while it
+ * is small, else the ring. */
+weft_status weft_choose_reduce_scatter(const weft_choice_state *c, weft_coll *coll);
 
 /* The direct question's outcome for an allreduce of (count, dtype):
  * ordinary buffers somewhere (remembered, so the next calls of that shape

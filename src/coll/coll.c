@@ -667,7 +667,7 @@ weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, we
   if (avg_is_widened(dtype, op))
     WEFT_CHECK(avg_widen(coll, n * recvcount, r * recvcount, recvcount, true));
   WEFT_CHECK(coll_wire(coll));
-  return coll_start(coll, weft_ring_reduce_scatter_start(coll));
+  return coll_start(coll, weft_choose_reduce_scatter(&comm->choice, coll));
 }
 
 weft_status weft_coll_gather_setup(weft_coll *coll, const char *call, weft_core *comm,
