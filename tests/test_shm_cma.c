@@ -209,6 +209,39 @@ static void auto_single_copy_where_it_pays(void **state) {
   sizes_around_threshold_of("auto", true, (int)cores + 1);
 }
 
+/* The pair decides from the mean of both ends' timings, so its two
+ * directions agree where the ends' own timings fall on either side of the
+ * bar (16 cores: 1.8 against 2.2). A peer's published timing that moves the
+ * mean across the bar moves this end's verdict with it. */
+static void pair_decides_from_both_timings(void **state) {
+  (void)state;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  double own = shm_cma_cost_ratio();
+  if (cores < 2 || own <= 0) skip(); /* oversubscribed or untimed: the mean does not enter */
+  /* across the bar from own where it can be: a mean of 2.5, or own / 2 */
+  double peer = shm_cma_ratio_pays(own) ? 5.0 - own : 0.001;
+  bool want = shm_cma_ratio_pays((own + peer) / 2);
+  printf("# own %.2fx, the peer's set to %.3fx: single copy %s\n", own, peer,
+         want ? "yes" : "no");
+  pair p;
+  pair_open(&p, "auto");
+  /* the sender published its own timing when it connected; the receiver
+   * reads it on its first look at the FIFO (settle) */
+  ((shm_conn *)p.tx)->tx->cma_cost_milli = (uint32_t)(peer * 1000 + 0.5);
+  settle(&p);
+  shm_conn *rx = (shm_conn *)p.rx;
+  static unsigned char src[CHUNK], dst[CHUNK];
+  fill_random(src, CHUNK, 99);
+  uint64_t before = rx->cma_chunks;
+  post(&p, src, CHUNK, 2);
+  take(&p, dst, CHUNK, 2, false);
+  assert_memory_equal(dst, src, CHUNK);
+  assert_int_equal(rx->cma_chunks - before, want ? 1 : 0);
+  double deadline = harness_now() + 5;
+  while (shm->send_idle(p.tx) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
+  pair_close(&p);
+}
+
 static void cma_off_copies_twice(void **state) {
   (void)state;
   sizes_around_threshold("0", false);
@@ -524,6 +557,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(single_copy_used_around_threshold),
       cmocka_unit_test(auto_single_copy_where_it_pays),
+      cmocka_unit_test(pair_decides_from_both_timings),
       cmocka_unit_test(cma_off_copies_twice),
       cmocka_unit_test(refused_probe_copies_twice),
       cmocka_unit_test(credits_return_as_the_receiver_copies),

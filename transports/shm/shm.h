@@ -16,7 +16,7 @@
 #define SHM_SEG_MAGIC 0x5745534du /* "WESM" */
 /* 2: one cache line per slot, small chunks inline; 3: `refused`; 4: single
  * copy (a cell's `how`, the FIFO's cma words) */
-#define SHM_SEG_VERSION 4
+#define SHM_SEG_VERSION 5
 #define SHM_MAX_SLOTS 64
 #define SHM_ABORT_TEXT 300
 /* The size a creator leaves its pair's name at when /dev/shm had no room for
@@ -67,6 +67,9 @@ typedef struct shm_fifo {
   atomic_uint cma_verdict;            /* the receiver's: 0 not yet, 1 yes, 2 no */
   uint64_t cma_probe_addr;            /* &cma_probe_word in the sender's mapping */
   uint64_t cma_probe_word;            /* a value of the sender's choosing */
+  uint32_t cma_cost_milli; /* the sender's timed process_vm_readv / memcpy ratio x 1000 (0: not
+                              timed): the receiver decides from both ends' timings, so the two
+                              directions of a pair decide alike (shm_cma_pays) */
   shm_cell cell[SHM_MAX_SLOTS];      /* written by the sender, `ready` last */
 } shm_fifo;
 
@@ -223,6 +226,8 @@ weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void
  * `ctx` (WEFT_SHM_CMA=auto), with the reason in words. */
 double shm_cma_cost_ratio(void);
 bool shm_cma_ratio_pays(double ratio); /* where every rank of the host has a core */
-bool shm_cma_pays(const shm_ctx *ctx, char *why, size_t why_len);
+/* Whether single copy pays on this pair (WEFT_SHM_CMA=auto), from this
+ * process's timing and the peer's (0: not timed); `why` says so in words. */
+bool shm_cma_pays(const shm_ctx *ctx, double peer_ratio, char *why, size_t why_len);
 
 #endif

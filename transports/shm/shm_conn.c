@@ -148,6 +148,8 @@ static void shm_conn_map_fifos(shm_conn *c) {
     c->tx->cma_probe_word =
         ((uint64_t)c->ctx->self.pid << 32) ^ (uint64_t)(uintptr_t)c ^ 0x9e3779b97f4a7c15ull;
     c->tx->cma_probe_addr = (uint64_t)(uintptr_t)&c->tx->cma_probe_word;
+    double ratio = c->ctx->cma_mode == WEFT_SHM_CMA_AUTO ? shm_cma_cost_ratio() : 0;
+    c->tx->cma_cost_milli = ratio > 0 && ratio < 1e6 ? (uint32_t)(ratio * 1000 + 0.5) : 0;
     atomic_store_explicit(&c->tx->cma_offer, 1, memory_order_release);
   }
 }
@@ -567,25 +569,32 @@ bool shm_cma_ratio_pays(double ratio) {
   return ratio < SHM_CMA_PAYS_BELOW;
 }
 
-/* Whether single copy from peers pays for this rank (WEFT_SHM_CMA=auto);
- * `why` says so in words either way. */
-bool shm_cma_pays(const shm_ctx *ctx, char *why, size_t why_len) {
+/* The pair's ratio is the mean of both ends' timings: each end times its
+ * own process, and near the bar the two fell on either side of it (16
+ * cores: 1.8-2.0 against 2.0-2.2 in 11 of 12 starts), so one direction
+ * read by single copy while the other went through the slots, and a
+ * 2-rank alltoall of 2 MiB took 276-305 us, slower than either way alone
+ * (166-195 us single copy, 236-272 through the slots). From the same two
+ * numbers both receivers of a pair decide alike. */
+bool shm_cma_pays(const shm_ctx *ctx, double peer_ratio, char *why, size_t why_len) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (cores > 0 && ctx->args->local_size > cores) {
     snprintf(why, why_len, "%d ranks on %ld cores here: one copy costs less CPU than two",
              ctx->args->local_size, cores);
     return true;
   }
-  double ratio = shm_cma_cost_ratio();
-  if (ratio <= 0) {
+  double own = shm_cma_cost_ratio();
+  if (own <= 0 && peer_ratio <= 0) {
     snprintf(why, why_len, "process_vm_readv could not be timed");
     return true; /* the probe decides, as before */
   }
+  double ratio = own <= 0 ? peer_ratio : peer_ratio <= 0 ? own : (own + peer_ratio) / 2;
   bool pays = shm_cma_ratio_pays(ratio);
   snprintf(why, why_len,
-           "process_vm_readv of %u KiB took %.1f us, %.1fx a memcpy of it (%.1f us)%s",
-           SHM_CMA_TIMED_BYTES >> 10, cma_timed_readv_us, ratio, cma_timed_copy_us,
-           pays ? "" : "; every rank here has a core, so two copies at once are faster");
+           "process_vm_readv of %u KiB took %.1f us, %.1fx a memcpy of it (%.1f us); the pair's "
+           "mean with the peer's %.1fx: %.1fx%s",
+           SHM_CMA_TIMED_BYTES >> 10, cma_timed_readv_us, own, cma_timed_copy_us, peer_ratio,
+           ratio, pays ? "" : "; every rank here has a core, so two copies at once are faster");
   return pays;
 }
 
@@ -612,7 +621,7 @@ static void shm_cma_decide(shm_conn *c) {
     char pays_why[200] = "WEFT_SHM_CMA=on";
     bool allowed = n == (ssize_t)sizeof word && word == c->rx->cma_probe_word;
     if (allowed && ctx->cma_mode == WEFT_SHM_CMA_AUTO &&
-        !shm_cma_pays(ctx, pays_why, sizeof pays_why)) {
+        !shm_cma_pays(ctx, c->rx->cma_cost_milli / 1000.0, pays_why, sizeof pays_why)) {
       WEFT_INFO(WEFT_SUBSYS_NET,
                 "shm: rank %d takes peer %d's chunks through the slots: %s (WEFT_SHM_CMA=on "
                 "reads them straight from its memory)",
