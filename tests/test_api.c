@@ -410,14 +410,15 @@ static void refused_setting_fails_rank0_and_frees_the_port(void **state) {
 }
 
 /* The typed values: the documented defaults, and the edges that are accepted. */
-/* Which allreduce a shape starts, by the cores of the host: the algorithm's
- * name once started, or "late" where the choice waits for the queue (the
- * exchange's verdict). */
-static const char *allreduce_choice(weft_choice_state *cs, int size, bool cored, size_t bytes) {
+/* Which allreduce a shape starts, by the cores of the host and whether the
+ * links are stores: the algorithm's name once started, or "late" where the
+ * choice waits for the queue (the exchange's verdict). */
+static const char *allreduce_choice(weft_choice_state *cs, int size, bool cored, bool stores,
+                                    size_t bytes) {
   static float buf[65536]; /* 256 KiB: one default chunk */
   weft_choice_learn(cs, size, 1, 262144);
   cs->core_per_rank = cored;
-  cs->sends_are_stores = true;
+  cs->sends_are_stores = stores;
   weft_coll coll = {.rank = 0, .size = size, .sendbuf = buf, .recvbuf = buf,
                     .count = bytes / 4, .dtype = WEFT_F32, .op = WEFT_SUM, .elem = 4,
                     .chunk_bytes = 262144, .mem = &weft_mem_host};
@@ -428,23 +429,29 @@ static const char *allreduce_choice(weft_choice_state *cs, int size, bool cored,
 }
 
 /* With a CPU per rank (16 cores measured) the ring takes over from
- * recursive doubling at 128 KiB / log2(ranks) and the exchange keeps 4 ranks
- * at most; where ranks outnumber CPUs both stay as measured on 2 vCPUs. */
+ * recursive doubling over shm at 192 KiB / log2(ranks), not over sockets,
+ * and the exchange keeps 3 ranks at most; where ranks outnumber CPUs both
+ * stay as measured on 2 vCPUs. */
 static void choice_by_cores(void **state) {
   (void)state;
   weft_choice_state cs;
   weft_choice_init(&cs, 0, 16);
-  assert_string_equal(allreduce_choice(&cs, 4, false, 98304), "recursive doubling");
-  assert_string_equal(allreduce_choice(&cs, 4, true, 98304), "ring");
-  assert_string_equal(allreduce_choice(&cs, 4, true, 65536), "recursive doubling");
-  assert_string_equal(allreduce_choice(&cs, 16, true, 49152), "ring");
-  assert_string_equal(allreduce_choice(&cs, 16, true, 32768), "recursive doubling");
-  assert_string_equal(allreduce_choice(&cs, 16, false, 131072), "recursive doubling");
-  assert_string_equal(allreduce_choice(&cs, 2, true, 262144), "recursive doubling");
-  /* small: the exchange (late) up to 8 ranks sharing cores, 4 with a core each */
-  assert_string_equal(allreduce_choice(&cs, 8, false, 8), "late");
-  assert_string_equal(allreduce_choice(&cs, 8, true, 8), "recursive doubling");
-  assert_string_equal(allreduce_choice(&cs, 4, true, 8), "late");
+  const char *rd = "recursive doubling";
+  assert_string_equal(allreduce_choice(&cs, 4, false, true, 131072), rd);
+  assert_string_equal(allreduce_choice(&cs, 4, true, true, 131072), "ring");
+  assert_string_equal(allreduce_choice(&cs, 4, true, true, 98304), rd);
+  assert_string_equal(allreduce_choice(&cs, 8, true, true, 65536), rd);
+  assert_string_equal(allreduce_choice(&cs, 8, true, true, 131072), "ring");
+  assert_string_equal(allreduce_choice(&cs, 16, true, true, 65536), "ring");
+  assert_string_equal(allreduce_choice(&cs, 16, true, true, 49152), rd);
+  assert_string_equal(allreduce_choice(&cs, 16, true, false, 131072), rd); /* sockets */
+  assert_string_equal(allreduce_choice(&cs, 16, false, true, 131072), rd);
+  assert_string_equal(allreduce_choice(&cs, 2, true, true, 262144), rd);
+  /* small: the exchange (late) up to 8 ranks sharing cores, 3 with a core each */
+  assert_string_equal(allreduce_choice(&cs, 8, false, true, 8), "late");
+  assert_string_equal(allreduce_choice(&cs, 8, true, true, 8), rd);
+  assert_string_equal(allreduce_choice(&cs, 4, true, true, 8), rd);
+  assert_string_equal(allreduce_choice(&cs, 3, true, true, 8), "late");
   weft_choice_free(&cs);
 }
 
@@ -557,35 +564,35 @@ static void settings_typed_values(void **state) {
   weft_choice_init(&cs, 0, 0);
   weft_choice_describe(&cs, 262144, text, sizeof text);
   weft_choice_free(&cs);
-  assert_non_null(strstr(text, "recursive doubling up to 256 KiB (on one host with a CPU per rank"));
-  assert_non_null(strstr(text, "8 ranks or fewer (4 where every rank has a CPU of its own)"));
+  assert_non_null(strstr(text, "recursive doubling up to 256 KiB (on shm with a CPU per rank"));
+  assert_non_null(strstr(text, "8 ranks or fewer (3 where every rank has a CPU of its own)"));
   assert_non_null(strstr(text, "counts confirmed"));
   assert_non_null(strstr(text, "a flat tree from 16 KiB to 1 MiB"));
-  assert_non_null(strstr(text, "among up to 8 with a CPU per rank to 64 KiB"));
   assert_non_null(strstr(text, "allgather: Bruck"));
   assert_non_null(strstr(text, "reduce_scatter: at 3 or more ranks, recursive doubling"));
-  /* the flat tree's reach: 3-4 ranks on stores up to 1 MiB; 5-8 only with a
-   * CPU per rank, and only up to 64 KiB; never two ranks or sockets */
+  /* the flat tree's reach: 3-4 ranks on stores, 16 KiB to 1 MiB, whatever
+   * the cores; never 2 ranks, 8 ranks or sockets */
   weft_choice_init(&cs, 0, 8);
   cs.sends_are_stores = true;
   for (int cored = 0; cored < 2; cored++) {
     cs.core_per_rank = cored;
     assert_int_equal(weft_choose_bcast_fanout(&cs, 65536, 4, 262144), 3);
-    assert_int_equal(weft_choose_bcast_fanout(&cs, 1048576, 4, 262144), 3);
-    assert_int_equal(weft_choose_bcast_fanout(&cs, 65536, 8, 262144) == 7, cored);
-    assert_int_not_equal(weft_choose_bcast_fanout(&cs, 131072, 8, 262144), 7);
-    assert_int_not_equal(weft_choose_bcast_fanout(&cs, 65536, 9, 262144), 8);
+    assert_int_equal(weft_choose_bcast_fanout(&cs, 1048576, 3, 262144), 2);
+    assert_int_not_equal(weft_choose_bcast_fanout(&cs, 2097152, 4, 262144), 3);
+    assert_int_not_equal(weft_choose_bcast_fanout(&cs, 65536, 8, 262144), 7);
     assert_int_not_equal(weft_choose_bcast_fanout(&cs, 65536, 2, 262144), 1);
     assert_int_not_equal(weft_choose_bcast_fanout(&cs, 8192, 4, 262144), 3);
   }
   cs.sends_are_stores = false;
-  assert_int_not_equal(weft_choose_bcast_fanout(&cs, 65536, 8, 262144), 7);
+  assert_int_not_equal(weft_choose_bcast_fanout(&cs, 65536, 4, 262144), 3);
   weft_choice_free(&cs);
   setenv("WEFT_ALGO", "ring", 1);
   setenv("WEFT_BCAST_CONFIRM", "0", 1);
   setenv("WEFT_BCAST_CHAIN_BYTES", "1048576", 1);
   setenv("WEFT_ALLGATHER_BRUCK_MAX_BYTES", "0", 1);
+  setenv("WEFT_ALLGATHER_BRUCK_SHM_MAX_BYTES", "0", 1);
   setenv("WEFT_REDUCE_SCATTER_RD_MAX_BYTES", "0", 1);
+  setenv("WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES", "0", 1);
   weft_settings_reload();
   weft_choice_init(&cs, 0, 0);
   weft_choice_describe(&cs, 262144, text, sizeof text);
@@ -595,7 +602,9 @@ static void settings_typed_values(void **state) {
   assert_non_null(strstr(text, "reduce_scatter: the ring, in chunks of 256 KiB"));
   assert_null(strstr(text, "Bruck"));
   unsetenv("WEFT_ALLGATHER_BRUCK_MAX_BYTES");
+  unsetenv("WEFT_ALLGATHER_BRUCK_SHM_MAX_BYTES");
   unsetenv("WEFT_REDUCE_SCATTER_RD_MAX_BYTES");
+  unsetenv("WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES");
   unsetenv("WEFT_ALGO");
   unsetenv("WEFT_BCAST_CONFIRM");
   unsetenv("WEFT_BCAST_CHAIN_BYTES");

@@ -96,9 +96,9 @@
   X(DIRECT_MIN_BYTES, direct_min_bytes, BYTES, "1048576", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
     "allreduce of at least this many bytes among ranks of one host first asks whether every rank's buffers are shared (weft_mem_alloc): if so, one pass straight through them; 0 = never") \
   X(EXCHANGE_MAX_BYTES, exchange_max_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
-    "auto picks the one-round exchange for allreduce up to this many bytes when all ranks share one host, at most 8 of them (4 where every rank has a CPU of its own): it needs fewer turns of ranks that share a core; 0 = never") \
+    "auto picks the one-round exchange for allreduce up to this many bytes when all ranks share one host, at most 8 of them (3 where every rank has a CPU of its own): it needs fewer turns of ranks that share a core; 0 = never") \
   X(RD_MAX_BYTES, rd_max_bytes, BYTES, "262144", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,          \
-    "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk; on one host with a CPU per rank and 3 or more ranks, at most 128 KiB / log2(ranks))") \
+    "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk; on shm with a CPU per rank and 3 or more ranks, at most 192 KiB / log2(ranks))") \
   X(BCAST_FANOUT, bcast_fanout, INT, "0", 0, 65536, WEFT_NO_WORDS,                               \
     "broadcast tree fan-out; 0 = auto (flat among 3-4 ranks on shm within the WEFT_BCAST_FLAT_ sizes, else a binomial tree for one chunk or two ranks, binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
   X(BCAST_CONFIRM, bcast_confirm, BOOL, "1", 0, 0, WEFT_NO_WORDS,                                \
@@ -107,19 +107,25 @@
     "broadcasts of at least this many bytes use a pipelined chain")                              \
   X(BCAST_FLAT_MIN_BYTES, bcast_flat_min_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX,          \
     WEFT_NO_WORDS,                                                                               \
-    "broadcasts of at least this many bytes among 3 or 4 ranks all on shm (5 to 8 with a CPU each, up to a sixteenth of WEFT_BCAST_FLAT_MAX_BYTES): the root sends to every rank itself (a flat tree; with single copy every rank copies straight from the root's buffer, all at once); 0 = never") \
+    "broadcasts of at least this many bytes among 3 or 4 ranks all on shm: the root sends to every rank itself (a flat tree; with single copy every rank copies straight from the root's buffer, all at once); 0 = never") \
   X(BCAST_FLAT_MAX_BYTES, bcast_flat_max_bytes, BYTES, "1048576", 0, WEFT_SETTING_NO_MAX,        \
     WEFT_NO_WORDS, "broadcasts take the flat tree (WEFT_BCAST_FLAT_MIN_BYTES) up to this many bytes") \
   X(ALLGATHER_PAIRWISE_BYTES, allgather_pairwise_bytes, BYTES, "8192", 0, WEFT_SETTING_NO_MAX, \
     WEFT_NO_WORDS,                                                                               \
     "allgather with at least this many bytes per rank, 3 or more ranks all on shm: every rank sends its block straight to every other (pairwise; with single copy each is read once from its owner) instead of around the ring; 0 = always the ring") \
-  /* 8 KiB, both below: measured where log2 rounds stop winning (choose.c, whole_is_small) */  \
-  X(ALLGATHER_BRUCK_MAX_BYTES, allgather_bruck_max_bytes, BYTES, "8192", 0, WEFT_SETTING_NO_MAX,  \
-    WEFT_NO_WORDS,                                                                               \
-    "allgather among 3 or more ranks whose whole output (all ranks' blocks) is at most this many bytes and one chunk: Bruck's ceil(log2 ranks) rounds instead of the ring's ranks-1 steps (or pairwise); 0 = never") \
-  X(REDUCE_SCATTER_RD_MAX_BYTES, reduce_scatter_rd_max_bytes, BYTES, "8192", 0,                 \
+  /* measured where log2 rounds stop winning (choose.c, whole_is_small) */                      \
+  X(ALLGATHER_BRUCK_MAX_BYTES, allgather_bruck_max_bytes, BYTES, "262144", 0,                   \
     WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,                                                          \
-    "reduce_scatter among 3 or more ranks whose whole input (all ranks' blocks) is at most this many bytes and one chunk: recursive doubling on the whole input, each rank keeping its block, instead of the ring's ranks-1 steps; 0 = never") \
+    "allgather among 3 or more ranks whose whole output (all ranks' blocks) is at most this many bytes and one chunk, over links that are not all shm (sockets, verbs): Bruck's ceil(log2 ranks) rounds instead of the ring's ranks-1 steps; 0 = never") \
+  X(ALLGATHER_BRUCK_SHM_MAX_BYTES, allgather_bruck_shm_max_bytes, BYTES, "8192", 0,             \
+    WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,                                                          \
+    "the same where every link is shm (there pairwise's single copy takes over sooner); 0 = never") \
+  X(REDUCE_SCATTER_RD_MAX_BYTES, reduce_scatter_rd_max_bytes, BYTES, "32768", 0,                \
+    WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,                                                          \
+    "reduce_scatter among 3 or more ranks whose whole input (all ranks' blocks) is at most this many bytes and one chunk, over links that are not all shm: recursive doubling on the whole input, each rank keeping its block, instead of the ring's ranks-1 steps; 0 = never") \
+  X(REDUCE_SCATTER_RD_SHM_MAX_BYTES, reduce_scatter_rd_shm_max_bytes, BYTES, "2048", 0,         \
+    WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,                                                          \
+    "the same where every link is shm (there the ring's steps cost little and rounds over the whole input soon cost more); 0 = never") \
   X(CHECK, check, BOOL, "0", 0, 0, WEFT_NO_WORDS,                                                \
     "1: every collective first compares a fingerprint (call, count, dtype, op, root) across ranks; a difference fails every rank naming both sides") \
   X(RECORDER, recorder, INT, "64", 0, 100000, WEFT_NO_WORDS,                                     \

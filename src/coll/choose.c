@@ -30,7 +30,9 @@ void weft_choice_init(weft_choice_state *c, int rank, int size) {
   c->bcast_flat_max_bytes = set->bcast_flat_max_bytes;
   c->allgather_pairwise_bytes = set->allgather_pairwise_bytes;
   c->allgather_bruck_max_bytes = set->allgather_bruck_max_bytes;
+  c->allgather_bruck_shm_max_bytes = set->allgather_bruck_shm_max_bytes;
   c->reduce_scatter_rd_max_bytes = set->reduce_scatter_rd_max_bytes;
+  c->reduce_scatter_rd_shm_max_bytes = set->reduce_scatter_rd_shm_max_bytes;
 }
 
 void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_bytes) {
@@ -123,12 +125,14 @@ void weft_choice_direct_note(weft_choice_state *c, size_t count, weft_dtype dtyp
  * 2 cores: 6.5 against 11.5 us at 3 ranks, 40 against 65 at 8, 90 against
  * 180 at 16), so it stays with groups of up to 8 there. With a core per
  * rank a round of recursive doubling is a cache line away, and its
- * log2(size) rounds won at every size up to 16 KiB (16 cores, 2 interleaved
- * runs each: 8 B 1.0-1.2 against 1.6-1.9 us at 8 ranks, 1.4-1.5 against
- * 3.2-4.5 at 16; 16 KiB 10-13 against 26-29 and 16-22 against 67-71), so
- * there the exchange keeps only small groups. */
+ * log2(size) rounds won from 4 ranks on, at every size up to 16 KiB (16
+ * cores, shm, 2 interleaved runs each, rd against the exchange: 4 ranks 8 B
+ * 0.9-1.0 / 1.1 us, 16 KiB 7.4-7.6 / 9.2-10.0; 8 ranks 8 B 1.0-1.2 /
+ * 1.6-1.9, 16 KiB 10-13 / 26-29; 16 ranks 8 B 1.4-1.5 / 3.2-4.5); at 3
+ * ranks the exchange still won (8 B 0.8-0.9 / 0.9-1.0 us, 16 KiB 6.2-6.4 /
+ * 10.5-11.1). */
 #define EXCHANGE_MAX_RANKS 8
-#define EXCHANGE_MAX_RANKS_CORED 4
+#define EXCHANGE_MAX_RANKS_CORED 3
 
 /* Whether the direct question applies (one host, large or forced), and
  * whether the one-round exchange may (small, one host, few ranks, or
@@ -147,18 +151,21 @@ static bool exchange_candidate(const weft_choice_state *c, size_t bytes) {
           bytes <= c->exchange_max_bytes);
 }
 
-/* With a core per rank the ring's steps run on every core at once, and
- * it overtakes recursive doubling (log2(size) whole buffers per rank)
- * sooner as the group grows (16 cores, shm, 2 interleaved runs each, rd
- * against ring: 4 ranks 64 KiB 17-28 / 24-27 us, 128 KiB 33-60 / 29-34;
- * 16 ranks 32 KiB 27-42 / 32, 64 KiB 55-74 / 45-52). Where ranks outnumber
- * cores every step costs turns of the scheduler and the fewer rounds win
- * up to WEFT_RD_MAX_BYTES (2 vCPUs, 4 ranks: 256 KiB 223-234 against
- * 283-300 us). */
-#define RD_CORED_BYTES_LOG2 (128u << 10) /* the bytes limit times log2(size) */
+/* Where links are stores and every rank has a core, the ring's steps run
+ * on every core at once and overtake recursive doubling (log2(size) whole
+ * buffers per rank) sooner as the group grows (16 cores, shm, 2 interleaved
+ * runs each, rd against ring: 4 ranks 64 KiB 17-28 / 24-27 us, 128 KiB
+ * 33-60 / 29-34; 8 ranks 64 KiB 29-31 / 35-37, 128 KiB 53-58 / 55-61, 256
+ * KiB 108-117 / 89-94; 16 ranks 32 KiB 27-42 / 32, 64 KiB 55-74 / 45-52):
+ * about 192 KiB / log2(size). Over sockets a ring step costs a system call
+ * and a wake-up, and recursive doubling stayed ahead (16 cores, tcp, 16
+ * ranks: 64 KiB 120-141 / 306-330 us, 256 KiB level), as it does where ranks
+ * outnumber cores (2 vCPUs, shm, 4 ranks: 256 KiB 223-234 / 283-300 us):
+ * there it keeps WEFT_RD_MAX_BYTES. */
+#define RD_CORED_BYTES_LOG2 (192u << 10) /* the bytes limit times log2(size) */
 
 static size_t rd_max_for(const weft_choice_state *c) {
-  if (!c->core_per_rank || c->size <= 2) return c->rd_max_bytes;
+  if (!c->core_per_rank || !c->sends_are_stores || c->size <= 2) return c->rd_max_bytes;
   int rounds = 0;
   while ((1 << rounds) < c->size) rounds++;
   size_t cored = RD_CORED_BYTES_LOG2 / (size_t)rounds;
@@ -237,21 +244,17 @@ weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier
  * 109-131 (its linear broadcast, the same shape); at 3 ranks 8 / 19
  * against 17 / 35 at 32 / 128 KiB. Below 16 KiB chunks
  * go through the slots (the root would copy once per rank); at 8 ranks
- * the runs were mixed (256 KiB: 139 against 106), so up to 4 ranks. With a
- * core per rank, 8 ranks copying at once still won up to 64 KiB (16 cores,
- * 2 interleaved runs each, flat against the default: 16 KiB 5.8-7.4 /
- * 9.4-15.4 us, 64 KiB 20-32 / 24-42; 256 KiB mixed, 90-149 / 82-143; 1 MiB
- * 314-559 / 314-355) and was level at 16 ranks, so 5 to 8 ranks take it
- * up to a sixteenth of the flat tree's upper bound. */
+ * the runs were mixed (256 KiB: 139 against 106), so up to 4 ranks. On 16
+ * cores 8 ranks won with it where the pairs read by single copy (16 KiB
+ * 5.8-7.4 against 9.4-15.4 us) and not where they kept the slots (the root
+ * then copies once per rank: 16 KiB 8.7-10.2 against 10.1-10.3, 64 KiB
+ * 26-31 against 25-26); which a pair does is the transport's, so 8 ranks
+ * keep the trees. */
 #define BCAST_FLAT_MAX_RANKS 4
-#define BCAST_FLAT_MAX_RANKS_CORED 8
 static bool bcast_flat(const weft_choice_state *c, size_t bytes, int size) {
-  if (!c->sends_are_stores || size <= 2 || !c->bcast_flat_min_bytes ||
-      bytes < c->bcast_flat_min_bytes)
-    return false;
-  if (size <= BCAST_FLAT_MAX_RANKS) return bytes <= c->bcast_flat_max_bytes;
-  return c->core_per_rank && size <= BCAST_FLAT_MAX_RANKS_CORED &&
-         bytes <= c->bcast_flat_max_bytes / 16;
+  return c->sends_are_stores && size > 2 && size <= BCAST_FLAT_MAX_RANKS &&
+         c->bcast_flat_min_bytes && bytes >= c->bcast_flat_min_bytes &&
+         bytes <= c->bcast_flat_max_bytes;
 }
 
 int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes, int size,
@@ -270,25 +273,38 @@ int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {
 /* Whether a small call's whole buffer (every rank's block: allgather's
  * output, reduce_scatter's input) takes log2(size) rounds of one message
  * instead of the ring's size-1 serial steps: among 3 or more ranks (between
- * 2 both are one exchange), up to the setting and one chunk. Their 8 KiB
- * defaults: on this machine's 2 vCPUs (weftrun -n 4/8 weft-bench --peers,
- * whole buffer 32 B .. 256 KiB, setting 0 against 1G interleaved, 3-5 runs,
- * time ratio old/new of the medians, >1 the new one wins) allgather over
- * shm won up to 4-8 KiB at 4 ranks (0.88-1.16 at 8 KiB, 0.57 at 16 KiB,
- * 0.32 at 32 KiB, where pairwise's single copy takes over) and up to 16
- * KiB at 8 (1.22; 0.50-0.92 at 32 KiB); over tcp it won at every size
- * measured (4 ranks 1.04-1.92, 8 ranks 1.34-2.46, up to 256 KiB). Reduce_scatter
- * over shm won up to 4-8 KiB (4 ranks 0.99-1.01 at 8 KiB, 0.78 at 16; 8
- * ranks 1.37 at 4 KiB, 0.62-1.24 at 8: the whole input reduced at every
- * round costs cores that 8 ranks share), over tcp up to 16 KiB at 4 ranks
- * (1.09; 0.89-0.94 at 32) and 32 KiB at 8 (1.46-1.57; 0.73 at 128). */
-static bool whole_is_small(const weft_choice_state *c, const weft_coll *coll, size_t max_bytes) {
+ * 2 both are one exchange), up to one chunk and the limit for the links:
+ * `shm_max` where every link is a store, `max` elsewhere.
+ * Measured (weft-bench --peers, whole buffer 32 B .. 256 KiB, each limit 0
+ * against 256 KiB or more interleaved; time old / new, >1 the new one wins):
+ * - allgather, links not stores: won at every size up to a chunk. 2 vCPUs,
+ *   tcp: 4 ranks 1.04-1.92, 8 ranks 1.34-2.46. 16 cores, tcp: 8 ranks
+ *   56-64 against 23-24 us at 32 B, 103-112 against 87-93 at 256 KiB; 16
+ *   ranks 133-140 against 36-38 at 128 B, 198-204 against 123-127 at 256
+ *   KiB. So 256 KiB (the default chunk).
+ * - allgather, shm: 2 vCPUs, 4 ranks 0.88-1.16 at 8 KiB, 0.57 at 16, 0.32
+ *   at 32 (where pairwise's single copy takes over); 8 ranks 1.22 at 16
+ *   KiB, 0.50-0.92 at 32. 16 cores: 8 ranks 5.6 against 4.2-4.4 us at 8
+ *   KiB, mixed at 32 KiB; 16 ranks ahead to 32 KiB, behind at 128. So 8 KiB.
+ * - reduce_scatter, links not stores: 2 vCPUs, tcp 4 ranks 1.09 at 16 KiB,
+ *   0.89-0.94 at 32; 8 ranks 1.46-1.57 at 32 KiB, 0.73 at 128. 16 cores,
+ *   tcp: 8 ranks 63-65 against 44-46 us at 32 KiB, 84-86 against 138-142 at
+ *   128; 16 ranks 132-164 against 67-68 at 32 KiB. So 32 KiB.
+ * - reduce_scatter, shm: the whole input reduced at every round costs what
+ *   the ring's cheap steps do not. 16 cores: 8 ranks 2.9-3.2 against
+ *   1.9-2.0 us at 512 B, 3.2-3.4 against 3.4-3.6 at 2 KiB, 5.4-5.5 against
+ *   8.0-8.6 at 8 KiB; 16 ranks 6.6-6.8 against 5.0 at 2 KiB, 8.0-8.1
+ *   against 10.4-11.1 at 8. 2 vCPUs: ahead up to 4 KiB at 4 and 8 ranks.
+ *   So 2 KiB. */
+static bool whole_is_small(const weft_choice_state *c, const weft_coll *coll, size_t max_bytes,
+                           size_t shm_max_bytes) {
   size_t whole = (size_t)c->size * coll->count * coll->elem;
-  return c->size > 2 && whole <= c->chunk_bytes && whole <= max_bytes;
+  size_t limit = c->sends_are_stores ? shm_max_bytes : max_bytes;
+  return c->size > 2 && whole <= c->chunk_bytes && whole <= limit;
 }
 
 weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
-  if (whole_is_small(c, coll, c->allgather_bruck_max_bytes))
+  if (whole_is_small(c, coll, c->allgather_bruck_max_bytes, c->allgather_bruck_shm_max_bytes))
     return weft_bruck_allgather_start(coll);
   /* A ring's block waits at every rank for the one before it to forward
    * it; pairwise, every block comes from its owner. Where links are stores
@@ -311,7 +327,8 @@ weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
 weft_status weft_choose_reduce_scatter(const weft_choice_state *c, weft_coll *coll) {
   /* With a wire dtype the ring stays: the stage holds one block's chunk,
    * not the whole input that recursive doubling sends. */
-  if (!weft_wire_on(coll) && whole_is_small(c, coll, c->reduce_scatter_rd_max_bytes))
+  if (!weft_wire_on(coll) && whole_is_small(c, coll, c->reduce_scatter_rd_max_bytes,
+                                            c->reduce_scatter_rd_shm_max_bytes))
     return weft_rd_reduce_scatter_start(coll);
   return weft_ring_reduce_scatter_start(coll);
 }
@@ -367,8 +384,8 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
                    "buffers come from weft_mem_alloc; ",
                    direct);
     weft_appendf(out, len, &at,
-                 "else recursive doubling up to %s (on one host with a CPU per rank and 3 or more "
-                 "ranks, up to 128 KiB / log2(ranks) when that is less), the ring above\n",
+                 "else recursive doubling up to %s (on shm with a CPU per rank and 3 or more "
+                 "ranks, up to 192 KiB / log2(ranks) when that is less), the ring above\n",
                  rd);
     weft_appendf(
         out, len, &at,
@@ -383,13 +400,10 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
     char lo[32], hi[32];
     bytes_words(c->bcast_flat_min_bytes, lo, sizeof lo);
     bytes_words(c->bcast_flat_max_bytes, hi, sizeof hi);
-    char hi_cored[32];
-    bytes_words(c->bcast_flat_max_bytes / 16, hi_cored, sizeof hi_cored);
     weft_appendf(out, len, &at,
                  "broadcast among 3 or %d ranks all on shm: a flat tree from %s to %s (every "
-                 "rank copies straight from the root), among up to %d with a CPU per rank to "
-                 "%s; elsewhere as below\n",
-                 BCAST_FLAT_MAX_RANKS, lo, hi, BCAST_FLAT_MAX_RANKS_CORED, hi_cored);
+                 "rank copies straight from the root); elsewhere as below\n",
+                 BCAST_FLAT_MAX_RANKS, lo, hi);
   }
   if (c->bcast_fanout > 0)
     weft_appendf(out, len, &at, "broadcast: a tree of fan-out %d (WEFT_BCAST_FANOUT)",
@@ -412,26 +426,35 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
                c->bcast_confirm ? "; counts confirmed on every rank\n"
                                 : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
   weft_appendf(out, len, &at, "reduce: a pipelined chain from %s, a binary tree below\n", chain);
-  if (c->reduce_scatter_rd_max_bytes) {
-    char rs[32];
+  if (c->reduce_scatter_rd_max_bytes || c->reduce_scatter_rd_shm_max_bytes) {
+    char rs[32], rs_shm[32];
     bytes_words(
         c->reduce_scatter_rd_max_bytes < chunk_bytes ? c->reduce_scatter_rd_max_bytes : chunk_bytes,
         rs, sizeof rs);
+    bytes_words(c->reduce_scatter_rd_shm_max_bytes < chunk_bytes
+                    ? c->reduce_scatter_rd_shm_max_bytes
+                    : chunk_bytes,
+                rs_shm, sizeof rs_shm);
     weft_appendf(out, len, &at,
                  "reduce_scatter: at 3 or more ranks, recursive doubling on the whole input "
-                 "(every rank's blocks) up to %s in all (the ring when f32 crosses hosts as "
-                 "bf16/f16); else the ring, in chunks of %s\n",
-                 rs, chunk);
+                 "(every rank's blocks) up to %s in all, %s on shm (the ring when f32 crosses "
+                 "hosts as bf16/f16); else the ring, in chunks of %s\n",
+                 rs, rs_shm, chunk);
   } else
     weft_appendf(out, len, &at, "reduce_scatter: the ring, in chunks of %s\n", chunk);
   weft_appendf(out, len, &at, "allgather: ");
-  if (c->allgather_bruck_max_bytes) {
-    char bk[32];
+  if (c->allgather_bruck_max_bytes || c->allgather_bruck_shm_max_bytes) {
+    char bk[32], bk_shm[32];
     bytes_words(
         c->allgather_bruck_max_bytes < chunk_bytes ? c->allgather_bruck_max_bytes : chunk_bytes, bk,
         sizeof bk);
+    bytes_words(c->allgather_bruck_shm_max_bytes < chunk_bytes ? c->allgather_bruck_shm_max_bytes
+                                                               : chunk_bytes,
+                bk_shm, sizeof bk_shm);
     weft_appendf(out, len, &at,
-                 "Bruck (log2(ranks) rounds) at 3 or more ranks up to %s of output in all; ", bk);
+                 "Bruck (log2(ranks) rounds) at 3 or more ranks up to %s of output in all, %s on "
+                 "shm; ",
+                 bk, bk_shm);
   }
   if (c->allgather_pairwise_bytes) {
     char pw[32];

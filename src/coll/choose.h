@@ -27,8 +27,10 @@ typedef struct weft_choice_state {
   size_t bcast_chain_bytes;  /* broadcasts and reduces take a chain from this size */
   size_t bcast_flat_min_bytes, bcast_flat_max_bytes; /* one host, 3-4 ranks: a flat tree (0 never) */
   size_t allgather_pairwise_bytes; /* links all stores, 3+ ranks: pairwise from this block size */
-  size_t allgather_bruck_max_bytes; /* 3+ ranks: Bruck up to this whole output (0 never) */
-  size_t reduce_scatter_rd_max_bytes; /* 3+ ranks: recursive doubling up to this whole input */
+  /* 3+ ranks: Bruck up to this whole output, recursive doubling up to this
+   * whole input (0 never); over links not all stores, and all stores (shm) */
+  size_t allgather_bruck_max_bytes, allgather_bruck_shm_max_bytes;
+  size_t reduce_scatter_rd_max_bytes, reduce_scatter_rd_shm_max_bytes;
   /* facts of the communicator, told by it (weft_choice_learn, transports) */
   int size;              /* ranks */
   int nhosts;            /* hosts they run on */
