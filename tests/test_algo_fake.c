@@ -339,6 +339,7 @@ typedef struct run_case {
   /* log2(size) rounds on the whole buffer, which fits one chunk: an
    * allgather by Bruck, a reduce-scatter by recursive doubling */
   bool log_rounds;
+  bool halving; /* a reduce-scatter by recursive halving (a power-of-two group) */
   bool in_place;
   size_t chunk_bytes;
   int tag;
@@ -374,6 +375,7 @@ static void describe(const run_case *c, char *buf, size_t len) {
            algo_names[c->algo],
            c->confirmed    ? " (confirmed)"
            : c->pairwise   ? " (pairwise)"
+           : c->halving    ? " (recursive halving)"
            : c->log_rounds ? " (log2 rounds)"
                            : "",
            c->n, grp, c->count, weft_dtype_name(c->dt), weft_op_name(c->op), c->root, c->fanout,
@@ -487,6 +489,7 @@ static weft_status start(member *m, const run_case *c) {
                           : weft_tree_broadcast_start(coll, c->fanout);
     case ALGO_REDUCE: return weft_tree_reduce_start(coll, c->fanout);
     case ALGO_REDUCE_SCATTER:
+      if (c->halving) return weft_halving_reduce_scatter_start(coll);
       return c->log_rounds ? weft_rd_reduce_scatter_start(coll)
                            : weft_ring_reduce_scatter_start(coll);
     case ALGO_ALLGATHER:
@@ -751,7 +754,7 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
         if (st == WEFT_OK) {
           m->done = true;
           left--;
-          if (c->log_rounds && m->coll.scratch)
+          if ((c->log_rounds || c->halving) && m->coll.scratch)
             bad += scratch_still_read(w, c, m, order[i], (size_t)c->gsize * c->count * esz, what);
         } else if (st != WEFT_AGAIN) {
           fprintf(stderr, "%s\n  member %d failed: %s (%s; link says: %s)\n", what, order[i],
@@ -1026,6 +1029,26 @@ static void run_log_rounds(algo_id algo) {
              (unsigned long long)base_seed);
 }
 
+/* Recursive halving: power-of-two groups, the first round's half (half
+ * the input) in one chunk, sometimes just so. */
+static void halving_reduce_scatter(void **state) {
+  (void)state;
+  uint64_t s = harness_seed(base_seed, (int)ALGO_REDUCE_SCATTER, 13);
+  int bad = 0, tag = 5000;
+  for (int n = 2; n <= MAX_N; n *= 2)
+    for (int i = 0; i < 4 * cases_per_size && bad < 3; i++) {
+      run_case c = random_case(ALGO_REDUCE_SCATTER, n, tag++, &s);
+      c.halving = true;
+      size_t half = (size_t)(n / 2) * c.count * weft_dtype_size(c.dt);
+      c.chunk_bytes = half + (harness_rng(&s) & 1 ? 0 : harness_rng(&s) % (half + 16));
+      if (c.chunk_bytes < 4) c.chunk_bytes = 4;
+      bad += run_one(&c, harness_rng(&s));
+    }
+  if (bad)
+    fail_msg("reduce-scatter by recursive halving: %d runs failed (seed %llu)", bad,
+             (unsigned long long)base_seed);
+}
+
 static void bruck_allgather(void **state) {
   (void)state;
   run_log_rounds(ALGO_ALLGATHER);
@@ -1181,6 +1204,7 @@ int main(void) {
       cmocka_unit_test(ring_allgather),
       cmocka_unit_test(bruck_allgather),
       cmocka_unit_test(rd_reduce_scatter),
+      cmocka_unit_test(halving_reduce_scatter),
       cmocka_unit_test(flat_gather),
       cmocka_unit_test(flat_scatter),
       cmocka_unit_test(pairwise_alltoall),

@@ -569,7 +569,9 @@ static void settings_typed_values(void **state) {
   assert_non_null(strstr(text, "counts confirmed"));
   assert_non_null(strstr(text, "a flat tree from 16 KiB to 1 MiB"));
   assert_non_null(strstr(text, "allgather: Bruck"));
-  assert_non_null(strstr(text, "reduce_scatter: at 3 or more ranks, recursive doubling"));
+  assert_non_null(strstr(text, "reduce_scatter: among 4, 8, 16 .. ranks recursive halving up to "
+                               "512 KiB of input in all, 32 KiB on shm; at 3 or more ranks, "
+                               "recursive doubling"));
   /* the flat tree's reach: 3-4 ranks on stores, 16 KiB to 1 MiB, whatever
    * the cores; never 2 ranks, 8 ranks or sockets */
   weft_choice_init(&cs, 0, 8);
@@ -593,18 +595,23 @@ static void settings_typed_values(void **state) {
   setenv("WEFT_ALLGATHER_BRUCK_SHM_MAX_BYTES", "0", 1);
   setenv("WEFT_REDUCE_SCATTER_RD_MAX_BYTES", "0", 1);
   setenv("WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES", "0", 1);
+  setenv("WEFT_REDUCE_SCATTER_HALVING_MAX_BYTES", "0", 1);
+  setenv("WEFT_REDUCE_SCATTER_HALVING_SHM_MAX_BYTES", "0", 1);
   weft_settings_reload();
   weft_choice_init(&cs, 0, 0);
   weft_choice_describe(&cs, 262144, text, sizeof text);
   weft_choice_free(&cs);
   assert_non_null(strstr(text, "allreduce: ring for every size (WEFT_ALGO)"));
   assert_non_null(strstr(text, "a pipelined chain from 1 MiB, a binary tree below; counts not"));
-  assert_non_null(strstr(text, "reduce_scatter: the ring, in chunks of 256 KiB"));
+  assert_non_null(strstr(text, "reduce_scatter: else (and where f32 crosses hosts as bf16/f16) "
+                               "the ring, in chunks of 256 KiB"));
   assert_null(strstr(text, "Bruck"));
   unsetenv("WEFT_ALLGATHER_BRUCK_MAX_BYTES");
   unsetenv("WEFT_ALLGATHER_BRUCK_SHM_MAX_BYTES");
   unsetenv("WEFT_REDUCE_SCATTER_RD_MAX_BYTES");
   unsetenv("WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES");
+  unsetenv("WEFT_REDUCE_SCATTER_HALVING_MAX_BYTES");
+  unsetenv("WEFT_REDUCE_SCATTER_HALVING_SHM_MAX_BYTES");
   unsetenv("WEFT_ALGO");
   unsetenv("WEFT_BCAST_CONFIRM");
   unsetenv("WEFT_BCAST_CHAIN_BYTES");

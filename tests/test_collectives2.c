@@ -316,15 +316,18 @@ static void run_group(int n, const char *const *env, int small, int big, int all
 #define SLOW_SENDS \
   { "WEFT_TCP_BUF_BYTES=65536", "WEFT_CHUNK_BYTES=1048576", NULL }
 /* Small allgather and reduce_scatter in log2(ranks) rounds (Bruck,
- * recursive doubling on the whole input) for every whole buffer of one
- * chunk, whatever the defaults say; and never, so the rings still run at
- * the small sizes. */
+ * recursive halving among a power of two of 4+ ranks, recursive doubling
+ * on the whole input elsewhere) for every whole buffer they can take,
+ * whatever the defaults say; and never, so the rings still run at the
+ * small sizes. */
 #define LOG_ROUNDS_ALWAYS \
   { "WEFT_ALLGATHER_BRUCK_MAX_BYTES=1G", "WEFT_ALLGATHER_BRUCK_SHM_MAX_BYTES=1G", \
-    "WEFT_REDUCE_SCATTER_RD_MAX_BYTES=1G", "WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES=1G", NULL }
+    "WEFT_REDUCE_SCATTER_RD_MAX_BYTES=1G", "WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES=1G", \
+    "WEFT_REDUCE_SCATTER_HALVING_MAX_BYTES=1G", "WEFT_REDUCE_SCATTER_HALVING_SHM_MAX_BYTES=1G", NULL }
 #define LOG_ROUNDS_NEVER \
   { "WEFT_ALLGATHER_BRUCK_MAX_BYTES=0", "WEFT_ALLGATHER_BRUCK_SHM_MAX_BYTES=0", \
-    "WEFT_REDUCE_SCATTER_RD_MAX_BYTES=0", "WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES=0", NULL }
+    "WEFT_REDUCE_SCATTER_RD_MAX_BYTES=0", "WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES=0", \
+    "WEFT_REDUCE_SCATTER_HALVING_MAX_BYTES=0", "WEFT_REDUCE_SCATTER_HALVING_SHM_MAX_BYTES=0", NULL }
 
 GROUP_TEST(ranks1, 1, NO_ENV, 1, 1, 1, 1021)
 GROUP_TEST(ranks2, 2, NO_ENV, 1, 1, 1, 1021)

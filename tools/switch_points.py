@@ -23,10 +23,10 @@ PAIRS = [  # (title, collective, tags, rank counts)
     ("shm single copy: off / on", "alltoall", ["cma-off", "cma-on"], (2, 4)),
     ("allgather: ring / Bruck, shm", "allgather", ["ag-old-shm", "ag-bruck-shm"], (8, 16)),
     ("allgather: ring / Bruck, tcp", "allgather", ["ag-old-tcp", "ag-bruck-tcp"], (8, 16)),
-    ("reduce_scatter: ring / recursive doubling, shm", "reduce_scatter",
-     ["rs-old-shm", "rs-rd-shm"], (8, 16)),
-    ("reduce_scatter: ring / recursive doubling, tcp", "reduce_scatter",
-     ["rs-old-tcp", "rs-rd-tcp"], (8, 16)),
+    ("reduce_scatter: ring / recursive doubling / halving, shm", "reduce_scatter",
+     ["rs-old-shm", "rs-rd-shm", "rs-halving-shm"], (8, 16)),
+    ("reduce_scatter: ring / recursive doubling / halving, tcp", "reduce_scatter",
+     ["rs-old-tcp", "rs-rd-tcp", "rs-halving-tcp"], (8, 16)),
 ]
 PEERS = {"shm": ["weft-shm", "ompi-vader", "ompi-vader-nommap"],
          "tcp": ["weft-tcp", "ompi-tcp-nommap"]}

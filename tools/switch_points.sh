@@ -9,8 +9,9 @@
 #   A  forced algorithms side by side: the exchange against recursive
 #      doubling, recursive doubling against the ring, broadcast trees,
 #      allgather ring against pairwise, shm single copy off against on
-#   C  the small-message algorithms: Bruck's allgather and the small
-#      reduce_scatter against the ring, per transport; exchange against
+#   C  the small-message algorithms: Bruck's allgather against the ring,
+#      reduce_scatter by recursive halving and doubling against the ring,
+#      per transport; exchange against
 #      recursive doubling at 3 and 4 ranks; rd against ring over tcp
 #   S  whether the two ends of each 2-rank shm pair decide single copy alike
 #      (12 starts, WEFT_DEBUG=INFO lines)
@@ -131,10 +132,13 @@ for round in 1 2; do
       on="WEFT_ALLGATHER_BRUCK_MAX_BYTES=256K WEFT_ALLGATHER_BRUCK_SHM_MAX_BYTES=256K"
       wrun ag-old-$tr $np allgather "WEFT_TRANSPORT=$tr $off" -b 8 -e 256K -f 4
       wrun ag-bruck-$tr $np allgather "WEFT_TRANSPORT=$tr $on" -b 8 -e 256K -f 4
-      off="WEFT_REDUCE_SCATTER_RD_MAX_BYTES=0 WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES=0"
-      on="WEFT_REDUCE_SCATTER_RD_MAX_BYTES=256K WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES=256K"
-      wrun rs-old-$tr $np reduce_scatter "WEFT_TRANSPORT=$tr $off" -b 8 -e 256K -f 4
-      wrun rs-rd-$tr $np reduce_scatter "WEFT_TRANSPORT=$tr $on" -b 8 -e 256K -f 4
+      off="WEFT_REDUCE_SCATTER_HALVING_MAX_BYTES=0 WEFT_REDUCE_SCATTER_HALVING_SHM_MAX_BYTES=0"
+      rd="WEFT_REDUCE_SCATTER_RD_MAX_BYTES=256K WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES=256K"
+      ring="WEFT_REDUCE_SCATTER_RD_MAX_BYTES=0 WEFT_REDUCE_SCATTER_RD_SHM_MAX_BYTES=0"
+      hv="WEFT_REDUCE_SCATTER_HALVING_MAX_BYTES=1G WEFT_REDUCE_SCATTER_HALVING_SHM_MAX_BYTES=1G"
+      wrun rs-old-$tr $np reduce_scatter "WEFT_TRANSPORT=$tr $off $ring" -b 8 -e 512K -f 4
+      wrun rs-rd-$tr $np reduce_scatter "WEFT_TRANSPORT=$tr $off $rd" -b 8 -e 256K -f 4
+      wrun rs-halving-$tr $np reduce_scatter "WEFT_TRANSPORT=$tr $hv" -b 8 -e 512K -f 4
     done
   done
 done

@@ -268,6 +268,8 @@ weft_status weft_tree_broadcast_start(weft_coll *coll, int fanout);
 weft_status weft_confirmed_broadcast_start(weft_coll *coll, int fanout);
 weft_status weft_tree_reduce_start(weft_coll *coll, int fanout);
 weft_status weft_ring_reduce_scatter_start(weft_coll *coll);
+/* A power-of-two group whose whole input fits two chunks (halving_reduce_scatter.c). */
+weft_status weft_halving_reduce_scatter_start(weft_coll *coll);
 weft_status weft_ring_allgather_start(weft_coll *coll);
 /* Bruck's allgather: ceil(log2 size) rounds; the whole output must fit one
  * chunk (bruck_allgather.c). */

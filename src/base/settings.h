@@ -126,6 +126,12 @@
   X(REDUCE_SCATTER_RD_SHM_MAX_BYTES, reduce_scatter_rd_shm_max_bytes, BYTES, "2048", 0,         \
     WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,                                                          \
     "the same where every link is shm (there the ring's steps cost little and rounds over the whole input soon cost more); 0 = never") \
+  X(REDUCE_SCATTER_HALVING_MAX_BYTES, reduce_scatter_halving_max_bytes, BYTES, "524288", 0,     \
+    WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,                                                          \
+    "reduce_scatter among 4, 8, 16 .. ranks (a power of two) whose whole input is at most this many bytes and two chunks, over links that are not all shm: recursive halving, log2(ranks) rounds each sending half of what the last one did, ahead of recursive doubling and the ring; 0 = never") \
+  X(REDUCE_SCATTER_HALVING_SHM_MAX_BYTES, reduce_scatter_halving_shm_max_bytes, BYTES, "32768", \
+    0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,                                                       \
+    "the same where every link is shm; 0 = never") \
   X(CHECK, check, BOOL, "0", 0, 0, WEFT_NO_WORDS,                                                \
     "1: every collective first compares a fingerprint (call, count, dtype, op, root) across ranks; a difference fails every rank naming both sides") \
   X(RECORDER, recorder, INT, "64", 0, 100000, WEFT_NO_WORDS,                                     \

@@ -33,6 +33,8 @@ void weft_choice_init(weft_choice_state *c, int rank, int size) {
   c->allgather_bruck_shm_max_bytes = set->allgather_bruck_shm_max_bytes;
   c->reduce_scatter_rd_max_bytes = set->reduce_scatter_rd_max_bytes;
   c->reduce_scatter_rd_shm_max_bytes = set->reduce_scatter_rd_shm_max_bytes;
+  c->reduce_scatter_halving_max_bytes = set->reduce_scatter_halving_max_bytes;
+  c->reduce_scatter_halving_shm_max_bytes = set->reduce_scatter_halving_shm_max_bytes;
 }
 
 void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_bytes) {
@@ -324,9 +326,30 @@ weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
   return weft_ring_allgather_start(coll);
 }
 
+/* Recursive halving sends what the ring sends, (size-1)/size of the input,
+ * in log2(size) messages: among a power of two of 4 or more ranks it beat
+ * both recursive doubling and the ring (2 vCPUs, whole input 2 KiB .. 512
+ * KiB, 3 interleaved runs, us, halving / ring / rd): tcp 4 ranks 32 KiB
+ * 62-114 / 88-129 / 77-135, 128 KiB 117-173 / 125-197, 512 KiB 284-398 /
+ * 290-554; tcp 8 ranks 32 KiB 240-274 / 316-545 / 309-335, 512 KiB 794-907
+ * / 920-1500 (at 2 KiB recursive doubling was level, 181-250 / 239-254);
+ * shm 4 ranks ahead or level at every size (512 KiB 62-132 / 74-212), shm
+ * 8 ranks ahead to 32 KiB (49-54 / 54-104) and mixed from 128 KiB (89-95 /
+ * 75-223), where 8 ranks share 2 vCPUs. Its first message is half the
+ * input, so two chunks at most. */
+static bool halving_fits(const weft_choice_state *c, const weft_coll *coll) {
+  int n = c->size;
+  size_t whole = (size_t)n * coll->count * coll->elem;
+  size_t limit = c->sends_are_stores ? c->reduce_scatter_halving_shm_max_bytes
+                                     : c->reduce_scatter_halving_max_bytes;
+  return n >= 4 && !(n & (n - 1)) && whole <= 2 * c->chunk_bytes && whole <= limit;
+}
+
 weft_status weft_choose_reduce_scatter(const weft_choice_state *c, weft_coll *coll) {
   /* With a wire dtype the ring stays: the stage holds one block's chunk,
-   * not the whole input that recursive doubling sends. */
+   * not the whole input that recursive halving or doubling sends. */
+  if (!weft_wire_on(coll) && halving_fits(c, coll))
+    return weft_halving_reduce_scatter_start(coll);
   if (!weft_wire_on(coll) && whole_is_small(c, coll, c->reduce_scatter_rd_max_bytes,
                                             c->reduce_scatter_rd_shm_max_bytes))
     return weft_rd_reduce_scatter_start(coll);
@@ -426,6 +449,22 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
                c->bcast_confirm ? "; counts confirmed on every rank\n"
                                 : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
   weft_appendf(out, len, &at, "reduce: a pipelined chain from %s, a binary tree below\n", chain);
+  weft_appendf(out, len, &at, "reduce_scatter: ");
+  if (c->reduce_scatter_halving_max_bytes || c->reduce_scatter_halving_shm_max_bytes) {
+    char hv[32], hv_shm[32];
+    size_t two = 2 * chunk_bytes;
+    bytes_words(c->reduce_scatter_halving_max_bytes < two ? c->reduce_scatter_halving_max_bytes
+                                                          : two,
+                hv, sizeof hv);
+    bytes_words(c->reduce_scatter_halving_shm_max_bytes < two
+                    ? c->reduce_scatter_halving_shm_max_bytes
+                    : two,
+                hv_shm, sizeof hv_shm);
+    weft_appendf(out, len, &at,
+                 "among 4, 8, 16 .. ranks recursive halving up to %s of input in all, %s on "
+                 "shm; ",
+                 hv, hv_shm);
+  }
   if (c->reduce_scatter_rd_max_bytes || c->reduce_scatter_rd_shm_max_bytes) {
     char rs[32], rs_shm[32];
     bytes_words(
@@ -436,12 +475,12 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
                     : chunk_bytes,
                 rs_shm, sizeof rs_shm);
     weft_appendf(out, len, &at,
-                 "reduce_scatter: at 3 or more ranks, recursive doubling on the whole input "
-                 "(every rank's blocks) up to %s in all, %s on shm (the ring when f32 crosses "
-                 "hosts as bf16/f16); else the ring, in chunks of %s\n",
-                 rs, rs_shm, chunk);
-  } else
-    weft_appendf(out, len, &at, "reduce_scatter: the ring, in chunks of %s\n", chunk);
+                 "at 3 or more ranks, recursive doubling on the whole input (every rank's "
+                 "blocks) up to %s in all, %s on shm; ",
+                 rs, rs_shm);
+  }
+  weft_appendf(out, len, &at,
+               "else (and where f32 crosses hosts as bf16/f16) the ring, in chunks of %s\n", chunk);
   weft_appendf(out, len, &at, "allgather: ");
   if (c->allgather_bruck_max_bytes || c->allgather_bruck_shm_max_bytes) {
     char bk[32], bk_shm[32];

@@ -31,6 +31,8 @@ typedef struct weft_choice_state {
    * whole input (0 never); over links not all stores, and all stores (shm) */
   size_t allgather_bruck_max_bytes, allgather_bruck_shm_max_bytes;
   size_t reduce_scatter_rd_max_bytes, reduce_scatter_rd_shm_max_bytes;
+  /* power-of-two groups of 4+: recursive halving up to this whole input */
+  size_t reduce_scatter_halving_max_bytes, reduce_scatter_halving_shm_max_bytes;
   /* facts of the communicator, told by it (weft_choice_learn, transports) */
   int size;              /* ranks */
   int nhosts;            /* hosts they run on */
