@@ -379,6 +379,13 @@ static void bytes_words(size_t b, char *out, size_t len) {
     snprintf(out, len, "%zu B", b);
 }
 
+/* A pair of limits (other links, shm) in words, each capped at `cap` (what
+ * the algorithm can take at most); 32 bytes each. */
+static void limit_words(size_t other, size_t shm, size_t cap, char *other_out, char *shm_out) {
+  bytes_words(other < cap ? other : cap, other_out, 32);
+  bytes_words(shm < cap ? shm : cap, shm_out, 32);
+}
+
 void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *out, size_t len) {
   char chunk[32], rd[32], ex[32], direct[32], chain[32];
   bytes_words(chunk_bytes, chunk, sizeof chunk);
@@ -450,50 +457,33 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
                                 : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
   weft_appendf(out, len, &at, "reduce: a pipelined chain from %s, a binary tree below\n", chain);
   weft_appendf(out, len, &at, "reduce_scatter: ");
+  char lim[32], lim_shm[32];
   if (c->reduce_scatter_halving_max_bytes || c->reduce_scatter_halving_shm_max_bytes) {
-    char hv[32], hv_shm[32];
-    size_t two = 2 * chunk_bytes;
-    bytes_words(c->reduce_scatter_halving_max_bytes < two ? c->reduce_scatter_halving_max_bytes
-                                                          : two,
-                hv, sizeof hv);
-    bytes_words(c->reduce_scatter_halving_shm_max_bytes < two
-                    ? c->reduce_scatter_halving_shm_max_bytes
-                    : two,
-                hv_shm, sizeof hv_shm);
+    limit_words(c->reduce_scatter_halving_max_bytes, c->reduce_scatter_halving_shm_max_bytes,
+                2 * chunk_bytes, lim, lim_shm);
     weft_appendf(out, len, &at,
                  "among 4, 8, 16 .. ranks recursive halving up to %s of input in all, %s on "
                  "shm; ",
-                 hv, hv_shm);
+                 lim, lim_shm);
   }
   if (c->reduce_scatter_rd_max_bytes || c->reduce_scatter_rd_shm_max_bytes) {
-    char rs[32], rs_shm[32];
-    bytes_words(
-        c->reduce_scatter_rd_max_bytes < chunk_bytes ? c->reduce_scatter_rd_max_bytes : chunk_bytes,
-        rs, sizeof rs);
-    bytes_words(c->reduce_scatter_rd_shm_max_bytes < chunk_bytes
-                    ? c->reduce_scatter_rd_shm_max_bytes
-                    : chunk_bytes,
-                rs_shm, sizeof rs_shm);
+    limit_words(c->reduce_scatter_rd_max_bytes, c->reduce_scatter_rd_shm_max_bytes, chunk_bytes,
+                lim, lim_shm);
     weft_appendf(out, len, &at,
                  "at 3 or more ranks, recursive doubling on the whole input (every rank's "
                  "blocks) up to %s in all, %s on shm; ",
-                 rs, rs_shm);
+                 lim, lim_shm);
   }
   weft_appendf(out, len, &at,
                "else (and where f32 crosses hosts as bf16/f16) the ring, in chunks of %s\n", chunk);
   weft_appendf(out, len, &at, "allgather: ");
   if (c->allgather_bruck_max_bytes || c->allgather_bruck_shm_max_bytes) {
-    char bk[32], bk_shm[32];
-    bytes_words(
-        c->allgather_bruck_max_bytes < chunk_bytes ? c->allgather_bruck_max_bytes : chunk_bytes, bk,
-        sizeof bk);
-    bytes_words(c->allgather_bruck_shm_max_bytes < chunk_bytes ? c->allgather_bruck_shm_max_bytes
-                                                               : chunk_bytes,
-                bk_shm, sizeof bk_shm);
+    limit_words(c->allgather_bruck_max_bytes, c->allgather_bruck_shm_max_bytes, chunk_bytes, lim,
+                lim_shm);
     weft_appendf(out, len, &at,
                  "Bruck (log2(ranks) rounds) at 3 or more ranks up to %s of output in all, %s on "
                  "shm; ",
-                 bk, bk_shm);
+                 lim, lim_shm);
   }
   if (c->allgather_pairwise_bytes) {
     char pw[32];
