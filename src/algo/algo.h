@@ -251,6 +251,8 @@ weft_status weft_step_send_all(weft_coll *coll, int *next, const void *src, size
 /* Receives one `bytes` message from every other member into slot [member]
  * of `base` (`size` slots of `bytes`); *next as for weft_step_send_all. */
 weft_status weft_step_recv_all(weft_coll *coll, int *next, void *base, size_t bytes);
+/* The advance of a call with nothing to move (a zero count): done at once. */
+weft_status weft_step_nothing(weft_coll *coll);
 
 /* Algorithm entry points: set coll->advance and the state. */
 weft_status weft_ring_allreduce_start(weft_coll *coll);

@@ -74,19 +74,13 @@ static weft_status bruck_advance(weft_coll *coll) {
   return WEFT_OK;
 }
 
-/* Nothing to move (a zero count): done at once. */
-static weft_status bruck_nothing(weft_coll *coll) {
-  (void)coll;
-  return WEFT_OK;
-}
-
 weft_status weft_bruck_allgather_start(weft_coll *coll) {
   bruck_state *bs = WEFT_ALGO_STATE(coll, bruck_state);
   size_t block = coll->count * coll->elem;
   if (block * (size_t)coll->size > coll->chunk_bytes) return WEFT_ERR_INTERNAL;
   *bs = (bruck_state){.block = block, .dist = 1};
   coll->algo = "bruck";
-  coll->advance = bruck_nothing;
+  coll->advance = weft_step_nothing;
   if (block == 0) return WEFT_OK;
   void *held;
   WEFT_CHECK(weft_coll_scratch(coll, block * (size_t)coll->size, &held));

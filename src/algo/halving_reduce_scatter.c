@@ -68,11 +68,6 @@ static weft_status halving_advance(weft_coll *coll) {
   return WEFT_OK;
 }
 
-static weft_status halving_nothing(weft_coll *coll) {
-  (void)coll;
-  return WEFT_OK;
-}
-
 weft_status weft_halving_reduce_scatter_start(weft_coll *coll) {
   halving_state *hs = WEFT_ALGO_STATE(coll, halving_state);
   int n = coll->size;
@@ -82,7 +77,7 @@ weft_status weft_halving_reduce_scatter_start(weft_coll *coll) {
     return WEFT_ERR_INTERNAL;
   *hs = (halving_state){.block = block, .dist = n / 2};
   coll->algo = "recursive halving";
-  coll->advance = halving_nothing;
+  coll->advance = weft_step_nothing;
   if (block == 0) return WEFT_OK;
   void *work;
   WEFT_CHECK(weft_coll_scratch(coll, block * (size_t)n, &work));

@@ -183,12 +183,6 @@ static weft_status rd_advance(weft_coll *coll) {
   return WEFT_OK;
 }
 
-/* A reduce-scatter of zero elements: nothing to move. */
-static weft_status rd_nothing(weft_coll *coll) {
-  (void)coll;
-  return WEFT_OK;
-}
-
 weft_status weft_rd_allreduce_start(weft_coll *coll) {
   if (coll->count * coll->elem > coll->chunk_bytes) return WEFT_ERR_INTERNAL;
   if (coll->sendbuf != coll->recvbuf)
@@ -210,7 +204,7 @@ weft_status weft_rd_reduce_scatter_start(weft_coll *coll) {
   /* the wire stage holds one block's chunk, not the whole input: the ring carries those */
   if (whole * coll->elem > coll->chunk_bytes || weft_wire_on(coll)) return WEFT_ERR_INTERNAL;
   coll->algo = "recursive doubling";
-  coll->advance = rd_nothing;
+  coll->advance = weft_step_nothing;
   if (whole == 0) return WEFT_OK;
   void *scratch;
   WEFT_CHECK(weft_coll_scratch(coll, whole * coll->elem, &scratch));

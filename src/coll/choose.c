@@ -298,11 +298,17 @@ int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {
  *   8.0-8.6 at 8 KiB; 16 ranks 6.6-6.8 against 5.0 at 2 KiB, 8.0-8.1
  *   against 10.4-11.1 at 8. 2 vCPUs: ahead up to 4 KiB at 4 and 8 ranks.
  *   So 2 KiB. */
-static bool whole_is_small(const weft_choice_state *c, const weft_coll *coll, size_t max_bytes,
-                           size_t shm_max_bytes) {
+/* Whether the whole buffer fits `cap` and the limit for these links. */
+static bool whole_within(const weft_choice_state *c, const weft_coll *coll, size_t max_bytes,
+                         size_t shm_max_bytes, size_t cap) {
   size_t whole = (size_t)c->size * coll->count * coll->elem;
   size_t limit = c->sends_are_stores ? shm_max_bytes : max_bytes;
-  return c->size > 2 && whole <= c->chunk_bytes && whole <= limit;
+  return whole <= cap && whole <= limit;
+}
+
+static bool whole_is_small(const weft_choice_state *c, const weft_coll *coll, size_t max_bytes,
+                           size_t shm_max_bytes) {
+  return c->size > 2 && whole_within(c, coll, max_bytes, shm_max_bytes, c->chunk_bytes);
 }
 
 weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
@@ -339,10 +345,9 @@ weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
  * input, so two chunks at most. */
 static bool halving_fits(const weft_choice_state *c, const weft_coll *coll) {
   int n = c->size;
-  size_t whole = (size_t)n * coll->count * coll->elem;
-  size_t limit = c->sends_are_stores ? c->reduce_scatter_halving_shm_max_bytes
-                                     : c->reduce_scatter_halving_max_bytes;
-  return n >= 4 && !(n & (n - 1)) && whole <= 2 * c->chunk_bytes && whole <= limit;
+  return n >= 4 && !(n & (n - 1)) &&
+         whole_within(c, coll, c->reduce_scatter_halving_max_bytes,
+                      c->reduce_scatter_halving_shm_max_bytes, 2 * c->chunk_bytes);
 }
 
 weft_status weft_choose_reduce_scatter(const weft_choice_state *c, weft_coll *coll) {

@@ -79,8 +79,9 @@ int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes);
 /* Starts an allgather: Bruck while the whole output is small, pairwise
  * where every link is a store and the block is large enough, else the ring. */
 weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll);
-/* Starts a reduce-scatter: recursive doubling on the whole input while it
- * is small, else the ring. */
+/* Starts a reduce-scatter: recursive halving among a power of two of 4+
+ * ranks while the input is small enough, recursive doubling on the whole
+ * input while it is smaller still, else the ring. */
 weft_status weft_choose_reduce_scatter(const weft_choice_state *c, weft_coll *coll);
 
 /* The direct question's outcome for an allreduce of (count, dtype):

@@ -516,12 +516,6 @@ static void coll_take_seq(weft_coll *coll) {
   coll->seq = ++coll->comm->seq;
 }
 
-/* The algorithm of a call with nothing to move. */
-static weft_status coll_nothing(weft_coll *coll) {
-  (void)coll;
-  return WEFT_OK;
-}
-
 /* A call of count 0 moves no data, so without WEFT_CHECK it ends here on
  * every rank (weft.h says what a rank that disagrees on the count meets).
  * With WEFT_CHECK it still compares its fingerprint with every rank's: a
@@ -529,7 +523,7 @@ static weft_status coll_nothing(weft_coll *coll) {
 static weft_status coll_empty(weft_coll *coll) {
   if (!coll->comm->check_calls || coll->comm->size == 1) return WEFT_COLL_DONE;
   coll->algo = "none (count 0)";
-  coll->advance = coll_nothing;
+  coll->advance = weft_step_nothing;
   return coll_start(coll, WEFT_OK);
 }
 
