@@ -25,10 +25,10 @@ run_suite() { # DIR SETUP-ARGS...
   logs="$dir/meson-logs/testlog.json"
   if [ -n "${SLEEPS_APART:-}" ]; then
     # Suite "sleeps" (tests/meson.build): tests that mostly wait on
-    # timeouts, two at a time (2 cores: about 70 s less per pass); then
+    # timeouts, three at a time (2 cores: about 100 s less per pass); then
     # the rest one at a time, as their ranks need the cores. (Not with
     # SUITE_ARGS: meson's --suite adds, it cannot narrow.)
-    meson test -C "$dir" --print-errorlogs --num-processes 2 --suite sleeps --logbase sleeps || rc=1
+    meson test -C "$dir" --print-errorlogs --num-processes 3 --suite sleeps --logbase sleeps || rc=1
     logs="$logs $dir/meson-logs/sleeps.json"
     # shellcheck disable=SC2086
     meson test -C "$dir" --print-errorlogs --num-processes 1 --no-suite sleeps ${SUITE_ARGS:-} || rc=1
@@ -67,8 +67,8 @@ fi
 # Last pass: the fuzz targets for every parser of network input, a few
 # seconds each (WEFT_TEST_FUZZ=0 skips; tools/fuzz.sh runs longer).
 if [ "${WEFT_TEST_FUZZ:-1}" != 0 ]; then
-  echo "== fuzz targets (tools/fuzz.sh ${WEFT_FUZZ_SECONDS:-4})"
-  sh tools/fuzz.sh "${WEFT_FUZZ_SECONDS:-4}"
+  echo "== fuzz targets (tools/fuzz.sh ${WEFT_FUZZ_SECONDS:-2})"
+  sh tools/fuzz.sh "${WEFT_FUZZ_SECONDS:-2}"
   case $? in
     0) passed=$((passed + 1)) ;;
     77) skipped=$((skipped + 1)) ;;
