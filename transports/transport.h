@@ -190,7 +190,9 @@ typedef struct weft_transport {
    * Only after send_ready said OK. `src` (memory described by `mem`, whose
    * kind is in caps.send_kinds) must stay unchanged until send_idle reports
    * the chunk complete, or until the peer has released it (causality: a
-   * released chunk was read). */
+   * released chunk was read). The bytes may start moving only at the next
+   * progress or send_idle (tcp leaves large chunks for then, to write the
+   * chunks an algorithm posted at once in one system call). */
   weft_status (*send)(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
                       const struct weft_mem_ops *mem);
 

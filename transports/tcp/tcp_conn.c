@@ -678,6 +678,10 @@ weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t
       c->ctx->nsending++;
     }
   }
+  /* A large chunk waits for the transport's progress, which the engine runs
+   * once the algorithm has posted what it can: then one sendmsg carries
+   * every chunk queued (up to TCP_SEND_DEPTH), rather than one each. */
+  if (bytes >= TCP_DEFER_MIN) return WEFT_OK;
   bool progressed;
   return tcp_conn_push_sends(c, &progressed);
 }
