@@ -538,7 +538,7 @@ static weft_status tcp_send_failed(tcp_conn *c, tcp_stream *s, int err) {
     st = tcp_conn_fail(c, st, "sending to peer %d (%s) on stream %d of %d: %s", c->peer, c->where,
                        s->index, c->nstreams, strerror(err));
   else
-    st = tcp_conn_fail(c, st, "sending to %s: %s", c->where, strerror(err));
+    st = tcp_conn_fail(c, st, "sending to peer %d (%s): %s", c->peer, c->where, strerror(err));
   return tcp_notice_first(c->ctx, st);
 }
 
