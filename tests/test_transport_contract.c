@@ -3,7 +3,8 @@
  * driven by one thread): channels to one peer are independent streams,
  * connect refuses an unknown channel, send_depth and probe answer, and
  * memory registration by kind (shm maps a peer's weft_mem_alloc buffer from
- * its descriptor; every kind a transport cannot map is refused). */
+ * its descriptor; every kind a transport cannot map is refused); and tcp
+ * leaves large chunks for its progress to write. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <setjmp.h>
@@ -47,7 +48,7 @@ static void drive(pair *p) {
 }
 
 /* false: this transport cannot run here (ibv without the emulator) */
-static bool pair_open(pair *p, const weft_transport *tp) {
+static bool pair_open_chunk(pair *p, const weft_transport *tp, size_t chunk_bytes) {
   memset(p, 0, sizeof *p);
   p->tp = tp;
   setenv("WEFT_TRANSPORT", tp->name, 1); /* verbs: same-host peers through the NIC */
@@ -61,7 +62,7 @@ static bool pair_open(pair *p, const weft_transport *tp) {
     p->args[r] = (weft_transport_init_args){.rank = r,
                                             .size = 2,
                                             .comm_id = comm_id,
-                                            .chunk_bytes = CHUNK,
+                                            .chunk_bytes = chunk_bytes,
                                             .timeout_s = 5,
                                             .wake_fd = -1,
                                             .errors = &p->sink[r],
@@ -95,6 +96,10 @@ static bool pair_open(pair *p, const weft_transport *tp) {
   }
   assert_ptr_not_equal(p->tx[0], p->tx[1]);
   return true;
+}
+
+static bool pair_open(pair *p, const weft_transport *tp) {
+  return pair_open_chunk(p, tp, CHUNK);
 }
 
 static void pair_close(pair *p) {
@@ -243,6 +248,54 @@ static void for_copy_ibv(void **state) {
 }
 #endif
 
+/* tcp writes a large chunk (TCP_DEFER_MIN, 64 KiB, and up) at the next
+ * progress or send_idle, so that one sendmsg carries every chunk an
+ * algorithm posted; a small one at once. Here: two large chunks posted and
+ * the sender not driven, the receiver gets none of them; a small one on
+ * the other channel arrives; then the sender's progress delivers both large
+ * ones intact, and send_idle reports them complete. */
+#define LARGE (64u << 10)
+static void tcp_writes_large_chunks_at_progress(void **state) {
+  (void)state;
+  pair p;
+  assert_true(pair_open_chunk(&p, &weft_transport_tcp, 2 * LARGE));
+  const weft_transport *tp = p.tp;
+  static unsigned char big[2][LARGE], got[LARGE], small[1000], small_got[1000];
+  for (uint32_t k = 0; k < 2; k++) {
+    fill(big[k], LARGE, 0, 70 + k);
+    assert_int_equal(tp->send_ready(p.tx[0]), WEFT_OK);
+    assert_int_equal(tp->send(p.tx[0], big[k], LARGE, 70 + k, &weft_mem_host), WEFT_OK);
+  }
+  fill(small, sizeof small, 1, 80);
+  assert_int_equal(tp->send(p.tx[1], small, sizeof small, 80, &weft_mem_host), WEFT_OK);
+  /* only the receiver moves: the small chunk arrives, the large ones do not */
+  bool moved;
+  weft_status st;
+  double deadline = harness_now() + 5;
+  while ((st = tp->recv_into(p.rx[1], 80, sizeof small, small_got, &weft_mem_host)) == WEFT_AGAIN &&
+         harness_now() < deadline)
+    tp->progress(p.ctx[1], &moved);
+  assert_int_equal(st, WEFT_OK);
+  assert_memory_equal(small_got, small, sizeof small);
+  for (double until = harness_now() + 0.05; harness_now() < until;) {
+    tp->progress(p.ctx[1], &moved);
+    assert_int_equal(tp->recv_into(p.rx[0], 70, LARGE, got, &weft_mem_host), WEFT_AGAIN);
+  }
+  /* the sender's progress writes them */
+  for (uint32_t k = 0; k < 2; k++) {
+    deadline = harness_now() + 5;
+    while ((st = tp->recv_into(p.rx[0], 70 + k, LARGE, got, &weft_mem_host)) == WEFT_AGAIN &&
+           harness_now() < deadline)
+      drive(&p);
+    assert_int_equal(st, WEFT_OK);
+    assert_memory_equal(got, big[k], LARGE);
+  }
+  deadline = harness_now() + 5;
+  while ((st = tp->send_idle(p.tx[0])) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
+  assert_int_equal(st, WEFT_OK);
+  pair_close(&p);
+}
+
 static void probe_and_depth(void **state) {
   (void)state;
   const weft_transport *all[] = {&weft_transport_shm, &weft_transport_tcp,
@@ -390,6 +443,7 @@ int main(void) {
 #ifdef WEFT_HAVE_IBV
       cmocka_unit_test(for_copy_ibv),
 #endif
+      cmocka_unit_test(tcp_writes_large_chunks_at_progress),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

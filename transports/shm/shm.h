@@ -15,7 +15,7 @@
 
 #define SHM_SEG_MAGIC 0x5745534du /* "WESM" */
 /* 2: one cache line per slot, small chunks inline; 3: `refused`; 4: single
- * copy (a cell's `how`, the FIFO's cma words) */
+ * copy (a cell's `how`, the FIFO's cma words); 5: the sender's cma_cost_milli */
 #define SHM_SEG_VERSION 5
 #define SHM_MAX_SLOTS 64
 #define SHM_ABORT_TEXT 300
