@@ -34,13 +34,22 @@ def _child(rank, size, target, args, env, uid_pipes, results):
                                                   traceback.format_exc())))
 
 
-def run(size, target, *args, timeout=120, env=None, start="fork", may_die=(), comm=True):
+def run(size, target, *args, timeout=120, env=None, start="fork", may_die=(), comm=True,
+        preload=()):
     """Runs target(comm, *args) on `size` ranks; returns the list of what
     each returned. A rank that raised fails the call with its traceback,
     unless its rank is in may_die (then its entry is None, as for a rank
     that died without a word). comm=False: target(rank, size, *args), no
-    communicator made (the target sets up torch.distributed, say)."""
+    communicator made (the target sets up torch.distributed, say).
+    start="forkserver" with preload=("torch",): the ranks fork from one
+    fresh process that imported torch once (1.8 s a rank with "spawn"), and
+    not from this one, whose threads a fork would not carry."""
     ctx = multiprocessing.get_context(start)
+    if start == "forkserver" and preload:
+        ctx.set_forkserver_preload(list(preload))
+    if start == "fork":  # the children inherit the parsed declarations (70 ms each otherwise)
+        from weft import _lib
+        _lib.declarations()
     env = dict(env or {})
     env.setdefault("WEFT_DEBUG", "NONE")
     # the unique id's way: rank 0 writes pipe r, rank r reads it

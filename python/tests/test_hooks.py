@@ -105,6 +105,10 @@ def ddp_rank(rank, size, port):
     return out
 
 
+# the ranks fork from a process that imported torch once (ranks.run)
+TORCH = ("torch", "pytest")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -112,7 +116,7 @@ def free_port():
 
 
 def test_ddp_hooks_on_two_ranks():
-    got = ranks.run(2, ddp_rank, free_port(), comm=False, start="spawn", timeout=400,
+    got = ranks.run(2, ddp_rank, free_port(), comm=False, start="forkserver", preload=TORCH, timeout=400,
                     env={"OMP_NUM_THREADS": "1", "WEFT_TIMEOUT": "60"})
     for rank, r in enumerate(got):
         assert r["allreduce"] <= 1e-6, "rank %d: allreduce_hook is %g from 1 process" % (
@@ -157,7 +161,7 @@ def bucket_rank(comm, seed):
 
 @pytest.mark.parametrize("size", [1, 3])
 def test_hooks_on_buckets(size):
-    for d_avg, d_bf16, keeps_dtype in ranks.run(size, bucket_rank, 7, start="spawn"):
+    for d_avg, d_bf16, keeps_dtype in ranks.run(size, bucket_rank, 7, start="forkserver", preload=TORCH):
         assert d_avg < 1e-6, d_avg
         assert d_bf16 < 0.05 and keeps_dtype, d_bf16
         if size > 1:
@@ -185,4 +189,4 @@ def failed_request_rank(comm):
 
 
 def test_hook_future_carries_the_error():
-    assert ranks.run(2, failed_request_rank, start="spawn") == ["error", "stayed out"]
+    assert ranks.run(2, failed_request_rank, start="forkserver", preload=TORCH) == ["error", "stayed out"]

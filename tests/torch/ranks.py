@@ -42,12 +42,16 @@ def gen(seed, case, rank, dtype, n, op="sum"):
     if dtype == torch.complex64:
         return torch.randn(n, 2, generator=g).contiguous().view(torch.complex64).reshape(n)
     if dtype in FLOATS:
+        # drawn in float32 for the 16-bit types (then rounded), else in dtype:
+        # a float64 draw and a conversion took 3x as long, and run_reused
+        # draws 2 MiB per rank per step on every rank
+        draw = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         if op == "product":
-            v = torch.randint(-2, 3, (n,), generator=g).double()
+            v = torch.randint(-2, 3, (n,), generator=g, dtype=draw)
         elif case % 2:
-            v = torch.randn(n, generator=g, dtype=torch.float64) * 4
+            v = torch.randn(n, generator=g, dtype=draw) * 4
         else:  # integer values: sums exact in every float type
-            v = torch.randint(-8, 9, (n,), generator=g).double()
+            v = torch.randint(-8, 9, (n,), generator=g, dtype=draw)
         return v.to(dtype)
     lo, hi = {torch.int8: (-128, 128), torch.uint8: (0, 256), torch.int16: (-2**15, 2**15),
               torch.int32: (-2**31, 2**31), torch.int64: (-2**40, 2**40)}[dtype]
