@@ -156,6 +156,8 @@ int main(int argc, char **argv) {
   j.c = (enum coll)ci;
   const char *mb = getenv("WEFT_PAIRED_MPI_BARRIER");
   int mpi_barrier_only = mb && *mb == '1';
+  const char *pr = getenv("WEFT_PAIRED_PER_RANK");
+  int per_rank = pr && *pr == '1';
   int rounds = argc > 2 ? atoi(argv[2]) : 10, block = argc > 3 ? atoi(argv[3]) : 10;
   static const char *const default_sizes[] = {"8", "32768", "131072", "524288", "2097152",
                                               "8388608", "33554432"};
@@ -214,6 +216,13 @@ int main(int argc, char **argv) {
     MPI_Reduce(&wrong, &wrong_all, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     if (!j.rank)
       printf("  %10zu %12.2f %12.2f %8.2f %ld\n", bytes, max[0], max[1], max[0] / max[1], wrong_all);
+    if (per_rank) { /* which rank sets the max */
+      double *all = malloc(sizeof(double) * 2 * (size_t)j.np);
+      MPI_Gather(med, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+      for (int r = 0; !j.rank && r < j.np; r++)
+        printf("  %10s rank %d: %8.2f %12.2f\n", "", r, all[2 * r], all[2 * r + 1]);
+      free(all);
+    }
     fflush(stdout);
     munmap(j.send, (j.send_n ? j.send_n : 1) * sizeof(float));
     munmap(j.recv, (j.recv_n ? j.recv_n : 1) * sizeof(float));

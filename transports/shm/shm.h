@@ -15,8 +15,9 @@
 
 #define SHM_SEG_MAGIC 0x5745534du /* "WESM" */
 /* 2: one cache line per slot, small chunks inline; 3: `refused`; 4: single
- * copy (a cell's `how`, the FIFO's cma words); 5: the sender's cma_cost_milli */
-#define SHM_SEG_VERSION 5
+ * copy (a cell's `how`, the FIFO's cma words); 5: the sender's cma_cost_milli;
+ * 6: the verdict "mixed" */
+#define SHM_SEG_VERSION 6
 #define SHM_MAX_SLOTS 64
 #define SHM_ABORT_TEXT 300
 /* The size a creator leaves its pair's name at when /dev/shm had no room for
@@ -64,7 +65,7 @@ typedef struct shm_fifo {
    * the sender's process and writes its verdict. Only after a yes does the
    * sender post descriptors (SHM_CELL_CMA), so both ends agree. */
   _Alignas(64) atomic_uint cma_offer; /* 1: probe_addr and probe_word are written */
-  atomic_uint cma_verdict;            /* the receiver's: 0 not yet, 1 yes, 2 no */
+  atomic_uint cma_verdict;            /* the receiver's: 0 not yet, 1 yes, 2 no, 3 mixed */
   uint64_t cma_probe_addr;            /* &cma_probe_word in the sender's mapping */
   uint64_t cma_probe_word;            /* a value of the sender's choosing */
   uint32_t cma_cost_milli; /* the sender's timed process_vm_readv / memcpy ratio x 1000 (0: not
@@ -125,7 +126,10 @@ enum shm_conn_state { SHM_CONN_OPENING, SHM_CONN_UP, SHM_CONN_DEAD };
 typedef struct shm_ctx shm_ctx;
 typedef struct shm_conn shm_conn;
 enum shm_want { SHM_WANT_NONE, SHM_WANT_RECV, SHM_WANT_SEND, SHM_WANT_OPEN, SHM_WANT_IDLE };
-enum shm_cma_verdict { SHM_CMA_UNDECIDED = 0, SHM_CMA_YES = 1, SHM_CMA_NO = 2 };
+/* MIXED: the receiver can read the sender, but two copies paid when timed;
+ * the sender takes single copy for some chunks while its copies into the
+ * slots run slow (shm_mix_by_address). The receiver takes either form. */
+enum shm_cma_verdict { SHM_CMA_UNDECIDED = 0, SHM_CMA_YES = 1, SHM_CMA_NO = 2, SHM_CMA_MIXED = 3 };
 
 struct shm_conn {
   shm_ctx *ctx;
@@ -154,6 +158,14 @@ struct shm_conn {
   bool rx_cma_decided;               /* our verdict on reading the peer is written */
   bool rx_in_slot;                   /* the peeked descriptor's chunk was read into its slot */
   uint64_t cma_chunks, cma_bytes;    /* received by single copy (logged at the end; tests) */
+  /* the verdict MIXED (shm_mix_by_address) */
+  double tx_in_ns_kib;               /* our recent copies of large chunks into the slots,
+                                        ns per KiB (a moving average; 0: none yet) */
+  uint32_t tx_in_copies;             /* large chunks copied into the slots so far */
+  uint32_t tx_mix_turn;              /* one-way chunks sent while slow: every other one
+                                        goes by address */
+  uint64_t rx_large, rx_large_at_send; /* chunks above inline size received: two-way traffic */
+  uint64_t mixed_sent;               /* chunks we sent by address under MIXED (tests) */
   int pidfd;                         /* readable once the peer process ended; -1 */
   bool peer_ended;                   /* its process is gone: what it sent is still read */
   bool notice_read;                  /* the peer's failure notice was read */

@@ -498,6 +498,52 @@ weft_status shm_send_ready(weft_tp_conn *conn) {
 
 /* ---- single copy ---------------------------------------------------------------- */
 
+/* ---- the verdict MIXED: single copy for every other chunk while the slots run slow ----
+ *
+ * Where process_vm_readv cost 2 memcpy or more when timed (shm_cma_pays),
+ * two copies through the slots are the faster way, as long as the sender's
+ * copies into them run at memcpy speed. On a 2-vCPU guest they do not
+ * always: while the host keeps the two vCPUs apart, writing a slot the peer
+ * has just read costs the sender 200-250 ns/KiB instead of 60-66 (a 2-rank
+ * broadcast of 2 MiB through the slots: 400-530 us against 70-130), and
+ * the host changes that placement while a job runs. Open MPI's single copy
+ * took 200-250 us throughout. So the sender times its own copies of large
+ * chunks into the slots, and while their recent average costs more than a
+ * process_vm_readv of the same bytes (timed at start), every other chunk
+ * goes by address: the receiver reads it while the sender copies the next,
+ * and the two cores share the work (2 MiB: 170-200 us in that placement).
+ * Only traffic that goes one way: where the pair also sends large chunks
+ * the other way (allgather, alltoall) each core already makes both copies,
+ * and sending half by address there ran slower than either way alone
+ * (2-rank allgather of 2 MiB: 270-290 us). Half, not all: the slots stay
+ * in use, so their cost stays measured and the way back is found. */
+#define SHM_MIX_WARM 16u
+#define SHM_CMA_TIMED_BYTES (256u << 10)
+static double cma_cost_ratio; /* 0: could not be timed */
+static double cma_timed_readv_us, cma_timed_copy_us; /* copies not folded: a slot's first use meets page faults */
+
+static double shm_mix_readv_ns_kib(void) {
+  double ratio = shm_cma_cost_ratio(); /* times once, if no one has */
+  return ratio > 0 ? cma_timed_readv_us * 1000.0 / (SHM_CMA_TIMED_BYTES >> 10) : 0;
+}
+
+/* A large chunk copied into a slot in `secs`: folded into the average. */
+static void shm_mix_fold(shm_conn *c, size_t bytes, double secs) {
+  if (c->tx_in_copies++ < SHM_MIX_WARM) return;
+  double x = secs * 1e9 / ((double)bytes / 1024.0);
+  c->tx_in_ns_kib = c->tx_in_ns_kib > 0 ? (7 * c->tx_in_ns_kib + x) / 8 : x;
+}
+
+static bool shm_mix_by_address(shm_conn *c) {
+  bool two_way = c->rx_large != c->rx_large_at_send;
+  c->rx_large_at_send = c->rx_large;
+  double readv = shm_mix_readv_ns_kib();
+  if (two_way || readv <= 0 || !(c->tx_in_ns_kib > readv)) return false;
+  if (c->tx_mix_turn++ & 1) return false;
+  c->mixed_sent++;
+  return true;
+}
+
 /* Whether a chunk of `bytes` read with `mem` may go as a descriptor: large
  * enough to be worth a system call, host memory (the peer's kernel reads it
  * through our page tables), and the peer said it can read us. */
@@ -506,6 +552,7 @@ static bool shm_cma_usable(shm_conn *c, size_t bytes, const struct weft_mem_ops 
   if (mem->kind != WEFT_MEMORY_HOST && mem->kind != WEFT_MEMORY_SHARED) return false;
   if (c->tx_cma == SHM_CMA_UNDECIDED)
     c->tx_cma = (uint8_t)atomic_load_explicit(&c->tx->cma_verdict, memory_order_acquire);
+  if (c->tx_cma == SHM_CMA_MIXED) return shm_mix_by_address(c);
   return c->tx_cma == SHM_CMA_YES;
 }
 
@@ -521,11 +568,7 @@ static bool shm_cma_usable(shm_conn *c, size_t bytes, const struct weft_mem_ops 
  * sends as much as it receives (allgather, alltoall) each rank makes both
  * copies of its share, so they must cost less than one read: the bar is 2
  * (WEFT_SHM_CMA=auto; "on" takes single copy wherever it is allowed). */
-#define SHM_CMA_TIMED_BYTES (256u << 10)
 #define SHM_CMA_PAYS_BELOW 2.0 /* readv time over memcpy time */
-
-static double cma_cost_ratio; /* 0: could not be timed */
-static double cma_timed_readv_us, cma_timed_copy_us;
 
 /* Times both ways of moving SHM_CMA_TIMED_BYTES within this process (a
  * process may read itself), best of eleven each: about a millisecond,
@@ -622,9 +665,11 @@ static void shm_cma_decide(shm_conn *c) {
     bool allowed = n == (ssize_t)sizeof word && word == c->rx->cma_probe_word;
     if (allowed && ctx->cma_mode == WEFT_SHM_CMA_AUTO &&
         !shm_cma_pays(ctx, c->rx->cma_cost_milli / 1000.0, pays_why, sizeof pays_why)) {
+      verdict = SHM_CMA_MIXED;
       WEFT_INFO(WEFT_SUBSYS_NET,
-                "shm: rank %d takes peer %d's chunks through the slots: %s (WEFT_SHM_CMA=on "
-                "reads them straight from its memory)",
+                "shm: rank %d takes peer %d's chunks through the slots: %s; while the peer's "
+                "copies into them run slower than a read, every other chunk it sends one way "
+                "comes by single copy (WEFT_SHM_CMA=on reads them all straight from its memory)",
                 ctx->args->rank, c->peer, pays_why);
     } else if (allowed) {
       verdict = SHM_CMA_YES;
@@ -727,6 +772,12 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
     cell->how = SHM_CELL_CMA;
     c->tx_copy_pending = true;
     c->tx_copy_until = c->tx_head; /* complete once the peer released this cell */
+  } else if (c->tx_cma == SHM_CMA_MIXED && for_copy && bytes > SHM_INLINE_BYTES &&
+             bytes >= c->ctx->cma_min_bytes) {
+    double t0 = weft_now();
+    mem->copy(c->tx_slots + (size_t)slot * c->ctx->args->chunk_bytes, src, bytes);
+    shm_mix_fold(c, bytes, weft_now() - t0);
+    cell->how = SHM_CELL_DATA;
   } else {
     mem->copy(bytes <= SHM_INLINE_BYTES ? (void *)cell->data
                                         : c->tx_slots + (size_t)slot * c->ctx->args->chunk_bytes,
@@ -841,6 +892,7 @@ weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const 
 static weft_status shm_release(shm_conn *c) {
   if (!c->peeked) return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
+  if (c->rx->cell[c->rx_tail % (uint32_t)c->ctx->nslots].len > SHM_INLINE_BYTES) c->rx_large++;
   c->rx_tail++;
   atomic_store(&c->rx->tail, c->rx_tail);
   if (atomic_load(&c->rx->send_sleeping)) shm_futex_wake(&c->rx->tail);
