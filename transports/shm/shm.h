@@ -164,7 +164,8 @@ struct shm_conn {
   uint32_t tx_in_copies;             /* large chunks copied into the slots so far */
   uint32_t tx_mix_turn;              /* one-way chunks sent while slow: every other one
                                         goes by address */
-  uint64_t rx_large, rx_large_at_send; /* chunks above inline size received: two-way traffic */
+  bool rx_large_any;                 /* a chunk above inline size came from the peer, */
+  uint32_t rx_large_seq;             /* in this call: two-way traffic */
   uint64_t mixed_sent;               /* chunks we sent by address under MIXED (tests) */
   int pidfd;                         /* readable once the peer process ended; -1 */
   bool peer_ended;                   /* its process is gone: what it sent is still read */

@@ -512,8 +512,9 @@ weft_status shm_send_ready(weft_tp_conn *conn) {
  * process_vm_readv of the same bytes (timed at start), every other chunk
  * goes by address: the receiver reads it while the sender copies the next,
  * and the two cores share the work (2 MiB: 170-200 us in that placement).
- * Only traffic that goes one way: where the pair also sends large chunks
- * the other way (allgather, alltoall) each core already makes both copies,
+ * Only traffic that goes one way: where the pair also sent large chunks
+ * the other way in this call or the last (allgather, alltoall) each core
+ * already makes both copies,
  * and sending half by address there ran slower than either way alone
  * (2-rank allgather of 2 MiB: 270-290 us). Half, not all: the slots stay
  * in use, so their cost stays measured and the way back is found. */
@@ -534,9 +535,10 @@ static void shm_mix_fold(shm_conn *c, size_t bytes, double secs) {
   c->tx_in_ns_kib = c->tx_in_ns_kib > 0 ? (7 * c->tx_in_ns_kib + x) / 8 : x;
 }
 
-static bool shm_mix_by_address(shm_conn *c) {
-  bool two_way = c->rx_large != c->rx_large_at_send;
-  c->rx_large_at_send = c->rx_large;
+static bool shm_mix_by_address(shm_conn *c, uint32_t seq) {
+  /* large chunks from the peer in this call or the last: a call's sends
+   * may all be posted before its first receive, and calls repeat */
+  bool two_way = c->rx_large_any && seq - c->rx_large_seq <= 1;
   double readv = shm_mix_readv_ns_kib();
   if (two_way || readv <= 0 || !(c->tx_in_ns_kib > readv)) return false;
   if (c->tx_mix_turn++ & 1) return false;
@@ -547,12 +549,13 @@ static bool shm_mix_by_address(shm_conn *c) {
 /* Whether a chunk of `bytes` read with `mem` may go as a descriptor: large
  * enough to be worth a system call, host memory (the peer's kernel reads it
  * through our page tables), and the peer said it can read us. */
-static bool shm_cma_usable(shm_conn *c, size_t bytes, const struct weft_mem_ops *mem) {
+static bool shm_cma_usable(shm_conn *c, size_t bytes, const struct weft_mem_ops *mem,
+                           uint32_t seq) {
   if (bytes <= SHM_INLINE_BYTES || bytes < c->ctx->cma_min_bytes) return false;
   if (mem->kind != WEFT_MEMORY_HOST && mem->kind != WEFT_MEMORY_SHARED) return false;
   if (c->tx_cma == SHM_CMA_UNDECIDED)
     c->tx_cma = (uint8_t)atomic_load_explicit(&c->tx->cma_verdict, memory_order_acquire);
-  if (c->tx_cma == SHM_CMA_MIXED) return shm_mix_by_address(c);
+  if (c->tx_cma == SHM_CMA_MIXED) return shm_mix_by_address(c, seq);
   return c->tx_cma == SHM_CMA_YES;
 }
 
@@ -754,7 +757,7 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
   weft_status st = shm_ready(c);
   if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
-  bool by_address = for_copy && shm_cma_usable(c, bytes, mem);
+  bool by_address = for_copy && shm_cma_usable(c, bytes, mem, seq);
   uint32_t slot = c->tx_head % (uint32_t)c->ctx->nslots;
   shm_cell *cell = &c->tx->cell[slot];
   uint32_t number = c->tx_head++;
@@ -892,7 +895,11 @@ weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const 
 static weft_status shm_release(shm_conn *c) {
   if (!c->peeked) return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
-  if (c->rx->cell[c->rx_tail % (uint32_t)c->ctx->nslots].len > SHM_INLINE_BYTES) c->rx_large++;
+  const shm_cell *cell = &c->rx->cell[c->rx_tail % (uint32_t)c->ctx->nslots];
+  if (cell->len > SHM_INLINE_BYTES) { /* two-way traffic (shm_mix_by_address) */
+    c->rx_large_any = true;
+    c->rx_large_seq = cell->seq;
+  }
   c->rx_tail++;
   atomic_store(&c->rx->tail, c->rx_tail);
   if (atomic_load(&c->rx->send_sleeping)) shm_futex_wake(&c->rx->tail);
