@@ -514,14 +514,15 @@ weft_status shm_send_ready(weft_tp_conn *conn) {
  * and the two cores share the work (2 MiB: 170-200 us in that placement).
  * Only traffic that goes one way: where the pair also sent large chunks
  * the other way in this call or the last (allgather, alltoall) each core
- * already makes both copies,
- * and sending half by address there ran slower than either way alone
- * (2-rank allgather of 2 MiB: 270-290 us). Half, not all: the slots stay
+ * already makes both copies, and sending half by address there ran slower
+ * than either way alone (2-rank allgather of 2 MiB: 270-290 us); all but
+ * one in 8 by address there was no better than the slots (4 and 3
+ * alternated runs of allgather and alltoall, 128 KiB-32 MiB). Half, not all: the slots stay
  * in use, so their cost stays measured and the way back is found. */
-#define SHM_MIX_WARM 16u
+#define SHM_MIX_WARM 16u /* copies not folded: a slot's first use meets page faults */
 #define SHM_CMA_TIMED_BYTES (256u << 10)
 static double cma_cost_ratio; /* 0: could not be timed */
-static double cma_timed_readv_us, cma_timed_copy_us; /* copies not folded: a slot's first use meets page faults */
+static double cma_timed_readv_us, cma_timed_copy_us;
 
 static double shm_mix_readv_ns_kib(void) {
   double ratio = shm_cma_cost_ratio(); /* times once, if no one has */
