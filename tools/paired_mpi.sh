@@ -11,7 +11,8 @@
 # medians (µs, max over ranks) and mpi/weft (above 1: weft is faster).
 # BUILD (default build) is the weft build to link. Each library's own
 # barrier precedes each of its calls; WEFT_PAIRED_MPI_BARRIER=1: MPI's for both;
-# WEFT_PAIRED_PER_RANK=1: each rank's medians too.
+# WEFT_PAIRED_PER_RANK=1: each rank's medians too. WEFT_PAIRED_ENV="VAR=value ...":
+# more variables for the ranks (a weft setting to compare, say WEFT_SHM_CMA=0).
 set -eu
 cd "$(dirname "$0")/.."
 np=2 tp=shm rounds=10 block=10
@@ -37,8 +38,10 @@ case $tp in
 esac
 bind=""
 [ "$np" -gt "$(nproc)" ] && bind="--oversubscribe --bind-to none"
+extra=""
+for v in ${WEFT_PAIRED_ENV:-}; do extra="$extra -x $v"; done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # shellcheck disable=SC2086
-exec mpirun -np "$np" $mca $bind -x WEFT_TRANSPORT="$tp" -x WEFT_PAIRED_MPI_BARRIER="${WEFT_PAIRED_MPI_BARRIER:-0}" -x WEFT_PAIRED_PER_RANK="${WEFT_PAIRED_PER_RANK:-0}" -x MASTER_ADDR=127.0.0.1 \
+exec mpirun -np "$np" $mca $bind $extra -x WEFT_TRANSPORT="$tp" -x WEFT_PAIRED_MPI_BARRIER="${WEFT_PAIRED_MPI_BARRIER:-0}" -x WEFT_PAIRED_PER_RANK="${WEFT_PAIRED_PER_RANK:-0}" -x MASTER_ADDR=127.0.0.1 \
   -x MASTER_PORT=$((20000 + $$ % 20000)) -x MALLOC_MMAP_THRESHOLD_=4294967296 \
   -x MALLOC_TRIM_THRESHOLD_=4294967296 "$bin" "$coll" "$rounds" "$block" "$@"
