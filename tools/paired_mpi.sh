@@ -23,7 +23,7 @@ while getopts n:t:r:k: o; do
   esac
 done
 shift $((OPTIND - 1))
-[ $# -ge 1 ] || { sed -n 2,12p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,15p "$0"; exit 2; }
 coll=$1
 shift
 build=${BUILD:-build}

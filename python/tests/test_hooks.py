@@ -116,8 +116,8 @@ def free_port():
 
 
 def test_ddp_hooks_on_two_ranks():
-    got = ranks.run(2, ddp_rank, free_port(), comm=False, start="forkserver", preload=TORCH, timeout=400,
-                    env={"OMP_NUM_THREADS": "1", "WEFT_TIMEOUT": "60"})
+    got = ranks.run(2, ddp_rank, free_port(), comm=False, start="forkserver", preload=TORCH,
+                    timeout=400, env={"OMP_NUM_THREADS": "1", "WEFT_TIMEOUT": "60"})
     for rank, r in enumerate(got):
         assert r["allreduce"] <= 1e-6, "rank %d: allreduce_hook is %g from 1 process" % (
             rank, r["allreduce"])
@@ -161,7 +161,8 @@ def bucket_rank(comm, seed):
 
 @pytest.mark.parametrize("size", [1, 3])
 def test_hooks_on_buckets(size):
-    for d_avg, d_bf16, keeps_dtype in ranks.run(size, bucket_rank, 7, start="forkserver", preload=TORCH):
+    got = ranks.run(size, bucket_rank, 7, start="forkserver", preload=TORCH)
+    for d_avg, d_bf16, keeps_dtype in got:
         assert d_avg < 1e-6, d_avg
         assert d_bf16 < 0.05 and keeps_dtype, d_bf16
         if size > 1:
@@ -189,4 +190,5 @@ def failed_request_rank(comm):
 
 
 def test_hook_future_carries_the_error():
-    assert ranks.run(2, failed_request_rank, start="forkserver", preload=TORCH) == ["error", "stayed out"]
+    got = ranks.run(2, failed_request_rank, start="forkserver", preload=TORCH)
+    assert got == ["error", "stayed out"]

@@ -166,7 +166,6 @@ struct shm_conn {
                                         goes by address */
   bool rx_large_any;                 /* a chunk above inline size came from the peer, */
   uint32_t rx_large_seq;             /* in this call: two-way traffic */
-  uint64_t mixed_sent;               /* chunks we sent by address under MIXED (tests) */
   int pidfd;                         /* readable once the peer process ended; -1 */
   bool peer_ended;                   /* its process is gone: what it sent is still read */
   bool notice_read;                  /* the peer's failure notice was read */

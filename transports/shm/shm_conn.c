@@ -517,8 +517,9 @@ weft_status shm_send_ready(weft_tp_conn *conn) {
  * already makes both copies, and sending half by address there ran slower
  * than either way alone (2-rank allgather of 2 MiB: 270-290 us); all but
  * one in 8 by address there was no better than the slots (4 and 3
- * alternated runs of allgather and alltoall, 128 KiB-32 MiB). Half, not all: the slots stay
- * in use, so their cost stays measured and the way back is found. */
+ * alternated runs of allgather and alltoall, 128 KiB-32 MiB). Half, not
+ * all: the slots stay in use, so their cost stays measured and the way
+ * back is found. */
 #define SHM_MIX_WARM 16u /* copies not folded: a slot's first use meets page faults */
 #define SHM_CMA_TIMED_BYTES (256u << 10)
 static double cma_cost_ratio; /* 0: could not be timed */
@@ -542,22 +543,18 @@ static bool shm_mix_by_address(shm_conn *c, uint32_t seq) {
   bool two_way = c->rx_large_any && seq - c->rx_large_seq <= 1;
   double readv = shm_mix_readv_ns_kib();
   if (two_way || readv <= 0 || !(c->tx_in_ns_kib > readv)) return false;
-  if (c->tx_mix_turn++ & 1) return false;
-  c->mixed_sent++;
-  return true;
+  return (c->tx_mix_turn++ & 1) == 0;
 }
 
-/* Whether a chunk of `bytes` read with `mem` may go as a descriptor: large
- * enough to be worth a system call, host memory (the peer's kernel reads it
- * through our page tables), and the peer said it can read us. */
-static bool shm_cma_usable(shm_conn *c, size_t bytes, const struct weft_mem_ops *mem,
-                           uint32_t seq) {
+/* Whether a chunk of `bytes` read with `mem` could go as a descriptor: large
+ * enough to be worth a system call, and host memory (the peer's kernel reads
+ * it through our page tables). Whether it does is the peer's verdict. */
+static bool shm_cma_eligible(shm_conn *c, size_t bytes, const struct weft_mem_ops *mem) {
   if (bytes <= SHM_INLINE_BYTES || bytes < c->ctx->cma_min_bytes) return false;
   if (mem->kind != WEFT_MEMORY_HOST && mem->kind != WEFT_MEMORY_SHARED) return false;
   if (c->tx_cma == SHM_CMA_UNDECIDED)
     c->tx_cma = (uint8_t)atomic_load_explicit(&c->tx->cma_verdict, memory_order_acquire);
-  if (c->tx_cma == SHM_CMA_MIXED) return shm_mix_by_address(c, seq);
-  return c->tx_cma == SHM_CMA_YES;
+  return true;
 }
 
 /* ---- whether single copy pays ---------------------------------------------------
@@ -758,7 +755,9 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
   weft_status st = shm_ready(c);
   if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
-  bool by_address = for_copy && shm_cma_usable(c, bytes, mem, seq);
+  bool eligible = for_copy && shm_cma_eligible(c, bytes, mem);
+  bool mixed = eligible && c->tx_cma == SHM_CMA_MIXED; /* slots timed, some by address */
+  bool by_address = mixed ? shm_mix_by_address(c, seq) : eligible && c->tx_cma == SHM_CMA_YES;
   uint32_t slot = c->tx_head % (uint32_t)c->ctx->nslots;
   shm_cell *cell = &c->tx->cell[slot];
   uint32_t number = c->tx_head++;
@@ -776,16 +775,12 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
     cell->how = SHM_CELL_CMA;
     c->tx_copy_pending = true;
     c->tx_copy_until = c->tx_head; /* complete once the peer released this cell */
-  } else if (c->tx_cma == SHM_CMA_MIXED && for_copy && bytes > SHM_INLINE_BYTES &&
-             bytes >= c->ctx->cma_min_bytes) {
-    double t0 = weft_now();
-    mem->copy(c->tx_slots + (size_t)slot * c->ctx->args->chunk_bytes, src, bytes);
-    shm_mix_fold(c, bytes, weft_now() - t0);
-    cell->how = SHM_CELL_DATA;
   } else {
+    double t0 = mixed ? weft_now() : 0;
     mem->copy(bytes <= SHM_INLINE_BYTES ? (void *)cell->data
                                         : c->tx_slots + (size_t)slot * c->ctx->args->chunk_bytes,
               src, bytes);
+    if (mixed) shm_mix_fold(c, bytes, weft_now() - t0);
     cell->how = SHM_CELL_DATA;
   }
   cell->seq = seq;
