@@ -66,8 +66,10 @@ def test_torchrun():
     # Python 3.11 (enum changes); 2 is valid in every release.
     # c10d rendezvous on a port of our own (--standalone's 29400 may be taken
     # by another job); the workers' MASTER_PORT is then a free port weft uses.
+    # --monitor_interval: the agent looks at its workers every 5 s by default,
+    # so the run outlasted its workers by up to 5 s
     check([sys.executable, "-m", "torch.distributed.run", "--redirects", "2", "--tee", "2",
-           "--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+           "--nnodes", "1", "--nproc_per_node", "2", "--monitor_interval", "0.1", "--rdzv_backend", "c10d",
            "--rdzv_endpoint", "127.0.0.1:%d" % free_port(), "--rdzv_id", "weft-test",
            RANK_SCRIPT, "2"], 2)
 

@@ -79,8 +79,10 @@ def main():
     if a.launcher == "torchrun":
         # --redirects/--tee 1: Debian 12's torchrun (torch 1.13 on Python 3.11)
         # fails on its default "0" (a Flag enum lookup), so stdout is teed instead
+        # --monitor_interval: the agent looks at its workers every 5 s by default,
+        # so each run outlasted its ranks by up to 5 s
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-               "--redirects", "1", "--tee", "1"] + ranks[1:]
+               "--redirects", "1", "--tee", "1", "--monitor_interval", "0.1"] + ranks[1:]
         rc, out = run(cmd, env, a.limit)
     elif a.launcher == "weftrun":
         cmd = [a.weftrun, "-n", str(n), "--timeout", str(a.limit - 10)] + ranks
