@@ -9,10 +9,8 @@
 # "weft: N passed, M failed, K skipped" over every pass.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-sh tools/setup-debian.sh || exit 1
 
-passed=0 failed=0 skipped=0 rc=0
-# the trees' meson options, said once (run_suite and build_ahead take them)
+# the trees' meson options, said once (the passes and the builds ahead take them)
 SANITIZE_ARGS="--buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false"
 TSAN_ARGS="--buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false"
 sanitize_on() { [ "${WEFT_TEST_SANITIZE:-1}" != 0 ]; }
@@ -22,34 +20,60 @@ fuzz_on() { [ "${WEFT_TEST_FUZZ:-1}" != 0 ]; }
 configure() { # DIR SETUP-ARGS...
   dir=$1
   shift
-  # shellcheck disable=SC2086
-  [ -d "$dir" ] || ${NICE:-} meson setup "$dir" -Dwerror=true -Dtests=true "$@" >/dev/null
+  [ -d "$dir" ] || meson setup "$dir" -Dwerror=true -Dtests=true "$@" >/dev/null
 }
 
-# The later passes' trees (sanitizers, ThreadSanitizer, fuzz targets: about
-# 80 s of compiling on 2 cores) build in the background at the lowest
-# priority while the first pass runs: its "sleeps" suite leaves the cores
-# mostly idle, and nice 19 keeps the compilers from taking CPU its ranks want.
-# Their output is not kept: a tree that fails here fails again, printed,
-# when its pass builds it (ninja then finds the rest done).
-build_ahead() {
-  (
-    NICE="nice -n 19"
-    if sanitize_on; then
-      # shellcheck disable=SC2086
-      configure build-sanitize $SANITIZE_ARGS && $NICE ninja -C build-sanitize
-    fi
-    if tsan_on; then
-      # shellcheck disable=SC2086
-      CC=clang configure build-tsan $TSAN_ARGS && $NICE ninja -C build-tsan
-    fi
-    if fuzz_on; then $NICE sh tools/fuzz.sh build; fi
-  ) >/dev/null 2>&1 </dev/null &
-  ahead=$!
+# Building ahead. The later passes' trees (sanitizers, ThreadSanitizer, fuzz
+# targets: about 80 s of compiling on 2 cores) build in the background, at
+# nice 19, only while a "sleeps" suite runs: those tests mostly wait, so the
+# cores are idle. Between those windows the build is stopped (SIGSTOP to its
+# process group): compilers beside the collective tests, even at nice 19,
+# made them 2x slower (ranks that yield hand the core over). Its output is
+# not kept: a tree that fails here fails again, printed, when its pass
+# builds it (ninja then finds the rest done). $AHEAD_MARK exists once the
+# sanitizer tree is done, so that pass can start before the rest is built.
+if [ "${1:-}" = --build-ahead ]; then
+  if sanitize_on; then
+    # shellcheck disable=SC2086
+    configure build-sanitize $SANITIZE_ARGS && ninja -C build-sanitize
+  fi
+  : >"$AHEAD_MARK"
+  if tsan_on; then
+    # shellcheck disable=SC2086
+    CC=clang configure build-tsan $TSAN_ARGS && ninja -C build-tsan
+  fi
+  if fuzz_on; then sh tools/fuzz.sh build; fi
+  exit 0
+fi
+ahead="" ahead_dir=$(mktemp -d)
+export AHEAD_MARK="$ahead_dir/sanitize-built"
+trap '[ -z "$ahead" ] || kill -KILL "-$ahead" 2>/dev/null; rm -rf "$ahead_dir"' EXIT
+trap 'exit 1' INT TERM
+ahead_run() { # start the build ahead, or let it go on
+  if [ -z "$ahead" ]; then
+    # its own process group (setsid), so that one signal stops every compiler
+    setsid nice -n 19 sh tools/test.sh --build-ahead </dev/null >/dev/null 2>&1 &
+    ahead=$!
+  else
+    kill -CONT "-$ahead" 2>/dev/null
+  fi
 }
-ahead=""
-await_ahead() { [ -z "$ahead" ] || wait "$ahead"; ahead=""; }
+ahead_stop() { [ -z "$ahead" ] || kill -STOP "-$ahead" 2>/dev/null; }
+ahead_wait_sanitize() { # until the sanitizer tree is built, then stopped again
+  [ -n "$ahead" ] || return 0
+  ahead_run
+  while [ ! -e "$AHEAD_MARK" ] && kill -0 "$ahead" 2>/dev/null; do sleep 0.2; done
+  ahead_stop
+}
+ahead_finish() {
+  [ -n "$ahead" ] || return 0
+  ahead_run
+  wait "$ahead"
+  ahead=""
+}
 
+sh tools/setup-debian.sh || exit 1
+passed=0 failed=0 skipped=0 rc=0
 run_suite() { # DIR SETUP-ARGS...
   dir=$1
   shift
@@ -58,7 +82,6 @@ run_suite() { # DIR SETUP-ARGS...
     failed=$((failed + 1)) # a build that fails is a failure in the count too
     return 1
   fi
-  [ "$dir" = build-test ] && build_ahead
   echo "== tests in $dir ($*)"
   rm -f "$dir/meson-logs/testlog.json" "$dir/meson-logs/sleeps.json"
   logs="$dir/meson-logs/testlog.json"
@@ -67,7 +90,9 @@ run_suite() { # DIR SETUP-ARGS...
     # timeouts, three at a time (2 cores: about 100 s less per pass); then
     # the rest one at a time, as their ranks need the cores. (Not with
     # SUITE_ARGS: meson's --suite adds, it cannot narrow.)
+    ahead_run
     meson test -C "$dir" --print-errorlogs --num-processes 3 --suite sleeps --logbase sleeps || rc=1
+    ahead_stop
     logs="$logs $dir/meson-logs/sleeps.json"
     # shellcheck disable=SC2086
     meson test -C "$dir" --print-errorlogs --num-processes 1 --no-suite sleeps ${SUITE_ARGS:-} || rc=1
@@ -85,7 +110,7 @@ run_suite() { # DIR SETUP-ARGS...
 }
 
 SLEEPS_APART=1 run_suite build-test --buildtype=debugoptimized || rc=1
-await_ahead
+ahead_wait_sanitize
 if sanitize_on; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   export WEFT_TEST_QUICK=1 # sanitizers are slow: a lighter collective matrix
@@ -94,6 +119,7 @@ if sanitize_on; then
   SLEEPS_APART=1 SUITE_ARGS="--no-suite heavy" run_suite build-sanitize $SANITIZE_ARGS || rc=1
   unset ASAN_OPTIONS UBSAN_OPTIONS
 fi
+ahead_finish
 if tsan_on; then
   # ranks are forked children of the test's process (die_after_fork=0); a
   # report makes the rank exit 66, which its test counts as a failure;

@@ -4,6 +4,7 @@
 # batch within 1e-6 (allreduce_hook), close within bf16's precision
 # (bf16_compress_hook, which must put only bf16 on the wire), and a
 # deliberately wrong reduction must miss by far more (the check can fail).
+import multiprocessing
 import socket
 
 import pytest
@@ -169,26 +170,30 @@ def test_hooks_on_buckets(size):
             assert d_bf16 > d_avg  # bf16 really was on the wire
 
 
-def failed_request_rank(comm):
+def failed_request_rank(comm, done):
     """Rank 0's hook request can never complete (rank 1 stays out) and its
     communicator is destroyed: the future must carry the error, not hang."""
     from weft.torch import hooks
     import time
     if comm.rank == 1:
-        time.sleep(3)  # alive (no PEER_LOST) until rank 0 destroyed its side
-        return "stayed out"
-    fut = hooks.allreduce_hook(comm, FakeBucket(torch.ones(10)))
-    time.sleep(0.3)  # the hooks' waiter thread is in weft_wait by now
-    assert not fut.done()
-    comm.destroy()
+        # alive (no PEER_LOST) until rank 0 destroyed its side and has its answer
+        return "stayed out" if done.wait(60) else "rank 0 never finished"
     try:
-        fut.wait()
-    except Exception as e:
-        assert "WEFT_ERR_ABORTED" in str(e), e
-        return "error"
-    return "completed without its peer"
+        fut = hooks.allreduce_hook(comm, FakeBucket(torch.ones(10)))
+        time.sleep(0.3)  # the hooks' waiter thread is in weft_wait by now
+        assert not fut.done()
+        comm.destroy()
+        try:
+            fut.wait()
+        except Exception as e:
+            assert "WEFT_ERR_ABORTED" in str(e), e
+            return "error"
+        return "completed without its peer"
+    finally:
+        done.set()
 
 
 def test_hook_future_carries_the_error():
-    got = ranks.run(2, failed_request_rank, start="forkserver", preload=TORCH)
+    done = multiprocessing.get_context("forkserver").Event()  # ranks.run's context
+    got = ranks.run(2, failed_request_rank, done, start="forkserver", preload=TORCH)
     assert got == ["error", "stayed out"]
