@@ -10,8 +10,10 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
-# the trees' meson options, said once (the passes and the builds ahead take them)
-SANITIZE_ARGS="--buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false"
+# the trees' meson options, said once (the passes and the builds ahead take them);
+# the sanitizers at -O1, as AddressSanitizer's own documents advise: the same
+# checks, and the shm collective matrix took 34 s instead of 64 s at -O0
+SANITIZE_ARGS="--buildtype=debug -Doptimization=1 -Db_sanitize=address,undefined -Db_lundef=false"
 TSAN_ARGS="--buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false"
 sanitize_on() { [ "${WEFT_TEST_SANITIZE:-1}" != 0 ]; }
 tsan_on() { [ "${WEFT_TEST_TSAN:-1}" != 0 ] && command -v clang >/dev/null; }

@@ -346,6 +346,23 @@ def test_build_tree_found_from_a_checkout():
     assert p.returncode == 0 and p.stdout.strip() == builds[0], p.stderr
 
 
+def test_build_tree_half_built_is_passed_by(tmp_path):
+    """A checkout whose other build folder is half built (meson makes the
+    link libweft.so before the library it names): import weft takes the
+    build folder that has a library, and does not fail on the other."""
+    shutil.copytree(os.path.dirname(weft.__file__), tmp_path / "python" / "weft")
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "weft.h").write_text("/* a checkout */\n")
+    (tmp_path / "build-half").mkdir()
+    os.symlink("libweft.so.0", tmp_path / "build-half" / "libweft.so")  # not there yet
+    (tmp_path / "build-done").mkdir()
+    shutil.copy(_lib.path(), tmp_path / "build-done" / "libweft.so")
+    p = run_python("import weft; print(weft.library_path())",
+                   {"PYTHONPATH": str(tmp_path / "python"), "WEFT_LIBRARY": ""})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == str(tmp_path / "build-done" / "libweft.so")
+
+
 def _normalise(decl):
     decl = re.sub(r"\bWEFT_API\b", "", decl)
     decl = re.sub(r"\s+", " ", decl).strip()

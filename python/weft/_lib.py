@@ -134,10 +134,13 @@ def _build_tree_candidates():
     root = os.path.dirname(os.path.dirname(_package_dir()))
     if not os.path.isfile(os.path.join(root, "include", "weft.h")):
         return []
-    found = glob.glob(os.path.join(root, "build*", "libweft.so"))
-    found.sort(key=lambda p: (os.path.basename(os.path.dirname(p)) != "build",
-                              -os.path.getmtime(p)))
-    return found
+    found = []
+    for p in glob.glob(os.path.join(root, "build*", "libweft.so")):
+        try:  # a tree being built has the link before its target: pass it by
+            found.append((os.path.basename(os.path.dirname(p)) != "build", -os.path.getmtime(p), p))
+        except OSError:
+            pass
+    return [p for _, _, p in sorted(found)]
 
 
 def find_library():

@@ -364,8 +364,12 @@ static void culprit_verdict(const weft_core *comm, const int *waits_on, char *ou
              "it made no progress and did not answer in %.2f s (stopped, busy outside this "
              "call, or cut off)",
              grace);
-  snprintf(out, len, "the culprit is rank %d: %s; rank%s %s waited on it (%s)", culprit, because,
-           count > 1 ? "s" : "", waiters, chain);
+  /* the culprit comes first, so a cut sentence (a long chain) still names it;
+   * "..." says it was cut */
+  if (snprintf(out, len, "the culprit is rank %d: %s; rank%s %s waited on it (%s)", culprit, because,
+               count > 1 ? "s" : "", waiters, chain) >= (int)len &&
+      len >= 4)
+    memcpy(out + len - 4, "...", 4);
 }
 
 /* A timeout (this rank's, or a peer's notice of one): the ranks agree on the
