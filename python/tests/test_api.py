@@ -346,17 +346,24 @@ def test_build_tree_found_from_a_checkout():
     assert p.returncode == 0 and p.stdout.strip() == builds[0], p.stderr
 
 
-def test_build_tree_half_built_is_passed_by(tmp_path):
-    """A checkout whose other build folder is half built (meson makes the
-    link libweft.so before the library it names): import weft takes the
-    build folder that has a library, and does not fail on the other."""
+def test_build_tree_half_built_or_sanitized_is_passed_by(tmp_path):
+    """A checkout with two more build folders, newer than the one to take:
+    one half built (meson makes the link libweft.so before the library it
+    names), one built with a sanitizer (python cannot open that library).
+    import weft takes the plain, finished one, and fails on neither."""
     shutil.copytree(os.path.dirname(weft.__file__), tmp_path / "python" / "weft")
     (tmp_path / "include").mkdir()
     (tmp_path / "include" / "weft.h").write_text("/* a checkout */\n")
-    (tmp_path / "build-half").mkdir()
-    os.symlink("libweft.so.0", tmp_path / "build-half" / "libweft.so")  # not there yet
     (tmp_path / "build-done").mkdir()
     shutil.copy(_lib.path(), tmp_path / "build-done" / "libweft.so")
+    os.utime(tmp_path / "build-done" / "libweft.so", (1, 1))  # the oldest
+    (tmp_path / "build-half").mkdir()
+    os.symlink("libweft.so.0", tmp_path / "build-half" / "libweft.so")  # not there yet
+    asan = tmp_path / "build-asan"
+    (asan / "meson-info").mkdir(parents=True)
+    (asan / "meson-info" / "intro-buildoptions.json").write_text(
+        '[{"name": "b_sanitize", "value": "address,undefined"}]')
+    shutil.copy(_lib.path(), asan / "libweft.so")
     p = run_python("import weft; print(weft.library_path())",
                    {"PYTHONPATH": str(tmp_path / "python"), "WEFT_LIBRARY": ""})
     assert p.returncode == 0, p.stderr

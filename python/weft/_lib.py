@@ -3,6 +3,7 @@
 # copy of the parts of include/weft.h the package calls, which
 # tests/test_declarations.py compares with the header.
 import glob
+import json
 import os
 
 import cffi
@@ -127,15 +128,31 @@ def _installed_candidates():
     return out
 
 
+def _sanitized(build_dir):
+    """Whether meson built this folder with a sanitizer (b_sanitize): such a
+    libweft cannot be opened by a python that was not started with the
+    sanitizer's runtime first (tools/test.sh keeps one beside the others)."""
+    try:
+        with open(os.path.join(build_dir, "meson-info", "intro-buildoptions.json")) as f:
+            options = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return any(o.get("name") == "b_sanitize" and o.get("value") not in ("none", "", None)
+               for o in options if isinstance(o, dict))
+
+
 def _build_tree_candidates():
     """A checkout: python/weft/ sits two levels below the source root; meson
     build folders are named build* there (README, common notes). build/
-    first, then the most recently built other one."""
+    first, then the most recently built other one; not a sanitizer's build,
+    nor one whose library is not there yet."""
     root = os.path.dirname(os.path.dirname(_package_dir()))
     if not os.path.isfile(os.path.join(root, "include", "weft.h")):
         return []
     found = []
     for p in glob.glob(os.path.join(root, "build*", "libweft.so")):
+        if _sanitized(os.path.dirname(p)):
+            continue
         try:  # a tree being built has the link before its target: pass it by
             found.append((os.path.basename(os.path.dirname(p)) != "build", -os.path.getmtime(p), p))
         except OSError:
