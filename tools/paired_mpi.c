@@ -216,8 +216,12 @@ int main(int argc, char **argv) {
     MPI_Reduce(&wrong, &wrong_all, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     if (!j.rank)
       printf("  %10zu %12.2f %12.2f %8.2f %ld\n", bytes, max[0], max[1], max[0] / max[1], wrong_all);
-    if (per_rank) { /* which rank sets the max */
-      double *all = malloc(sizeof(double) * 2 * (size_t)j.np);
+    if (per_rank) { /* which rank sets the max; only rank 0 receives */
+      double *all = j.rank ? NULL : malloc(sizeof(double) * 2 * (size_t)j.np);
+      if (!j.rank && !all) {
+        fprintf(stderr, "paired_mpi: no memory for %d ranks' medians\n", j.np);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
       MPI_Gather(med, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
       for (int r = 0; !j.rank && r < j.np; r++)
         printf("  %10s rank %d: %8.2f %12.2f\n", "", r, all[2 * r], all[2 * r + 1]);
