@@ -97,6 +97,7 @@ static void pair_close(pair *p) {
   shm->fini(p->ctx[1]);
   unsetenv("WEFT_SHM_CMA");
   unsetenv("WEFT_SHM_CMA_MIN_BYTES");
+  unsetenv("WEFT_SHM_CMA_STREAM_BYTES");
   weft_settings_reload();
 }
 
@@ -303,6 +304,92 @@ static void mixed_every_other_chunk_while_slots_are_slow(void **state) {
                (unsigned long long)(rx->cma_chunks - before), phase[ph].by_address);
   }
   pair_close(&p);
+}
+
+/* One chunk of `bytes` from `from` (a connection of ctx[from_rank]) to
+ * `to`, taken with recv_into and checked; returns 1 when it came by single
+ * copy (the receiving connection's counter). */
+static int move_chunk(pair *p, int from_rank, weft_tp_conn *from, weft_tp_conn *to, size_t bytes,
+                      uint32_t seq) {
+  static unsigned char src[CHUNK], dst[CHUNK];
+  fill_random(src, bytes, seq * 131 + bytes);
+  shm_conn *rx = (shm_conn *)to;
+  uint64_t before = rx->cma_chunks;
+  double deadline = harness_now() + 5;
+  weft_status st;
+  while ((st = shm->send_ready(from)) == WEFT_AGAIN && harness_now() < deadline) drive(p);
+  if (st || shm->send_for_copy(from, src, bytes, seq, &weft_mem_host))
+    fail_msg("send_for_copy #%u of %zu bytes: %s", seq, bytes, p->sink[from_rank].msg);
+  memset(dst, 0, bytes);
+  while ((st = shm->recv_into(to, seq, bytes, dst, &weft_mem_host)) == WEFT_AGAIN &&
+         harness_now() < deadline)
+    drive(p);
+  if (st) fail_msg("receive #%u of %zu bytes: %s", seq, bytes, p->sink[1 - from_rank].msg);
+  assert_memory_equal(dst, src, bytes);
+  while (shm->send_idle(from) == WEFT_AGAIN && harness_now() < deadline) drive(p);
+  assert_int_equal(shm->send_idle(from), WEFT_OK);
+  return (int)(rx->cma_chunks - before);
+}
+
+/* A pair that reads by single copy (auto, a core per rank): a rank whose
+ * only large traffic in a call is one stream sends the part past
+ * WEFT_SHM_CMA_STREAM_BYTES through the slots, in every call; not while it
+ * takes large chunks on another connection (a chain's middle rank), nor
+ * while it sends them on two (a scatter's root); and "on" reads them all.
+ * The verdict is set to yes here: this machine's timing may say mixed. */
+static void one_way_stream_past_the_limit_goes_through_the_slots(void **state) {
+  (void)state;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores < 2) skip(); /* ranks outnumber cores: single copy throughout */
+  for (int on = 0; on < 2; on++) {
+    char limit[32];
+    snprintf(limit, sizeof limit, "%d", 3 * CHUNK);
+    setenv("WEFT_SHM_CMA_STREAM_BYTES", limit, 1);
+    pair p;
+    pair_open(&p, on ? "on" : "auto");
+    settle(&p);
+    /* a second connection between the same ranks (channel 1), used both ways */
+    weft_tp_conn *other0 = NULL, *other1 = NULL; /* rank 0's end, rank 1's end */
+    assert_int_equal(shm->connect(p.ctx[1], 0, 1, p.addr[0], p.alen[0], &other1), WEFT_OK);
+    assert_int_equal(shm->connect(p.ctx[0], 1, 1, p.addr[1], p.alen[1], &other0), WEFT_OK);
+    ((shm_conn *)p.tx)->tx_cma = SHM_CMA_YES;
+    /* before: 1: rank 0 takes a large chunk on channel 1 in the same call;
+     * 2: it sends one there; 3: a call of small chunks comes first (a
+     * barrier: the rule looks back at the last call that moved large ones) */
+    static const struct {
+      const char *what;
+      int before;
+      int by_address; /* of 6 sent on channel 0 */
+    } call[] = {{"one way", 0, 3},
+                {"the next call", 0, 3},
+                {"taking meanwhile", 1, 6},
+                {"the call after taking", 0, 6},
+                {"the one after that", 0, 3},
+                {"sending on two", 2, 6},
+                {"the call after sending on two", 0, 6},
+                {"the one after that", 0, 3},
+                {"taking meanwhile", 1, 6},
+                {"a barrier, then one way", 3, 6},
+                {"a barrier, then one way again", 3, 3}};
+    uint32_t seq = 10;
+    for (size_t i = 0; i < sizeof call / sizeof *call; i++, seq++) {
+      if (call[i].before == 1) move_chunk(&p, 1, other1, other0, CHUNK, seq);
+      if (call[i].before == 2) move_chunk(&p, 0, other0, other1, CHUNK, seq);
+      if (call[i].before == 3) {
+        move_chunk(&p, 0, other0, other1, 8, seq);
+        move_chunk(&p, 1, other1, other0, 8, seq++);
+      }
+      int got = 0;
+      for (int k = 0; k < 6; k++) got += move_chunk(&p, 0, p.tx, p.rx, CHUNK, seq);
+      int want = on ? 6 : call[i].by_address;
+      printf("# %s, call %u (%s): %d of 6 by single copy\n", on ? "on" : "auto", seq, call[i].what,
+             got);
+      if (got != want)
+        fail_msg("WEFT_SHM_CMA=%s, call %u (%s): %d of 6 chunks by single copy, want %d",
+                 on ? "on" : "auto", seq, call[i].what, got, want);
+    }
+    pair_close(&p);
+  }
 }
 
 static void cma_off_copies_twice(void **state) {
@@ -622,6 +709,7 @@ int main(void) {
       cmocka_unit_test(auto_single_copy_where_it_pays),
       cmocka_unit_test(mixed_every_other_chunk_while_slots_are_slow),
       cmocka_unit_test(pair_decides_from_both_timings),
+      cmocka_unit_test(one_way_stream_past_the_limit_goes_through_the_slots),
       cmocka_unit_test(cma_off_copies_twice),
       cmocka_unit_test(refused_probe_copies_twice),
       cmocka_unit_test(credits_return_as_the_receiver_copies),

@@ -5,7 +5,7 @@
 # the ../shared/peers format), so tools/switch_points.py can line them up.
 #   bash tools/switch_points.sh [build-dir]          # then
 #   python3 tools/switch_points.py OUT/runs.txt [OUT2/runs.txt ...]
-# Phases (PHASES, default "A C S B"), each run twice, interleaved:
+# Phases (PHASES, default "A C S T B"), each run twice, interleaved:
 #   A  forced algorithms side by side: the exchange against recursive
 #      doubling, recursive doubling against the ring, broadcast trees,
 #      allgather ring against pairwise, shm single copy off against on
@@ -15,6 +15,10 @@
 #      recursive doubling at 3 and 4 ranks; rd against ring over tcp
 #   S  whether the two ends of each 2-rank shm pair decide single copy alike
 #      (12 starts, WEFT_DEBUG=INFO lines)
+#   T  the one-way stream limit of shm single copy (WEFT_SHM_CMA_STREAM_BYTES
+#      0 / 1M / 2M / 4M / 8M): 2-rank broadcast and gather, 4 and 8-rank
+#      broadcast (0 against the default), Open MPI's 2-rank broadcast beside
+#      them; and the 2-rank allgather, single copy off against on (3 rounds)
 #   B  weft (auto) against Open MPI (ob1 with vader or tcp, with and without
 #      glibc's mmap threshold raised) for five collectives at NPS_B ranks
 # Environment: OUT (results folder, results/switch-points-<stamp>), PHASES,
@@ -28,7 +32,7 @@ W=$build/tools/weftrun WB=$build/tools/weft-bench
 OUT=${OUT:-results/switch-points-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 R=$OUT/runs.txt
-PHASES=${PHASES:-A C S B}
+PHASES=${PHASES:-A C S T B}
 DEADLINE=${DEADLINE:-900}
 PEERS_SRC=${PEERS_SRC:-../shared/peers/src}
 T0=$(date +%s)
@@ -145,7 +149,7 @@ done
 
 if has S; then
   echo "## S: each 2-rank pair's single-copy decision, 12 starts"
-  for i in $(seq 1 12); do
+  for _ in $(seq 1 12); do
     late split-check && break
     WEFT_TRANSPORT=shm WEFT_DEBUG=INFO WEFT_DEBUG_SUBSYS=NET "$W" -n 2 "$WB" --bind --peers \
       -c alltoall -b 2M -e 8M >"$OUT/split.tmp" 2>&1
@@ -156,6 +160,26 @@ if has S; then
   done
   rm -f "$OUT/split.tmp"
 fi
+
+for round in 1 2 3; do
+  has T || break
+  echo "## T, round $round"
+  for k in 0 1M 2M 4M 8M; do
+    for c in bcast gather; do
+      wrun "st-$k" 2 $c "WEFT_TRANSPORT=shm WEFT_SHM_CMA_STREAM_BYTES=$k" -b 512K -e 64M -f 2
+    done
+  done
+  for np in 4 8; do
+    for k in 0 2M; do
+      wrun "st-$k" $np bcast "WEFT_TRANSPORT=shm WEFT_SHM_CMA_STREAM_BYTES=$k" -b 512K -e 64M -f 4
+    done
+  done
+  mrun ompi-vader 2 bcast "$LO --mca pml ob1 --mca btl self,vader"
+  mrun ompi-vader-nommap 2 bcast "$LO --mca pml ob1 --mca btl self,vader $NOMMAP"
+  wrun cma-off 2 allgather "WEFT_TRANSPORT=shm WEFT_SHM_CMA=0" -b 2M -e 64M -f 2
+  wrun cma-on 2 allgather "WEFT_TRANSPORT=shm WEFT_SHM_CMA=on" -b 2M -e 64M -f 2
+  mrun ompi-vader-nommap 2 allgather "$LO --mca pml ob1 --mca btl self,vader $NOMMAP"
+done
 
 if has B; then
   echo "## B: weft against Open MPI"

@@ -131,6 +131,16 @@ enum shm_want { SHM_WANT_NONE, SHM_WANT_RECV, SHM_WANT_SEND, SHM_WANT_OPEN, SHM_
  * slots run slow (shm_mix_by_address). The receiver takes either form. */
 enum shm_cma_verdict { SHM_CMA_UNDECIDED = 0, SHM_CMA_YES = 1, SHM_CMA_NO = 2, SHM_CMA_MIXED = 3 };
 
+/* What this rank moved in one call that carried chunks above inline size,
+ * over all its connections. */
+typedef struct shm_large_call {
+  uint32_t seq;
+  bool valid;
+  bool received;                     /* a large chunk came in */
+  bool fanout;                       /* large chunks left on two connections or more */
+  shm_conn *first_tx;                /* where the first large chunk left */
+} shm_large_call;
+
 struct shm_conn {
   shm_ctx *ctx;
   int peer;
@@ -166,6 +176,9 @@ struct shm_conn {
                                         goes by address */
   bool rx_large_any;                 /* a chunk above inline size came from the peer, */
   uint32_t rx_large_seq;             /* in this call: two-way traffic */
+  /* one-way streams on a pair that reads by single copy (shm_stream_through_slots) */
+  uint32_t tx_stream_seq;            /* the call whose chunks tx_stream_bytes counts */
+  uint64_t tx_stream_bytes;          /* eligible bytes sent to the peer in that call */
   int pidfd;                         /* readable once the peer process ended; -1 */
   bool peer_ended;                   /* its process is gone: what it sent is still read */
   bool notice_read;                  /* the peer's failure notice was read */
@@ -184,6 +197,11 @@ struct shm_ctx {
                                         have made segments this rank never opened */
   int cma_mode;                      /* WEFT_SHM_CMA (shm_settings.h) */
   size_t cma_min_bytes;              /* WEFT_SHM_CMA_MIN_BYTES */
+  uint64_t cma_stream_bytes;         /* WEFT_SHM_CMA_STREAM_BYTES; 0 where it cannot apply
+                                        (not auto, or ranks outnumber cores) */
+  /* this rank's latest call that moved large chunks, and the one before it
+   * (shm_stream_through_slots); calls between them (a barrier) do not count */
+  shm_large_call large_now, large_before;
   shm_conn *want_conn;       /* the last connection a data call said AGAIN for */
   enum shm_want want;
   double next_liveness_check;

@@ -546,6 +546,66 @@ static bool shm_mix_by_address(shm_conn *c, uint32_t seq) {
   return (c->tx_mix_turn++ & 1) == 0;
 }
 
+/* ---- one-way streams on a pair that reads by single copy ----------------------
+ *
+ * One reader moves every byte of a single copy alone. While the stream fits
+ * in the cache that is the fastest way; once it outgrows it the reader runs
+ * at one core's memory speed, and two copies through the slots, one on each
+ * core, go twice as fast. On the 16-core machine (process_vm_readv 1.8x a
+ * memcpy there, so single copy), a 2-rank broadcast took, single copy
+ * against the slots, 24-26 / 43-47 us at 512 KiB, level at 2 MiB, 732-815 /
+ * 649-740 at 8 MiB and 6140-6688 / 2544-3912 at 32 MiB. So the part of a
+ * call's stream past WEFT_SHM_CMA_STREAM_BYTES goes through the slots, but
+ * only where this rank's core has nothing else to do: no large chunk came
+ * in on any connection in this call or in its last call that moved large
+ * chunks (a chain's middle ranks read and forward; their single copy leaves
+ * the next rank to read; allgather and alltoall keep single copy, each core
+ * already works), and no other connection sent large chunks then (a
+ * scatter's root would copy every piece itself where the readers now copy
+ * in parallel). Not "this call or the last": a barrier between two calls
+ * (every iteration of a benchmark) would hide the pattern. */
+
+/* The record of call `seq`: the latest one, or the one before it (calls
+ * overlap when started without waiting); a newer call makes the latest the
+ * one before. */
+static shm_large_call *shm_large_call_of(shm_ctx *ctx, uint32_t seq) {
+  if (ctx->large_now.valid && ctx->large_now.seq == seq) return &ctx->large_now;
+  if (ctx->large_before.valid && ctx->large_before.seq == seq) return &ctx->large_before;
+  ctx->large_before = ctx->large_now;
+  ctx->large_now = (shm_large_call){.seq = seq, .valid = true};
+  return &ctx->large_now;
+}
+
+static void shm_note_large_rx(shm_conn *c, uint32_t seq) {
+  c->rx_large_any = true;
+  c->rx_large_seq = seq;
+  shm_large_call_of(c->ctx, seq)->received = true;
+}
+
+static void shm_note_large_tx(shm_conn *c, uint32_t seq) {
+  shm_large_call *call = shm_large_call_of(c->ctx, seq);
+  if (!call->first_tx) call->first_tx = c;
+  if (call->first_tx != c) call->fanout = true;
+}
+
+/* For an eligible chunk of `bytes` on a YES pair: whether it goes through
+ * the slots after all (counts it either way). */
+static bool shm_stream_through_slots(shm_conn *c, size_t bytes, uint32_t seq) {
+  shm_ctx *ctx = c->ctx;
+  if (c->tx_stream_seq != seq) {
+    c->tx_stream_seq = seq;
+    c->tx_stream_bytes = 0;
+  }
+  uint64_t before = c->tx_stream_bytes;
+  c->tx_stream_bytes += bytes;
+  if (ctx->cma_stream_bytes == 0 || before < ctx->cma_stream_bytes) return false;
+  const shm_large_call *now = shm_large_call_of(ctx, seq);
+  const shm_large_call *last = now == &ctx->large_now ? &ctx->large_before : NULL;
+  bool busy =
+      now->received || now->fanout || (last && last->valid && (last->received || last->fanout));
+  return !busy;
+}
+
 /* Whether a chunk of `bytes` read with `mem` could go as a descriptor: large
  * enough to be worth a system call, and host memory (the peer's kernel reads
  * it through our page tables). Whether it does is the peer's verdict. */
@@ -676,10 +736,14 @@ static void shm_cma_decide(shm_conn *c) {
       verdict = SHM_CMA_YES;
       WEFT_INFO(WEFT_SUBSYS_NET,
                 "shm: rank %d reads peer %d's chunks of %zu bytes and more straight from its "
-                "memory (process_vm_readv, single copy; %s)",
+                "memory (process_vm_readv, single copy; %s)%s",
                 ctx->args->rank, c->peer,
                 ctx->cma_min_bytes > SHM_INLINE_BYTES ? ctx->cma_min_bytes : SHM_INLINE_BYTES + 1,
-                pays_why);
+                pays_why,
+                ctx->cma_stream_bytes ? "; a call's one-way stream past WEFT_SHM_CMA_STREAM_BYTES "
+                                        "comes through the slots while the peer has nothing "
+                                        "else to move"
+                                      : "");
     } else {
       WEFT_INFO(WEFT_SUBSYS_NET,
                 "shm: rank %d cannot read peer %d's memory (process_vm_readv of pid %u: %s%s): "
@@ -757,7 +821,10 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
   bool eligible = for_copy && shm_cma_eligible(c, bytes, mem);
   bool mixed = eligible && c->tx_cma == SHM_CMA_MIXED; /* slots timed, some by address */
-  bool by_address = mixed ? shm_mix_by_address(c, seq) : eligible && c->tx_cma == SHM_CMA_YES;
+  bool by_address = mixed ? shm_mix_by_address(c, seq)
+                          : eligible && c->tx_cma == SHM_CMA_YES &&
+                                !shm_stream_through_slots(c, bytes, seq);
+  if (bytes > SHM_INLINE_BYTES) shm_note_large_tx(c, seq);
   uint32_t slot = c->tx_head % (uint32_t)c->ctx->nslots;
   shm_cell *cell = &c->tx->cell[slot];
   uint32_t number = c->tx_head++;
@@ -892,10 +959,8 @@ static weft_status shm_release(shm_conn *c) {
   if (!c->peeked) return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
   const shm_cell *cell = &c->rx->cell[c->rx_tail % (uint32_t)c->ctx->nslots];
-  if (cell->len > SHM_INLINE_BYTES) { /* two-way traffic (shm_mix_by_address) */
-    c->rx_large_any = true;
-    c->rx_large_seq = cell->seq;
-  }
+  /* two-way traffic (shm_mix_by_address), a rank that is not idle (shm_stream_through_slots) */
+  if (cell->len > SHM_INLINE_BYTES) shm_note_large_rx(c, cell->seq);
   c->rx_tail++;
   atomic_store(&c->rx->tail, c->rx_tail);
   if (atomic_load(&c->rx->send_sleeping)) shm_futex_wake(&c->rx->tail);
