@@ -62,6 +62,7 @@ typedef struct fake_world {
   char error[512];              /* the first misuse or mismatch seen */
   fake_shared shared[2 * MAX_N];
   int nshared;
+  int now_calls[MAX_N]; /* send_now by each member: chunks it passed on */
 } fake_world;
 
 typedef struct fake_end {
@@ -163,6 +164,17 @@ static weft_status fake_send_idle(void *ctx, int peer) {
   /* a chunk for copy is read from its source by the receiver's recv_into */
   for (int i = 0; i < p->count; i++)
     if (at(p, i)->for_copy) return WEFT_AGAIN;
+  return WEFT_OK;
+}
+
+/* Only right after a send on the same pipe: nothing else runs between the
+ * two in this one thread, so the chunk is still there. */
+static weft_status fake_send_now(void *ctx, int peer) {
+  fake_end *e = end_of(ctx);
+  fake_pipe *p = pipe_of(e, peer, true, "send_now");
+  if (!p) return WEFT_ERR_INTERNAL;
+  if (p->count == 0) return misuse(e->w, "member %d: send_now to %d with nothing sent", e->me, peer);
+  e->w->now_calls[e->me]++;
   return WEFT_OK;
 }
 
@@ -278,6 +290,7 @@ static const weft_link_ops fake_ops = {
     .send = fake_send,
     .send_for_copy = fake_send_for_copy,
     .send_idle = fake_send_idle,
+    .send_now = fake_send_now,
     .recv_peek = fake_recv_peek,
     .recv_release = fake_recv_release,
     .recv_into = fake_recv_into,
@@ -784,6 +797,28 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
                   w->pipe[a][b].count, a, b);
           bad++;
         }
+
+    /* chunks passed on start at once (link.h, send_now): every member of
+     * a ring of 3 or more passes chunks on, and a tree's root never does
+     * (its own chunks may go out together) */
+    bool identity = c->gsize == c->n;
+    for (int q = 0; q < c->gsize; q++) identity = identity && c->members[q] == q;
+    if (!bad && identity && c->algo == ALGO_RING && c->gsize >= 3 && c->wire == WEFT_F32 &&
+        c->count >= (size_t)c->gsize)
+      for (int g = 0; g < c->gsize && !bad; g++)
+        if (w->now_calls[g] == 0) {
+          fprintf(stderr, "%s\n  member %d passed chunks on without send_now\n", what, g);
+          bad++;
+        }
+    if (!bad && identity && c->algo == ALGO_BCAST && !c->confirmed) {
+      int forwarders = 0;
+      for (int g = 0; g < c->gsize; g++) forwarders += w->now_calls[g] > 0;
+      if (w->now_calls[c->root] || (c->fanout == 1 && c->gsize >= 3 && c->count && !forwarders)) {
+        fprintf(stderr, "%s\n  send_now: the root called it %d times, %d members forwarded\n",
+                what, w->now_calls[c->root], forwarders);
+        bad++;
+      }
+    }
 
     /* results against the serial reference */
     uint64_t first_hash = 0;

@@ -211,6 +211,13 @@ typedef struct weft_transport {
    * WEFT_AGAIN otherwise. Drives the sends forward. */
   weft_status (*send_idle)(weft_tp_conn *conn);
 
+  /* Optional (NULL where a posted chunk starts moving at once). The chunks
+   * posted on conn start moving now, not at the next progress: the
+   * algorithm passes on what it has just received, and the next rank of a
+   * pipeline waits for it. Never WEFT_AGAIN (it starts what it can, as
+   * progress does); an error is the connection's failure. */
+  weft_status (*send_now)(weft_tp_conn *conn);
+
   /* The oldest received chunk: it must be tagged `seq` and be `bytes` long,
    * else WEFT_ERR_MISMATCH. `*data` (host memory) stays valid until
    * recv_release. WEFT_AGAIN when it has not (completely) arrived. Calling

@@ -147,6 +147,11 @@ static inline weft_status weft_link_send_for_copy(weft_coll *coll, int peer, con
 static inline weft_status weft_link_send_idle(weft_coll *coll, int peer) {
   return coll->link.ops->send_idle(coll->link.ctx, peer);
 }
+/* After a send that passes on what this rank just received (a ring's or a
+ * chain's next hop): it starts moving now (link.h, send_now). */
+static inline weft_status weft_link_send_now(weft_coll *coll, int peer) {
+  return coll->link.ops->send_now ? coll->link.ops->send_now(coll->link.ctx, peer) : WEFT_OK;
+}
 static inline weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes,
                                               const void **data) {
   return coll->link.ops->recv_peek(coll->link.ctx, peer, coll->seq, bytes, data);

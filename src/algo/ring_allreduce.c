@@ -58,9 +58,11 @@ static weft_status ring_send_ahead(weft_coll *coll) {
   size_t off, cnt;
   ring_chunk_of(coll, rs->loop + 1, r, &off, &cnt);
   weft_status st = WEFT_OK;
+  int right = weft_mod(r + 1, coll->size);
   if (cnt)
-    st = weft_step_send(coll, weft_mod(r + 1, coll->size),
-                        (const char *)coll->sendbuf + off * coll->elem, cnt * coll->elem);
+    st = weft_step_send(coll, right, (const char *)coll->sendbuf + off * coll->elem,
+                        cnt * coll->elem);
+  if (st == WEFT_OK && cnt) st = weft_link_send_now(coll, right); /* the point is to be early */
   if (st == WEFT_OK) rs->ahead = true;
   return st < 0 ? st : WEFT_OK;
 }
@@ -78,7 +80,14 @@ static weft_status ring_step(weft_coll *coll) {
   char *out = (char *)coll->recvbuf + off * coll->elem;
   const char *in = (const char *)coll->sendbuf + off * coll->elem;
 
-  if (s == 0) return weft_step_send(coll, right, in, bytes);
+  /* Every send of an allreduce is on the ring's path: the right neighbour
+   * reduces it and passes it on, so none waits for the next progress (16
+   * cores, 2 ranks over tcp, 64 MiB: 21.3-23.4 ms, against 25.2-29.5 with
+   * this one left there; 3 interleaved runs). */
+  if (s == 0) {
+    WEFT_STEP(weft_step_send(coll, right, in, bytes));
+    return weft_link_send_now(coll, right);
+  }
   /* reduce-scatter: receive, add own, pass on */
   if (s < n - 1) return weft_step_recv_reduce(coll, left, right, out, in, cnt, 1, -1);
   /* at n-1 final (divided for avg): the right takes it into its output (a

@@ -99,7 +99,10 @@ static weft_status wire_step_recv_reduce(weft_coll *coll, int from, int to, void
     WEFT_STEP(weft_link_send_ready(coll, to));
   }
   coll->mem->reduce_wire(dst, own, slot, cnt, coll->wire, coll->op, postdiv, stage);
-  if (to >= 0) WEFT_STEP(weft_wire_send(coll, to, cnt));
+  if (to >= 0) {
+    WEFT_STEP(weft_wire_send(coll, to, cnt));
+    WEFT_CHECK(weft_link_send_now(coll, to));
+  }
   return weft_link_recv_release(coll, from);
 }
 
@@ -119,6 +122,7 @@ static weft_status wire_step_recv_forward(weft_coll *coll, int from, int to, voi
   if (to >= 0) {
     coll->mem->narrow(stage, dst, cnt, coll->wire);
     WEFT_STEP(weft_wire_send(coll, to, cnt));
+    WEFT_CHECK(weft_link_send_now(coll, to));
   }
   return weft_link_recv_release(coll, from);
 }
@@ -149,6 +153,7 @@ static weft_status recv_reduce_send(weft_coll *coll, int from, int to, void *dst
   coll->mem->reduce(dst, own, slot, cnt, coll->dtype, coll->op, postdiv);
   if (to >= 0 && for_copy) WEFT_STEP(weft_link_send_for_copy(coll, to, dst, cnt * coll->elem));
   if (to >= 0 && !for_copy) WEFT_STEP(weft_link_send(coll, to, dst, cnt * coll->elem));
+  if (to >= 0) WEFT_CHECK(weft_link_send_now(coll, to));
   return weft_link_recv_release(coll, from);
 }
 
@@ -170,7 +175,8 @@ weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst,
     *got = true;
   }
   if (to < 0) return WEFT_OK;
-  return weft_step_send_for_copy(coll, to, dst, bytes);
+  WEFT_STEP(weft_step_send_for_copy(coll, to, dst, bytes));
+  return weft_link_send_now(coll, to);
 }
 
 weft_status weft_step_send_all(weft_coll *coll, int *next, const void *src, size_t bytes) {

@@ -34,6 +34,9 @@ static weft_status tree_advance(weft_coll *coll) {
     while (ts->children_sent < t.nchildren) {
       int child = weft_tree_child(coll, &t, ts->children_sent);
       WEFT_STEP(weft_step_send_for_copy(coll, child, src, bytes));
+      /* a chunk passed on: the child's subtree waits for it (the root's
+       * own chunks may go out together at the next progress) */
+      if (!is_root) WEFT_CHECK(weft_link_send_now(coll, child));
       ts->children_sent++;
     }
     ts->chunk++;

@@ -71,6 +71,15 @@ static weft_status cl_send_for_copy(void *ctx, int peer, const void *src, size_t
   return cl_send_with(ctx, peer, src, bytes, seq, mem, true);
 }
 
+static weft_status cl_send_now(void *ctx, int peer) {
+  weft_comm_link *cl = cl_of(ctx);
+  const weft_transport *ops = peer_ops(cl->links, peer);
+  if (!ops->send_now) return WEFT_OK;
+  weft_tp_conn *c;
+  WEFT_CHECK(link_conn(cl, peer, &c));
+  return link_result(cl, peer, ops->send_now(c), "a send to start to");
+}
+
 static weft_status cl_send_idle(void *ctx, int peer) {
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
@@ -138,6 +147,7 @@ const weft_link_ops weft_comm_link_ops = {
     .send = cl_send,
     .send_for_copy = cl_send_for_copy,
     .send_idle = cl_send_idle,
+    .send_now = cl_send_now,
     .recv_peek = cl_recv_peek,
     .recv_release = cl_recv_release,
     .recv_into = cl_recv_into,

@@ -29,6 +29,12 @@ static weft_status group_send_idle(void *ctx, int member) {
   return g->over.ops->send_idle(g->over.ctx, g->members[member]);
 }
 
+static weft_status group_send_now(void *ctx, int member) {
+  const weft_link_group *g = group_of(ctx);
+  if (!g->over.ops->send_now) return WEFT_OK;
+  return g->over.ops->send_now(g->over.ctx, g->members[member]);
+}
+
 static weft_status group_recv_peek(void *ctx, int member, uint32_t seq, size_t bytes,
                                    const void **data) {
   const weft_link_group *g = group_of(ctx);
@@ -77,6 +83,7 @@ const weft_link_ops weft_link_group_ops = {
     .send = group_send,
     .send_for_copy = group_send_for_copy,
     .send_idle = group_send_idle,
+    .send_now = group_send_now,
     .recv_peek = group_recv_peek,
     .recv_release = group_recv_release,
     .recv_into = group_recv_into,

@@ -36,6 +36,10 @@ typedef struct weft_link_ops {
                                const weft_mem_ops *mem);
   /* OK once every chunk sent to `member` has left its source. */
   weft_status (*send_idle)(void *ctx, int member);
+  /* Optional (NULL: sends move at once). The chunks sent to `member` start
+   * moving now (transport.h, send_now): a pipeline's next rank waits for
+   * them. Never WEFT_AGAIN. */
+  weft_status (*send_now)(void *ctx, int member);
   /* The next chunk from `member`, where it landed, once it has: it must
    * carry `seq` and be exactly `bytes` long (else WEFT_ERR_MISMATCH). *data
    * stays valid and unchanged until recv_release. */

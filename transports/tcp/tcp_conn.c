@@ -686,6 +686,17 @@ weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t
   return tcp_conn_push_sends(c, &progressed);
 }
 
+/* A chunk that passes on what this rank received: the next rank waits for
+ * it, so it is not left for the progress that batches a call's chunks
+ * (TCP_DEFER_MIN). */
+weft_status tcp_send_now(weft_tp_conn *conn) {
+  tcp_conn *c = tcp_conn_of(conn);
+  if (c->state == TCP_CONN_DEAD) return c->dead_status;
+  if (c->state != TCP_CONN_UP || !c->queued) return WEFT_OK;
+  bool progressed;
+  return tcp_conn_push_sends(c, &progressed);
+}
+
 weft_status tcp_send_idle(weft_tp_conn *conn) {
   tcp_conn *c = tcp_conn_of(conn);
   if (c->state == TCP_CONN_DEAD) return c->dead_status;

@@ -626,6 +626,7 @@ const weft_transport weft_transport_tcp = {
     .send = tcp_send,
     .send_for_copy = tcp_send, /* the receiver reads the socket / slot into dst already */
     .send_idle = tcp_send_idle,
+    .send_now = tcp_send_now,
     .recv_peek = tcp_recv_peek,
     .recv_release = tcp_recv_release,
     .recv_into = tcp_recv_into,
