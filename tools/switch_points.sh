@@ -28,7 +28,10 @@
 set -u
 build=${1:-build}
 W=$build/tools/weftrun WB=$build/tools/weft-bench
-[ -x "$WB" ] && [ -x "$W" ] || { echo "no $WB or $W: build first (ninja -C $build)" >&2; exit 1; }
+if [ ! -x "$WB" ] || [ ! -x "$W" ]; then
+  echo "no $WB or $W: build first (ninja -C $build)" >&2
+  exit 1
+fi
 OUT=${OUT:-results/switch-points-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 R=$OUT/runs.txt
