@@ -174,8 +174,6 @@ struct shm_conn {
   uint32_t tx_in_copies;             /* large chunks copied into the slots so far */
   uint32_t tx_mix_turn;              /* one-way chunks sent while slow: every other one
                                         goes by address */
-  bool rx_large_any;                 /* a chunk above inline size came from the peer, */
-  uint32_t rx_large_seq;             /* in this call: two-way traffic */
   /* one-way streams on a pair that reads by single copy (shm_stream_through_slots) */
   uint32_t tx_stream_seq;            /* the call whose chunks tx_stream_bytes counts */
   uint64_t tx_stream_bytes;          /* eligible bytes sent to the peer in that call */
@@ -200,7 +198,7 @@ struct shm_ctx {
   uint64_t cma_stream_bytes;         /* WEFT_SHM_CMA_STREAM_BYTES; 0 where it cannot apply
                                         (not auto, or ranks outnumber cores) */
   /* this rank's latest call that moved large chunks, and the one before it
-   * (shm_stream_through_slots); calls between them (a barrier) do not count */
+   * (shm_rank_receives); calls between them (a barrier) do not count */
   shm_large_call large_now, large_before;
   shm_conn *want_conn;       /* the last connection a data call said AGAIN for */
   enum shm_want want;

@@ -498,6 +498,47 @@ weft_status shm_send_ready(weft_tp_conn *conn) {
 
 /* ---- single copy ---------------------------------------------------------------- */
 
+/* ---- what this rank moved in its recent calls --------------------------------- */
+
+/* The record of call `seq`: the latest one, or the one before it (calls
+ * overlap when started without waiting); a newer call makes the latest the
+ * one before. */
+static shm_large_call *shm_large_call_of(shm_ctx *ctx, uint32_t seq) {
+  if (ctx->large_now.valid && ctx->large_now.seq == seq) return &ctx->large_now;
+  if (ctx->large_before.valid && ctx->large_before.seq == seq) return &ctx->large_before;
+  ctx->large_before = ctx->large_now;
+  ctx->large_now = (shm_large_call){.seq = seq, .valid = true};
+  return &ctx->large_now;
+}
+
+static void shm_note_large_rx(shm_conn *c, uint32_t seq) {
+  shm_large_call_of(c->ctx, seq)->received = true;
+}
+
+static void shm_note_large_tx(shm_conn *c, uint32_t seq) {
+  shm_large_call *call = shm_large_call_of(c->ctx, seq);
+  if (!call->first_tx) call->first_tx = c;
+  if (call->first_tx != c) call->fanout = true;
+}
+
+/* Whether this rank takes large chunks in call `seq`, or took them in its
+ * last call that moved large chunks: its core already copies what comes in.
+ * Not "in this call or the one before": a barrier between two calls (every
+ * iteration of a benchmark) hid the pattern at the start of each call. */
+static bool shm_rank_receives(shm_ctx *ctx, uint32_t seq) {
+  const shm_large_call *now = shm_large_call_of(ctx, seq);
+  const shm_large_call *last = now == &ctx->large_now ? &ctx->large_before : NULL;
+  return now->received || (last && last->valid && last->received);
+}
+
+/* Whether this rank sends large chunks on two connections or more in call
+ * `seq`, or did in its last call that moved large chunks. */
+static bool shm_rank_fans_out(shm_ctx *ctx, uint32_t seq) {
+  const shm_large_call *now = shm_large_call_of(ctx, seq);
+  const shm_large_call *last = now == &ctx->large_now ? &ctx->large_before : NULL;
+  return now->fanout || (last && last->valid && last->fanout);
+}
+
 /* ---- the verdict MIXED: single copy for every other chunk while the slots run slow ----
  *
  * Where process_vm_readv cost 2 memcpy or more when timed (shm_cma_pays),
@@ -512,12 +553,16 @@ weft_status shm_send_ready(weft_tp_conn *conn) {
  * process_vm_readv of the same bytes (timed at start), every other chunk
  * goes by address: the receiver reads it while the sender copies the next,
  * and the two cores share the work (2 MiB: 170-200 us in that placement).
- * Only traffic that goes one way: where the pair also sent large chunks
- * the other way in this call or the last (allgather, alltoall) each core
+ * Only where this rank takes no large chunks itself (shm_rank_receives):
+ * where it does (allgather, alltoall, a chain's middle ranks) each core
  * already makes both copies, and sending half by address there ran slower
  * than either way alone (2-rank allgather of 2 MiB: 270-290 us); all but
  * one in 8 by address there was no better than the slots (4 and 3
- * alternated runs of allgather and alltoall, 128 KiB-32 MiB). Half, not
+ * alternated runs of allgather and alltoall, 128 KiB-32 MiB). Asked first
+ * as "from the peer in this call or the one before", a barrier between two
+ * calls hid the other way, and in the slow placement 174-283 of a 2-rank
+ * allgather's or alltoall's chunks went by address (none now; either way
+ * that placement took 85-98 us at 512 KiB, the near one 25-42). Half, not
  * all: the slots stay in use, so their cost stays measured and the way
  * back is found. */
 #define SHM_MIX_WARM 16u /* copies not folded: a slot's first use meets page faults */
@@ -538,11 +583,8 @@ static void shm_mix_fold(shm_conn *c, size_t bytes, double secs) {
 }
 
 static bool shm_mix_by_address(shm_conn *c, uint32_t seq) {
-  /* large chunks from the peer in this call or the last: a call's sends
-   * may all be posted before its first receive, and calls repeat */
-  bool two_way = c->rx_large_any && seq - c->rx_large_seq <= 1;
   double readv = shm_mix_readv_ns_kib();
-  if (two_way || readv <= 0 || !(c->tx_in_ns_kib > readv)) return false;
+  if (readv <= 0 || !(c->tx_in_ns_kib > readv) || shm_rank_receives(c->ctx, seq)) return false;
   return (c->tx_mix_turn++ & 1) == 0;
 }
 
@@ -565,29 +607,6 @@ static bool shm_mix_by_address(shm_conn *c, uint32_t seq) {
  * in parallel). Not "this call or the last": a barrier between two calls
  * (every iteration of a benchmark) would hide the pattern. */
 
-/* The record of call `seq`: the latest one, or the one before it (calls
- * overlap when started without waiting); a newer call makes the latest the
- * one before. */
-static shm_large_call *shm_large_call_of(shm_ctx *ctx, uint32_t seq) {
-  if (ctx->large_now.valid && ctx->large_now.seq == seq) return &ctx->large_now;
-  if (ctx->large_before.valid && ctx->large_before.seq == seq) return &ctx->large_before;
-  ctx->large_before = ctx->large_now;
-  ctx->large_now = (shm_large_call){.seq = seq, .valid = true};
-  return &ctx->large_now;
-}
-
-static void shm_note_large_rx(shm_conn *c, uint32_t seq) {
-  c->rx_large_any = true;
-  c->rx_large_seq = seq;
-  shm_large_call_of(c->ctx, seq)->received = true;
-}
-
-static void shm_note_large_tx(shm_conn *c, uint32_t seq) {
-  shm_large_call *call = shm_large_call_of(c->ctx, seq);
-  if (!call->first_tx) call->first_tx = c;
-  if (call->first_tx != c) call->fanout = true;
-}
-
 /* For an eligible chunk of `bytes` on a YES pair: whether it goes through
  * the slots after all (counts it either way). */
 static bool shm_stream_through_slots(shm_conn *c, size_t bytes, uint32_t seq) {
@@ -599,11 +618,7 @@ static bool shm_stream_through_slots(shm_conn *c, size_t bytes, uint32_t seq) {
   uint64_t before = c->tx_stream_bytes;
   c->tx_stream_bytes += bytes;
   if (ctx->cma_stream_bytes == 0 || before < ctx->cma_stream_bytes) return false;
-  const shm_large_call *now = shm_large_call_of(ctx, seq);
-  const shm_large_call *last = now == &ctx->large_now ? &ctx->large_before : NULL;
-  bool busy =
-      now->received || now->fanout || (last && last->valid && (last->received || last->fanout));
-  return !busy;
+  return !shm_rank_receives(ctx, seq) && !shm_rank_fans_out(ctx, seq);
 }
 
 /* Whether a chunk of `bytes` read with `mem` could go as a descriptor: large
@@ -959,7 +974,7 @@ static weft_status shm_release(shm_conn *c) {
   if (!c->peeked) return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
   const shm_cell *cell = &c->rx->cell[c->rx_tail % (uint32_t)c->ctx->nslots];
-  /* two-way traffic (shm_mix_by_address), a rank that is not idle (shm_stream_through_slots) */
+  /* a rank whose core copies what comes in (shm_rank_receives) */
   if (cell->len > SHM_INLINE_BYTES) shm_note_large_rx(c, cell->seq);
   c->rx_tail++;
   atomic_store(&c->rx->tail, c->rx_tail);
