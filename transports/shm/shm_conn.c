@@ -562,7 +562,7 @@ static bool shm_rank_fans_out(shm_ctx *ctx, uint32_t seq) {
  * as "from the peer in this call or the one before", a barrier between two
  * calls hid the other way, and in the slow placement 174-283 of a 2-rank
  * allgather's or alltoall's chunks went by address (none now; either way
- * that placement took 85-98 us at 512 KiB, the near one 25-42). Half, not
+ * that placement took 85-98 us at 512 KiB, the near one 25-43). Half, not
  * all: the slots stay in use, so their cost stays measured and the way
  * back is found. */
 #define SHM_MIX_WARM 16u /* copies not folded: a slot's first use meets page faults */
