@@ -200,6 +200,7 @@ struct shm_ctx {
   /* this rank's latest call that moved large chunks, and the one before it
    * (shm_rank_receives); calls between them (a barrier) do not count */
   shm_large_call large_now, large_before;
+  shm_large_call large_older;        /* a call older than both: written, never read */
   shm_conn *want_conn;       /* the last connection a data call said AGAIN for */
   enum shm_want want;
   double next_liveness_check;

@@ -502,10 +502,14 @@ weft_status shm_send_ready(weft_tp_conn *conn) {
 
 /* The record of call `seq`: the latest one, or the one before it (calls
  * overlap when started without waiting); a newer call makes the latest the
- * one before. */
+ * one before, and a call older than both writes to a record no one reads. */
 static shm_large_call *shm_large_call_of(shm_ctx *ctx, uint32_t seq) {
   if (ctx->large_now.valid && ctx->large_now.seq == seq) return &ctx->large_now;
   if (ctx->large_before.valid && ctx->large_before.seq == seq) return &ctx->large_before;
+  if (ctx->large_now.valid && (int32_t)(seq - ctx->large_now.seq) < 0) {
+    ctx->large_older = (shm_large_call){.seq = seq, .valid = true};
+    return &ctx->large_older;
+  }
   ctx->large_before = ctx->large_now;
   ctx->large_now = (shm_large_call){.seq = seq, .valid = true};
   return &ctx->large_now;
