@@ -680,6 +680,9 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
   }
   for (int r = 0; r < c->n; r++)
     ends[r] = (fake_end){.w = w, .me = r, .cannot_map = r == c->cannot_map};
+  /* the identity group runs straight on the fake; others through a group's links */
+  bool identity = c->gsize == c->n;
+  for (int q = 0; q < c->gsize; q++) identity = identity && c->members[q] == q;
 
   /* The direct allreduce on shared buffers runs twice on the same buffers:
    * the second call is told the first one's agreed messages and skips the
@@ -702,9 +705,6 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
       member *m = &ms[g];
       int r = c->members[g];
       weft_link link = {.ops = &fake_ops, .ctx = &ends[r]};
-      /* the identity group runs straight on the fake; others through a group's links */
-      bool identity = c->gsize == c->n;
-      for (int q = 0; q < c->gsize; q++) identity = identity && c->members[q] == q;
       if (!identity) link = weft_link_group_init(&m->group, link, c->members);
       m->coll = (weft_coll){.rank = g,
                             .size = c->gsize,
@@ -801,8 +801,6 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
     /* chunks passed on start at once (link.h, send_now): every member of
      * a ring of 3 or more passes chunks on, and a tree's root never does
      * (its own chunks may go out together) */
-    bool identity = c->gsize == c->n;
-    for (int q = 0; q < c->gsize; q++) identity = identity && c->members[q] == q;
     if (!bad && identity && c->algo == ALGO_RING && c->gsize >= 3 && c->wire == WEFT_F32 &&
         c->count >= (size_t)c->gsize)
       for (int g = 0; g < c->gsize && !bad; g++)

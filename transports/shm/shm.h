@@ -198,9 +198,8 @@ struct shm_ctx {
   uint64_t cma_stream_bytes;         /* WEFT_SHM_CMA_STREAM_BYTES; 0 where it cannot apply
                                         (not auto, or ranks outnumber cores) */
   /* this rank's latest call that moved large chunks, and the one before it
-   * (shm_rank_receives); calls between them (a barrier) do not count */
+   * (shm_recent); calls between them (a barrier) do not count */
   shm_large_call large_now, large_before;
-  shm_large_call large_older;        /* a call older than both: written, never read */
   shm_conn *want_conn;       /* the last connection a data call said AGAIN for */
   enum shm_want want;
   double next_liveness_check;
@@ -255,6 +254,9 @@ weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void
  * `ctx` (WEFT_SHM_CMA=auto), with the reason in words. */
 double shm_cma_cost_ratio(void);
 bool shm_cma_ratio_pays(double ratio); /* where every rank of the host has a core */
+/* Whether this host's ranks outnumber its cores (then one copy, costing less
+ * CPU, beats two); `cores`, when not NULL, gets the count. */
+bool shm_ranks_outnumber_cores(const weft_transport_init_args *args, long *cores);
 /* Whether single copy pays on this pair (WEFT_SHM_CMA=auto), from this
  * process's timing and the peer's (0: not timed); `why` says so in words. */
 bool shm_cma_pays(const shm_ctx *ctx, double peer_ratio, char *why, size_t why_len);

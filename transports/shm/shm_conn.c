@@ -502,45 +502,44 @@ weft_status shm_send_ready(weft_tp_conn *conn) {
 
 /* The record of call `seq`: the latest one, or the one before it (calls
  * overlap when started without waiting); a newer call makes the latest the
- * one before, and a call older than both writes to a record no one reads. */
+ * one before. NULL for a call older than both: nothing is kept for it. */
 static shm_large_call *shm_large_call_of(shm_ctx *ctx, uint32_t seq) {
   if (ctx->large_now.valid && ctx->large_now.seq == seq) return &ctx->large_now;
   if (ctx->large_before.valid && ctx->large_before.seq == seq) return &ctx->large_before;
-  if (ctx->large_now.valid && (int32_t)(seq - ctx->large_now.seq) < 0) {
-    ctx->large_older = (shm_large_call){.seq = seq, .valid = true};
-    return &ctx->large_older;
-  }
+  if (ctx->large_now.valid && (int32_t)(seq - ctx->large_now.seq) < 0) return NULL;
   ctx->large_before = ctx->large_now;
   ctx->large_now = (shm_large_call){.seq = seq, .valid = true};
   return &ctx->large_now;
 }
 
 static void shm_note_large_rx(shm_conn *c, uint32_t seq) {
-  shm_large_call_of(c->ctx, seq)->received = true;
+  shm_large_call *call = shm_large_call_of(c->ctx, seq);
+  if (call) call->received = true;
 }
 
 static void shm_note_large_tx(shm_conn *c, uint32_t seq) {
   shm_large_call *call = shm_large_call_of(c->ctx, seq);
+  if (!call) return;
   if (!call->first_tx) call->first_tx = c;
   if (call->first_tx != c) call->fanout = true;
 }
 
-/* Whether this rank takes large chunks in call `seq`, or took them in its
- * last call that moved large chunks: its core already copies what comes in.
- * Not "in this call or the one before": a barrier between two calls (every
- * iteration of a benchmark) hid the pattern at the start of each call. */
-static bool shm_rank_receives(shm_ctx *ctx, uint32_t seq) {
+/* What this rank moves in call `seq` merged with its last call that moved
+ * large chunks before it: `received`, its core already copies what comes
+ * in; `fanout`, it sends large chunks on two connections or more. Not "in
+ * this call or the one before": a barrier between two calls (every
+ * iteration of a benchmark) hid the pattern at the start of each call. A
+ * call older than both kept ones runs beside newer calls: busy. */
+static shm_large_call shm_recent(shm_ctx *ctx, uint32_t seq) {
   const shm_large_call *now = shm_large_call_of(ctx, seq);
+  if (!now) return (shm_large_call){.received = true, .fanout = true};
+  shm_large_call merged = *now;
   const shm_large_call *last = now == &ctx->large_now ? &ctx->large_before : NULL;
-  return now->received || (last && last->valid && last->received);
-}
-
-/* Whether this rank sends large chunks on two connections or more in call
- * `seq`, or did in its last call that moved large chunks. */
-static bool shm_rank_fans_out(shm_ctx *ctx, uint32_t seq) {
-  const shm_large_call *now = shm_large_call_of(ctx, seq);
-  const shm_large_call *last = now == &ctx->large_now ? &ctx->large_before : NULL;
-  return now->fanout || (last && last->valid && last->fanout);
+  if (last && last->valid) {
+    merged.received |= last->received;
+    merged.fanout |= last->fanout;
+  }
+  return merged;
 }
 
 /* ---- the verdict MIXED: single copy for every other chunk while the slots run slow ----
@@ -557,7 +556,7 @@ static bool shm_rank_fans_out(shm_ctx *ctx, uint32_t seq) {
  * process_vm_readv of the same bytes (timed at start), every other chunk
  * goes by address: the receiver reads it while the sender copies the next,
  * and the two cores share the work (2 MiB: 170-200 us in that placement).
- * Only where this rank takes no large chunks itself (shm_rank_receives):
+ * Only where this rank takes no large chunks itself (shm_recent):
  * where it does (allgather, alltoall, a chain's middle ranks) each core
  * already makes both copies, and sending half by address there ran slower
  * than either way alone (2-rank allgather of 2 MiB: 270-290 us); all but
@@ -588,7 +587,7 @@ static void shm_mix_fold(shm_conn *c, size_t bytes, double secs) {
 
 static bool shm_mix_by_address(shm_conn *c, uint32_t seq) {
   double readv = shm_mix_readv_ns_kib();
-  if (readv <= 0 || !(c->tx_in_ns_kib > readv) || shm_rank_receives(c->ctx, seq)) return false;
+  if (readv <= 0 || !(c->tx_in_ns_kib > readv) || shm_recent(c->ctx, seq).received) return false;
   return (c->tx_mix_turn++ & 1) == 0;
 }
 
@@ -622,7 +621,8 @@ static bool shm_stream_through_slots(shm_conn *c, size_t bytes, uint32_t seq) {
   uint64_t before = c->tx_stream_bytes;
   c->tx_stream_bytes += bytes;
   if (ctx->cma_stream_bytes == 0 || before < ctx->cma_stream_bytes) return false;
-  return !shm_rank_receives(ctx, seq) && !shm_rank_fans_out(ctx, seq);
+  shm_large_call recent = shm_recent(ctx, seq);
+  return !recent.received && !recent.fanout;
 }
 
 /* Whether a chunk of `bytes` read with `mem` could go as a descriptor: large
@@ -699,9 +699,15 @@ bool shm_cma_ratio_pays(double ratio) {
  * 2-rank alltoall of 2 MiB took 276-305 us, slower than either way alone
  * (166-195 us single copy, 236-272 through the slots). From the same two
  * numbers both receivers of a pair decide alike. */
+bool shm_ranks_outnumber_cores(const weft_transport_init_args *args, long *cores) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores) *cores = n;
+  return n > 0 && args->local_size > n;
+}
+
 bool shm_cma_pays(const shm_ctx *ctx, double peer_ratio, char *why, size_t why_len) {
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  if (cores > 0 && ctx->args->local_size > cores) {
+  long cores;
+  if (shm_ranks_outnumber_cores(ctx->args, &cores)) {
     snprintf(why, why_len, "%d ranks on %ld cores here: one copy costs less CPU than two",
              ctx->args->local_size, cores);
     return true;
@@ -978,7 +984,7 @@ static weft_status shm_release(shm_conn *c) {
   if (!c->peeked) return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
   const shm_cell *cell = &c->rx->cell[c->rx_tail % (uint32_t)c->ctx->nslots];
-  /* a rank whose core copies what comes in (shm_rank_receives) */
+  /* a rank whose core copies what comes in (shm_recent) */
   if (cell->len > SHM_INLINE_BYTES) shm_note_large_rx(c, cell->seq);
   c->rx_tail++;
   atomic_store(&c->rx->tail, c->rx_tail);
