@@ -259,6 +259,15 @@ weft_status weft_step_recv_all(weft_coll *coll, int *next, void *base, size_t by
 /* The advance of a call with nothing to move (a zero count): done at once. */
 weft_status weft_step_nothing(weft_coll *coll);
 
+/* A copy within this rank's own buffers that no peer waits for (an
+ * out-of-place call's own block, a root's own result): made while the call
+ * waits, not before its first send. `move` is the algorithm's advance
+ * without it; each time that returns WEFT_AGAIN one piece of the copy is
+ * made and `move` tried again, and once it returns OK the rest is. *done
+ * counts the bytes copied (0 at the start). */
+weft_status weft_step_with_local_copy(weft_coll *coll, weft_status (*move)(weft_coll *coll),
+                                      void *dst, const void *src, size_t bytes, size_t *done);
+
 /* Algorithm entry points: set coll->advance and the state. */
 weft_status weft_ring_allreduce_start(weft_coll *coll);
 weft_status weft_rd_allreduce_start(weft_coll *coll);

@@ -10,7 +10,8 @@
  * old barrier between rounds idled every link once per round). It cannot
  * deadlock: round 1's sends come first on every rank and its receives
  * first on every receiver, so round 1 always completes, and then round 2,
- * and so on. The own block is a local copy.
+ * and so on. The own block is a local copy, made while the call waits for
+ * room or data (weft_step_with_local_copy), not before its first send.
  *
  * For allgather this is the alternative to the ring where links are stores
  * (shm): every block comes from its owner, so no rank waits for another to
@@ -25,6 +26,7 @@ typedef struct a2a_state {
   int recv_round;          /* the same for receives */
   size_t sent, recvd;      /* chunks of those rounds sent and received */
   bool own_block;          /* allgather: every round sends this rank's own block */
+  size_t own_copied;       /* bytes of the own block copied into recvbuf */
 } a2a_state;
 _Static_assert(sizeof(a2a_state) <= WEFT_ALGO_STATE_BYTES, "a2a_state fits weft_coll.algo_state");
 
@@ -50,7 +52,7 @@ static weft_status a2a_recv_one(weft_coll *coll, a2a_state *fs) {
   return st;
 }
 
-static weft_status a2a_advance(weft_coll *coll) {
+static weft_status a2a_move(weft_coll *coll) {
   a2a_state *fs = WEFT_ALGO_STATE(coll, a2a_state);
   int n = coll->size;
   for (;;) {
@@ -72,6 +74,15 @@ static weft_status a2a_advance(weft_coll *coll) {
   }
 }
 
+static weft_status a2a_advance(weft_coll *coll) {
+  a2a_state *fs = WEFT_ALGO_STATE(coll, a2a_state);
+  size_t block = coll->count * coll->elem, mine = (size_t)coll->rank * block;
+  const char *src = (const char *)coll->sendbuf + (fs->own_block ? 0 : mine);
+  char *dst = (char *)coll->recvbuf + mine;
+  return weft_step_with_local_copy(coll, a2a_move, dst, src, dst == src ? 0 : block,
+                                   &fs->own_copied);
+}
+
 static void pairwise_start(weft_coll *coll, bool own_block) {
   a2a_state *fs = WEFT_ALGO_STATE(coll, a2a_state);
   *fs = (a2a_state){.chunk_elems = weft_chunk_elems(coll),
@@ -80,10 +91,6 @@ static void pairwise_start(weft_coll *coll, bool own_block) {
                      .own_block = own_block};
   fs->nchunks = (coll->count + fs->chunk_elems - 1) / fs->chunk_elems;
   if (fs->nchunks == 0) fs->send_round = fs->recv_round = coll->size; /* nothing to move */
-  size_t block = coll->count * coll->elem, mine = (size_t)coll->rank * block;
-  const char *src = (const char *)coll->sendbuf + (own_block ? 0 : mine);
-  char *dst = (char *)coll->recvbuf + mine;
-  if (dst != src) coll->mem->copy(dst, src, block);
   coll->algo = "pairwise";
   coll->advance = a2a_advance;
 }

@@ -6,7 +6,11 @@
  * member's first: sum/prod/min/max commute in value, but not in the bits
  * of a NaN (x86 keeps the first operand's), so "own op received" on both
  * sides would leave partners with other NaN signs. Works in place on
- * recvbuf; needs the whole buffer to fit one chunk.
+ * recvbuf; an out-of-place call sends sendbuf and combines it with the
+ * first value it receives straight into recvbuf instead of copying it there
+ * first (2 ranks over shm on 2 vCPUs, out of place, medians of 4 runs of
+ * each build: 64 KiB 7.0 against 5.4 us, 256 KiB 28.3 against 24.3).
+ * Needs the whole buffer to fit one chunk.
  *
  * With a wire dtype (algo.h) a rank rounds its own value before it sends it
  * and combines it rounded, so both partners add the same two values; the
@@ -24,11 +28,14 @@ typedef struct rd_state {
   bool sent;   /* this round's send is posted */
   int newrank; /* rank among the power-of-two group, -1 if folded out */
   void *buf;   /* what the rounds combine in place: recvbuf, or the reduce-scatter's scratch */
+  /* this member's value until the first combine writes buf: sendbuf, which
+   * an out-of-place call then never copies (rd_combine reads it, rd_send
+   * sends it); buf from then on, and from the start with a wire dtype */
+  const void *own;
   size_t count;
   /* reduce-scatter: this member's block of buf ends here (recvbuf, count
    * elements); NULL for the allreduce */
   void *block_out;
-  bool loaded; /* reduce-scatter: sendbuf is copied into buf */
 } rd_state;
 _Static_assert(sizeof(rd_state) <= WEFT_ALGO_STATE_BYTES, "rd_state fits weft_coll.algo_state");
 
@@ -48,9 +55,10 @@ static int rd_real_rank(int newrank, int rem) {
 static void rd_combine(weft_coll *coll, int peer, const void *slot) {
   rd_state *rd = WEFT_ALGO_STATE(coll, rd_state);
   if (peer < coll->rank)
-    coll->mem->reduce(rd->buf, slot, rd->buf, rd->count, coll->dtype, coll->op, 1);
+    coll->mem->reduce(rd->buf, slot, rd->own, rd->count, coll->dtype, coll->op, 1);
   else
-    coll->mem->reduce(rd->buf, rd->buf, slot, rd->count, coll->dtype, coll->op, 1);
+    coll->mem->reduce(rd->buf, rd->own, slot, rd->count, coll->dtype, coll->op, 1);
+  rd->own = rd->buf;
 }
 
 /* buf rounded to the wire dtype in place, the narrowed copy in the stage
@@ -70,7 +78,7 @@ static weft_status rd_send(weft_coll *coll, int peer, size_t bytes, bool round_o
     WEFT_STEP(weft_wire_stage_take(coll, &stage));
   }
   WEFT_STEP(weft_link_send_ready(coll, peer));
-  if (!weft_wire_on(coll)) return weft_link_send(coll, peer, rd->buf, bytes);
+  if (!weft_wire_on(coll)) return weft_link_send(coll, peer, rd->own, bytes);
   if (round_own)
     rd_round(coll);
   else
@@ -113,11 +121,6 @@ static weft_status rd_advance(weft_coll *coll) {
   int n = coll->size, r = coll->rank;
   int p2 = pow2_floor(n), rem = n - p2;
   size_t bytes = rd->count * coll->elem;
-  /* read now, not at issue: an earlier call may still be writing sendbuf */
-  if (!rd->loaded) {
-    coll->mem->copy(rd->buf, coll->sendbuf, bytes);
-    rd->loaded = true;
-  }
   if (rd->phase == 0) { /* fold in */
     if (r < 2 * rem && r % 2 == 0) {
       if (!rd->sent) {
@@ -185,15 +188,17 @@ static weft_status rd_advance(weft_coll *coll) {
 
 weft_status weft_rd_allreduce_start(weft_coll *coll) {
   if (coll->count * coll->elem > coll->chunk_bytes) return WEFT_ERR_INTERNAL;
-  if (coll->sendbuf != coll->recvbuf)
+  /* a wire dtype rounds buf in place before the first send (rd_round) */
+  bool wire = weft_wire_on(coll);
+  if (wire && coll->sendbuf != coll->recvbuf)
     coll->mem->copy(coll->recvbuf, coll->sendbuf, coll->count * coll->elem);
   *WEFT_ALGO_STATE(coll, rd_state) = (rd_state){.phase = 0,
                                                 .mask = 1,
                                                 .sent = false,
                                                 .newrank = -1,
                                                 .buf = coll->recvbuf,
-                                                .count = coll->count,
-                                                .loaded = true};
+                                                .own = wire ? coll->recvbuf : coll->sendbuf,
+                                                .count = coll->count};
   coll->algo = "recursive doubling";
   coll->advance = rd_advance;
   return WEFT_OK;
@@ -213,6 +218,7 @@ weft_status weft_rd_reduce_scatter_start(weft_coll *coll) {
                                                 .sent = false,
                                                 .newrank = -1,
                                                 .buf = scratch,
+                                                .own = coll->sendbuf,
                                                 .count = whole,
                                                 .block_out = coll->recvbuf};
   coll->algo = "recursive doubling";

@@ -5,7 +5,8 @@
  *   step 0          send chunk l of its own block (from sendbuf) to the right
  *   steps 1..n-1    receive block r-s from the left into recvbuf, send it on
  *                   (the last one stays)
- * Its own block is copied into recvbuf at the start, unless in place. */
+ * Its own block is copied into recvbuf (unless in place) while the ring
+ * waits for room or data (weft_step_with_local_copy), not before step 0. */
 #include "src/algo/algo.h"
 
 /* Loop l moves chunk l of every block. */
@@ -15,6 +16,7 @@ typedef struct ring_block_state {
   size_t loop;
   int step; /* 0 .. size-1 */
   bool got; /* this step's chunk is received */
+  size_t own_copied; /* bytes of the own block copied into recvbuf */
 } ring_block_state;
 _Static_assert(sizeof(ring_block_state) <= WEFT_ALGO_STATE_BYTES,
                "ring_block_state fits weft_coll.algo_state");
@@ -34,7 +36,7 @@ static weft_status ag_step(weft_coll *coll) {
   return weft_step_recv_forward(coll, left, s == n - 1 ? -1 : right, out, bytes, &rb->got);
 }
 
-static weft_status ag_advance(weft_coll *coll) {
+static weft_status ag_move(weft_coll *coll) {
   ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
   while (rb->loop < rb->loops) {
     WEFT_STEP(ag_step(coll));
@@ -47,13 +49,18 @@ static weft_status ag_advance(weft_coll *coll) {
   return WEFT_OK;
 }
 
+static weft_status ag_advance(weft_coll *coll) {
+  ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
+  size_t block = coll->count * coll->elem;
+  char *mine = (char *)coll->recvbuf + (size_t)coll->rank * block;
+  return weft_step_with_local_copy(coll, ag_move, mine, coll->sendbuf,
+                                   mine == coll->sendbuf ? 0 : block, &rb->own_copied);
+}
+
 weft_status weft_ring_allgather_start(weft_coll *coll) {
   ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
   *rb = (ring_block_state){.chunk_elems = weft_chunk_elems(coll)};
   rb->loops = (coll->count + rb->chunk_elems - 1) / rb->chunk_elems;
-  size_t block = coll->count * coll->elem;
-  char *mine = (char *)coll->recvbuf + (size_t)coll->rank * block;
-  if (mine != coll->sendbuf) coll->mem->copy(mine, coll->sendbuf, block);
   coll->algo = "ring";
   coll->advance = ag_advance;
   return WEFT_OK;

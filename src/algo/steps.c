@@ -205,3 +205,29 @@ weft_status weft_step_nothing(weft_coll *coll) {
   (void)coll;
   return WEFT_OK;
 }
+
+/* A piece small enough that data or room arriving meanwhile waits little
+ * for it (64 KiB: a few microseconds), large enough that the tries of
+ * `move` between pieces cost nothing beside it; never more than a chunk
+ * (so the tests' tiny chunks cut the copy into many pieces). */
+#define LOCAL_COPY_PIECE (64u << 10)
+
+weft_status weft_step_with_local_copy(weft_coll *coll, weft_status (*move)(weft_coll *coll),
+                                      void *dst, const void *src, size_t bytes, size_t *done) {
+  for (;;) {
+    weft_status st = move(coll);
+    size_t left = bytes - *done;
+    if (st == WEFT_AGAIN && left) {
+      size_t piece = coll->chunk_bytes < LOCAL_COPY_PIECE ? coll->chunk_bytes : LOCAL_COPY_PIECE;
+      if (piece > left || piece == 0) piece = left;
+      coll->mem->copy((char *)dst + *done, (const char *)src + *done, piece);
+      *done += piece;
+      continue;
+    }
+    if (st == WEFT_OK && left) {
+      coll->mem->copy((char *)dst + *done, (const char *)src + *done, left);
+      *done = bytes;
+    }
+    return st;
+  }
+}
