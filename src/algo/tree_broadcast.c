@@ -50,8 +50,9 @@ static weft_status tree_move(weft_coll *coll) {
 /* An out-of-place root keeps the data too. It sends from sendbuf and
  * copies it into its own recvbuf while it waits for room, not before the
  * first chunk leaves, so no member waits for that copy (2 ranks on 2
- * vCPUs, shm, out of place, alternated in one job: 8 MiB 1577-2636 against
- * 1464-1807 us, 32 MiB 8787-10076 against 6723-7362). */
+ * vCPUs, shm, out of place, the two orders alternated in one job, two jobs:
+ * 8 MiB 1577-2652 against 1464-1733 us, 32 MiB 8787-11298 against
+ * 7153-8774). */
 static size_t root_copy_bytes(const weft_coll *coll) {
   bool copies = coll->rank == coll->root && coll->sendbuf != coll->recvbuf;
   return copies ? coll->count * coll->elem : 0;
