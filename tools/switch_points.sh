@@ -19,6 +19,10 @@
 #      0 / 1M / 2M / 4M / 8M): 2-rank broadcast and gather, 4 and 8-rank
 #      broadcast (0 against the default), Open MPI's 2-rank broadcast beside
 #      them; and the 2-rank allgather, single copy off against on (3 rounds)
+#   P  the pipeline chunk of the chain broadcast (WEFT_CHUNK_BYTES 32K / 64K
+#      / 128K / 256K, which sizes the shm slots too) at 8 and 16 ranks over shm
+#      and tcp, 128 KiB-8 MiB, Open MPI's broadcast beside it (not in the
+#      default PHASES: PHASES="P B")
 #   B  weft (auto) against Open MPI (ob1 with vader or tcp, with and without
 #      glibc's mmap threshold raised) for five collectives at NPS_B ranks
 # Environment: OUT (results folder, results/switch-points-<stamp>), PHASES,
@@ -182,6 +186,22 @@ for round in 1 2 3; do
   wrun cma-off 2 allgather "WEFT_TRANSPORT=shm WEFT_SHM_CMA=0" -b 2M -e 64M -f 2
   wrun cma-on 2 allgather "WEFT_TRANSPORT=shm WEFT_SHM_CMA=on" -b 2M -e 64M -f 2
   mrun ompi-vader-nommap 2 allgather "$LO --mca pml ob1 --mca btl self,vader $NOMMAP"
+done
+
+for round in 1 2 3; do
+  has P || break
+  echo "## P, round $round"
+  for np in 8 16; do
+    for tp in shm tcp; do
+      for k in 32K 64K 128K 256K; do
+        wrun "pc-$tp-$k" $np bcast "WEFT_TRANSPORT=$tp WEFT_CHUNK_BYTES=$k" -b 128K -e 8M -f 4
+      done
+    done
+    if [ "$round" = 1 ]; then
+      mrun ompi-vader $np bcast "$LO --mca pml ob1 --mca btl self,vader"
+      mrun ompi-tcp-nommap $np bcast "$LO --mca pml ob1 --mca btl self,tcp $NOMMAP"
+    fi
+  done
 done
 
 if has B; then
