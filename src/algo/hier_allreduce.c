@@ -167,14 +167,16 @@ static weft_status leader_advance(weft_coll *coll) {
           WEFT_CHECK(weft_tree_reduce_start(in, fanout));
           continue;
         }
-        if (coll->recvbuf != coll->sendbuf) coll->mem->copy(coll->recvbuf, coll->sendbuf, bytes);
+        /* alone on its host: the leaders' allreduce reads sendbuf itself */
+        if (h->nhosts == 1 && coll->recvbuf != coll->sendbuf)
+          coll->mem->copy(coll->recvbuf, coll->sendbuf, bytes);
         ch->next++;
         continue;
-      case 1: /* allreduce among the leaders, in place; avg divides by the call's */
+      case 1: /* allreduce among the leaders, into recvbuf; avg divides by the call's */
         if (h->host_index == 0 && h->nhosts > 1) {
-          weft_coll *in =
-              phase_init(coll, ch, h->leaders, h->leader_index, h->nhosts, coll->recvbuf,
-                         coll->recvbuf, coll->count, coll->avg_div, true);
+          const void *from = h->local_size > 1 ? coll->recvbuf : coll->sendbuf;
+          weft_coll *in = phase_init(coll, ch, h->leaders, h->leader_index, h->nhosts, from,
+                                     coll->recvbuf, coll->count, coll->avg_div, true);
           WEFT_CHECK(net_allreduce_start(in, coll));
           continue;
         }
