@@ -4,7 +4,8 @@
  * connect refuses an unknown channel, send_depth and probe answer, and
  * memory registration by kind (shm maps a peer's weft_mem_alloc buffer from
  * its descriptor; every kind a transport cannot map is refused); and tcp
- * leaves large chunks for its progress to write. */
+ * leaves large chunks for its progress to write, and answers a dial left
+ * in its listener's queue with the failure it passes on. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <setjmp.h>
@@ -47,8 +48,9 @@ static void drive(pair *p) {
   p->tp->progress(p->ctx[1], &moved);
 }
 
-/* false: this transport cannot run here (ibv without the emulator) */
-static bool pair_open_chunk(pair *p, const weft_transport *tp, size_t chunk_bytes) {
+/* Both contexts, not yet connected. false: this transport cannot run here
+ * (ibv without the emulator) */
+static bool pair_init(pair *p, const weft_transport *tp, size_t chunk_bytes) {
   memset(p, 0, sizeof *p);
   p->tp = tp;
   setenv("WEFT_TRANSPORT", tp->name, 1); /* verbs: same-host peers through the NIC */
@@ -80,6 +82,11 @@ static bool pair_open_chunk(pair *p, const weft_transport *tp, size_t chunk_byte
     }
     if (st) fail_msg("%s init rank %d: %s", tp->name, r, p->sink[r].msg);
   }
+  return true;
+}
+
+static bool pair_open_chunk(pair *p, const weft_transport *tp, size_t chunk_bytes) {
+  if (!pair_init(p, tp, chunk_bytes)) return false;
   /* channel 1 first: the order of connects must not matter */
   for (int ch = WEFT_TP_CHANNELS - 1; ch >= 0; ch--) {
     assert_int_equal(tp->connect(p->ctx[1], 0, ch, p->addr[0], p->alen[0], &p->rx[ch]), WEFT_OK);
@@ -296,6 +303,45 @@ static void tcp_writes_large_chunks_at_progress(void **state) {
   pair_close(&p);
 }
 
+/* Rank 0 dials rank 1 and sends it a chunk; rank 1 never accepts (it
+ * waits on a third rank, say). Rank 1 then hears of a failure elsewhere
+ * (errors->origin), passes it on and ends. Rank 0, waiting on that
+ * connection, must learn the first cause, not only that the connection was
+ * reset when rank 1's listener closed with the dial in its queue. */
+static void tcp_passes_a_failure_to_a_waiting_dial(void **state) {
+  (void)state;
+  pair p;
+  assert_true(pair_init(&p, &weft_transport_tcp, CHUNK));
+  const weft_transport *tp = p.tp;
+  assert_true(tp->can_reach(p.ctx[0], 1, p.addr[1], p.alen[1], (char[128]){0}, 128));
+  weft_tp_conn *conn;
+  assert_int_equal(tp->connect(p.ctx[0], 1, WEFT_TP_CHANNEL_COLL, p.addr[1], p.alen[1], &conn),
+                   WEFT_OK);
+  static unsigned char chunk[CHUNK], reply[CHUNK];
+  fill(chunk, sizeof chunk, 0, 1);
+  weft_status st = tp->send_ready(conn);
+  bool moved;
+  for (double until = harness_now() + 5; st == WEFT_AGAIN && harness_now() < until;) {
+    tp->progress(p.ctx[0], &moved);
+    st = tp->send_ready(conn);
+  }
+  assert_int_equal(st, WEFT_OK);
+  assert_int_equal(tp->send(conn, chunk, sizeof chunk, 1, &weft_mem_host), WEFT_OK);
+  snprintf(p.sink[1].origin, sizeof p.sink[1].origin, "rank 2 failed: its own cause");
+  tp->abort_all(p.ctx[1], "rank 1 passes on: rank 2 failed: its own cause");
+  tp->fini(p.ctx[1]);
+  double deadline = harness_now() + 5;
+  while ((st = tp->recv_into(conn, 1, sizeof reply, reply, &weft_mem_host)) == WEFT_AGAIN &&
+         harness_now() < deadline)
+    tp->progress(p.ctx[0], &moved);
+  assert_int_equal(st, WEFT_ERR_PEER_LOST);
+  if (!strstr(p.sink[0].msg, "its own cause"))
+    fail_msg("rank 0 does not name the first cause: %s", p.sink[0].msg);
+  tp->fini(p.ctx[0]);
+  unsetenv("WEFT_TRANSPORT");
+  weft_settings_reload();
+}
+
 static void probe_and_depth(void **state) {
   (void)state;
   const weft_transport *all[] = {&weft_transport_shm, &weft_transport_tcp,
@@ -444,6 +490,7 @@ int main(void) {
       cmocka_unit_test(for_copy_ibv),
 #endif
       cmocka_unit_test(tcp_writes_large_chunks_at_progress),
+      cmocka_unit_test(tcp_passes_a_failure_to_a_waiting_dial),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -257,6 +257,9 @@ struct tcp_ctx {
   int *pfd_peer;            /* for each pfds entry: the peer whose pidfd it is, else -1 */
   bool accept_pending;      /* the listener was readable in the last wait */
   bool notices_sent;        /* abort_all told every peer's listener once */
+  int *notice_fd;           /* by peer: the notice connects in flight (tcp_notices_dial) */
+  int *answered_fd;         /* dials answered with an abort frame, open until fini */
+  int nanswered;
   tcp_ctx *fork_next, *fork_prev; /* every live context, for tcp_fork_child */
   int awaiting_accept;      /* conns in TCP_CONN_AWAIT_ACCEPT */
   struct pollfd *pfds;      /* scratch for wait (tcp_pfds_max entries) */
@@ -345,8 +348,21 @@ weft_status tcp_notice_first(tcp_ctx *ctx, weft_status st);
 void tcp_conn_probe_start(tcp_conn *c, double now);
 void tcp_conn_probe_done(tcp_conn *c);
 /* The notice of a failure, as abort_all sends it to every peer's listener on
- * a connection of its own (TCP_NOTICE_CHANNEL). */
-void tcp_send_notices(tcp_ctx *ctx, const char *reason);
+ * a connection of its own (TCP_NOTICE_CHANNEL), in two steps: dial starts
+ * every connect (ctx->notice_fd), send waits for them (1 s in all) and
+ * writes the text. abort_all dials before it tells anyone else, so by the
+ * time a peer can see this rank's failure (or a rank that heard of it
+ * leave), this rank's connection already waits in that peer's listener. */
+void tcp_notices_dial(tcp_ctx *ctx);
+void tcp_notices_send(tcp_ctx *ctx, const char *reason);
+/* A rank passing a peer's failure on answers the dials still waiting in
+ * its listeners' queues: the peer that dialed may have sent its chunks
+ * already and be waiting on that connection. Accepting none, this rank's
+ * exit would reset it, and the peer would take the reset for the first
+ * cause; so each gets an abort frame with `reason`, as the open connections
+ * do (0.2 s in all for the dialers' proofs). Notices waiting there are
+ * dropped: this rank has its first cause. */
+void tcp_answer_waiting_dials(tcp_ctx *ctx, const char *reason);
 void tcp_conn_destroy(tcp_conn *c);
 
 /* the table's data members */

@@ -298,7 +298,7 @@ weft_status tcp_conn_dial(tcp_conn *c) {
   return WEFT_OK;
 }
 
-/* A peer's failure notice on a connection of its own (tcp_send_notices): the
+/* A peer's failure notice on a connection of its own (tcp_notices_send): the
  * communicator fails with the peer's words, as from an abort frame. */
 static weft_status tcp_read_notice(tcp_ctx *ctx, int fd, int from, double wait) {
   tcp_frame_hdr h;
@@ -321,14 +321,12 @@ static weft_status tcp_read_notice(tcp_ctx *ctx, int fd, int from, double wait) 
   return WEFT_ERR_PEER_LOST;
 }
 
-void tcp_send_notices(tcp_ctx *ctx, const char *reason) {
+void tcp_notices_dial(tcp_ctx *ctx) {
   int n = ctx->args->size;
-  int *fd = malloc(2 * (size_t)n * sizeof *fd);
+  if (ctx->notice_fd) return;
+  int *fd = malloc((size_t)n * sizeof *fd);
   if (!fd) return;
-  int *who = fd + n; /* pfds entry -> peer */
-  struct pollfd *pf = ctx->pfds; /* size * (channels + 1) + 2 entries: enough */
-  size_t tlen = strnlen(reason, TCP_ABORT_TEXT_MAX);
-  int pending = 0;
+  ctx->notice_fd = fd;
   /* Every connect starts at once, so an unreachable peer costs its share of
    * one bounded wait, not a timeout each. */
   for (int p = 0; p < n; p++) {
@@ -342,11 +340,22 @@ void tcp_send_notices(tcp_ctx *ctx, const char *reason) {
       continue;
     }
     fd[p] = s;
-    pending++;
   }
+}
+
+void tcp_notices_send(tcp_ctx *ctx, const char *reason) {
+  int n = ctx->args->size;
+  int *fd = ctx->notice_fd;
+  if (!fd) return;
+  ctx->notice_fd = NULL;
+  int *who = malloc((size_t)n * sizeof *who); /* pfds entry -> peer */
+  struct pollfd *pf = ctx->pfds;              /* size * (channels + 1) + 2 entries: enough */
+  size_t tlen = strnlen(reason, TCP_ABORT_TEXT_MAX);
+  int pending = 0;
+  for (int p = 0; p < n; p++) pending += fd[p] >= 0;
   double budget = ctx->args->timeout_s < 1.0 ? ctx->args->timeout_s : 1.0;
   double deadline = weft_now() + budget;
-  while (pending > 0) {
+  while (pending > 0 && who) {
     nfds_t k = 0;
     for (int p = 0; p < n; p++)
       if (fd[p] >= 0) {
@@ -381,7 +390,70 @@ void tcp_send_notices(tcp_ctx *ctx, const char *reason) {
                 p, budget);
       close(fd[p]);
     }
+  free(who);
   free(fd);
+}
+
+/* A dialer's proof, read and checked: NULL when it is one of this
+ * communicator's ranks, else why not. */
+static const char *tcp_dialer_check(tcp_ctx *ctx, int fd, double wait, tcp_handshake_info *hs,
+                                    weft_error_sink *err) {
+  uint8_t proof[TCP_HANDSHAKE_BYTES];
+  weft_status st = net_recv_all(fd, proof, sizeof proof, weft_now() + wait, err);
+  if (!st) st = tcp_handshake_parse(proof, sizeof proof, hs);
+  const char *why = NULL;
+  if (st)
+    why = err->msg;
+  else if (!weft_auth_verify(ctx->args->auth, tcp_hello_context, tcp_no_challenge, hs->signed_part,
+                             sizeof(tcp_handshake), hs->mac))
+    why = "it did not prove the job key (a foreign client, or WEFT_AUTH_TOKEN differs)";
+  else if ((why = tcp_handshake_check(hs, (uint32_t)ctx->args->rank, ctx->args->comm_id)))
+    ;
+  else if ((hs->channel == TCP_NOTICE_CHANNEL || hs->channel == TCP_PROBE_CHANNEL) &&
+           hs->from >= (uint32_t)ctx->args->size)
+    why = "notice or probe from a rank outside the communicator";
+  return why;
+}
+
+void tcp_answer_waiting_dials(tcp_ctx *ctx, const char *reason) {
+  size_t cap = (size_t)ctx->args->size * WEFT_TP_CHANNELS * TCP_MAX_STREAMS;
+  if (!ctx->answered_fd) ctx->answered_fd = malloc(cap * sizeof *ctx->answered_fd);
+  size_t tlen = strnlen(reason, TCP_ABORT_TEXT_MAX);
+  /* Dialers send their proof right after connecting; one budget for all,
+   * so a stray client cannot hold the failing rank up. */
+  double budget = ctx->args->timeout_s < 0.2 ? ctx->args->timeout_s : 0.2;
+  double deadline = weft_now() + budget;
+  for (int r = 0; r < ctx->nrails; r++) {
+    int lfd = r ? ctx->rail_fd[r] : ctx->listen_fd;
+    for (size_t k = 0; lfd >= 0 && k < cap; k++) {
+      int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) break; /* none left waiting */
+      tcp_handshake_info hs = {0};
+      weft_error_sink err;
+      double wait = deadline - weft_now();
+      if (wait <= 0 || tcp_dialer_check(ctx, fd, wait, &hs, &err) ||
+          hs.channel == TCP_NOTICE_CHANNEL || hs.channel == TCP_PROBE_CHANNEL) {
+        close(fd); /* a notice too: this rank has failed already */
+        continue;
+      }
+      tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0};
+      struct iovec iov[2] = {{&h, sizeof h}, {(void *)reason, tlen}};
+      struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+      if (sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+        WEFT_INFO(WEFT_SUBSYS_NET, "tcp: abort notice to peer %u's waiting dial not sent: %s",
+                  hs.from, strerror(errno));
+      else
+        WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d answered peer %u's waiting dial with its failure",
+                  ctx->args->rank, hs.from);
+      shutdown(fd, SHUT_WR);
+      /* Kept open until fini, as the open connections are: closing now,
+       * with the dialer's chunks unread, would reset it at once. */
+      if (ctx->answered_fd && (size_t)ctx->nanswered < cap)
+        ctx->answered_fd[ctx->nanswered++] = fd;
+      else
+        close(fd);
+    }
+  }
 }
 
 /* The peer's listener refused: no process holds it any more, so the peer
@@ -443,24 +515,16 @@ weft_status tcp_conn_accept_one(tcp_ctx *ctx, int listen_fd, bool *progressed) {
   int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return WEFT_OK; /* nothing waiting (EAGAIN) or a transient failure */
   tcp_tune_socket(fd);
-  uint8_t proof[TCP_HANDSHAKE_BYTES];
   weft_error_sink err;
   /* Dialers send their proof right after connecting; a client that does
    * not is not one of our ranks and gets a short deadline. */
   double wait = ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
-  weft_status st = net_recv_all(fd, proof, sizeof proof, weft_now() + wait, &err);
   tcp_handshake_info hs = {0};
-  if (!st) st = tcp_handshake_parse(proof, sizeof proof, &hs);
+  const char *why = tcp_dialer_check(ctx, fd, wait, &hs, &err);
   uint32_t from = hs.from;
   tcp_conn **slot = NULL;
-  const char *why = NULL;
   bool data = hs.channel != TCP_NOTICE_CHANNEL && hs.channel != TCP_PROBE_CHANNEL;
-  if (st)
-    why = err.msg;
-  else if (!weft_auth_verify(ctx->args->auth, tcp_hello_context, tcp_no_challenge, hs.signed_part,
-                             sizeof(tcp_handshake), hs.mac))
-    why = "it did not prove the job key (a foreign client, or WEFT_AUTH_TOKEN differs)";
-  else if ((why = tcp_handshake_check(&hs, (uint32_t)ctx->args->rank, ctx->args->comm_id)))
+  if (why)
     ;
   else if (data && *(slot = &ctx->conns[tcp_conn_index((int)from, (int)hs.channel)]) &&
            (*slot)->state != TCP_CONN_AWAIT_ACCEPT)
@@ -469,9 +533,6 @@ weft_status tcp_conn_accept_one(tcp_ctx *ctx, int listen_fd, bool *progressed) {
     why = "its stream count differs from what the published addresses give";
   else if (data && *slot && (*slot)->streams[hs.stream].fd >= 0)
     why = "second connection from the same rank, channel and stream";
-  else if ((hs.channel == TCP_NOTICE_CHANNEL || hs.channel == TCP_PROBE_CHANNEL) &&
-           from >= (uint32_t)ctx->args->size)
-    why = "notice or probe from a rank outside the communicator";
   if (why) {
     WEFT_WARN(WEFT_SUBSYS_NET, "tcp: rank %d refused an incoming connection: %s",
               ctx->args->rank, why);

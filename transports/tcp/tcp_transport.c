@@ -113,6 +113,8 @@ static void tcp_fork_child(void) {
   for (tcp_ctx *ctx = tcp_fork_list; ctx; ctx = ctx->fork_next) {
     if (ctx->listen_fd >= 0) close(ctx->listen_fd);
     ctx->listen_fd = -1;
+    for (int i = 0; i < ctx->nanswered; i++) close(ctx->answered_fd[i]);
+    ctx->nanswered = 0;
     for (int r = 1; r < ctx->nrails; r++) {
       if (ctx->rail_fd[r] >= 0) close(ctx->rail_fd[r]);
       ctx->rail_fd[r] = -1;
@@ -555,12 +557,18 @@ static weft_status tcp_wait(weft_tp_ctx *tctx, int timeout_ms) {
  * an open connection is read only when its peer reads that connection: a
  * peer waiting for a third rank does not. So a rank that fails first, of its
  * own cause, also dials every peer's listener, which every wait watches, and
- * leaves its notice there (tcp_send_notices: all dials at once, 1 s in
+ * leaves its notice there (tcp_notices_dial/send: all dials at once, 1 s in
  * all). A rank that fails because of a peer's notice (errors->origin is set)
- * only passes it on its open connections: the first rank told everyone, so
- * a failure costs one dial per peer, not one per pair of ranks. */
+ * only passes it on its open connections, and on the dials waiting in its
+ * listener (tcp_answer_waiting_dials): the first rank told everyone, so a
+ * failure costs one dial per peer, not one per pair of ranks. */
 static void tcp_abort_all(weft_tp_ctx *tctx, const char *reason) {
   tcp_ctx *ctx = tcp_ctx_of(tctx);
+  bool tell_all = !ctx->args->errors->origin[0] && !ctx->notices_sent;
+  if (tell_all) {
+    ctx->notices_sent = true;
+    tcp_notices_dial(ctx); /* first: see tcp.h */
+  }
   tcp_pool_stop(ctx); /* then only this thread writes the sockets */
   for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
     tcp_conn *c = ctx->conns[p];
@@ -584,10 +592,10 @@ static void tcp_abort_all(weft_tp_ctx *tctx, const char *reason) {
     c->state = TCP_CONN_DEAD;
     c->dead_status = WEFT_ERR_ABORTED;
   }
-  if (!ctx->args->errors->origin[0] && !ctx->notices_sent) {
-    ctx->notices_sent = true;
-    tcp_send_notices(ctx, reason);
-  }
+  /* Only a rank passing a notice on: a rank that tells everyone leaves
+   * the notices waiting here for its culprit grace to read (engine.c). */
+  if (ctx->args->errors->origin[0]) tcp_answer_waiting_dials(ctx, reason);
+  if (tell_all) tcp_notices_send(ctx, reason);
 }
 
 static void tcp_fini(weft_tp_ctx *tctx) {
@@ -599,6 +607,8 @@ static void tcp_fini(weft_tp_ctx *tctx) {
     if (ctx->conns[p]) tcp_conn_destroy(ctx->conns[p]);
   for (int p = 0; ctx->peers && p < ctx->args->size; p++)
     if (ctx->peers[p].pidfd >= 0) close(ctx->peers[p].pidfd);
+  for (int i = 0; i < ctx->nanswered; i++) close(ctx->answered_fd[i]);
+  free(ctx->answered_fd);
   if (ctx->listen_fd >= 0) close(ctx->listen_fd);
   for (int r = 1; r < TCP_MAX_RAILS; r++)
     if (ctx->rail_fd[r] >= 0) close(ctx->rail_fd[r]);
