@@ -4,7 +4,8 @@
  * reach every rank; and a killed rank whose forked children keep its sockets
  * open must still be noticed. Each case runs with WEFT_TIMEOUT=30 and wants
  * every surviving rank to fail within 10 s: a pass at the timeout is a
- * failure here. */
+ * failure here. And a notice that comes over shm to a rank sleeping on tcp
+ * (two pretend hosts) is heard within a slice. */
 #include <fcntl.h>
 #include <setjmp.h>
 #include <stdbool.h>
@@ -184,6 +185,63 @@ static void killed_rank_with_forked_child_on_another_host(void **state) {
   run_forked_then_killed(true);
 }
 
+/* Ranks 0 and 1 share a host (shm between them), rank 2 is another host's
+ * (tcp). Rank 0 waits for a message from rank 2, so it sleeps on tcp; rank
+ * 1 aborts. Its notice reaches rank 0 only over their shm pair (tcp leaves
+ * it only where tcp carries), which rank 0 reads when it looks. */
+static int sleeps_on_tcp_while_shm_peer_aborts(int rank, int size, const weft_unique_id *id,
+                                               void *arg) {
+  (void)arg;
+  setenv("WEFT_HOST_ID", rank < 2 ? "hostA" : "hostB", 1);
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  static float v[64];
+  weft_status st = weft_allreduce(comm, v, v, 64, WEFT_F32, WEFT_SUM); /* every pair up */
+  double t0 = harness_now();
+  if (!st && rank == 0) {
+    st = weft_recv(comm, v, 64, WEFT_F32, 2, 7);
+    double at = harness_now();
+    memcpy(&harness_shm->word[0], &at, sizeof at);
+  } else if (!st && rank == 1) {
+    usleep(300000);
+    double at = harness_now();
+    memcpy(&harness_shm->word[1], &at, sizeof at);
+    st = weft_comm_abort(comm) ? WEFT_ERR_SYSTEM : WEFT_ERR_ABORTED;
+  } else if (!st) { /* rank 2 stays until rank 0 returned, 10 s at most */
+    for (int i = 0; i < 1000 && !harness_shm->word[0]; i++) usleep(10000);
+    st = WEFT_ERR_ABORTED; /* it never called */
+  }
+  harness_record(rank, st, t0, comm);
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+/* Rank 0 must fail within 0.6 s of rank 1's abort: one slice of its tcp
+ * sleep (0.1 s) and scheduling. Before, its shm look came every 32 rounds,
+ * and a round that sleeps is a slice: up to 3.2 s after the notice, past
+ * every other rank's culprit grace (the link-tbf test's rare failure: a
+ * rank whose trickle of data kept it waiting did not answer its own host's
+ * peer). Three runs: the old phase of those 32 rounds was random, and
+ * passed one run in about five. */
+static void shm_notice_reaches_a_rank_sleeping_on_tcp(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
+  for (int run = 0; run < 3; run++) {
+    harness_init();
+    assert_int_equal(harness_run(3, env, 60, sleeps_on_tcp_while_shm_peer_aborts, NULL), 0);
+    double aborted_at, failed_at;
+    memcpy(&aborted_at, &harness_shm->word[1], sizeof aborted_at);
+    memcpy(&failed_at, &harness_shm->word[0], sizeof failed_at);
+    assert_int_equal(harness_shm->status[0], WEFT_ERR_PEER_LOST);
+    if (!strstr(harness_shm->message[0], "weft_comm_abort"))
+      fail_msg("rank 0 does not quote rank 1's abort: %s", harness_shm->message[0]);
+    fprintf(stderr, "run %d: rank 0 heard the abort %.3f s after it\n", run,
+            failed_at - aborted_at);
+    if (failed_at - aborted_at > 0.6)
+      fail_msg("run %d: rank 0 heard rank 1's abort %.2f s after it", run, failed_at - aborted_at);
+  }
+}
+
 int main(void) {
   if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
@@ -194,6 +252,7 @@ int main(void) {
       cmocka_unit_test(late_rank_is_not_taken_for_dead),
       cmocka_unit_test(killed_rank_with_forked_child),
       cmocka_unit_test(killed_rank_with_forked_child_on_another_host),
+      cmocka_unit_test(shm_notice_reaches_a_rank_sleeping_on_tcp),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

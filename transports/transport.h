@@ -276,7 +276,11 @@ typedef struct weft_transport {
   weft_status (*progress)(weft_tp_ctx *ctx, bool *progressed);
 
   /* Sleeps until a connection that a data call returned WEFT_AGAIN for can
-   * move, the wake fd is readable, or `timeout_ms` passed. Never longer. */
+   * move, the wake fd is readable, or `timeout_ms` passed. Never longer.
+   * With 0 it does not sleep but looks at everything a wait watches (peers'
+   * notices, listeners, peers' processes) and returns what it found: the
+   * engine calls that on every transport it did not sleep on, after each
+   * sleep. */
   weft_status (*wait)(weft_tp_ctx *ctx, int timeout_ms);
 
   /* Best effort, bounded (tcp: at most about 1 s, when it dials peers it

@@ -30,6 +30,9 @@
  * it notices a caller who wants to drive, or new work, promptly. */
 #define THREAD_YIELD_US 1000
 #define THREAD_SLICE_MS 5
+/* After a sleep on one transport, the others look for notices at most this
+ * often: a look may cost a system call (tcp polls its sockets). */
+#define LOOK_PERIOD_S 0.01
 
 /* The lane's failures are its own (p2p.h): they never fail the driver. */
 static void lane_pass(weft_core *comm, const weft_engine *e) {
@@ -567,6 +570,21 @@ static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
     }
     const weft_link_transport *t = waited_transport(comm);
     st = t->ops->wait(t->ctx, ms);
+    /* The others look once, without sleeping: their progress alone may
+     * leave a notice unread for many rounds (shm reads the clock every few
+     * dozen calls; tcp accepts only after a wait saw its listener), and a
+     * round that slept is a slice long. A shm peer's notice to a rank that
+     * sleeps on tcp waited 32 slices (3.2 s), past every other rank's
+     * culprit grace. */
+    if (comm->links.ntps > 1 && st >= 0) {
+      double looked = weft_now();
+      if (looked - e->others_looked_at >= LOOK_PERIOD_S) {
+        e->others_looked_at = looked;
+        for (int i = 0; i < comm->links.ntps && st >= 0; i++)
+          if (&comm->links.tps[i] != t)
+            st = comm->links.tps[i].ops->wait(comm->links.tps[i].ctx, 0);
+      }
+    }
     uint64_t drained;
     if (read(e->wake_fd, &drained, sizeof drained) < 0 && errno != EAGAIN) { /* best effort */
     }

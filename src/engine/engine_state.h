@@ -28,6 +28,7 @@ typedef struct weft_engine {
   atomic_bool progress_driving; /* the thread holds call_lock: wake its transport wait */
   atomic_int drivers_waiting;   /* callers that want call_lock: the thread steps aside */
   double last_moved;            /* when anything last moved while work was outstanding */
+  double others_looked_at;      /* when the transports not slept on last looked (drive) */
   atomic_bool coll_restart;     /* a collective was queued beside waiting messages: the
                                    driver restarts last_moved at its next reading */
   /* the driver's clock (engine.c): its last reading, and the drive round it

@@ -185,20 +185,16 @@ static weft_status shm_connect(weft_tp_ctx *tctx, int peer, int channel, const v
   return WEFT_OK;
 }
 
-static weft_status shm_progress(weft_tp_ctx *tctx, bool *progressed) {
-  shm_ctx *ctx = shm_ctx_of(tctx);
-  *progressed = false;
-  /* A waiting driver calls this every round, well under a microsecond
-   * apart, and a clock read costs ~35 ns here: look at the clock every
-   * SHM_CLOCK_ROUNDS calls (and at once after a sleep, which zeroes
-   * next_liveness_check). */
-  if (++ctx->progress_calls % SHM_CLOCK_ROUNDS != 0 && ctx->next_liveness_check != 0)
-    return WEFT_OK;
+/* The peers' processes (every SHM_LIVENESS_PERIOD) and their notices
+ * (when the period passed, or at once with notices_now). */
+static weft_status shm_look(shm_ctx *ctx, bool notices_now) {
   double now = weft_now();
-  if (now < ctx->next_liveness_check) return WEFT_OK;
-  ctx->next_liveness_check = now + SHM_LIVENESS_PERIOD;
-  for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
-    if (ctx->conns[p]) shm_conn_check_peer(ctx->conns[p]);
+  if (now < ctx->next_liveness_check && !notices_now) return WEFT_OK;
+  if (now >= ctx->next_liveness_check) { /* a system call per peer: not more often */
+    ctx->next_liveness_check = now + SHM_LIVENESS_PERIOD;
+    for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
+      if (ctx->conns[p]) shm_conn_check_peer(ctx->conns[p]);
+  }
   /* a notice on a pair the call does not read, or after ours */
   for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
     weft_status st = ctx->conns[p] ? shm_conn_take_notice(ctx->conns[p]) : WEFT_OK;
@@ -210,10 +206,24 @@ static weft_status shm_progress(weft_tp_ctx *tctx, bool *progressed) {
   return WEFT_OK;
 }
 
+static weft_status shm_progress(weft_tp_ctx *tctx, bool *progressed) {
+  shm_ctx *ctx = shm_ctx_of(tctx);
+  *progressed = false;
+  /* A waiting driver calls this every round, well under a microsecond
+   * apart, and a clock read costs ~35 ns here: look at the clock every
+   * SHM_CLOCK_ROUNDS calls (and at once after a sleep, which zeroes
+   * next_liveness_check). */
+  if (++ctx->progress_calls % SHM_CLOCK_ROUNDS != 0 && ctx->next_liveness_check != 0)
+    return WEFT_OK;
+  return shm_look(ctx, false);
+}
+
 static weft_status shm_wait(weft_tp_ctx *tctx, int timeout_ms) {
   shm_ctx *ctx = shm_ctx_of(tctx);
   int ms = timeout_ms < SHM_WAIT_SLICE_MS ? timeout_ms : SHM_WAIT_SLICE_MS;
   shm_conn *c = ctx->want_conn;
+  bool ignored;
+  if (ms <= 0) return shm_look(ctx, true); /* no sleep; what a data call waits for stays */
   if (c && c->state == SHM_CONN_UP && ctx->want == SHM_WANT_RECV) {
     atomic_store(&c->rx->recv_sleeping, 1);
     if (atomic_load(&c->rx->head) == c->rx_tail && !atomic_load(&c->rx->aborted))
@@ -239,7 +249,6 @@ static weft_status shm_wait(weft_tp_ctx *tctx, int timeout_ms) {
   }
   ctx->want = SHM_WANT_NONE;
   ctx->next_liveness_check = 0; /* after sleeping, look at the peers at once */
-  bool ignored;
   return shm_progress(tctx, &ignored);
 }
 
