@@ -242,6 +242,67 @@ static void shm_notice_reaches_a_rank_sleeping_on_tcp(void **state) {
   }
 }
 
+/* A client that connects to rank 1's data port and says nothing, holding
+ * the connection 3 s, from before rank 0 dials rank 1. */
+static int allreduces_beside_a_silent_client(int rank, int size, const weft_unique_id *id,
+                                             void *arg) {
+  (void)arg;
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  pid_t holder = -1;
+  if (rank == 0) {
+    const char *tp, *why;
+    weft_comm_peer_transport(comm, 1, &tp, &why);
+    const char *colon = strrchr(why, ':'), *host = colon;
+    while (host > why && host[-1] != ' ') host--;
+    char ip[64] = "";
+    snprintf(ip, sizeof ip, "%.*s", colon ? (int)(colon - host) : 0, host);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    if (strcmp(tp, "tcp") || !colon || inet_pton(AF_INET, ip, &a.sin_addr) != 1) {
+      fprintf(stderr, "rank 1's tcp address is not in \"%s\" (%s)\n", why, tp);
+      return 1;
+    }
+    a.sin_port = htons((uint16_t)atoi(colon + 1));
+    holder = fork();
+    if (holder == 0) {
+      int s = socket(AF_INET, SOCK_STREAM, 0);
+      if (connect(s, (struct sockaddr *)&a, sizeof a)) _exit(1);
+      sleep(3);
+      _exit(0);
+    }
+    usleep(100000); /* connected before rank 0's own dial */
+  }
+  enum { N = 4096 };
+  static float v[N];
+  weft_status st = WEFT_OK;
+  double t0 = harness_now();
+  for (int i = 0; i < 20 && !st; i++) st = weft_allreduce(comm, v, v, N, WEFT_F32, WEFT_SUM);
+  harness_record(rank, st, t0, comm);
+  weft_comm_destroy(comm);
+  if (holder > 0) {
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+  }
+  return 0;
+}
+
+/* Rank 1 must not wait on the silent client: its 20 allreduces take well
+ * under a second. Before, it read each dialer's proof before anything else,
+ * for up to 2 s: a port scanner that holds its connections, or a notice
+ * trickling over a throttled link, stopped the rank that long. */
+static void silent_client_holds_no_rank_up(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=30", "WEFT_TRANSPORT=tcp", NULL};
+  harness_init();
+  assert_int_equal(harness_run(3, env, 60, allreduces_beside_a_silent_client, NULL), 0);
+  for (int r = 0; r < 3; r++) {
+    assert_int_equal(harness_shm->status[r], WEFT_OK);
+    if (harness_shm->seconds[r] > 1.0)
+      fail_msg("rank %d took %.2f s for 20 allreduces beside a silent client", r,
+               harness_shm->seconds[r]);
+  }
+}
+
 int main(void) {
   if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
@@ -253,6 +314,7 @@ int main(void) {
       cmocka_unit_test(killed_rank_with_forked_child),
       cmocka_unit_test(killed_rank_with_forked_child_on_another_host),
       cmocka_unit_test(shm_notice_reaches_a_rank_sleeping_on_tcp),
+      cmocka_unit_test(silent_client_holds_no_rank_up),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -184,6 +184,21 @@ typedef struct tcp_stream {
   char origin[TCP_ABORT_TEXT_MAX + 1];
 } tcp_stream;
 
+/* A connection this rank accepted whose first bytes (the dialer's proof
+ * and, on a notice, its words) have not all come: read as they come, from
+ * progress, so a slow dialer (a throttled link, a client that says nothing)
+ * never holds the rank up; refused at its deadline (tcp_conn.c). */
+typedef struct tcp_dialin {
+  int fd;
+  int from;        /* -1 until its proof is read: only a notice stays past that */
+  double deadline; /* accepted + 2 s (WEFT_TIMEOUT if shorter) */
+  size_t got;      /* bytes of buf read */
+  uint8_t buf[TCP_HANDSHAKE_BYTES + sizeof(tcp_frame_hdr) + TCP_ABORT_TEXT_MAX];
+} tcp_dialin;
+/* Dial-ins held at once: every peer's streams dial in at most twice over;
+ * past this, the one that waited longest is refused. */
+#define TCP_DIALINS_MAX(size) (2 * (size) + 16)
+
 /* What this rank knows of one peer that TCP carries (from can_reach). */
 typedef struct tcp_peer {
   bool known;                   /* can_reach said yes: an address to dial */
@@ -260,6 +275,8 @@ struct tcp_ctx {
   int *notice_fd;           /* by peer: the notice connects in flight (tcp_notices_dial) */
   int *answered_fd;         /* dials answered with an abort frame, open until fini */
   int nanswered;
+  tcp_dialin *dialins; /* accepted, not yet said who they are (tcp_conn.c) */
+  int ndialins, dialins_cap;
   tcp_ctx *fork_next, *fork_prev; /* every live context, for tcp_fork_child */
   int awaiting_accept;      /* conns in TCP_CONN_AWAIT_ACCEPT */
   struct pollfd *pfds;      /* scratch for wait (tcp_pfds_max entries) */
@@ -272,7 +289,7 @@ struct tcp_ctx {
  * per peer, the wake fd, the listeners and the helpers' done fd. */
 static inline size_t tcp_pfds_max(int size) {
   return (size_t)size * WEFT_TP_CHANNELS * (TCP_MAX_STREAMS + 1) + (size_t)size + 2 +
-         TCP_MAX_RAILS;
+         TCP_MAX_RAILS + (size_t)TCP_DIALINS_MAX(size);
 }
 
 /* How a chunk of `bytes` is cut over a connection's streams: the number of
@@ -303,7 +320,16 @@ weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out)
  * the peer's listener on that rail. */
 weft_status tcp_conn_dial(tcp_conn *c);
 /* Accepts one waiting connection on `listen_fd` (any rail's listener). */
+/* Takes a dial waiting at listen_fd, if any, into the dial-ins, and
+ * advances them all (tcp_dialins_advance). */
 weft_status tcp_conn_accept_one(tcp_ctx *ctx, int listen_fd, bool *progressed);
+/* Reads what has come on every dial-in without waiting: a proven data dial
+ * becomes its connection's stream (or, with `answer`, gets an abort frame
+ * with those words: tcp_answer_waiting_dials), a notice whose words are all
+ * here fails the communicator (WEFT_ERR_PEER_LOST; dropped with `answer`),
+ * a probe is closed, and a stranger or a dial past its deadline is refused
+ * with a warning. */
+weft_status tcp_dialins_advance(tcp_ctx *ctx, const char *answer, bool *progressed);
 weft_status tcp_conn_push_sends(tcp_conn *c, bool *progressed);
 /* The stream's lock, taken only when a helper shares it. */
 static inline void tcp_stream_lock(tcp_stream *s) {

@@ -299,21 +299,14 @@ weft_status tcp_conn_dial(tcp_conn *c) {
 }
 
 /* A peer's failure notice on a connection of its own (tcp_notices_send): the
- * communicator fails with the peer's words, as from an abort frame. */
-static weft_status tcp_read_notice(tcp_ctx *ctx, int fd, int from, double wait) {
-  tcp_frame_hdr h;
-  char text[TCP_ABORT_TEXT_MAX + 1] = "";
-  weft_error_sink err;
-  tcp_frame_info f = {0};
-  weft_status st = net_recv_all(fd, &h, sizeof h, weft_now() + wait, &err);
-  if (!st) st = tcp_frame_parse((const uint8_t *)&h, sizeof h, &f);
-  if (!st && f.type == TCP_FRAME_ABORT) {
-    size_t len = f.len < TCP_ABORT_TEXT_MAX ? f.len : TCP_ABORT_TEXT_MAX;
-    if (net_recv_all(fd, text, len, weft_now() + wait, &err)) len = 0;
-    text[len] = 0;
-  }
-  close(fd);
-  if (!text[0]) snprintf(text, sizeof text, "rank %d failed (its notice was cut off)", from);
+ * communicator fails with the peer's words (NULL: cut off), as from an abort
+ * frame. */
+static weft_status tcp_notice_take(tcp_ctx *ctx, int from, const char *words) {
+  char text[TCP_ABORT_TEXT_MAX + 1];
+  if (words && words[0])
+    snprintf(text, sizeof text, "%s", words);
+  else
+    snprintf(text, sizeof text, "rank %d failed (its notice was cut off)", from);
   weft_error_sink_set(ctx->args->errors, "peer %d passed on a failure: %s", from, text);
   snprintf(ctx->args->errors->origin, sizeof ctx->args->errors->origin, "%s", text);
   WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d got a failure notice from peer %d: %s",
@@ -394,65 +387,236 @@ void tcp_notices_send(tcp_ctx *ctx, const char *reason) {
   free(fd);
 }
 
-/* A dialer's proof, read and checked: NULL when it is one of this
- * communicator's ranks, else why not. */
-static const char *tcp_dialer_check(tcp_ctx *ctx, int fd, double wait, tcp_handshake_info *hs,
-                                    weft_error_sink *err) {
-  uint8_t proof[TCP_HANDSHAKE_BYTES];
-  weft_status st = net_recv_all(fd, proof, sizeof proof, weft_now() + wait, err);
-  if (!st) st = tcp_handshake_parse(proof, sizeof proof, hs);
-  const char *why = NULL;
-  if (st)
-    why = err->msg;
-  else if (!weft_auth_verify(ctx->args->auth, tcp_hello_context, tcp_no_challenge, hs->signed_part,
-                             sizeof(tcp_handshake), hs->mac))
-    why = "it did not prove the job key (a foreign client, or WEFT_AUTH_TOKEN differs)";
-  else if ((why = tcp_handshake_check(hs, (uint32_t)ctx->args->rank, ctx->args->comm_id)))
-    ;
-  else if ((hs->channel == TCP_NOTICE_CHANNEL || hs->channel == TCP_PROBE_CHANNEL) &&
-           hs->from >= (uint32_t)ctx->args->size)
-    why = "notice or probe from a rank outside the communicator";
-  return why;
+/* A dialer's proof, checked: NULL when it is one of this communicator's
+ * ranks, else why not. */
+static const char *tcp_proof_check(tcp_ctx *ctx, const uint8_t *proof, tcp_handshake_info *hs) {
+  if (tcp_handshake_parse(proof, TCP_HANDSHAKE_BYTES, hs)) return "a malformed handshake";
+  if (!weft_auth_verify(ctx->args->auth, tcp_hello_context, tcp_no_challenge, hs->signed_part,
+                        sizeof(tcp_handshake), hs->mac))
+    return "it did not prove the job key (a foreign client, or WEFT_AUTH_TOKEN differs)";
+  const char *why = tcp_handshake_check(hs, (uint32_t)ctx->args->rank, ctx->args->comm_id);
+  if (why) return why;
+  if ((hs->channel == TCP_NOTICE_CHANNEL || hs->channel == TCP_PROBE_CHANNEL) &&
+      hs->from >= (uint32_t)ctx->args->size)
+    return "notice or probe from a rank outside the communicator";
+  return NULL;
+}
+
+/* A proven data dial becomes the stream it names; else why not. */
+static weft_status tcp_dial_adopt(tcp_ctx *ctx, int fd, const tcp_handshake_info *hs,
+                                  const char **why) {
+  int from = (int)hs->from, channel = (int)hs->channel;
+  tcp_conn **slot = &ctx->conns[tcp_conn_index(from, channel)];
+  if (*slot && (*slot)->state != TCP_CONN_AWAIT_ACCEPT)
+    *why = "second connection from the same rank and channel";
+  else if ((int)hs->nstreams != tcp_conn_streams_for(ctx, from, channel))
+    *why = "its stream count differs from what the published addresses give";
+  else if (*slot && (*slot)->streams[hs->stream].fd >= 0)
+    *why = "second connection from the same rank, channel and stream";
+  if (*why) return WEFT_OK;
+  if (!*slot) WEFT_CHECK(tcp_conn_create(ctx, from, channel, slot));
+  tcp_conn *c = *slot;
+  c->streams[hs->stream].fd = fd;
+  if (++c->accepted == c->nstreams) tcp_conn_up(c);
+  return WEFT_OK;
+}
+
+/* Takes one waiting dial off the listener into the dial-ins; false when
+ * none waits. Past TCP_DIALINS_MAX, the one nearest its deadline goes. */
+static bool tcp_dialin_accept(tcp_ctx *ctx, int listen_fd) {
+  int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd < 0) return false; /* nothing waiting (EAGAIN) or a transient failure */
+  tcp_tune_socket(fd);
+  int max = TCP_DIALINS_MAX(ctx->args->size);
+  if (ctx->ndialins == max) {
+    int oldest = 0;
+    for (int i = 1; i < max; i++)
+      if (ctx->dialins[i].deadline < ctx->dialins[oldest].deadline) oldest = i;
+    WEFT_WARN(WEFT_SUBSYS_NET,
+              "tcp: rank %d refused an incoming connection: %d connections have not said who "
+              "they are, and this one waited longest",
+              ctx->args->rank, max);
+    close(ctx->dialins[oldest].fd);
+    ctx->dialins[oldest] = ctx->dialins[--ctx->ndialins];
+  }
+  if (ctx->ndialins == ctx->dialins_cap) {
+    int cap = ctx->dialins_cap ? 2 * ctx->dialins_cap : 4;
+    tcp_dialin *grown = realloc(ctx->dialins, (size_t)(cap < max ? cap : max) * sizeof *grown);
+    if (!grown) {
+      WEFT_WARN(WEFT_SUBSYS_NET, "tcp: rank %d refused an incoming connection: out of memory",
+                ctx->args->rank);
+      close(fd);
+      return true;
+    }
+    ctx->dialins = grown;
+    ctx->dialins_cap = cap < max ? cap : max;
+  }
+  /* Dialers send their proof right after connecting; a client that does
+   * not is not one of our ranks and gets a short deadline. */
+  double wait = ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
+  tcp_dialin *d = &ctx->dialins[ctx->ndialins++];
+  d->fd = fd;
+  d->deadline = weft_now() + wait;
+  d->got = 0;
+  d->from = -1;
+  return true;
+}
+
+static void tcp_dialin_drop(tcp_ctx *ctx, int i, const char *why) {
+  tcp_dialin *d = &ctx->dialins[i];
+  if (why)
+    WEFT_WARN(WEFT_SUBSYS_NET, "tcp: rank %d refused an incoming connection: %s", ctx->args->rank,
+              why);
+  if (d->fd >= 0) close(d->fd);
+  ctx->dialins[i] = ctx->dialins[--ctx->ndialins];
+}
+
+/* What a proven notice's first bytes hold: the proof, a frame header and
+ * the words it announces (at most TCP_ABORT_TEXT_MAX). */
+static size_t tcp_dialin_need(const tcp_dialin *d, const char **words, size_t *words_len) {
+  size_t hdr = TCP_HANDSHAKE_BYTES, text = hdr + sizeof(tcp_frame_hdr);
+  *words = NULL;
+  *words_len = 0;
+  if (d->got < text) return text;
+  tcp_frame_info f = {0};
+  if (tcp_frame_parse(d->buf + hdr, sizeof(tcp_frame_hdr), &f) || f.type != TCP_FRAME_ABORT)
+    return text; /* no words: "cut off" */
+  *words = (const char *)d->buf + text;
+  *words_len = f.len < TCP_ABORT_TEXT_MAX ? f.len : TCP_ABORT_TEXT_MAX;
+  return text + *words_len;
+}
+
+/* This rank has failed: a data dial gets an abort frame with `answer`
+ * (tcp_answer_waiting_dials), and its fd stays open until fini. */
+static void tcp_dial_answer(tcp_ctx *ctx, int fd, int from, const char *answer) {
+  size_t tlen = strnlen(answer, TCP_ABORT_TEXT_MAX);
+  tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0};
+  struct iovec iov[2] = {{&h, sizeof h}, {(void *)answer, tlen}};
+  struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+  if (sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+    WEFT_INFO(WEFT_SUBSYS_NET, "tcp: abort notice to peer %d's waiting dial not sent: %s", from,
+              strerror(errno));
+  else
+    WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d answered peer %d's waiting dial with its failure",
+              ctx->args->rank, from);
+  shutdown(fd, SHUT_WR);
+  /* Open until fini, as the open connections are: closing now, with the
+   * dialer's chunks unread, would reset it at once. */
+  size_t cap = (size_t)TCP_DIALINS_MAX(ctx->args->size);
+  if (!ctx->answered_fd) ctx->answered_fd = malloc(cap * sizeof *ctx->answered_fd);
+  if (ctx->answered_fd && (size_t)ctx->nanswered < cap)
+    ctx->answered_fd[ctx->nanswered++] = fd;
+  else
+    close(fd);
+}
+
+/* Reads what has come on dial-in i, and ends it once it said enough:
+ * WEFT_ERR_PEER_LOST with a notice it completed (none with `answer`), else
+ * OK. */
+static weft_status tcp_dialin_step(tcp_ctx *ctx, int i, double now, const char *answer,
+                                   bool *progressed) {
+  tcp_dialin *d = &ctx->dialins[i];
+  for (;;) {
+    if (d->from < 0 && d->got == TCP_HANDSHAKE_BYTES) { /* the proof is here */
+      tcp_handshake_info hs = {0};
+      const char *why = tcp_proof_check(ctx, d->buf, &hs);
+      if (!why && hs.channel == TCP_PROBE_CHANNEL) { /* a peer checking that we live: we do */
+        tcp_dialin_drop(ctx, i, NULL);
+        return WEFT_OK;
+      }
+      if (!why && hs.channel != TCP_NOTICE_CHANNEL) {
+        int fd = d->fd;
+        if (answer) {
+          tcp_dial_answer(ctx, fd, (int)hs.from, answer);
+        } else {
+          WEFT_CHECK(tcp_dial_adopt(ctx, fd, &hs, &why));
+          if (!why) *progressed = true;
+        }
+        if (!why) d->fd = -1; /* the connection's now */
+        tcp_dialin_drop(ctx, i, why);
+        return WEFT_OK;
+      }
+      if (why) {
+        tcp_dialin_drop(ctx, i, why);
+        return WEFT_OK;
+      }
+      d->from = (int)hs.from; /* a notice: its words follow */
+    }
+    const char *words;
+    size_t words_len;
+    size_t need =
+        d->got < TCP_HANDSHAKE_BYTES ? TCP_HANDSHAKE_BYTES : tcp_dialin_need(d, &words, &words_len);
+    if (d->got >= need) { /* a notice, whole */
+      char text[TCP_ABORT_TEXT_MAX + 1];
+      snprintf(text, sizeof text, "%.*s", (int)words_len, words ? words : "");
+      int from = d->from;
+      tcp_dialin_drop(ctx, i, NULL);
+      return answer ? WEFT_OK : tcp_notice_take(ctx, from, text);
+    }
+    ssize_t r = recv(d->fd, d->buf + d->got, need - d->got, MSG_DONTWAIT);
+    if (r > 0) {
+      d->got += (size_t)r;
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    bool open = r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    if (open && now < d->deadline) return WEFT_OK; /* the rest comes later */
+    if (d->from >= 0) {                            /* a proven notice, cut off */
+      int from = d->from;
+      tcp_dialin_drop(ctx, i, NULL);
+      return answer ? WEFT_OK : tcp_notice_take(ctx, from, NULL);
+    }
+    char why[160];
+    if (open)
+      snprintf(why, sizeof why, "it sent %zu of the %zu bytes that say who it is in %.1f s", d->got,
+               (size_t)TCP_HANDSHAKE_BYTES,
+               ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0);
+    else
+      snprintf(why, sizeof why, "it %s after %zu of the %zu bytes that say who it is",
+               r == 0 ? "closed" : strerror(errno), d->got, (size_t)TCP_HANDSHAKE_BYTES);
+    tcp_dialin_drop(ctx, i, why);
+    return WEFT_OK;
+  }
+}
+
+weft_status tcp_dialins_advance(tcp_ctx *ctx, const char *answer, bool *progressed) {
+  if (!ctx->ndialins) return WEFT_OK;
+  double now = weft_now();
+  /* backwards: a dial-in that ends takes the last one's place */
+  for (int i = ctx->ndialins - 1; i >= 0; i--)
+    WEFT_CHECK(tcp_dialin_step(ctx, i, now, answer, progressed));
+  return WEFT_OK;
+}
+
+/* Polls the dial-ins' sockets until one is readable or `until`. */
+static void tcp_dialins_sleep(tcp_ctx *ctx, double until) {
+  struct pollfd *pf = ctx->pfds; /* tcp_pfds_max counts TCP_DIALINS_MAX of them */
+  double soonest = until;
+  for (int i = 0; i < ctx->ndialins; i++) {
+    pf[i] = (struct pollfd){.fd = ctx->dialins[i].fd, .events = POLLIN};
+    if (ctx->dialins[i].deadline < soonest) soonest = ctx->dialins[i].deadline;
+  }
+  int ms = (int)((soonest - weft_now()) * 1000) + 1;
+  if (ms > 0 && poll(pf, (nfds_t)ctx->ndialins, ms) < 0) { /* EINTR: the caller loops */
+  }
 }
 
 void tcp_answer_waiting_dials(tcp_ctx *ctx, const char *reason) {
-  size_t cap = (size_t)ctx->args->size * WEFT_TP_CHANNELS * TCP_MAX_STREAMS;
-  if (!ctx->answered_fd) ctx->answered_fd = malloc(cap * sizeof *ctx->answered_fd);
-  size_t tlen = strnlen(reason, TCP_ABORT_TEXT_MAX);
+  for (int r = 0; r < ctx->nrails; r++) {
+    int lfd = r ? ctx->rail_fd[r] : ctx->listen_fd;
+    for (int k = 0; lfd >= 0 && k < TCP_DIALINS_MAX(ctx->args->size) && tcp_dialin_accept(ctx, lfd);
+         k++) {
+    }
+  }
   /* Dialers send their proof right after connecting; one budget for all,
    * so a stray client cannot hold the failing rank up. */
   double budget = ctx->args->timeout_s < 0.2 ? ctx->args->timeout_s : 0.2;
-  double deadline = weft_now() + budget;
-  for (int r = 0; r < ctx->nrails; r++) {
-    int lfd = r ? ctx->rail_fd[r] : ctx->listen_fd;
-    for (size_t k = 0; lfd >= 0 && k < cap; k++) {
-      int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) break; /* none left waiting */
-      tcp_handshake_info hs = {0};
-      weft_error_sink err;
-      double wait = deadline - weft_now();
-      if (wait <= 0 || tcp_dialer_check(ctx, fd, wait, &hs, &err) ||
-          hs.channel == TCP_NOTICE_CHANNEL || hs.channel == TCP_PROBE_CHANNEL) {
-        close(fd); /* a notice too: this rank has failed already */
-        continue;
-      }
-      tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0};
-      struct iovec iov[2] = {{&h, sizeof h}, {(void *)reason, tlen}};
-      struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
-      if (sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-        WEFT_INFO(WEFT_SUBSYS_NET, "tcp: abort notice to peer %u's waiting dial not sent: %s",
-                  hs.from, strerror(errno));
-      else
-        WEFT_INFO(WEFT_SUBSYS_NET, "tcp: rank %d answered peer %u's waiting dial with its failure",
-                  ctx->args->rank, hs.from);
-      shutdown(fd, SHUT_WR);
-      /* Kept open until fini, as the open connections are: closing now,
-       * with the dialer's chunks unread, would reset it at once. */
-      if (ctx->answered_fd && (size_t)ctx->nanswered < cap)
-        ctx->answered_fd[ctx->nanswered++] = fd;
-      else
-        close(fd);
-    }
+  double until = weft_now() + budget;
+  for (;;) {
+    bool moved = false;
+    (void)tcp_dialins_advance(ctx, reason, &moved);
+    if (!ctx->ndialins || weft_now() >= until) return;
+    tcp_dialins_sleep(ctx, until);
   }
 }
 
@@ -512,55 +676,22 @@ void tcp_conn_probe_done(tcp_conn *c) {
 }
 
 weft_status tcp_conn_accept_one(tcp_ctx *ctx, int listen_fd, bool *progressed) {
-  int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (fd < 0) return WEFT_OK; /* nothing waiting (EAGAIN) or a transient failure */
-  tcp_tune_socket(fd);
-  weft_error_sink err;
-  /* Dialers send their proof right after connecting; a client that does
-   * not is not one of our ranks and gets a short deadline. */
-  double wait = ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
-  tcp_handshake_info hs = {0};
-  const char *why = tcp_dialer_check(ctx, fd, wait, &hs, &err);
-  uint32_t from = hs.from;
-  tcp_conn **slot = NULL;
-  bool data = hs.channel != TCP_NOTICE_CHANNEL && hs.channel != TCP_PROBE_CHANNEL;
-  if (why)
-    ;
-  else if (data && *(slot = &ctx->conns[tcp_conn_index((int)from, (int)hs.channel)]) &&
-           (*slot)->state != TCP_CONN_AWAIT_ACCEPT)
-    why = "second connection from the same rank and channel";
-  else if (data && (int)hs.nstreams != tcp_conn_streams_for(ctx, (int)from, (int)hs.channel))
-    why = "its stream count differs from what the published addresses give";
-  else if (data && *slot && (*slot)->streams[hs.stream].fd >= 0)
-    why = "second connection from the same rank, channel and stream";
-  if (why) {
-    WEFT_WARN(WEFT_SUBSYS_NET, "tcp: rank %d refused an incoming connection: %s",
-              ctx->args->rank, why);
-    close(fd);
-    return WEFT_OK; /* the job goes on */
-  }
-  if (hs.channel == TCP_NOTICE_CHANNEL) return tcp_read_notice(ctx, fd, (int)from, wait);
-  if (hs.channel == TCP_PROBE_CHANNEL) { /* a peer checking that we live: we do */
-    close(fd);
-    return WEFT_OK;
-  }
-  if (!*slot) WEFT_CHECK(tcp_conn_create(ctx, (int)from, (int)hs.channel, slot));
-  tcp_conn *c = *slot;
-  c->streams[hs.stream].fd = fd;
-  if (++c->accepted == c->nstreams) tcp_conn_up(c);
-  *progressed = true;
-  return WEFT_OK;
+  tcp_dialin_accept(ctx, listen_fd);
+  return tcp_dialins_advance(ctx, NULL, progressed);
 }
 
 weft_status tcp_notice_first(tcp_ctx *ctx, weft_status st) {
-  for (int i = 0; i < 8; i++) {
-    struct pollfd p = {.fd = ctx->listen_fd, .events = POLLIN};
-    if (poll(&p, 1, 0) != 1) break;
-    bool moved = false;
-    weft_status notice = tcp_conn_accept_one(ctx, ctx->listen_fd, &moved);
-    if (notice == WEFT_ERR_PEER_LOST) return notice; /* only a notice fails an accept so */
+  for (int i = 0; i < 8 && tcp_dialin_accept(ctx, ctx->listen_fd); i++) {
   }
-  return st;
+  /* An error path: here the words of a notice that is on its way are worth
+   * waiting for, each dial-in until its deadline. */
+  for (;;) {
+    bool moved = false;
+    weft_status notice = tcp_dialins_advance(ctx, NULL, &moved);
+    if (notice == WEFT_ERR_PEER_LOST) return notice; /* only a notice fails so */
+    if (notice < 0 || !ctx->ndialins) return st;
+    tcp_dialins_sleep(ctx, weft_now() + 2.0);
+  }
 }
 
 /* ---- send path ---------------------------------------------------------- */

@@ -115,6 +115,8 @@ static void tcp_fork_child(void) {
     ctx->listen_fd = -1;
     for (int i = 0; i < ctx->nanswered; i++) close(ctx->answered_fd[i]);
     ctx->nanswered = 0;
+    for (int i = 0; i < ctx->ndialins; i++) close(ctx->dialins[i].fd);
+    ctx->ndialins = 0;
     for (int r = 1; r < ctx->nrails; r++) {
       if (ctx->rail_fd[r] >= 0) close(ctx->rail_fd[r]);
       ctx->rail_fd[r] = -1;
@@ -436,7 +438,7 @@ static weft_status tcp_progress(weft_tp_ctx *tctx, bool *progressed) {
   if (ctx->nworkers > 0 && atomic_exchange(&ctx->helper_moved, false)) *progressed = true;
   /* accept_pending: a failure notice (or a dial) came while nothing was
    * awaited; the flag comes from a wait, so no accept call per round. */
-  if (ctx->awaiting_accept > 0 || ctx->accept_pending) {
+  if (ctx->awaiting_accept > 0 || ctx->accept_pending || ctx->ndialins > 0) {
     ctx->accept_pending = false;
     WEFT_CHECK(tcp_conn_accept_one(ctx, ctx->listen_fd, progressed));
     for (int r = 1; r < ctx->nrails; r++)
@@ -482,7 +484,12 @@ static weft_status tcp_wait(weft_tp_ctx *tctx, int timeout_ms) {
     who[n] = -1;
     pf[n++] = (struct pollfd){.fd = ctx->rail_fd[r], .events = POLLIN};
   }
-  nfds_t listeners = n; /* entries 1 .. listeners - 1: every rail's listener */
+  /* and the dial-ins, whose next bytes progress reads */
+  for (int i = 0; i < ctx->ndialins; i++) {
+    who[n] = -1;
+    pf[n++] = (struct pollfd){.fd = ctx->dialins[i].fd, .events = POLLIN};
+  }
+  nfds_t listeners = n; /* entries 1 .. listeners - 1: the rails' listeners, the dial-ins */
   nfds_t done_at = 0; /* the helpers' done fd, 0 when none */
   if (ctx->nworkers > 0) {
     done_at = n;
@@ -609,6 +616,8 @@ static void tcp_fini(weft_tp_ctx *tctx) {
     if (ctx->peers[p].pidfd >= 0) close(ctx->peers[p].pidfd);
   for (int i = 0; i < ctx->nanswered; i++) close(ctx->answered_fd[i]);
   free(ctx->answered_fd);
+  for (int i = 0; i < ctx->ndialins; i++) close(ctx->dialins[i].fd);
+  free(ctx->dialins);
   if (ctx->listen_fd >= 0) close(ctx->listen_fd);
   for (int r = 1; r < TCP_MAX_RAILS; r++)
     if (ctx->rail_fd[r] >= 0) close(ctx->rail_fd[r]);
