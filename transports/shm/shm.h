@@ -254,6 +254,7 @@ weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void
  * `ctx` (WEFT_SHM_CMA=auto), with the reason in words. */
 double shm_cma_cost_ratio(void);
 bool shm_cma_ratio_pays(double ratio); /* where every rank of the host has a core */
+double shm_mix_readv_ns_kib(void);     /* the timed read, per KiB (0: not timed) */
 /* Whether this host's ranks outnumber its cores (then one copy, costing less
  * CPU, beats two); `cores`, when not NULL, gets the count. */
 bool shm_ranks_outnumber_cores(const weft_transport_init_args *args, long *cores);

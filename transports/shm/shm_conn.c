@@ -567,13 +567,27 @@ static shm_large_call shm_recent(shm_ctx *ctx, uint32_t seq) {
  * allgather's or alltoall's chunks went by address (none now; either way
  * that placement took 85-98 us at 512 KiB, the near one 25-43). Half, not
  * all: the slots stay in use, so their cost stays measured and the way
- * back is found. */
+ * back is found.
+ *
+ * Where this rank takes large chunks too, the bar is higher and the share
+ * larger: while its copies into the slots cost more than 1.3 reads, 15 of
+ * 16 chunks go by address. Half went slower than either way (above), but
+ * all but one in 16 is up to twice as fast as the slots in the far
+ * placement. The same job switching between the two every 8 calls (2
+ * ranks, 6 rounds; allgather and alltoall), in the 5 jobs of 10 that drew
+ * that placement: 81-101 against 47-85 us at 512 KiB, 353-373 against
+ * 193-256 at 2 MiB, 0.81-1.06x at 8 MiB (where repeats moved 15% either
+ * way). There the copies in cost 126-309 ns/KiB against reads timed at
+ * 103-161; in the near placement 45-104 against 92-156, and the slots,
+ * which keep everything there, ran 1.1-1.2x faster than all by address. */
 #define SHM_MIX_WARM 16u /* copies not folded: a slot's first use meets page faults */
+#define SHM_MIX_BOTH_WAYS_BAR 1.3   /* slot copies over a read, where large chunks come back */
+#define SHM_MIX_BOTH_WAYS_SLOTS 16u /* there 1 in this many still goes through the slots */
 #define SHM_CMA_TIMED_BYTES (256u << 10)
 static double cma_cost_ratio; /* 0: could not be timed */
 static double cma_timed_readv_us, cma_timed_copy_us;
 
-static double shm_mix_readv_ns_kib(void) {
+double shm_mix_readv_ns_kib(void) {
   double ratio = shm_cma_cost_ratio(); /* times once, if no one has */
   return ratio > 0 ? cma_timed_readv_us * 1000.0 / (SHM_CMA_TIMED_BYTES >> 10) : 0;
 }
@@ -587,7 +601,10 @@ static void shm_mix_fold(shm_conn *c, size_t bytes, double secs) {
 
 static bool shm_mix_by_address(shm_conn *c, uint32_t seq) {
   double readv = shm_mix_readv_ns_kib();
-  if (readv <= 0 || !(c->tx_in_ns_kib > readv) || shm_recent(c->ctx, seq).received) return false;
+  if (readv <= 0) return false;
+  bool takes = shm_recent(c->ctx, seq).received;
+  if (!(c->tx_in_ns_kib > (takes ? SHM_MIX_BOTH_WAYS_BAR : 1.0) * readv)) return false;
+  if (takes) return c->tx_mix_turn++ % SHM_MIX_BOTH_WAYS_SLOTS != 0;
   return (c->tx_mix_turn++ & 1) == 0;
 }
 
