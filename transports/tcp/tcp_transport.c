@@ -437,7 +437,8 @@ static weft_status tcp_progress(weft_tp_ctx *tctx, bool *progressed) {
   ctx->data_moved = false;
   if (ctx->nworkers > 0 && atomic_exchange(&ctx->helper_moved, false)) *progressed = true;
   /* accept_pending: a failure notice (or a dial) came while nothing was
-   * awaited; the flag comes from a wait, so no accept call per round. */
+   * awaited; the flag comes from a wait, so no accept call per round, except
+   * while a dial-in has not said all it says (at most 2 s each). */
   if (ctx->awaiting_accept > 0 || ctx->accept_pending || ctx->ndialins > 0) {
     ctx->accept_pending = false;
     WEFT_CHECK(tcp_conn_accept_one(ctx, ctx->listen_fd, progressed));
