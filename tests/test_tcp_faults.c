@@ -5,7 +5,8 @@
  * open must still be noticed. Each case runs with WEFT_TIMEOUT=30 and wants
  * every surviving rank to fail within 10 s: a pass at the timeout is a
  * failure here. And a notice that comes over shm to a rank sleeping on tcp
- * (two pretend hosts) is heard within a slice. */
+ * (two pretend hosts) is heard within a slice, and a client that connects
+ * and says nothing holds no rank up. */
 #include <fcntl.h>
 #include <setjmp.h>
 #include <stdbool.h>
@@ -221,8 +222,8 @@ static int sleeps_on_tcp_while_shm_peer_aborts(int rank, int size, const weft_un
  * and a round that sleeps is a slice: up to 3.2 s after the notice, past
  * every other rank's culprit grace (the link-tbf test's rare failure: a
  * rank whose trickle of data kept it waiting did not answer its own host's
- * peer). Three runs: the old phase of those 32 rounds was random, and
- * passed one run in about five. */
+ * peer). Three runs: the old phase of those 32 rounds was random, so a
+ * single run could pass (0.6 of the 3.2 s); it failed 3 of 3. */
 static void shm_notice_reaches_a_rank_sleeping_on_tcp(void **state) {
   (void)state;
   static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};

@@ -278,9 +278,10 @@ typedef struct weft_transport {
   /* Sleeps until a connection that a data call returned WEFT_AGAIN for can
    * move, the wake fd is readable, or `timeout_ms` passed. Never longer.
    * With 0 it does not sleep but looks at everything a wait watches (peers'
-   * notices, listeners, peers' processes) and returns what it found: the
+   * notices, listeners, peers' processes): a notice it read is its status,
+   * one waiting to be read (tcp's listener) is for the next progress. The
    * engine calls that on every transport it did not sleep on, after each
-   * sleep. */
+   * sleep (at most every 10 ms). */
   weft_status (*wait)(weft_tp_ctx *ctx, int timeout_ms);
 
   /* Best effort, bounded (tcp: at most about 1 s, when it dials peers it

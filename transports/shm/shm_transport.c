@@ -222,7 +222,6 @@ static weft_status shm_wait(weft_tp_ctx *tctx, int timeout_ms) {
   shm_ctx *ctx = shm_ctx_of(tctx);
   int ms = timeout_ms < SHM_WAIT_SLICE_MS ? timeout_ms : SHM_WAIT_SLICE_MS;
   shm_conn *c = ctx->want_conn;
-  bool ignored;
   if (ms <= 0) return shm_look(ctx, true); /* no sleep; what a data call waits for stays */
   if (c && c->state == SHM_CONN_UP && ctx->want == SHM_WANT_RECV) {
     atomic_store(&c->rx->recv_sleeping, 1);
@@ -249,6 +248,7 @@ static weft_status shm_wait(weft_tp_ctx *tctx, int timeout_ms) {
   }
   ctx->want = SHM_WANT_NONE;
   ctx->next_liveness_check = 0; /* after sleeping, look at the peers at once */
+  bool ignored;
   return shm_progress(tctx, &ignored);
 }
 

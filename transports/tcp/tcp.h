@@ -319,7 +319,6 @@ weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out)
 /* Dials every stream of `c`, stream s from this rank's rail s mod rails to
  * the peer's listener on that rail. */
 weft_status tcp_conn_dial(tcp_conn *c);
-/* Accepts one waiting connection on `listen_fd` (any rail's listener). */
 /* Takes a dial waiting at listen_fd, if any, into the dial-ins, and
  * advances them all (tcp_dialins_advance). */
 weft_status tcp_conn_accept_one(tcp_ctx *ctx, int listen_fd, bool *progressed);
@@ -380,6 +379,10 @@ void tcp_conn_probe_done(tcp_conn *c);
  * time a peer can see this rank's failure (or a rank that heard of it
  * leave), this rank's connection already waits in that peer's listener. */
 void tcp_notices_dial(tcp_ctx *ctx);
+/* Writes an abort frame with `reason` (cut at TCP_ABORT_TEXT_MAX) on fd in
+ * one non-blocking sendmsg, after `prefix` (a notice's proof) when not
+ * NULL: a few hundred bytes, all or nothing. -1 with errno when not sent. */
+ssize_t tcp_send_abort(int fd, const void *prefix, size_t prefix_len, const char *reason);
 void tcp_notices_send(tcp_ctx *ctx, const char *reason);
 /* A rank passing a peer's failure on answers the dials still waiting in
  * its listeners' queues: the peer that dialed may have sent its chunks

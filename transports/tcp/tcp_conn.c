@@ -336,19 +336,27 @@ void tcp_notices_dial(tcp_ctx *ctx) {
   }
 }
 
+ssize_t tcp_send_abort(int fd, const void *prefix, size_t prefix_len, const char *reason) {
+  size_t tlen = strnlen(reason, TCP_ABORT_TEXT_MAX);
+  tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0};
+  struct iovec iov[3] = {{(void *)prefix, prefix_len}, {&h, sizeof h}, {(void *)reason, tlen}};
+  struct msghdr msg = {.msg_iov = prefix ? iov : iov + 1, .msg_iovlen = prefix ? 3 : 2};
+  return sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 void tcp_notices_send(tcp_ctx *ctx, const char *reason) {
   int n = ctx->args->size;
   int *fd = ctx->notice_fd;
   if (!fd) return;
   ctx->notice_fd = NULL;
-  int *who = malloc((size_t)n * sizeof *who); /* pfds entry -> peer */
-  struct pollfd *pf = ctx->pfds;              /* size * (channels + 1) + 2 entries: enough */
-  size_t tlen = strnlen(reason, TCP_ABORT_TEXT_MAX);
+  /* the wait's scratch (tcp_pfds_max entries: enough), not in a wait now */
+  int *who = ctx->pfd_peer; /* pfds entry -> peer */
+  struct pollfd *pf = ctx->pfds;
   int pending = 0;
   for (int p = 0; p < n; p++) pending += fd[p] >= 0;
   double budget = ctx->args->timeout_s < 1.0 ? ctx->args->timeout_s : 1.0;
   double deadline = weft_now() + budget;
-  while (pending > 0 && who) {
+  while (pending > 0) {
     nfds_t k = 0;
     for (int p = 0; p < n; p++)
       if (fd[p] >= 0) {
@@ -364,11 +372,7 @@ void tcp_notices_send(tcp_ctx *ctx, const char *reason) {
       if (!getsockopt(fd[p], SOL_SOCKET, SO_ERROR, &soerr, &sl) && !soerr) {
         tcp_proof proof;
         tcp_hello(ctx, p, TCP_NOTICE_CHANNEL, &proof);
-        tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0};
-        struct iovec iov[3] = {{&proof, sizeof proof}, {&h, sizeof h}, {(void *)reason, tlen}};
-        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 3};
-        /* a few hundred bytes into a new socket's empty buffer: all or nothing */
-        if (sendmsg(fd[p], &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+        if (tcp_send_abort(fd[p], &proof, sizeof proof, reason) < 0)
           WEFT_INFO(WEFT_SUBSYS_NET, "tcp: failure notice to peer %d not sent: %s", p,
                     strerror(errno));
       }
@@ -383,7 +387,6 @@ void tcp_notices_send(tcp_ctx *ctx, const char *reason) {
                 p, budget);
       close(fd[p]);
     }
-  free(who);
   free(fd);
 }
 
@@ -421,6 +424,12 @@ static weft_status tcp_dial_adopt(tcp_ctx *ctx, int fd, const tcp_handshake_info
   return WEFT_OK;
 }
 
+/* Dialers send their proof right after connecting; a client that does not
+ * is not one of our ranks and gets this long. */
+static double tcp_dialin_wait_s(const tcp_ctx *ctx) {
+  return ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
+}
+
 /* Takes one waiting dial off the listener into the dial-ins; false when
  * none waits. Past TCP_DIALINS_MAX, the one nearest its deadline goes. */
 static bool tcp_dialin_accept(tcp_ctx *ctx, int listen_fd) {
@@ -451,12 +460,9 @@ static bool tcp_dialin_accept(tcp_ctx *ctx, int listen_fd) {
     ctx->dialins = grown;
     ctx->dialins_cap = cap < max ? cap : max;
   }
-  /* Dialers send their proof right after connecting; a client that does
-   * not is not one of our ranks and gets a short deadline. */
-  double wait = ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
   tcp_dialin *d = &ctx->dialins[ctx->ndialins++];
   d->fd = fd;
-  d->deadline = weft_now() + wait;
+  d->deadline = weft_now() + tcp_dialin_wait_s(ctx);
   d->got = 0;
   d->from = -1;
   return true;
@@ -489,11 +495,7 @@ static size_t tcp_dialin_need(const tcp_dialin *d, const char **words, size_t *w
 /* This rank has failed: a data dial gets an abort frame with `answer`
  * (tcp_answer_waiting_dials), and its fd stays open until fini. */
 static void tcp_dial_answer(tcp_ctx *ctx, int fd, int from, const char *answer) {
-  size_t tlen = strnlen(answer, TCP_ABORT_TEXT_MAX);
-  tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0};
-  struct iovec iov[2] = {{&h, sizeof h}, {(void *)answer, tlen}};
-  struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
-  if (sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+  if (tcp_send_abort(fd, NULL, 0, answer) < 0)
     WEFT_INFO(WEFT_SUBSYS_NET, "tcp: abort notice to peer %d's waiting dial not sent: %s", from,
               strerror(errno));
   else
@@ -569,8 +571,7 @@ static weft_status tcp_dialin_step(tcp_ctx *ctx, int i, double now, const char *
     char why[160];
     if (open)
       snprintf(why, sizeof why, "it sent %zu of the %zu bytes that say who it is in %.1f s", d->got,
-               (size_t)TCP_HANDSHAKE_BYTES,
-               ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0);
+               (size_t)TCP_HANDSHAKE_BYTES, tcp_dialin_wait_s(ctx));
     else
       snprintf(why, sizeof why, "it %s after %zu of the %zu bytes that say who it is",
                r == 0 ? "closed" : strerror(errno), d->got, (size_t)TCP_HANDSHAKE_BYTES);

@@ -586,15 +586,10 @@ static void tcp_abort_all(weft_tp_ctx *tctx, const char *reason) {
      * just sees that stream end. */
     for (int j = 0; j < c->nstreams; j++) {
       tcp_stream *s = &c->streams[j];
-      if (!s->sq_count || s->sq[s->sq_head].sent == 0) {
-        size_t tlen = strnlen(reason, TCP_ABORT_TEXT_MAX);
-        tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0};
-        struct iovec iov[2] = {{&h, sizeof h}, {(void *)reason, tlen}};
-        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
-        if (sendmsg(s->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-          WEFT_INFO(WEFT_SUBSYS_NET, "tcp: abort notice to peer %d not sent: %s", c->peer,
-                    strerror(errno));
-      }
+      if ((!s->sq_count || s->sq[s->sq_head].sent == 0) &&
+          tcp_send_abort(s->fd, NULL, 0, reason) < 0)
+        WEFT_INFO(WEFT_SUBSYS_NET, "tcp: abort notice to peer %d not sent: %s", c->peer,
+                  strerror(errno));
       shutdown(s->fd, SHUT_WR);
     }
     c->state = TCP_CONN_DEAD;
