@@ -413,6 +413,70 @@ static void refused_probe_copies_twice(void **state) {
   sizes_around_threshold("test-refused", false);
 }
 
+/* Cells and slots are counted apart (WEFT_SHM_SLOTS=2 here): chunks through
+ * the slots stop the sender at two, while descriptors run on to the 64
+ * cells; the slots are taken in order by the chunks that use one, so a slot
+ * chunk posted after descriptors lands where the receiver looks. Every
+ * chunk is checked against its random source, some taken by a peek (a
+ * descriptor's then goes through a buffer of the receiver's own). */
+static void descriptors_run_past_the_slots(void **state) {
+  (void)state;
+  setenv("WEFT_SHM_SLOTS", "2", 1);
+  pair p;
+  pair_open(&p, "on");
+  unsetenv("WEFT_SHM_SLOTS");
+  settle(&p);
+  int cells = shm->send_depth(p.ctx[0]);
+  assert_true(cells > 8);
+  size_t small = 4096; /* above inline, below MIN_BYTES: through a slot */
+  unsigned char *src = malloc((size_t)(cells + 1) * CHUNK), *dst = malloc(CHUNK);
+  uint32_t seq = 10;
+  /* two slot chunks fill the slots */
+  for (int i = 0; i < 2; i++) {
+    fill_random(src + (size_t)i * CHUNK, small, seq + (uint32_t)i);
+    post(&p, src + (size_t)i * CHUNK, small, seq + (uint32_t)i);
+  }
+  assert_int_equal(shm->send_ready(p.tx), WEFT_AGAIN);
+  take(&p, dst, small, seq, true);
+  assert_memory_equal(dst, src, small);
+  /* one slot chunk in flight: descriptors up to the cells */
+  for (int i = 2; i < cells + 1; i++) {
+    fill_random(src + (size_t)i * CHUNK, CHUNK, seq + (uint32_t)i);
+    assert_int_equal(shm->send_ready(p.tx), WEFT_OK);
+    assert_int_equal(shm->send_for_copy(p.tx, src + (size_t)i * CHUNK, CHUNK, seq + (uint32_t)i,
+                                        &weft_mem_host),
+                     WEFT_OK);
+  }
+  assert_int_equal(shm->send_ready(p.tx), WEFT_AGAIN);
+  take(&p, dst, small, seq + 1, false);
+  assert_memory_equal(dst, src + CHUNK, small);
+  for (int i = 2; i < cells + 1; i++) {
+    take(&p, dst, CHUNK, seq + (uint32_t)i, i % 5 == 0);
+    assert_memory_equal(dst, src + (size_t)i * CHUNK, CHUNK);
+  }
+  assert_int_equal(shm->send_idle(p.tx), WEFT_OK);
+  /* slot, descriptor, slot: full; the first slot back, a third slot chunk
+   * reuses it while the second still waits in the other */
+  seq = 200;
+  size_t sizes[4] = {small, CHUNK, small + 8, small + 16};
+  for (int i = 0; i < 3; i++) {
+    fill_random(src + (size_t)i * CHUNK, sizes[i], seq + (uint32_t)i);
+    post(&p, src + (size_t)i * CHUNK, sizes[i], seq + (uint32_t)i);
+  }
+  assert_int_equal(shm->send_ready(p.tx), WEFT_AGAIN);
+  take(&p, dst, sizes[0], seq, false);
+  fill_random(src + 3 * (size_t)CHUNK, sizes[3], seq + 3);
+  post(&p, src + 3 * (size_t)CHUNK, sizes[3], seq + 3);
+  for (int i = 1; i < 4; i++) {
+    take(&p, dst, sizes[i], seq + (uint32_t)i, i == 2);
+    assert_memory_equal(dst, src + (size_t)i * CHUNK, sizes[i]);
+  }
+  assert_true(((shm_conn *)p.rx)->cma_chunks >= (uint64_t)cells);
+  free(src);
+  free(dst);
+  pair_close(&p);
+}
+
 /* Several descriptors in flight fill the slots: the sender gets its credits
  * back only as the receiver copies, and send_idle waits for the last. */
 static void credits_return_as_the_receiver_copies(void **state) {
@@ -724,6 +788,7 @@ int main(void) {
       cmocka_unit_test(cma_off_copies_twice),
       cmocka_unit_test(refused_probe_copies_twice),
       cmocka_unit_test(credits_return_as_the_receiver_copies),
+      cmocka_unit_test(descriptors_run_past_the_slots),
       cmocka_unit_test(dead_sender_fails_its_receiver),
       cmocka_unit_test(collectives_single_copy_2_ranks),
       cmocka_unit_test(collectives_single_copy_3_ranks),

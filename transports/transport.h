@@ -156,8 +156,10 @@ typedef struct weft_transport {
                       size_t *addr_len);
 
   /* Chunks a sender may have posted and not complete on one connection
-   * (send_ready answers WEFT_AGAIN beyond it). The transport alone decides
-   * it, at init (shm: WEFT_SHM_SLOTS; tcp and ibv: 8), the same for every
+   * (send_ready answers WEFT_AGAIN beyond it, and may earlier: shm's 64
+   * cells hold at most WEFT_SHM_SLOTS chunks in its slots, where chunks by
+   * single copy and inline ones hold none). The transport alone decides
+   * it, at init (shm: 64; tcp and ibv: 8), the same for every
    * connection and channel of the context; the core reads it here and never
    * passes a depth of its own. */
   int (*send_depth)(const weft_tp_ctx *ctx);

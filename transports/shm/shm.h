@@ -16,9 +16,18 @@
 #define SHM_SEG_MAGIC 0x5745534du /* "WESM" */
 /* 2: one cache line per slot, small chunks inline; 3: `refused`; 4: single
  * copy (a cell's `how`, the FIFO's cma words); 5: the sender's cma_cost_milli;
- * 6: the verdict "mixed" */
-#define SHM_SEG_VERSION 6
+ * 6: the verdict "mixed"; 7: SHM_CELLS cells, the slots taken in order by the
+ * chunks that need one */
+#define SHM_SEG_VERSION 7
 #define SHM_MAX_SLOTS 64
+/* Cells per direction: chunks in flight. Only a chunk above inline size
+ * sent through the slots holds a slot too (WEFT_SHM_SLOTS of them), so
+ * descriptors (single copy) and inline chunks run up to SHM_CELLS ahead:
+ * a sender posts a whole 16 MiB block of an alltoall by address at once
+ * and the receiver reads it while the sender is descheduled (4 ranks on 2
+ * vCPUs, 32-64 MiB, against Open MPI in one job: 0.96-1.08 with 64 cells,
+ * 0.88-0.96 with a cell per slot). */
+#define SHM_CELLS 64
 #define SHM_ABORT_TEXT 300
 /* The size a creator leaves its pair's name at when /dev/shm had no room for
  * the segment: a size costs tmpfs no space, and no segment is ever this small
@@ -49,6 +58,8 @@ typedef struct shm_cell {
 } shm_cell;
 _Static_assert(sizeof(shm_cell) == 128, "a cell is two cache lines");
 _Static_assert(offsetof(shm_cell, data) + SHM_INLINE_FIRST == 64, "the first line's data");
+_Static_assert((SHM_CELLS & (SHM_CELLS - 1)) == 0 && SHM_CELLS >= SHM_MAX_SLOTS,
+               "a power of two (chunk numbers wrap), and no fewer cells than slots");
 
 /* One direction. Fields written by different sides sit on different cache
  * lines so the two processes do not fight over one line per chunk. */
@@ -71,7 +82,8 @@ typedef struct shm_fifo {
   uint32_t cma_cost_milli; /* the sender's timed process_vm_readv / memcpy ratio x 1000 (0: not
                               timed): the receiver decides from both ends' timings, so the two
                               directions of a pair decide alike (shm_cma_pays) */
-  shm_cell cell[SHM_MAX_SLOTS];      /* written by the sender, `ready` last */
+  shm_cell cell[SHM_CELLS];          /* written by the sender, `ready` last; chunk n in
+                                        cell n % SHM_CELLS */
 } shm_fifo;
 
 typedef struct shm_segment {
@@ -160,13 +172,23 @@ struct shm_conn {
   uint32_t tx_tail_seen;             /* the peer's tail when we last read it: room is
                                         known without touching its line every send */
   uint32_t rx_tail;                  /* local copy: chunks we released */
+  /* The slots, taken in chunk order by the chunks that go through one
+   * (above inline size, not by address): slot k % nslots for the k-th. The
+   * sender counts those it took, and after each chunk it notes the count,
+   * so the peer's tail tells how many came back; the receiver counts those
+   * it released. */
+  uint32_t tx_slots_taken;
+  uint32_t tx_slots_after[SHM_CELLS]; /* tx_slots_taken once chunk n was posted, at n % SHM_CELLS */
+  uint32_t rx_slots_released;
+  void *rx_peeked;                   /* a descriptor's chunk read for a peek (chunk_bytes,
+                                        allocated on first use): it holds no slot */
   bool peeked;
   /* single copy (shm_fifo's cma words) */
   uint8_t tx_cma;                    /* the peer's verdict on reading us, once it is known */
   bool tx_copy_pending;              /* chunks up to tx_copy_until are descriptors: */
   uint32_t tx_copy_until;            /* complete only once tail reaches it */
   bool rx_cma_decided;               /* our verdict on reading the peer is written */
-  bool rx_in_slot;                   /* the peeked descriptor's chunk was read into its slot */
+  bool rx_read;                      /* the peeked descriptor's chunk was read (rx_peeked) */
   uint64_t cma_chunks, cma_bytes;    /* received by single copy (logged at the end; tests) */
   /* the verdict MIXED (shm_mix_by_address) */
   double tx_in_ns_kib;               /* our recent copies of large chunks into the slots,
@@ -189,7 +211,7 @@ struct shm_conn {
 struct shm_ctx {
   const weft_transport_init_args *args;
   shm_addr self;
-  int nslots;                        /* the send depth too (transport.h): WEFT_SHM_SLOTS */
+  int nslots;                        /* slots per direction: WEFT_SHM_SLOTS */
   shm_conn **conns;                  /* by shm_conn_index(peer, channel) */
   bool *reachable;                   /* by peer: can_reach said yes, so a lower one may
                                         have made segments this rank never opened */

@@ -393,6 +393,7 @@ void shm_conn_destroy(shm_conn *c) {
   if (c->seg) munmap(c->seg, c->seg_bytes);
   shm_conn_unlink(c); /* the peer never mapped it, or this rank never did */
   if (c->pidfd >= 0) close(c->pidfd);
+  free(c->rx_peeked);
   free(c);
 }
 
@@ -477,6 +478,17 @@ static weft_status shm_conn_usable(shm_conn *c) {
   return st;
 }
 
+/* Room for one more chunk: a cell, and a slot in case it needs one (a
+ * sender cannot say which before it posts). The slots of the chunks the
+ * peer released came back with them: as many as were taken up to the last
+ * released chunk. That chunk is at most SHM_CELLS - 1 behind the newest
+ * one here, so its note is still there. */
+static bool shm_room(const shm_conn *c) {
+  if (c->tx_head - c->tx_tail_seen >= SHM_CELLS) return false;
+  uint32_t back = c->tx_slots_after[(c->tx_tail_seen - 1) % SHM_CELLS];
+  return c->tx_slots_taken - back < (uint32_t)c->ctx->nslots;
+}
+
 static weft_status shm_ready(shm_conn *c) {
   WEFT_STATUS_PASS(shm_conn_usable(c));
   if (atomic_load_explicit(&c->rx->aborted, memory_order_relaxed)) return shm_peer_gone(c);
@@ -484,9 +496,9 @@ static weft_status shm_ready(shm_conn *c) {
   /* The receiver writes tail on every release; reading it on every send
    * would fetch its line back each time (~0.3 us). The last value seen
    * stays true (tail only grows): read again only when it shows no room. */
-  if (c->tx_head - c->tx_tail_seen < (uint32_t)c->ctx->nslots) return WEFT_OK;
+  if (shm_room(c)) return WEFT_OK;
   c->tx_tail_seen = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
-  if (c->tx_head - c->tx_tail_seen < (uint32_t)c->ctx->nslots) return WEFT_OK;
+  if (shm_room(c)) return WEFT_OK;
   c->ctx->want_conn = c;
   c->ctx->want = SHM_WANT_SEND;
   return WEFT_AGAIN;
@@ -867,8 +879,7 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
                           : eligible && c->tx_cma == SHM_CMA_YES &&
                                 !shm_stream_through_slots(c, bytes, seq);
   if (bytes > SHM_INLINE_BYTES) shm_note_large_tx(c, seq);
-  uint32_t slot = c->tx_head % (uint32_t)c->ctx->nslots;
-  shm_cell *cell = &c->tx->cell[slot];
+  shm_cell *cell = &c->tx->cell[c->tx_head % SHM_CELLS];
   uint32_t number = c->tx_head++;
   /* head is only the futex word (the receiver polls the cell). It moves
    * first: the seq_cst store waits for the store buffer to drain, and here
@@ -886,14 +897,17 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
     c->tx_copy_until = c->tx_head; /* complete once the peer released this cell */
   } else {
     double t0 = mixed ? weft_now() : 0;
-    mem->copy(bytes <= SHM_INLINE_BYTES ? (void *)cell->data
-                                        : c->tx_slots + (size_t)slot * c->ctx->args->chunk_bytes,
-              src, bytes);
+    void *to = cell->data;
+    if (bytes > SHM_INLINE_BYTES) /* shm_room kept one free */
+      to = c->tx_slots +
+           (size_t)(c->tx_slots_taken++ % (uint32_t)c->ctx->nslots) * c->ctx->args->chunk_bytes;
+    mem->copy(to, src, bytes);
     if (mixed) shm_mix_fold(c, bytes, weft_now() - t0);
     cell->how = SHM_CELL_DATA;
   }
   cell->seq = seq;
   cell->len = (uint32_t)bytes;
+  c->tx_slots_after[number % SHM_CELLS] = c->tx_slots_taken;
   atomic_store_explicit(&cell->ready, number + 1, memory_order_release);
   if (atomic_load(&c->tx->recv_sleeping)) shm_futex_wake(&c->tx->head);
   return WEFT_OK;
@@ -943,8 +957,7 @@ weft_status shm_send_idle(weft_tp_conn *conn) {
 static weft_status shm_arrived(shm_conn *c, uint32_t seq, size_t bytes, shm_cell **out) {
   WEFT_STATUS_PASS(shm_conn_usable(c));
   if (!c->rx_cma_decided) shm_cma_decide(c);
-  uint32_t slot = c->rx_tail % (uint32_t)c->ctx->nslots;
-  shm_cell *cell = &c->rx->cell[slot];
+  shm_cell *cell = &c->rx->cell[c->rx_tail % SHM_CELLS];
   if (!c->peeked) {
     if (atomic_load_explicit(&cell->ready, memory_order_acquire) != c->rx_tail + 1) {
       /* A chunk that reaches into the cell's second line: ask for that line
@@ -968,7 +981,7 @@ static weft_status shm_arrived(shm_conn *c, uint32_t seq, size_t bytes, shm_cell
                            "cannot read",
                            c->peer, bytes, cell->how);
     c->peeked = true;
-    c->rx_in_slot = false;
+    c->rx_read = false;
   }
   *out = cell;
   return WEFT_OK;
@@ -981,15 +994,21 @@ static weft_status shm_peek(shm_conn *c, uint32_t seq, size_t bytes, const void 
     *data = cell->data;
     return WEFT_OK;
   }
-  /* the length was checked: it says where the sender put the data */
-  char *slot =
-      c->rx_slots + (size_t)(c->rx_tail % (uint32_t)c->ctx->nslots) * c->ctx->args->chunk_bytes;
-  /* a receiver that peeks a chunk sent for copy gets it through the slot */
-  if (cell->how == SHM_CELL_CMA && !c->rx_in_slot) {
-    WEFT_STATUS_PASS(shm_cma_read(c, cell, slot, bytes));
-    c->rx_in_slot = true;
+  /* a receiver that peeks a chunk sent for copy reads it into a buffer of
+   * its own: the chunk holds no slot (the sender may be filling them all) */
+  if (cell->how == SHM_CELL_CMA) {
+    if (!c->rx_peeked && !(c->rx_peeked = malloc(c->ctx->args->chunk_bytes)))
+      return shm_conn_fail(c, WEFT_ERR_NOMEM,
+                           "no memory to read peer %d's chunk of %zu bytes for a peek", c->peer,
+                           bytes);
+    if (!c->rx_read) WEFT_STATUS_PASS(shm_cma_read(c, cell, c->rx_peeked, bytes));
+    c->rx_read = true;
+    *data = c->rx_peeked;
+    return WEFT_OK;
   }
-  *data = slot;
+  /* the length was checked: the chunk is in the next slot in order */
+  *data = c->rx_slots + (size_t)(c->rx_slots_released % (uint32_t)c->ctx->nslots) *
+                            c->ctx->args->chunk_bytes;
   return WEFT_OK;
 }
 
@@ -1000,9 +1019,11 @@ weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const 
 static weft_status shm_release(shm_conn *c) {
   if (!c->peeked) return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
-  const shm_cell *cell = &c->rx->cell[c->rx_tail % (uint32_t)c->ctx->nslots];
-  /* a rank whose core copies what comes in (shm_recent) */
-  if (cell->len > SHM_INLINE_BYTES) shm_note_large_rx(c, cell->seq);
+  const shm_cell *cell = &c->rx->cell[c->rx_tail % SHM_CELLS];
+  if (cell->len > SHM_INLINE_BYTES) {
+    shm_note_large_rx(c, cell->seq); /* a rank whose core copies what comes in (shm_recent) */
+    if (cell->how == SHM_CELL_DATA) c->rx_slots_released++;
+  }
   c->rx_tail++;
   atomic_store(&c->rx->tail, c->rx_tail);
   if (atomic_load(&c->rx->send_sleeping)) shm_futex_wake(&c->rx->tail);
@@ -1019,7 +1040,7 @@ weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *
   shm_cell *cell = NULL;
   WEFT_STATUS_PASS(shm_arrived(c, seq, bytes, &cell));
   bool host = mem->kind == WEFT_MEMORY_HOST || mem->kind == WEFT_MEMORY_SHARED;
-  if (cell->how == SHM_CELL_CMA && !c->rx_in_slot && host) {
+  if (cell->how == SHM_CELL_CMA && !c->rx_read && host) {
     WEFT_STATUS_PASS(shm_cma_read(c, cell, dst, bytes)); /* the single copy */
   } else {
     const void *slot = NULL;

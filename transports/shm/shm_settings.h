@@ -15,7 +15,7 @@
 /* The upper bound is SHM_MAX_SLOTS (shm.h): a segment has room for that many. */
 #define WEFT_SHM_SETTINGS(X)                                                                     \
   X(SHM_SLOTS, slots, INT, "8", 2, 64, WEFT_NO_WORDS,                                            \
-    "chunks in flight per direction between two ranks of one host")                              \
+    "slots per direction between two ranks of one host: chunks above 112 bytes sent through shared memory in flight (chunks by single copy and inline ones take none; 64 chunks in flight in all)") \
   X(SHM_CMA, cma, ENUM, "auto", 0, 0, WEFT_SHM_CMA_WORDS,                                        \
     "single copy between ranks of one host: a receiver reads a large chunk of allgather, alltoall, broadcast, gather or scatter straight from the sender's buffer (process_vm_readv) instead of through the shared slot; on: where a probe at connection shows the kernel allows it (not under seccomp, Yama ptrace_scope 2+, other users); auto: there too, unless this host's ranks each have a core and process_vm_readv costs 2 memcpy of the same bytes or more (timed once per process: page pinning is slow in some VMs), where chunks go through the slots but every other chunk of one-way traffic goes by single copy while the sender's copies into the slots cost more than a read; 0: never (also no PR_SET_PTRACER); test-refused: for tests, the probe fails") \
   X(SHM_CMA_MIN_BYTES, cma_min_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,    \

@@ -119,8 +119,10 @@ static weft_status shm_init(const weft_transport_init_args *args, weft_tp_ctx **
   return WEFT_OK;
 }
 
+/* Cells, not slots: a chunk by address or inline takes no slot (shm.h). */
 static int shm_send_depth(const weft_tp_ctx *ctx) {
-  return ((const shm_ctx *)ctx)->nslots;
+  (void)ctx;
+  return SHM_CELLS;
 }
 
 /* Peers' addresses arrive packed at any alignment: copy before reading. */
@@ -229,7 +231,8 @@ static weft_status shm_wait(weft_tp_ctx *tctx, int timeout_ms) {
       shm_futex_wait(&c->rx->head, c->rx_tail, ms);
     atomic_store(&c->rx->recv_sleeping, 0);
   } else if (c && c->state == SHM_CONN_UP && ctx->want == SHM_WANT_SEND) {
-    uint32_t full_tail = c->tx_head - (uint32_t)ctx->nslots;
+    /* no room at the tail shm_ready read last (a cell, or a slot) */
+    uint32_t full_tail = c->tx_tail_seen;
     atomic_store(&c->tx->send_sleeping, 1);
     if (atomic_load(&c->tx->tail) == full_tail && !atomic_load(&c->rx->aborted))
       shm_futex_wait(&c->tx->tail, full_tail, ms);
