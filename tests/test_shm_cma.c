@@ -443,9 +443,9 @@ static void descriptors_run_past_the_slots(void **state) {
   for (int i = 2; i < cells + 1; i++) {
     fill_random(src + (size_t)i * CHUNK, CHUNK, seq + (uint32_t)i);
     assert_int_equal(shm->send_ready(p.tx), WEFT_OK);
-    assert_int_equal(shm->send_for_copy(p.tx, src + (size_t)i * CHUNK, CHUNK, seq + (uint32_t)i,
-                                        &weft_mem_host),
-                     WEFT_OK);
+    assert_int_equal(
+        shm->send_for_copy(p.tx, src + (size_t)i * CHUNK, CHUNK, seq + (uint32_t)i, &weft_mem_host),
+        WEFT_OK);
   }
   assert_int_equal(shm->send_ready(p.tx), WEFT_AGAIN);
   take(&p, dst, small, seq + 1, false);
@@ -477,7 +477,7 @@ static void descriptors_run_past_the_slots(void **state) {
   pair_close(&p);
 }
 
-/* Several descriptors in flight fill the slots: the sender gets its credits
+/* Descriptors in flight fill the cells: the sender gets its credits
  * back only as the receiver copies, and send_idle waits for the last. */
 static void credits_return_as_the_receiver_copies(void **state) {
   (void)state;

@@ -23,10 +23,10 @@
 /* Cells per direction: chunks in flight. Only a chunk above inline size
  * sent through the slots holds a slot too (WEFT_SHM_SLOTS of them), so
  * descriptors (single copy) and inline chunks run up to SHM_CELLS ahead:
- * a sender posts a whole 16 MiB block of an alltoall by address at once
- * and the receiver reads it while the sender is descheduled (4 ranks on 2
- * vCPUs, 32-64 MiB, against Open MPI in one job: 0.96-1.08 with 64 cells,
- * 0.88-0.96 with a cell per slot). */
+ * a sender posts a whole 16 MiB block of an alltoall by address at once,
+ * and its receivers read it while it is descheduled (4 ranks on 2 vCPUs,
+ * where every pair reads by address: against Open MPI in one job, 32 MiB
+ * 0.94-0.99 with 64 cells, 0.87-0.92 with a cell per slot). */
 #define SHM_CELLS 64
 #define SHM_ABORT_TEXT 300
 /* The size a creator leaves its pair's name at when /dev/shm had no room for
@@ -82,8 +82,8 @@ typedef struct shm_fifo {
   uint32_t cma_cost_milli; /* the sender's timed process_vm_readv / memcpy ratio x 1000 (0: not
                               timed): the receiver decides from both ends' timings, so the two
                               directions of a pair decide alike (shm_cma_pays) */
-  shm_cell cell[SHM_CELLS];          /* written by the sender, `ready` last; chunk n in
-                                        cell n % SHM_CELLS */
+  shm_cell cell[SHM_CELLS]; /* written by the sender, `ready` last; chunk n in
+                               cell n % SHM_CELLS */
 } shm_fifo;
 
 typedef struct shm_segment {
@@ -180,8 +180,8 @@ struct shm_conn {
   uint32_t tx_slots_taken;
   uint32_t tx_slots_after[SHM_CELLS]; /* tx_slots_taken once chunk n was posted, at n % SHM_CELLS */
   uint32_t rx_slots_released;
-  void *rx_peeked;                   /* a descriptor's chunk read for a peek (chunk_bytes,
-                                        allocated on first use): it holds no slot */
+  void *rx_peeked; /* a descriptor's chunk read for a peek (chunk_bytes,
+                      allocated on first use): it holds no slot */
   bool peeked;
   /* single copy (shm_fifo's cma words) */
   uint8_t tx_cma;                    /* the peer's verdict on reading us, once it is known */

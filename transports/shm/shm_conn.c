@@ -1007,8 +1007,8 @@ static weft_status shm_peek(shm_conn *c, uint32_t seq, size_t bytes, const void 
     return WEFT_OK;
   }
   /* the length was checked: the chunk is in the next slot in order */
-  *data = c->rx_slots + (size_t)(c->rx_slots_released % (uint32_t)c->ctx->nslots) *
-                            c->ctx->args->chunk_bytes;
+  *data = c->rx_slots +
+          (size_t)(c->rx_slots_released % (uint32_t)c->ctx->nslots) * c->ctx->args->chunk_bytes;
   return WEFT_OK;
 }
 
