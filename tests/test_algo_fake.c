@@ -56,6 +56,7 @@ typedef struct fake_shared {
 typedef struct fake_world {
   int n, credits;
   int again_pct, hold_pct; /* chance of a spurious WEFT_AGAIN / of holding a delivery back */
+  bool no_runs;            /* the links have no recv_run (the fallback: a chunk at a time) */
   uint64_t rng;
   uint64_t events;              /* anything moved: a hang is many rounds without one */
   fake_pipe pipe[MAX_N][MAX_N]; /* [from][to] */
@@ -248,6 +249,36 @@ static weft_status fake_recv_into(void *ctx, int peer, uint32_t seq, size_t byte
   return WEFT_OK;
 }
 
+/* A run (link.h, recv_run): the first chunk as recv_into takes it, then a
+ * random number of those delivered behind it that continue the run, each
+ * checked as the first; a chunk that does not continue it (another call's,
+ * a wrong length) is left for the next receive, which reports it. */
+static weft_status fake_recv_run(void *ctx, int peer, uint32_t seq, size_t chunk_bytes,
+                                 size_t bytes, void *dst, const weft_mem_ops *mem, size_t *chunks) {
+  fake_end *e = end_of(ctx);
+  *chunks = 0;
+  if (chunk_bytes == 0 || bytes == 0)
+    return misuse(e->w, "member %d: a run of %zu bytes in chunks of %zu from %d", e->me, bytes,
+                  chunk_bytes, peer);
+  size_t first = bytes < chunk_bytes ? bytes : chunk_bytes;
+  weft_status st = fake_recv_into(ctx, peer, seq, first, dst, mem);
+  if (st) return st;
+  fake_pipe *p = &e->w->pipe[peer][e->me];
+  size_t at_byte = first, n = 1;
+  int more = (int)(rnd(e->w) % (MAX_SLOTS + 1));
+  while (at_byte < bytes && more-- > 0 && p->delivered > 0) {
+    size_t len = bytes - at_byte < chunk_bytes ? bytes - at_byte : chunk_bytes;
+    const fake_chunk *c = at(p, 0);
+    if (c->seq != seq || c->bytes != len) break;
+    memcpy((char *)dst + at_byte, c->for_copy ? c->src : c->data, len);
+    pop(e->w, p);
+    at_byte += len;
+    n++;
+  }
+  *chunks = n;
+  return WEFT_OK;
+}
+
 static weft_status fake_map_peer_mem(void *ctx, int peer, const weft_mem_desc *desc, void **local) {
   fake_end *e = end_of(ctx);
   if (!pipe_of(e, peer, true, "map_peer_mem")) return WEFT_ERR_INTERNAL;
@@ -294,6 +325,7 @@ static const weft_link_ops fake_ops = {
     .recv_peek = fake_recv_peek,
     .recv_release = fake_recv_release,
     .recv_into = fake_recv_into,
+    .recv_run = fake_recv_run,
     .map_peer_mem = fake_map_peer_mem,
     .progressed = fake_progressed,
     .rank_of = fake_rank_of,
@@ -644,6 +676,10 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
   w->credits = 2 + (int)(rnd(w) % (MAX_SLOTS - 1));
   w->again_pct = (int)(rnd(w) % 50);
   w->hold_pct = (int)(rnd(w) % 90);
+  w->no_runs = rnd(w) % 2;
+  static weft_link_ops no_runs; /* the fallback: runs a chunk at a time */
+  no_runs = fake_ops;
+  no_runs.recv_run = NULL;
   size_t esz = weft_dtype_size(c->dt);
   int bad = 0;
   fake_end ends[MAX_N];
@@ -704,7 +740,7 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
     for (int g = 0; g < c->gsize; g++) {
       member *m = &ms[g];
       int r = c->members[g];
-      weft_link link = {.ops = &fake_ops, .ctx = &ends[r]};
+      weft_link link = {.ops = w->no_runs ? &no_runs : &fake_ops, .ctx = &ends[r]};
       if (!identity) link = weft_link_group_init(&m->group, link, c->members);
       m->coll = (weft_coll){.rank = g,
                             .size = c->gsize,

@@ -477,6 +477,90 @@ static void descriptors_run_past_the_slots(void **state) {
   pair_close(&p);
 }
 
+/* recv_run until it takes something; returns how many chunks. */
+static size_t take_run(pair *p, void *dst, size_t chunk, size_t bytes, uint32_t seq,
+                       weft_status *status) {
+  double deadline = harness_now() + 5;
+  size_t n = 0;
+  weft_status st;
+  while ((st = shm->recv_run(p->rx, seq, chunk, bytes, dst, &weft_mem_host, &n)) == WEFT_AGAIN &&
+         harness_now() < deadline)
+    drive(p);
+  if (status)
+    *status = st;
+  else if (st)
+    fail_msg("run #%u of %zu bytes: %s", seq, bytes, p->sink[1].msg);
+  return n;
+}
+
+/* A run of descriptors is read with one process_vm_readv: as many chunks
+ * as have come (a whole 64-cell ring of them, across its wrap), up to a
+ * chunk that is not a descriptor of the run (through a slot, another
+ * call's, another length), which the next receive takes or reports. */
+static void runs_of_descriptors_read_at_once(void **state) {
+  (void)state;
+  pair p;
+  pair_open(&p, "on");
+  settle(&p);
+  shm_conn *rx = (shm_conn *)p.rx;
+  int cells = shm->send_depth(p.ctx[0]);
+  size_t whole = (size_t)cells * CHUNK;
+  unsigned char *src = malloc(whole), *dst = malloc(whole);
+  /* four descriptors and a short last chunk through a slot */
+  size_t run = 4 * (size_t)CHUNK + 1000;
+  fill_random(src, run, 31);
+  for (size_t at = 0; at < run; at += CHUNK)
+    post(&p, src + at, run - at < CHUNK ? run - at : CHUNK, 300);
+  uint64_t reads = rx->cma_reads, chunks = rx->cma_chunks;
+  memset(dst, 0, run);
+  assert_int_equal(take_run(&p, dst, CHUNK, run, 300, NULL), 4);
+  assert_int_equal(rx->cma_reads - reads, 1);
+  assert_int_equal(rx->cma_chunks - chunks, 4);
+  assert_int_equal(take_run(&p, dst + 4 * CHUNK, CHUNK, 1000, 300, NULL), 1);
+  assert_memory_equal(dst, src, run);
+  assert_int_equal(shm->send_idle(p.tx), WEFT_OK);
+  /* what has come so far, then the rest */
+  fill_random(src, 6 * (size_t)CHUNK, 32);
+  for (int i = 0; i < 3; i++) post(&p, src + (size_t)i * CHUNK, CHUNK, 301);
+  assert_int_equal(take_run(&p, dst, CHUNK, 6 * (size_t)CHUNK, 301, NULL), 3);
+  assert_int_equal(shm->send_idle(p.tx), WEFT_OK);
+  for (int i = 3; i < 6; i++) post(&p, src + (size_t)i * CHUNK, CHUNK, 301);
+  assert_int_equal(take_run(&p, dst + 3 * CHUNK, CHUNK, 3 * (size_t)CHUNK, 301, NULL), 3);
+  assert_memory_equal(dst, src, 6 * (size_t)CHUNK);
+  /* two whole rings of cells, each in one read; they start where the ring
+   * left off, so the second wraps */
+  for (int ring = 0; ring < 2; ring++) {
+    fill_random(src, whole, 40 + (uint64_t)ring);
+    for (int i = 0; i < cells; i++) post(&p, src + (size_t)i * CHUNK, CHUNK, 302 + (uint32_t)ring);
+    assert_int_equal(shm->send_ready(p.tx), WEFT_AGAIN);
+    reads = rx->cma_reads;
+    memset(dst, 0, whole);
+    assert_int_equal(take_run(&p, dst, CHUNK, whole, 302 + (uint32_t)ring, NULL), (size_t)cells);
+    assert_int_equal(rx->cma_reads - reads, 1);
+    assert_memory_equal(dst, src, whole);
+    assert_int_equal(shm->send_idle(p.tx), WEFT_OK);
+  }
+  /* a run whose first chunk went through a slot takes that one alone */
+  fill_random(src, 2 * (size_t)CHUNK, 33);
+  post(&p, src, 4096, 304);
+  post(&p, src + 4096, CHUNK, 304);
+  assert_int_equal(take_run(&p, dst, 4096, 4096 + (size_t)CHUNK, 304, NULL), 1);
+  assert_int_equal(take_run(&p, dst + 4096, CHUNK, CHUNK, 304, NULL), 1);
+  assert_memory_equal(dst, src, 4096 + (size_t)CHUNK);
+  /* another call's chunk ends the run; the next receive reports it */
+  fill_random(src, 3 * (size_t)CHUNK, 34);
+  for (int i = 0; i < 3; i++) post(&p, src + (size_t)i * CHUNK, CHUNK, i < 2 ? 305 : 306);
+  assert_int_equal(take_run(&p, dst, CHUNK, 3 * (size_t)CHUNK, 305, NULL), 2);
+  assert_memory_equal(dst, src, 2 * (size_t)CHUNK);
+  weft_status st;
+  assert_int_equal(take_run(&p, dst, CHUNK, CHUNK, 305, &st), 0);
+  assert_int_equal(st, WEFT_ERR_MISMATCH);
+  assert_non_null(strstr(p.sink[1].msg, "306"));
+  free(src);
+  free(dst);
+  pair_close(&p);
+}
+
 /* Descriptors in flight fill the cells: the sender gets its credits
  * back only as the receiver copies, and send_idle waits for the last. */
 static void credits_return_as_the_receiver_copies(void **state) {
@@ -789,6 +873,7 @@ int main(void) {
       cmocka_unit_test(refused_probe_copies_twice),
       cmocka_unit_test(credits_return_as_the_receiver_copies),
       cmocka_unit_test(descriptors_run_past_the_slots),
+      cmocka_unit_test(runs_of_descriptors_read_at_once),
       cmocka_unit_test(dead_sender_fails_its_receiver),
       cmocka_unit_test(collectives_single_copy_2_ranks),
       cmocka_unit_test(collectives_single_copy_3_ranks),

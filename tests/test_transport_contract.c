@@ -237,6 +237,41 @@ static void for_copy_on(const weft_transport *tp) {
     while (tp->send_idle(p.tx[0]) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
     assert_int_equal(tp->send_idle(p.tx[0]), WEFT_OK);
   }
+  /* A run of chunks for copy, taken with recv_run where the transport has
+   * one (shm: the descriptors in one read), else a chunk at a time: every
+   * call takes at least one whole chunk, and they add up to the run. */
+  static unsigned char run[4 * CHUNK], got[4 * CHUNK];
+  int posted = tp->send_depth(p.ctx[0]) < 4 ? tp->send_depth(p.ctx[0]) : 4;
+  size_t bytes = (size_t)(posted - 1) * CHUNK + CHUNK / 2 + 3, taken = 0;
+  fill(run, bytes, 0, 60);
+  memset(got, 0, sizeof got);
+  for (size_t at = 0; at < bytes; at += CHUNK) {
+    double deadline = harness_now() + 5;
+    weft_status st;
+    while ((st = tp->send_ready(p.tx[0])) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
+    size_t len = bytes - at < CHUNK ? bytes - at : CHUNK;
+    if (st || tp->send_for_copy(p.tx[0], run + at, len, 60, &weft_mem_host))
+      fail_msg("%s: send_for_copy of the run at %zu: %s", tp->name, at, p.sink[0].msg);
+  }
+  double deadline = harness_now() + 5;
+  while (taken < bytes && harness_now() < deadline) {
+    size_t len = bytes - taken < CHUNK ? bytes - taken : CHUNK, chunks = 0;
+    weft_status st = tp->recv_run ? tp->recv_run(p.rx[0], 60, CHUNK, bytes - taken, got + taken,
+                                                 &weft_mem_host, &chunks)
+                                  : tp->recv_into(p.rx[0], 60, len, got + taken, &weft_mem_host);
+    if (st == WEFT_AGAIN) {
+      drive(&p);
+      continue;
+    }
+    if (st) fail_msg("%s: the run at %zu: %s", tp->name, taken, p.sink[1].msg);
+    if (!tp->recv_run) chunks = 1;
+    assert_true(chunks >= 1);
+    for (size_t c = 0; c < chunks; c++) taken += bytes - taken < CHUNK ? bytes - taken : CHUNK;
+  }
+  assert_int_equal(taken, bytes);
+  assert_memory_equal(got, run, bytes);
+  while (tp->send_idle(p.tx[0]) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
+  assert_int_equal(tp->send_idle(p.tx[0]), WEFT_OK);
   pair_close(&p);
 }
 

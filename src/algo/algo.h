@@ -162,6 +162,22 @@ static inline weft_status weft_link_recv_release(weft_coll *coll, int peer) {
 static inline weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst) {
   return coll->link.ops->recv_into(coll->link.ctx, peer, coll->seq, bytes, dst, coll->mem);
 }
+/* The next chunks of a run of `bytes` from `peer` that it sent in chunks of
+ * the call's chunk_bytes (each with weft_step_send_for_copy), placed one
+ * after another from dst: as many as have come, at least one, *chunks says
+ * how many. A run of descriptors is then one read (shm: one
+ * process_vm_readv for a whole block, as Open MPI's single copy does). */
+static inline weft_status weft_link_recv_run(weft_coll *coll, int peer, size_t chunk_bytes,
+                                             size_t bytes, void *dst, size_t *chunks) {
+  if (coll->link.ops->recv_run)
+    return coll->link.ops->recv_run(coll->link.ctx, peer, coll->seq, chunk_bytes, bytes, dst,
+                                    coll->mem, chunks);
+  size_t first = bytes < chunk_bytes ? bytes : chunk_bytes;
+  weft_status st =
+      coll->link.ops->recv_into(coll->link.ctx, peer, coll->seq, first, dst, coll->mem);
+  *chunks = st == WEFT_OK ? 1 : 0;
+  return st;
+}
 /* Maps the buffer member `peer` described in `key` (weft_mem_alloc memory)
  * into this process. A failure is not a link failure (the connection stays
  * up, the sentence is in the link's sink): the caller falls back. */

@@ -3,7 +3,8 @@
  * rank's block, allgather its own block every time. Each directed link
  * carries exactly one round's data, every rank sends and receives one block
  * per round (no hot spot). Sends and receives walk the rounds on cursors of
- * their own, chunk by chunk, whichever can move: neither direction waits
+ * their own, whichever can move (a receive takes the run of a block's
+ * chunks that has come, link.h recv_run; the sends keep pace): neither direction waits
  * for the other, and a rank whose sends of round k are posted goes on to
  * round k+1's while round k's data is still coming in (every round is a
  * link of its own, so nothing on a link changes order; over sockets the
@@ -27,6 +28,7 @@ typedef struct a2a_state {
   size_t sent, recvd;      /* chunks of those rounds sent and received */
   bool own_block;          /* allgather: every round sends this rank's own block */
   size_t own_copied;       /* bytes of the own block copied into recvbuf */
+  size_t pace;             /* sends per turn: as many chunks as the last receive took */
 } a2a_state;
 _Static_assert(sizeof(a2a_state) <= WEFT_ALGO_STATE_BYTES, "a2a_state fits weft_coll.algo_state");
 
@@ -42,14 +44,17 @@ static weft_status a2a_send_one(weft_coll *coll, a2a_state *fs) {
   return st;
 }
 
-static weft_status a2a_recv_one(weft_coll *coll, a2a_state *fs) {
+/* The round's chunks that have come (one read for a run of descriptors). */
+static weft_status a2a_recv_some(weft_coll *coll, a2a_state *fs) {
   int from = weft_mod(coll->rank - fs->recv_round, coll->size);
-  size_t off, cnt;
-  weft_chunk_range(fs->recvd, fs->chunk_elems, coll->count, &off, &cnt);
+  size_t off = fs->recvd * fs->chunk_elems, taken = 0;
   char *dst = (char *)coll->recvbuf + ((size_t)from * coll->count + off) * coll->elem;
-  weft_status st = weft_link_recv_into(coll, from, cnt * coll->elem, dst);
-  if (st == WEFT_OK && ++fs->recvd == fs->nchunks) fs->recv_round++, fs->recvd = 0;
-  return st;
+  weft_status st = weft_link_recv_run(coll, from, fs->chunk_elems * coll->elem,
+                                      (coll->count - off) * coll->elem, dst, &taken);
+  if (st != WEFT_OK) return st;
+  fs->pace = taken;
+  if ((fs->recvd += taken) == fs->nchunks) fs->recv_round++, fs->recvd = 0;
+  return WEFT_OK;
 }
 
 static weft_status a2a_move(weft_coll *coll) {
@@ -58,14 +63,20 @@ static weft_status a2a_move(weft_coll *coll) {
   for (;;) {
     bool moved = false;
     weft_status st;
-    if (fs->send_round < n) {
+    /* The sends keep pace with the receives: where a receive reads a run
+     * of descriptors at once, as many chunks go out, so that the peers find
+     * runs too; else one send per receive, as before runs (over tcp and
+     * through the slots, posting further ahead measured no better). The
+     * first turn posts what it can of the block. */
+    for (size_t k = 0; k < fs->pace && fs->send_round < n; k++) {
       st = a2a_send_one(coll, fs);
       WEFT_CHECK(st);
       moved |= st == WEFT_OK;
+      if (st != WEFT_OK) break;
     }
     /* receives last: when both wait, the driver sleeps on the data to come */
     if (fs->recv_round < n) {
-      st = a2a_recv_one(coll, fs);
+      st = a2a_recv_some(coll, fs);
       WEFT_CHECK(st);
       moved |= st == WEFT_OK;
     }
@@ -90,6 +101,7 @@ static void pairwise_start(weft_coll *coll, bool own_block) {
                      .recv_round = 1,
                      .own_block = own_block};
   fs->nchunks = (coll->count + fs->chunk_elems - 1) / fs->chunk_elems;
+  fs->pace = fs->nchunks;
   if (fs->nchunks == 0) fs->send_round = fs->recv_round = coll->size; /* nothing to move */
   coll->algo = "pairwise";
   coll->advance = a2a_advance;

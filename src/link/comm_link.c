@@ -115,6 +115,24 @@ static weft_status cl_recv_into(void *ctx, int peer, uint32_t seq, size_t bytes,
   return link_result(cl, peer, st, "data from");
 }
 
+static weft_status cl_recv_run(void *ctx, int peer, uint32_t seq, size_t chunk_bytes, size_t bytes,
+                               void *dst, const weft_mem_ops *mem, size_t *chunks) {
+  weft_comm_link *cl = cl_of(ctx);
+  weft_tp_conn *c;
+  WEFT_CHECK(link_conn(cl, peer, &c));
+  const weft_transport *ops = peer_ops(cl->links, peer);
+  weft_status st;
+  *chunks = 0;
+  if (ops->recv_run) {
+    st = ops->recv_run(c, seq, chunk_bytes, bytes, dst, mem, chunks);
+  } else {
+    st = ops->recv_into(c, seq, bytes < chunk_bytes ? bytes : chunk_bytes, dst, mem);
+    if (st == WEFT_OK) *chunks = 1;
+  }
+  if (st == WEFT_OK) cl->links->events++;
+  return link_result(cl, peer, st, "data from");
+}
+
 static weft_status cl_map_peer_mem(void *ctx, int peer, const weft_mem_desc *desc, void **local) {
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
@@ -151,6 +169,7 @@ const weft_link_ops weft_comm_link_ops = {
     .recv_peek = cl_recv_peek,
     .recv_release = cl_recv_release,
     .recv_into = cl_recv_into,
+    .recv_run = cl_recv_run,
     .map_peer_mem = cl_map_peer_mem,
     .progressed = cl_progressed,
     .rank_of = cl_rank_of,

@@ -52,6 +52,20 @@ static weft_status group_recv_into(void *ctx, int member, uint32_t seq, size_t b
   return g->over.ops->recv_into(g->over.ctx, g->members[member], seq, bytes, dst, mem);
 }
 
+static weft_status group_recv_run(void *ctx, int member, uint32_t seq, size_t chunk_bytes,
+                                  size_t bytes, void *dst, const weft_mem_ops *mem,
+                                  size_t *chunks) {
+  const weft_link_group *g = group_of(ctx);
+  if (!g->over.ops->recv_run) { /* as weft_link_recv_run does without one */
+    size_t first = bytes < chunk_bytes ? bytes : chunk_bytes;
+    weft_status st = g->over.ops->recv_into(g->over.ctx, g->members[member], seq, first, dst, mem);
+    *chunks = st == WEFT_OK ? 1 : 0;
+    return st;
+  }
+  return g->over.ops->recv_run(g->over.ctx, g->members[member], seq, chunk_bytes, bytes, dst, mem,
+                               chunks);
+}
+
 static weft_status group_map_peer_mem(void *ctx, int member, const weft_mem_desc *desc,
                                       void **local) {
   const weft_link_group *g = group_of(ctx);
@@ -87,6 +101,7 @@ const weft_link_ops weft_link_group_ops = {
     .recv_peek = group_recv_peek,
     .recv_release = group_recv_release,
     .recv_into = group_recv_into,
+    .recv_run = group_recv_run,
     .map_peer_mem = group_map_peer_mem,
     .progressed = group_progressed,
     .rank_of = group_rank_of,

@@ -49,6 +49,12 @@ typedef struct weft_link_ops {
   /* The next chunk from `member` copied into dst (rules as recv_peek). */
   weft_status (*recv_into)(void *ctx, int member, uint32_t seq, size_t bytes, void *dst,
                            const weft_mem_ops *mem);
+  /* Optional (NULL: recv_into, a chunk at a time). The next chunks of a
+   * run of `bytes` that `member` sent in chunks of `chunk_bytes`, placed one
+   * after another from dst: as many as have arrived whole, at least one,
+   * and *chunks says how many (transport.h, recv_run). */
+  weft_status (*recv_run)(void *ctx, int member, uint32_t seq, size_t chunk_bytes, size_t bytes,
+                          void *dst, const weft_mem_ops *mem, size_t *chunks);
   /* Maps the buffer `member` described in `key` (weft_mem_alloc memory) into
    * this process. A failure is not a link failure (the connection stays up,
    * the sentence is in the sink): the caller falls back. */

@@ -190,6 +190,7 @@ struct shm_conn {
   bool rx_cma_decided;               /* our verdict on reading the peer is written */
   bool rx_read;                      /* the peeked descriptor's chunk was read (rx_peeked) */
   uint64_t cma_chunks, cma_bytes;    /* received by single copy (logged at the end; tests) */
+  uint64_t cma_reads; /* the process_vm_readv that read them (recv_run: one per run) */
   /* the verdict MIXED (shm_mix_by_address) */
   double tx_in_ns_kib;               /* our recent copies of large chunks into the slots,
                                         ns per KiB (a moving average; 0: none yet) */
@@ -266,6 +267,8 @@ weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const 
 weft_status shm_recv_release(weft_tp_conn *conn);
 weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem);
+weft_status shm_recv_run(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes,
+                         void *dst, const struct weft_mem_ops *mem, size_t *chunks);
 weft_status shm_register_mem(weft_tp_ctx *ctx, const weft_mem_region *region, weft_tp_mem *handle,
                              weft_mem_desc *desc);
 void shm_deregister_mem(weft_tp_ctx *ctx, weft_tp_mem *handle);

@@ -386,9 +386,9 @@ void shm_conn_destroy(shm_conn *c) {
   if (c->cma_chunks)
     WEFT_INFO(WEFT_SUBSYS_NET,
               "shm: rank %d took %llu chunks (%.1f MiB) from peer %d by single copy "
-              "(process_vm_readv)",
+              "(%llu process_vm_readv)",
               c->ctx->args->rank, (unsigned long long)c->cma_chunks,
-              (double)c->cma_bytes / (1 << 20), c->peer);
+              (double)c->cma_bytes / (1 << 20), c->peer, (unsigned long long)c->cma_reads);
   for (int i = 0; i < c->nmaps; i++) munmap(c->maps[i].base, c->maps[i].bytes);
   if (c->seg) munmap(c->seg, c->seg_bytes);
   shm_conn_unlink(c); /* the peer never mapped it, or this rank never did */
@@ -832,28 +832,38 @@ static weft_status shm_cma_lost(shm_conn *c, size_t bytes) {
                        c->peer, c->peer_pid, bytes);
 }
 
-/* Copies the chunk a descriptor cell points at from the peer's process
- * into dst (host memory). */
-static weft_status shm_cma_read(shm_conn *c, const shm_cell *cell, void *dst, size_t bytes) {
-  uint64_t addr;
-  memcpy(&addr, cell->data, sizeof addr);
-  size_t done = 0;
+/* Copies the chunks that `n` descriptors point at (remote[], in the peer's
+ * process) into dst, one after another (host memory): one process_vm_readv
+ * for all of them, more only where one came back short. */
+static weft_status shm_cma_readv(shm_conn *c, const struct iovec *remote, size_t n, void *dst,
+                                 size_t bytes) {
+  struct iovec rest[SHM_CELLS];
+  const struct iovec *from = remote;
+  size_t first = 0, skip = 0, done = 0; /* remote[first], `skip` bytes in, is where `done` is */
   while (done < bytes) {
     struct iovec local = {(char *)dst + done, bytes - done};
-    struct iovec remote = {(void *)(uintptr_t)(addr + done), bytes - done};
-    ssize_t n = process_vm_readv((pid_t)c->peer_pid, &local, 1, &remote, 1, 0);
-    if (n > 0) {
-      done += (size_t)n; /* partial only where a page failed: the next call says why */
+    if (done) { /* short: go on from where it stopped */
+      memcpy(rest, remote + first, (n - first) * sizeof *rest);
+      rest[0].iov_base = (char *)rest[0].iov_base + skip;
+      rest[0].iov_len -= skip;
+      from = rest;
+    }
+    ssize_t got = process_vm_readv((pid_t)c->peer_pid, &local, 1, from, n - first, 0);
+    c->cma_reads++;
+    if (got > 0) { /* short only where a page failed: the next call says why */
+      done += (size_t)got;
+      skip += (size_t)got;
+      while (first < n && skip >= remote[first].iov_len) skip -= remote[first++].iov_len;
       continue;
     }
-    int e = n < 0 ? errno : EFAULT;
+    int e = got < 0 ? errno : EFAULT;
     if (e == EINTR) continue;
     if (e == ESRCH || !shm_peer_alive_now(c)) return shm_cma_lost(c, bytes);
     return shm_conn_fail(c, e == EFAULT ? WEFT_ERR_PROTOCOL : WEFT_ERR_SYSTEM,
                          "rank %d could not copy %zu bytes from peer %d (pid %u) at %#llx: "
                          "process_vm_readv: %s",
                          c->ctx->args->rank, bytes, c->peer, c->peer_pid,
-                         (unsigned long long)addr + done, strerror(e));
+                         (unsigned long long)(uintptr_t)remote[first].iov_base + skip, strerror(e));
   }
   /* The pid named the peer all along only if the peer is alive now: a pid
    * reused after its end would be another process's memory. */
@@ -861,9 +871,22 @@ static weft_status shm_cma_read(shm_conn *c, const shm_cell *cell, void *dst, si
   /* A sender that failed may have handed its buffer back to its caller
    * before we read it: what we read may not be what it posted. */
   if (atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) return shm_peer_gone(c);
-  c->cma_chunks++;
+  c->cma_chunks += n;
   c->cma_bytes += bytes;
   return WEFT_OK;
+}
+
+static struct iovec shm_cma_where(const shm_cell *cell, size_t bytes) {
+  uint64_t addr;
+  memcpy(&addr, cell->data, sizeof addr);
+  return (struct iovec){(void *)(uintptr_t)addr, bytes};
+}
+
+/* Copies the chunk a descriptor cell points at from the peer's process
+ * into dst (host memory). */
+static weft_status shm_cma_read(shm_conn *c, const shm_cell *cell, void *dst, size_t bytes) {
+  struct iovec remote = shm_cma_where(cell, bytes);
+  return shm_cma_readv(c, &remote, 1, dst, bytes);
 }
 
 /* ---- sending ------------------------------------------------------------------- */
@@ -1048,6 +1071,50 @@ weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *
     mem->copy(dst, slot, bytes);
   }
   return shm_release(c);
+}
+
+/* A run read at once: the oldest chunk (peeked, a descriptor) and those
+ * behind it that have arrived as descriptors of the run, tagged and as long
+ * as the run says. Anything else ends the run there, and the next call
+ * takes it (and reports a wrong tag or length) as recv_into would. The
+ * cells are given back together: the sender's chunks are complete only
+ * once all of them are read, which is when it would have learnt it anyway
+ * for the last. */
+weft_status shm_recv_run(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes,
+                         void *dst, const struct weft_mem_ops *mem, size_t *chunks) {
+  shm_conn *c = shm_conn_of(conn);
+  size_t first = bytes < chunk_bytes ? bytes : chunk_bytes;
+  shm_cell *cell = NULL;
+  *chunks = 0;
+  WEFT_STATUS_PASS(shm_arrived(c, seq, first, &cell));
+  bool host = mem->kind == WEFT_MEMORY_HOST || mem->kind == WEFT_MEMORY_SHARED;
+  if (cell->how != SHM_CELL_CMA || c->rx_read || !host || first == bytes) {
+    WEFT_STATUS_PASS(shm_recv_into(conn, seq, first, dst, mem));
+    *chunks = 1;
+    return WEFT_OK;
+  }
+  struct iovec remote[SHM_CELLS];
+  size_t n = 0, at = 0;
+  remote[n++] = shm_cma_where(cell, first);
+  at += first;
+  while (at < bytes && n < SHM_CELLS) {
+    size_t len = bytes - at < chunk_bytes ? bytes - at : chunk_bytes;
+    const shm_cell *next = &c->rx->cell[(c->rx_tail + n) % SHM_CELLS];
+    if (atomic_load_explicit(&next->ready, memory_order_acquire) != c->rx_tail + (uint32_t)n + 1 ||
+        next->how != SHM_CELL_CMA || next->seq != seq || next->len != len ||
+        len <= SHM_INLINE_BYTES)
+      break;
+    remote[n++] = shm_cma_where(next, len);
+    at += len;
+  }
+  WEFT_STATUS_PASS(shm_cma_readv(c, remote, n, dst, at));
+  c->peeked = false;
+  if (first > SHM_INLINE_BYTES) shm_note_large_rx(c, seq);
+  c->rx_tail += (uint32_t)n;
+  atomic_store(&c->rx->tail, c->rx_tail);
+  if (atomic_load(&c->rx->send_sleeping)) shm_futex_wake(&c->rx->tail);
+  *chunks = n;
+  return WEFT_OK;
 }
 
 /* ---- the peer's shared buffers ---------------------------------------------- */

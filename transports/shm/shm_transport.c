@@ -312,6 +312,7 @@ const weft_transport weft_transport_shm = {
     .recv_peek = shm_recv_peek,
     .recv_release = shm_recv_release,
     .recv_into = shm_recv_into,
+    .recv_run = shm_recv_run,
     .register_mem = shm_register_mem,
     .deregister_mem = shm_deregister_mem,
     .map_peer_mem = shm_map_peer_mem,
