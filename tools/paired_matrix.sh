@@ -29,14 +29,14 @@ mkdir -p "$out"
 # A job again where it could not start (its rendezvous port, picked from the
 # pid, may be taken by another connection's ephemeral port); 3 tries.
 job() {
-  np=$1 tp=$2 k=$3
+  job_np=$1 job_tp=$2 job_k=$3
   shift 3
   for try in 1 2 3; do
-    if sh tools/paired_mpi.sh -n "$np" -t "$tp" -r 6 -k "$k" "$@" > "$out/job.txt" 2> "$out/job.err"; then
+    if sh tools/paired_mpi.sh -n "$job_np" -t "$job_tp" -r 6 -k "$job_k" "$@" > "$out/job.txt" 2> "$out/job.err"; then
       cat "$out/job.txt"
       return 0
     fi
-    echo "paired_matrix.sh: $np ranks $tp $1 failed (try $try): $(grep -m1 -i 'fail\|error' "$out/job.err")" >&2
+    echo "paired_matrix.sh: $job_np ranks $job_tp $1 failed (try $try): $(grep -m1 -i 'fail\|error' "$out/job.err")" >&2
   done
   return 1
 }
@@ -50,8 +50,11 @@ while [ "$run" -le "$runs" ]; do
       for coll in $colls; do
         f="$out/run$run/$tp-$np-$coll.txt"
         # small sizes: more calls (each is microseconds); large: fewer
-        job "$np" "$tp" 20 "$coll" $small > "$f"
-        job "$np" "$tp" 4 "$coll" $large >> "$f"
+        # shellcheck disable=SC2086 # the sizes are words
+        {
+          job "$np" "$tp" 20 "$coll" $small
+          job "$np" "$tp" 4 "$coll" $large
+        } > "$f"
       done
     done
   done
