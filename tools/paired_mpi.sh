@@ -40,8 +40,13 @@ bind=""
 [ "$np" -gt "$(nproc)" ] && bind="--oversubscribe --bind-to none"
 extra=""
 for v in ${WEFT_PAIRED_ENV:-}; do extra="$extra -x $v"; done
+# weft's rendezvous port: one the kernel has just handed out and taken back
+# (a port picked from the pid was, once in about 40 jobs, another
+# connection's ephemeral port: "Address already in use")
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null) ||
+  port=$((20000 + $$ % 20000))
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # shellcheck disable=SC2086
 exec mpirun -np "$np" $mca $bind $extra -x WEFT_TRANSPORT="$tp" -x WEFT_PAIRED_MPI_BARRIER="${WEFT_PAIRED_MPI_BARRIER:-0}" -x WEFT_PAIRED_PER_RANK="${WEFT_PAIRED_PER_RANK:-0}" -x MASTER_ADDR=127.0.0.1 \
-  -x MASTER_PORT=$((20000 + $$ % 20000)) -x MALLOC_MMAP_THRESHOLD_=4294967296 \
+  -x MASTER_PORT="$port" -x MALLOC_MMAP_THRESHOLD_=4294967296 \
   -x MALLOC_TRIM_THRESHOLD_=4294967296 "$bin" "$coll" "$rounds" "$block" "$@"
