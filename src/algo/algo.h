@@ -169,14 +169,8 @@ static inline weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t 
  * process_vm_readv for a whole block, as Open MPI's single copy does). */
 static inline weft_status weft_link_recv_run(weft_coll *coll, int peer, size_t chunk_bytes,
                                              size_t bytes, void *dst, size_t *chunks) {
-  if (coll->link.ops->recv_run)
-    return coll->link.ops->recv_run(coll->link.ctx, peer, coll->seq, chunk_bytes, bytes, dst,
-                                    coll->mem, chunks);
-  size_t first = bytes < chunk_bytes ? bytes : chunk_bytes;
-  weft_status st =
-      coll->link.ops->recv_into(coll->link.ctx, peer, coll->seq, first, dst, coll->mem);
-  *chunks = st == WEFT_OK ? 1 : 0;
-  return st;
+  return weft_link_take_run(coll->link, peer, coll->seq, chunk_bytes, bytes, dst, coll->mem,
+                            chunks);
 }
 /* Maps the buffer member `peer` described in `key` (weft_mem_alloc memory)
  * into this process. A failure is not a link failure (the connection stays

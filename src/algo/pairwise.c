@@ -4,14 +4,14 @@
  * carries exactly one round's data, every rank sends and receives one block
  * per round (no hot spot). Sends and receives walk the rounds on cursors of
  * their own, whichever can move (a receive takes the run of a block's
- * chunks that has come, link.h recv_run; the sends keep pace): neither direction waits
- * for the other, and a rank whose sends of round k are posted goes on to
- * round k+1's while round k's data is still coming in (every round is a
- * link of its own, so nothing on a link changes order; over sockets the
- * old barrier between rounds idled every link once per round). It cannot
- * deadlock: round 1's sends come first on every rank and its receives
- * first on every receiver, so round 1 always completes, and then round 2,
- * and so on. The own block is a local copy, made while the call waits for
+ * chunks that has come, link.h recv_run; the sends keep pace): neither
+ * direction waits for the other, and a rank whose sends of round k are
+ * posted goes on to round k+1's while round k's data is still coming in
+ * (every round is a link of its own, so nothing on a link changes order;
+ * over sockets the old barrier between rounds idled every link once per
+ * round). It cannot deadlock: round 1's sends come first on every rank
+ * and its receives first on every receiver, so round 1 always completes,
+ * and then round 2, and so on. The own block is a local copy, made while the call waits for
  * room or data (weft_step_with_local_copy), not before its first send.
  *
  * For allgather this is the alternative to the ring where links are stores

@@ -118,17 +118,17 @@ static weft_status cl_recv_into(void *ctx, int peer, uint32_t seq, size_t bytes,
 static weft_status cl_recv_run(void *ctx, int peer, uint32_t seq, size_t chunk_bytes, size_t bytes,
                                void *dst, const weft_mem_ops *mem, size_t *chunks) {
   weft_comm_link *cl = cl_of(ctx);
+  const weft_transport *ops = peer_ops(cl->links, peer);
+  *chunks = 0;
+  if (!ops->recv_run) { /* a chunk at a time */
+    weft_status st =
+        cl_recv_into(ctx, peer, seq, bytes < chunk_bytes ? bytes : chunk_bytes, dst, mem);
+    if (st == WEFT_OK) *chunks = 1;
+    return st;
+  }
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  const weft_transport *ops = peer_ops(cl->links, peer);
-  weft_status st;
-  *chunks = 0;
-  if (ops->recv_run) {
-    st = ops->recv_run(c, seq, chunk_bytes, bytes, dst, mem, chunks);
-  } else {
-    st = ops->recv_into(c, seq, bytes < chunk_bytes ? bytes : chunk_bytes, dst, mem);
-    if (st == WEFT_OK) *chunks = 1;
-  }
+  weft_status st = ops->recv_run(c, seq, chunk_bytes, bytes, dst, mem, chunks);
   if (st == WEFT_OK) cl->links->events++;
   return link_result(cl, peer, st, "data from");
 }

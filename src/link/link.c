@@ -56,14 +56,7 @@ static weft_status group_recv_run(void *ctx, int member, uint32_t seq, size_t ch
                                   size_t bytes, void *dst, const weft_mem_ops *mem,
                                   size_t *chunks) {
   const weft_link_group *g = group_of(ctx);
-  if (!g->over.ops->recv_run) { /* as weft_link_recv_run does without one */
-    size_t first = bytes < chunk_bytes ? bytes : chunk_bytes;
-    weft_status st = g->over.ops->recv_into(g->over.ctx, g->members[member], seq, first, dst, mem);
-    *chunks = st == WEFT_OK ? 1 : 0;
-    return st;
-  }
-  return g->over.ops->recv_run(g->over.ctx, g->members[member], seq, chunk_bytes, bytes, dst, mem,
-                               chunks);
+  return weft_link_take_run(g->over, g->members[member], seq, chunk_bytes, bytes, dst, mem, chunks);
 }
 
 static weft_status group_map_peer_mem(void *ctx, int member, const weft_mem_desc *desc,

@@ -87,6 +87,19 @@ typedef struct weft_link_group {
 
 extern const weft_link_ops weft_link_group_ops;
 
+/* recv_run on any link: the link's own, or (NULL) the run's first chunk
+ * with recv_into. */
+static inline weft_status weft_link_take_run(weft_link l, int member, uint32_t seq,
+                                             size_t chunk_bytes, size_t bytes, void *dst,
+                                             const weft_mem_ops *mem, size_t *chunks) {
+  if (l.ops->recv_run)
+    return l.ops->recv_run(l.ctx, member, seq, chunk_bytes, bytes, dst, mem, chunks);
+  weft_status st =
+      l.ops->recv_into(l.ctx, member, seq, bytes < chunk_bytes ? bytes : chunk_bytes, dst, mem);
+  *chunks = st == WEFT_OK ? 1 : 0;
+  return st;
+}
+
 static inline weft_link weft_link_group_init(weft_link_group *g, weft_link over,
                                              const int *members) {
   g->over = over;

@@ -1039,7 +1039,9 @@ weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const 
   return shm_peek(shm_conn_of(conn), seq, bytes, data);
 }
 
-static weft_status shm_release(shm_conn *c) {
+/* Gives back the peeked chunk's cell and the `n` - 1 behind it that a run
+ * read with it (shm_recv_run: descriptors, which hold no slot). */
+static weft_status shm_release_cells(shm_conn *c, uint32_t n) {
   if (!c->peeked) return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
   const shm_cell *cell = &c->rx->cell[c->rx_tail % SHM_CELLS];
@@ -1047,10 +1049,14 @@ static weft_status shm_release(shm_conn *c) {
     shm_note_large_rx(c, cell->seq); /* a rank whose core copies what comes in (shm_recent) */
     if (cell->how == SHM_CELL_DATA) c->rx_slots_released++;
   }
-  c->rx_tail++;
+  c->rx_tail += n;
   atomic_store(&c->rx->tail, c->rx_tail);
   if (atomic_load(&c->rx->send_sleeping)) shm_futex_wake(&c->rx->tail);
   return WEFT_OK;
+}
+
+static weft_status shm_release(shm_conn *c) {
+  return shm_release_cells(c, 1);
 }
 
 weft_status shm_recv_release(weft_tp_conn *conn) {
@@ -1108,11 +1114,7 @@ weft_status shm_recv_run(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, s
     at += len;
   }
   WEFT_STATUS_PASS(shm_cma_readv(c, remote, n, dst, at));
-  c->peeked = false;
-  if (first > SHM_INLINE_BYTES) shm_note_large_rx(c, seq);
-  c->rx_tail += (uint32_t)n;
-  atomic_store(&c->rx->tail, c->rx_tail);
-  if (atomic_load(&c->rx->send_sleeping)) shm_futex_wake(&c->rx->tail);
+  WEFT_STATUS_PASS(shm_release_cells(c, (uint32_t)n));
   *chunks = n;
   return WEFT_OK;
 }
