@@ -2,7 +2,9 @@
 # test_multihost.sh RANK_PROGRAM - two "hosts" on one machine: network
 # namespaces joined by a veth pair, two ranks in each, host ids differing.
 # Ranks of one host must use shared memory, across hosts TCP; allreduce and
-# broadcast must be right. The namespaces and addresses are this test's own
+# broadcast must be right; and the TCP connections between the hosts keep
+# the system's congestion control (WEFT_TCP_CONGESTION=auto changes only
+# those to this host's own addresses), at both ends. The namespaces and addresses are this test's own
 # and are removed at the end. Exits 77 (skipped) where namespaces cannot be
 # made (not root, no ip, no netns support), saying why.
 set -u
@@ -34,14 +36,24 @@ pids=""
 for r in 0 1 2 3; do
   if [ "$r" -lt 2 ]; then ns=$a host=hostA; else ns=$b host=hostB; fi
   ip netns exec "$ns" env WEFT_RANK=$r WEFT_SIZE=4 WEFT_RENDEZVOUS="$addr_a:$port" \
-    WEFT_HOST_ID=$host WEFT_TIMEOUT=30 timeout -k 5 60 "$prog" 2 >"$tmp/out.$r" 2>"$tmp/err.$r" &
+    WEFT_HOST_ID=$host WEFT_TIMEOUT=30 WEFT_DEBUG=INFO WEFT_DEBUG_SUBSYS=NET timeout -k 5 60 "$prog" 2 >"$tmp/out.$r" 2>"$tmp/err.$r" &
   pids="$pids $!"
 done
 rc=0
 for p in $pids; do wait "$p" || rc=1; done
 for r in 0 1 2 3; do
   sed "s/^/[$r] /" "$tmp/out.$r"
-  sed "s/^/[$r] err: /" "$tmp/err.$r"
+  grep -v " INFO " "$tmp/err.$r" | sed "s/^/[$r] err: /"
 done
+# each rank connects by tcp to the other host's two ranks
+cc=$(ip netns exec "$a" cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null)
+lines=$(cat "$tmp"/err.* | grep -c "connected to peer")
+other=$(cat "$tmp"/err.* | grep "connected to peer" | grep -vc "congestion control $cc (")
+echo "tcp connections up: $lines, with the system's congestion control ($cc): $((lines - other))"
+if [ "$lines" -lt 8 ] || [ "$other" != 0 ]; then
+  cat "$tmp"/err.* | grep "connected to peer"
+  echo "expected 8 connections with congestion control $cc"
+  rc=1
+fi
 [ "$rc" = 0 ] && echo "ok - 4 ranks on 2 hosts: shm within a host, tcp across, results correct"
 exit $rc

@@ -4,7 +4,8 @@
  * and 0..3 threads, against a serial reference in double, also between ranks
  * that ask for different numbers (each pair takes the smaller); and a stream cut
  * in the middle of a call (shutdown of its socket) fails every rank, naming
- * a peer, within the timeout: never a hang, never a wrong result. */
+ * a peer, within the timeout: never a hang, never a wrong result. And the
+ * congestion control each data socket gets (WEFT_TCP_CONGESTION). */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -284,12 +285,140 @@ static void test_stream_cut_helper_driven(void **state) {
   cut_case(3, 2);
 }
 
+/* ---- congestion control (WEFT_TCP_CONGESTION) -------------------------- */
+
+/* What a fresh socket gets (the system's default), and whether `name` may be set. */
+static void cc_default(char name[NET_CC_NAME]) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  net_get_congestion(fd, name);
+  close(fd);
+}
+static bool cc_allowed(const char *name) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  bool ok = net_set_congestion(fd, name) == 0;
+  close(fd);
+  return ok;
+}
+
+/* Every stream of every collectives connection has `want` at both ends (the
+ * dialing end sets it before connecting, the accepting one inherits it from
+ * its listener), and an allreduce is right over them. */
+static int congestion_rank(int rank, int size, const weft_unique_id *id, void *arg) {
+  const char *want = arg;
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  enum { N = 300007 };
+  float *v = malloc(N * sizeof *v), *in = malloc(N * sizeof *in);
+  double *ref = calloc(N, sizeof *ref);
+  for (int r = 0; r < size; r++) {
+    fill(in, N, r, 40);
+    for (size_t i = 0; i < N; i++) ref[i] += in[i];
+  }
+  fill(v, N, rank, 40);
+  int rc = 0;
+  if (weft_allreduce(comm, v, v, N, WEFT_F32, WEFT_SUM)) {
+    fprintf(stderr, "rank %d: allreduce: %s\n", rank, weft_last_error(comm));
+    rc = 1;
+  }
+  for (size_t i = 0; !rc && i < N; i++)
+    if ((double)v[i] != ref[i]) rc = bad(rank, "allreduce", i, v[i], ref[i]);
+  int seen = 0;
+  weft_links *l = &comm->core.links;
+  for (int t = 0; !rc && t < l->ntps; t++) {
+    if (l->tps[t].ops != &weft_transport_tcp) continue;
+    tcp_ctx *ctx = tcp_ctx_of(l->tps[t].ctx);
+    for (int p = 0; p < size; p++) {
+      tcp_conn *c = p == rank ? NULL : ctx->conns[tcp_conn_index(p, WEFT_TP_CHANNEL_COLL)];
+      for (int i = 0; c && i < c->nstreams; i++) {
+        char got[NET_CC_NAME];
+        net_get_congestion(c->streams[i].fd, got);
+        seen++;
+        if (strcmp(got, want)) {
+          fprintf(stderr, "rank %d: stream %d to peer %d has %s, expected %s\n", rank, i, p, got,
+                  want);
+          rc = 1;
+        }
+      }
+    }
+    /* the route test itself: loopback and the listener's own address are
+     * this host's, an address of TEST-NET-3 (RFC 5737) is not */
+    struct sockaddr_storage a;
+    socklen_t alen;
+    weft_error_sink err;
+    if (net_resolve("127.0.0.1", 1, 4, &a, &alen, &err) || !net_addr_is_local(&a, alen) ||
+        !net_addr_is_local(&ctx->addr, ctx->addr_len) ||
+        net_resolve("203.0.113.9", 1, 4, &a, &alen, &err) || net_addr_is_local(&a, alen)) {
+      fprintf(stderr, "rank %d: net_addr_is_local is wrong\n", rank);
+      rc = 1;
+    }
+  }
+  if (!rc && seen < 2 * (size - 1)) {
+    fprintf(stderr, "rank %d: %d streams seen, expected %d\n", rank, seen, 2 * (size - 1));
+    rc = 1;
+  }
+  free(v);
+  free(in);
+  free(ref);
+  weft_comm_destroy(comm);
+  return rc;
+}
+
+static int congestion_refused_rank(int rank, int size, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = NULL;
+  weft_status st = weft_comm_init_rank(&comm, id, rank, size);
+  const char *msg = weft_last_error(NULL);
+  if (st != WEFT_ERR_INVALID || !strstr(msg, "WEFT_TCP_CONGESTION=no-such-control") ||
+      !strstr(msg, "refuses")) {
+    fprintf(stderr, "rank %d: init said %s: %s\n", rank, weft_status_name(st), msg);
+    if (comm) weft_comm_destroy(comm);
+    return 1;
+  }
+  return 0;
+}
+
+/* auto: connections over loopback use cubic (reno where cubic is not
+ * allowed) where the system's default paces, else keep it; system: the
+ * default; a name: that one; a name the kernel refuses: init fails with
+ * WEFT_ERR_INVALID and a sentence naming the setting, on every rank. */
+static void test_congestion_control(void **state) {
+  (void)state;
+  harness_init();
+  char dflt[NET_CC_NAME], calm[NET_CC_NAME];
+  cc_default(dflt);
+  if (!dflt[0]) skip(); /* a kernel that does not say */
+  bool paces = strcmp(dflt, "cubic") && strcmp(dflt, "reno");
+  snprintf(calm, sizeof calm, "%s", !paces ? dflt : cc_allowed("cubic") ? "cubic" : "reno");
+  /* a named one that differs from the default where one can: reno is in every kernel,
+   * but only the default and what net.ipv4.tcp_allowed_congestion_control lists may be set */
+  const char *named = cc_allowed("reno") && strcmp(dflt, "reno") ? "reno" : dflt;
+  fprintf(stderr, "  system default %s: auto expects %s, WEFT_TCP_CONGESTION=%s\n", dflt, calm,
+          named);
+  struct {
+    const char *setting, *want;
+  } cases[] = {
+      {"WEFT_TCP_CONGESTION=auto", calm}, {"WEFT_TCP_CONGESTION=system", dflt}, {NULL, named}};
+  char named_env[64];
+  snprintf(named_env, sizeof named_env, "WEFT_TCP_CONGESTION=%s", named);
+  cases[2].setting = named_env;
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const char *env[] = {"WEFT_TRANSPORT=tcp", "WEFT_TCP_STREAMS=2", cases[k].setting,
+                         "WEFT_TIMEOUT=60", NULL};
+    fprintf(stderr, "  %s\n", cases[k].setting);
+    assert_int_equal(harness_run(3, env, 120, congestion_rank, (void *)cases[k].want), 0);
+  }
+  const char *env[] = {"WEFT_TRANSPORT=tcp", "WEFT_TCP_CONGESTION=no-such-control",
+                       "WEFT_TIMEOUT=20", NULL};
+  assert_int_equal(harness_run(2, env, 60, congestion_refused_rank, NULL), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_streams_threads_collectives),
       cmocka_unit_test(test_uneven_stream_counts),
       cmocka_unit_test(test_stream_cut_caller_driven),
       cmocka_unit_test(test_stream_cut_helper_driven),
+      cmocka_unit_test(test_congestion_control),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

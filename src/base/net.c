@@ -238,6 +238,26 @@ weft_status net_pick_local_addr(const char *rules, int family, const struct sock
 
 void net_set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
+bool net_addr_is_local(const struct sockaddr_storage *addr, socklen_t len) {
+  int s = socket(addr->ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return false;
+  struct sockaddr_storage a = *addr;
+  net_addr_set_port(&a, 0);
+  bool local = bind(s, (const struct sockaddr *)&a, len) == 0;
+  close(s);
+  return local;
+}
+
+void net_get_congestion(int fd, char name[NET_CC_NAME]) {
+  socklen_t len = NET_CC_NAME;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len)) len = 0;
+  name[len < NET_CC_NAME ? len : NET_CC_NAME - 1] = 0;
+}
+
+int net_set_congestion(int fd, const char *name) {
+  return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) ? errno : 0;
+}
+
 void net_set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);

@@ -62,4 +62,15 @@ weft_status net_recv_all(int fd, void *buf, size_t len, double deadline, weft_er
 void net_set_nodelay(int fd);
 void net_set_nonblock(int fd);
 
+/* Whether `addr` is an address of this host in this network namespace, so
+ * a connection to it runs through loopback: the kernel is asked by binding
+ * a datagram socket to it. (With net.ipv4.ip_nonlocal_bind set every
+ * address binds, and every peer counts as local.) */
+bool net_addr_is_local(const struct sockaddr_storage *addr, socklen_t len);
+/* A TCP socket's congestion control (TCP_CONGESTION): the name into `name`
+ * (NET_CC_NAME bytes; "" where the kernel does not say), or set: 0 or an errno. */
+#define NET_CC_NAME 16
+void net_get_congestion(int fd, char name[NET_CC_NAME]);
+int net_set_congestion(int fd, const char *name);
+
 #endif

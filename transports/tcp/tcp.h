@@ -268,6 +268,10 @@ struct tcp_ctx {
   tcp_conn **conns;         /* by tcp_conn_index(peer, channel); NULL until first needed */
   tcp_peer *peers;          /* by rank */
   uint64_t host_hash;       /* this rank's host identity, hashed (TCP_ADDR_BYTES) */
+  char cc_loopback[NET_CC_NAME]; /* congestion control of connections to this host's own
+                                    addresses, "" to keep the default (tcp_congestion_for) */
+  char cc_other[NET_CC_NAME];    /* of the others, "" likewise */
+  char cc_default[NET_CC_NAME];  /* the system's, which new sockets get */
   unsigned wait_gen;        /* counts waits, for tcp_peer.polled */
   int *pfd_peer;            /* for each pfds entry: the peer whose pidfd it is, else -1 */
   bool accept_pending;      /* the listener was readable in the last wait */
@@ -315,6 +319,14 @@ static inline tcp_ctx *tcp_ctx_of(weft_tp_ctx *c) {
 }
 
 /* tcp_conn.c */
+/* Reads WEFT_TCP_CONGESTION once the listeners exist: which congestion
+ * control each route gets, the listeners set to what an accepted
+ * connection should start with. WEFT_ERR_INVALID, said in args->errors,
+ * where a named one is refused. */
+weft_status tcp_congestion_init(tcp_ctx *ctx);
+/* The congestion control a connection to `to` gets ("" keeps the default). */
+const char *tcp_congestion_for(const tcp_ctx *ctx, const struct sockaddr_storage *to,
+                               socklen_t len);
 weft_status tcp_conn_create(tcp_ctx *ctx, int peer, int channel, tcp_conn **out);
 /* Dials every stream of `c`, stream s from this rank's rail s mod rails to
  * the peer's listener on that rail. */

@@ -14,16 +14,25 @@
 
 /* Below 4 KiB a socket buffer makes a collective crawl (issue 14: 1 byte gave
  * 15 KB/s) while bytes still trickle, so the timeout never fires. */
-#define WEFT_TCP_SETTINGS(X)                                                                     \
-  X(SOCKET_IFNAME, socket_ifname, STRING, "", 0, 0, WEFT_NO_WORDS,                               \
-    "interfaces for data sockets: eth0 (prefix), =eth0 (exact), ^docker (exclude); a list (eth0,eth1) of interfaces that reach the peers stripes the streams over them, rail i to rail i") \
-  X(SOCKET_FAMILY, socket_family, ENUM, "any", 0, 0, WEFT_FAMILY_WORDS,                          \
-    "address family for data sockets and the rendezvous: 4, 6, or any")                          \
-  X(TCP_BUF_BYTES, buf_bytes, BYTES_OR_0, "0", 4096, 1 << 30, WEFT_NO_WORDS,                     \
-    "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning")                      \
-  X(TCP_STREAMS, streams, INT_OR_AUTO, "auto", 1, 16, WEFT_NO_WORDS,                             \
-    "sockets per peer for collectives, each chunk cut over them in order (the pair takes the smaller number of both ranks); auto: one per rail, 2 from 4 CPUs, 4 from 8") \
-  X(TCP_THREADS, threads, INT_OR_AUTO, "auto", 0, 16, WEFT_NO_WORDS,                             \
-    "helper threads that drive the streams past the first (the caller drives stream 0); auto: one per two CPUs a rank has, from 4 CPUs per rank, at most streams - 1")
+#define WEFT_TCP_SETTINGS(X)                                                                    \
+  X(SOCKET_IFNAME, socket_ifname, STRING, "", 0, 0, WEFT_NO_WORDS,                              \
+    "interfaces for data sockets: eth0 (prefix), =eth0 (exact), ^docker (exclude); a list "     \
+    "(eth0,eth1) of interfaces that reach the peers stripes the streams over them, rail i to "  \
+    "rail i")                                                                                   \
+  X(SOCKET_FAMILY, socket_family, ENUM, "any", 0, 0, WEFT_FAMILY_WORDS,                         \
+    "address family for data sockets and the rendezvous: 4, 6, or any")                         \
+  X(TCP_BUF_BYTES, buf_bytes, BYTES_OR_0, "0", 4096, 1 << 30, WEFT_NO_WORDS,                    \
+    "SO_SNDBUF/SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning")                     \
+  X(TCP_CONGESTION, congestion, STRING, "auto", 0, 0, WEFT_NO_WORDS,                            \
+    "congestion control of data sockets: auto (connections to this host's own addresses use "   \
+    "cubic, or reno, where the system's default paces bursts as bbr does; others keep the "     \
+    "default), system (the default everywhere), or a name the kernel allows "                   \
+    "(net.ipv4.tcp_allowed_congestion_control) for every data connection")                      \
+  X(TCP_STREAMS, streams, INT_OR_AUTO, "auto", 1, 16, WEFT_NO_WORDS,                            \
+    "sockets per peer for collectives, each chunk cut over them in order (the pair takes the "  \
+    "smaller number of both ranks); auto: one per rail, 2 from 4 CPUs, 4 from 8")               \
+  X(TCP_THREADS, threads, INT_OR_AUTO, "auto", 0, 16, WEFT_NO_WORDS,                            \
+    "helper threads that drive the streams past the first (the caller drives stream 0); auto: " \
+    "one per two CPUs a rank has, from 4 CPUs per rank, at most streams - 1")
 
 #endif

@@ -297,6 +297,7 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **
   for (int r = 1; !st && r < ctx->nrails; r++)
     st = net_listen(&ctx->rail_addr[r], ctx->rail_len[r], 1024, &ctx->rail_fd[r],
                     &ctx->rail_addr[r], &ctx->rail_len[r], args->errors);
+  if (!st) st = tcp_congestion_init(ctx);
   if (st) {
     tcp_fini((weft_tp_ctx *)ctx);
     return st;
