@@ -324,6 +324,8 @@ static inline tcp_ctx *tcp_ctx_of(weft_tp_ctx *c) {
  * connection should start with. WEFT_ERR_INVALID, said in args->errors,
  * where a named one is refused. */
 weft_status tcp_congestion_init(tcp_ctx *ctx);
+/* For weft-info: the system's congestion control and what the setting makes of it. */
+void tcp_congestion_describe(char *out, size_t len);
 /* The congestion control a connection to `to` gets ("" keeps the default). */
 const char *tcp_congestion_for(const tcp_ctx *ctx, const struct sockaddr_storage *to,
                                socklen_t len);

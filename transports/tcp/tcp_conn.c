@@ -283,6 +283,25 @@ weft_status tcp_congestion_init(tcp_ctx *ctx) {
   return WEFT_OK;
 }
 
+void tcp_congestion_describe(char *out, size_t len) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  char dflt[NET_CC_NAME] = "";
+  if (fd >= 0) net_get_congestion(fd, dflt);
+  const char *want = weft_settings()->tcp.congestion, *local = NULL;
+  if (!dflt[0])
+    snprintf(out, len, "congestion control unknown");
+  else if (!strcmp(want, "system") || ((!strcmp(want, "auto") || !*want) && tcp_cc_unpaced(dflt)))
+    snprintf(out, len, "congestion control %s", dflt);
+  else if (strcmp(want, "auto") && *want)
+    snprintf(out, len, "congestion control %s (WEFT_TCP_CONGESTION; the system's %s)", want, dflt);
+  else if (!net_set_congestion(fd, local = "cubic") || !net_set_congestion(fd, local = "reno"))
+    snprintf(out, len, "congestion control %s, %s within this host (it paces: WEFT_TCP_CONGESTION)",
+             dflt, local);
+  else
+    snprintf(out, len, "congestion control %s", dflt);
+  if (fd >= 0) close(fd);
+}
+
 const char *tcp_congestion_for(const tcp_ctx *ctx, const struct sockaddr_storage *to,
                                socklen_t len) {
   if (!strcmp(ctx->cc_loopback, ctx->cc_other)) return ctx->cc_loopback; /* no route asked */

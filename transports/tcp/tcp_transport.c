@@ -84,6 +84,11 @@ static weft_status tcp_probe(char *why, size_t why_len) {
     snprintf(why, why_len, "no network interface is up with an address");
     return WEFT_ERR_UNSUPPORTED;
   }
+  if (used < why_len) {
+    char cc[160];
+    tcp_congestion_describe(cc, sizeof cc);
+    snprintf(why + used, why_len - used, "; %s", cc);
+  }
   return WEFT_OK;
 }
 
