@@ -11,7 +11,8 @@
  * block), so they live in one chunk of scratch; a step waits for the previous
  * send from it to complete before overwriting it (at once on shm, a copy into
  * the socket buffer on tcp; a transport whose completion is a round trip
- * would want a few scratch chunks in turn). */
+ * would want a few scratch chunks in turn). Between two ranks the chunks
+ * stream instead (rs_pair_advance, below). */
 #include "src/algo/algo.h"
 
 /* Loop l moves chunk l of every block. */
@@ -21,6 +22,7 @@ typedef struct ring_block_state {
   size_t loop;
   int step;      /* 0 .. size-1 */
   void *partial; /* one chunk of scratch: the partial sum on its way */
+  size_t sent;   /* two ranks (rs_pair_advance): chunks of the peer's block posted */
 } ring_block_state;
 _Static_assert(sizeof(ring_block_state) <= WEFT_ALGO_STATE_BYTES,
                "ring_block_state fits weft_coll.algo_state");
@@ -51,6 +53,44 @@ static weft_status rs_advance(weft_coll *coll) {
   return WEFT_OK;
 }
 
+/* Two ranks: nothing is passed on, so the link carries only each loop's
+ * step 0, the peer's block, in loop order. Those go out as fast as the link
+ * takes them while the peer's come in and are reduced, instead of one loop
+ * at a time (a round trip each; see pair_advance in ring_allreduce.c). The
+ * same job switching between the two every 8 calls, 2 jobs: over tcp
+ * 1.68-2.90x as fast from 2 MiB, level at 512 KiB; over shm 0.86-1.16. */
+static weft_status rs_pair_advance(weft_coll *coll) {
+  ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
+  int r = coll->rank, p = 1 - r;
+  for (;;) {
+    bool moved = false, posted = false;
+    size_t off, cnt;
+    while (rb->sent < rb->loops) {
+      weft_chunk_range(rb->sent, rb->chunk_elems, coll->count, &off, &cnt);
+      const char *theirs =
+          (const char *)coll->sendbuf + ((size_t)p * coll->count + off) * coll->elem;
+      weft_status st = weft_step_send(coll, p, theirs, cnt * coll->elem);
+      if (st == WEFT_AGAIN) break;
+      WEFT_CHECK(st);
+      posted = true;
+      rb->sent++;
+    }
+    if (posted) WEFT_CHECK(weft_link_send_now(coll, p));
+    while (rb->loop < rb->loops) {
+      weft_chunk_range(rb->loop, rb->chunk_elems, coll->count, &off, &cnt);
+      const char *own = (const char *)coll->sendbuf + ((size_t)r * coll->count + off) * coll->elem;
+      char *out = (char *)coll->recvbuf + off * coll->elem;
+      weft_status st = weft_step_recv_reduce(coll, p, -1, out, own, cnt, coll->avg_div, -1);
+      if (st == WEFT_AGAIN) break;
+      WEFT_CHECK(st);
+      moved = true;
+      rb->loop++;
+    }
+    if (rb->loop == rb->loops && rb->sent == rb->loops) return WEFT_OK;
+    if (!moved) return WEFT_AGAIN;
+  }
+}
+
 weft_status weft_ring_reduce_scatter_start(weft_coll *coll) {
   ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
   *rb = (ring_block_state){.chunk_elems = weft_chunk_elems(coll)};
@@ -59,5 +99,6 @@ weft_status weft_ring_reduce_scatter_start(weft_coll *coll) {
   if (coll->size > 2) WEFT_CHECK(weft_coll_scratch(coll, chunk * coll->elem, &rb->partial));
   coll->algo = "ring";
   coll->advance = rs_advance;
+  if (coll->size == 2 && !weft_wire_on(coll)) coll->advance = rs_pair_advance;
   return WEFT_OK;
 }

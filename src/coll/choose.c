@@ -420,7 +420,8 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
                    direct);
     weft_appendf(out, len, &at,
                  "else recursive doubling up to %s (on shm with a CPU per rank and 3 or more "
-                 "ranks, up to 192 KiB / log2(ranks) when that is less), the ring above\n",
+                 "ranks, up to 192 KiB / log2(ranks) when that is less), the ring above (two "
+                 "ranks, f32 as itself: its chunks as two streams each way)\n",
                  rd);
     weft_appendf(
         out, len, &at,
@@ -480,7 +481,9 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
                  lim, lim_shm);
   }
   weft_appendf(out, len, &at,
-               "else (and where f32 crosses hosts as bf16/f16) the ring, in chunks of %s\n", chunk);
+               "else (and where f32 crosses hosts as bf16/f16) the ring, in chunks of %s (two "
+               "ranks, f32 as itself: a stream each way)\n",
+               chunk);
   weft_appendf(out, len, &at, "allgather: ");
   if (c->allgather_bruck_max_bytes || c->allgather_bruck_shm_max_bytes) {
     limit_words(c->allgather_bruck_max_bytes, c->allgather_bruck_shm_max_bytes, chunk_bytes, lim,
