@@ -352,6 +352,13 @@ static int congestion_rank(int rank, int size, const weft_unique_id *id, void *a
       rc = 1;
     }
   }
+  /* weft-info says the same (tcp_congestion_describe decides as init does) */
+  char desc[200];
+  tcp_congestion_describe(desc, sizeof desc);
+  if (!rc && !strstr(desc, want)) {
+    fprintf(stderr, "rank %d: weft-info says \"%s\", expected %s in it\n", rank, desc, want);
+    rc = 1;
+  }
   if (!rc && seen < 2 * (size - 1)) {
     fprintf(stderr, "rank %d: %d streams seen, expected %d\n", rank, seen, 2 * (size - 1));
     rc = 1;

@@ -38,6 +38,11 @@ typedef struct weft_coll weft_coll;
 #define WEFT_ALGO_STATE_BYTES 96
 #define WEFT_ALGO_STATE(coll, type) ((type *)(void *)(coll)->algo_state)
 
+/* Two-rank rings (ring_allreduce.c, ring_reduce_scatter.c) stream their
+ * chunks: how many loops a rank's own chunks may run ahead. For the
+ * allreduce it fixes the order on the link, so both ranks use this one. */
+#define WEFT_PAIR_LEAD_LOOPS 16
+
 /* The hierarchical allreduce's view of the hosts (set by the caller):
  * ranks in ascending order. */
 typedef struct weft_hosts {

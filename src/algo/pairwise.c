@@ -11,8 +11,9 @@
  * over sockets the old barrier between rounds idled every link once per
  * round). It cannot deadlock: round 1's sends come first on every rank
  * and its receives first on every receiver, so round 1 always completes,
- * and then round 2, and so on. The own block is a local copy, made while the call waits for
- * room or data (weft_step_with_local_copy), not before its first send.
+ * and then round 2, and so on. The own block is a local copy, made while
+ * the call waits for room or data (weft_step_with_local_copy), not before
+ * its first send.
  *
  * For allgather this is the alternative to the ring where links are stores
  * (shm): every block comes from its owner, so no rank waits for another to

@@ -127,30 +127,23 @@ static weft_status ring_advance(weft_coll *coll) {
  * chunks against 498-1129 in 1 MiB ones (3 runs each). So with two ranks
  * the same chunks move as two streams each way: every loop's own chunk r
  * (the peer finalizes it) goes out as fast as the link takes it, up to
- * PAIR_LEAD_LOOPS ahead of the finals; the peer's chunks come in, in
+ * WEFT_PAIR_LEAD_LOOPS ahead of the finals; the peer's chunks come in, in
  * order, and are reduced into the output, final, and the finals follow on
  * the same link. Each link carries own chunks 0 .. lead-1, then final l
  * and own chunk l + lead in turn, then the last finals: on both ranks in
- * the same order, so the receiver always knows which it is reading. In place, the final chunk r
- * that lands where own chunk r was sent from comes only after the peer
- * has taken all of it. A wire dtype keeps the ring (its single stage
- * rounds what it sends and keeps). */
-/* How many loops a rank's own chunks run ahead of its finals on the link.
- * Part of what both ranks expect on it, so a constant. Unbounded (every own
- * chunk first) was 5-25% faster over tcp from 32 MiB but 4-17% slower over
- * shm from 32 MiB, where the finals then wait until the data is out of the
- * cache; 16 against unbounded, same job, 2 jobs: tcp 0.79-1.19, shm
- * 1.00-1.11; against the ring: tcp 1.10-1.47x from 2 MiB, shm 0.80-1.03. */
-#define PAIR_LEAD_LOOPS 16
-
-static size_t min_loops(size_t a, size_t b) {
-  return a < b ? a : b;
-}
-
+ * the same order (the lead is a constant for that), so the receiver always
+ * knows which it is reading. Unbounded (every own chunk first) was 5-25%
+ * faster over tcp from 32 MiB but 4-17% slower over shm, where the finals
+ * then waited until the data had left the cache; 16 against unbounded,
+ * same job, 2 jobs: tcp 0.79-1.19, shm 1.00-1.11; against the ring: tcp
+ * 1.10-1.47x from 2 MiB, shm 0.80-1.03. In place, the final chunk r that
+ * lands where own chunk r was sent from comes only after the peer has
+ * taken all of it. A wire dtype keeps the ring (its single stage rounds
+ * what it sends and keeps). */
 static weft_status pair_advance(weft_coll *coll) {
   ring_state *rs = WEFT_ALGO_STATE(coll, ring_state);
   int r = coll->rank, p = 1 - r;
-  size_t lead = PAIR_LEAD_LOOPS, loops = rs->loops;
+  size_t lead = WEFT_PAIR_LEAD_LOOPS, loops = rs->loops;
   for (;;) {
     bool moved = false, posted = false;
     weft_status st = WEFT_OK;
@@ -181,8 +174,7 @@ static weft_status pair_advance(weft_coll *coll) {
       rs->reduced++;
     }
     /* final l goes after own chunk l + lead - 1 (or the last one) */
-    while (rs->sent_final < rs->reduced &&
-           rs->sent_own >= min_loops(rs->sent_final + lead, loops)) {
+    while (rs->sent_final < rs->reduced && rs->sent_own >= min_sz(rs->sent_final + lead, loops)) {
       ring_chunk_of(coll, rs->sent_final, p, &off, &cnt);
       if (cnt) {
         st = weft_step_send_for_copy(coll, p, (const char *)coll->recvbuf + off * coll->elem,
@@ -196,7 +188,7 @@ static weft_status pair_advance(weft_coll *coll) {
     }
     if (posted) WEFT_CHECK(weft_link_send_now(coll, p));
     /* the peer's final l comes after its own chunk l + lead - 1 */
-    while (rs->got_final < loops && rs->reduced >= min_loops(rs->got_final + lead, loops)) {
+    while (rs->got_final < loops && rs->reduced >= min_sz(rs->got_final + lead, loops)) {
       ring_chunk_of(coll, rs->got_final, r, &off, &cnt);
       if (cnt) {
         st = weft_link_recv_into(coll, p, cnt * coll->elem,

@@ -57,18 +57,17 @@ static weft_status rs_advance(weft_coll *coll) {
  * step 0, the peer's block, in loop order. Those go out as fast as the link
  * takes them while the peer's come in and are reduced, instead of one loop
  * at a time (a round trip each; see pair_advance in ring_allreduce.c), at
- * most RS_PAIR_LEAD_LOOPS ahead of what has been reduced: unbounded, the
+ * most WEFT_PAIR_LEAD_LOOPS ahead of what has been reduced: unbounded, the
  * peer read the chunks out of the cache and shm ran 0.92-0.99 of the ring
  * from 32 MiB. With the bound, against the ring in one job (2 jobs): tcp
  * 1.79-2.53x as fast from 2 MiB, level at 512 KiB; shm 0.93-1.13. */
-#define RS_PAIR_LEAD_LOOPS 16
 static weft_status rs_pair_advance(weft_coll *coll) {
   ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
   int r = coll->rank, p = 1 - r;
   for (;;) {
     bool moved = false, posted = false;
     size_t off, cnt;
-    while (rb->sent < rb->loops && rb->sent < rb->loop + RS_PAIR_LEAD_LOOPS) {
+    while (rb->sent < rb->loops && rb->sent < rb->loop + WEFT_PAIR_LEAD_LOOPS) {
       weft_chunk_range(rb->sent, rb->chunk_elems, coll->count, &off, &cnt);
       const char *theirs =
           (const char *)coll->sendbuf + ((size_t)p * coll->count + off) * coll->elem;

@@ -244,61 +244,79 @@ static bool tcp_cc_unpaced(const char *name) {
   return !strcmp(name, "cubic") || !strcmp(name, "reno");
 }
 
-/* Sets `name` on every listener; 0 or the first refusal's errno. */
-static int tcp_cc_listeners(tcp_ctx *ctx, const char *name) {
-  int e = net_set_congestion(ctx->listen_fd, name);
-  for (int r = 1; !e && r < ctx->nrails; r++) e = net_set_congestion(ctx->rail_fd[r], name);
+/* Sets `name` on every socket of fds[n]; 0 or the first refusal's errno. */
+static int tcp_cc_set_all(const int *fds, int n, const char *name) {
+  int e = 0;
+  for (int i = 0; !e && i < n; i++) e = net_set_congestion(fds[i], name);
   return e;
 }
 
-weft_status tcp_congestion_init(tcp_ctx *ctx) {
+/* What WEFT_TCP_CONGESTION makes of the system's default `dflt`: the names
+ * for connections to this host's own addresses and to the others ("" keeps
+ * the default). Each candidate is set on fds[n] (the listeners, or a
+ * scratch socket for weft-info) as it is tried, so they end with the
+ * loopback choice; 0, or the errno of a named one the kernel refused. */
+static int tcp_cc_decide(const int *fds, int n, const char *dflt, char loopback[NET_CC_NAME],
+                         char other[NET_CC_NAME]) {
   const char *want = weft_settings()->tcp.congestion;
-  net_get_congestion(ctx->listen_fd, ctx->cc_default);
-  if (!strcmp(want, "system") || !ctx->cc_default[0]) return WEFT_OK;
-  if (!strcmp(want, "auto") || !*want) {
-    if (tcp_cc_unpaced(ctx->cc_default)) return WEFT_OK;
-    static const char *const calm[] = {"cubic", "reno"};
-    for (size_t i = 0; i < sizeof calm / sizeof calm[0]; i++) {
-      if (tcp_cc_listeners(ctx, calm[i])) continue;
-      snprintf(ctx->cc_loopback, sizeof ctx->cc_loopback, "%s", calm[i]);
-      WEFT_INFO(WEFT_SUBSYS_NET,
-                "tcp: rank %d: connections to this host's own addresses use %s, others the "
-                "system's %s (WEFT_TCP_CONGESTION=auto)",
-                ctx->args->rank, calm[i], ctx->cc_default);
-      return WEFT_OK;
-    }
-    tcp_cc_listeners(ctx, ctx->cc_default);
-    return WEFT_OK; /* the default then; it works, only slower here */
+  loopback[0] = other[0] = 0;
+  if (!strcmp(want, "system") || !dflt[0]) return 0;
+  if (strcmp(want, "auto") && *want) { /* a name: every data connection */
+    int e = strlen(want) < NET_CC_NAME ? tcp_cc_set_all(fds, n, want) : ENAMETOOLONG;
+    if (e) return e;
+    snprintf(loopback, NET_CC_NAME, "%s", want);
+    snprintf(other, NET_CC_NAME, "%s", want);
+    return 0;
   }
-  int e = strlen(want) < NET_CC_NAME ? tcp_cc_listeners(ctx, want) : ENAMETOOLONG;
+  if (tcp_cc_unpaced(dflt)) return 0;
+  static const char *const calm[] = {"cubic", "reno"};
+  for (size_t i = 0; i < sizeof calm / sizeof calm[0]; i++)
+    if (!tcp_cc_set_all(fds, n, calm[i])) {
+      snprintf(loopback, NET_CC_NAME, "%s", calm[i]);
+      return 0;
+    }
+  tcp_cc_set_all(fds, n, dflt); /* the default then; it works, only slower here */
+  return 0;
+}
+
+weft_status tcp_congestion_init(tcp_ctx *ctx) {
+  int fds[TCP_MAX_RAILS] = {ctx->listen_fd};
+  for (int r = 1; r < ctx->nrails; r++) fds[r] = ctx->rail_fd[r];
+  net_get_congestion(ctx->listen_fd, ctx->cc_default);
+  int e = tcp_cc_decide(fds, ctx->nrails, ctx->cc_default, ctx->cc_loopback, ctx->cc_other);
   if (e) {
     weft_error_sink_set(ctx->args->errors,
                         "WEFT_TCP_CONGESTION=%s: the kernel refuses it (%s); "
                         "net.ipv4.tcp_allowed_congestion_control lists those a process may use",
-                        want, strerror(e));
+                        weft_settings()->tcp.congestion, strerror(e));
     return WEFT_ERR_INVALID;
   }
-  snprintf(ctx->cc_loopback, sizeof ctx->cc_loopback, "%s", want);
-  snprintf(ctx->cc_other, sizeof ctx->cc_other, "%s", want);
+  if (ctx->cc_loopback[0] && strcmp(ctx->cc_loopback, ctx->cc_other))
+    WEFT_INFO(WEFT_SUBSYS_NET,
+              "tcp: rank %d: connections to this host's own addresses use %s, others the "
+              "system's %s (WEFT_TCP_CONGESTION=auto)",
+              ctx->args->rank, ctx->cc_loopback, ctx->cc_default);
   return WEFT_OK;
 }
 
 void tcp_congestion_describe(char *out, size_t len) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  char dflt[NET_CC_NAME] = "";
+  char dflt[NET_CC_NAME] = "", loopback[NET_CC_NAME], other[NET_CC_NAME];
   if (fd >= 0) net_get_congestion(fd, dflt);
-  const char *want = weft_settings()->tcp.congestion, *local = NULL;
+  int e = tcp_cc_decide(&fd, fd >= 0, dflt, loopback, other);
   if (!dflt[0])
     snprintf(out, len, "congestion control unknown");
-  else if (!strcmp(want, "system") || ((!strcmp(want, "auto") || !*want) && tcp_cc_unpaced(dflt)))
+  else if (e)
+    snprintf(out, len, "congestion control %s (WEFT_TCP_CONGESTION=%s is refused: %s)", dflt,
+             weft_settings()->tcp.congestion, strerror(e));
+  else if (!loopback[0])
     snprintf(out, len, "congestion control %s", dflt);
-  else if (strcmp(want, "auto") && *want)
-    snprintf(out, len, "congestion control %s (WEFT_TCP_CONGESTION; the system's %s)", want, dflt);
-  else if (!net_set_congestion(fd, local = "cubic") || !net_set_congestion(fd, local = "reno"))
-    snprintf(out, len, "congestion control %s, %s within this host (it paces: WEFT_TCP_CONGESTION)",
-             dflt, local);
+  else if (!strcmp(loopback, other))
+    snprintf(out, len, "congestion control %s (WEFT_TCP_CONGESTION; the system's %s)", loopback,
+             dflt);
   else
-    snprintf(out, len, "congestion control %s", dflt);
+    snprintf(out, len, "congestion control %s, %s within this host (it paces: WEFT_TCP_CONGESTION)",
+             dflt, loopback);
   if (fd >= 0) close(fd);
 }
 
