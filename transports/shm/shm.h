@@ -194,7 +194,8 @@ struct shm_conn {
   /* the verdict MIXED (shm_mix_by_address) */
   double tx_in_ns_kib;               /* our recent copies of large chunks into the slots,
                                         ns per KiB (a moving average; 0: none yet) */
-  uint32_t tx_in_copies;             /* large chunks copied into the slots so far */
+  uint32_t tx_slot_touched[SHM_MAX_SLOTS]; /* bytes of each slot written so far: a copy
+                                        past them meets first-touch page faults */
   uint32_t tx_mix_turn;              /* one-way chunks sent while slow: every other one
                                         goes by address */
   /* one-way streams on a pair that reads by single copy (shm_stream_through_slots) */

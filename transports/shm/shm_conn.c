@@ -592,7 +592,6 @@ static shm_large_call shm_recent(shm_ctx *ctx, uint32_t seq) {
  * way). There the copies in cost 126-309 ns/KiB against reads timed at
  * 103-161; in the near placement 45-104 against 92-156, and the slots,
  * which keep everything there, ran 1.1-1.2x faster than all by address. */
-#define SHM_MIX_WARM 16u /* copies not folded: a slot's first use meets page faults */
 #define SHM_MIX_BOTH_WAYS_BAR 1.3   /* slot copies over a read, where large chunks come back */
 #define SHM_MIX_BOTH_WAYS_SLOTS 16u /* there 1 in this many still goes through the slots */
 #define SHM_CMA_TIMED_BYTES (256u << 10)
@@ -604,9 +603,22 @@ double shm_mix_readv_ns_kib(void) {
   return ratio > 0 ? cma_timed_readv_us * 1000.0 / (SHM_CMA_TIMED_BYTES >> 10) : 0;
 }
 
-/* A large chunk copied into a slot in `secs`: folded into the average. */
-static void shm_mix_fold(shm_conn *c, size_t bytes, double secs) {
-  if (c->tx_in_copies++ < SHM_MIX_WARM) return;
+/* A large chunk copied into slot `slot` in `secs`: folded into the average,
+ * unless it wrote past what that slot had held. Those bytes met first-touch
+ * page faults (tmpfs pages, ~0.4 GB/s on this VM), which say nothing of the
+ * placement. Counting the first 16 copies as the warm-up instead, a call
+ * with larger chunks than before (the next size of a sweep) faulted in the
+ * slots' next pages at 160-230 ns/KiB, the average crossed the bar, and 15
+ * of 16 chunks went by address from then on: a 2-rank allgather or alltoall
+ * of 128 KiB to 2 MiB, swept up from 64 KiB, ran at 0.92-1.00 of Open MPI's
+ * single copy, and at 1.44-2.31 with those copies left out (2 jobs each).
+ * Once over the bar the average met mostly such copies again, so it stayed
+ * there. */
+static void shm_mix_fold(shm_conn *c, uint32_t slot, size_t bytes, double secs) {
+  if (bytes > c->tx_slot_touched[slot]) {
+    c->tx_slot_touched[slot] = (uint32_t)bytes;
+    return;
+  }
   double x = secs * 1e9 / ((double)bytes / 1024.0);
   c->tx_in_ns_kib = c->tx_in_ns_kib > 0 ? (7 * c->tx_in_ns_kib + x) / 8 : x;
 }
@@ -921,11 +933,13 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
   } else {
     double t0 = mixed ? weft_now() : 0;
     void *to = cell->data;
-    if (bytes > SHM_INLINE_BYTES) /* shm_room kept one free */
-      to = c->tx_slots +
-           (size_t)(c->tx_slots_taken++ % (uint32_t)c->ctx->nslots) * c->ctx->args->chunk_bytes;
+    uint32_t slot = 0;
+    if (bytes > SHM_INLINE_BYTES) { /* shm_room kept one free */
+      slot = c->tx_slots_taken++ % (uint32_t)c->ctx->nslots;
+      to = c->tx_slots + (size_t)slot * c->ctx->args->chunk_bytes;
+    }
     mem->copy(to, src, bytes);
-    if (mixed) shm_mix_fold(c, bytes, weft_now() - t0);
+    if (mixed) shm_mix_fold(c, slot, bytes, weft_now() - t0);
     cell->how = SHM_CELL_DATA;
   }
   cell->seq = seq;
