@@ -279,10 +279,11 @@ weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void
  * timed once per process (0 where it could not be); whether it pays for
  * `ctx` (WEFT_SHM_CMA=auto), with the reason in words. */
 double shm_cma_cost_ratio(void);
-bool shm_cma_ratio_pays(double ratio); /* where every rank of the host has a core */
+bool shm_cma_ratio_pays(double ratio); /* whether a read this many memcpy beats two copies */
 double shm_mix_readv_ns_kib(void);     /* the timed read, per KiB (0: not timed) */
-/* Whether this host's ranks outnumber its cores (then one copy, costing less
- * CPU, beats two); `cores`, when not NULL, gets the count. */
+/* Whether this host's ranks outnumber its cores (then a stream through
+ * single copy is not split: the sender's core is not free); `cores`, when
+ * not NULL, gets the count. */
 bool shm_ranks_outnumber_cores(const weft_transport_init_args *args, long *cores);
 /* Whether single copy pays on this pair (WEFT_SHM_CMA=auto), from this
  * process's timing and the peer's (0: not timed); `why` says so in words. */

@@ -683,12 +683,18 @@ static bool shm_cma_eligible(shm_conn *c, size_t bytes, const struct weft_mem_op
  * it beats two copies through the slots (the sender's copy in, ours out);
  * in some VMs it is not: on a 2-vCPU KVM guest (Firecracker) reading 256 KiB
  * cost 3.0-3.9x a memcpy of it, and a 2-rank broadcast of 2 MiB took
- * 287-290 us by single copy against 94-111 us through the slots. Two copies run on two
- * cores at once, so they pay only where each rank of the host has a core
- * (where ranks outnumber cores, single copy stays); and where every rank
- * sends as much as it receives (allgather, alltoall) each rank makes both
- * copies of its share, so they must cost less than one read: the bar is 2
- * (WEFT_SHM_CMA=auto; "on" takes single copy wherever it is allowed). */
+ * 287-290 us by single copy against 94-111 us through the slots. Where every
+ * rank sends as much as it receives (allgather, alltoall) each rank makes
+ * both copies of its share, so they must cost less than one read: the bar
+ * is 2 (WEFT_SHM_CMA=auto; "on" takes single copy wherever it is allowed).
+ * The same bar holds where ranks outnumber cores: there CPU time decides, and
+ * a read that costs 2 memcpy or more costs more of it than two copies. Kept
+ * single copy there before: 4 ranks on the 2 vCPUs (readv 8x a memcpy),
+ * allgather, alltoall and broadcast of 32 KiB-64 MiB paired with Open MPI
+ * in one job (2 jobs each) read 0.90-3.41 of it by single copy (broadcast
+ * 0.90-2.21), 0.94-4.67 with the slots as here (1.62-4.67); 8 ranks
+ * 0.73-1.08 against 1.31-1.82 from 2 MiB (allgather, alltoall); 3 ranks
+ * level. */
 #define SHM_CMA_PAYS_BELOW 2.0 /* readv time over memcpy time */
 
 /* Times both ways of moving SHM_CMA_TIMED_BYTES within this process (a
@@ -747,12 +753,6 @@ bool shm_ranks_outnumber_cores(const weft_transport_init_args *args, long *cores
 }
 
 bool shm_cma_pays(const shm_ctx *ctx, double peer_ratio, char *why, size_t why_len) {
-  long cores;
-  if (shm_ranks_outnumber_cores(ctx->args, &cores)) {
-    snprintf(why, why_len, "%d ranks on %ld cores here: one copy costs less CPU than two",
-             ctx->args->local_size, cores);
-    return true;
-  }
   double own = shm_cma_cost_ratio();
   if (own <= 0 && peer_ratio <= 0) {
     snprintf(why, why_len, "process_vm_readv could not be timed");
@@ -760,11 +760,19 @@ bool shm_cma_pays(const shm_ctx *ctx, double peer_ratio, char *why, size_t why_l
   }
   double ratio = own <= 0 ? peer_ratio : peer_ratio <= 0 ? own : (own + peer_ratio) / 2;
   bool pays = shm_cma_ratio_pays(ratio);
+  char because[96] = "";
+  long cores;
+  if (!pays && shm_ranks_outnumber_cores(ctx->args, &cores))
+    snprintf(because, sizeof because, "; %d ranks on %ld cores here: two copies cost less CPU",
+             ctx->args->local_size, cores);
+  else if (!pays)
+    snprintf(because, sizeof because,
+             "; every rank here has a core, so two copies at once are faster");
   snprintf(why, why_len,
            "process_vm_readv of %u KiB took %.1f us, %.1fx a memcpy of it (%.1f us); the pair's "
            "mean with the peer's %.1fx: %.1fx%s",
-           SHM_CMA_TIMED_BYTES >> 10, cma_timed_readv_us, own, cma_timed_copy_us, peer_ratio,
-           ratio, pays ? "" : "; every rank here has a core, so two copies at once are faster");
+           SHM_CMA_TIMED_BYTES >> 10, cma_timed_readv_us, own, cma_timed_copy_us, peer_ratio, ratio,
+           because);
   return pays;
 }
 
@@ -788,7 +796,7 @@ static void shm_cma_decide(shm_conn *c) {
     struct iovec local = {&word, sizeof word}, remote = {(void *)(uintptr_t)addr, sizeof word};
     ssize_t n = process_vm_readv((pid_t)c->peer_pid, &local, 1, &remote, 1, 0);
     int e = n < 0 ? errno : 0;
-    char pays_why[200] = "WEFT_SHM_CMA=on";
+    char pays_why[256] = "WEFT_SHM_CMA=on";
     bool allowed = n == (ssize_t)sizeof word && word == c->rx->cma_probe_word;
     if (allowed && ctx->cma_mode == WEFT_SHM_CMA_AUTO &&
         !shm_cma_pays(ctx, c->rx->cma_cost_milli / 1000.0, pays_why, sizeof pays_why)) {

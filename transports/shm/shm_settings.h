@@ -13,15 +13,28 @@
   W(WEFT_SHM_CMA_TEST_REFUSED, "test-refused")
 
 /* The upper bound is SHM_MAX_SLOTS (shm.h): a segment has room for that many. */
-#define WEFT_SHM_SETTINGS(X)                                                                     \
-  X(SHM_SLOTS, slots, INT, "8", 2, 64, WEFT_NO_WORDS,                                            \
-    "slots per direction between two ranks of one host: chunks above 112 bytes sent through shared memory in flight (chunks by single copy and inline ones take none; 64 chunks in flight in all)") \
-  X(SHM_CMA, cma, ENUM, "auto", 0, 0, WEFT_SHM_CMA_WORDS,                                        \
-    "single copy between ranks of one host: a receiver reads a large chunk of allgather, alltoall, broadcast, gather or scatter straight from the sender's buffer (process_vm_readv) instead of through the shared slot; on: where a probe at connection shows the kernel allows it (not under seccomp, Yama ptrace_scope 2+, other users); auto: there too, unless this host's ranks each have a core and process_vm_readv costs 2 memcpy of the same bytes or more (timed once per process: page pinning is slow in some VMs), where chunks go through the slots but every other chunk of one-way traffic goes by single copy while the sender's copies into the slots cost more than a read; 0: never (also no PR_SET_PTRACER); test-refused: for tests, the probe fails") \
-  X(SHM_CMA_MIN_BYTES, cma_min_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,    \
-    "chunks of at least this many bytes (and above 112, which travel inline) go by single copy where WEFT_SHM_CMA allows") \
-  X(SHM_CMA_STREAM_BYTES, cma_stream_bytes, BYTES, "1048576", 0, WEFT_SETTING_NO_MAX,           \
-    WEFT_NO_WORDS,                                                                                \
-    "with WEFT_SHM_CMA=auto reading by single copy and a core per rank: a rank whose only large traffic in a call is one stream to one peer (a 2-rank broadcast or gather) sends the part of it past this many bytes through the slots, so that its own core makes half of the copying; 0 = never")
+#define WEFT_SHM_SETTINGS(X)                                                                       \
+  X(SHM_SLOTS, slots, INT, "8", 2, 64, WEFT_NO_WORDS,                                              \
+    "slots per direction between two ranks of one host: chunks above 112 bytes sent through "      \
+    "shared memory in flight (chunks by single copy and inline ones take none; 64 chunks in "      \
+    "flight in all)")                                                                              \
+  X(SHM_CMA, cma, ENUM, "auto", 0, 0, WEFT_SHM_CMA_WORDS,                                          \
+    "single copy between ranks of one host: a receiver reads a large chunk of allgather, "         \
+    "alltoall, broadcast, gather or scatter straight from the sender's buffer (process_vm_readv) " \
+    "instead of through the shared slot; on: where a probe at connection shows the kernel allows " \
+    "it (not under seccomp, Yama ptrace_scope 2+, other users); auto: there too, unless "          \
+    "process_vm_readv costs 2 memcpy of the same bytes or more (timed once per process: page "     \
+    "pinning is slow in some VMs), where chunks go through the slots but every other chunk of "    \
+    "one-way traffic goes by single copy while the sender's copies into the slots cost more than " \
+    "a read; 0: never (also no PR_SET_PTRACER); test-refused: for tests, the probe fails")         \
+  X(SHM_CMA_MIN_BYTES, cma_min_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,       \
+    "chunks of at least this many bytes (and above 112, which travel inline) go by single copy "   \
+    "where WEFT_SHM_CMA allows")                                                                   \
+  X(SHM_CMA_STREAM_BYTES, cma_stream_bytes, BYTES, "1048576", 0, WEFT_SETTING_NO_MAX,              \
+    WEFT_NO_WORDS,                                                                                 \
+    "with WEFT_SHM_CMA=auto reading by single copy and a core per rank: a rank whose only large "  \
+    "traffic in a call is one stream to one peer (a 2-rank broadcast or gather) sends the part "   \
+    "of it past this many bytes through the slots, so that its own core makes half of the "        \
+    "copying; 0 = never")
 
 #endif

@@ -104,7 +104,8 @@ static weft_status shm_init(const weft_transport_init_args *args, weft_tp_ctx **
   ctx->cma_mode = weft_settings()->shm.cma;
   ctx->cma_min_bytes = weft_settings()->shm.cma_min_bytes;
   /* Only where the sender's core is free to copy (shm_stream_through_slots):
-   * ranks that outnumber the cores keep single copy, which costs less CPU. */
+   * where ranks outnumber the cores and single copy pays, it is also the
+   * one that costs less CPU. */
   bool streams_split = ctx->cma_mode == WEFT_SHM_CMA_AUTO && !shm_ranks_outnumber_cores(args, NULL);
   ctx->cma_stream_bytes = streams_split ? weft_settings()->shm.cma_stream_bytes : 0;
   if (ctx->cma_mode != WEFT_SHM_CMA_OFF) shm_cma_allow_readers();
