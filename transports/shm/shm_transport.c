@@ -50,10 +50,8 @@ static weft_status shm_probe(char *why, size_t why_len) {
   /* what auto will decide, for weft-info (timed once per process) */
   double ratio = weft_settings()->shm.cma == WEFT_SHM_CMA_AUTO ? shm_cma_cost_ratio() : 0;
   if (ratio > 0 && at > 0 && (size_t)at < why_len)
-    snprintf(why + at, why_len - (size_t)at,
-             " (process_vm_readv costs %.1fx a memcpy here: %s)", ratio,
-             shm_cma_ratio_pays(ratio) ? "single copy"
-                                       : "two copies where every rank has a core");
+    snprintf(why + at, why_len - (size_t)at, " (process_vm_readv costs %.1fx a memcpy here: %s)",
+             ratio, shm_cma_ratio_pays(ratio) ? "single copy" : "two copies");
   if (free_bytes == 0) return WEFT_ERR_UNSUPPORTED;
   return WEFT_OK;
 }
