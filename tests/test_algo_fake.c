@@ -34,7 +34,7 @@ typedef struct fake_chunk {
   unsigned char *data; /* the copy, once delivered */
   size_t bytes;
   uint32_t seq;
-  bool for_copy; /* sent with send_for_copy: read from src only by recv_into, as shm's
+  bool for_copy; /* sent with WEFT_SEND_FOR_COPY: read from src only by recv, as shm's
                     single copy does, and complete only once received */
 } fake_chunk;
 
@@ -56,14 +56,14 @@ typedef struct fake_shared {
 typedef struct fake_world {
   int n, credits;
   int again_pct, hold_pct; /* chance of a spurious WEFT_AGAIN / of holding a delivery back */
-  bool no_runs;            /* the links have no recv_run (the fallback: a chunk at a time) */
+  bool no_runs;            /* recv takes a run a chunk at a time (as tcp and ibv do) */
   uint64_t rng;
   uint64_t events;              /* anything moved: a hang is many rounds without one */
   fake_pipe pipe[MAX_N][MAX_N]; /* [from][to] */
   char error[512];              /* the first misuse or mismatch seen */
   fake_shared shared[2 * MAX_N];
   int nshared;
-  int now_calls[MAX_N]; /* send_now by each member: chunks it passed on */
+  int now_calls[MAX_N]; /* sends with WEFT_SEND_NOW by each member: chunks it passed on */
 } fake_world;
 
 typedef struct fake_end {
@@ -113,7 +113,7 @@ static fake_chunk *at(fake_pipe *p, int i) {
 
 static void deliver_one(fake_world *w, fake_pipe *p) {
   fake_chunk *c = at(p, p->delivered);
-  if (!c->for_copy) { /* a chunk for copy stays at its source until recv_into */
+  if (!c->for_copy) { /* a chunk for copy stays at its source until recv */
     c->data = malloc(c->bytes ? c->bytes : 1);
     if (c->bytes) memcpy(c->data, c->src, c->bytes);
   }
@@ -129,27 +129,21 @@ static weft_status fake_send_ready(void *ctx, int peer) {
   return WEFT_OK;
 }
 
-static weft_status fake_send_with(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
-                                  const weft_mem_ops *mem, bool for_copy) {
+static weft_status fake_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
+                             const weft_mem_ops *mem, unsigned flags) {
   fake_end *e = end_of(ctx);
   fake_pipe *p = pipe_of(e, peer, true, "send");
   if (!p) return WEFT_ERR_INTERNAL;
   if (mem != &weft_mem_host) return misuse(e->w, "member %d: send with another memory", e->me);
+  if (flags & ~(unsigned)(WEFT_SEND_FOR_COPY | WEFT_SEND_NOW))
+    return misuse(e->w, "member %d: send to %d with unknown flags 0x%x", e->me, peer, flags);
   if (p->count >= e->w->credits)
     return misuse(e->w, "member %d: send to %d without room (send_ready not asked)", e->me, peer);
-  *at(p, p->count++) = (fake_chunk){.src = src, .bytes = bytes, .seq = seq, .for_copy = for_copy};
+  *at(p, p->count++) = (fake_chunk){
+      .src = src, .bytes = bytes, .seq = seq, .for_copy = (flags & WEFT_SEND_FOR_COPY) != 0};
+  if (flags & WEFT_SEND_NOW) e->w->now_calls[e->me]++;
   e->w->events++;
   return WEFT_OK;
-}
-
-static weft_status fake_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
-                             const weft_mem_ops *mem) {
-  return fake_send_with(ctx, peer, src, bytes, seq, mem, false);
-}
-
-static weft_status fake_send_for_copy(void *ctx, int peer, const void *src, size_t bytes,
-                                      uint32_t seq, const weft_mem_ops *mem) {
-  return fake_send_with(ctx, peer, src, bytes, seq, mem, true);
 }
 
 static weft_status fake_send_idle(void *ctx, int peer) {
@@ -162,20 +156,9 @@ static weft_status fake_send_idle(void *ctx, int peer) {
     if (!pct(e->w, e->w->hold_pct)) deliver_one(e->w, p);
     return WEFT_AGAIN;
   }
-  /* a chunk for copy is read from its source by the receiver's recv_into */
+  /* a chunk for copy is read from its source by the receiver's recv */
   for (int i = 0; i < p->count; i++)
     if (at(p, i)->for_copy) return WEFT_AGAIN;
-  return WEFT_OK;
-}
-
-/* Only right after a send on the same pipe: nothing else runs between the
- * two in this one thread, so the chunk is still there. */
-static weft_status fake_send_now(void *ctx, int peer) {
-  fake_end *e = end_of(ctx);
-  fake_pipe *p = pipe_of(e, peer, true, "send_now");
-  if (!p) return WEFT_ERR_INTERNAL;
-  if (p->count == 0) return misuse(e->w, "member %d: send_now to %d with nothing sent", e->me, peer);
-  e->w->now_calls[e->me]++;
   return WEFT_OK;
 }
 
@@ -205,7 +188,7 @@ static weft_status fake_recv_peek(void *ctx, int peer, uint32_t seq, size_t byte
   if (st) return st;
   if (at(p, 0)->for_copy)
     return misuse(e->w,
-                  "member %d: peeked a chunk that member %d sent for copy (only recv_into may "
+                  "member %d: peeked a chunk that member %d sent for copy (only recv may "
                   "take it)",
                   e->me, peer);
   p->peeked = true;
@@ -235,37 +218,39 @@ static weft_status fake_recv_release(void *ctx, int peer) {
   return WEFT_OK;
 }
 
-static weft_status fake_recv_into(void *ctx, int peer, uint32_t seq, size_t bytes, void *dst,
-                                  const weft_mem_ops *mem) {
+/* One chunk copied out (the first of any receive). */
+static weft_status fake_recv_one(void *ctx, int peer, uint32_t seq, size_t bytes, void *dst,
+                                 const weft_mem_ops *mem) {
   fake_end *e = end_of(ctx);
   fake_pipe *p;
   if (mem != &weft_mem_host) return misuse(e->w, "member %d: receive into another memory", e->me);
   weft_status st = arrived(e, peer, seq, bytes, &p);
   if (st) return st;
-  if (p->peeked) return misuse(e->w, "member %d: recv_into from %d after a peek", e->me, peer);
+  if (p->peeked) return misuse(e->w, "member %d: recv from %d after a peek", e->me, peer);
   const fake_chunk *c = at(p, 0);
   if (bytes) memcpy(dst, c->for_copy ? c->src : c->data, bytes);
   pop(e->w, p);
   return WEFT_OK;
 }
 
-/* A run (link.h, recv_run): the first chunk as recv_into takes it, then a
- * random number of those delivered behind it that continue the run, each
- * checked as the first; a chunk that does not continue it (another call's,
- * a wrong length) is left for the next receive, which reports it. */
-static weft_status fake_recv_run(void *ctx, int peer, uint32_t seq, size_t chunk_bytes,
-                                 size_t bytes, void *dst, const weft_mem_ops *mem, size_t *chunks) {
+/* A receive (link.h, recv): the first chunk, then, for a run and where the
+ * world takes runs at once, a random number of those delivered behind it
+ * that continue the run, each checked as the first; a chunk that does not
+ * continue it (another call's, a wrong length) is left for the next
+ * receive, which reports it. */
+static weft_status fake_recv(void *ctx, int peer, uint32_t seq, size_t chunk_bytes, size_t bytes,
+                             void *dst, const weft_mem_ops *mem, size_t *chunks) {
   fake_end *e = end_of(ctx);
   *chunks = 0;
-  if (chunk_bytes == 0 || bytes == 0)
+  if (chunk_bytes == 0 && bytes)
     return misuse(e->w, "member %d: a run of %zu bytes in chunks of %zu from %d", e->me, bytes,
                   chunk_bytes, peer);
   size_t first = bytes < chunk_bytes ? bytes : chunk_bytes;
-  weft_status st = fake_recv_into(ctx, peer, seq, first, dst, mem);
+  weft_status st = fake_recv_one(ctx, peer, seq, first, dst, mem);
   if (st) return st;
   fake_pipe *p = &e->w->pipe[peer][e->me];
   size_t at_byte = first, n = 1;
-  int more = (int)(rnd(e->w) % (MAX_SLOTS + 1));
+  int more = e->w->no_runs ? 0 : (int)(rnd(e->w) % (MAX_SLOTS + 1));
   while (at_byte < bytes && more-- > 0 && p->delivered > 0) {
     size_t len = bytes - at_byte < chunk_bytes ? bytes - at_byte : chunk_bytes;
     const fake_chunk *c = at(p, 0);
@@ -319,13 +304,10 @@ static void fake_set_error(void *ctx, const char *sentence) {
 static const weft_link_ops fake_ops = {
     .send_ready = fake_send_ready,
     .send = fake_send,
-    .send_for_copy = fake_send_for_copy,
     .send_idle = fake_send_idle,
-    .send_now = fake_send_now,
     .recv_peek = fake_recv_peek,
     .recv_release = fake_recv_release,
-    .recv_into = fake_recv_into,
-    .recv_run = fake_recv_run,
+    .recv = fake_recv,
     .map_peer_mem = fake_map_peer_mem,
     .progressed = fake_progressed,
     .rank_of = fake_rank_of,
@@ -677,9 +659,6 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
   w->again_pct = (int)(rnd(w) % 50);
   w->hold_pct = (int)(rnd(w) % 90);
   w->no_runs = rnd(w) % 2;
-  static weft_link_ops no_runs; /* the fallback: runs a chunk at a time */
-  no_runs = fake_ops;
-  no_runs.recv_run = NULL;
   size_t esz = weft_dtype_size(c->dt);
   int bad = 0;
   fake_end ends[MAX_N];
@@ -740,7 +719,7 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
     for (int g = 0; g < c->gsize; g++) {
       member *m = &ms[g];
       int r = c->members[g];
-      weft_link link = {.ops = w->no_runs ? &no_runs : &fake_ops, .ctx = &ends[r]};
+      weft_link link = {.ops = &fake_ops, .ctx = &ends[r]};
       if (!identity) link = weft_link_group_init(&m->group, link, c->members);
       m->coll = (weft_coll){.rank = g,
                             .size = c->gsize,
@@ -834,22 +813,22 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
           bad++;
         }
 
-    /* chunks passed on start at once (link.h, send_now): every member of
+    /* chunks passed on start at once (WEFT_SEND_NOW): every member of
      * a ring of 3 or more passes chunks on, and a tree's root never does
      * (its own chunks may go out together) */
     if (!bad && identity && c->algo == ALGO_RING && c->gsize >= 3 && c->wire == WEFT_F32 &&
         c->count >= (size_t)c->gsize)
       for (int g = 0; g < c->gsize && !bad; g++)
         if (w->now_calls[g] == 0) {
-          fprintf(stderr, "%s\n  member %d passed chunks on without send_now\n", what, g);
+          fprintf(stderr, "%s\n  member %d passed chunks on without WEFT_SEND_NOW\n", what, g);
           bad++;
         }
     if (!bad && identity && c->algo == ALGO_BCAST && !c->confirmed) {
       int forwarders = 0;
       for (int g = 0; g < c->gsize; g++) forwarders += w->now_calls[g] > 0;
       if (w->now_calls[c->root] || (c->fanout == 1 && c->gsize >= 3 && c->count && !forwarders)) {
-        fprintf(stderr, "%s\n  send_now: the root called it %d times, %d members forwarded\n",
-                what, w->now_calls[c->root], forwarders);
+        fprintf(stderr, "%s\n  WEFT_SEND_NOW: the root sent %d so, %d members forwarded\n", what,
+                w->now_calls[c->root], forwarders);
         bad++;
       }
     }
@@ -1225,7 +1204,7 @@ static void wire_dtype_every_reduction(void **state) {
 static weft_status fake_alone_advance(weft_coll *coll) {
   const void *d;
   /* member 1 expects 8 bytes of call 3, member 0 sends 4 bytes of call 3 */
-  if (coll->rank == 0) return weft_step_send(coll, 1, "abcd", 4);
+  if (coll->rank == 0) return weft_step_send(coll, 1, "abcd", 4, 0);
   return weft_link_recv_peek(coll, 0, 8, &d);
 }
 

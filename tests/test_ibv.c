@@ -370,7 +370,7 @@ static void loop_close(loop_pair *lp) {
 /* One chunk from `src` to the peer, checked byte for byte on arrival. */
 static void loop_chunk(loop_pair *lp, const void *src, size_t bytes, uint32_t seq) {
   if (weft_transport_ibv.send_ready(lp->c01) != WEFT_OK ||
-      weft_transport_ibv.send(lp->c01, src, bytes, seq, &weft_mem_host) != WEFT_OK)
+      weft_transport_ibv.send(lp->c01, src, bytes, seq, &weft_mem_host, 0) != WEFT_OK)
     fail_msg("send %u: %s", seq, lp->sink[0].msg);
   const void *data;
   if (weft_transport_ibv.recv_peek(lp->c10, seq, bytes, &data) != WEFT_OK)
@@ -446,7 +446,7 @@ static void data_path_cost_per_chunk(void **state) {
     for (int i = 0; i < n; i++) {
       memcpy(src, &i, sizeof i);
       if (weft_transport_ibv.send_ready(lp.c01) != WEFT_OK ||
-          weft_transport_ibv.send(lp.c01, src, bytes, (uint32_t)i, &weft_mem_host) != WEFT_OK)
+          weft_transport_ibv.send(lp.c01, src, bytes, (uint32_t)i, &weft_mem_host, 0) != WEFT_OK)
         fail_msg("send %d: %s", i, lp.sink[0].msg);
       const void *data;
       if (weft_transport_ibv.recv_peek(lp.c10, (uint32_t)i, bytes, &data) != WEFT_OK)

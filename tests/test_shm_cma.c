@@ -117,7 +117,7 @@ static void post(pair *p, const void *src, size_t bytes, uint32_t seq) {
   double deadline = harness_now() + 5;
   weft_status st;
   while ((st = shm->send_ready(p->tx)) == WEFT_AGAIN && harness_now() < deadline) drive(p);
-  if (st || shm->send_for_copy(p->tx, src, bytes, seq, &weft_mem_host))
+  if (st || shm->send(p->tx, src, bytes, seq, &weft_mem_host, WEFT_SEND_FOR_COPY))
     fail_msg("send_for_copy #%u of %zu bytes: %s", seq, bytes, p->sink[0].msg);
 }
 
@@ -128,7 +128,7 @@ static void take(pair *p, void *dst, size_t bytes, uint32_t seq, bool peek) {
   const void *data = NULL;
   do {
     st = peek ? shm->recv_peek(p->rx, seq, bytes, &data)
-              : shm->recv_into(p->rx, seq, bytes, dst, &weft_mem_host);
+              : shm->recv(p->rx, seq, bytes, bytes, dst, &weft_mem_host, &(size_t){0});
     if (st == WEFT_AGAIN) drive(p);
   } while (st == WEFT_AGAIN && harness_now() < deadline);
   if (st) fail_msg("receive #%u of %zu bytes: %s", seq, bytes, p->sink[1].msg);
@@ -254,10 +254,10 @@ static int move_chunk(pair *p, int from_rank, weft_tp_conn *from, weft_tp_conn *
   double deadline = harness_now() + 5;
   weft_status st;
   while ((st = shm->send_ready(from)) == WEFT_AGAIN && harness_now() < deadline) drive(p);
-  if (st || shm->send_for_copy(from, src, bytes, seq, &weft_mem_host))
+  if (st || shm->send(from, src, bytes, seq, &weft_mem_host, WEFT_SEND_FOR_COPY))
     fail_msg("send_for_copy #%u of %zu bytes: %s", seq, bytes, p->sink[from_rank].msg);
   memset(dst, 0, bytes);
-  while ((st = shm->recv_into(to, seq, bytes, dst, &weft_mem_host)) == WEFT_AGAIN &&
+  while ((st = shm->recv(to, seq, bytes, bytes, dst, &weft_mem_host, &(size_t){0})) == WEFT_AGAIN &&
          harness_now() < deadline)
     drive(p);
   if (st) fail_msg("receive #%u of %zu bytes: %s", seq, bytes, p->sink[1 - from_rank].msg);
@@ -309,9 +309,11 @@ static void mixed_every_other_chunk_while_slots_are_slow(void **state) {
       fill_random(back, CHUNK, seq + 1000);
       double deadline = harness_now() + 5;
       while (shm->send_ready(p.rx) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
-      assert_int_equal(shm->send_for_copy(p.rx, back, CHUNK, seq, &weft_mem_host), WEFT_OK);
+      assert_int_equal(shm->send(p.rx, back, CHUNK, seq, &weft_mem_host, WEFT_SEND_FOR_COPY),
+                       WEFT_OK);
       weft_status st;
-      while ((st = shm->recv_into(p.tx, seq, CHUNK, dst, &weft_mem_host)) == WEFT_AGAIN &&
+      while ((st = shm->recv(p.tx, seq, CHUNK, CHUNK, dst, &weft_mem_host, &(size_t){0})) ==
+                 WEFT_AGAIN &&
              harness_now() < deadline)
         drive(&p);
       assert_int_equal(st, WEFT_OK);
@@ -492,9 +494,9 @@ static void descriptors_run_past_the_slots(void **state) {
   for (int i = 2; i < cells + 1; i++) {
     fill_random(src + (size_t)i * CHUNK, CHUNK, seq + (uint32_t)i);
     assert_int_equal(shm->send_ready(p.tx), WEFT_OK);
-    assert_int_equal(
-        shm->send_for_copy(p.tx, src + (size_t)i * CHUNK, CHUNK, seq + (uint32_t)i, &weft_mem_host),
-        WEFT_OK);
+    assert_int_equal(shm->send(p.tx, src + (size_t)i * CHUNK, CHUNK, seq + (uint32_t)i,
+                               &weft_mem_host, WEFT_SEND_FOR_COPY),
+                     WEFT_OK);
   }
   assert_int_equal(shm->send_ready(p.tx), WEFT_AGAIN);
   take(&p, dst, small, seq + 1, false);
@@ -532,7 +534,7 @@ static size_t take_run(pair *p, void *dst, size_t chunk, size_t bytes, uint32_t 
   double deadline = harness_now() + 5;
   size_t n = 0;
   weft_status st;
-  while ((st = shm->recv_run(p->rx, seq, chunk, bytes, dst, &weft_mem_host, &n)) == WEFT_AGAIN &&
+  while ((st = shm->recv(p->rx, seq, chunk, bytes, dst, &weft_mem_host, &n)) == WEFT_AGAIN &&
          harness_now() < deadline)
     drive(p);
   if (status)
@@ -694,7 +696,7 @@ static int dead_sender_rank(int rank, int size, const weft_unique_id *id, void *
     static unsigned char src[CHUNK];
     unsigned char one = 1;
     while (shm->send_ready(conn) == WEFT_AGAIN && harness_now() < deadline) shm->wait(ctx, 1);
-    if (shm->send_for_copy(conn, &one, 1, 1, &weft_mem_host)) return 5;
+    if (shm->send(conn, &one, 1, 1, &weft_mem_host, WEFT_SEND_FOR_COPY)) return 5;
     /* the receiver's verdict, once it has taken the first chunk (with
      * WEFT_SHM_CMA=0 there is none to wait for: the wait ran to the
      * deadline, and under ASan the receiver's own wait ran out first) */
@@ -703,14 +705,14 @@ static int dead_sender_rank(int rank, int size, const weft_unique_id *id, void *
       usleep(1000);
     while (shm->send_ready(conn) == WEFT_AGAIN && harness_now() < deadline) shm->wait(ctx, 1);
     fill_random(src, CHUNK, 2);
-    if (shm->send_for_copy(conn, src, CHUNK, 2, &weft_mem_host)) return 6;
+    if (shm->send(conn, src, CHUNK, 2, &weft_mem_host, WEFT_SEND_FOR_COPY)) return 6;
     __atomic_store_n(&harness_shm->word[W_PID], (uint64_t)getpid(), __ATOMIC_RELEASE);
     __atomic_store_n(&harness_shm->word[W_POSTED], 1, __ATOMIC_RELEASE);
     _exit(0); /* gone before its chunk was copied: no fini, as in a crash */
   }
   unsigned char got = 0;
   weft_status st;
-  while ((st = shm->recv_into(conn, 1, 1, &got, &weft_mem_host)) == WEFT_AGAIN &&
+  while ((st = shm->recv(conn, 1, 1, 1, &got, &weft_mem_host, &(size_t){0})) == WEFT_AGAIN &&
          harness_now() < deadline)
     shm->progress(ctx, &moved);
   if (st || got != 1) return 7;
@@ -727,7 +729,7 @@ static int dead_sender_rank(int rank, int size, const weft_unique_id *id, void *
   }
   static unsigned char dst[CHUNK];
   double t0 = harness_now();
-  while ((st = shm->recv_into(conn, 2, CHUNK, dst, &weft_mem_host)) == WEFT_AGAIN &&
+  while ((st = shm->recv(conn, 2, CHUNK, CHUNK, dst, &weft_mem_host, &(size_t){0})) == WEFT_AGAIN &&
          harness_now() < deadline)
     shm->wait(ctx, 1);
   harness_shm->status[0] = st;

@@ -197,7 +197,7 @@ static int opener_dies(int rank, int size, const weft_unique_id *id, void *arg) 
   /* a chunk posted before the peer mapped it is never delivered */
   static const char chunk[16] = "to a dead peer";
   weft_status st = shm->send_ready(conn);
-  if (st == WEFT_OK) st = shm->send(conn, chunk, sizeof chunk, 1, &weft_mem_host);
+  if (st == WEFT_OK) st = shm->send(conn, chunk, sizeof chunk, 1, &weft_mem_host, 0);
   if (st == WEFT_OK) st = until_answer(&t, conn, true);
   word_set(W_NAME_LEFT + rank, name_exists());
   record(rank, st, t0, t.sink.msg);

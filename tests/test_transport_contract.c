@@ -125,7 +125,7 @@ static void send_one(pair *p, int ch, uint32_t seq, size_t bytes, unsigned char 
   double deadline = harness_now() + 5;
   weft_status st;
   while ((st = p->tp->send_ready(p->tx[ch])) == WEFT_AGAIN && harness_now() < deadline) drive(p);
-  if (st || p->tp->send(p->tx[ch], buf, bytes, seq, &weft_mem_host))
+  if (st || p->tp->send(p->tx[ch], buf, bytes, seq, &weft_mem_host, 0))
     fail_msg("%s: send on channel %d, #%u: %s", p->tp->name, ch, seq, p->sink[0].msg);
 }
 
@@ -136,7 +136,7 @@ static void recv_one(pair *p, int ch, uint32_t seq, size_t bytes, bool into) {
   weft_status st;
   const void *data = NULL;
   do {
-    st = into ? p->tp->recv_into(p->rx[ch], seq, bytes, got, &weft_mem_host)
+    st = into ? p->tp->recv(p->rx[ch], seq, bytes, bytes, got, &weft_mem_host, &(size_t){0})
               : p->tp->recv_peek(p->rx[ch], seq, bytes, &data);
     if (st == WEFT_AGAIN) drive(p);
   } while (st == WEFT_AGAIN && harness_now() < deadline);
@@ -209,8 +209,8 @@ static void credits_on(const weft_transport *tp) {
   pair_close(&p);
 }
 
-/* send_for_copy on every transport: the chunk arrives whole whether the
- * receiver takes it with recv_into or peeks it, and it is complete once the
+/* WEFT_SEND_FOR_COPY on every transport: the chunk arrives whole whether
+ * the receiver takes it with recv or peeks it, and it is complete once the
  * receiver took it. On shm (threshold 0, WEFT_SHM_CMA=on here) chunks past
  * the first go by single copy; tcp and ibv send them as any chunk. */
 static void for_copy_on(const weft_transport *tp) {
@@ -231,15 +231,15 @@ static void for_copy_on(const weft_transport *tp) {
     double deadline = harness_now() + 5;
     weft_status st;
     while ((st = tp->send_ready(p.tx[0])) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
-    if (st || tp->send_for_copy(p.tx[0], buf[k], bytes, 50 + k, &weft_mem_host))
-      fail_msg("%s: send_for_copy #%u: %s", tp->name, 50 + k, p.sink[0].msg);
+    if (st || tp->send(p.tx[0], buf[k], bytes, 50 + k, &weft_mem_host, WEFT_SEND_FOR_COPY))
+      fail_msg("%s: send for copy #%u: %s", tp->name, 50 + k, p.sink[0].msg);
     recv_one(&p, 0, 50 + k, bytes, k != 3);
     while (tp->send_idle(p.tx[0]) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
     assert_int_equal(tp->send_idle(p.tx[0]), WEFT_OK);
   }
-  /* A run of chunks for copy, taken with recv_run where the transport has
-   * one (shm: the descriptors in one read), else a chunk at a time: every
-   * call takes at least one whole chunk, and they add up to the run. */
+  /* A run of chunks for copy, taken with recv (shm: the descriptors in one
+   * read; tcp and ibv: a chunk at a time): every call takes at least one
+   * whole chunk, never more than were sent, and they add up to the run. */
   static unsigned char run[4 * CHUNK], got[4 * CHUNK];
   int posted = tp->send_depth(p.ctx[0]) < 4 ? tp->send_depth(p.ctx[0]) : 4;
   size_t bytes = (size_t)(posted - 1) * CHUNK + CHUNK / 2 + 3, taken = 0;
@@ -250,22 +250,20 @@ static void for_copy_on(const weft_transport *tp) {
     weft_status st;
     while ((st = tp->send_ready(p.tx[0])) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
     size_t len = bytes - at < CHUNK ? bytes - at : CHUNK;
-    if (st || tp->send_for_copy(p.tx[0], run + at, len, 60, &weft_mem_host))
-      fail_msg("%s: send_for_copy of the run at %zu: %s", tp->name, at, p.sink[0].msg);
+    if (st || tp->send(p.tx[0], run + at, len, 60, &weft_mem_host, WEFT_SEND_FOR_COPY))
+      fail_msg("%s: send for copy of the run at %zu: %s", tp->name, at, p.sink[0].msg);
   }
   double deadline = harness_now() + 5;
   while (taken < bytes && harness_now() < deadline) {
-    size_t len = bytes - taken < CHUNK ? bytes - taken : CHUNK, chunks = 0;
-    weft_status st = tp->recv_run ? tp->recv_run(p.rx[0], 60, CHUNK, bytes - taken, got + taken,
-                                                 &weft_mem_host, &chunks)
-                                  : tp->recv_into(p.rx[0], 60, len, got + taken, &weft_mem_host);
+    size_t chunks = 0;
+    weft_status st =
+        tp->recv(p.rx[0], 60, CHUNK, bytes - taken, got + taken, &weft_mem_host, &chunks);
     if (st == WEFT_AGAIN) {
       drive(&p);
       continue;
     }
     if (st) fail_msg("%s: the run at %zu: %s", tp->name, taken, p.sink[1].msg);
-    if (!tp->recv_run) chunks = 1;
-    assert_true(chunks >= 1);
+    assert_true(chunks >= 1 && chunks <= (size_t)posted);
     for (size_t c = 0; c < chunks; c++) taken += bytes - taken < CHUNK ? bytes - taken : CHUNK;
   }
   assert_int_equal(taken, bytes);
@@ -306,27 +304,30 @@ static void tcp_writes_large_chunks_at_progress(void **state) {
   for (uint32_t k = 0; k < 2; k++) {
     fill(big[k], LARGE, 0, 70 + k);
     assert_int_equal(tp->send_ready(p.tx[0]), WEFT_OK);
-    assert_int_equal(tp->send(p.tx[0], big[k], LARGE, 70 + k, &weft_mem_host), WEFT_OK);
+    assert_int_equal(tp->send(p.tx[0], big[k], LARGE, 70 + k, &weft_mem_host, 0), WEFT_OK);
   }
   fill(small, sizeof small, 1, 80);
-  assert_int_equal(tp->send(p.tx[1], small, sizeof small, 80, &weft_mem_host), WEFT_OK);
+  assert_int_equal(tp->send(p.tx[1], small, sizeof small, 80, &weft_mem_host, 0), WEFT_OK);
   /* only the receiver moves: the small chunk arrives, the large ones do not */
   bool moved;
   weft_status st;
   double deadline = harness_now() + 5;
-  while ((st = tp->recv_into(p.rx[1], 80, sizeof small, small_got, &weft_mem_host)) == WEFT_AGAIN &&
+  while ((st = tp->recv(p.rx[1], 80, sizeof small, sizeof small, small_got, &weft_mem_host,
+                        &(size_t){0})) == WEFT_AGAIN &&
          harness_now() < deadline)
     tp->progress(p.ctx[1], &moved);
   assert_int_equal(st, WEFT_OK);
   assert_memory_equal(small_got, small, sizeof small);
   for (double until = harness_now() + 0.05; harness_now() < until;) {
     tp->progress(p.ctx[1], &moved);
-    assert_int_equal(tp->recv_into(p.rx[0], 70, LARGE, got, &weft_mem_host), WEFT_AGAIN);
+    assert_int_equal(tp->recv(p.rx[0], 70, LARGE, LARGE, got, &weft_mem_host, &(size_t){0}),
+                     WEFT_AGAIN);
   }
   /* the sender's progress writes them */
   for (uint32_t k = 0; k < 2; k++) {
     deadline = harness_now() + 5;
-    while ((st = tp->recv_into(p.rx[0], 70 + k, LARGE, got, &weft_mem_host)) == WEFT_AGAIN &&
+    while ((st = tp->recv(p.rx[0], 70 + k, LARGE, LARGE, got, &weft_mem_host, &(size_t){0})) ==
+               WEFT_AGAIN &&
            harness_now() < deadline)
       drive(&p);
     assert_int_equal(st, WEFT_OK);
@@ -335,6 +336,35 @@ static void tcp_writes_large_chunks_at_progress(void **state) {
   deadline = harness_now() + 5;
   while ((st = tp->send_idle(p.tx[0])) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
   assert_int_equal(st, WEFT_OK);
+  pair_close(&p);
+}
+
+/* WEFT_SEND_NOW: a large chunk on a pipeline's path, and the deferred one
+ * posted before it, move at once: the receiver gets both with the sender
+ * never driven again. */
+static void tcp_writes_a_chunk_sent_now_at_once(void **state) {
+  (void)state;
+  pair p;
+  assert_true(pair_open_chunk(&p, &weft_transport_tcp, 2 * LARGE));
+  const weft_transport *tp = p.tp;
+  static unsigned char big[2][LARGE], got[LARGE];
+  for (uint32_t k = 0; k < 2; k++) {
+    fill(big[k], LARGE, 0, 90 + k);
+    assert_int_equal(tp->send_ready(p.tx[0]), WEFT_OK);
+    assert_int_equal(
+        tp->send(p.tx[0], big[k], LARGE, 90 + k, &weft_mem_host, k ? WEFT_SEND_NOW : 0u), WEFT_OK);
+  }
+  bool moved;
+  for (uint32_t k = 0; k < 2; k++) {
+    weft_status st;
+    double deadline = harness_now() + 5;
+    while ((st = tp->recv(p.rx[0], 90 + k, LARGE, LARGE, got, &weft_mem_host, &(size_t){0})) ==
+               WEFT_AGAIN &&
+           harness_now() < deadline)
+      tp->progress(p.ctx[1], &moved);
+    assert_int_equal(st, WEFT_OK);
+    assert_memory_equal(got, big[k], LARGE);
+  }
   pair_close(&p);
 }
 
@@ -361,12 +391,13 @@ static void tcp_passes_a_failure_to_a_waiting_dial(void **state) {
     st = tp->send_ready(conn);
   }
   assert_int_equal(st, WEFT_OK);
-  assert_int_equal(tp->send(conn, chunk, sizeof chunk, 1, &weft_mem_host), WEFT_OK);
+  assert_int_equal(tp->send(conn, chunk, sizeof chunk, 1, &weft_mem_host, 0), WEFT_OK);
   snprintf(p.sink[1].origin, sizeof p.sink[1].origin, "rank 2 failed: its own cause");
   tp->abort_all(p.ctx[1], "rank 1 passes on: rank 2 failed: its own cause");
   tp->fini(p.ctx[1]);
   double deadline = harness_now() + 5;
-  while ((st = tp->recv_into(conn, 1, sizeof reply, reply, &weft_mem_host)) == WEFT_AGAIN &&
+  while ((st = tp->recv(conn, 1, sizeof reply, sizeof reply, reply, &weft_mem_host,
+                        &(size_t){0})) == WEFT_AGAIN &&
          harness_now() < deadline)
     tp->progress(p.ctx[0], &moved);
   assert_int_equal(st, WEFT_ERR_PEER_LOST);
@@ -525,6 +556,7 @@ int main(void) {
       cmocka_unit_test(for_copy_ibv),
 #endif
       cmocka_unit_test(tcp_writes_large_chunks_at_progress),
+      cmocka_unit_test(tcp_writes_a_chunk_sent_now_at_once),
       cmocka_unit_test(tcp_passes_a_failure_to_a_waiting_dial),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -46,8 +46,10 @@
  * built against another layout is refused rather than called wrongly.
  * 4: caps, channels, probe, send_depth reported by the transport, memory
  *    registration by kind with descriptors, opaque handles.
- * 5: send_for_copy. */
-#define WEFT_TRANSPORT_ABI 5
+ * 5: send_for_copy.
+ * 6: one send with flags (send_for_copy and send_now folded in), one recv
+ *    for a chunk or a run (recv_into and recv_run folded in). */
+#define WEFT_TRANSPORT_ABI 6
 
 /* Longest address blob a transport publishes through the rendezvous. */
 #define WEFT_TRANSPORT_ADDR_MAX 160
@@ -90,7 +92,7 @@ typedef struct weft_tp_mem {
 /* What a transport can do, fixed for the transport (not per context). */
 typedef struct weft_transport_caps {
   /* WEFT_MEMORY_BIT (mem.h) of the kinds `send` may read from and
-   * `recv_into` may write into. Host and shared memory everywhere today; a
+   * `recv` may write into. Host and shared memory everywhere today; a
    * device kind only where the transport moves it itself (GPUDirect): the
    * core stages other kinds through host memory first. */
   uint32_t send_kinds;
@@ -100,9 +102,7 @@ typedef struct weft_transport_caps {
   uint32_t map_kinds;
   /* True when a small send is a few stores into memory the peer polls: no
    * system call, no wire. Algorithms may then spend more messages to save
-   * rounds (coll.c picks the one-round exchange allreduce only when every
-   * peer's transport says so: over loopback TCP its extra sends cost more
-   * than the round they save, 50 against 43 us at 4 ranks). */
+   * rounds (the one-round exchange allreduce, src/coll/choose.c). */
   bool sends_are_stores;
   /* True when abort_all reaches every peer, connected or not (tcp leaves its
    * notice at each peer's listener); else only the peers a connection is
@@ -132,6 +132,23 @@ typedef struct weft_transport_init_args {
                                 slots and bounce buffers (mem.h; a CUDA build: pinned
                                 host memory); NULL: the host table */
 } weft_transport_init_args;
+
+/* What a chunk is for (send's flags); 0: an ordinary chunk, which the
+ * receiver may peek or copy and which may start moving at the next
+ * progress. */
+enum {
+  /* The receiver takes it with recv, never recv_peek: a transport that can
+   * copy it from `src` straight into the receiver's buffer may post only
+   * where it is (shm: a process_vm_readv by the receiver, one copy instead
+   * of two). The chunk is then complete (send_idle, and its credit for
+   * send_ready) only once the receiver has copied it. A receiver that
+   * peeks it anyway still gets it (copied into a slot first). */
+  WEFT_SEND_FOR_COPY = 1u << 0,
+  /* On a pipeline's path (a ring's or a chain's next hop waits for it):
+   * this chunk and those posted before it on the connection start moving
+   * now, not at the next progress. */
+  WEFT_SEND_NOW = 1u << 1,
+};
 
 typedef struct weft_transport {
   uint32_t abi_version; /* WEFT_TRANSPORT_ABI */
@@ -188,70 +205,47 @@ typedef struct weft_transport {
    * chunks are still in flight or the connection is not up yet. */
   weft_status (*send_ready)(weft_tp_conn *conn);
 
-  /* Posts one chunk of `bytes` (<= chunk_bytes, may be 0) tagged `seq`.
-   * Only after send_ready said OK. `src` (memory described by `mem`, whose
-   * kind is in caps.send_kinds) must stay unchanged until send_idle reports
-   * the chunk complete, or until the peer has released it (causality: a
-   * released chunk was read). The bytes may start moving only at the next
-   * progress or send_idle (tcp leaves large chunks for then, to write the
-   * chunks an algorithm posted at once in one system call). */
+  /* Posts one chunk of `bytes` (<= chunk_bytes, may be 0) tagged `seq`,
+   * only after send_ready said OK. `flags` (WEFT_SEND_*, below) say what the
+   * chunk is for; the transport decides how to move it. `src` (memory
+   * described by `mem`, whose kind is in caps.send_kinds) stays unchanged
+   * until send_idle reports the chunk complete, or until the peer has
+   * released it (causality: a released chunk was read). Without
+   * WEFT_SEND_NOW the bytes may start moving only at the next progress or
+   * send_idle (tcp leaves large chunks for then, to write what an algorithm
+   * posted at once in one system call). */
   weft_status (*send)(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
-                      const struct weft_mem_ops *mem);
-
-  /* Like send, for a chunk the receiver takes with recv_into (never
-   * recv_peek): a transport that can copy it from `src` straight into the
-   * receiver's buffer may post only where it is (shm: a process_vm_readv
-   * by the receiver, one copy instead of two). The chunk is then complete
-   * (send_idle, and its credit back for send_ready) only once the receiver
-   * has copied it, so `src` stays unchanged until then, as send's rule
-   * already says. A receiver that peeks it anyway still gets it (copied
-   * into a slot first). Transports with nothing to gain point it at send. */
-  weft_status (*send_for_copy)(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
-                               const struct weft_mem_ops *mem);
+                      const struct weft_mem_ops *mem, unsigned flags);
 
   /* WEFT_OK when every posted chunk is complete (its source may be reused),
    * WEFT_AGAIN otherwise. Drives the sends forward. */
   weft_status (*send_idle)(weft_tp_conn *conn);
 
-  /* Optional (NULL where a posted chunk starts moving at once). The chunks
-   * posted on conn start moving now, not at the next progress: the
-   * algorithm passes on what it has just received, and the next rank of a
-   * pipeline waits for it. Never WEFT_AGAIN (it starts what it can, as
-   * progress does); an error is the connection's failure. */
-  weft_status (*send_now)(weft_tp_conn *conn);
-
-  /* The oldest received chunk: it must be tagged `seq` and be `bytes` long,
-   * else WEFT_ERR_MISMATCH. `*data` (host memory) stays valid until
-   * recv_release. WEFT_AGAIN when it has not (completely) arrived. Calling
-   * it again before release returns the same chunk. Drives receiving
-   * forward. */
+  /* The oldest received chunk, in place: it must be tagged `seq` and be
+   * `bytes` long, else WEFT_ERR_MISMATCH. `*data` (host memory) stays valid
+   * until recv_release. WEFT_AGAIN when it has not (completely) arrived.
+   * Calling it again before release returns the same chunk. Drives
+   * receiving forward. */
   weft_status (*recv_peek)(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
 
   /* Gives the slot of the chunk returned by recv_peek back to the sender. */
   weft_status (*recv_release)(weft_tp_conn *conn);
 
-  /* Like recv_peek + copy into `dst` + recv_release, but a transport may
-   * place the chunk straight into `dst` (TCP reads the socket into it).
-   * `dst`'s kind (from `mem`) is in caps.recv_kinds. WEFT_AGAIN until the
-   * whole chunk is in `dst`; then WEFT_OK once. Between the first call and
-   * WEFT_OK, `dst` may be partly written and no other receive may be
-   * started on this connection. */
-  weft_status (*recv_into)(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
-                           const struct weft_mem_ops *mem);
-
-  /* Optional (NULL: the link takes a run one chunk at a time with
-   * recv_into). The next chunks of a run of `bytes` that the sender cut
-   * into chunks of `chunk_bytes` (the last may be shorter), all tagged
-   * `seq`, placed one after another from `dst`: takes, at once, as many of
-   * them as have arrived whole, at least one (WEFT_AGAIN until the first
-   * has), and sets *chunks to how many. No chunk is left half taken, so
-   * the caller goes on with the rest of the run or with anything else.
-   * Each chunk is checked as recv_into checks it; on a mismatch the ones
-   * before it may have been taken. It exists for single copy: shm reads a
-   * run of descriptors with one process_vm_readv (each call costs ~2.5 us
-   * beside 50 us for 256 KiB on the 2-vCPU test machine). */
-  weft_status (*recv_run)(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes,
-                          void *dst, const struct weft_mem_ops *mem, size_t *chunks);
+  /* Copies received chunks into `dst` (kind from `mem`, in
+   * caps.recv_kinds): the next chunks of a run of `bytes` that the sender
+   * cut into chunks of `chunk_bytes` (the last may be shorter), all tagged
+   * `seq`, placed one after another from `dst`. One chunk is a run with
+   * chunk_bytes == bytes. Takes at least one chunk (WEFT_AGAIN until the
+   * first is whole) and at most as many as have arrived whole, and sets
+   * *chunks to how many; a transport that reads a run at once (shm: one
+   * process_vm_readv for many descriptors) takes them all, others one.
+   * Each chunk is checked as recv_peek checks it; on a mismatch the ones
+   * before it may have been taken. A transport may place a chunk straight
+   * into `dst` (tcp reads the socket into it): between the first call that
+   * returned WEFT_AGAIN and WEFT_OK the first chunk's bytes may be partly
+   * written, and no other receive may be started on this connection. */
+  weft_status (*recv)(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+                      const struct weft_mem_ops *mem, size_t *chunks);
 
   /* Registers `region` with this context and fills `*handle` (the caller's
    * storage, tagged with region->kind); with `desc` non-NULL also writes
@@ -310,6 +304,19 @@ typedef struct weft_transport {
   /* Releases everything: connections, sockets, memory. Never blocks. */
   void (*fini)(weft_tp_ctx *ctx);
 } weft_transport;
+
+/* recv for a transport that copies one chunk per call: the run's first
+ * chunk through `into` (its recv_peek-checked copy into dst). */
+static inline weft_status weft_tp_recv_first(weft_status (*into)(weft_tp_conn *conn, uint32_t seq,
+                                                                 size_t bytes, void *dst,
+                                                                 const struct weft_mem_ops *mem),
+                                             weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes,
+                                             size_t bytes, void *dst,
+                                             const struct weft_mem_ops *mem, size_t *chunks) {
+  weft_status st = into(conn, seq, bytes < chunk_bytes ? bytes : chunk_bytes, dst, mem);
+  *chunks = st == WEFT_OK ? 1 : 0;
+  return st;
+}
 
 /* Stubs for the registration members of transports that cannot reach a
  * peer's memory: every kind is WEFT_ERR_UNSUPPORTED. */

@@ -140,22 +140,16 @@ struct weft_coll {
 static inline weft_status weft_link_send_ready(weft_coll *coll, int peer) {
   return coll->link.ops->send_ready(coll->link.ctx, peer);
 }
-static inline weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
-  return coll->link.ops->send(coll->link.ctx, peer, src, bytes, coll->seq, coll->mem);
-}
-/* A send whose chunk `peer` takes with weft_link_recv_into (never a peek):
- * shm may copy it once, straight from src, completing when the peer has. */
-static inline weft_status weft_link_send_for_copy(weft_coll *coll, int peer, const void *src,
-                                                  size_t bytes) {
-  return coll->link.ops->send_for_copy(coll->link.ctx, peer, src, bytes, coll->seq, coll->mem);
+/* `flags` say what the chunk is for (transport.h): WEFT_SEND_FOR_COPY, `peer`
+ * takes it with weft_link_recv (never a peek), so shm may copy it once,
+ * straight from src; WEFT_SEND_NOW, it passes on what this rank just
+ * received (a ring's or a chain's next hop) and starts moving now. */
+static inline weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes,
+                                         unsigned flags) {
+  return coll->link.ops->send(coll->link.ctx, peer, src, bytes, coll->seq, coll->mem, flags);
 }
 static inline weft_status weft_link_send_idle(weft_coll *coll, int peer) {
   return coll->link.ops->send_idle(coll->link.ctx, peer);
-}
-/* After a send that passes on what this rank just received (a ring's or a
- * chain's next hop): it starts moving now (link.h, send_now). */
-static inline weft_status weft_link_send_now(weft_coll *coll, int peer) {
-  return coll->link.ops->send_now ? coll->link.ops->send_now(coll->link.ctx, peer) : WEFT_OK;
 }
 static inline weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes,
                                               const void **data) {
@@ -164,18 +158,21 @@ static inline weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t 
 static inline weft_status weft_link_recv_release(weft_coll *coll, int peer) {
   return coll->link.ops->recv_release(coll->link.ctx, peer);
 }
-static inline weft_status weft_link_recv_into(weft_coll *coll, int peer, size_t bytes, void *dst) {
-  return coll->link.ops->recv_into(coll->link.ctx, peer, coll->seq, bytes, dst, coll->mem);
+/* The next chunk from `peer`, `bytes` long, copied into dst. */
+static inline weft_status weft_link_recv(weft_coll *coll, int peer, size_t bytes, void *dst) {
+  size_t chunks;
+  return coll->link.ops->recv(coll->link.ctx, peer, coll->seq, bytes, bytes, dst, coll->mem,
+                              &chunks);
 }
 /* The next chunks of a run of `bytes` from `peer` that it sent in chunks of
- * the call's chunk_bytes (each with weft_step_send_for_copy), placed one
- * after another from dst: as many as have come, at least one, *chunks says
- * how many. A run of descriptors is then one read (shm: one
- * process_vm_readv for a whole block, as Open MPI's single copy does). */
+ * `chunk_bytes` (each for copy), placed one after another from dst: as many
+ * as have come, at least one, *chunks says how many. A run of descriptors
+ * is then one read (shm: one process_vm_readv for a whole block, as Open
+ * MPI's single copy does). */
 static inline weft_status weft_link_recv_run(weft_coll *coll, int peer, size_t chunk_bytes,
                                              size_t bytes, void *dst, size_t *chunks) {
-  return weft_link_take_run(coll->link, peer, coll->seq, chunk_bytes, bytes, dst, coll->mem,
-                            chunks);
+  return coll->link.ops->recv(coll->link.ctx, peer, coll->seq, chunk_bytes, bytes, dst, coll->mem,
+                              chunks);
 }
 /* Maps the buffer member `peer` described in `key` (weft_mem_alloc memory)
  * into this process. A failure is not a link failure (the connection stays
@@ -212,8 +209,9 @@ static inline void *weft_wire_stage_wide(const weft_coll *coll, size_t cnt) {
  * (WEFT_AGAIN until then). */
 weft_status weft_wire_stage_take(weft_coll *coll, void **stage);
 /* Sends `cnt` narrowed elements from the stage to `peer` (after
- * weft_link_send_ready said OK), remembering that the send reads it. */
-weft_status weft_wire_send(weft_coll *coll, int peer, size_t cnt);
+ * weft_link_send_ready said OK, with weft_link_send's flags but
+ * WEFT_SEND_FOR_COPY), remembering that the send reads it. */
+weft_status weft_wire_send(weft_coll *coll, int peer, size_t cnt, unsigned flags);
 
 static inline int weft_mod(int a, int n) {
   return ((a % n) + n) % n;
@@ -241,13 +239,11 @@ weft_tree_shape weft_tree_shape_of(const weft_coll *coll, int fanout);
 static inline int weft_tree_child(const weft_coll *coll, const weft_tree_shape *t, int i) {
   return (coll->root + t->first_child + i) % coll->size;
 }
-/* Sends `bytes` from `src` to `peer` once there is room. */
-weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t bytes);
-/* The same for a chunk `peer` takes with weft_link_recv_into (directly or
- * through weft_step_recv_forward / weft_step_recv_all), never with a peek:
- * shm then copies it once. With wire on it is weft_step_send (the
- * receiver's forward step peeks the narrowed chunk). */
-weft_status weft_step_send_for_copy(weft_coll *coll, int peer, const void *src, size_t bytes);
+/* Sends `bytes` from `src` to `peer` once there is room, with weft_link_send's
+ * flags. With wire on, WEFT_SEND_FOR_COPY is dropped: the receiver's
+ * forward step peeks the narrowed chunk. */
+weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t bytes,
+                           unsigned flags);
 /* Receives `cnt` elements from `from`, writes dst = own op them (divided by
  * postdiv for avg) and, when to >= 0, sends dst on to `to`. It reduces only
  * once the send can go, so a re-entered step never reduces twice.
@@ -257,7 +253,7 @@ weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, 
                                   size_t cnt, int postdiv, int wait_peer);
 /* The same, with wait_peer -1, where dst is final and `to` takes it with
  * weft_step_recv_forward (the ring allreduce's last reduction): sent for
- * copy, so shm copies it once. */
+ * copy. */
 weft_status weft_step_recv_reduce_final(weft_coll *coll, int from, int to, void *dst,
                                         const void *own, size_t cnt, int postdiv);
 /* Receives `bytes` from `from` into dst (once: *got), then, when to >= 0,

@@ -34,14 +34,14 @@ static weft_status bruck_round(weft_coll *coll, bruck_state *bs) {
     bool moved = false;
     weft_status st;
     if (!bs->sent) {
-      st = weft_step_send_for_copy(coll, weft_mod(coll->rank - k, n), bs->held, bytes);
+      st = weft_step_send(coll, weft_mod(coll->rank - k, n), bs->held, bytes, WEFT_SEND_FOR_COPY);
       WEFT_CHECK(st);
       bs->sent = st == WEFT_OK;
       moved |= bs->sent;
     }
     if (!bs->got) {
       char *dst = bs->held + (size_t)k * bs->block;
-      st = weft_link_recv_into(coll, (coll->rank + k) % n, bytes, dst);
+      st = weft_link_recv(coll, (coll->rank + k) % n, bytes, dst);
       WEFT_CHECK(st);
       bs->got = st == WEFT_OK;
       moved |= bs->got;

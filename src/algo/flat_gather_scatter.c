@@ -26,17 +26,18 @@ static weft_status flat_move(weft_coll *coll) {
     weft_chunk_range(fs->chunk, fs->chunk_elems, coll->count, &off, &cnt);
     size_t bytes = cnt * coll->elem;
     if (!is_root && fs->to_root)
-      WEFT_STEP(weft_step_send_for_copy(coll, root, (const char *)coll->sendbuf + off * coll->elem,
-                                        bytes));
+      WEFT_STEP(weft_step_send(coll, root, (const char *)coll->sendbuf + off * coll->elem, bytes,
+                               WEFT_SEND_FOR_COPY));
     if (!is_root && !fs->to_root)
-      WEFT_STEP(weft_link_recv_into(coll, root, bytes, (char *)coll->recvbuf + off * coll->elem));
+      WEFT_STEP(weft_link_recv(coll, root, bytes, (char *)coll->recvbuf + off * coll->elem));
     for (; is_root && fs->peer < n; fs->peer++) {
       if (fs->peer == root) continue;
       size_t at = ((size_t)fs->peer * coll->count + off) * coll->elem;
       if (fs->to_root)
-        WEFT_STEP(weft_link_recv_into(coll, fs->peer, bytes, (char *)coll->recvbuf + at));
+        WEFT_STEP(weft_link_recv(coll, fs->peer, bytes, (char *)coll->recvbuf + at));
       else
-        WEFT_STEP(weft_step_send_for_copy(coll, fs->peer, (const char *)coll->sendbuf + at, bytes));
+        WEFT_STEP(weft_step_send(coll, fs->peer, (const char *)coll->sendbuf + at, bytes,
+                                 WEFT_SEND_FOR_COPY));
     }
     fs->peer = 0;
     fs->chunk++;

@@ -40,7 +40,7 @@ static weft_status halving_round(weft_coll *coll, halving_state *hs) {
   int keep = keep_upper ? hs->lo + d : hs->lo, give = keep_upper ? hs->lo : hs->lo + d;
   size_t bytes = (size_t)d * hs->block, count = (size_t)d * coll->count;
   if (!hs->sent) {
-    WEFT_STEP(weft_step_send(coll, partner, halving_held(coll, hs, give), bytes));
+    WEFT_STEP(weft_step_send(coll, partner, halving_held(coll, hs, give), bytes, 0));
     hs->sent = true;
   }
   const void *theirs;

@@ -40,7 +40,7 @@ static weft_status a2a_send_one(weft_coll *coll, a2a_state *fs) {
   weft_chunk_range(fs->sent, fs->chunk_elems, coll->count, &off, &cnt);
   size_t block = fs->own_block ? 0 : (size_t)to * coll->count;
   const char *src = (const char *)coll->sendbuf + (block + off) * coll->elem;
-  weft_status st = weft_step_send_for_copy(coll, to, src, cnt * coll->elem);
+  weft_status st = weft_step_send(coll, to, src, cnt * coll->elem, WEFT_SEND_FOR_COPY);
   if (st == WEFT_OK && ++fs->sent == fs->nchunks) fs->send_round++, fs->sent = 0;
   return st;
 }

@@ -78,12 +78,12 @@ static weft_status rd_send(weft_coll *coll, int peer, size_t bytes, bool round_o
     WEFT_STEP(weft_wire_stage_take(coll, &stage));
   }
   WEFT_STEP(weft_link_send_ready(coll, peer));
-  if (!weft_wire_on(coll)) return weft_link_send(coll, peer, rd->own, bytes);
+  if (!weft_wire_on(coll)) return weft_link_send(coll, peer, rd->own, bytes, 0);
   if (round_own)
     rd_round(coll);
   else
     coll->mem->narrow(coll->wire_stage, rd->buf, rd->count, coll->wire);
-  return weft_wire_send(coll, peer, rd->count);
+  return weft_wire_send(coll, peer, rd->count, 0);
 }
 
 /* The peer's buffer as f32: the slot itself, or widened into the stage. */
@@ -159,13 +159,14 @@ static weft_status rd_advance(weft_coll *coll) {
     char *blocks = rd->buf;
     if (r < 2 * rem && r % 2 == 1) {
       if (!rd->sent) {
-        WEFT_STEP(weft_step_send_for_copy(coll, r - 1, blocks + (size_t)(r - 1) * block, block));
+        WEFT_STEP(weft_step_send(coll, r - 1, blocks + (size_t)(r - 1) * block, block,
+                                 WEFT_SEND_FOR_COPY));
         rd->sent = true;
       }
       WEFT_STEP(weft_link_send_idle(coll, r - 1)); /* the scratch is freed when the call ends */
     }
     if (r < 2 * rem && r % 2 == 0)
-      WEFT_STEP(weft_link_recv_into(coll, r + 1, block, rd->block_out));
+      WEFT_STEP(weft_link_recv(coll, r + 1, block, rd->block_out));
     else
       coll->mem->copy(rd->block_out, blocks + (size_t)r * block, block);
     rd->phase = 3;
@@ -179,7 +180,7 @@ static weft_status rd_advance(weft_coll *coll) {
       coll->mem->widen(coll->recvbuf, slot, coll->count, coll->wire);
       WEFT_STEP(weft_link_recv_release(coll, r + 1));
     } else if (r < 2 * rem) {
-      WEFT_STEP(weft_link_recv_into(coll, r + 1, bytes, coll->recvbuf));
+      WEFT_STEP(weft_link_recv(coll, r + 1, bytes, coll->recvbuf));
     }
     rd->phase = 3;
   }

@@ -29,8 +29,8 @@ static weft_status ag_step(weft_coll *coll) {
   weft_chunk_range(rb->loop, rb->chunk_elems, coll->count, &off, &cnt);
   size_t bytes = cnt * coll->elem;
   if (s == 0)
-    return weft_step_send_for_copy(coll, right, (const char *)coll->sendbuf + off * coll->elem,
-                                   bytes);
+    return weft_step_send(coll, right, (const char *)coll->sendbuf + off * coll->elem, bytes,
+                          WEFT_SEND_FOR_COPY);
   size_t b = (size_t)weft_mod(r - s, n);
   char *out = (char *)coll->recvbuf + (b * coll->count + off) * coll->elem;
   return weft_step_recv_forward(coll, left, s == n - 1 ? -1 : right, out, bytes, &rb->got);

@@ -62,10 +62,9 @@ static weft_status ring_send_ahead(weft_coll *coll) {
   ring_chunk_of(coll, rs->loop + 1, r, &off, &cnt);
   weft_status st = WEFT_OK;
   int right = weft_mod(r + 1, coll->size);
-  if (cnt)
+  if (cnt) /* the point is to be early: it moves now */
     st = weft_step_send(coll, right, (const char *)coll->sendbuf + off * coll->elem,
-                        cnt * coll->elem);
-  if (st == WEFT_OK && cnt) st = weft_link_send_now(coll, right); /* the point is to be early */
+                        cnt * coll->elem, WEFT_SEND_NOW);
   if (st == WEFT_OK) rs->ahead = true;
   return st < 0 ? st : WEFT_OK;
 }
@@ -84,13 +83,9 @@ static weft_status ring_step(weft_coll *coll) {
   const char *in = (const char *)coll->sendbuf + off * coll->elem;
 
   /* Every send of an allreduce is on the ring's path: the right neighbour
-   * reduces it and passes it on, so none waits for the next progress (16
-   * cores, 2 ranks over tcp, 64 MiB: 21.3-23.4 ms, against 25.2-29.5 with
-   * this one left there; 3 interleaved runs). */
-  if (s == 0) {
-    WEFT_STEP(weft_step_send(coll, right, in, bytes));
-    return weft_link_send_now(coll, right);
-  }
+   * reduces it and passes it on (docs/tuning.md, "Sends on a pipeline's
+   * path"). */
+  if (s == 0) return weft_step_send(coll, right, in, bytes, WEFT_SEND_NOW);
   /* reduce-scatter: receive, add own, pass on */
   if (s < n - 1) return weft_step_recv_reduce(coll, left, right, out, in, cnt, 1, -1);
   /* at n-1 final (divided for avg): the right takes it into its output (a
@@ -145,7 +140,7 @@ static weft_status pair_advance(weft_coll *coll) {
   int r = coll->rank, p = 1 - r;
   size_t lead = WEFT_PAIR_LEAD_LOOPS, loops = rs->loops;
   for (;;) {
-    bool moved = false, posted = false;
+    bool moved = false;
     weft_status st = WEFT_OK;
     size_t off, cnt;
     /* own chunk l goes after final l - lead (the first `lead` go at once) */
@@ -153,10 +148,9 @@ static weft_status pair_advance(weft_coll *coll) {
       ring_chunk_of(coll, rs->sent_own, r, &off, &cnt);
       if (cnt) {
         st = weft_step_send(coll, p, (const char *)coll->sendbuf + off * coll->elem,
-                            cnt * coll->elem);
+                            cnt * coll->elem, WEFT_SEND_NOW);
         if (st == WEFT_AGAIN) break;
         WEFT_CHECK(st);
-        posted = true;
       }
       rs->sent_own++;
     }
@@ -177,22 +171,19 @@ static weft_status pair_advance(weft_coll *coll) {
     while (rs->sent_final < rs->reduced && rs->sent_own >= min_sz(rs->sent_final + lead, loops)) {
       ring_chunk_of(coll, rs->sent_final, p, &off, &cnt);
       if (cnt) {
-        st = weft_step_send_for_copy(coll, p, (const char *)coll->recvbuf + off * coll->elem,
-                                     cnt * coll->elem);
+        st = weft_step_send(coll, p, (const char *)coll->recvbuf + off * coll->elem,
+                            cnt * coll->elem, WEFT_SEND_FOR_COPY | WEFT_SEND_NOW);
         if (st == WEFT_AGAIN) break;
         WEFT_CHECK(st);
-        posted = true;
       }
       rs->sent_final++;
       moved = true; /* it may let the next own chunk go */
     }
-    if (posted) WEFT_CHECK(weft_link_send_now(coll, p));
     /* the peer's final l comes after its own chunk l + lead - 1 */
     while (rs->got_final < loops && rs->reduced >= min_sz(rs->got_final + lead, loops)) {
       ring_chunk_of(coll, rs->got_final, r, &off, &cnt);
       if (cnt) {
-        st = weft_link_recv_into(coll, p, cnt * coll->elem,
-                                 (char *)coll->recvbuf + off * coll->elem);
+        st = weft_link_recv(coll, p, cnt * coll->elem, (char *)coll->recvbuf + off * coll->elem);
         if (st == WEFT_AGAIN) break;
         WEFT_CHECK(st);
         moved = true;

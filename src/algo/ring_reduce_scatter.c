@@ -35,7 +35,7 @@ static weft_status rs_step(weft_coll *coll) {
   size_t off, cnt;
   weft_chunk_range(rb->loop, rb->chunk_elems, coll->count, &off, &cnt);
   const char *own = (const char *)coll->sendbuf + ((size_t)b * coll->count + off) * coll->elem;
-  if (s == 0) return weft_step_send(coll, right, own, cnt * coll->elem);
+  if (s == 0) return weft_step_send(coll, right, own, cnt * coll->elem, 0);
   if (s < n - 1) return weft_step_recv_reduce(coll, left, right, rb->partial, own, cnt, 1, right);
   char *out = (char *)coll->recvbuf + off * coll->elem;
   return weft_step_recv_reduce(coll, left, -1, out, own, cnt, coll->avg_div, -1);
@@ -65,19 +65,17 @@ static weft_status rs_pair_advance(weft_coll *coll) {
   ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
   int r = coll->rank, p = 1 - r;
   for (;;) {
-    bool moved = false, posted = false;
+    bool moved = false;
     size_t off, cnt;
     while (rb->sent < rb->loops && rb->sent < rb->loop + WEFT_PAIR_LEAD_LOOPS) {
       weft_chunk_range(rb->sent, rb->chunk_elems, coll->count, &off, &cnt);
       const char *theirs =
           (const char *)coll->sendbuf + ((size_t)p * coll->count + off) * coll->elem;
-      weft_status st = weft_step_send(coll, p, theirs, cnt * coll->elem);
+      weft_status st = weft_step_send(coll, p, theirs, cnt * coll->elem, WEFT_SEND_NOW);
       if (st == WEFT_AGAIN) break;
       WEFT_CHECK(st);
-      posted = true;
       rb->sent++;
     }
-    if (posted) WEFT_CHECK(weft_link_send_now(coll, p));
     while (rb->loop < rb->loops) {
       weft_chunk_range(rb->loop, rb->chunk_elems, coll->count, &off, &cnt);
       const char *own = (const char *)coll->sendbuf + ((size_t)r * coll->count + off) * coll->elem;

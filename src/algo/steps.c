@@ -71,19 +71,21 @@ weft_status weft_wire_stage_take(weft_coll *coll, void **stage) {
   return WEFT_OK;
 }
 
-weft_status weft_wire_send(weft_coll *coll, int peer, size_t cnt) {
+weft_status weft_wire_send(weft_coll *coll, int peer, size_t cnt, unsigned flags) {
   coll->wire_sent_to = peer + 1;
-  return weft_link_send(coll, peer, coll->wire_stage, weft_wire_bytes(cnt));
+  return weft_link_send(coll, peer, coll->wire_stage, weft_wire_bytes(cnt),
+                        flags & ~(unsigned)WEFT_SEND_FOR_COPY);
 }
 
 /* The wire forms of the three steps below: the same moves, in the same
  * order, on narrowed chunks. */
-static weft_status wire_step_send(weft_coll *coll, int peer, const void *src, size_t cnt) {
+static weft_status wire_step_send(weft_coll *coll, int peer, const void *src, size_t cnt,
+                                  unsigned flags) {
   void *stage;
   WEFT_STEP(weft_wire_stage_take(coll, &stage));
   WEFT_STEP(weft_link_send_ready(coll, peer));
   coll->mem->narrow(stage, src, cnt, coll->wire);
-  return weft_wire_send(coll, peer, cnt);
+  return weft_wire_send(coll, peer, cnt, flags);
 }
 
 /* A partial sum that goes on is rounded once, and dst keeps the rounded
@@ -99,10 +101,7 @@ static weft_status wire_step_recv_reduce(weft_coll *coll, int from, int to, void
     WEFT_STEP(weft_link_send_ready(coll, to));
   }
   coll->mem->reduce_wire(dst, own, slot, cnt, coll->wire, coll->op, postdiv, stage);
-  if (to >= 0) {
-    WEFT_STEP(weft_wire_send(coll, to, cnt));
-    WEFT_CHECK(weft_link_send_now(coll, to));
-  }
+  if (to >= 0) WEFT_STEP(weft_wire_send(coll, to, cnt, WEFT_SEND_NOW));
   return weft_link_recv_release(coll, from);
 }
 
@@ -121,26 +120,21 @@ static weft_status wire_step_recv_forward(weft_coll *coll, int from, int to, voi
   coll->mem->widen(dst, slot, cnt, coll->wire);
   if (to >= 0) {
     coll->mem->narrow(stage, dst, cnt, coll->wire);
-    WEFT_STEP(weft_wire_send(coll, to, cnt));
-    WEFT_CHECK(weft_link_send_now(coll, to));
+    WEFT_STEP(weft_wire_send(coll, to, cnt, WEFT_SEND_NOW));
   }
   return weft_link_recv_release(coll, from);
 }
 
-weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t bytes) {
-  if (weft_wire_on(coll)) return wire_step_send(coll, peer, src, bytes / coll->elem);
+weft_status weft_step_send(weft_coll *coll, int peer, const void *src, size_t bytes,
+                           unsigned flags) {
+  if (weft_wire_on(coll)) return wire_step_send(coll, peer, src, bytes / coll->elem, flags);
   WEFT_STEP(weft_link_send_ready(coll, peer));
-  return weft_link_send(coll, peer, src, bytes);
+  return weft_link_send(coll, peer, src, bytes, flags);
 }
 
-weft_status weft_step_send_for_copy(weft_coll *coll, int peer, const void *src, size_t bytes) {
-  if (weft_wire_on(coll)) return wire_step_send(coll, peer, src, bytes / coll->elem);
-  WEFT_STEP(weft_link_send_ready(coll, peer));
-  return weft_link_send_for_copy(coll, peer, src, bytes);
-}
-
+/* The reduced chunk goes on at once: the next member waits for it. */
 static weft_status recv_reduce_send(weft_coll *coll, int from, int to, void *dst, const void *own,
-                                    size_t cnt, int postdiv, int wait_peer, bool for_copy) {
+                                    size_t cnt, int postdiv, int wait_peer, unsigned flags) {
   if (weft_wire_on(coll))
     return wire_step_recv_reduce(coll, from, to, dst, own, cnt, postdiv, wait_peer);
   const void *slot;
@@ -151,39 +145,36 @@ static weft_status recv_reduce_send(weft_coll *coll, int from, int to, void *dst
   if (wait_peer >= 0) WEFT_STEP(weft_link_send_idle(coll, wait_peer));
   if (to >= 0) WEFT_STEP(weft_link_send_ready(coll, to));
   coll->mem->reduce(dst, own, slot, cnt, coll->dtype, coll->op, postdiv);
-  if (to >= 0 && for_copy) WEFT_STEP(weft_link_send_for_copy(coll, to, dst, cnt * coll->elem));
-  if (to >= 0 && !for_copy) WEFT_STEP(weft_link_send(coll, to, dst, cnt * coll->elem));
-  if (to >= 0) WEFT_CHECK(weft_link_send_now(coll, to));
+  if (to >= 0) WEFT_STEP(weft_link_send(coll, to, dst, cnt * coll->elem, flags | WEFT_SEND_NOW));
   return weft_link_recv_release(coll, from);
 }
 
 weft_status weft_step_recv_reduce(weft_coll *coll, int from, int to, void *dst, const void *own,
                                   size_t cnt, int postdiv, int wait_peer) {
-  return recv_reduce_send(coll, from, to, dst, own, cnt, postdiv, wait_peer, false);
+  return recv_reduce_send(coll, from, to, dst, own, cnt, postdiv, wait_peer, 0);
 }
 
 weft_status weft_step_recv_reduce_final(weft_coll *coll, int from, int to, void *dst,
                                         const void *own, size_t cnt, int postdiv) {
-  return recv_reduce_send(coll, from, to, dst, own, cnt, postdiv, -1, true);
+  return recv_reduce_send(coll, from, to, dst, own, cnt, postdiv, -1, WEFT_SEND_FOR_COPY);
 }
 
 weft_status weft_step_recv_forward(weft_coll *coll, int from, int to, void *dst, size_t bytes,
                                    bool *got) {
   if (weft_wire_on(coll)) return wire_step_recv_forward(coll, from, to, dst, bytes / coll->elem);
   if (!*got) {
-    WEFT_STEP(weft_link_recv_into(coll, from, bytes, dst));
+    WEFT_STEP(weft_link_recv(coll, from, bytes, dst));
     *got = true;
   }
   if (to < 0) return WEFT_OK;
-  WEFT_STEP(weft_step_send_for_copy(coll, to, dst, bytes));
-  return weft_link_send_now(coll, to);
+  return weft_step_send(coll, to, dst, bytes, WEFT_SEND_FOR_COPY | WEFT_SEND_NOW);
 }
 
 weft_status weft_step_send_all(weft_coll *coll, int *next, const void *src, size_t bytes) {
   int n = coll->size;
   while (*next < n - 1) {
     int peer = (coll->rank + 1 + *next) % n;
-    WEFT_STEP(weft_step_send(coll, peer, src, bytes));
+    WEFT_STEP(weft_step_send(coll, peer, src, bytes, 0));
     (*next)++;
   }
   *next = 0;
@@ -194,7 +185,7 @@ weft_status weft_step_recv_all(weft_coll *coll, int *next, void *base, size_t by
   int n = coll->size;
   while (*next < n - 1) {
     int peer = (coll->rank + n - 1 - *next) % n;
-    WEFT_STEP(weft_link_recv_into(coll, peer, bytes, (char *)base + (size_t)peer * bytes));
+    WEFT_STEP(weft_link_recv(coll, peer, bytes, (char *)base + (size_t)peer * bytes));
     (*next)++;
   }
   *next = 0;

@@ -29,15 +29,15 @@ static weft_status tree_move(weft_coll *coll) {
     char *dst = (char *)coll->recvbuf + off * coll->elem;
     const char *src = is_root ? (const char *)coll->sendbuf + off * coll->elem : dst;
     if (!is_root && !ts->got) {
-      WEFT_STEP(weft_link_recv_into(coll, t.parent, bytes, dst));
+      WEFT_STEP(weft_link_recv(coll, t.parent, bytes, dst));
       ts->got = true;
     }
     while (ts->children_sent < t.nchildren) {
       int child = weft_tree_child(coll, &t, ts->children_sent);
-      WEFT_STEP(weft_step_send_for_copy(coll, child, src, bytes));
-      /* a chunk passed on: the child's subtree waits for it (the root's
-       * own chunks may go out together at the next progress) */
-      if (!is_root) WEFT_CHECK(weft_link_send_now(coll, child));
+      /* a chunk passed on moves now: the child's subtree waits for it (the
+       * root's own chunks may go out together at the next progress) */
+      WEFT_STEP(weft_step_send(coll, child, src, bytes,
+                               WEFT_SEND_FOR_COPY | (is_root ? 0u : (unsigned)WEFT_SEND_NOW)));
       ts->children_sent++;
     }
     ts->chunk++;
@@ -162,7 +162,7 @@ static weft_status bc_send_desc(weft_coll *coll, int v) {
   int peer = bc_member(coll, v);
   WEFT_STEP(weft_link_send_ready(coll, peer));
   return coll->link.ops->send(coll->link.ctx, peer, &bs->mine, sizeof bs->mine, coll->seq,
-                              &weft_mem_host);
+                              &weft_mem_host, 0);
 }
 
 /* The descriptor at `slot`, from member `peer`, against ours. */
@@ -216,7 +216,7 @@ static weft_status bc_send_packed(weft_coll *coll, int v) {
   }
   int peer = bc_member(coll, v);
   WEFT_STEP(weft_link_send_ready(coll, peer));
-  return weft_link_send(coll, peer, coll->scratch, sizeof(bcast_desc) + bytes);
+  return weft_link_send(coll, peer, coll->scratch, sizeof(bcast_desc) + bytes, 0);
 }
 
 static weft_status bc_recv_packed(weft_coll *coll, int v) {
@@ -235,9 +235,9 @@ static weft_status bc_send_data(weft_coll *coll, int v) {
   size_t ce = weft_chunk_elems(coll), off, cnt;
   for (; bs->chunk * ce < coll->count; bs->chunk++) {
     weft_chunk_range(bs->chunk, ce, coll->count, &off, &cnt);
-    WEFT_STEP(weft_step_send_for_copy(coll, bc_member(coll, v),
-                                      (const char *)bc_source(coll) + off * coll->elem,
-                                      cnt * coll->elem));
+    WEFT_STEP(weft_step_send(coll, bc_member(coll, v),
+                             (const char *)bc_source(coll) + off * coll->elem, cnt * coll->elem,
+                             WEFT_SEND_FOR_COPY));
   }
   bs->chunk = 0;
   return WEFT_OK;
@@ -248,8 +248,8 @@ static weft_status bc_recv_data(weft_coll *coll, int v) {
   size_t ce = weft_chunk_elems(coll), off, cnt;
   for (; bs->chunk * ce < coll->count; bs->chunk++) {
     weft_chunk_range(bs->chunk, ce, coll->count, &off, &cnt);
-    WEFT_STEP(weft_link_recv_into(coll, bc_member(coll, v), cnt * coll->elem,
-                                  (char *)coll->recvbuf + off * coll->elem));
+    WEFT_STEP(weft_link_recv(coll, bc_member(coll, v), cnt * coll->elem,
+                             (char *)coll->recvbuf + off * coll->elem));
   }
   bs->chunk = 0;
   return WEFT_OK;

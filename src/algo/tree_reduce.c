@@ -35,7 +35,7 @@ static weft_status treer_advance(weft_coll *coll) {
     size_t off, cnt;
     weft_chunk_range(ts->chunk, ts->chunk_elems, coll->count, &off, &cnt);
     const char *own = (const char *)coll->sendbuf + off * coll->elem;
-    if (t.nchildren == 0) WEFT_STEP(weft_step_send(coll, t.parent, own, cnt * coll->elem));
+    if (t.nchildren == 0) WEFT_STEP(weft_step_send(coll, t.parent, own, cnt * coll->elem, 0));
     void *acc = is_root ? (char *)coll->recvbuf + off * coll->elem : ts->partial;
     while (ts->children_done < t.nchildren) {
       bool first = ts->children_done == 0, last = ts->children_done == t.nchildren - 1;

@@ -256,7 +256,7 @@ static weft_status lane_send(weft_core *comm, int peer, uint32_t msg, const void
   weft_tp_conn *c;
   WEFT_CHECK(lane_conn(comm, peer, &ops, &c));
   WEFT_STATUS_PASS(ops->send_ready(c));
-  weft_status st = ops->send(c, src, bytes, msg, mem);
+  weft_status st = ops->send(c, src, bytes, msg, mem, 0);
   if (st == WEFT_OK) lane_moved(comm);
   return st;
 }
@@ -289,7 +289,8 @@ static weft_status lane_recv_into(weft_core *comm, int peer, uint32_t msg, size_
   const weft_transport *ops;
   weft_tp_conn *c;
   WEFT_CHECK(lane_conn(comm, peer, &ops, &c));
-  weft_status st = ops->recv_into(c, msg, bytes, dst, mem);
+  size_t chunks;
+  weft_status st = ops->recv(c, msg, bytes, bytes, dst, mem, &chunks);
   if (st == WEFT_OK) lane_moved(comm);
   return st;
 }

@@ -46,38 +46,17 @@ static weft_status cl_send_ready(void *ctx, int peer) {
   return link_result(cl, peer, peer_ops(cl->links, peer)->send_ready(c), "room to send to");
 }
 
-static weft_status cl_send_with(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
-                                const weft_mem_ops *mem, bool for_copy) {
+static weft_status cl_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
+                           const weft_mem_ops *mem, unsigned flags) {
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  const weft_transport *ops = peer_ops(cl->links, peer);
-  weft_status st =
-      for_copy ? ops->send_for_copy(c, src, bytes, seq, mem) : ops->send(c, src, bytes, seq, mem);
+  weft_status st = peer_ops(cl->links, peer)->send(c, src, bytes, seq, mem, flags);
   if (st == WEFT_OK) {
     cl->links->events++;
     cl->links->peers[peer].last_send_seq = seq;
   }
   return link_result(cl, peer, st, "room to send to");
-}
-
-static weft_status cl_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
-                           const weft_mem_ops *mem) {
-  return cl_send_with(ctx, peer, src, bytes, seq, mem, false);
-}
-
-static weft_status cl_send_for_copy(void *ctx, int peer, const void *src, size_t bytes,
-                                    uint32_t seq, const weft_mem_ops *mem) {
-  return cl_send_with(ctx, peer, src, bytes, seq, mem, true);
-}
-
-static weft_status cl_send_now(void *ctx, int peer) {
-  weft_comm_link *cl = cl_of(ctx);
-  const weft_transport *ops = peer_ops(cl->links, peer);
-  if (!ops->send_now) return WEFT_OK;
-  weft_tp_conn *c;
-  WEFT_CHECK(link_conn(cl, peer, &c));
-  return link_result(cl, peer, ops->send_now(c), "a send to start to");
 }
 
 static weft_status cl_send_idle(void *ctx, int peer) {
@@ -105,30 +84,13 @@ static weft_status cl_recv_release(void *ctx, int peer) {
   return link_result(cl, peer, st, "data from");
 }
 
-static weft_status cl_recv_into(void *ctx, int peer, uint32_t seq, size_t bytes, void *dst,
-                                const weft_mem_ops *mem) {
+static weft_status cl_recv(void *ctx, int peer, uint32_t seq, size_t chunk_bytes, size_t bytes,
+                           void *dst, const weft_mem_ops *mem, size_t *chunks) {
   weft_comm_link *cl = cl_of(ctx);
   weft_tp_conn *c;
-  WEFT_CHECK(link_conn(cl, peer, &c));
-  weft_status st = peer_ops(cl->links, peer)->recv_into(c, seq, bytes, dst, mem);
-  if (st == WEFT_OK) cl->links->events++;
-  return link_result(cl, peer, st, "data from");
-}
-
-static weft_status cl_recv_run(void *ctx, int peer, uint32_t seq, size_t chunk_bytes, size_t bytes,
-                               void *dst, const weft_mem_ops *mem, size_t *chunks) {
-  weft_comm_link *cl = cl_of(ctx);
-  const weft_transport *ops = peer_ops(cl->links, peer);
   *chunks = 0;
-  if (!ops->recv_run) { /* a chunk at a time */
-    weft_status st =
-        cl_recv_into(ctx, peer, seq, bytes < chunk_bytes ? bytes : chunk_bytes, dst, mem);
-    if (st == WEFT_OK) *chunks = 1;
-    return st;
-  }
-  weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  weft_status st = ops->recv_run(c, seq, chunk_bytes, bytes, dst, mem, chunks);
+  weft_status st = peer_ops(cl->links, peer)->recv(c, seq, chunk_bytes, bytes, dst, mem, chunks);
   if (st == WEFT_OK) cl->links->events++;
   return link_result(cl, peer, st, "data from");
 }
@@ -163,13 +125,10 @@ static void cl_set_error(void *ctx, const char *sentence) {
 const weft_link_ops weft_comm_link_ops = {
     .send_ready = cl_send_ready,
     .send = cl_send,
-    .send_for_copy = cl_send_for_copy,
     .send_idle = cl_send_idle,
-    .send_now = cl_send_now,
     .recv_peek = cl_recv_peek,
     .recv_release = cl_recv_release,
-    .recv_into = cl_recv_into,
-    .recv_run = cl_recv_run,
+    .recv = cl_recv,
     .map_peer_mem = cl_map_peer_mem,
     .progressed = cl_progressed,
     .rank_of = cl_rank_of,

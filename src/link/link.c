@@ -13,26 +13,14 @@ static weft_status group_send_ready(void *ctx, int member) {
 }
 
 static weft_status group_send(void *ctx, int member, const void *src, size_t bytes, uint32_t seq,
-                              const weft_mem_ops *mem) {
+                              const weft_mem_ops *mem, unsigned flags) {
   const weft_link_group *g = group_of(ctx);
-  return g->over.ops->send(g->over.ctx, g->members[member], src, bytes, seq, mem);
-}
-
-static weft_status group_send_for_copy(void *ctx, int member, const void *src, size_t bytes,
-                                       uint32_t seq, const weft_mem_ops *mem) {
-  const weft_link_group *g = group_of(ctx);
-  return g->over.ops->send_for_copy(g->over.ctx, g->members[member], src, bytes, seq, mem);
+  return g->over.ops->send(g->over.ctx, g->members[member], src, bytes, seq, mem, flags);
 }
 
 static weft_status group_send_idle(void *ctx, int member) {
   const weft_link_group *g = group_of(ctx);
   return g->over.ops->send_idle(g->over.ctx, g->members[member]);
-}
-
-static weft_status group_send_now(void *ctx, int member) {
-  const weft_link_group *g = group_of(ctx);
-  if (!g->over.ops->send_now) return WEFT_OK;
-  return g->over.ops->send_now(g->over.ctx, g->members[member]);
 }
 
 static weft_status group_recv_peek(void *ctx, int member, uint32_t seq, size_t bytes,
@@ -46,17 +34,11 @@ static weft_status group_recv_release(void *ctx, int member) {
   return g->over.ops->recv_release(g->over.ctx, g->members[member]);
 }
 
-static weft_status group_recv_into(void *ctx, int member, uint32_t seq, size_t bytes, void *dst,
-                                   const weft_mem_ops *mem) {
+static weft_status group_recv(void *ctx, int member, uint32_t seq, size_t chunk_bytes, size_t bytes,
+                              void *dst, const weft_mem_ops *mem, size_t *chunks) {
   const weft_link_group *g = group_of(ctx);
-  return g->over.ops->recv_into(g->over.ctx, g->members[member], seq, bytes, dst, mem);
-}
-
-static weft_status group_recv_run(void *ctx, int member, uint32_t seq, size_t chunk_bytes,
-                                  size_t bytes, void *dst, const weft_mem_ops *mem,
-                                  size_t *chunks) {
-  const weft_link_group *g = group_of(ctx);
-  return weft_link_take_run(g->over, g->members[member], seq, chunk_bytes, bytes, dst, mem, chunks);
+  return g->over.ops->recv(g->over.ctx, g->members[member], seq, chunk_bytes, bytes, dst, mem,
+                           chunks);
 }
 
 static weft_status group_map_peer_mem(void *ctx, int member, const weft_mem_desc *desc,
@@ -88,13 +70,10 @@ static void group_set_error(void *ctx, const char *sentence) {
 const weft_link_ops weft_link_group_ops = {
     .send_ready = group_send_ready,
     .send = group_send,
-    .send_for_copy = group_send_for_copy,
     .send_idle = group_send_idle,
-    .send_now = group_send_now,
     .recv_peek = group_recv_peek,
     .recv_release = group_recv_release,
-    .recv_into = group_recv_into,
-    .recv_run = group_recv_run,
+    .recv = group_recv,
     .map_peer_mem = group_map_peer_mem,
     .progressed = group_progressed,
     .rank_of = group_rank_of,

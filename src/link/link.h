@@ -25,36 +25,26 @@ typedef struct weft_link_ops {
   /* OK when one more chunk to `member` may be sent now. */
   weft_status (*send_ready)(void *ctx, int member);
   /* Sends the chunk src[0 .. bytes) tagged with the call's `seq`, read with
-   * `mem`'s kind; only after send_ready said OK. src stays unchanged until
-   * send_idle says OK. */
+   * `mem`'s kind; only after send_ready said OK. `flags` say what it is for
+   * (transport.h: WEFT_SEND_FOR_COPY, the member takes it with recv, never
+   * recv_peek; WEFT_SEND_NOW, on a pipeline's path). src stays unchanged
+   * until send_idle says OK. */
   weft_status (*send)(void *ctx, int member, const void *src, size_t bytes, uint32_t seq,
-                      const weft_mem_ops *mem);
-  /* Like send, for a chunk that `member` takes with recv_into, never
-   * recv_peek (transport.h, send_for_copy: shm may then copy it once,
-   * straight from src; it completes when the member has copied it). */
-  weft_status (*send_for_copy)(void *ctx, int member, const void *src, size_t bytes, uint32_t seq,
-                               const weft_mem_ops *mem);
+                      const weft_mem_ops *mem, unsigned flags);
   /* OK once every chunk sent to `member` has left its source. */
   weft_status (*send_idle)(void *ctx, int member);
-  /* Optional (NULL: sends move at once). The chunks sent to `member` start
-   * moving now (transport.h, send_now): a pipeline's next rank waits for
-   * them. Never WEFT_AGAIN. */
-  weft_status (*send_now)(void *ctx, int member);
   /* The next chunk from `member`, where it landed, once it has: it must
    * carry `seq` and be exactly `bytes` long (else WEFT_ERR_MISMATCH). *data
    * stays valid and unchanged until recv_release. */
   weft_status (*recv_peek)(void *ctx, int member, uint32_t seq, size_t bytes, const void **data);
   /* Gives back the chunk recv_peek showed: its slot takes the next one. */
   weft_status (*recv_release)(void *ctx, int member);
-  /* The next chunk from `member` copied into dst (rules as recv_peek). */
-  weft_status (*recv_into)(void *ctx, int member, uint32_t seq, size_t bytes, void *dst,
-                           const weft_mem_ops *mem);
-  /* Optional (NULL: recv_into, a chunk at a time). The next chunks of a
-   * run of `bytes` that `member` sent in chunks of `chunk_bytes`, placed one
-   * after another from dst: as many as have arrived whole, at least one,
-   * and *chunks says how many (transport.h, recv_run). */
-  weft_status (*recv_run)(void *ctx, int member, uint32_t seq, size_t chunk_bytes, size_t bytes,
-                          void *dst, const weft_mem_ops *mem, size_t *chunks);
+  /* The next chunks of a run of `bytes` that `member` sent in chunks of
+   * `chunk_bytes` (one chunk: chunk_bytes == bytes), copied one after
+   * another from dst: at least one, at most as many as have arrived whole;
+   * *chunks says how many (transport.h, recv). */
+  weft_status (*recv)(void *ctx, int member, uint32_t seq, size_t chunk_bytes, size_t bytes,
+                      void *dst, const weft_mem_ops *mem, size_t *chunks);
   /* Maps the buffer `member` described in `key` (weft_mem_alloc memory) into
    * this process. A failure is not a link failure (the connection stays up,
    * the sentence is in the sink): the caller falls back. */
@@ -86,19 +76,6 @@ typedef struct weft_link_group {
 } weft_link_group;
 
 extern const weft_link_ops weft_link_group_ops;
-
-/* recv_run on any link: the link's own, or (NULL) the run's first chunk
- * with recv_into. */
-static inline weft_status weft_link_take_run(weft_link l, int member, uint32_t seq,
-                                             size_t chunk_bytes, size_t bytes, void *dst,
-                                             const weft_mem_ops *mem, size_t *chunks) {
-  if (l.ops->recv_run)
-    return l.ops->recv_run(l.ctx, member, seq, chunk_bytes, bytes, dst, mem, chunks);
-  weft_status st =
-      l.ops->recv_into(l.ctx, member, seq, bytes < chunk_bytes ? bytes : chunk_bytes, dst, mem);
-  *chunks = st == WEFT_OK ? 1 : 0;
-  return st;
-}
 
 static inline weft_link weft_link_group_init(weft_link_group *g, weft_link over,
                                              const int *members) {

@@ -259,7 +259,7 @@ static void tcp_seeds(void) {
       bool moved;
       weft_transport_tcp.progress(ctx, &moved);
     }
-    if (weft_transport_tcp.send(c, payload, sizes[i], (uint32_t)i, NULL)) exit(1);
+    if (weft_transport_tcp.send(c, payload, sizes[i], (uint32_t)i, NULL, 0)) exit(1);
     while (weft_transport_tcp.send_idle(c) == WEFT_AGAIN) usleep(1000);
     uint8_t frame[16 + 4096];
     recv_exact(fd, frame, 16 + sizes[i]);

@@ -189,11 +189,11 @@ void ibv_conn_destroy(ibv_conn *c);
 /* the table's data members */
 weft_status ibv_send_ready(weft_tp_conn *conn);
 weft_status ibv_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
-                     const struct weft_mem_ops *mem);
+                     const struct weft_mem_ops *mem, unsigned flags);
 weft_status ibv_send_idle(weft_tp_conn *conn);
 weft_status ibv_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
 weft_status ibv_recv_release(weft_tp_conn *conn);
-weft_status ibv_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
-                          const struct weft_mem_ops *mem);
+weft_status ibv_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+                     const struct weft_mem_ops *mem, size_t *chunks);
 
 #endif

@@ -659,7 +659,8 @@ weft_status ibv_send_ready(weft_tp_conn *conn) {
 }
 
 weft_status ibv_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
-                     const struct weft_mem_ops *mem) {
+                     const struct weft_mem_ops *mem, unsigned flags) {
+  (void)flags; /* a posted write moves at once; the receiver copies out of its slot either way */
   ibv_conn *c = ibv_conn_of(conn);
   weft_status st = ibv_ready(c);
   if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
@@ -787,11 +788,16 @@ weft_status ibv_recv_release(weft_tp_conn *conn) {
   return ibv_release(ibv_conn_of(conn));
 }
 
-weft_status ibv_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
-                          const struct weft_mem_ops *mem) {
+static weft_status ibv_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
+                                 const struct weft_mem_ops *mem) {
   ibv_conn *c = ibv_conn_of(conn);
   const void *slot = NULL;
   WEFT_STATUS_PASS(ibv_peek(c, seq, bytes, &slot));
   if (bytes) mem->copy(dst, slot, bytes);
   return ibv_release(c);
+}
+
+weft_status ibv_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+                     const struct weft_mem_ops *mem, size_t *chunks) {
+  return weft_tp_recv_first(ibv_recv_into, conn, seq, chunk_bytes, bytes, dst, mem, chunks);
 }

@@ -184,13 +184,13 @@ struct shm_conn {
                       allocated on first use): it holds no slot */
   bool peeked;
   /* single copy (shm_fifo's cma words) */
-  uint8_t tx_cma;                    /* the peer's verdict on reading us, once it is known */
-  bool tx_copy_pending;              /* chunks up to tx_copy_until are descriptors: */
-  uint32_t tx_copy_until;            /* complete only once tail reaches it */
-  bool rx_cma_decided;               /* our verdict on reading the peer is written */
-  bool rx_read;                      /* the peeked descriptor's chunk was read (rx_peeked) */
-  uint64_t cma_chunks, cma_bytes;    /* received by single copy (logged at the end; tests) */
-  uint64_t cma_reads; /* the process_vm_readv that read them (recv_run: one per run) */
+  uint8_t tx_cma;                 /* the peer's verdict on reading us, once it is known */
+  bool tx_copy_pending;           /* chunks up to tx_copy_until are descriptors: */
+  uint32_t tx_copy_until;         /* complete only once tail reaches it */
+  bool rx_cma_decided;            /* our verdict on reading the peer is written */
+  bool rx_read;                   /* the peeked descriptor's chunk was read (rx_peeked) */
+  uint64_t cma_chunks, cma_bytes; /* received by single copy (logged at the end; tests) */
+  uint64_t cma_reads;             /* the process_vm_readv that read them (recv: one per run) */
   /* the verdict MIXED (shm_mix_by_address) */
   double tx_in_ns_kib;               /* our recent copies of large chunks into the slots,
                                         ns per KiB (a moving average; 0: none yet) */
@@ -260,16 +260,12 @@ void shm_futex_wait(atomic_uint *word, uint32_t expected, int timeout_ms);
 /* the table's data and memory members */
 weft_status shm_send_ready(weft_tp_conn *conn);
 weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
-                     const struct weft_mem_ops *mem);
-weft_status shm_send_for_copy(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
-                              const struct weft_mem_ops *mem);
+                     const struct weft_mem_ops *mem, unsigned flags);
 weft_status shm_send_idle(weft_tp_conn *conn);
 weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
 weft_status shm_recv_release(weft_tp_conn *conn);
-weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
-                          const struct weft_mem_ops *mem);
-weft_status shm_recv_run(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes,
-                         void *dst, const struct weft_mem_ops *mem, size_t *chunks);
+weft_status shm_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+                     const struct weft_mem_ops *mem, size_t *chunks);
 weft_status shm_register_mem(weft_tp_ctx *ctx, const weft_mem_region *region, weft_tp_mem *handle,
                              weft_mem_desc *desc);
 void shm_deregister_mem(weft_tp_ctx *ctx, weft_tp_mem *handle);

@@ -2,7 +2,7 @@
  * lower rank, unlinked by the higher as soon as it has mapped it, and by
  * whichever side gives up on the pair before that, so a crash leaves no name
  * behind), the FIFO data path, single copy (process_vm_readv) for chunks the
- * receiver takes with recv_into, futex sleeping, and noticing a dead peer
+ * receiver takes with recv, futex sleeping, and noticing a dead peer
  * through its pidfd. */
 #include <errno.h>
 #include <fcntl.h>
@@ -958,14 +958,11 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
   return WEFT_OK;
 }
 
+/* Stores move at once, so WEFT_SEND_NOW asks nothing more; a chunk taken
+ * by copy may go by address (shm_post). */
 weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
-                     const struct weft_mem_ops *mem) {
-  return shm_post(shm_conn_of(conn), src, bytes, seq, mem, false);
-}
-
-weft_status shm_send_for_copy(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
-                              const struct weft_mem_ops *mem) {
-  return shm_post(shm_conn_of(conn), src, bytes, seq, mem, true);
+                     const struct weft_mem_ops *mem, unsigned flags) {
+  return shm_post(shm_conn_of(conn), src, bytes, seq, mem, (flags & WEFT_SEND_FOR_COPY) != 0);
 }
 
 /* A chunk is complete once copied into the slot; a descriptor's once the
@@ -1062,7 +1059,7 @@ weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const 
 }
 
 /* Gives back the peeked chunk's cell and the `n` - 1 behind it that a run
- * read with it (shm_recv_run: descriptors, which hold no slot). */
+ * read with it (shm_recv: descriptors, which hold no slot). */
 static weft_status shm_release_cells(shm_conn *c, uint32_t n) {
   if (!c->peeked) return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
@@ -1085,8 +1082,8 @@ weft_status shm_recv_release(weft_tp_conn *conn) {
   return shm_release(shm_conn_of(conn));
 }
 
-weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
-                          const struct weft_mem_ops *mem) {
+static weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
+                                 const struct weft_mem_ops *mem) {
   shm_conn *c = shm_conn_of(conn);
   shm_cell *cell = NULL;
   WEFT_STATUS_PASS(shm_arrived(c, seq, bytes, &cell));
@@ -1104,16 +1101,21 @@ weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *
 /* A run read at once: the oldest chunk (peeked, a descriptor) and those
  * behind it that have arrived as descriptors of the run, tagged and as long
  * as the run says. Anything else ends the run there, and the next call
- * takes it (and reports a wrong tag or length) as recv_into would. The
+ * takes it alone (reporting a wrong tag or length). The
  * cells are given back together: the sender's chunks are complete only
  * once all of them are read, which is when it would have learnt it anyway
  * for the last. */
-weft_status shm_recv_run(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes,
-                         void *dst, const struct weft_mem_ops *mem, size_t *chunks) {
+weft_status shm_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+                     const struct weft_mem_ops *mem, size_t *chunks) {
   shm_conn *c = shm_conn_of(conn);
   size_t first = bytes < chunk_bytes ? bytes : chunk_bytes;
   shm_cell *cell = NULL;
   *chunks = 0;
+  if (first == bytes) { /* one chunk */
+    WEFT_STATUS_PASS(shm_recv_into(conn, seq, bytes, dst, mem));
+    *chunks = 1;
+    return WEFT_OK;
+  }
   WEFT_STATUS_PASS(shm_arrived(c, seq, first, &cell));
   bool host = mem->kind == WEFT_MEMORY_HOST || mem->kind == WEFT_MEMORY_SHARED;
   if (cell->how != SHM_CELL_CMA || c->rx_read || !host || first == bytes) {

@@ -411,12 +411,15 @@ void tcp_conn_destroy(tcp_conn *c);
 /* the table's data members */
 weft_status tcp_send_ready(weft_tp_conn *conn);
 weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
-                     const struct weft_mem_ops *mem);
+                     const struct weft_mem_ops *mem, unsigned flags);
 weft_status tcp_send_idle(weft_tp_conn *conn);
-weft_status tcp_send_now(weft_tp_conn *conn);
 weft_status tcp_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
 weft_status tcp_recv_release(weft_tp_conn *conn);
+/* one chunk placed straight into dst from the socket (recv takes runs a
+ * chunk at a time through it) */
 weft_status tcp_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem);
+weft_status tcp_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+                     const struct weft_mem_ops *mem, size_t *chunks);
 
 #endif

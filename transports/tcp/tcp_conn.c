@@ -970,7 +970,7 @@ weft_status tcp_send_ready(weft_tp_conn *conn) {
 }
 
 weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
-                     const struct weft_mem_ops *mem) {
+                     const struct weft_mem_ops *mem, unsigned flags) {
   tcp_conn *c = tcp_conn_of(conn);
   (void)mem; /* host memory: the socket reads it directly */
   weft_status st = tcp_ready(c);
@@ -999,19 +999,10 @@ weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t
   }
   /* A large chunk waits for the transport's progress, which the engine runs
    * once the algorithm has posted what it can: then one sendmsg carries
-   * every chunk queued (up to TCP_SEND_DEPTH), rather than one each. */
-  if (bytes >= TCP_DEFER_MIN) return WEFT_OK;
-  bool progressed;
-  return tcp_conn_push_sends(c, &progressed);
-}
-
-/* A chunk that passes on what this rank received: the next rank waits for
- * it, so it is not left for the progress that batches a call's chunks
- * (TCP_DEFER_MIN). */
-weft_status tcp_send_now(weft_tp_conn *conn) {
-  tcp_conn *c = tcp_conn_of(conn);
-  if (c->state == TCP_CONN_DEAD) return c->dead_status;
-  if (c->state != TCP_CONN_UP || !c->queued) return WEFT_OK;
+   * every chunk queued (up to TCP_SEND_DEPTH), rather than one each. A
+   * chunk on a pipeline's path (WEFT_SEND_NOW) does not: the next rank
+   * waits for it. */
+  if (bytes >= TCP_DEFER_MIN && !(flags & WEFT_SEND_NOW)) return WEFT_OK;
   bool progressed;
   return tcp_conn_push_sends(c, &progressed);
 }
@@ -1197,4 +1188,9 @@ weft_status tcp_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *
   (void)mem; /* host memory: the socket writes it directly */
   if (c->rframe_done) return WEFT_ERR_INTERNAL; /* a peeked chunk was not released */
   return tcp_recv_frame(c, seq, bytes, dst);
+}
+
+weft_status tcp_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+                     const struct weft_mem_ops *mem, size_t *chunks) {
+  return weft_tp_recv_first(tcp_recv_into, conn, seq, chunk_bytes, bytes, dst, mem, chunks);
 }
