@@ -736,7 +736,6 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
                             .chunk_bytes = c->chunk_bytes,
                             .mem = &weft_mem_host,
                             .seq = (uint32_t)(c->tag + pass),
-                            .waiting_peer = -1,
                             .fail_peer = -1};
       if (c->algo == ALGO_BCAST && g == c->root && c->in_place) m->coll.sendbuf = m->coll.recvbuf;
       m->coll.hint = (weft_algo_hint){.sends_are_stores = c->stores[g],

@@ -80,21 +80,19 @@ typedef struct weft_algo_outcome {
   size_t direct_msgs_bytes;
 } weft_algo_outcome;
 
+/* One collective call as its algorithm sees it: the inputs, the links,
+ * the algorithm's own state and what it reports back. The caller holds it
+ * inside its own record of the call (src/coll/coll.h, weft_coll_task),
+ * whose other fields an algorithm never sees. */
 struct weft_coll {
-  struct weft_core *comm; /* the communicator's core (src/coll/core.h): the caller's
-                             (coll.c, engine.c); never read by an algorithm */
   /* The members the algorithm runs among: 0 .. size-1, this rank being
    * member `rank`. Algorithms only see members, through `link`; a
    * hierarchical algorithm runs its phases on groups' links. */
   int rank, size;
   weft_link link;
-  /* the caller's: room for the context of its links (a communicator's call
-   * keeps its weft_comm_link here, coll.c); algorithms use `link` only */
-  _Alignas(max_align_t) unsigned char link_ctx[WEFT_LINK_CTX_BYTES];
   int avg_div;      /* what avg divides by once the sum is complete: the
                        communicator's size, or 1 in a phase that only sums */
-  const char *call; /* "weft_allreduce": the name the user called */
-  uint8_t kind;     /* which call it is, for its checks and messages (coll.c) */
+  const char *call; /* "weft_allreduce": the name the user called, for messages */
   const char *algo; /* "ring", "rd", "tree": for messages and logs */
   const void *sendbuf;
   void *recvbuf;
@@ -119,19 +117,14 @@ struct weft_coll {
   weft_algo_hint hint;
   weft_hosts hosts; /* the hierarchical allreduce only */
   weft_algo_outcome outcome;
-  double issued;     /* weft_now() when issued (engine.c): the recorder's and the timeout's start */
-  uint32_t rec_slot; /* its flight recorder entry (recorder.c) */
-  /* Written by the communicator's links (comm_link.c), in communicator
-   * ranks; a phase's links write its call's, so a phase's stay unused. */
-  int waiting_peer; /* peer of the last WEFT_AGAIN, for timeout messages */
-  int fail_peer;    /* peer whose link failed, -1 if the failure was elsewhere */
-  void *scratch;    /* weft_coll_scratch's memory, freed when the call ends */
-  const char *waiting_for;
-  uint8_t token; /* weft_barrier's one byte */
+  /* The rank (communicator ranks) whose link failed or whose message was
+   * wrong, -1 if the failure was elsewhere: written by the communicator's
+   * links (comm_link.c) and by an algorithm that finds a peer's message
+   * wrong; a phase's links write its call's, so a phase's stays unused. */
+  int fail_peer;
+  void *scratch; /* weft_coll_scratch's memory, freed when the call ends */
   weft_status (*advance)(weft_coll *coll);
   void (*cleanup)(weft_coll *coll); /* releases what the algorithm holds besides scratch */
-  bool quiet_failure;               /* its failure is seen by every rank: no notice to peers */
-  void *check; /* WEFT_CHECK's fingerprint phase (coll.c), NULL when off or done */
   _Alignas(max_align_t) unsigned char algo_state[WEFT_ALGO_STATE_BYTES];
 };
 

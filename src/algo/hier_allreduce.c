@@ -100,7 +100,6 @@ static weft_coll *phase_init(weft_coll *coll, hier_chain *ch, const int *group, 
   weft_coll *inner = &ch->inner;
   *inner = (weft_coll){.link = weft_link_group_init(&ch->group, coll->link, group),
                        .call = coll->call,
-                       .kind = coll->kind,
                        .rank = rank,
                        .size = size,
                        .avg_div = avg_div,
@@ -114,7 +113,6 @@ static weft_coll *phase_init(weft_coll *coll, hier_chain *ch, const int *group, 
                        .chunk_bytes = coll->chunk_bytes,
                        .mem = coll->mem,
                        .seq = coll->seq,
-                       .waiting_peer = -1,
                        .fail_peer = -1};
   if (across_hosts) { /* the call's stage: it lives until the call's flush */
     inner->wire = coll->wire;
@@ -290,7 +288,6 @@ static weft_status tail_start(weft_coll *coll, hier_ctl *ctl) {
   weft_coll *t = &ctl->tail;
   *t = (weft_coll){.link = coll->link,
                    .call = coll->call,
-                   .kind = coll->kind,
                    .rank = coll->rank,
                    .size = coll->size,
                    .avg_div = coll->avg_div,
@@ -308,7 +305,6 @@ static weft_status tail_start(weft_coll *coll, hier_ctl *ctl) {
                    .wire = coll->wire,
                    .wire_stage = coll->wire_stage,
                    .wire_sent_to = 0, /* its leaders' group numbers members otherwise */
-                   .waiting_peer = -1,
                    .fail_peer = -1};
   hier_ctl *tc = calloc(1, sizeof *tc);
   if (!tc) return WEFT_ERR_NOMEM;

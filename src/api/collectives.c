@@ -37,7 +37,7 @@ WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *
                                     size_t count, weft_dtype dtype, weft_op op) {
   WEFT_API_LIVE(comm, "weft_allreduce");
   weft_request r;
-  return coll_blocking(&r, weft_coll_allreduce_setup(&r.coll, "weft_allreduce", &comm->core,
+  return coll_blocking(&r, weft_coll_allreduce_setup(&r.task, "weft_allreduce", &comm->core,
                                                      sendbuf, recvbuf, count, dtype, op));
 }
 
@@ -47,7 +47,7 @@ WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void 
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_iallreduce", req, &r));
   return coll_issue(r, req,
-                    weft_coll_allreduce_setup(&r->coll, "weft_iallreduce", &comm->core, sendbuf,
+                    weft_coll_allreduce_setup(&r->task, "weft_iallreduce", &comm->core, sendbuf,
                                               recvbuf, count, dtype, op));
 }
 
@@ -59,7 +59,7 @@ weft_status weft_api_iallreduce_wire(weft_comm *comm, const void *sendbuf, void 
   /* the setup reads the attribute on this thread; the call keeps its own */
   weft_dtype keep = comm->core.wire;
   if (wire >= 0) comm->core.wire = (weft_dtype)wire;
-  weft_status st = weft_coll_allreduce_setup(&r->coll, "weft_iallreduce", &comm->core, sendbuf,
+  weft_status st = weft_coll_allreduce_setup(&r->task, "weft_iallreduce", &comm->core, sendbuf,
                                              recvbuf, count, dtype, op);
   comm->core.wire = keep;
   return coll_issue(r, req, st);
@@ -69,7 +69,7 @@ WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *
                                     size_t count, weft_dtype dtype, int root) {
   WEFT_API_LIVE(comm, "weft_broadcast");
   weft_request r;
-  return coll_blocking(&r, weft_coll_broadcast_setup(&r.coll, "weft_broadcast", &comm->core,
+  return coll_blocking(&r, weft_coll_broadcast_setup(&r.task, "weft_broadcast", &comm->core,
                                                      sendbuf, recvbuf, count, dtype, root));
 }
 
@@ -78,7 +78,7 @@ WEFT_API weft_status weft_ibroadcast(weft_comm *comm, const void *sendbuf, void 
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_ibroadcast", req, &r));
   return coll_issue(r, req,
-                    weft_coll_broadcast_setup(&r->coll, "weft_ibroadcast", &comm->core, sendbuf,
+                    weft_coll_broadcast_setup(&r->task, "weft_ibroadcast", &comm->core, sendbuf,
                                               recvbuf, count, dtype, root));
 }
 
@@ -86,7 +86,7 @@ WEFT_API weft_status weft_reduce(weft_comm *comm, const void *sendbuf, void *rec
                                  weft_dtype dtype, weft_op op, int root) {
   WEFT_API_LIVE(comm, "weft_reduce");
   weft_request r;
-  return coll_blocking(&r, weft_coll_reduce_setup(&r.coll, "weft_reduce", &comm->core, sendbuf,
+  return coll_blocking(&r, weft_coll_reduce_setup(&r.task, "weft_reduce", &comm->core, sendbuf,
                                                   recvbuf, count, dtype, op, root));
 }
 
@@ -95,7 +95,7 @@ WEFT_API weft_status weft_ireduce(weft_comm *comm, const void *sendbuf, void *re
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_ireduce", req, &r));
   return coll_issue(r, req,
-                    weft_coll_reduce_setup(&r->coll, "weft_ireduce", &comm->core, sendbuf, recvbuf,
+                    weft_coll_reduce_setup(&r->task, "weft_ireduce", &comm->core, sendbuf, recvbuf,
                                            count, dtype, op, root));
 }
 
@@ -103,7 +103,7 @@ WEFT_API weft_status weft_allgather(weft_comm *comm, const void *sendbuf, void *
                                     size_t sendcount, weft_dtype dtype) {
   WEFT_API_LIVE(comm, "weft_allgather");
   weft_request r;
-  return coll_blocking(&r, weft_coll_allgather_setup(&r.coll, "weft_allgather", &comm->core,
+  return coll_blocking(&r, weft_coll_allgather_setup(&r.task, "weft_allgather", &comm->core,
                                                      sendbuf, recvbuf, sendcount, dtype));
 }
 
@@ -112,7 +112,7 @@ WEFT_API weft_status weft_iallgather(weft_comm *comm, const void *sendbuf, void 
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_iallgather", req, &r));
   return coll_issue(r, req,
-                    weft_coll_allgather_setup(&r->coll, "weft_iallgather", &comm->core, sendbuf,
+                    weft_coll_allgather_setup(&r->task, "weft_iallgather", &comm->core, sendbuf,
                                               recvbuf, sendcount, dtype));
 }
 
@@ -121,7 +121,7 @@ WEFT_API weft_status weft_reduce_scatter(weft_comm *comm, const void *sendbuf, v
   WEFT_API_LIVE(comm, "weft_reduce_scatter");
   weft_request r;
   return coll_blocking(
-      &r, weft_coll_reduce_scatter_setup(&r.coll, "weft_reduce_scatter", &comm->core, sendbuf,
+      &r, weft_coll_reduce_scatter_setup(&r.task, "weft_reduce_scatter", &comm->core, sendbuf,
                                          recvbuf, recvcount, dtype, op));
 }
 
@@ -131,7 +131,7 @@ WEFT_API weft_status weft_ireduce_scatter(weft_comm *comm, const void *sendbuf, 
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_ireduce_scatter", req, &r));
   return coll_issue(r, req,
-                    weft_coll_reduce_scatter_setup(&r->coll, "weft_ireduce_scatter", &comm->core,
+                    weft_coll_reduce_scatter_setup(&r->task, "weft_ireduce_scatter", &comm->core,
                                                    sendbuf, recvbuf, recvcount, dtype, op));
 }
 
@@ -139,7 +139,7 @@ WEFT_API weft_status weft_gather(weft_comm *comm, const void *sendbuf, void *rec
                                  size_t sendcount, weft_dtype dtype, int root) {
   WEFT_API_LIVE(comm, "weft_gather");
   weft_request r;
-  return coll_blocking(&r, weft_coll_gather_setup(&r.coll, "weft_gather", &comm->core, sendbuf,
+  return coll_blocking(&r, weft_coll_gather_setup(&r.task, "weft_gather", &comm->core, sendbuf,
                                                   recvbuf, sendcount, dtype, root));
 }
 
@@ -149,7 +149,7 @@ WEFT_API weft_status weft_igather(weft_comm *comm, const void *sendbuf, void *re
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_igather", req, &r));
   return coll_issue(r, req,
-                    weft_coll_gather_setup(&r->coll, "weft_igather", &comm->core, sendbuf, recvbuf,
+                    weft_coll_gather_setup(&r->task, "weft_igather", &comm->core, sendbuf, recvbuf,
                                            sendcount, dtype, root));
 }
 
@@ -157,7 +157,7 @@ WEFT_API weft_status weft_scatter(weft_comm *comm, const void *sendbuf, void *re
                                   size_t recvcount, weft_dtype dtype, int root) {
   WEFT_API_LIVE(comm, "weft_scatter");
   weft_request r;
-  return coll_blocking(&r, weft_coll_scatter_setup(&r.coll, "weft_scatter", &comm->core, sendbuf,
+  return coll_blocking(&r, weft_coll_scatter_setup(&r.task, "weft_scatter", &comm->core, sendbuf,
                                                    recvbuf, recvcount, dtype, root));
 }
 
@@ -167,7 +167,7 @@ WEFT_API weft_status weft_iscatter(weft_comm *comm, const void *sendbuf, void *r
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_iscatter", req, &r));
   return coll_issue(r, req,
-                    weft_coll_scatter_setup(&r->coll, "weft_iscatter", &comm->core, sendbuf,
+                    weft_coll_scatter_setup(&r->task, "weft_iscatter", &comm->core, sendbuf,
                                             recvbuf, recvcount, dtype, root));
 }
 
@@ -175,7 +175,7 @@ WEFT_API weft_status weft_alltoall(weft_comm *comm, const void *sendbuf, void *r
                                    size_t count, weft_dtype dtype) {
   WEFT_API_LIVE(comm, "weft_alltoall");
   weft_request r;
-  return coll_blocking(&r, weft_coll_alltoall_setup(&r.coll, "weft_alltoall", &comm->core, sendbuf,
+  return coll_blocking(&r, weft_coll_alltoall_setup(&r.task, "weft_alltoall", &comm->core, sendbuf,
                                                     recvbuf, count, dtype));
 }
 
@@ -184,18 +184,18 @@ WEFT_API weft_status weft_ialltoall(weft_comm *comm, const void *sendbuf, void *
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_ialltoall", req, &r));
   return coll_issue(r, req,
-                    weft_coll_alltoall_setup(&r->coll, "weft_ialltoall", &comm->core, sendbuf,
+                    weft_coll_alltoall_setup(&r->task, "weft_ialltoall", &comm->core, sendbuf,
                                              recvbuf, count, dtype));
 }
 
 WEFT_API weft_status weft_barrier(weft_comm *comm) {
   WEFT_API_LIVE(comm, "weft_barrier");
   weft_request r;
-  return coll_blocking(&r, weft_coll_barrier_setup(&r.coll, "weft_barrier", &comm->core));
+  return coll_blocking(&r, weft_coll_barrier_setup(&r.task, "weft_barrier", &comm->core));
 }
 
 WEFT_API weft_status weft_ibarrier(weft_comm *comm, weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_ibarrier", req, &r));
-  return coll_issue(r, req, weft_coll_barrier_setup(&r->coll, "weft_ibarrier", &comm->core));
+  return coll_issue(r, req, weft_coll_barrier_setup(&r->task, "weft_ibarrier", &comm->core));
 }

@@ -22,6 +22,10 @@
 #include "src/base/status.h"
 #include "src/mem/reduce.h"
 
+/* The call an algorithm's weft_coll belongs to (coll.h): coll.c's own
+ * advance functions get the algorithm's view and reach the rest here. */
+#define TASK(coll) weft_coll_task_of(coll)
+
 /* ---- errors ------------------------------------------------------------- */
 
 /* What each call takes, for its checks and its messages. */
@@ -61,7 +65,8 @@ static const coll_kind coll_kinds[] = {
 /* The rules of the call `coll` belongs to; the non-blocking form "weft_iNAME"
  * has those of "weft_NAME". */
 static const coll_kind *coll_kind_of(const weft_coll *coll) {
-  return &coll_kinds[coll->kind < sizeof coll_kinds / sizeof coll_kinds[0] ? coll->kind : 0];
+  return &coll_kinds[TASK(coll)->kind < sizeof coll_kinds / sizeof coll_kinds[0] ? TASK(coll)->kind
+                                                                                 : 0];
 }
 
 static weft_dtype coll_user_dtype(const weft_coll *coll);
@@ -86,7 +91,7 @@ static void coll_describe(const weft_coll *coll, char *buf, size_t len) {
 static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, ...) {
-  weft_core *comm = coll->comm;
+  weft_core *comm = TASK(coll)->comm;
   char what[384], desc[160];
   va_list ap;
   va_start(ap, fmt);
@@ -95,7 +100,7 @@ static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, .
   coll_describe(coll, desc, sizeof desc);
   weft_core_error(comm, st, desc, "%s", what);
   comm->fail.failed = st;
-  if (coll->quiet_failure) return st; /* every rank saw it itself */
+  if (TASK(coll)->quiet_failure) return st; /* every rank saw it itself */
   char reason[600];
   if (comm->links.sink.origin[0])
     snprintf(reason, sizeof reason, "%s", comm->links.sink.origin);
@@ -127,14 +132,14 @@ typedef struct coll_extra {
 } coll_extra;
 
 static coll_extra *coll_extra_get(weft_coll *coll) {
-  if (!coll->check) coll->check = calloc(1, sizeof(coll_extra));
-  return coll->check;
+  if (!TASK(coll)->check) TASK(coll)->check = calloc(1, sizeof(coll_extra));
+  return TASK(coll)->check;
 }
 
 /* The dtype the user passed: an integer avg runs in i64 (avg_widen), but its
  * sentences and its fingerprint name what the user called. */
 static weft_dtype coll_user_dtype(const weft_coll *coll) {
-  const coll_extra *x = coll->check;
+  const coll_extra *x = TASK(coll)->check;
   return x && x->widened ? x->user_dtype : coll->dtype;
 }
 
@@ -156,7 +161,7 @@ static weft_status avg_widen(weft_coll *coll, size_t elems, size_t result_at, si
                       ? coll->mem->alloc_scratch(elems * sizeof(int64_t))
                       : NULL;
   if (!wide) {
-    weft_coll_release(coll);
+    weft_coll_release(TASK(coll));
     return coll_fail(coll, WEFT_ERR_NOMEM,
                      "no memory for the 64-bit sums of an integer avg (%zu elements of 8 bytes)",
                      elems);
@@ -180,7 +185,7 @@ static weft_status avg_widen(weft_coll *coll, size_t elems, size_t result_at, si
  * issue, as the algorithm would read it (an earlier call may still be
  * writing it), then the algorithm. */
 static weft_status avg_widen_first(weft_coll *coll) {
-  coll_extra *x = coll->check;
+  coll_extra *x = TASK(coll)->check;
   weft_widen_i64(x->wide, x->user_send, x->wide_elems, x->user_dtype);
   x->ran = true;
   coll->advance = x->then;
@@ -190,7 +195,7 @@ static weft_status avg_widen_first(weft_coll *coll) {
 /* Once the algorithm is done: the mean, truncated toward zero, into the
  * user's recvbuf. */
 static void avg_narrow(weft_coll *coll) {
-  coll_extra *x = coll->check;
+  coll_extra *x = TASK(coll)->check;
   if (!x->widened || !x->ran || x->narrowed) return;
   x->narrowed = true;
   if (x->user_recv)
@@ -199,9 +204,10 @@ static void avg_narrow(weft_coll *coll) {
 
 /* ---- what the engine asks of a collective ------------------------------- */
 
-weft_status weft_coll_flush(weft_coll *coll) {
-  weft_core *comm = coll->comm;
-  if (coll->check) avg_narrow(coll); /* the engine flushes once the algorithm is done */
+weft_status weft_coll_flush(weft_coll_task *task) {
+  weft_coll *coll = &task->coll;
+  weft_core *comm = TASK(coll)->comm;
+  if (TASK(coll)->check) avg_narrow(coll); /* the engine flushes once the algorithm is done */
   for (int i = 0; i < comm->links.nactive; i++) {
     int peer = comm->links.active[i];
     if (comm->links.peers[peer].last_send_seq != coll->seq) continue;
@@ -214,8 +220,9 @@ weft_status weft_coll_flush(weft_coll *coll) {
 
 /* What the call found out, kept for later calls to choose by (algo.h,
  * weft_algo_outcome): algorithms report, the communicator remembers. */
-void weft_coll_end(weft_coll *coll) {
-  weft_core *comm = coll->comm;
+void weft_coll_end(weft_coll_task *task) {
+  weft_coll *coll = &task->coll;
+  weft_core *comm = TASK(coll)->comm;
   weft_choice_keep(&comm->choice, coll);
   for (int i = 0; i < comm->links.nactive; i++)
     comm->links.peers[comm->links.active[i]].is_active = false;
@@ -223,24 +230,25 @@ void weft_coll_end(weft_coll *coll) {
 }
 
 /* The sentence for a failure the engine saw while driving this collective. */
-weft_status weft_coll_failed(weft_coll *coll, weft_status st) {
-  weft_core *comm = coll->comm;
-  int peer = coll->waiting_peer;
+weft_status weft_coll_failed(weft_coll_task *task, weft_status st) {
+  weft_coll *coll = &task->coll;
+  weft_core *comm = TASK(coll)->comm;
+  int peer = TASK(coll)->waiting_peer;
   switch (st) {
     case WEFT_ERR_ABORTED:
       comm->links.sink.origin[0] = 0;
-      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, 0);
+      weft_recorder_update(&comm->recorder, task, WEFT_REC_FAILED, st, 0);
       weft_recorder_dump(&comm->recorder, comm->rank, comm->size, "aborted");
       return coll_fail(coll, st, "weft_comm_abort was called");
     case WEFT_ERR_TIMEOUT:
       comm->links.sink.origin[0] = 0;
-      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, 0);
+      weft_recorder_update(&comm->recorder, task, WEFT_REC_FAILED, st, 0);
       weft_recorder_dump(&comm->recorder, comm->rank, comm->size, "timeout");
       return coll_fail(coll, st,
                        "no progress for %.1f s while waiting for %s peer %d (%s algorithm); is "
                        "peer %d alive and in the same call?",
-                       comm->fail.timeout_s, coll->waiting_for ? coll->waiting_for : "", peer,
-                       coll->algo, peer);
+                       comm->fail.timeout_s, TASK(coll)->waiting_for ? TASK(coll)->waiting_for : "",
+                       peer, coll->algo, peer);
     default:
       if (comm->fail.failed) return comm->fail.failed; /* the algorithm worded it (coll_fail) */
       if (comm->links.sink.origin[0]) return coll_fail(coll, st, "%s", comm->links.sink.msg);
@@ -250,18 +258,18 @@ weft_status weft_coll_failed(weft_coll *coll, weft_status st) {
   }
 }
 
-weft_status weft_coll_timed_out(weft_coll *coll, const char *verdict) {
-  weft_core *comm = coll->comm;
-  int peer = coll->waiting_peer;
+weft_status weft_coll_timed_out(weft_coll_task *task, const char *verdict) {
+  weft_coll *coll = &task->coll;
+  weft_core *comm = TASK(coll)->comm;
+  int peer = TASK(coll)->waiting_peer;
   comm->links.sink.origin[0] = 0; /* this rank's own words: every rank reached the same */
-  weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, WEFT_ERR_TIMEOUT, 0);
+  weft_recorder_update(&comm->recorder, task, WEFT_REC_FAILED, WEFT_ERR_TIMEOUT, 0);
   weft_recorder_dump(&comm->recorder, comm->rank, comm->size, "timeout");
   return coll_fail(coll, WEFT_ERR_TIMEOUT,
                    "no progress for %.1f s while waiting for %s peer %d (%s algorithm); %s",
-                   comm->fail.timeout_s, coll->waiting_for ? coll->waiting_for : "", peer,
-                   coll->algo, verdict);
+                   comm->fail.timeout_s, TASK(coll)->waiting_for ? TASK(coll)->waiting_for : "",
+                   peer, coll->algo, verdict);
 }
-
 
 /* ---- WEFT_CHECK: fingerprints before every collective ----------------------- */
 
@@ -313,12 +321,13 @@ static void print_describe(const coll_print *p, char *buf, size_t len) {
 }
 
 static void check_cleanup_free(weft_coll *coll);
-void weft_coll_release(weft_coll *coll) {
+void weft_coll_release(weft_coll_task *task) {
+  weft_coll *coll = &task->coll;
   if (coll->wire_stage) { /* after the flush: no send reads it any more */
     coll->mem->free_scratch(coll->wire_stage);
     coll->wire_stage = NULL;
   }
-  coll_extra *x = coll->check;
+  coll_extra *x = TASK(coll)->check;
   if (!x) return;
   check_cleanup_free(coll);
   if (x->wide) coll->mem->free_scratch(x->wide);
@@ -329,11 +338,11 @@ void weft_coll_release(weft_coll *coll) {
     coll->recvbuf = x->user_recv;
   }
   free(x);
-  coll->check = NULL;
+  TASK(coll)->check = NULL;
 }
 
 static void check_cleanup_free(weft_coll *coll) {
-  coll_extra *x = coll->check;
+  coll_extra *x = TASK(coll)->check;
   coll_check *ck = x ? x->check : NULL;
   if (!ck) return;
   weft_coll_scratch_free(&ck->inner, ck->inner.scratch);
@@ -342,20 +351,20 @@ static void check_cleanup_free(weft_coll *coll) {
 }
 
 static weft_status check_advance(weft_coll *coll) {
-  coll_check *ck = ((coll_extra *)coll->check)->check;
+  coll_check *ck = ((coll_extra *)TASK(coll)->check)->check;
   WEFT_STEP(ck->inner.advance(&ck->inner));
-  int n = coll->comm->size;
+  int n = TASK(coll)->comm->size;
   for (int r = 0; r < n; r++) {
     if (!memcmp(&ck->prints[r], &ck->prints[0], sizeof(coll_print))) continue;
     /* Every rank holds the same table and fails the same way by itself:
      * deliver our part first (a peer may still be reading it), and send
      * no failure notice that could overtake it. */
-    WEFT_STEP(weft_coll_flush(coll));
-    coll->quiet_failure = true;
+    WEFT_STEP(weft_coll_flush(TASK(coll)));
+    TASK(coll)->quiet_failure = true;
     char a[160], b[160];
     print_describe(&ck->prints[0], a, sizeof a);
     print_describe(&ck->prints[r], b, sizeof b);
-    coll->comm->links.sink.origin[0] = 0;
+    TASK(coll)->comm->links.sink.origin[0] = 0;
     return coll_fail(coll, WEFT_ERR_MISMATCH,
                      "WEFT_CHECK: ranks disagree on call #%u: rank 0 called %s, rank %d called %s",
                      coll->seq, a, r, b);
@@ -367,20 +376,18 @@ static weft_status check_advance(weft_coll *coll) {
 
 /* Puts the fingerprint phase in front of the algorithm `coll` was started with. */
 static weft_status check_start(weft_coll *coll) {
-  int n = coll->comm->size;
+  int n = TASK(coll)->comm->size;
   coll_extra *x = coll_extra_get(coll);
   coll_check *ck = x ? calloc(1, sizeof *ck + sizeof(coll_print) * (size_t)n) : NULL;
   if (!ck) {
-    weft_coll_release(coll);
+    weft_coll_release(TASK(coll));
     return coll_fail(coll, WEFT_ERR_NOMEM, "no memory for the WEFT_CHECK fingerprints");
   }
   ck->mine = print_of(coll);
   ck->then = coll->advance;
-  ck->inner = (weft_coll){.comm = coll->comm,
-                          .link = coll->link,
+  ck->inner = (weft_coll){.link = coll->link,
                           .chunk_bytes = coll->chunk_bytes,
                           .call = coll->call,
-                          .kind = coll->kind,
                           .rank = coll->rank,
                           .size = coll->size,
                           .avg_div = 1,
@@ -391,12 +398,11 @@ static weft_status check_start(weft_coll *coll) {
                           .elem = 1,
                           .mem = &weft_mem_host,
                           .seq = coll->seq,
-                          .waiting_peer = -1,
                           .fail_peer = -1};
   x->check = ck;
   weft_status st = weft_ring_allgather_start(&ck->inner);
   if (st < 0) {
-    weft_coll_release(coll);
+    weft_coll_release(TASK(coll));
     return coll_fail(coll, st, "could not start the WEFT_CHECK exchange");
   }
   coll->advance = check_advance;
@@ -409,7 +415,7 @@ static weft_status check_start(weft_coll *coll) {
 static weft_status coll_start_failed(weft_coll *coll, weft_status started) {
   weft_coll_scratch_free(coll, coll->scratch);
   coll->scratch = NULL;
-  weft_coll_release(coll);
+  weft_coll_release(TASK(coll));
   return coll_fail(coll, started, "could not start the algorithm: %s", weft_strerror(started));
 }
 
@@ -420,14 +426,14 @@ static weft_status coll_start(weft_coll *coll, weft_status started) {
   /* the recorder names what the user called: a widened avg's dtype too */
   weft_dtype runs_as = coll->dtype;
   coll->dtype = coll_user_dtype(coll);
-  weft_recorder_issue(&coll->comm->recorder, coll); /* the engine adds the time */
+  weft_recorder_issue(&TASK(coll)->comm->recorder, TASK(coll)); /* the engine adds the time */
   coll->dtype = runs_as;
-  coll_extra *x = coll->check;
+  coll_extra *x = TASK(coll)->check;
   if (x && x->widened) {
     x->then = coll->advance;
     coll->advance = avg_widen_first;
   }
-  if (coll->comm->check_calls) return check_start(coll);
+  if (TASK(coll)->comm->check_calls) return check_start(coll);
   return WEFT_OK;
 }
 
@@ -435,24 +441,25 @@ static weft_status coll_start(weft_coll *coll, weft_status started) {
 
 /* Common checks of a live communicator's call; fills coll. Returns an error
  * with the message set. */
-static weft_status coll_begin(weft_core *comm, weft_coll *coll, const char *call,
+static weft_status coll_begin(weft_core *comm, weft_coll_task *task, const char *call,
                               enum coll_kind_id kind, const void *sendbuf, void *recvbuf,
                               size_t count, weft_dtype dtype, weft_op op, int root) {
-  *coll = (weft_coll){.comm = comm,
-                      .call = call,
-                      .kind = (uint8_t)kind,
-                      .sendbuf = sendbuf,
-                      .recvbuf = recvbuf,
-                      .count = count,
-                      .dtype = dtype,
-                      .op = op,
-                      .root = root,
-                      .waiting_peer = -1,
-                      .fail_peer = -1};
+  *task = (weft_coll_task){.coll = {.call = call,
+                                    .sendbuf = sendbuf,
+                                    .recvbuf = recvbuf,
+                                    .count = count,
+                                    .dtype = dtype,
+                                    .op = op,
+                                    .root = root,
+                                    .fail_peer = -1},
+                           .comm = comm,
+                           .kind = (uint8_t)kind,
+                           .waiting_peer = -1};
+  weft_coll *coll = &task->coll;
   /* the public entry point checked that the handle is live (src/api) */
   coll->rank = comm->rank;
-  coll->link = weft_comm_link_init((weft_comm_link *)(void *)coll->link_ctx, &comm->links,
-                                   &coll->waiting_peer, &coll->fail_peer, &coll->waiting_for);
+  coll->link = weft_comm_link_init((weft_comm_link *)(void *)task->link_ctx, &comm->links,
+                                   &task->waiting_peer, &coll->fail_peer, &task->waiting_for);
   coll->chunk_bytes = comm->chunk_bytes;
   coll->size = coll->avg_div = comm->size;
   if (atomic_load(&comm->fail.aborted) && !comm->fail.failed)
@@ -488,7 +495,7 @@ typedef struct coll_span {
 #define SAME_POINTER "in place needs the same pointer"
 
 static weft_status check_buffers(weft_coll *coll, coll_span sp) {
-  weft_core *comm = coll->comm;
+  weft_core *comm = TASK(coll)->comm;
   const char *call = coll->call, *what = coll_kind_of(coll)->count_name;
   if (coll->count == 0) return WEFT_OK;
   if (sp.send_elems && !coll->sendbuf)
@@ -513,7 +520,7 @@ static weft_status check_buffers(weft_coll *coll, coll_span sp) {
  * rank that skipped or added a call is caught by the next chunk it moves. */
 static void coll_take_seq(weft_coll *coll) {
   coll->mem = weft_mem_for(coll->recvbuf ? coll->recvbuf : coll->sendbuf);
-  coll->seq = ++coll->comm->seq;
+  coll->seq = ++TASK(coll)->comm->seq;
 }
 
 /* A call of count 0 moves no data, so without WEFT_CHECK it ends here on
@@ -521,7 +528,7 @@ static void coll_take_seq(weft_coll *coll) {
  * With WEFT_CHECK it still compares its fingerprint with every rank's: a
  * count 0 where the others pass 10 is a mismatch like any other. */
 static weft_status coll_empty(weft_coll *coll) {
-  if (!coll->comm->check_calls || coll->comm->size == 1) return WEFT_COLL_DONE;
+  if (!TASK(coll)->comm->check_calls || TASK(coll)->comm->size == 1) return WEFT_COLL_DONE;
   coll->algo = "none (count 0)";
   coll->advance = weft_step_nothing;
   return coll_start(coll, WEFT_OK);
@@ -535,7 +542,7 @@ static weft_status coll_empty(weft_coll *coll) {
  * Every rank decides alike: the same call, the same hosts, the same
  * attribute (weft.h asks every rank to set it alike; WEFT_CHECK compares it). */
 static weft_status coll_wire(weft_coll *coll) {
-  weft_core *comm = coll->comm;
+  weft_core *comm = TASK(coll)->comm;
   if ((comm->wire != WEFT_BF16 && comm->wire != WEFT_F16) || coll->dtype != WEFT_F32 ||
       (coll->op != WEFT_SUM && coll->op != WEFT_AVG) || comm->hosts.nhosts < 2)
     return WEFT_OK;
@@ -557,7 +564,8 @@ static weft_status coll_copy_alone(weft_coll *coll) {
 /* The call's algorithm, chosen now that it reaches the head of the queue
  * (choose.c says why then). */
 static weft_status allreduce_start_late(weft_coll *coll) {
-  weft_status st = weft_choose_late(&coll->comm->choice, coll, coll->kind != KIND_ALLREDUCE);
+  weft_status st =
+      weft_choose_late(&TASK(coll)->comm->choice, coll, TASK(coll)->kind != KIND_ALLREDUCE);
   if (st < 0) return coll_start_failed(coll, st);
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %s algorithm, chosen at its start", coll->call, coll->seq,
              coll->algo);
@@ -571,10 +579,11 @@ static weft_status coll_start_late(weft_coll *coll) {
   return coll_start(coll, WEFT_OK);
 }
 
-weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_allreduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, weft_op op) {
-  WEFT_CHECK(coll_begin(comm, coll, call, KIND_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0));
+  weft_coll *coll = &task->coll;
+  WEFT_CHECK(coll_begin(comm, task, call, KIND_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0));
   WEFT_CHECK(check_buffers(coll, (coll_span){count, count, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
   if (count == 0) return coll_empty(coll);
@@ -590,11 +599,12 @@ weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_co
   return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }
 
-weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_broadcast_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, int root) {
+  weft_coll *coll = &task->coll;
   WEFT_CHECK(
-      coll_begin(comm, coll, call, KIND_BROADCAST, sendbuf, recvbuf, count, dtype, WEFT_SUM, root));
+      coll_begin(comm, task, call, KIND_BROADCAST, sendbuf, recvbuf, count, dtype, WEFT_SUM, root));
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (coll_span){at_root ? count : 0, count, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
@@ -610,10 +620,11 @@ weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_co
   return coll_start(coll, weft_confirmed_broadcast_start(coll, fanout));
 }
 
-weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_reduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                    const void *sendbuf, void *recvbuf, size_t count,
                                    weft_dtype dtype, weft_op op, int root) {
-  WEFT_CHECK(coll_begin(comm, coll, call, KIND_REDUCE, sendbuf, recvbuf, count, dtype, op, root));
+  weft_coll *coll = &task->coll;
+  WEFT_CHECK(coll_begin(comm, task, call, KIND_REDUCE, sendbuf, recvbuf, count, dtype, op, root));
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (coll_span){count, at_root ? count : 0, 0, 0, SAME_POINTER}));
   coll_take_seq(coll);
@@ -628,10 +639,11 @@ weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_core 
   return coll_start(coll, weft_tree_reduce_start(coll, fanout));
 }
 
-weft_status weft_coll_allgather_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_allgather_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t sendcount,
                                       weft_dtype dtype) {
-  WEFT_CHECK(coll_begin(comm, coll, call, KIND_ALLGATHER, sendbuf, recvbuf, sendcount, dtype,
+  weft_coll *coll = &task->coll;
+  WEFT_CHECK(coll_begin(comm, task, call, KIND_ALLGATHER, sendbuf, recvbuf, sendcount, dtype,
                         WEFT_SUM, 0));
   size_t n = (size_t)comm->size, r = (size_t)comm->rank;
   WEFT_CHECK(check_buffers(
@@ -643,11 +655,12 @@ weft_status weft_coll_allgather_setup(weft_coll *coll, const char *call, weft_co
   return coll_start(coll, weft_choose_allgather(&comm->choice, coll));
 }
 
-weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_reduce_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                            const void *sendbuf, void *recvbuf, size_t recvcount,
                                            weft_dtype dtype, weft_op op) {
+  weft_coll *coll = &task->coll;
   WEFT_CHECK(
-      coll_begin(comm, coll, call, KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
+      coll_begin(comm, task, call, KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
   size_t n = (size_t)comm->size, r = (size_t)comm->rank;
   WEFT_CHECK(check_buffers(
       coll, (coll_span){n * recvcount, recvcount, r * recvcount, 0,
@@ -664,10 +677,11 @@ weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, we
   return coll_start(coll, weft_choose_reduce_scatter(&comm->choice, coll));
 }
 
-weft_status weft_coll_gather_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_gather_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                    const void *sendbuf, void *recvbuf, size_t sendcount,
                                    weft_dtype dtype, int root) {
-  WEFT_CHECK(coll_begin(comm, coll, call, KIND_GATHER, sendbuf, recvbuf, sendcount, dtype, WEFT_SUM,
+  weft_coll *coll = &task->coll;
+  WEFT_CHECK(coll_begin(comm, task, call, KIND_GATHER, sendbuf, recvbuf, sendcount, dtype, WEFT_SUM,
                         root));
   size_t n = (size_t)comm->size;
   bool at_root = comm->rank == root;
@@ -680,10 +694,11 @@ weft_status weft_coll_gather_setup(weft_coll *coll, const char *call, weft_core 
   return coll_start(coll, weft_flat_gather_start(coll));
 }
 
-weft_status weft_coll_scatter_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                     const void *sendbuf, void *recvbuf, size_t recvcount,
                                     weft_dtype dtype, int root) {
-  WEFT_CHECK(coll_begin(comm, coll, call, KIND_SCATTER, sendbuf, recvbuf, recvcount, dtype,
+  weft_coll *coll = &task->coll;
+  WEFT_CHECK(coll_begin(comm, task, call, KIND_SCATTER, sendbuf, recvbuf, recvcount, dtype,
                         WEFT_SUM, root));
   size_t n = (size_t)comm->size;
   bool at_root = comm->rank == root;
@@ -696,11 +711,12 @@ weft_status weft_coll_scatter_setup(weft_coll *coll, const char *call, weft_core
   return coll_start(coll, weft_flat_scatter_start(coll));
 }
 
-weft_status weft_coll_alltoall_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_alltoall_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                      const void *sendbuf, void *recvbuf, size_t count,
                                      weft_dtype dtype) {
+  weft_coll *coll = &task->coll;
   WEFT_CHECK(
-      coll_begin(comm, coll, call, KIND_ALLTOALL, sendbuf, recvbuf, count, dtype, WEFT_SUM, 0));
+      coll_begin(comm, task, call, KIND_ALLTOALL, sendbuf, recvbuf, count, dtype, WEFT_SUM, 0));
   if (count && sendbuf && sendbuf == recvbuf)
     return weft_core_error(comm, WEFT_ERR_INVALID, call,
                            "sendbuf == recvbuf, but alltoall cannot run in place (a block would be "
@@ -713,11 +729,12 @@ weft_status weft_coll_alltoall_setup(weft_coll *coll, const char *call, weft_cor
   return coll_start(coll, weft_pairwise_alltoall_start(coll));
 }
 
-weft_status weft_coll_barrier_setup(weft_coll *coll, const char *call, weft_core *comm) {
+weft_status weft_coll_barrier_setup(weft_coll_task *task, const char *call, weft_core *comm) {
+  weft_coll *coll = &task->coll;
   /* a one-byte max-allreduce: nobody leaves before everybody contributed */
-  WEFT_CHECK(coll_begin(comm, coll, call, KIND_BARRIER, NULL, NULL, 1, WEFT_U8, WEFT_MAX, 0));
-  coll->token = 0;
-  coll->sendbuf = coll->recvbuf = &coll->token;
+  WEFT_CHECK(coll_begin(comm, task, call, KIND_BARRIER, NULL, NULL, 1, WEFT_U8, WEFT_MAX, 0));
+  TASK(coll)->token = 0;
+  coll->sendbuf = coll->recvbuf = &TASK(coll)->token;
   coll->mem = &weft_mem_host;
   coll->seq = ++comm->seq;
   if (comm->size == 1) return WEFT_COLL_DONE;

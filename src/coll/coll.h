@@ -11,6 +11,35 @@
 #include "src/coll/core.h"
 #include "weft.h"
 
+/* One collective call as its caller holds it: set up here, driven by the
+ * engine, read by the recorder and the timeout. `coll` is all the
+ * algorithm sees (algo.h: its inputs and state); the rest is the caller's. */
+typedef struct weft_coll_task {
+  weft_coll coll;    /* first: an advance of coll.c's finds its task (weft_coll_task_of) */
+  weft_core *comm;   /* the communicator's core */
+  uint8_t kind;      /* which call it is, for its checks and messages */
+  double issued;     /* weft_now() when issued (engine.c): the recorder's and the timeout's start */
+  uint32_t rec_slot; /* its flight recorder entry (recorder.c) */
+  /* written by the communicator's links (comm_link.c): the peer of the last
+   * WEFT_AGAIN and what was awaited from it, for the engine's sleep, the
+   * timeout's sentence and the recorder */
+  int waiting_peer;
+  const char *waiting_for;
+  bool quiet_failure; /* its failure is seen by every rank: no notice to peers */
+  void *check;        /* WEFT_CHECK's fingerprint phase, an integer avg's buffer (coll.c) */
+  uint8_t token;      /* weft_barrier's one byte */
+  /* room for the context of its links (a weft_comm_link) */
+  _Alignas(max_align_t) unsigned char link_ctx[WEFT_LINK_CTX_BYTES];
+} weft_coll_task;
+
+_Static_assert(offsetof(weft_coll_task, coll) == 0, "an advance finds its task from its coll");
+
+/* The task whose `coll` this is (const or not); only for a weft_coll set up here. */
+#define weft_coll_task_of(coll) \
+  _Generic((coll),                                                              \
+      const weft_coll *: (const weft_coll_task *)(const void *)(coll),          \
+      default: (weft_coll_task *)(void *)(coll))
+
 /* A setup's answer besides OK (give the call to the engine) and errors (the
  * sentence is written): the call is already complete on this rank (count 0,
  * one rank). */
@@ -19,45 +48,45 @@
 /* Each checks its arguments against `comm` (the core of a communicator the
  * caller found live), takes the call's sequence number and starts its
  * algorithm in `coll`; `call` is the name the user called ("weft_iallreduce"). */
-weft_status weft_coll_allreduce_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_allreduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, weft_op op);
-weft_status weft_coll_broadcast_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_broadcast_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, int root);
-weft_status weft_coll_reduce_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_reduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                    const void *sendbuf, void *recvbuf, size_t count,
                                    weft_dtype dtype, weft_op op, int root);
-weft_status weft_coll_allgather_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_allgather_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t sendcount,
                                       weft_dtype dtype);
-weft_status weft_coll_reduce_scatter_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_reduce_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                            const void *sendbuf, void *recvbuf, size_t recvcount,
                                            weft_dtype dtype, weft_op op);
-weft_status weft_coll_gather_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_gather_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                    const void *sendbuf, void *recvbuf, size_t sendcount,
                                    weft_dtype dtype, int root);
-weft_status weft_coll_scatter_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                     const void *sendbuf, void *recvbuf, size_t recvcount,
                                     weft_dtype dtype, int root);
-weft_status weft_coll_alltoall_setup(weft_coll *coll, const char *call, weft_core *comm,
+weft_status weft_coll_alltoall_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                      const void *sendbuf, void *recvbuf, size_t count,
                                      weft_dtype dtype);
-weft_status weft_coll_barrier_setup(weft_coll *coll, const char *call, weft_core *comm);
+weft_status weft_coll_barrier_setup(weft_coll_task *task, const char *call, weft_core *comm);
 
 /* What the engine asks of a running call. */
 /* WEFT_OK once every chunk the call sent is out (its buffers may be reused). */
-weft_status weft_coll_flush(weft_coll *coll);
+weft_status weft_coll_flush(weft_coll_task *task);
 /* The call is over: the peers it touched are no longer its. */
-void weft_coll_end(weft_coll *coll);
+void weft_coll_end(weft_coll_task *task);
 /* The sentence for a failure the engine saw while driving it; fails the
  * communicator and tells the peers. Returns the status to report. */
-weft_status weft_coll_failed(weft_coll *coll, weft_status st);
+weft_status weft_coll_failed(weft_coll_task *task, weft_status st);
 /* A timeout, worded with `verdict`: what the ranks found out together about
  * whom they waited on (the engine's culprit exchange). */
-weft_status weft_coll_timed_out(weft_coll *coll, const char *verdict);
+weft_status weft_coll_timed_out(weft_coll_task *task, const char *verdict);
 /* Frees what the call's setup held besides the algorithm (WEFT_CHECK's phase,
- * an integer avg's 64-bit buffer; weft_coll.check holds both). */
-void weft_coll_release(weft_coll *coll);
+ * an integer avg's 64-bit buffer; the task's check holds both). */
+void weft_coll_release(weft_coll_task *task);
 
 #endif

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "src/algo/algo.h"
+#include "src/coll/coll.h"
 #include "src/base/net.h"
 #include "src/base/settings.h"
 
@@ -32,9 +33,10 @@ void weft_recorder_free(weft_recorder *rec) {
   rec->cap = 0;
 }
 
-void weft_recorder_issue(weft_recorder *rec, weft_coll *coll) {
+void weft_recorder_issue(weft_recorder *rec, weft_coll_task *task) {
   if (!rec->cap) return;
-  coll->rec_slot = rec->at;
+  const weft_coll *coll = &task->coll;
+  task->rec_slot = rec->at;
   weft_rec_entry *e = &rec->ring[rec->at];
   if (++rec->at == rec->cap) rec->at = 0;
   rec->next++;
@@ -46,34 +48,34 @@ void weft_recorder_issue(weft_recorder *rec, weft_coll *coll) {
                         .op = coll->op,
                         .root = coll->root,
                         .state = WEFT_REC_QUEUED,
-                        .issued = coll->issued,
+                        .issued = task->issued,
                         .waiting_peer = -1};
 }
 
 /* The call's entry, or NULL once a later call took it (the ring wrapped). */
-static weft_rec_entry *entry_of(weft_recorder *rec, const weft_coll *coll) {
-  if (!rec->cap || coll->rec_slot >= rec->cap) return NULL;
-  weft_rec_entry *e = &rec->ring[coll->rec_slot];
-  return e->seq == coll->seq && e->call == coll->call ? e : NULL;
+static weft_rec_entry *entry_of(weft_recorder *rec, const weft_coll_task *task) {
+  if (!rec->cap || task->rec_slot >= rec->cap) return NULL;
+  weft_rec_entry *e = &rec->ring[task->rec_slot];
+  return e->seq == task->coll.seq && e->call == task->coll.call ? e : NULL;
 }
 
-void weft_recorder_issued(weft_recorder *rec, const weft_coll *coll) {
-  weft_rec_entry *e = entry_of(rec, coll);
-  if (e) e->issued = coll->issued;
+void weft_recorder_issued(weft_recorder *rec, const weft_coll_task *task) {
+  weft_rec_entry *e = entry_of(rec, task);
+  if (e) e->issued = task->issued;
 }
 
-void weft_recorder_update(weft_recorder *rec, const weft_coll *coll, weft_rec_state state,
+void weft_recorder_update(weft_recorder *rec, const weft_coll_task *task, weft_rec_state state,
                           weft_status status, double now) {
-  weft_rec_entry *e = entry_of(rec, coll);
+  weft_rec_entry *e = entry_of(rec, task);
   if (!e) return;
   if (now == 0) now = weft_now();
   if (state == WEFT_REC_RUNNING && !e->started) e->started = now;
   if (state >= WEFT_REC_DONE) e->ended = now;
   e->state = state;
   e->status = status;
-  e->algo = coll->algo; /* what actually ran: direct may have become the ring */
-  e->waiting_peer = coll->waiting_peer;
-  e->waiting_for = coll->waiting_for;
+  e->algo = task->coll.algo; /* what actually ran: direct may have become the ring */
+  e->waiting_peer = task->waiting_peer;
+  e->waiting_for = task->waiting_for;
 }
 
 static const char *state_name(weft_rec_state s) {

@@ -10,7 +10,7 @@
 
 #include "weft.h"
 
-typedef struct weft_coll weft_coll;
+typedef struct weft_coll_task weft_coll_task; /* coll.h */
 
 typedef enum weft_rec_state {
   WEFT_REC_QUEUED,
@@ -44,16 +44,16 @@ typedef struct weft_recorder {
 void weft_recorder_init(weft_recorder *rec);
 void weft_recorder_free(weft_recorder *rec);
 /* A call was issued (seq taken, algorithm chosen); its entry's index goes
- * to coll->rec_slot. coll->issued may still be 0: the engine takes the
+ * to task->rec_slot. task->issued may still be 0: the engine takes the
  * time when it queues the call and reports it with weft_recorder_issued. */
-void weft_recorder_issue(weft_recorder *rec, weft_coll *coll);
-/* coll->issued is known now. */
-void weft_recorder_issued(weft_recorder *rec, const weft_coll *coll);
+void weft_recorder_issue(weft_recorder *rec, weft_coll_task *task);
+/* task->issued is known now. */
+void weft_recorder_issued(weft_recorder *rec, const weft_coll_task *task);
 /* The call's state changed at `now` (weft_now(); 0: read the clock here, if
  * the recorder is on); a no-op once the call's entry was reused.
  * Callers that already hold the time pass it: a clock read costs ~35 ns on
  * a paravirtualized machine, a fair part of a small collective. */
-void weft_recorder_update(weft_recorder *rec, const weft_coll *coll, weft_rec_state state,
+void weft_recorder_update(weft_recorder *rec, const weft_coll_task *task, weft_rec_state state,
                           weft_status status, double now);
 /* Prints the ring of rank `rank` of `size` to stderr, oldest first, with `why`. */
 void weft_recorder_dump(const weft_recorder *rec, int rank, int size, const char *why);

@@ -613,7 +613,7 @@ static weft_status parent_allgather(weft_comm *parent, const void *sendbuf, void
                                     size_t count, weft_dtype dtype) {
   weft_request r;
   return weft_engine_blocking(
-      &r, weft_coll_allgather_setup(&r.coll, "weft_allgather", &parent->core, sendbuf, recvbuf,
+      &r, weft_coll_allgather_setup(&r.task, "weft_allgather", &parent->core, sendbuf, recvbuf,
                                     count, dtype));
 }
 

@@ -55,7 +55,7 @@ static void fail_all(weft_core *comm, weft_status st) {
   pthread_mutex_unlock(&e->q_lock);
   while (r) {
     weft_request *next = r->next;
-    weft_coll_end(&r->coll);
+    weft_coll_end(&r->task);
     weft_request_complete(r, st);
     r = next;
   }
@@ -63,10 +63,11 @@ static void fail_all(weft_core *comm, weft_status st) {
 }
 
 void weft_request_complete(weft_request *req, weft_status st) {
-  if (req->coll.cleanup) req->coll.cleanup(&req->coll);
-  weft_coll_release(&req->coll);
-  weft_coll_scratch_free(&req->coll, req->coll.scratch);
-  req->coll.scratch = NULL;
+  weft_coll *coll = &req->task.coll;
+  if (coll->cleanup) coll->cleanup(coll);
+  weft_coll_release(&req->task);
+  weft_coll_scratch_free(coll, coll->scratch);
+  coll->scratch = NULL;
   req->status = st;
   atomic_store_explicit(&req->done, 1, memory_order_release);
 }
@@ -110,11 +111,12 @@ static weft_status queue_pass(weft_core *comm, weft_engine *e, weft_request **fa
      * here many times; a lock pair each time was a fair part of its cost. */
     weft_request *head = atomic_load_explicit(&e->q_head, memory_order_acquire);
     if (!head) return WEFT_OK;
-    weft_coll *coll = &head->coll;
+    weft_coll_task *task = &head->task;
+    weft_coll *coll = &task->coll;
     if (!head->started) {
       head->started = true;
       if (!head->time_pending)
-        weft_recorder_update(&comm->recorder, coll, WEFT_REC_RUNNING, WEFT_OK, 0);
+        weft_recorder_update(&comm->recorder, task, WEFT_REC_RUNNING, WEFT_OK, 0);
     }
     weft_status st = head->algo_done ? WEFT_OK : coll->advance(coll);
     double now = 0; /* a clock reading of this round, 0: none yet */
@@ -125,25 +127,25 @@ static weft_status queue_pass(weft_core *comm, weft_engine *e, weft_request **fa
        * them; here the call waits for its peers anyway (or is done). */
       head->time_pending = false;
       now = engine_now(e);
-      coll->issued = now;
+      task->issued = now;
       e->last_moved = now; /* queued on an idle engine: the timeout counts from here */
-      weft_recorder_issued(&comm->recorder, coll);
-      weft_recorder_update(&comm->recorder, coll, WEFT_REC_RUNNING, WEFT_OK, now);
+      weft_recorder_issued(&comm->recorder, task);
+      weft_recorder_update(&comm->recorder, task, WEFT_REC_RUNNING, WEFT_OK, now);
     }
     if (st == WEFT_OK) {
       head->algo_done = true;
-      st = weft_coll_flush(coll);
+      st = weft_coll_flush(task);
     }
     if (st == WEFT_AGAIN) return WEFT_OK;
     if (st < 0) {
       *failed = head;
-      weft_recorder_update(&comm->recorder, coll, WEFT_REC_FAILED, st, now);
+      weft_recorder_update(&comm->recorder, task, WEFT_REC_FAILED, st, now);
       return st;
     }
     if (!now && coll->count * coll->elem <= END_STAMP_MAX_BYTES)
       now = engine_recent(e, CLOCK_ROUNDS);
-    weft_recorder_update(&comm->recorder, coll, WEFT_REC_DONE, WEFT_OK, now);
-    weft_coll_end(coll);
+    weft_recorder_update(&comm->recorder, task, WEFT_REC_DONE, WEFT_OK, now);
+    weft_coll_end(task);
     pthread_mutex_lock(&e->q_lock); /* a submitter may be appending to it */
     weft_request *next = head->next;
     atomic_store_explicit(&e->q_head, next, memory_order_relaxed);
@@ -159,7 +161,7 @@ static const weft_link_transport *waited_transport(weft_core *comm) {
   weft_engine *e = comm->engine;
   int peer = -1;
   weft_request *head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
-  if (head) peer = head->coll.waiting_peer;
+  if (head) peer = head->task.waiting_peer;
   if (peer < 0 && e->lane) peer = weft_p2p_waiting_peer(comm, NULL);
   int t = peer >= 0 && peer != comm->rank ? comm->links.peers[peer].tp : 0;
   return &comm->links.tps[t < 0 ? 0 : t];
@@ -380,16 +382,16 @@ static void culprit_verdict(const weft_core *comm, const int *waits_on, char *ou
 static weft_status culprit_fail(weft_core *comm, weft_request *head, bool triggered) {
   int n = comm->size;
   int *waits_on = malloc((size_t)n * sizeof *waits_on);
-  if (!waits_on) return weft_coll_failed(&head->coll, WEFT_ERR_TIMEOUT);
+  if (!waits_on) return weft_coll_failed(&head->task, WEFT_ERR_TIMEOUT);
   for (int r = 0; r < n; r++) waits_on[r] = WAIT_UNKNOWN;
-  int peer = head->coll.waiting_peer;
+  int peer = head->task.waiting_peer;
   waits_on[comm->rank] = peer >= 0 && peer < n && peer != comm->rank ? peer : WAIT_NOBODY;
   if (triggered) waits_parse(comm->links.sink.origin, waits_on, n);
-  culprit_gather(comm, &head->coll, waits_on, triggered);
+  culprit_gather(comm, &head->task.coll, waits_on, triggered);
   char verdict[384];
   culprit_verdict(comm, waits_on, verdict, sizeof verdict);
   free(waits_on);
-  return weft_coll_timed_out(&head->coll, verdict);
+  return weft_coll_timed_out(&head->task, verdict);
 }
 
 /* A failure seen while driving: the head collective words it (or the lane),
@@ -402,7 +404,7 @@ static weft_status drive_failed(weft_core *comm, weft_request *head, weft_status
   if (head && !comm->fail.failed && comm->size > 1 && (st == WEFT_ERR_TIMEOUT || timeout_notice)) {
     st = culprit_fail(comm, head, st != WEFT_ERR_TIMEOUT);
   } else if (head) {
-    st = weft_coll_failed(&head->coll, st);
+    st = weft_coll_failed(&head->task, st);
   } else if (!comm->fail.failed) {
     const char *what = NULL;
     int peer = e->lane ? weft_p2p_waiting_peer(comm, &what) : -1;
@@ -557,7 +559,7 @@ static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
     if (colls && lane_left * 1000 < left_ms) left_ms = lane_left * 1000;
     weft_request *head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
     if (head) /* what it waits for, for a dump */
-      weft_recorder_update(&comm->recorder, &head->coll, WEFT_REC_RUNNING, WEFT_OK, now);
+      weft_recorder_update(&comm->recorder, &head->task, WEFT_REC_RUNNING, WEFT_OK, now);
     int slice = thread ? THREAD_SLICE_MS : 100;
     /* sleep on what the head waits for; other transports are polled every
      * round and the waits are bounded slices */
@@ -631,8 +633,8 @@ static void submit(weft_request *req, bool wake, bool driving) {
   if (!req->time_pending && (idle || req->kind == WEFT_REQ_COLL)) {
     double now = weft_now();
     if (req->kind == WEFT_REQ_COLL) {
-      req->coll.issued = now;
-      weft_recorder_issued(&comm->recorder, &req->coll);
+      req->task.issued = now;
+      weft_recorder_issued(&comm->recorder, &req->task);
     }
     if (idle) e->last_moved = now; /* the timeout counts from here */
   }

@@ -33,7 +33,7 @@ struct weft_request {
   atomic_int done;   /* set last, with `status`: the driver never touches it after */
   weft_status status;
   weft_request *next; /* collective queue, or the p2p lane's per-peer list */
-  weft_coll coll;     /* collectives: the state machine */
+  weft_coll_task task; /* collectives: the call and its algorithm's state machine */
   weft_p2p_op p2p;    /* send/recv: the message */
 };
 
@@ -54,11 +54,11 @@ weft_status weft_engine_call(weft_request *req);
 /* One non-blocking pass when nobody else is driving; true when `req` is done. */
 bool weft_engine_test(weft_request *req);
 
-/* A collective set up in req->coll (a weft_coll_*_setup) made a request:
+/* A collective set up in req->task (a weft_coll_*_setup) made a request:
  * on_heap for a weft_iNAME call's (wait/test free it), else it lives on a
  * blocking caller's stack. Inline: it is on every blocking call's path. */
 static inline void weft_request_coll(weft_request *req, bool on_heap) {
-  req->comm = req->coll.comm;
+  req->comm = req->task.comm;
   req->kind = WEFT_REQ_COLL;
   req->on_heap = on_heap;
   req->algo_done = false;
@@ -67,7 +67,7 @@ static inline void weft_request_coll(weft_request *req, bool on_heap) {
   req->status = WEFT_OK;
 }
 
-/* A blocking collective whose setup (weft_coll_*_setup on req->coll) said
+/* A blocking collective whose setup (weft_coll_*_setup on req->task) said
  * `setup`: complete already, refused (its sentence written), or driven
  * here until done, as weft_engine_call. The request lives on the caller's
  * stack. */
