@@ -545,13 +545,18 @@ static void registration_refused(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(probe_and_depth),  cmocka_unit_test(channels_shm),
-      cmocka_unit_test(channels_tcp),     cmocka_unit_test(credits_shm),
+      cmocka_unit_test(probe_and_depth),
+      cmocka_unit_test(channels_shm),
+      cmocka_unit_test(channels_tcp),
+      cmocka_unit_test(credits_shm),
 #ifdef WEFT_HAVE_IBV
-      cmocka_unit_test(channels_ibv),     cmocka_unit_test(credits_ibv),
+      cmocka_unit_test(channels_ibv),
+      cmocka_unit_test(credits_ibv),
 #endif
-      cmocka_unit_test(registration_shm), cmocka_unit_test(registration_refused),
-      cmocka_unit_test(for_copy_shm),     cmocka_unit_test(for_copy_tcp),
+      cmocka_unit_test(registration_shm),
+      cmocka_unit_test(registration_refused),
+      cmocka_unit_test(for_copy_shm),
+      cmocka_unit_test(for_copy_tcp),
 #ifdef WEFT_HAVE_IBV
       cmocka_unit_test(for_copy_ibv),
 #endif
