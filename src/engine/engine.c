@@ -449,147 +449,171 @@ static void drive_leave_stamp(weft_core *comm, weft_engine *e, bool stamp) {
     e->last_moved = engine_recent(e, 1);
 }
 
+/* How long a driver has waited with nothing moving, and how it waits next:
+ * spin (cpu_relax), then yield the core, then sleep in the transport that
+ * the head call waits on (drive_idle). */
+typedef struct drive_backoff {
+  bool thread;          /* the progress thread: shorter yields and slices */
+  int yield_us;         /* spinning and yielding end this long after the last move */
+  bool stamp;           /* something moved that last_moved does not show yet */
+  unsigned idle_rounds; /* rounds since the clock was last read */
+  double now;           /* the last reading */
+  bool placed;          /* keep_place was called in this wait (the thread never steps) */
+} drive_backoff;
+
+/* Whether the driver leaves now: its target is done, or (the progress
+ * thread) a caller wants to drive or no work is left. */
+static bool drive_may_leave(weft_core *comm, weft_engine *e, const weft_request *target,
+                            bool thread) {
+  if (target && atomic_load_explicit(&target->done, memory_order_acquire)) return true;
+  if (!thread) return false;
+  if (atomic_load_explicit(&e->drivers_waiting, memory_order_relaxed) > 0) return true;
+  pthread_mutex_lock(&e->q_lock);
+  bool leave = !has_work_locked(comm) || e->progress_stop;
+  pthread_mutex_unlock(&e->q_lock);
+  return leave;
+}
+
+/* Every transport's progress; *moved when anything moved. */
+static weft_status drive_progress(weft_core *comm, bool *moved) {
+  weft_status st = WEFT_OK;
+  *moved = false;
+  for (int t = 0; t < comm->links.ntps && st >= 0; t++) {
+    bool this_moved = false;
+    st = comm->links.tps[t].ops->progress(comm->links.tps[t].ctx, &this_moved);
+    *moved |= this_moved;
+  }
+  return st;
+}
+
+/* A wait past spinning and yielding: sleeps in the transport the head call
+ * waits on, at most until the timeout, then has the others look once. */
+static weft_status drive_sleep(weft_core *comm, weft_engine *e, drive_backoff *b, bool fresh,
+                               bool colls) {
+  if (!fresh) b->now = engine_recent(e, 1); /* the sleep is sized by the time left */
+  double idle = b->now - e->last_moved;
+  /* the lane's timeout is its own; the communicator's counts while a
+   * collective is queued */
+  double lane_left = e->lane ? weft_p2p_clock(comm, b->now) : 1e9;
+  double left_ms = (colls ? comm->fail.timeout_s - idle : lane_left) * 1000;
+  if (colls && lane_left * 1000 < left_ms) left_ms = lane_left * 1000;
+  weft_request *head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
+  if (head) /* what it waits for, for a dump */
+    weft_recorder_update(&comm->recorder, &head->task, WEFT_REC_RUNNING, WEFT_OK, b->now);
+  int slice = b->thread ? THREAD_SLICE_MS : 100;
+  /* sleep on what the head waits for; other transports are polled every
+   * round and the waits are bounded slices */
+  int ms = left_ms < slice ? (int)left_ms + 1 : slice;
+  e->clock_ok = false;
+  if (comm->links.ntps == 0) { /* one rank: only a message to itself can come */
+    struct timespec pause = {0, 1000000};
+    nanosleep(&pause, NULL);
+    return WEFT_OK;
+  }
+  const weft_link_transport *t = waited_transport(comm);
+  weft_status st = t->ops->wait(t->ctx, ms);
+  /* The others look once, without sleeping: their progress alone may leave
+   * a notice unread for many rounds (docs/faults.md, "Notices across
+   * transports"). */
+  if (comm->links.ntps > 1 && st >= 0) {
+    double looked = weft_now();
+    if (looked - e->others_looked_at >= LOOK_PERIOD_S) {
+      e->others_looked_at = looked;
+      for (int i = 0; i < comm->links.ntps && st >= 0; i++)
+        if (&comm->links.tps[i] != t) st = comm->links.tps[i].ops->wait(comm->links.tps[i].ctx, 0);
+    }
+  }
+  uint64_t drained;
+  if (read(e->wake_fd, &drained, sizeof drained) < 0 && errno != EAGAIN) { /* best effort */
+  }
+  return st;
+}
+
+/* A round in which nothing moved: an abort or the timeout fails the call;
+ * else the driver spins, yields or sleeps (drive_backoff) and goes on. */
+static weft_status drive_idle(weft_core *comm, weft_engine *e, const weft_request *target,
+                              drive_backoff *b) {
+  if (atomic_load_explicit(&comm->fail.aborted, memory_order_relaxed)) {
+    comm->links.sink.origin[0] = 0;
+    return WEFT_ERR_ABORTED;
+  }
+  /* a reading from this round or the last is fresh enough here */
+  bool fresh = b->stamp || b->idle_rounds % CLOCK_ROUNDS == 0;
+  if (fresh) {
+    b->now = engine_recent(e, 1);
+    if (b->stamp) e->last_moved = b->now;
+    b->stamp = false;
+  }
+  if (atomic_load_explicit(&e->coll_restart, memory_order_relaxed) &&
+      atomic_exchange_explicit(&e->coll_restart, false, memory_order_relaxed))
+    e->last_moved = b->now = engine_recent(e, 1);
+  b->idle_rounds++;
+  double idle = b->now - e->last_moved;
+  if (e->lane) weft_p2p_clock(comm, b->now); /* the lane fails its own timed-out messages */
+  if (target && atomic_load_explicit(&target->done, memory_order_acquire)) return WEFT_OK;
+  bool colls = atomic_load_explicit(&e->q_head, memory_order_relaxed) != NULL;
+  if (colls && idle >= comm->fail.timeout_s) {
+    comm->links.sink.origin[0] = 0;
+    return WEFT_ERR_TIMEOUT;
+  }
+  if (idle * 1e6 < e->spin_us) {
+    cpu_relax();
+    return WEFT_OK;
+  }
+  weft_recorder_poll_signal();
+  /* after a yield or a sleep (which may last milliseconds), the next round
+   * reads the clock; the system call costs far more anyway */
+  b->idle_rounds = 0;
+  if (idle * 1e6 < e->spin_us + b->yield_us) {
+    if (!b->placed) { /* once per wait, before the first yield */
+      if (e->keep_place) e->keep_place();
+      b->placed = true;
+    }
+    sched_yield();
+    e->clock_ok = false;
+    return WEFT_OK;
+  }
+  return drive_sleep(comm, e, b, fresh, colls);
+}
+
 /* Caller holds call_lock. Returns when `target` is done (DRIVE_WAIT), after
  * one pass (DRIVE_ONCE), or when there is no work left or a caller wants to
- * drive (DRIVE_THREAD). */
+ * drive (DRIVE_THREAD). Each round: the queued calls and the messages move,
+ * then the transports; a round where nothing moved waits (drive_idle). */
 static void drive(weft_core *comm, weft_request *target, drive_mode mode) {
   weft_engine *e = comm->engine;
   bool thread = mode == DRIVE_THREAD;
-  int yield_us = thread && e->yield_us > THREAD_YIELD_US ? THREAD_YIELD_US : e->yield_us;
-  bool stamp = false; /* something moved that last_moved does not show yet */
-  unsigned idle_rounds = 0;
-  double now = 0;
-  bool placed = thread; /* the progress thread is never stepped */
-  e->clock_ok = false;  /* the caller may have been away for hours */
+  drive_backoff b = {
+      .thread = thread,
+      .yield_us = thread && e->yield_us > THREAD_YIELD_US ? THREAD_YIELD_US : e->yield_us,
+      .placed = thread};
+  e->clock_ok = false; /* the caller may have been away for hours */
   for (;;) {
     e->rounds++;
     uint64_t seen = comm->links.events;
     weft_request *failed = NULL;
     weft_status st = queue_pass(comm, e, &failed);
-    if (st >= 0) lane_pass(comm, e);
     if (st < 0) {
       drive_failed(comm, failed, st);
       return;
     }
-    if (target && atomic_load_explicit(&target->done, memory_order_acquire)) {
-      drive_leave_stamp(comm, e, stamp || comm->links.events != seen);
+    lane_pass(comm, e);
+    if (drive_may_leave(comm, e, target, thread)) {
+      drive_leave_stamp(comm, e, b.stamp || comm->links.events != seen);
       return;
     }
-    if (thread) {
-      bool leave = atomic_load_explicit(&e->drivers_waiting, memory_order_relaxed) > 0;
-      if (!leave) {
-        pthread_mutex_lock(&e->q_lock);
-        leave = !has_work_locked(comm) || e->progress_stop;
-        pthread_mutex_unlock(&e->q_lock);
-      }
-      if (leave) {
-        drive_leave_stamp(comm, e, stamp || comm->links.events != seen);
-        return;
-      }
-    }
-    bool moved = false;
-    for (int t = 0; t < comm->links.ntps && st >= 0; t++) {
-      bool this_moved = false;
-      st = comm->links.tps[t].ops->progress(comm->links.tps[t].ctx, &this_moved);
-      moved |= this_moved;
-    }
-    if (st < 0) {
-      drive_failed(comm, NULL, st);
-      return;
-    }
-    if (moved || comm->links.events != seen) {
-      stamp = true;
-      idle_rounds = 0;
+    bool moved;
+    st = drive_progress(comm, &moved);
+    if (st >= 0 && (moved || comm->links.events != seen)) {
+      b.stamp = true;
+      b.idle_rounds = 0;
       continue;
     }
-    if (mode == DRIVE_ONCE) {
-      drive_leave_stamp(comm, e, stamp);
+    if (st >= 0 && mode == DRIVE_ONCE) {
+      drive_leave_stamp(comm, e, b.stamp);
       return;
     }
-    if (atomic_load_explicit(&comm->fail.aborted, memory_order_relaxed)) {
-      comm->links.sink.origin[0] = 0;
-      drive_failed(comm, NULL, WEFT_ERR_ABORTED);
-      return;
-    }
-    /* a reading from this round or the last is fresh enough here */
-    bool fresh = stamp || idle_rounds % CLOCK_ROUNDS == 0;
-    if (fresh) {
-      now = engine_recent(e, 1);
-      if (stamp) e->last_moved = now;
-      stamp = false;
-    }
-    if (atomic_load_explicit(&e->coll_restart, memory_order_relaxed) &&
-        atomic_exchange_explicit(&e->coll_restart, false, memory_order_relaxed))
-      e->last_moved = now = engine_recent(e, 1);
-    idle_rounds++;
-    double idle = now - e->last_moved;
-    /* the lane's timeout is its own; the communicator's counts while a
-     * collective is queued */
-    double lane_left = e->lane ? weft_p2p_clock(comm, now) : 1e9;
-    if (target && atomic_load_explicit(&target->done, memory_order_acquire)) continue;
-    bool colls = atomic_load_explicit(&e->q_head, memory_order_relaxed) != NULL;
-    if (colls && idle >= comm->fail.timeout_s) {
-      comm->links.sink.origin[0] = 0;
-      drive_failed(comm, NULL, WEFT_ERR_TIMEOUT);
-      return;
-    }
-    if (idle * 1e6 < e->spin_us) {
-      cpu_relax();
-      continue;
-    }
-    weft_recorder_poll_signal();
-    /* after a yield or a sleep (which may last milliseconds), the next
-     * round reads the clock; the system call costs far more anyway */
-    idle_rounds = 0;
-    if (idle * 1e6 < e->spin_us + yield_us) {
-      if (!placed) { /* once per wait, before the first yield */
-        if (e->keep_place) e->keep_place();
-        placed = true;
-      }
-      sched_yield();
-      e->clock_ok = false;
-      continue;
-    }
-    if (!fresh) { /* the sleep is sized by the time left */
-      now = engine_recent(e, 1);
-      idle = now - e->last_moved;
-    }
-    if (e->lane) lane_left = weft_p2p_clock(comm, now);
-    double left_ms = (colls ? comm->fail.timeout_s - idle : lane_left) * 1000;
-    if (colls && lane_left * 1000 < left_ms) left_ms = lane_left * 1000;
-    weft_request *head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
-    if (head) /* what it waits for, for a dump */
-      weft_recorder_update(&comm->recorder, &head->task, WEFT_REC_RUNNING, WEFT_OK, now);
-    int slice = thread ? THREAD_SLICE_MS : 100;
-    /* sleep on what the head waits for; other transports are polled every
-     * round and the waits are bounded slices */
-    int ms = left_ms < slice ? (int)left_ms + 1 : slice;
-    e->clock_ok = false;
-    if (comm->links.ntps == 0) { /* one rank: only a message to itself can come */
-      struct timespec pause = {0, 1000000};
-      nanosleep(&pause, NULL);
-      continue;
-    }
-    const weft_link_transport *t = waited_transport(comm);
-    st = t->ops->wait(t->ctx, ms);
-    /* The others look once, without sleeping: their progress alone may
-     * leave a notice unread for many rounds (shm reads the clock every few
-     * dozen calls; tcp accepts only after a wait saw its listener), and a
-     * round that slept is a slice long. A shm peer's notice to a rank that
-     * sleeps on tcp waited 32 slices (3.2 s), past every other rank's
-     * culprit grace. */
-    if (comm->links.ntps > 1 && st >= 0) {
-      double looked = weft_now();
-      if (looked - e->others_looked_at >= LOOK_PERIOD_S) {
-        e->others_looked_at = looked;
-        for (int i = 0; i < comm->links.ntps && st >= 0; i++)
-          if (&comm->links.tps[i] != t)
-            st = comm->links.tps[i].ops->wait(comm->links.tps[i].ctx, 0);
-      }
-    }
-    uint64_t drained;
-    if (read(e->wake_fd, &drained, sizeof drained) < 0 && errno != EAGAIN) { /* best effort */
-    }
+    if (st >= 0) st = drive_idle(comm, e, target, &b);
     if (st < 0) {
       drive_failed(comm, NULL, st);
       return;
