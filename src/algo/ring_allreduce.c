@@ -114,27 +114,19 @@ static weft_status ring_advance(weft_coll *coll) {
 
 /* ---- two ranks: two streams each way, not a round trip per loop ----
  *
- * Between two ranks each loop of the ring is a round trip: a rank sends its
- * chunk, waits for the peer's, reduces it, sends the final chunk and waits
- * for the peer's final, and only then starts the next loop (one ahead at
- * most, ring_send_ahead). Over sockets each wait is a wake-up and a system
- * call: the 2-rank tcp allreduce of 2 MiB took 1036-1897 us in 256 KiB
- * chunks against 498-1129 in 1 MiB ones (3 runs each). So with two ranks
- * the same chunks move as two streams each way: every loop's own chunk r
- * (the peer finalizes it) goes out as fast as the link takes it, up to
+ * Between two ranks each loop of the ring is a round trip; instead the same
+ * chunks move as two streams each way: every loop's own chunk r (the peer
+ * finalizes it) goes out as fast as the link takes it, up to
  * WEFT_PAIR_LEAD_LOOPS ahead of the finals; the peer's chunks come in, in
  * order, and are reduced into the output, final, and the finals follow on
- * the same link. Each link carries own chunks 0 .. lead-1, then final l
- * and own chunk l + lead in turn, then the last finals: on both ranks in
- * the same order (the lead is a constant for that), so the receiver always
- * knows which it is reading. Unbounded (every own chunk first) was 5-25%
- * faster over tcp from 32 MiB but 4-17% slower over shm, where the finals
- * then waited until the data had left the cache; 16 against unbounded,
- * same job, 2 jobs: tcp 0.79-1.19, shm 1.00-1.11; against the ring: tcp
- * 1.10-1.47x from 2 MiB, shm 0.80-1.03. In place, the final chunk r that
- * lands where own chunk r was sent from comes only after the peer has
- * taken all of it. A wire dtype keeps the ring (its single stage rounds
- * what it sends and keeps). */
+ * the same link. Each link carries own chunks 0 .. lead-1, then final l and
+ * own chunk l + lead in turn, then the last finals: on both ranks in the
+ * same order (the lead is a constant for that), so the receiver always
+ * knows which it is reading. The bound keeps the finals in the cache
+ * (docs/tuning.md, "Two ranks: streams instead of a ring"). In place, the
+ * final chunk r that lands where own chunk r was sent from comes only after
+ * the peer has taken all of it. A wire dtype keeps the ring (its single
+ * stage rounds what it sends and keeps). */
 static weft_status pair_advance(weft_coll *coll) {
   ring_state *rs = WEFT_ALGO_STATE(coll, ring_state);
   int r = coll->rank, p = 1 - r;

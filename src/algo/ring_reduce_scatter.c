@@ -57,10 +57,9 @@ static weft_status rs_advance(weft_coll *coll) {
  * step 0, the peer's block, in loop order. Those go out as fast as the link
  * takes them while the peer's come in and are reduced, instead of one loop
  * at a time (a round trip each; see pair_advance in ring_allreduce.c), at
- * most WEFT_PAIR_LEAD_LOOPS ahead of what has been reduced: unbounded, the
- * peer read the chunks out of the cache and shm ran 0.92-0.99 of the ring
- * from 32 MiB. With the bound, against the ring in one job (2 jobs): tcp
- * 1.79-2.53x as fast from 2 MiB, level at 512 KiB; shm 0.93-1.13. */
+ * most WEFT_PAIR_LEAD_LOOPS ahead of what has been reduced, so the peer
+ * reads them from the cache (docs/tuning.md, "Two ranks: streams instead of
+ * a ring"). */
 static weft_status rs_pair_advance(weft_coll *coll) {
   ring_block_state *rb = WEFT_ALGO_STATE(coll, ring_block_state);
   int r = coll->rank, p = 1 - r;

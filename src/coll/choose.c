@@ -2,6 +2,8 @@
  * thresholds, and what earlier calls found out. */
 #include "src/coll/choose.h"
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,12 +59,12 @@ void weft_choice_free(weft_choice_state *c) {
 
 /* ---- the direct allreduce's memory of call shapes --------------------------------- */
 
-/* The question costs a round of small messages, which 4 ranks on 2 cores
- * feel at 1 MiB (+40% measured with ordinary buffers). So each communicator
- * remembers, per call shape (count, dtype), when the last question found
- * ordinary buffers, and asks again for that shape only every
+/* The direct question costs a round of small messages, so each
+ * communicator remembers, per call shape (count, dtype), when the last
+ * question found ordinary buffers, and asks again for that shape only every
  * DIRECT_ASK_EVERY calls; the shape and the outcomes are the same on every
- * rank, so every rank asks or skips alike. */
+ * rank, so every rank asks or skips alike (docs/tuning.md, "The direct
+ * allreduce's memory of call shapes"). */
 #define DIRECT_MEMO_SHAPES 16 /* shapes remembered (a model has a few bucket sizes) */
 #define DIRECT_ASK_EVERY 16   /* an ordinary-buffer shape is asked again this often */
 
@@ -120,101 +122,254 @@ void weft_choice_direct_note(weft_choice_state *c, size_t count, weft_dtype dtyp
   *m = (struct weft_direct_memo){count, dtype, 0, ++t->clock};
 }
 
-/* ---- choosing ---------------------------------------------------------------------- */
+/* ---- the rules ---------------------------------------------------------------------
+ *
+ * Each collective's policy is a list of rules, first match wins: an
+ * algorithm and the facts and sizes it needs. The choice walks the list,
+ * weft-info prints it (weft_choice_describe), so the words cannot drift from
+ * what runs. Where each limit comes from is in docs/tuning.md, in the
+ * section a rule names. */
 
-/* The one-round exchange has every rank send size-1 copies and poll size-1
- * peers. With more ranks than cores it won at every size tried (8 bytes on
- * 2 cores: 6.5 against 11.5 us at 3 ranks, 40 against 65 at 8, 90 against
- * 180 at 16), so it stays with groups of up to 8 there. With a core per
- * rank a round of recursive doubling is a cache line away, and its
- * log2(size) rounds won from 4 ranks on, at every size up to 16 KiB (16
- * cores, shm, 2 interleaved runs each, rd against the exchange: 4 ranks 8 B
- * 0.9-1.0 / 1.1 us, 16 KiB 7.4-7.6 / 9.2-10.0; 8 ranks 8 B 1.0-1.2 /
- * 1.6-1.9, 16 KiB 10-13 / 26-29; 16 ranks 8 B 1.4-1.5 / 3.2-4.5); at 3
- * ranks the exchange still won (8 B 0.8-0.9 / 0.9-1.0 us, 16 KiB 6.2-6.4 /
- * 10.5-11.1). */
+enum rule_hosts { ANY_HOSTS, ONE_HOST, SHARED_HOSTS /* several, ranks sharing them */ };
+enum rule_links { ANY_LINKS, STORES /* every link a store: shm */, SOCKETS /* some not */ };
+/* What a rule's byte limits measure: the call's buffer (an allreduce's, a
+ * broadcast's), or every rank's block together (an allgather's output, a
+ * reduce-scatter's input), or one rank's block. */
+enum rule_measure { BUFFER, WHOLE_OUTPUT, WHOLE_INPUT, BLOCK };
+/* What holds only at the head of the queue, from earlier calls' outcomes. */
+enum rule_late { NOT_LATE, LATE_DIRECT_MEMO, LATE_EXCHANGE_VERDICT };
+
+/* A setting of weft_choice_state, by offset (0: none). */
+#define SETTING(field) (offsetof(weft_choice_state, field) + 1)
+
+typedef struct choice_rule {
+  const char *algo;             /* "recursive doubling" */
+  const char *how;              /* what it does, in a few words, or NULL */
+  enum weft_algo_choice forced; /* the WEFT_ALGO that forces it (allreduce); AUTO: none */
+  /* What must hold, forced or not. */
+  bool needs_one_host; /* it maps every rank's memory */
+  int cap_chunks;      /* the buffer (measure) fits this many chunks; 0: any */
+  bool no_wire;        /* not where f32 crosses hosts as bf16/f16 */
+  bool confirmed;      /* only for a broadcast whose counts are confirmed */
+  /* What must hold unless forced. */
+  enum rule_hosts hosts;
+  enum rule_links links;
+  int min_ranks, max_ranks; /* 0: unbounded */
+  int max_ranks_cored;      /* the same where every rank has a CPU of its own; 0: max_ranks */
+  bool pow2;                /* a power of two of ranks */
+  enum rule_measure measure;
+  size_t min_at;     /* SETTING: from this many bytes */
+  bool min_zero_off; /* a minimum of 0 turns the rule off */
+  size_t max_at;     /* SETTING: up to this many bytes */
+  size_t max_shm_at; /* SETTING: the same where every link is a store (0: max_at) */
+  bool rd_cored;     /* where every rank has a CPU and every link is a store, at 3+ ranks,
+                        the limit is also RD_CORED_BYTES_LOG2 / log2(ranks) */
+  enum rule_late late;
+  /* What runs: a start, or a broadcast's or reduce's tree fan-out. */
+  weft_status (*start)(const weft_choice_state *c, weft_coll *coll);
+  int fanout;      /* FANOUT_ALL_BUT_ROOT, FANOUT_SETTING or the fan-out (0: binomial) */
+  const char *why; /* the docs/tuning.md section with the measurements */
+} choice_rule;
+
+#define FANOUT_ALL_BUT_ROOT (-1) /* a flat tree: the root sends to every rank */
+#define FANOUT_SETTING (-2)      /* WEFT_BCAST_FANOUT */
+
+/* Where every rank has a CPU and links are stores, recursive doubling's
+ * limit falls as the group grows (docs/tuning.md, "Recursive doubling
+ * against the ring"). */
+#define RD_CORED_BYTES_LOG2 (192u << 10) /* the bytes limit times log2(size) */
+
+/* What a call brings to the rules. */
+typedef struct choice_call {
+  int size;
+  size_t buffer, block, whole; /* bytes (algo.h: count * elem; whole = size * block) */
+  bool wire;
+} choice_call;
+
+static size_t setting_at(const weft_choice_state *c, size_t at) {
+  return *(const size_t *)(const void *)((const char *)c + at - 1);
+}
+
+static size_t measured(const choice_rule *r, const choice_call *k) {
+  switch (r->measure) {
+    case WHOLE_OUTPUT:
+    case WHOLE_INPUT: return k->whole;
+    case BLOCK: return k->block;
+    default: return k->buffer;
+  }
+}
+
+static int log2_ceil(int n) {
+  int rounds = 0;
+  while ((1 << rounds) < n) rounds++;
+  return rounds;
+}
+
+/* The byte limit of `r` here (SIZE_MAX: none). */
+static size_t rule_max(const choice_rule *r, const weft_choice_state *c, int size) {
+  if (!r->max_at) return SIZE_MAX;
+  size_t max = setting_at(c, c->sends_are_stores && r->max_shm_at ? r->max_shm_at : r->max_at);
+  if (r->rd_cored && c->core_per_rank && c->sends_are_stores && size > 2) {
+    size_t cored = RD_CORED_BYTES_LOG2 / (size_t)log2_ceil(size);
+    if (cored < max) max = cored;
+  }
+  return max;
+}
+
+static bool rule_holds(const choice_rule *r, const weft_choice_state *c, const choice_call *k,
+                       bool auto_choice) {
+  size_t bytes = measured(r, k);
+  if (r->needs_one_host && c->nhosts != 1) return false;
+  if (r->cap_chunks && bytes > (size_t)r->cap_chunks * c->chunk_bytes) return false;
+  if (r->no_wire && k->wire) return false;
+  if (r->confirmed && !c->bcast_confirm) return false;
+  if (!auto_choice) return true;
+  if (r->hosts == ONE_HOST && c->nhosts != 1) return false;
+  if (r->hosts == SHARED_HOSTS && !(c->nhosts > 1 && c->size > c->nhosts)) return false;
+  if (r->links == STORES && !c->sends_are_stores) return false;
+  if (r->links == SOCKETS && c->sends_are_stores) return false;
+  int max_ranks = c->core_per_rank && r->max_ranks_cored ? r->max_ranks_cored : r->max_ranks;
+  if (k->size < r->min_ranks || (max_ranks && k->size > max_ranks)) return false;
+  if (r->pow2 && (k->size & (k->size - 1))) return false;
+  if (r->min_at) {
+    size_t min = setting_at(c, r->min_at);
+    if ((r->min_zero_off && !min) || bytes < min) return false;
+  }
+  return bytes <= rule_max(r, c, k->size);
+}
+
+/* Whether `r` runs this call. With WEFT_ALGO naming an algorithm, only its
+ * rule applies (the caller falls back to the last), and only what the
+ * algorithm itself needs is asked. */
+static bool rule_applies(const choice_rule *r, const weft_choice_state *c, const choice_call *k) {
+  bool auto_choice = c->algo_forced == WEFT_ALGO_AUTO || r->forced == WEFT_ALGO_AUTO;
+  if (!auto_choice && r->forced != c->algo_forced) return false;
+  return rule_holds(r, c, k, auto_choice);
+}
+
+/* The first rule of `rules`, from `from` (NULL: the first), that applies;
+ * the last one always does. */
+static const choice_rule *rule_pick(const choice_rule *rules, size_t n, const weft_choice_state *c,
+                                    const choice_call *k, const choice_rule *from) {
+  for (const choice_rule *r = from ? from : rules; r < rules + n - 1; r++)
+    if (rule_applies(r, c, k)) return r;
+  return &rules[n - 1];
+}
+
+/* ---- allreduce ---------------------------------------------------------------------- */
+
+static weft_status start_hier(const weft_choice_state *c, weft_coll *coll) {
+  coll->hint.rd_max_bytes = c->rd_max_bytes;
+  coll->hint.bcast_chain_bytes = c->bcast_chain_bytes;
+  return weft_hier_allreduce_start(coll); /* the caller filled coll->hosts */
+}
+static weft_status start_direct(const weft_choice_state *c, weft_coll *coll) {
+  coll->hint.direct_agreed = c->direct_agreed;
+  return weft_direct_allreduce_start(coll);
+}
+/* The first exchange asks whether every rank's sends are stores; later ones
+ * run on its verdict. */
+static weft_status start_exchange(const weft_choice_state *c, weft_coll *coll) {
+  coll->hint.sends_are_stores = c->sends_are_stores; /* what an asking exchange says */
+  bool asking = c->algo_forced != WEFT_ALGO_EXCHANGE && c->exchange_verdict == 0;
+  return weft_exchange_allreduce_start(coll, asking);
+}
+static weft_status start_rd(const weft_choice_state *c, weft_coll *coll) {
+  (void)c;
+  return weft_rd_allreduce_start(coll);
+}
+static weft_status start_ring(const weft_choice_state *c, weft_coll *coll) {
+  (void)c;
+  return weft_ring_allreduce_start(coll);
+}
+
+/* The exchange costs size-1 sends a rank, recursive doubling log2(size)
+ * rounds: with more ranks than cores the exchange won up to 8 ranks, with a
+ * CPU per rank up to 3 (docs/tuning.md, "The one-round exchange"). */
 #define EXCHANGE_MAX_RANKS 8
 #define EXCHANGE_MAX_RANKS_CORED 3
 
-/* Whether the direct question applies (one host, large or forced), and
- * whether the one-round exchange may (small, one host, few ranks, or
- * forced). Static facts and settings only: every rank answers alike. */
-static bool direct_candidate(const weft_choice_state *c, size_t bytes) {
-  return c->nhosts == 1 && (c->algo_forced == WEFT_ALGO_DIRECT ||
-                            (c->algo_forced == WEFT_ALGO_AUTO && c->direct_min_bytes &&
-                             bytes >= c->direct_min_bytes));
-}
+static const choice_rule allreduce_rules[] = {
+    {.algo = "hierarchical",
+     .how = "every rank's share crosses the network, in segments pipelined with the host's "
+            "reduce-scatter and allgather, when hosts hold equal numbers of ranks and the buffer "
+            "is at least a chunk per rank of a host; else reduce to a leader per host, the "
+            "leaders' allreduce, broadcast",
+     .forced = WEFT_ALGO_HIER,
+     .hosts = SHARED_HOSTS,
+     .start = start_hier,
+     .why = "Hierarchical allreduce"},
+    {.algo = "direct",
+     .how = "one pass through shared buffers, when every rank's buffers come from "
+            "weft_mem_alloc",
+     .forced = WEFT_ALGO_DIRECT,
+     .needs_one_host = true,
+     .min_at = SETTING(direct_min_bytes),
+     .min_zero_off = true,
+     .late = LATE_DIRECT_MEMO,
+     .start = start_direct,
+     .why = "Shared buffers: one pass instead of a ring"},
+    {.algo = "the one-round exchange",
+     .how = "once every link is a store",
+     .forced = WEFT_ALGO_EXCHANGE,
+     .cap_chunks = 1,
+     .hosts = ONE_HOST,
+     .max_ranks = EXCHANGE_MAX_RANKS,
+     .max_ranks_cored = EXCHANGE_MAX_RANKS_CORED,
+     .max_at = SETTING(exchange_max_bytes),
+     .late = LATE_EXCHANGE_VERDICT,
+     .start = start_exchange,
+     .why = "The one-round exchange"},
+    {.algo = "recursive doubling",
+     .forced = WEFT_ALGO_RD,
+     .cap_chunks = 1,
+     .max_at = SETTING(rd_max_bytes),
+     .rd_cored = true,
+     .start = start_rd,
+     .why = "Recursive doubling against the ring"},
+    {.algo = "the ring",
+     .how = "two ranks, f32 as itself: its chunks as two streams each way",
+     .forced = WEFT_ALGO_RING,
+     .start = start_ring,
+     .why = "Two ranks: streams instead of a ring"},
+};
+#define NRULES(rules) (sizeof rules / sizeof rules[0])
 
-static bool exchange_candidate(const weft_choice_state *c, size_t bytes) {
-  if (bytes > c->chunk_bytes) return false;
-  return c->algo_forced == WEFT_ALGO_EXCHANGE ||
-         (c->algo_forced == WEFT_ALGO_AUTO && c->nhosts == 1 &&
-          c->size <= (c->core_per_rank ? EXCHANGE_MAX_RANKS_CORED : EXCHANGE_MAX_RANKS) &&
-          bytes <= c->exchange_max_bytes);
-}
-
-/* Where links are stores and every rank has a core, the ring's steps run
- * on every core at once and overtake recursive doubling (log2(size) whole
- * buffers per rank) sooner as the group grows (16 cores, shm, 2 interleaved
- * runs each, rd against ring: 4 ranks 64 KiB 17-28 / 24-27 us, 128 KiB
- * 33-60 / 29-34; 8 ranks 64 KiB 29-31 / 35-37, 128 KiB 53-58 / 55-61, 256
- * KiB 108-117 / 89-94; 16 ranks 32 KiB 27-42 / 32, 64 KiB 55-74 / 45-52):
- * about 192 KiB / log2(size). Over sockets a ring step costs a system call
- * and a wake-up, and recursive doubling stayed ahead (16 cores, tcp, 16
- * ranks: 64 KiB 120-141 / 306-330 us, 256 KiB level), as it does where ranks
- * outnumber cores (2 vCPUs, shm, 4 ranks: 256 KiB 223-234 / 283-300 us):
- * there it keeps WEFT_RD_MAX_BYTES. */
-#define RD_CORED_BYTES_LOG2 (192u << 10) /* the bytes limit times log2(size) */
-
-static size_t rd_max_for(const weft_choice_state *c) {
-  if (!c->core_per_rank || !c->sends_are_stores || c->size <= 2) return c->rd_max_bytes;
-  int rounds = 0;
-  while ((1 << rounds) < c->size) rounds++;
-  size_t cored = RD_CORED_BYTES_LOG2 / (size_t)rounds;
-  return cored < c->rd_max_bytes ? cored : c->rd_max_bytes;
-}
-
-/* Recursive doubling while the buffer fits one chunk and the limit above
- * (latency), the ring beyond (bandwidth). */
-static weft_status rd_or_ring_start(const weft_choice_state *c, weft_coll *coll) {
-  size_t bytes = coll->count * coll->elem;
-  bool use_rd =
-      bytes <= c->chunk_bytes && (c->algo_forced == WEFT_ALGO_RD ||
-                                  (c->algo_forced == WEFT_ALGO_AUTO && bytes <= rd_max_for(c)));
-  return use_rd ? weft_rd_allreduce_start(coll) : weft_ring_allreduce_start(coll);
-}
-
-/* The exchange when the verdict allows (or asking for it, the first time),
- * else what rd_or_ring_start picks. */
-static weft_status small_start(const weft_choice_state *c, weft_coll *coll) {
-  coll->hint.sends_are_stores = c->sends_are_stores; /* what an asking exchange says */
-  if (c->algo_forced == WEFT_ALGO_EXCHANGE) return weft_exchange_allreduce_start(coll, false);
-  if (c->exchange_verdict >= 0)
-    return weft_exchange_allreduce_start(coll, c->exchange_verdict == 0);
-  return rd_or_ring_start(c, coll);
+static choice_call call_of(const weft_choice_state *c, const weft_coll *coll) {
+  size_t block = coll->count * coll->elem;
+  return (choice_call){.size = c->size,
+                       .buffer = block,
+                       .block = block,
+                       .whole = (size_t)c->size * block,
+                       .wire = weft_wire_on(coll)};
 }
 
 weft_status weft_choose_allreduce(weft_choice_state *c, weft_coll *coll) {
-  /* Ranks sharing hosts, on several hosts: only leaders cross the network. */
-  bool hier = c->algo_forced == WEFT_ALGO_HIER ||
-              (c->algo_forced == WEFT_ALGO_AUTO && c->nhosts > 1 && c->size > c->nhosts);
-  if (hier) {
-    coll->hint.rd_max_bytes = c->rd_max_bytes;
-    coll->hint.bcast_chain_bytes = c->bcast_chain_bytes;
-    return weft_hier_allreduce_start(coll); /* the caller filled coll->hosts */
-  }
-  size_t bytes = coll->count * coll->elem;
-  /* One host, large: whether every rank's buffers are shared (the direct
-   * allreduce). One host, small: the one-round exchange. Both depend on
-   * what earlier calls found. */
-  if (direct_candidate(c, bytes) || exchange_candidate(c, bytes)) return WEFT_CHOICE_LATE;
-  return rd_or_ring_start(c, coll);
+  choice_call k = call_of(c, coll);
+  const choice_rule *r = rule_pick(allreduce_rules, NRULES(allreduce_rules), c, &k, NULL);
+  /* a choice that depends on earlier calls waits for the head of the queue */
+  if (r->late) return WEFT_CHOICE_LATE;
+  return r->start(c, coll);
 }
+
+static const choice_rule *exchange_rule = &allreduce_rules[2];
 
 weft_status weft_choose_barrier(weft_choice_state *c, weft_coll *coll) {
   /* one byte: the exchange where allreduce would take it (never direct) */
-  if (exchange_candidate(c, 1)) return WEFT_CHOICE_LATE;
+  choice_call k = {.size = c->size, .buffer = 1, .block = 1, .whole = (size_t)c->size};
+  if (rule_applies(exchange_rule, c, &k)) return WEFT_CHOICE_LATE;
   return weft_rd_allreduce_start(coll);
+}
+
+/* What earlier calls found, for a rule that depends on it. */
+static bool late_holds(const choice_rule *r, weft_choice_state *c, const weft_coll *coll) {
+  switch (r->late) {
+    case LATE_DIRECT_MEMO: /* asked again for a shape only now and then (direct_worth_asking) */
+      return c->algo_forced == WEFT_ALGO_DIRECT || direct_worth_asking(c, coll->count, coll->dtype);
+    case LATE_EXCHANGE_VERDICT: /* not once an exchange found links that are not stores */
+      return c->algo_forced == WEFT_ALGO_EXCHANGE || c->exchange_verdict >= 0;
+    default: return true;
+  }
 }
 
 /* Some choices depend on what earlier calls found out: the direct
@@ -225,140 +380,174 @@ weft_status weft_choose_barrier(weft_choice_state *c, weft_coll *coll) {
  * waited for call k before issuing call k+1 and a rank that issued both at
  * once could choose differently, and their messages would not match. */
 weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier) {
-  size_t bytes = coll->count * coll->elem;
-  /* the barrier comes here for the exchange only, never the direct question */
-  if (!barrier && direct_candidate(c, bytes) &&
-      (c->algo_forced == WEFT_ALGO_DIRECT || direct_worth_asking(c, coll->count, coll->dtype))) {
-    coll->hint.direct_agreed = c->direct_agreed;
-    return weft_direct_allreduce_start(coll);
+  choice_call k = call_of(c, coll);
+  size_t n = NRULES(allreduce_rules);
+  for (const choice_rule *r = rule_pick(allreduce_rules, n, c, &k, NULL);;
+       r = rule_pick(allreduce_rules, n, c, &k, r + 1)) {
+    /* the barrier comes here for the exchange only, never the direct question */
+    if ((barrier && r->start == start_direct) || !late_holds(r, c, coll)) continue;
+    return r->start(c, coll);
   }
-  if (exchange_candidate(c, bytes)) return small_start(c, coll);
-  return rd_or_ring_start(c, coll);
 }
 
-/* A flat tree where every link is a store: with single copy each rank
- * copies straight from the root's buffer, all at the same time, one hop
- * and no forwarding. A binomial tree or a chain makes ranks copy one after
- * another from ranks that copied before; at 4 ranks on this machine's 2
- * vCPUs (weft-bench --peers -c bcast, interleaved runs, time us) flat took
- * 12-13 / 23-33 / 85-126 at 32 / 128 / 512 KiB against 15-16 / 33-37 /
- * 127-138 for the binomial tree and chain, and Open MPI's 12-13 / 26-32 /
- * 109-131 (its linear broadcast, the same shape); at 3 ranks 8 / 19
- * against 17 / 35 at 32 / 128 KiB. Below 16 KiB chunks
- * go through the slots (the root would copy once per rank); at 8 ranks
- * the runs were mixed (256 KiB: 139 against 106), so up to 4 ranks. On 16
- * cores 8 ranks won with it where the pairs read by single copy (16 KiB
- * 5.8-7.4 against 9.4-15.4 us) and not where they kept the slots (the root
- * then copies once per rank: 16 KiB 8.7-10.2 against 10.1-10.3, 64 KiB
- * 26-31 against 25-26); which a pair does is the transport's, so 8 ranks
- * keep the trees. */
+/* ---- broadcast and reduce: trees ---------------------------------------------------- */
+
+/* A flat tree where every link is a store lets each rank copy straight from
+ * the root's buffer, all at once (docs/tuning.md, "The flat broadcast"). */
 #define BCAST_FLAT_MAX_RANKS 4
-static bool bcast_flat(const weft_choice_state *c, size_t bytes, int size) {
-  return c->sends_are_stores && size > 2 && size <= BCAST_FLAT_MAX_RANKS &&
-         c->bcast_flat_min_bytes && bytes >= c->bcast_flat_min_bytes &&
-         bytes <= c->bcast_flat_max_bytes;
+
+static const choice_rule bcast_rules[] = {
+    {.algo = "a tree of fan-out WEFT_BCAST_FANOUT", .fanout = FANOUT_SETTING},
+    {.algo = "a flat tree",
+     .how = "every rank copies straight from the root",
+     .links = STORES,
+     .min_ranks = 3,
+     .max_ranks = BCAST_FLAT_MAX_RANKS,
+     .min_at = SETTING(bcast_flat_min_bytes),
+     .min_zero_off = true,
+     .max_at = SETTING(bcast_flat_max_bytes),
+     .fanout = FANOUT_ALL_BUT_ROOT,
+     .why = "The flat broadcast"},
+    {.algo = "a binomial tree", .confirmed = true, .max_ranks = 2, .fanout = 0},
+    {.algo = "a binomial tree",
+     .how = "its confirming edges carry the data",
+     .confirmed = true,
+     .cap_chunks = 1,
+     .fanout = 0},
+    {.algo = "a pipelined chain", .min_at = SETTING(bcast_chain_bytes), .fanout = 1},
+    {.algo = "a binary tree", .fanout = 2},
+};
+
+static const choice_rule reduce_rules[] = {
+    {.algo = "a pipelined chain", .min_at = SETTING(bcast_chain_bytes), .fanout = 1},
+    {.algo = "a binary tree", .fanout = 2},
+};
+
+static int tree_fanout(const choice_rule *rules, size_t n, const weft_choice_state *c, size_t bytes,
+                       int size) {
+  choice_call k = {.size = size, .buffer = bytes, .block = bytes, .whole = bytes};
+  const choice_rule *r = rules;
+  /* the setting's rule holds when it names a fan-out, whatever the size */
+  if (r->fanout == FANOUT_SETTING) {
+    if (c->bcast_fanout > 0) return c->bcast_fanout;
+    r++;
+  }
+  r = rule_pick(rules, n, c, &k, r);
+  return r->fanout == FANOUT_ALL_BUT_ROOT ? size - 1 : r->fanout;
 }
 
 int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes, int size,
                              size_t chunk_bytes) {
-  if (c->bcast_fanout > 0) return c->bcast_fanout;
-  if (bcast_flat(c, bytes, size)) return size - 1;
-  if (c->bcast_confirm && (size == 2 || bytes <= chunk_bytes)) return 0;
-  return bytes >= c->bcast_chain_bytes ? 1 : 2;
+  weft_choice_state at = *c; /* the chunk the caller cuts with */
+  at.chunk_bytes = chunk_bytes;
+  at.algo_forced = WEFT_ALGO_AUTO; /* WEFT_ALGO is the allreduce's */
+  return tree_fanout(bcast_rules, NRULES(bcast_rules), &at, bytes, size);
 }
 
 int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {
-  /* the mirror of a broadcast: a chain from the size where broadcasts take one */
-  return bytes >= c->bcast_chain_bytes ? 1 : 2;
+  weft_choice_state at = *c;
+  at.algo_forced = WEFT_ALGO_AUTO;
+  return tree_fanout(reduce_rules, NRULES(reduce_rules), &at, bytes, c->size);
 }
 
-/* Whether a small call's whole buffer (every rank's block: allgather's
- * output, reduce_scatter's input) takes log2(size) rounds of one message
- * instead of the ring's size-1 serial steps: among 3 or more ranks (between
- * 2 both are one exchange), up to one chunk and the limit for the links:
- * `shm_max` where every link is a store, `max` elsewhere.
- * Measured (weft-bench --peers, whole buffer 32 B .. 256 KiB, each limit 0
- * against 256 KiB or more interleaved; time old / new, >1 the new one wins):
- * - allgather, links not stores: won at every size up to a chunk. 2 vCPUs,
- *   tcp: 4 ranks 1.04-1.92, 8 ranks 1.34-2.46. 16 cores, tcp: 8 ranks
- *   56-64 against 23-24 us at 32 B, 103-112 against 87-93 at 256 KiB; 16
- *   ranks 133-140 against 36-38 at 128 B, 198-204 against 123-127 at 256
- *   KiB. So 256 KiB (the default chunk).
- * - allgather, shm: 2 vCPUs, 4 ranks 0.88-1.16 at 8 KiB, 0.57 at 16, 0.32
- *   at 32 (where pairwise's single copy takes over); 8 ranks 1.22 at 16
- *   KiB, 0.50-0.92 at 32. 16 cores: 8 ranks 5.6 against 4.2-4.4 us at 8
- *   KiB, mixed at 32 KiB; 16 ranks ahead to 32 KiB, behind at 128. So 8 KiB.
- * - reduce_scatter, links not stores: 2 vCPUs, tcp 4 ranks 1.09 at 16 KiB,
- *   0.89-0.94 at 32; 8 ranks 1.46-1.57 at 32 KiB, 0.73 at 128. 16 cores,
- *   tcp: 8 ranks 63-65 against 44-46 us at 32 KiB, 84-86 against 138-142 at
- *   128; 16 ranks 132-164 against 67-68 at 32 KiB. So 32 KiB.
- * - reduce_scatter, shm: the whole input reduced at every round costs what
- *   the ring's cheap steps do not. 16 cores: 8 ranks 2.9-3.2 against
- *   1.9-2.0 us at 512 B, 3.2-3.4 against 3.4-3.6 at 2 KiB, 5.4-5.5 against
- *   8.0-8.6 at 8 KiB; 16 ranks 6.6-6.8 against 5.0 at 2 KiB, 8.0-8.1
- *   against 10.4-11.1 at 8. 2 vCPUs: ahead up to 4 KiB at 4 and 8 ranks.
- *   So 2 KiB. */
-/* Whether the whole buffer fits `cap` and the limit for these links. */
-static bool whole_within(const weft_choice_state *c, const weft_coll *coll, size_t max_bytes,
-                         size_t shm_max_bytes, size_t cap) {
-  size_t whole = (size_t)c->size * coll->count * coll->elem;
-  size_t limit = c->sends_are_stores ? shm_max_bytes : max_bytes;
-  return whole <= cap && whole <= limit;
+/* ---- allgather and reduce-scatter ------------------------------------------------------ */
+
+static weft_status start_bruck(const weft_choice_state *c, weft_coll *coll) {
+  (void)c;
+  return weft_bruck_allgather_start(coll);
+}
+static weft_status start_pairwise_allgather(const weft_choice_state *c, weft_coll *coll) {
+  (void)c;
+  return weft_pairwise_allgather_start(coll);
+}
+static weft_status start_ring_allgather(const weft_choice_state *c, weft_coll *coll) {
+  (void)c;
+  return weft_ring_allgather_start(coll);
+}
+static weft_status start_halving(const weft_choice_state *c, weft_coll *coll) {
+  (void)c;
+  return weft_halving_reduce_scatter_start(coll);
+}
+static weft_status start_rd_reduce_scatter(const weft_choice_state *c, weft_coll *coll) {
+  (void)c;
+  return weft_rd_reduce_scatter_start(coll);
+}
+static weft_status start_ring_reduce_scatter(const weft_choice_state *c, weft_coll *coll) {
+  (void)c;
+  return weft_ring_reduce_scatter_start(coll);
 }
 
-static bool whole_is_small(const weft_choice_state *c, const weft_coll *coll, size_t max_bytes,
-                           size_t shm_max_bytes) {
-  return c->size > 2 && whole_within(c, coll, max_bytes, shm_max_bytes, c->chunk_bytes);
+static const choice_rule allgather_rules[] = {
+    {.algo = "Bruck",
+     .how = "log2(ranks) rounds",
+     .cap_chunks = 1,
+     .min_ranks = 3,
+     .measure = WHOLE_OUTPUT,
+     .max_at = SETTING(allgather_bruck_max_bytes),
+     .max_shm_at = SETTING(allgather_bruck_shm_max_bytes),
+     .start = start_bruck,
+     .why = "Small allgather and reduce-scatter in log2(ranks) rounds"},
+    {.algo = "pairwise",
+     .how = "each direction runs ahead",
+     .links = SOCKETS,
+     .min_ranks = 2,
+     .max_ranks = 2,
+     .start = start_pairwise_allgather,
+     .why = "Pairwise allgather"},
+    {.algo = "pairwise",
+     .how = "every block straight from its owner",
+     .links = STORES,
+     .min_ranks = 3,
+     .measure = BLOCK,
+     .min_at = SETTING(allgather_pairwise_bytes),
+     .min_zero_off = true,
+     .start = start_pairwise_allgather,
+     .why = "Pairwise allgather"},
+    {.algo = "the ring", .start = start_ring_allgather},
+};
+
+static const choice_rule reduce_scatter_rules[] = {
+    {.algo = "recursive halving",
+     .cap_chunks = 2, /* its first message is half the input */
+     .no_wire = true, /* the wire stage holds one block's chunk, not the whole input */
+     .min_ranks = 4,
+     .pow2 = true,
+     .measure = WHOLE_INPUT,
+     .max_at = SETTING(reduce_scatter_halving_max_bytes),
+     .max_shm_at = SETTING(reduce_scatter_halving_shm_max_bytes),
+     .start = start_halving,
+     .why = "Recursive halving"},
+    {.algo = "recursive doubling",
+     .how = "on the whole input",
+     .cap_chunks = 1,
+     .no_wire = true,
+     .min_ranks = 3,
+     .measure = WHOLE_INPUT,
+     .max_at = SETTING(reduce_scatter_rd_max_bytes),
+     .max_shm_at = SETTING(reduce_scatter_rd_shm_max_bytes),
+     .start = start_rd_reduce_scatter,
+     .why = "Small allgather and reduce-scatter in log2(ranks) rounds"},
+    {.algo = "the ring",
+     .how = "two ranks, f32 as itself: a stream each way",
+     .start = start_ring_reduce_scatter,
+     .why = "Two ranks: streams instead of a ring"},
+};
+
+/* WEFT_ALGO is the allreduce's: these collectives choose by size alone. */
+static weft_status choose_by_size(const choice_rule *rules, size_t n, const weft_choice_state *c,
+                                  weft_coll *coll) {
+  weft_choice_state at = *c;
+  at.algo_forced = WEFT_ALGO_AUTO;
+  choice_call k = call_of(c, coll);
+  return rule_pick(rules, n, &at, &k, NULL)->start(c, coll);
 }
 
 weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
-  if (whole_is_small(c, coll, c->allgather_bruck_max_bytes, c->allgather_bruck_shm_max_bytes))
-    return weft_bruck_allgather_start(coll);
-  /* A ring's block waits at every rank for the one before it to forward
-   * it; pairwise, every block comes from its owner. Where links are stores
-   * that wins from a size on, and single copy reads each block once. Over
-   * sockets the ring's one neighbour per rank stays (a socket per pair
-   * active at once gains nothing on one NIC). */
-  size_t block = coll->count * coll->elem;
-  /* Between two ranks both are one exchange, but the ring sends chunk k+1
-   * only once chunk k came in, and over sockets that lockstep idled the
-   * link: pairwise lets each direction run ahead (2 ranks over tcp, 8 /
-   * 32 MiB, three runs each: 5.3-7.9 / 13-30 ms against 8.2-12.4 / 32-49).
-   * Over shm a send is a store into a free slot and the ring stays. */
-  if (c->size == 2 && !c->sends_are_stores) return weft_pairwise_allgather_start(coll);
-  if (c->sends_are_stores && c->size > 2 && c->allgather_pairwise_bytes &&
-      block >= c->allgather_pairwise_bytes)
-    return weft_pairwise_allgather_start(coll);
-  return weft_ring_allgather_start(coll);
-}
-
-/* Recursive halving sends what the ring sends, (size-1)/size of the input,
- * in log2(size) messages: among a power of two of 4 or more ranks it beat
- * both recursive doubling and the ring (2 vCPUs, whole input 2 KiB .. 512
- * KiB, 3 interleaved runs, us, halving / ring / rd): tcp 4 ranks 32 KiB
- * 62-114 / 88-129 / 77-135, 128 KiB 117-173 / 125-197, 512 KiB 284-398 /
- * 290-554; tcp 8 ranks 32 KiB 240-274 / 316-545 / 309-335, 512 KiB 794-907
- * / 920-1500 (at 2 KiB recursive doubling was level, 181-250 / 239-254);
- * shm 4 ranks ahead or level at every size (512 KiB 62-132 / 74-212), shm
- * 8 ranks ahead to 32 KiB (49-54 / 54-104) and mixed from 128 KiB (89-95 /
- * 75-223), where 8 ranks share 2 vCPUs. Its first message is half the
- * input, so two chunks at most. */
-static bool halving_fits(const weft_choice_state *c, const weft_coll *coll) {
-  int n = c->size;
-  return n >= 4 && !(n & (n - 1)) &&
-         whole_within(c, coll, c->reduce_scatter_halving_max_bytes,
-                      c->reduce_scatter_halving_shm_max_bytes, 2 * c->chunk_bytes);
+  return choose_by_size(allgather_rules, NRULES(allgather_rules), c, coll);
 }
 
 weft_status weft_choose_reduce_scatter(const weft_choice_state *c, weft_coll *coll) {
-  /* With a wire dtype the ring stays: the stage holds one block's chunk,
-   * not the whole input that recursive halving or doubling sends. */
-  if (!weft_wire_on(coll) && halving_fits(c, coll))
-    return weft_halving_reduce_scatter_start(coll);
-  if (!weft_wire_on(coll) && whole_is_small(c, coll, c->reduce_scatter_rd_max_bytes,
-                                            c->reduce_scatter_rd_shm_max_bytes))
-    return weft_rd_reduce_scatter_start(coll);
-  return weft_ring_reduce_scatter_start(coll);
+  return choose_by_size(reduce_scatter_rules, NRULES(reduce_scatter_rules), c, coll);
 }
 
 void weft_choice_keep(weft_choice_state *c, const weft_coll *coll) {
@@ -373,7 +562,7 @@ void weft_choice_keep(weft_choice_state *c, const weft_coll *coll) {
     memcpy(c->direct_agreed, o->direct_msgs, o->direct_msgs_bytes);
 }
 
-/* ---- the policy in words (weft-info) ---------------------------------------------- */
+/* ---- the policy in words (weft-info), from the same rules ------------------------ */
 
 static void bytes_words(size_t b, char *out, size_t len) {
   if (b >= 1048576 && b % 1048576 == 0)
@@ -384,124 +573,130 @@ static void bytes_words(size_t b, char *out, size_t len) {
     snprintf(out, len, "%zu B", b);
 }
 
-/* A pair of limits (other links, shm) in words, each capped at `cap` (what
- * the algorithm can take at most); 32 bytes each. */
-static void limit_words(size_t other, size_t shm, size_t cap, char *other_out, char *shm_out) {
-  bytes_words(other < cap ? other : cap, other_out, 32);
-  bytes_words(shm < cap ? shm : cap, shm_out, 32);
+static const char *measure_words(enum rule_measure m) {
+  switch (m) {
+    case WHOLE_OUTPUT: return " of output in all";
+    case WHOLE_INPUT: return " of input in all";
+    case BLOCK: return " per rank";
+    default: return "";
+  }
+}
+
+/* Whether a rule can hold at all with these settings (a limit of 0 turns
+ * it off), so that weft-info leaves it out. */
+static bool rule_possible(const choice_rule *r, const weft_choice_state *c) {
+  if (r->confirmed && !c->bcast_confirm) return false;
+  if (r->min_at && r->min_zero_off && !setting_at(c, r->min_at)) return false;
+  if (r->max_at && !setting_at(c, r->max_at) && (!r->max_shm_at || !setting_at(c, r->max_shm_at)))
+    return false;
+  if (r->min_at && r->max_at && setting_at(c, r->min_at) > setting_at(c, r->max_at)) return false;
+  return true;
+}
+
+/* One rule in words: "recursive doubling up to 256 KiB (...)". */
+static void rule_words(const choice_rule *r, const weft_choice_state *c, size_t chunk_bytes,
+                       char *out, size_t len, size_t *at) {
+  size_t cap = r->cap_chunks ? (size_t)r->cap_chunks * chunk_bytes : SIZE_MAX;
+  char lo[32], hi[32], hi_shm[32];
+  weft_appendf(out, len, at, "%s", r->algo);
+  if (r->how) weft_appendf(out, len, at, " (%s)", r->how);
+  if (r->hosts == ONE_HOST || r->needs_one_host) weft_appendf(out, len, at, " on one host");
+  if (r->hosts == SHARED_HOSTS) weft_appendf(out, len, at, " on several hosts that ranks share");
+  if (r->links == STORES) weft_appendf(out, len, at, " where every link is a store (shm)");
+  if (r->links == SOCKETS) weft_appendf(out, len, at, " over sockets");
+  if (r->pow2)
+    weft_appendf(out, len, at, " among %d, %d, %d .. ranks", r->min_ranks, 2 * r->min_ranks,
+                 4 * r->min_ranks);
+  else if (r->min_ranks && r->min_ranks == r->max_ranks)
+    weft_appendf(out, len, at, " between %d ranks", r->min_ranks);
+  else if (r->min_ranks && r->max_ranks)
+    weft_appendf(out, len, at, " among %d to %d ranks", r->min_ranks, r->max_ranks);
+  else if (r->min_ranks > 1)
+    weft_appendf(out, len, at, " at %d or more ranks", r->min_ranks);
+  else if (r->max_ranks && r->max_ranks_cored)
+    weft_appendf(out, len, at, " at %d ranks or fewer (%d where every rank has a CPU of its own)",
+                 r->max_ranks, r->max_ranks_cored);
+  else if (r->max_ranks)
+    weft_appendf(out, len, at, " between %d ranks", r->max_ranks);
+  if (r->confirmed) weft_appendf(out, len, at, ", counts confirmed");
+  if (r->min_at) {
+    bytes_words(setting_at(c, r->min_at), lo, sizeof lo);
+    weft_appendf(out, len, at, " from %s%s", lo, measure_words(r->measure));
+  }
+  if (r->max_at) {
+    size_t max = setting_at(c, r->max_at),
+           max_shm = r->max_shm_at ? setting_at(c, r->max_shm_at) : 0;
+    bytes_words(max < cap ? max : cap, hi, sizeof hi);
+    weft_appendf(out, len, at, " up to %s%s", hi, measure_words(r->measure));
+    if (r->max_shm_at) {
+      bytes_words(max_shm < cap ? max_shm : cap, hi_shm, sizeof hi_shm);
+      weft_appendf(out, len, at, ", %s on shm", hi_shm);
+    }
+  } else if (r->cap_chunks) {
+    bytes_words(cap, hi, sizeof hi);
+    weft_appendf(out, len, at, " up to %s (%d chunk%s)", hi, r->cap_chunks,
+                 r->cap_chunks > 1 ? "s" : "");
+  }
+  if (r->rd_cored)
+    weft_appendf(out, len, at,
+                 " (on shm with a CPU per rank and 3 or more ranks, up to %u KiB / log2(ranks) "
+                 "when that is less)",
+                 RD_CORED_BYTES_LOG2 >> 10);
+  if (r->no_wire) weft_appendf(out, len, at, ", not where f32 crosses hosts as bf16/f16");
+  if (r->late) weft_appendf(out, len, at, ", chosen when the call starts");
+}
+
+/* A collective's rules in one line (no newline): each that can hold, then
+ * "; else" the last. */
+static void rules_words(const char *name, const choice_rule *rules, size_t n,
+                        const weft_choice_state *c, size_t chunk_bytes, char *out, size_t len,
+                        size_t *at) {
+  weft_appendf(out, len, at, "%s: ", name);
+  bool first = true;
+  for (size_t i = 0; i < n; i++) {
+    const choice_rule *r = &rules[i];
+    bool last = i == n - 1;
+    if (r->fanout == FANOUT_SETTING) {
+      if (c->bcast_fanout <= 0) continue;
+      weft_appendf(out, len, at, "a tree of fan-out %d (WEFT_BCAST_FANOUT)", c->bcast_fanout);
+      return;
+    }
+    if (!last && !rule_possible(r, c)) continue;
+    if (!first) weft_appendf(out, len, at, last ? "; else " : "; ");
+    rule_words(r, c, chunk_bytes, out, len, at);
+    first = false;
+  }
 }
 
 void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *out, size_t len) {
-  char chunk[32], rd[32], ex[32], direct[32], chain[32];
-  bytes_words(chunk_bytes, chunk, sizeof chunk);
-  bytes_words(c->rd_max_bytes < chunk_bytes ? c->rd_max_bytes : chunk_bytes, rd, sizeof rd);
-  bytes_words(c->exchange_max_bytes < chunk_bytes ? c->exchange_max_bytes : chunk_bytes, ex,
-              sizeof ex);
-  bytes_words(c->direct_min_bytes, direct, sizeof direct);
-  bytes_words(c->bcast_chain_bytes, chain, sizeof chain);
   size_t at = 0;
   if (out && len) out[0] = 0;
+  weft_choice_state cs = *c;
+  cs.chunk_bytes = chunk_bytes;
 #define ALGO_WORD_(name, word) word,
   static const char *const forced[] = {WEFT_ALGO_WORDS(ALGO_WORD_)};
 #undef ALGO_WORD_
-  if (c->algo_forced != WEFT_ALGO_AUTO && (size_t)c->algo_forced < sizeof forced / sizeof *forced)
-    weft_appendf(out, len, &at, "allreduce: %s for every size (WEFT_ALGO)\n",
+  if (c->algo_forced == WEFT_ALGO_RING)
+    weft_appendf(out, len, &at, "allreduce: ring for every size (WEFT_ALGO)");
+  else if (c->algo_forced != WEFT_ALGO_AUTO &&
+           (size_t)c->algo_forced < sizeof forced / sizeof *forced)
+    weft_appendf(out, len, &at, "allreduce: %s wherever it can run (WEFT_ALGO), else the ring",
                  forced[c->algo_forced]);
-  else {
-    weft_appendf(
-        out, len, &at,
-        "allreduce, one host: the one-round exchange up to %s at %d ranks or fewer (%d where "
-        "every rank has a CPU of its own) once every link is a store (shm); ",
-        ex, EXCHANGE_MAX_RANKS, EXCHANGE_MAX_RANKS_CORED);
-    if (c->direct_min_bytes)
-      weft_appendf(out, len, &at,
-                   "direct (one pass through shared buffers) from %s when every rank's "
-                   "buffers come from weft_mem_alloc; ",
-                   direct);
-    weft_appendf(out, len, &at,
-                 "else recursive doubling up to %s (on shm with a CPU per rank and 3 or more "
-                 "ranks, up to 192 KiB / log2(ranks) when that is less), the ring above (two "
-                 "ranks, f32 as itself: its chunks as two streams each way)\n",
-                 rd);
-    weft_appendf(
-        out, len, &at,
-        "allreduce, several hosts (ranks sharing them): hierarchical; every rank's share crosses "
-        "the network, in segments pipelined with the host's reduce-scatter and allgather, when "
-        "hosts hold equal numbers of ranks and the buffer is at least a chunk (%s) per rank of "
-        "a host; else reduce to a leader per host, the leaders' allreduce, broadcast\n",
-        chunk);
-  }
-  if (c->bcast_fanout <= 0 && c->bcast_flat_min_bytes &&
-      c->bcast_flat_min_bytes <= c->bcast_flat_max_bytes) {
-    char lo[32], hi[32];
-    bytes_words(c->bcast_flat_min_bytes, lo, sizeof lo);
-    bytes_words(c->bcast_flat_max_bytes, hi, sizeof hi);
-    weft_appendf(out, len, &at,
-                 "broadcast among 3 or %d ranks all on shm: a flat tree from %s to %s (every "
-                 "rank copies straight from the root); elsewhere as below\n",
-                 BCAST_FLAT_MAX_RANKS, lo, hi);
-  }
-  if (c->bcast_fanout > 0)
-    weft_appendf(out, len, &at, "broadcast: a tree of fan-out %d (WEFT_BCAST_FANOUT)",
-                 c->bcast_fanout);
-  else if (c->bcast_confirm && c->bcast_chain_bytes <= chunk_bytes)
-    weft_appendf(
-        out, len, &at,
-        "broadcast: a binomial tree up to one chunk (%s) and between 2 ranks, a pipelined chain "
-        "above",
-        chunk);
-  else if (c->bcast_confirm)
-    weft_appendf(
-        out, len, &at,
-        "broadcast: a binomial tree up to one chunk (%s) and between 2 ranks; above, a binary "
-        "tree below %s, a pipelined chain from there",
-        chunk, chain);
   else
-    weft_appendf(out, len, &at, "broadcast: a pipelined chain from %s, a binary tree below", chain);
+    rules_words("allreduce", allreduce_rules, NRULES(allreduce_rules), &cs, chunk_bytes, out, len,
+                &at);
+  weft_appendf(out, len, &at, "\n");
+  rules_words("broadcast", bcast_rules, NRULES(bcast_rules), &cs, chunk_bytes, out, len, &at);
   weft_appendf(out, len, &at,
-               c->bcast_confirm ? "; counts confirmed on every rank\n"
-                                : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
-  weft_appendf(out, len, &at, "reduce: a pipelined chain from %s, a binary tree below\n", chain);
-  weft_appendf(out, len, &at, "reduce_scatter: ");
-  char lim[32], lim_shm[32];
-  if (c->reduce_scatter_halving_max_bytes || c->reduce_scatter_halving_shm_max_bytes) {
-    limit_words(c->reduce_scatter_halving_max_bytes, c->reduce_scatter_halving_shm_max_bytes,
-                2 * chunk_bytes, lim, lim_shm);
-    weft_appendf(out, len, &at,
-                 "among 4, 8, 16 .. ranks recursive halving up to %s of input in all, %s on "
-                 "shm; ",
-                 lim, lim_shm);
-  }
-  if (c->reduce_scatter_rd_max_bytes || c->reduce_scatter_rd_shm_max_bytes) {
-    limit_words(c->reduce_scatter_rd_max_bytes, c->reduce_scatter_rd_shm_max_bytes, chunk_bytes,
-                lim, lim_shm);
-    weft_appendf(out, len, &at,
-                 "at 3 or more ranks, recursive doubling on the whole input (every rank's "
-                 "blocks) up to %s in all, %s on shm; ",
-                 lim, lim_shm);
-  }
-  weft_appendf(out, len, &at,
-               "else (and where f32 crosses hosts as bf16/f16) the ring, in chunks of %s (two "
-               "ranks, f32 as itself: a stream each way)\n",
-               chunk);
-  weft_appendf(out, len, &at, "allgather: ");
-  if (c->allgather_bruck_max_bytes || c->allgather_bruck_shm_max_bytes) {
-    limit_words(c->allgather_bruck_max_bytes, c->allgather_bruck_shm_max_bytes, chunk_bytes, lim,
-                lim_shm);
-    weft_appendf(out, len, &at,
-                 "Bruck (log2(ranks) rounds) at 3 or more ranks up to %s of output in all, %s on "
-                 "shm; ",
-                 lim, lim_shm);
-  }
-  if (c->allgather_pairwise_bytes) {
-    char pw[32];
-    bytes_words(c->allgather_pairwise_bytes, pw, sizeof pw);
-    weft_appendf(out, len, &at,
-                 "pairwise (every block straight from its owner) from %s per rank at 3 or "
-                 "more ranks on shared memory, and between 2 ranks over sockets; else the ring\n",
-                 pw);
-  } else
-    weft_appendf(out, len, &at, "pairwise between 2 ranks over sockets, else the ring\n");
+               c->bcast_confirm ? "\n" : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
+  rules_words("reduce", reduce_rules, NRULES(reduce_rules), &cs, chunk_bytes, out, len, &at);
+  weft_appendf(out, len, &at, "\n");
+  rules_words("reduce_scatter", reduce_scatter_rules, NRULES(reduce_scatter_rules), &cs,
+              chunk_bytes, out, len, &at);
+  weft_appendf(out, len, &at, "\n");
+  rules_words("allgather", allgather_rules, NRULES(allgather_rules), &cs, chunk_bytes, out, len,
+              &at);
+  weft_appendf(out, len, &at, "\n");
   weft_appendf(out, len, &at,
                "alltoall: pairwise, each rank sends to rank+k and receives from rank-k\n");
   weft_appendf(out, len, &at, "gather, scatter: the root and every rank directly\n");

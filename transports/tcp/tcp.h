@@ -44,17 +44,11 @@
 #define TCP_HANDSHAKE_MAGIC 0x57464853u /* "WFHS" */
 #define TCP_SEND_DEPTH 8 /* chunks in flight per connection (transport.h: send_depth) */
 /* Chunks of at least this many bytes are written at the next progress, not
- * when posted (tcp_send): over loopback a stream written 256 KiB per call
- * moved 8 MiB in 2.8-3.8 ms, in one call per 8 MiB in 1.8-2.7 (a bare
- * sender/receiver pair, 3 runs each; the kernel pushes a partial segment at
- * the end of every call). With the chunks of a call batched, the 2-rank tcp
- * broadcast of 8-32 MiB went from 0.61-1.31 of Open MPI to 1.01-1.62, the
- * allgather from 0.76-1.02 to 0.98-1.42 (tools/paired_mpi.sh, 3 runs).
- * Smaller chunks keep going out at once: their latency is the cost. So do
- * chunks an algorithm passes on as it receives them (send_now): deferred,
- * every hop of a ring waited for the rank's next progress, and on 16 cores
- * the 8 and 16-rank allreduce of 32 MiB took twice as long (8 ranks:
- * 34.9-44.9 ms against 16.3-25.4 without deferral, 3 interleaved runs). */
+ * when posted (tcp_send): the kernel pushes a partial segment at the end of
+ * every write, so one sendmsg for a call's chunks moves them faster.
+ * Smaller chunks go out at once (their latency is the cost), and so do
+ * chunks on a pipeline's path (WEFT_SEND_NOW). docs/tuning.md, "When a
+ * large chunk is written" and "Sends on a pipeline's path". */
 #define TCP_DEFER_MIN (64u << 10)
 /* The handshake's channel for a failure notice (abort_all): a one-shot
  * connection that carries one abort frame to a peer this rank had no
