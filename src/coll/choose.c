@@ -382,7 +382,10 @@ static bool late_holds(const choice_rule *r, weft_choice_state *c, const weft_co
 weft_status weft_choose_late(weft_choice_state *c, weft_coll *coll, bool barrier) {
   choice_call k = call_of(c, coll);
   size_t n = NRULES(allreduce_rules);
-  for (const choice_rule *r = rule_pick(allreduce_rules, n, c, &k, NULL);;
+  /* the rules above the first late one were ruled out at issue */
+  const choice_rule *first_late = allreduce_rules;
+  while (!first_late->late) first_late++;
+  for (const choice_rule *r = rule_pick(allreduce_rules, n, c, &k, first_late);;
        r = rule_pick(allreduce_rules, n, c, &k, r + 1)) {
     /* the barrier comes here for the exchange only, never the direct question */
     if ((barrier && r->start == start_direct) || !late_holds(r, c, coll)) continue;
