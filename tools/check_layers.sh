@@ -7,8 +7,6 @@
 # public header) from anywhere; a lower layer that needs something from a
 # higher one gets it passed down (a function pointer), never by #include.
 # tools/, tests/ and examples/ sit above everything and are not scanned.
-# A transport's settings list (transports/NAME/NAME_settings.h) is in base:
-# it is declared beside its transport and read by the one settings table.
 #
 # Every #include "..." in src/ and transports/ is checked; a violation prints
 # file:line, what it includes and both layers. Pairs listed in
@@ -26,9 +24,6 @@ cd "$root"
 awk -v allow_file="tools/check_layers.allow" '
 function layer_of(path,    parts) {
   if (path == "weft.h" || path == "include/weft.h") return "public"
-  # a transport settings list (X-macros, no code) sits in its folder but is
-  # read by the one settings table in src/base
-  if (path ~ /^transports\/[^\/]+\/[^\/]+_settings\.h$/) return "base"
   if (path ~ /^transports\//) return "transports"
   if (path ~ /^src\//) { split(path, parts, "/"); return parts[2] }
   return ""

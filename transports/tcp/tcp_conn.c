@@ -19,7 +19,7 @@
 #include "src/base/auth.h"
 #include "src/base/log.h"
 #include "src/base/net.h"
-#include "src/base/settings.h"
+#include "transports/tcp/tcp_settings.h"
 #include "src/base/status.h"
 #include "src/mem/mem.h"
 #include "tcp.h"
@@ -194,7 +194,7 @@ static void tcp_hello(const tcp_ctx *ctx, int peer, uint32_t channel, tcp_proof 
 
 static void tcp_tune_socket(int fd) {
   net_set_nodelay(fd);
-  int bytes = (int)weft_settings()->tcp.buf_bytes;
+  int bytes = (int)tcp_settings()->buf_bytes;
   if (bytes > 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
@@ -258,7 +258,7 @@ static int tcp_cc_set_all(const int *fds, int n, const char *name) {
  * loopback choice; 0, or the errno of a named one the kernel refused. */
 static int tcp_cc_decide(const int *fds, int n, const char *dflt, char loopback[NET_CC_NAME],
                          char other[NET_CC_NAME]) {
-  const char *want = weft_settings()->tcp.congestion;
+  const char *want = tcp_settings()->congestion;
   loopback[0] = other[0] = 0;
   if (!strcmp(want, "system") || !dflt[0]) return 0;
   if (strcmp(want, "auto") && *want) { /* a name: every data connection */
@@ -288,7 +288,7 @@ weft_status tcp_congestion_init(tcp_ctx *ctx) {
     weft_error_sink_set(ctx->args->errors,
                         "WEFT_TCP_CONGESTION=%s: the kernel refuses it (%s); "
                         "net.ipv4.tcp_allowed_congestion_control lists those a process may use",
-                        weft_settings()->tcp.congestion, strerror(e));
+                        tcp_settings()->congestion, strerror(e));
     return WEFT_ERR_INVALID;
   }
   if (ctx->cc_loopback[0] && strcmp(ctx->cc_loopback, ctx->cc_other))
@@ -308,7 +308,7 @@ void tcp_congestion_describe(char *out, size_t len) {
     snprintf(out, len, "congestion control unknown");
   else if (e)
     snprintf(out, len, "congestion control %s (WEFT_TCP_CONGESTION=%s is refused: %s)", dflt,
-             weft_settings()->tcp.congestion, strerror(e));
+             tcp_settings()->congestion, strerror(e));
   else if (!loopback[0])
     snprintf(out, len, "congestion control %s", dflt);
   else if (!strcmp(loopback, other))
