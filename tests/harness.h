@@ -2,7 +2,10 @@
  * first and makes the unique id afterwards (its rendezvous thread must not be
  * copied into children), then hands the id to each child over a pipe. Every
  * run is bounded: ranks still alive at the deadline are killed and counted
- * as failed, so a hang is a test failure, never a stuck suite. */
+ * as failed, so a hang is a test failure, never a stuck suite. A rank that
+ * crashes (SIGSEGV, SIGBUS, ...) ends there and counts as failed; the others
+ * get HARNESS_CRASH_GRACE_S to notice (the library's dead-peer detection),
+ * then are killed, so a crash fails its test in seconds. */
 #ifndef WEFT_TEST_HARNESS_H
 #define WEFT_TEST_HARNESS_H
 
@@ -35,7 +38,38 @@ typedef struct harness_shared {
   char message[HARNESS_MAX_RANKS][768]; /* room for a wrapped message (a gradient set quoting its allreduce) */
   char transport[HARNESS_MAX_RANKS][8]; /* what a rank's test chose to record */
   uint64_t job_id;                      /* a test's choice: the job's communicator id */
+  int ended_by[HARNESS_MAX_RANKS];      /* harness_run: the signal that ended a rank, or 0 */
 } harness_shared;
+
+/* After a rank crashed, the seconds the others have to end on their own. */
+#define HARNESS_CRASH_GRACE_S 5.0
+
+/* The signals of a crash (a bug in the rank), as opposed to a test's own
+ * SIGKILL or SIGSTOP of a rank. */
+static const int harness_crash_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGSYS};
+#define HARNESS_NCRASH ((int)(sizeof harness_crash_signals / sizeof harness_crash_signals[0]))
+
+static inline int harness_is_crash(int sig) {
+  for (int i = 0; i < HARNESS_NCRASH; i++)
+    if (harness_crash_signals[i] == sig) return 1;
+  return 0;
+}
+
+/* In a forked rank: a crash ends the process. CMocka catches these signals
+ * to report a crashed test and go on with the next; a child inherits its
+ * handlers, and a crash would send the rank back into the test loop, to run
+ * the rest of the suite in the child while its peers wait (a 935 s timeout
+ * and 194 "Test failed with exception" lines where one failed rank was
+ * meant). A parent that caught one before may also have left it blocked. */
+static inline void harness_default_crash_signals(void) {
+  sigset_t crash;
+  sigemptyset(&crash);
+  for (int i = 0; i < HARNESS_NCRASH; i++) {
+    signal(harness_crash_signals[i], SIG_DFL);
+    sigaddset(&crash, harness_crash_signals[i]);
+  }
+  sigprocmask(SIG_UNBLOCK, &crash, NULL);
+}
 
 static harness_shared *harness_shm;
 
@@ -58,16 +92,19 @@ typedef int (*harness_rank_fn)(int rank, int size, const weft_unique_id *id, voi
 
 /* Starts `n` ranks with `env` ("NAME=VALUE" strings, NULL-terminated, may
  * be NULL) set in each; returns how many failed (non-zero exit, signal, or
- * still running at `timeout_s`). */
+ * still running at `timeout_s`, or HARNESS_CRASH_GRACE_S after another rank
+ * crashed). harness_shm->ended_by says which signal ended each rank. */
 static inline int harness_run(int n, const char *const *env, double timeout_s, harness_rank_fn fn,
                               void *arg) {
   pid_t pids[HARNESS_MAX_RANKS];
   int pipes[HARNESS_MAX_RANKS][2];
+  if (!harness_shm) harness_init(); /* ended_by is written there */
   fflush(NULL);
   for (int r = 0; r < n; r++) {
     if (pipe(pipes[r])) abort();
     pids[r] = fork();
     if (pids[r] == 0) {
+      harness_default_crash_signals();
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
       close(pipes[r][1]);
@@ -89,9 +126,10 @@ static inline int harness_run(int n, const char *const *env, double timeout_s, h
     if (write(pipes[r][1], &id, sizeof id) != (ssize_t)sizeof id) perror("harness: write id");
     close(pipes[r][1]);
   }
-  int failed = 0, left = n;
+  int failed = 0, left = n, crashed = -1;
   double deadline = harness_now() + timeout_s;
   int done[HARNESS_MAX_RANKS] = {0};
+  for (int r = 0; r < n; r++) harness_shm->ended_by[r] = 0;
   while (left > 0) {
     int st;
     pid_t pid = waitpid(-1, &st, WNOHANG);
@@ -100,10 +138,19 @@ static inline int harness_run(int n, const char *const *env, double timeout_s, h
         if (pids[r] == pid && !done[r]) {
           done[r] = 1;
           left--;
-          if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+          if (WIFSIGNALED(st)) {
             failed++;
-            fprintf(stderr, "harness: rank %d %s %d\n", r, WIFEXITED(st) ? "exited with" : "killed by signal",
-                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+            harness_shm->ended_by[r] = WTERMSIG(st);
+            fprintf(stderr, "harness: rank %d killed by signal %d (%s)\n", r, WTERMSIG(st),
+                    strsignal(WTERMSIG(st)));
+            if (harness_is_crash(WTERMSIG(st)) && crashed < 0) {
+              crashed = r;
+              double soon = harness_now() + HARNESS_CRASH_GRACE_S;
+              if (soon < deadline) deadline = soon;
+            }
+          } else if (WEXITSTATUS(st) != 0) {
+            failed++;
+            fprintf(stderr, "harness: rank %d exited with %d\n", r, WEXITSTATUS(st));
           }
         }
       continue;
@@ -111,7 +158,12 @@ static inline int harness_run(int n, const char *const *env, double timeout_s, h
     if (harness_now() > deadline) {
       for (int r = 0; r < n; r++)
         if (!done[r]) {
-          fprintf(stderr, "harness: rank %d still running after %.0f s: killed (a hang)\n", r, timeout_s);
+          if (crashed >= 0)
+            fprintf(stderr, "harness: rank %d still running %.0f s after rank %d crashed: killed\n",
+                    r, HARNESS_CRASH_GRACE_S, crashed);
+          else
+            fprintf(stderr, "harness: rank %d still running after %.0f s: killed (a hang)\n", r,
+                    timeout_s);
           kill(pids[r], SIGKILL);
         }
       while (left > 0) {
@@ -121,6 +173,7 @@ static inline int harness_run(int n, const char *const *env, double timeout_s, h
             done[r] = 1;
             left--;
             failed++;
+            if (WIFSIGNALED(st)) harness_shm->ended_by[r] = WTERMSIG(st);
           }
       }
       break;

@@ -969,7 +969,7 @@ static run_case random_case(algo_id algo, int n, int tag, uint64_t *s) {
   c.dt = dtypes[harness_rng(s) % 8];
   c.op = is_reduction(algo) ? ops[harness_rng(s) % 5] : WEFT_SUM;
   /* an i8, u8 or i32 avg never reaches an algorithm: the call sums it in i64
-   * (src/coll), and test_collectives2 checks that; here it is an i64 avg */
+   * (src/coll), and test_reduce_gather_scatter_alltoall checks that; here it is an i64 avg */
   if (c.op == WEFT_AVG && (c.dt == WEFT_I8 || c.dt == WEFT_U8 || c.dt == WEFT_I32)) c.dt = WEFT_I64;
   size_t esz = weft_dtype_size(c.dt);
   c.count = 1 + harness_rng(s) % 97;

@@ -17,6 +17,10 @@
 #include "src/comm/comm.h"
 #include "src/base/net.h"
 #include "src/base/settings.h"
+#include "transports/ibv/ibv_settings.h"
+#include "transports/shm/shm_settings.h"
+#include "transports/tcp/tcp_settings.h"
+#include "transports/transport_settings.h"
 #include "src/coll/choose.h"
 
 static void clear_launcher_env(void) {
@@ -275,15 +279,20 @@ static void settings_are_listed(void **state) {
 
 /* ---- settings: a refused value fails creation, before the rendezvous ---- */
 
-/* Every WEFT_ setting unset (the runner's own restored by settings_restore). */
+/* Every WEFT_ setting unset (the runner's own restored by settings_restore).
+ * Only the first clear since a restore saves: a later one (a loop that clears
+ * between cases) would save the previous case's value, and the restore would
+ * leave it set for the tests after. */
 static char *settings_saved[128];
+static bool settings_were_saved;
 static void settings_clear(void) {
   weft_setting_desc d;
   for (int i = 0; weft_setting_describe(i, &d) == WEFT_OK && i < 128; i++) {
     const char *v = getenv(d.name);
-    if (v && !settings_saved[i]) settings_saved[i] = strdup(v);
+    if (v && !settings_were_saved) settings_saved[i] = strdup(v);
     unsetenv(d.name);
   }
+  settings_were_saved = true;
   weft_settings_reload();
 }
 static void settings_restore(void) {
@@ -296,6 +305,7 @@ static void settings_restore(void) {
     free(settings_saved[i]);
     settings_saved[i] = NULL;
   }
+  settings_were_saved = false;
   weft_settings_reload();
 }
 
@@ -455,8 +465,65 @@ static void choice_by_cores(void **state) {
   weft_choice_free(&cs);
 }
 
+/* A table of a layer above base, handed over as the transports hand theirs:
+ * its owner reads it before it is registered; once registered it is
+ * checked and listed after the transports' tables. In a child process, so
+ * the table stays out of the other tests' counts. */
+#define TEST_OWN_SETTINGS(X)                                                                    \
+  X(TEST_OWN_LEVEL, level, INT, "3", 1, 9, WEFT_NO_WORDS, "a setting of the test's own table") \
+  X(TEST_OWN_MODE, mode, ENUM, "auto", 0, 0, WEFT_SPREAD_WORDS, "a word-valued one")
+typedef struct test_own_values {
+  TEST_OWN_SETTINGS(WEFT_SETTING_FIELD)
+} test_own_values;
+#define TEST_OWN_ROW_(...) WEFT_SETTING_SPEC(test_own_values, __VA_ARGS__),
+static const weft_setting_spec test_own_specs[] = {TEST_OWN_SETTINGS(TEST_OWN_ROW_)};
+static test_own_values test_own_vals;
+static weft_setting_state test_own_states[2];
+static weft_settings_table test_own_table =
+    WEFT_SETTINGS_TABLE("test", test_own_specs, &test_own_vals, test_own_states);
+
+static int settings_table_handed_over_child(void) {
+  char why[400];
+  setenv("WEFT_TEST_OWN_LEVEL", "12", 1);
+  setenv("WEFT_TEST_OWN_MODE", "1", 1);
+  weft_settings_reload();
+  const test_own_values *v = weft_settings_table_values(&test_own_table);
+  if (v->level != 3 || v->mode != WEFT_SPREAD_ALWAYS) return 1; /* refused: the default */
+  if (weft_settings_check(why, sizeof why) != WEFT_OK) return 2; /* not handed over yet */
+  weft_transport_settings_register();
+  weft_settings_register(&test_own_table);
+  weft_settings_register(&test_own_table); /* a second time: still listed once */
+  if (weft_settings_check(why, sizeof why) != WEFT_ERR_INVALID ||
+      !strstr(why, "WEFT_TEST_OWN_LEVEL=\"12\" is refused: it must be an integer from 1 to 9"))
+    return 3;
+  weft_setting_info info;
+  int n = 0, at = -1;
+  for (; weft_setting_get_info(n, &info) == WEFT_OK; n++)
+    if (!strcmp(info.name, "WEFT_TEST_OWN_LEVEL")) at = n;
+  int transports = tcp_settings_table.count + shm_settings_table.count + ibv_settings_table.count;
+  if (n != WEFT_SETTING_COUNT + transports + 2 || at != n - 2) return 4;
+  if (weft_setting_get_info(at, &info) || strcmp(info.group, "test") || !info.refused[0]) return 5;
+  setenv("WEFT_TEST_OWN_LEVEL", "9", 1);
+  weft_settings_reload();
+  v = weft_settings_table_values(&test_own_table);
+  if (v->level != 9 || weft_settings_check(why, sizeof why) != WEFT_OK) return 6;
+  return 0;
+}
+
+static void settings_table_handed_over(void **state) {
+  (void)state;
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) _exit(settings_table_handed_over_child());
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  if (!WIFEXITED(st) || WEXITSTATUS(st))
+    fail_msg("the handed-over table failed step %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 static void settings_typed_values(void **state) {
   (void)state;
+  weft_transport_settings_register(); /* their tables are checked and listed too */
   settings_clear();
   char why[400];
   assert_int_equal(weft_settings_check(why, sizeof why), WEFT_OK); /* every default fits its rule */
@@ -477,15 +544,15 @@ static void settings_typed_values(void **state) {
   assert_int_equal(s->recorder, 64);
   assert_false(s->check);
   assert_false(s->grad_check);
-  assert_int_equal(s->tcp.buf_bytes, 0);
-  assert_int_equal(s->tcp.socket_family, WEFT_FAMILY_ANY);
-  assert_string_equal(s->tcp.socket_ifname, "");
-  assert_int_equal(s->shm.slots, 8);
-  assert_int_equal(s->ibv.gid_index, WEFT_SETTING_AUTO);
-  assert_int_equal(s->ibv.qps_per_peer, 1);
-  assert_int_equal(s->ibv.timeout, 18);
-  assert_int_equal(s->ibv.retry_cnt, 7);
-  assert_int_equal(s->ibv.zcopy_bytes, 0);
+  assert_int_equal(tcp_settings()->buf_bytes, 0);
+  assert_int_equal(tcp_settings()->socket_family, WEFT_FAMILY_ANY);
+  assert_string_equal(tcp_settings()->socket_ifname, "");
+  assert_int_equal(shm_settings()->slots, 8);
+  assert_int_equal(ibv_settings()->gid_index, WEFT_SETTING_AUTO);
+  assert_int_equal(ibv_settings()->qps_per_peer, 1);
+  assert_int_equal(ibv_settings()->timeout, 18);
+  assert_int_equal(ibv_settings()->retry_cnt, 7);
+  assert_int_equal(ibv_settings()->zcopy_bytes, 0);
   assert_int_equal(s->debug_subsys, 0x1f); /* ALL: every subsystem's bit */
 
   static const char *const accepted[][2] = {{"WEFT_TIMEOUT", "0.5"},
@@ -512,11 +579,11 @@ static void settings_typed_values(void **state) {
   s = weft_settings();
   assert_true(s->timeout_s == 0.5);
   assert_int_equal(s->algo, WEFT_ALGO_RING);
-  assert_int_equal(s->tcp.buf_bytes, 2 << 20); /* K, M, G are powers of 1024 */
+  assert_int_equal(tcp_settings()->buf_bytes, 2 << 20); /* K, M, G are powers of 1024 */
   assert_int_equal(s->rd_max_bytes, 256 << 10);
   assert_int_equal(s->direct_min_bytes, 65536);
-  assert_int_equal(s->tcp.socket_family, WEFT_FAMILY_IPV6);
-  assert_int_equal(WEFT_FAMILY_NUMBER(s->tcp.socket_family), 6);
+  assert_int_equal(tcp_settings()->socket_family, WEFT_FAMILY_IPV6);
+  assert_int_equal(WEFT_FAMILY_NUMBER(tcp_settings()->socket_family), 6);
   assert_int_equal(s->debug, WEFT_DEBUG_INFO);
   assert_true(s->check);
   assert_int_equal(s->spin_us, 0);
@@ -524,8 +591,8 @@ static void settings_typed_values(void **state) {
   assert_int_equal(s->transport, WEFT_TRANSPORT_TCP);
   assert_int_equal(s->chunk_bytes, 4096);
   assert_int_equal(s->bcast_chain_bytes, 1000000000);
-  assert_int_equal(s->shm.slots, 64);
-  assert_int_equal(s->ibv.gid_index, 3);
+  assert_int_equal(shm_settings()->slots, 64);
+  assert_int_equal(ibv_settings()->gid_index, 3);
   assert_int_equal(s->recorder, 64); /* empty: the default */
   assert_int_equal(s->debug_subsys, (1u << WEFT_DEBUG_SUBSYS_INIT) |
                                         (1u << WEFT_DEBUG_SUBSYS_BOOT) |
@@ -553,7 +620,8 @@ static void settings_typed_values(void **state) {
       assert_non_null(strstr(info.refused, "WEFT_SHM_SLOTS=\"1\""));
     }
   }
-  assert_int_equal(n, WEFT_SETTING_COUNT);
+  assert_int_equal(n, WEFT_SETTING_COUNT + tcp_settings_table.count + shm_settings_table.count +
+                         ibv_settings_table.count);
   assert_true(tcp_at > 0 && shm_at > tcp_at && ibv_at > shm_at);
 
   settings_restore();
@@ -749,6 +817,7 @@ int main(void) {
       cmocka_unit_test(refused_settings_fail_creation),
       cmocka_unit_test(refused_setting_fails_rank0_and_frees_the_port),
       cmocka_unit_test(settings_typed_values),
+      cmocka_unit_test(settings_table_handed_over),
       cmocka_unit_test(choice_by_cores),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,8 +7,7 @@
 # that another object of the library defines is a call (or a reference) from
 # the first to the second. Objects are named by meson after their source
 # (src_base_log.c.o, transports_tcp_tcp_conn.c.o), which gives their layer.
-# The layer order is the one of tools/check_layers.sh; a transport settings
-# list has no code, so it does not appear here.
+# The layer order is the one of tools/check_layers.sh.
 # Exit status: 0 clean, 1 an upward call, 2 no library or no nm.
 # Run by the test suite (meson test "layers: calls").
 set -eu

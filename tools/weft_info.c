@@ -12,6 +12,7 @@
 #include "src/comm/comm.h"
 #include "src/topo/select.h"
 #include "src/topo/topo.h"
+#include "transports/transport_settings.h"
 
 static void print_devices(const char *kind, const weft_topo_device *devs, int n) {
   for (int i = 0; i < n; i++) {
@@ -66,6 +67,7 @@ static void print_wrapped(const char *text, int indent, int width) {
  * type, default, current value and what it accepts, then its help; a value
  * that communicator creation would refuse is said under it. */
 static void print_settings(void) {
+  weft_transport_settings_register(); /* their tables, listed after the core's */
   printf("settings (environment variables; unset or empty is the default):\n");
   printf("  %-24s %-8s %-9s %-9s %s\n", "setting", "type", "default", "value", "accepts");
   weft_setting_info info;

@@ -4,7 +4,9 @@
 #include <string.h>
 
 #include "src/api/api.h"
+#include "src/base/settings.h"
 #include "src/comm/comm.h"
+#include "transports/transport_settings.h"
 #include "weft.h"
 
 WEFT_API int weft_comm_rank(const weft_comm *comm) {
@@ -45,6 +47,13 @@ WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire) 
 WEFT_API const char *weft_version_string(void) {
   return WEFT_STR_(WEFT_VERSION_MAJOR) "." WEFT_STR_(WEFT_VERSION_MINOR) "." WEFT_STR_(
       WEFT_VERSION_PATCH);
+}
+
+/* Every setting, the transports' too: their tables are handed to the
+ * registry before the first is counted. */
+WEFT_API weft_status weft_setting_describe(int index, weft_setting_desc *desc) {
+  weft_transport_settings_register();
+  return weft_settings_describe(index, desc);
 }
 
 WEFT_API void weft_config_init(weft_config *cfg) {

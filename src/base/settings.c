@@ -1,8 +1,10 @@
-/* settings.c - the one table of WEFT_* settings, made from the lists in
- * settings.h, and the only place that reads them from the environment.
- * Values are parsed and checked once (or on reload), so a setting cannot
- * change under a running collective. Nothing here logs: a refused value is
- * kept as a sentence that weft_settings_check hands to the caller. */
+/* settings.c - the registry of WEFT_* settings: the core's table, made from
+ * the list in settings.h, and every table a layer above hands over
+ * (weft_settings_register); the only place that reads them from the
+ * environment. Values are parsed and checked once (or on reload), so a
+ * setting cannot change under a running collective. Nothing here logs: a
+ * refused value is kept as a sentence that weft_settings_check hands to the
+ * caller. */
 #include "src/base/settings.h"
 
 #include <ctype.h>
@@ -15,38 +17,18 @@
 #include <string.h>
 #include <strings.h>
 
-struct setting_spec {
-  const char *name;
-  const char *group;
-  enum weft_setting_type type;
-  const char *deflt;
-  double lo, hi;
-  const char *const *words; /* NULL-terminated; used by the ENUM types and WORD_SET */
-  const char *help;
-};
-
 /* clang-format off */
-static const struct setting_spec specs[WEFT_SETTING_COUNT] = {
-#define WEFT_WORD_TEXT_(constant, word) word,
-#define SPEC_ROW_(id, field, type, dflt, lo, hi, words, help)                                    \
-  [WEFT_SETTING_##id] = {"WEFT_" #id, spec_group_, WEFT_SETTING_##type, dflt, lo, hi,            \
-                         (const char *const[]){words(WEFT_WORD_TEXT_) NULL}, help},
-#define spec_group_ "weft"
-    WEFT_CORE_SETTINGS(SPEC_ROW_)
-#undef spec_group_
-#define spec_group_ "tcp"
-    WEFT_TCP_SETTINGS(SPEC_ROW_)
-#undef spec_group_
-#define spec_group_ "shm"
-    WEFT_SHM_SETTINGS(SPEC_ROW_)
-#undef spec_group_
-#define spec_group_ "ibv"
-    WEFT_IBV_SETTINGS(SPEC_ROW_)
-#undef spec_group_
-#undef SPEC_ROW_
-#undef WEFT_WORD_TEXT_
+#define CORE_SPEC_(...) WEFT_SETTING_SPEC(weft_settings_values, __VA_ARGS__),
+static const weft_setting_spec core_specs[WEFT_SETTING_COUNT] = {
+    WEFT_CORE_SETTINGS(CORE_SPEC_)
 };
+#undef CORE_SPEC_
 /* clang-format on */
+static weft_settings_values core_values;
+static weft_setting_state core_states[WEFT_SETTING_COUNT];
+/* The core's table heads the list: weft-info lists it first. */
+static weft_settings_table core_table =
+    WEFT_SETTINGS_TABLE("weft", core_specs, &core_values, core_states);
 
 static const char *const type_names[] = {
     [WEFT_SETTING_INT] = "integer",     [WEFT_SETTING_INT_OR_AUTO] = "integer",
@@ -63,22 +45,19 @@ typedef struct parsed {
   const char *s;
 } parsed;
 
-struct setting_state {
-  char *env;         /* owned copy of the environment's value, or NULL when unset */
-  char refused[256]; /* why the environment's value was refused; "" when accepted */
-};
-
-static struct setting_state states[WEFT_SETTING_COUNT];
-static weft_settings_values values;
 static pthread_mutex_t settings_lock = PTHREAD_MUTEX_INITIALIZER;
-static int settings_loaded;
+/* The registered tables, the core's first; guarded by settings_lock. */
+static weft_settings_table *tables = &core_table, **tables_end = &core_table.next;
+/* Which reading of the environment is current: a table whose loaded_at
+ * differs reads it again on its next use. A reload or a fork moves it on. */
+static unsigned reading = 1;
 
 static void (*listeners[4])(void);
 static int nlisteners;
 
 /* ---- rules ---------------------------------------------------------------- */
 
-static void rule_phrase(const struct setting_spec *s, char *out, size_t len) {
+static void rule_phrase(const weft_setting_spec *s, char *out, size_t len) {
   long long lo = (long long)s->lo, hi = (long long)s->hi;
   bool open = s->hi >= WEFT_SETTING_NO_MAX;
   switch (s->type) {
@@ -161,7 +140,7 @@ static bool parse_bool(const char *text, long long *out) {
 }
 
 /* ALL, or words joined by commas, ^ first excluding them: bit i for word i. */
-static bool parse_word_set(const struct setting_spec *s, const char *text, long long *out) {
+static bool parse_word_set(const weft_setting_spec *s, const char *text, long long *out) {
   unsigned all = 0;
   for (int w = 0; s->words[w]; w++) all |= 1u << w;
   if (!strcasecmp(text, "ALL")) return *out = all, true;
@@ -181,7 +160,7 @@ static bool parse_word_set(const struct setting_spec *s, const char *text, long 
 }
 
 /* Parses `text` by the rules of `s`: true with *out set, or false. */
-static bool parse_value(const struct setting_spec *s, const char *text, parsed *out) {
+static bool parse_value(const weft_setting_spec *s, const char *text, parsed *out) {
   out->s = text;
   switch (s->type) {
     case WEFT_SETTING_INT_OR_AUTO:
@@ -219,61 +198,54 @@ static bool parse_value(const struct setting_spec *s, const char *text, parsed *
 
 /* ---- loading ---------------------------------------------------------------- */
 
-static const char *setting_text(int id) {
-  const char *env = states[id].env;
-  return env && *env ? env : specs[id].deflt;
+static const char *setting_text(const weft_settings_table *t, int i) {
+  const char *env = t->states[i].env;
+  return env && *env ? env : t->specs[i].deflt;
 }
 
-/* Copies each parse into its typed field (strings point at the text: the
+/* Copies a parse into its typed field (strings point at the text: the
  * environment's copy or the default). */
-#define STORE_INT(dst, q) dst = (q).i;
-#define STORE_INT_OR_AUTO(dst, q) dst = (q).i;
-#define STORE_BYTES(dst, q) dst = (size_t)(q).i;
-#define STORE_BYTES_OR_0(dst, q) dst = (size_t)(q).i;
-#define STORE_SECONDS(dst, q) dst = (q).d;
-#define STORE_BOOL(dst, q) dst = (q).i != 0;
-#define STORE_ENUM(dst, q) dst = (int)(q).i;
-#define STORE_ENUM_ANYCASE(dst, q) dst = (int)(q).i;
-#define STORE_WORD_SET(dst, q) dst = (unsigned)(q).i;
-#define STORE_STRING(dst, q) dst = (q).s;
-static void values_store(const parsed *p) {
-#define STORE_CORE_(id, field, type, dflt, lo, hi, words, help) \
-  STORE_##type(values.field, p[WEFT_SETTING_##id])
-#define STORE_TCP_(id, field, type, dflt, lo, hi, words, help) \
-  STORE_##type(values.tcp.field, p[WEFT_SETTING_##id])
-#define STORE_SHM_(id, field, type, dflt, lo, hi, words, help) \
-  STORE_##type(values.shm.field, p[WEFT_SETTING_##id])
-#define STORE_IBV_(id, field, type, dflt, lo, hi, words, help) \
-  STORE_##type(values.ibv.field, p[WEFT_SETTING_##id])
-  WEFT_CORE_SETTINGS(STORE_CORE_)
-  WEFT_TCP_SETTINGS(STORE_TCP_)
-  WEFT_SHM_SETTINGS(STORE_SHM_)
-  WEFT_IBV_SETTINGS(STORE_IBV_)
-#undef STORE_CORE_
-#undef STORE_TCP_
-#undef STORE_SHM_
-#undef STORE_IBV_
+static void value_store(const weft_setting_spec *s, void *values, const parsed *p) {
+  char *at = (char *)values + s->offset;
+  switch (s->type) {
+    case WEFT_SETTING_INT:
+    case WEFT_SETTING_INT_OR_AUTO: *(long long *)at = p->i; return;
+    case WEFT_SETTING_BYTES:
+    case WEFT_SETTING_BYTES_OR_0: *(size_t *)at = (size_t)p->i; return;
+    case WEFT_SETTING_SECONDS: *(double *)at = p->d; return;
+    case WEFT_SETTING_BOOL: *(bool *)at = p->i != 0; return;
+    case WEFT_SETTING_ENUM:
+    case WEFT_SETTING_ENUM_ANYCASE: *(int *)at = (int)p->i; return;
+    case WEFT_SETTING_WORD_SET: *(unsigned *)at = (unsigned)p->i; return;
+    case WEFT_SETTING_STRING: *(const char **)at = p->s; return;
+  }
 }
 
-static void settings_load_locked(void) {
-  parsed p[WEFT_SETTING_COUNT];
-  for (int i = 0; i < WEFT_SETTING_COUNT; i++) {
-    struct setting_state *st = &states[i];
+static void table_load_locked(weft_settings_table *t) {
+  for (int i = 0; i < t->count; i++) {
+    const weft_setting_spec *s = &t->specs[i];
+    weft_setting_state *st = &t->states[i];
     free(st->env);
-    const char *env = getenv(specs[i].name);
+    const char *env = getenv(s->name);
     st->env = env ? strdup(env) : NULL;
     st->refused[0] = 0;
-    if (parse_value(&specs[i], setting_text(i), &p[i])) continue;
-    char rule[160];
-    rule_phrase(&specs[i], rule, sizeof rule);
-    snprintf(st->refused, sizeof st->refused, "%s=\"%.64s\" is refused: it must be %s",
-             specs[i].name, setting_text(i), rule);
-    /* a refused value holds its default; a default that fails its own rule
-     * is a bug in the lists, which the settings test catches */
-    if (!parse_value(&specs[i], specs[i].deflt, &p[i])) memset(&p[i], 0, sizeof p[i]);
+    parsed p;
+    if (!parse_value(s, setting_text(t, i), &p)) {
+      char rule[160];
+      rule_phrase(s, rule, sizeof rule);
+      snprintf(st->refused, sizeof st->refused, "%s=\"%.64s\" is refused: it must be %s", s->name,
+               setting_text(t, i), rule);
+      /* a refused value holds its default; a default that fails its own rule
+       * is a bug in the lists, which the settings test catches */
+      if (!parse_value(s, s->deflt, &p)) memset(&p, 0, sizeof p);
+    }
+    value_store(s, t->values, &p);
   }
-  values_store(p);
-  settings_loaded = 1;
+  t->loaded_at = reading;
+}
+
+static void table_ensure_locked(weft_settings_table *t) {
+  if (t->loaded_at != reading) table_load_locked(t);
 }
 
 static void settings_tell_listeners(void) {
@@ -284,7 +256,7 @@ static void settings_tell_listeners(void) {
  * environment, not the parent's snapshot. */
 static void settings_mark_stale(void) {
   pthread_mutex_init(&settings_lock, NULL); /* the fork may have copied it held */
-  settings_loaded = 0;
+  reading++;
   settings_tell_listeners();
 }
 
@@ -292,17 +264,23 @@ static void settings_register_fork(void) {
   pthread_atfork(NULL, NULL, settings_mark_stale);
 }
 
-static void settings_ensure(void) {
+/* Takes the lock with `t` (and, with t NULL, every registered table) read
+ * at the current reading. The caller unlocks. */
+static void settings_lock_loaded(weft_settings_table *t) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, settings_register_fork);
   pthread_mutex_lock(&settings_lock);
-  if (!settings_loaded) settings_load_locked();
-  pthread_mutex_unlock(&settings_lock);
+  if (t) {
+    table_ensure_locked(t);
+    return;
+  }
+  for (weft_settings_table *r = tables; r; r = r->next) table_ensure_locked(r);
 }
 
 void weft_settings_reload(void) {
-  pthread_mutex_lock(&settings_lock);
-  settings_load_locked();
+  settings_lock_loaded(NULL); /* registers the fork handler on a first call */
+  reading++;
+  for (weft_settings_table *r = tables; r; r = r->next) table_load_locked(r);
   pthread_mutex_unlock(&settings_lock);
   settings_tell_listeners();
 }
@@ -316,64 +294,108 @@ void weft_settings_on_reload(void (*fn)(void)) {
   pthread_mutex_unlock(&settings_lock);
 }
 
+void weft_settings_register(weft_settings_table *table) {
+  pthread_mutex_lock(&settings_lock);
+  if (!table->registered && table != &core_table) {
+    table->registered = true;
+    table->next = NULL;
+    *tables_end = table;
+    tables_end = &table->next;
+  }
+  pthread_mutex_unlock(&settings_lock);
+}
+
 /* ---- reading ------------------------------------------------------------------ */
 
+const void *weft_settings_table_values(weft_settings_table *table) {
+  settings_lock_loaded(table);
+  pthread_mutex_unlock(&settings_lock);
+  return table->values;
+}
+
+const char *weft_settings_table_text(weft_settings_table *table, int index) {
+  if (index < 0 || index >= table->count) return "";
+  settings_lock_loaded(table);
+  const char *text = setting_text(table, index);
+  pthread_mutex_unlock(&settings_lock);
+  return text;
+}
+
 const weft_settings_values *weft_settings(void) {
-  settings_ensure();
-  return &values;
+  return weft_settings_table_values(&core_table);
 }
 
 const char *weft_setting_str(enum weft_setting_id id) {
-  if (id < 0 || id >= WEFT_SETTING_COUNT) return "";
-  settings_ensure();
-  return setting_text(id);
+  return weft_settings_table_text(&core_table, (int)id);
 }
 
 weft_status weft_settings_check(char *why, size_t len) {
-  settings_ensure();
-  int first = -1, more = 0;
-  for (int i = 0; i < WEFT_SETTING_COUNT; i++) {
-    if (!states[i].refused[0]) continue;
-    if (first < 0)
-      first = i;
-    else
-      more++;
-  }
-  if (first < 0) {
+  settings_lock_loaded(NULL);
+  const char *first = NULL;
+  int more = 0;
+  for (const weft_settings_table *t = tables; t; t = t->next)
+    for (int i = 0; i < t->count; i++) {
+      if (!t->states[i].refused[0]) continue;
+      if (!first)
+        first = t->states[i].refused;
+      else
+        more++;
+    }
+  if (!first) {
     if (len) why[0] = 0;
-    return WEFT_OK;
+  } else if (more) {
+    snprintf(why, len, "%s (and %d more refused setting%s: weft-info -s lists them)", first, more,
+             more > 1 ? "s" : "");
+  } else {
+    snprintf(why, len, "%s", first);
   }
-  if (more)
-    snprintf(why, len, "%s (and %d more refused setting%s: weft-info -s lists them)",
-             states[first].refused, more, more > 1 ? "s" : "");
-  else
-    snprintf(why, len, "%s", states[first].refused);
-  return WEFT_ERR_INVALID;
+  pthread_mutex_unlock(&settings_lock);
+  return first ? WEFT_ERR_INVALID : WEFT_OK;
+}
+
+/* Setting `id` counted over every registered table, the core's first: its
+ * table and index there, or NULL past the last. Under the lock. */
+static weft_settings_table *table_of_locked(int id, int *index) {
+  if (id < 0) return NULL;
+  for (weft_settings_table *t = tables; t; t = t->next) {
+    if (id < t->count) return *index = id, t;
+    id -= t->count;
+  }
+  return NULL;
 }
 
 weft_status weft_setting_get_info(int id, weft_setting_info *info) {
-  if (id < 0 || id >= WEFT_SETTING_COUNT || !info) return WEFT_ERR_INVALID;
-  settings_ensure();
-  const struct setting_spec *s = &specs[id];
-  info->name = s->name;
-  info->group = s->group;
-  info->type = s->type;
-  info->type_name = type_names[s->type];
-  info->deflt = s->deflt;
-  info->value = setting_text(id);
-  info->help = s->help;
-  rule_phrase(s, info->rule, sizeof info->rule);
-  snprintf(info->refused, sizeof info->refused, "%s", states[id].refused);
-  return WEFT_OK;
+  if (!info) return WEFT_ERR_INVALID;
+  settings_lock_loaded(NULL);
+  int i;
+  weft_settings_table *t = table_of_locked(id, &i);
+  if (t) {
+    const weft_setting_spec *s = &t->specs[i];
+    info->name = s->name;
+    info->group = t->group;
+    info->type = s->type;
+    info->type_name = type_names[s->type];
+    info->deflt = s->deflt;
+    info->value = setting_text(t, i);
+    info->help = s->help;
+    rule_phrase(s, info->rule, sizeof info->rule);
+    snprintf(info->refused, sizeof info->refused, "%s", t->states[i].refused);
+  }
+  pthread_mutex_unlock(&settings_lock);
+  return t ? WEFT_OK : WEFT_ERR_INVALID;
 }
 
-weft_status weft_setting_describe(int index, weft_setting_desc *desc) {
-  if (index < 0 || index >= WEFT_SETTING_COUNT || !desc) return WEFT_ERR_INVALID;
-  settings_ensure();
-  const struct setting_spec *s = &specs[index];
-  desc->name = s->name;
-  desc->deflt = s->deflt;
-  desc->value = setting_text(index);
-  desc->help = s->help;
-  return WEFT_OK;
+weft_status weft_settings_describe(int id, weft_setting_desc *desc) {
+  if (!desc) return WEFT_ERR_INVALID;
+  settings_lock_loaded(NULL);
+  int i;
+  weft_settings_table *t = table_of_locked(id, &i);
+  if (t) {
+    desc->name = t->specs[i].name;
+    desc->deflt = t->specs[i].deflt;
+    desc->value = setting_text(t, i);
+    desc->help = t->specs[i].help;
+  }
+  pthread_mutex_unlock(&settings_lock);
+  return t ? WEFT_OK : WEFT_ERR_INVALID;
 }

@@ -1,10 +1,12 @@
 /* settings.h - every WEFT_* environment setting, declared once: name, type,
- * default, bounds and one line of help. The lists below generate the ids,
- * the table (settings.c), the typed values the code reads (weft_settings())
- * and the enums of word-valued settings; weft-info lists them. Read from the
- * environment once (or on reload); no other file calls getenv for a WEFT_
- * setting. Settings sit below the log: they never log, they return errors
- * (weft_settings_check) to the caller that reports them. */
+ * default, bounds and one line of help. Base declares its own (the core list
+ * below) and keeps the registry: a layer above with settings of its own (each
+ * transport, in its folder) defines a table of the same rows and hands it
+ * over (weft_settings_register), so base names nobody above it. The registry
+ * reads every table from the environment once (or on reload), checks it
+ * (weft_settings_check) and lists it (weft_setting_get_info, for weft-info);
+ * no other file calls getenv for a WEFT_ setting. Settings sit below the log:
+ * they never log, they return errors to the caller that reports them. */
 #ifndef WEFT_SETTINGS_H
 #define WEFT_SETTINGS_H
 
@@ -46,13 +48,9 @@
 /* What f32 sum/avg data crossing hosts travels as (WEFT_WIRE_DTYPE). */
 #define WEFT_WIRE_WORDS(W) W(WEFT_WIRE_F32, "f32") W(WEFT_WIRE_BF16, "bf16") W(WEFT_WIRE_F16, "f16")
 
-/* Each transport declares its own settings in its folder. */
-#include "transports/ibv/ibv_settings.h"
-#include "transports/shm/shm_settings.h"
-#include "transports/tcp/tcp_settings.h"
-
 /* X(ID, field, TYPE, default, min, max, WORDS, help): WEFT_<ID> is read into
- * weft_settings()-><field> (transports': ->tcp.<field>, ...). TYPE is
+ * weft_settings()-><field> (a transport's list: into its own values, as
+ * tcp_settings()-><field>, ...). TYPE is
  *   INT          an integer in min..max                       (long long)
  *   INT_OR_AUTO  "auto" (WEFT_SETTING_AUTO) or min..max        (long long)
  *   BYTES        a byte count in min..max                     (size_t)
@@ -145,29 +143,24 @@
   X(WIRE_DTYPE, wire_dtype, ENUM_ANYCASE, "f32", 0, 0, WEFT_WIRE_WORDS,                           \
     "f32 sum/avg allreduce, reduce-scatter and reduce data crossing hosts travels as f32 (exact), bf16 or f16 (half the bytes; f32 sums, one rounding per hop: relative error up to about ranks x 2^-8 (bf16) or 2^-11 (f16) of the sum of |x|); ignored on one host; weft_comm_set_wire_dtype sets it per communicator")
 
-/* Every list, in weft-info's order: L(list, group name). */
-#define WEFT_SETTINGS_GROUPS(L)                                                                  \
-  L(WEFT_CORE_SETTINGS, "weft") L(WEFT_TCP_SETTINGS, "tcp") L(WEFT_SHM_SETTINGS, "shm")          \
-  L(WEFT_IBV_SETTINGS, "ibv")
-
 /* ---- what the lists generate ------------------------------------------- */
 
-#define WEFT_WORD_ENUM_(constant, word) constant,
-enum weft_algo_choice { WEFT_ALGO_WORDS(WEFT_WORD_ENUM_) };
-enum weft_debug_choice { WEFT_DEBUG_WORDS(WEFT_WORD_ENUM_) };
-enum weft_transport_choice { WEFT_TRANSPORT_WORDS(WEFT_WORD_ENUM_) };
-enum weft_spread_choice { WEFT_SPREAD_WORDS(WEFT_WORD_ENUM_) };
-enum weft_wire_choice { WEFT_WIRE_WORDS(WEFT_WORD_ENUM_) };
-enum weft_family_choice { WEFT_FAMILY_WORDS(WEFT_WORD_ENUM_) };
-enum weft_shm_cma_choice { WEFT_SHM_CMA_WORDS(WEFT_WORD_ENUM_) };
-enum weft_debug_subsys_choice { WEFT_DEBUG_SUBSYS_WORDS(WEFT_WORD_ENUM_) };
-#undef WEFT_WORD_ENUM_
+/* A words list's enum and its words, for any list (a transport's too):
+ * enum x { X_WORDS(WEFT_SETTING_WORD_ENUM) }; WEFT_SETTING_WORD_TEXT makes
+ * the NULL-terminated array of its words. */
+#define WEFT_SETTING_WORD_ENUM(constant, word) constant,
+#define WEFT_SETTING_WORD_TEXT(constant, word) word,
+enum weft_algo_choice { WEFT_ALGO_WORDS(WEFT_SETTING_WORD_ENUM) };
+enum weft_debug_choice { WEFT_DEBUG_WORDS(WEFT_SETTING_WORD_ENUM) };
+enum weft_transport_choice { WEFT_TRANSPORT_WORDS(WEFT_SETTING_WORD_ENUM) };
+enum weft_spread_choice { WEFT_SPREAD_WORDS(WEFT_SETTING_WORD_ENUM) };
+enum weft_wire_choice { WEFT_WIRE_WORDS(WEFT_SETTING_WORD_ENUM) };
+enum weft_debug_subsys_choice { WEFT_DEBUG_SUBSYS_WORDS(WEFT_SETTING_WORD_ENUM) };
 
+/* The core settings' ids: their index in the core table (weft_setting_str). */
 enum weft_setting_id {
 #define WEFT_SETTING_ID_(id, field, type, dflt, lo, hi, words, help) WEFT_SETTING_##id,
-#define WEFT_SETTING_ID_LIST_(list, group) list(WEFT_SETTING_ID_)
-  WEFT_SETTINGS_GROUPS(WEFT_SETTING_ID_LIST_)
-#undef WEFT_SETTING_ID_LIST_
+  WEFT_CORE_SETTINGS(WEFT_SETTING_ID_)
 #undef WEFT_SETTING_ID_
   WEFT_SETTING_COUNT
 };
@@ -197,23 +190,78 @@ enum weft_setting_type {
 #define WEFT_SETTING_CTYPE_WORD_SET unsigned
 #define WEFT_SETTING_CTYPE_STRING const char *
 
-/* The values, parsed and checked: a setting whose text was refused holds its
- * default here (and weft_settings_check says why). */
-typedef struct weft_settings_values {
-#define WEFT_SETTING_FIELD_(id, field, type, dflt, lo, hi, words, help) \
+/* A field of a values struct, from a row of a list:
+ * struct { LIST(WEFT_SETTING_FIELD) }. */
+#define WEFT_SETTING_FIELD(id, field, type, dflt, lo, hi, words, help) \
   WEFT_SETTING_CTYPE_##type field;
-  WEFT_CORE_SETTINGS(WEFT_SETTING_FIELD_)
-  struct {
-    WEFT_TCP_SETTINGS(WEFT_SETTING_FIELD_)
-  } tcp;
-  struct {
-    WEFT_SHM_SETTINGS(WEFT_SETTING_FIELD_)
-  } shm;
-  struct {
-    WEFT_IBV_SETTINGS(WEFT_SETTING_FIELD_)
-  } ibv;
-#undef WEFT_SETTING_FIELD_
+
+/* The core values, parsed and checked: a setting whose text was refused
+ * holds its default here (and weft_settings_check says why). */
+typedef struct weft_settings_values {
+  WEFT_CORE_SETTINGS(WEFT_SETTING_FIELD)
 } weft_settings_values;
+
+/* ---- tables: the core's, and each one a layer above hands over ----------- */
+
+/* One setting of a table: a row of its list, and where its typed value
+ * lies in the table's values struct. */
+typedef struct weft_setting_spec {
+  const char *name; /* "WEFT_TCP_STREAMS" */
+  enum weft_setting_type type;
+  const char *deflt;
+  double lo, hi;
+  const char *const *words; /* NULL-terminated; used by the ENUM types and WORD_SET */
+  const char *help;
+  size_t offset; /* of its field (WEFT_SETTING_CTYPE_<TYPE>) in the values struct */
+} weft_setting_spec;
+
+/* A row of a list as a spec whose value lies in a `values_type` struct made
+ * by WEFT_SETTING_FIELD from the same list. A list's row macro forwards to
+ * it: #define ROW_(...) WEFT_SETTING_SPEC(tcp_settings_values, __VA_ARGS__), */
+#define WEFT_SETTING_SPEC(values_type, id_, field_, type_, dflt_, lo_, hi_, words_, help_)     \
+  {"WEFT_" #id_, WEFT_SETTING_##type_, dflt_, lo_, hi_,                                         \
+   (const char *const[]){words_(WEFT_SETTING_WORD_TEXT) NULL}, help_,                          \
+   offsetof(values_type, field_)}
+
+/* What the registry keeps of one setting: the environment's text and why it
+ * was refused. */
+typedef struct weft_setting_state {
+  char *env;         /* owned copy of the environment's value, or NULL when unset */
+  char refused[256]; /* why the environment's value was refused; "" when accepted */
+} weft_setting_state;
+
+/* A table of settings: its owner defines the specs, the values struct and
+ * room for the states (WEFT_SETTINGS_TABLE); the registry fills the values.
+ * The owner reads them with weft_settings_table_values, which loads the
+ * table on first use whether or not it was registered yet; registering
+ * makes it one that weft_settings_check checks and weft-info lists. */
+typedef struct weft_settings_table {
+  const char *group; /* weft-info's heading: "tcp" */
+  const weft_setting_spec *specs;
+  int count;
+  void *values;
+  weft_setting_state *states; /* count of them */
+  /* the registry's own, under its lock */
+  unsigned loaded_at; /* the reading its values come from (0: none yet) */
+  bool registered;
+  struct weft_settings_table *next;
+} weft_settings_table;
+#define WEFT_SETTINGS_TABLE(group_, specs_, values_, states_)                                \
+  {.group = group_, .specs = specs_, .count = (int)(sizeof specs_ / sizeof specs_[0]),          \
+   .values = values_, .states = states_}
+
+/* Adds `table` to the ones checked and listed, after those before it (the
+ * core's first); a second call for the same table does nothing. The layer
+ * that lists what is built in calls it (transports/transport_settings.c)
+ * before it needs them checked or listed. */
+void weft_settings_register(weft_settings_table *table);
+/* The table's values, loaded on first use and after each reload. Valid until
+ * the next reload. */
+const void *weft_settings_table_values(weft_settings_table *table);
+/* Setting `index` of the table as text, as weft_setting_str. */
+const char *weft_settings_table_text(weft_settings_table *table, int index);
+
+/* ---- the core settings, and every registered table ------------------------ */
 
 /* The current values (loaded on first use). Valid until the next reload. */
 const weft_settings_values *weft_settings(void);
@@ -222,8 +270,9 @@ const weft_settings_values *weft_settings(void);
 const char *weft_setting_str(enum weft_setting_id id);
 
 /* WEFT_OK, or WEFT_ERR_INVALID with a sentence in `why` naming the first
- * refused setting, its value and the rule (and how many more were refused).
- * Communicator creation calls it before it starts anything. */
+ * refused setting, its value and the rule (and how many more were refused),
+ * over the core table and every registered one. Communicator creation calls
+ * it before it starts anything. */
 weft_status weft_settings_check(char *why, size_t len);
 
 /* Re-reads the environment (tests change it between communicators; a forked
@@ -233,8 +282,10 @@ void weft_settings_reload(void);
  * (the log) learns that values it derived are stale. At most 4 listeners. */
 void weft_settings_on_reload(void (*fn)(void));
 
-/* For weft-info: what setting `id` is, its rule as a phrase ("an integer
- * from 2 to 64"), and the refusal of its current text ("" when accepted). */
+/* For weft-info: what setting `id` is (counting the core's, then each
+ * registered table's in turn), its rule as a phrase ("an integer from 2 to
+ * 64"), and the refusal of its current text ("" when accepted);
+ * WEFT_ERR_INVALID past the last. */
 typedef struct weft_setting_info {
   const char *name;  /* "WEFT_TIMEOUT" */
   const char *group; /* "weft", "tcp", "shm", "ibv" */
@@ -247,5 +298,8 @@ typedef struct weft_setting_info {
   char refused[256];
 } weft_setting_info;
 weft_status weft_setting_get_info(int id, weft_setting_info *info);
+/* The same, as the public header's description (weft_setting_describe,
+ * which registers the built-in transports' tables first). */
+weft_status weft_settings_describe(int id, weft_setting_desc *desc);
 
 #endif

@@ -26,6 +26,8 @@
 #include "src/base/settings.h"
 #include "src/base/status.h"
 #include "src/topo/topo.h"
+#include "transports/tcp/tcp_settings.h"
+#include "transports/transport_settings.h"
 
 /* ---- live handles --------------------------------------------------------- */
 
@@ -132,6 +134,7 @@ static double timeout_or_setting(double timeout_s) {
  * nobody waits for the timeout to learn of a bad setting on rank 0. */
 static weft_status settings_usable(int rank, const char *call) {
   char why[400];
+  weft_transport_settings_register(); /* so that their settings are checked too */
   weft_status st = weft_settings_check(why, sizeof why);
   return st ? weft_init_error(st, rank, call, "%s", why) : WEFT_OK;
 }
@@ -721,7 +724,7 @@ static weft_status resolve_rendezvous(const char *text, int rank, const char *ca
   char host[256];
   int port;
   weft_error_sink err;
-  int family = WEFT_FAMILY_NUMBER(weft_settings()->tcp.socket_family);
+  int family = WEFT_FAMILY_NUMBER(tcp_settings()->socket_family);
   if (net_split_hostport(text, host, sizeof host, &port, &err) ||
       net_resolve(host, port, family, addr, len, &err))
     return weft_init_error(WEFT_ERR_INVALID, rank, call, "rendezvous: %s", err.msg);
@@ -816,8 +819,8 @@ WEFT_API weft_status weft_get_unique_id(weft_unique_id *id) {
   socklen_t local_len, bound_len;
   char ifname[64];
   weft_error_sink err;
-  weft_status st = net_pick_local_addr(weft_setting_str(WEFT_SETTING_SOCKET_IFNAME),
-                                       WEFT_FAMILY_NUMBER(weft_settings()->tcp.socket_family), NULL,
+  weft_status st = net_pick_local_addr(tcp_settings()->socket_ifname,
+                                       WEFT_FAMILY_NUMBER(tcp_settings()->socket_family), NULL,
                                        0, &local, &local_len, ifname, sizeof ifname, &err);
   if (st) return weft_init_error(st, -1, call, "%s", err.msg);
   uint8_t nonce[BOOT_NONCE_BYTES];

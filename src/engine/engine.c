@@ -62,16 +62,6 @@ static void fail_all(weft_core *comm, weft_status st) {
   if (e->lane) weft_p2p_fail_all(comm, st);
 }
 
-void weft_request_complete(weft_request *req, weft_status st) {
-  weft_coll *coll = &req->task.coll;
-  if (coll->cleanup) coll->cleanup(coll);
-  weft_coll_release(&req->task);
-  weft_coll_scratch_free(coll, coll->scratch);
-  coll->scratch = NULL;
-  req->status = st;
-  atomic_store_explicit(&req->done, 1, memory_order_release);
-}
-
 /* A clock read costs ~25-45 ns alone on a paravirtualized machine; on the
  * path of an 8-byte allreduce between 2 ranks, the one read when the call
  * ended made it ~90 ns slower (0.54 against 0.45 us median of 20000, 8
@@ -772,10 +762,4 @@ void weft_engine_stop(weft_core *comm) {
     fail_all(comm, WEFT_ERR_ABORTED);
   }
   pthread_mutex_unlock(&e->call_lock);
-}
-
-weft_status weft_request_free(weft_request *req) {
-  weft_status st = req->status;
-  free(req);
-  return st;
 }

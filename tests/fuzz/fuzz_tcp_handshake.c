@@ -1,5 +1,5 @@
 /* fuzz_tcp_handshake.c - the TCP transport's reading of a dialer's first
- * bytes (transports/tcp/tcp_conn.c: tcp_handshake_parse, the MAC check and
+ * bytes (transports/tcp/tcp_wire.c: tcp_handshake_parse, the MAC check and
  * tcp_handshake_check), as any client reaching a rank's data port sends them. */
 #include <stdint.h>
 #include <string.h>

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "src/base/log.h"
-#include "src/base/settings.h"
+#include "transports/ibv/ibv_settings.h"
 
 #define IBV_API_MAX_LIBS 4
 
@@ -93,7 +93,7 @@ static void ibv_api_fork_safety(const ibv_api *api) {
 }
 
 const ibv_api *ibv_api_load(weft_error_sink *err) {
-  const char *name = weft_settings()->ibv.library;
+  const char *name = ibv_settings()->library;
   if (!*name) name = "libibverbs.so.1";
   const ibv_api *found = NULL;
   pthread_mutex_lock(&ibv_api_lock);

@@ -17,7 +17,7 @@
 #include "ibv.h"
 #include "src/base/log.h"
 #include "src/mem/mem.h"
-#include "src/base/settings.h"
+#include "transports/ibv/ibv_settings.h"
 #include "src/base/status.h"
 
 #define IBV_INFO_MAGIC 0x57494e46u  /* "WINF" */
@@ -249,8 +249,8 @@ static weft_status ibv_qp_to_rts(ibv_conn *c, struct ibv_qp *qp, const ibv_qp_in
   if (ctx->api->modify_qp(qp, &a, mask))
     return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: QP to RTR for peer %d: %s", c->peer,
                          strerror(errno));
-  long long timeout = weft_settings()->ibv.timeout;
-  long long retry = weft_settings()->ibv.retry_cnt;
+  long long timeout = ibv_settings()->timeout;
+  long long retry = ibv_settings()->retry_cnt;
   struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTS,
                           /* 4.096 us * 2^18 = 1.07 s per try, 7 tries: NCCL's values,
                              long enough for a switch to reroute */

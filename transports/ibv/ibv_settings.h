@@ -1,9 +1,12 @@
-/* ibv_settings.h - the verbs transport's own settings, as a list that the one
- * settings table (src/base/settings.h, which includes this file; include that
- * one) puts under "ibv", also in builds without verbs (weft-info lists them).
- * Read as weft_settings()->ibv.<field>. Declarations only: this file calls nothing. */
+/* ibv_settings.h - the verbs transport's own settings: the list, the values it
+ * makes (read as ibv_settings()-><field>) and the table ibv_settings.c
+ * defines, which the transports hand to the registry in src/base/settings.h
+ * (transports/transport_settings.c), also in builds without verbs: weft-info
+ * lists it under "ibv". */
 #ifndef WEFT_IBV_SETTINGS_H
 #define WEFT_IBV_SETTINGS_H
+
+#include "src/base/settings.h"
 
 /* QPS_PER_PEER's upper bound is IBV_MAX_QPS (ibv.h); TIMEOUT and RETRY_CNT
  * are the widths of the fields verbs has for them. */
@@ -22,5 +25,15 @@
     "verbs transport retries before a work request fails")                                       \
   X(IB_LIBRARY, library, STRING, "", 0, 0, WEFT_NO_WORDS,                                        \
     "for tests: the verbs library to dlopen instead of libibverbs.so.1 (the in-tree emulator)")
+
+typedef struct ibv_settings_values {
+  WEFT_IBV_SETTINGS(WEFT_SETTING_FIELD)
+} ibv_settings_values;
+
+/* The values, parsed and checked (a refused one holds its default). Valid
+ * until the next reload (weft_settings_reload). */
+const ibv_settings_values *ibv_settings(void);
+/* The table, for the registry (weft_settings_register). */
+extern weft_settings_table ibv_settings_table;
 
 #endif

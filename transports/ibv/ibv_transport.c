@@ -17,6 +17,7 @@
 #include "ibv.h"
 #include "src/base/log.h"
 #include "src/base/settings.h"
+#include "transports/ibv/ibv_settings.h"
 #include "src/base/status.h"
 #include "src/mem/mem.h"
 #include "src/topo/topo.h"
@@ -85,7 +86,7 @@ static int ibv_gid_roce_version(ibv_ctx *ctx, int index) {
 }
 
 static weft_status ibv_pick_gid(ibv_ctx *ctx, int table_len) {
-  long long forced = weft_settings()->ibv.gid_index; /* auto: -1 */
+  long long forced = ibv_settings()->gid_index; /* auto: -1 */
   if (forced >= 0) {
     if (forced >= table_len || ctx->api->query_gid(ctx->dev, ctx->port, (int)forced, &ctx->gid)) {
       weft_error_sink_set(ctx->args->errors,
@@ -144,7 +145,7 @@ typedef struct ibv_candidate {
 /* Lists active ports that pass WEFT_IB_HCA; writes why none did. */
 static int ibv_list_ports(ibv_ctx *ctx, struct ibv_device **list, int ndev,
                           ibv_candidate *out, int max, char *why, size_t why_len) {
-  const char *rules = weft_settings()->ibv.hca;
+  const char *rules = ibv_settings()->hca;
   int n = 0;
   snprintf(why, why_len, "%d device(s), none with an active port", ndev);
   for (int d = 0; d < ndev && n < max; d++) {
@@ -339,7 +340,7 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_tp_ctx **
   ctx->slot_mem = args->slot_mem ? args->slot_mem : &weft_mem_host;
   ctx->api = api;
   ctx->listen_fd = -1;
-  long long qps = weft_settings()->ibv.qps_per_peer;
+  long long qps = ibv_settings()->qps_per_peer;
   ctx->nqp = qps < 1 ? 1 : qps > IBV_MAX_QPS ? IBV_MAX_QPS : (int)qps;
   ctx->nslots = IBV_SLOTS;
   ctx->stride = (IBV_TAG_BYTES + args->chunk_bytes + 63) & ~(size_t)63;
@@ -349,7 +350,7 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_tp_ctx **
   weft_status st = WEFT_ERR_NOMEM;
   if (!ctx->conns || !ctx->pfds) goto fail;
   if ((st = ibv_check_memlock(ctx)) || (st = ibv_open(ctx))) goto fail;
-  long long zc = (long long)weft_settings()->ibv.zcopy_bytes;
+  long long zc = (long long)ibv_settings()->zcopy_bytes;
   ctx->zcopy_bytes = zc > 0 ? (size_t)zc : 0;
   ctx->mr = (ibv_mr_cache){.api = api, .pd = ctx->pd, .max_bytes = (size_t)1 << 30};
   /* The side socket listens where the rendezvous was reached from: that

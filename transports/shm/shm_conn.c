@@ -28,7 +28,7 @@
 #include "src/mem/mem.h"
 #include "src/mem/shared_mem.h"
 #include "src/base/net.h"
-#include "src/base/settings.h"
+#include "transports/shm/shm_settings.h"
 #include "src/base/status.h"
 
 /* The header's pages: the same for every geometry, so an opener can read a

@@ -1,9 +1,12 @@
-/* shm_settings.h - the shared-memory transport's own settings, as a list that
- * the one settings table (src/base/settings.h, which includes this file;
- * include that one) puts under "shm". Read as weft_settings()->shm.<field>.
- * Declarations only: this file calls nothing. */
+/* shm_settings.h - the shared-memory transport's own settings: the list, the
+ * values it makes (read as shm_settings()-><field>) and the table
+ * shm_settings.c defines, which the transports hand to the registry in
+ * src/base/settings.h (transports/transport_settings.c); weft-info lists it
+ * under "shm". */
 #ifndef WEFT_SHM_SETTINGS_H
 #define WEFT_SHM_SETTINGS_H
+
+#include "src/base/settings.h"
 
 /* WEFT_SHM_CMA's words: single copy where it is allowed and pays (auto),
  * wherever it is allowed (on), off (0), or, for tests, a probe that fails as
@@ -36,5 +39,24 @@
     "traffic in a call is one stream to one peer (a 2-rank broadcast or gather) sends the part "   \
     "of it past this many bytes through the slots, so that its own core makes half of the "        \
     "copying; 0 = never")
+
+enum weft_shm_cma_choice { WEFT_SHM_CMA_WORDS(WEFT_SETTING_WORD_ENUM) };
+
+typedef struct shm_settings_values {
+  WEFT_SHM_SETTINGS(WEFT_SETTING_FIELD)
+} shm_settings_values;
+
+/* The values, parsed and checked (a refused one holds its default). Valid
+ * until the next reload (weft_settings_reload). */
+const shm_settings_values *shm_settings(void);
+/* Setting WEFT_<ID> of the list as text, as weft_setting_str: SHM_SETTING_<ID>. */
+enum shm_setting_id {
+#define SHM_SETTING_ID_(id, field, type, dflt, lo, hi, words, help) SHM_SETTING_##id,
+  WEFT_SHM_SETTINGS(SHM_SETTING_ID_)
+#undef SHM_SETTING_ID_
+};
+const char *shm_setting_str(enum shm_setting_id id);
+/* The table, for the registry (weft_settings_register). */
+extern weft_settings_table shm_settings_table;
 
 #endif

@@ -16,7 +16,7 @@
 #include "shm.h"
 #include "src/base/log.h"
 #include "src/base/net.h"
-#include "src/base/settings.h"
+#include "transports/shm/shm_settings.h"
 #include "src/base/status.h"
 
 #define SHM_ADDR_MAGIC 0x5745534au
@@ -42,13 +42,13 @@ static weft_status shm_probe(char *why, size_t why_len) {
     snprintf(why, why_len, "/dev/shm is not writable here: %s", strerror(errno));
     return WEFT_ERR_UNSUPPORTED;
   }
-  long long slots = weft_settings()->shm.slots;
+  long long slots = shm_settings()->slots;
   int at = snprintf(why, why_len,
                     "/dev/shm %llu MiB, %llu MiB free; WEFT_SHM_SLOTS=%lld; WEFT_SHM_CMA=%s",
                     (unsigned long long)(size >> 20), (unsigned long long)(free_bytes >> 20),
-                    slots, weft_setting_str(WEFT_SETTING_SHM_CMA));
+                    slots, shm_setting_str(SHM_SETTING_SHM_CMA));
   /* what auto will decide, for weft-info (timed once per process) */
-  double ratio = weft_settings()->shm.cma == WEFT_SHM_CMA_AUTO ? shm_cma_cost_ratio() : 0;
+  double ratio = shm_settings()->cma == WEFT_SHM_CMA_AUTO ? shm_cma_cost_ratio() : 0;
   if (ratio > 0 && at > 0 && (size_t)at < why_len)
     snprintf(why + at, why_len - (size_t)at, " (process_vm_readv costs %.1fx a memcpy here: %s)",
              ratio, shm_cma_ratio_pays(ratio) ? "single copy" : "two copies");
@@ -97,15 +97,15 @@ static weft_status shm_init(const weft_transport_init_args *args, weft_tp_ctx **
     return WEFT_ERR_NOMEM;
   }
   ctx->args = args;
-  long long slots = weft_settings()->shm.slots;
+  long long slots = shm_settings()->slots;
   ctx->nslots = slots < 2 ? 2 : slots > SHM_MAX_SLOTS ? SHM_MAX_SLOTS : (int)slots;
-  ctx->cma_mode = weft_settings()->shm.cma;
-  ctx->cma_min_bytes = weft_settings()->shm.cma_min_bytes;
+  ctx->cma_mode = shm_settings()->cma;
+  ctx->cma_min_bytes = shm_settings()->cma_min_bytes;
   /* Only where the sender's core is free to copy (shm_stream_through_slots):
    * where ranks outnumber the cores and single copy pays, it is also the
    * one that costs less CPU. */
   bool streams_split = ctx->cma_mode == WEFT_SHM_CMA_AUTO && !shm_ranks_outnumber_cores(args, NULL);
-  ctx->cma_stream_bytes = streams_split ? weft_settings()->shm.cma_stream_bytes : 0;
+  ctx->cma_stream_bytes = streams_split ? shm_settings()->cma_stream_bytes : 0;
   if (ctx->cma_mode != WEFT_SHM_CMA_OFF) shm_cma_allow_readers();
   ctx->self.magic = SHM_ADDR_MAGIC;
   ctx->self.pid = (uint32_t)getpid();

@@ -124,6 +124,7 @@ typedef struct tcp_frame_info {
   uint32_t total; /* the chunk's length: len when the sender wrote 0 */
 } tcp_frame_info;
 
+/* tcp_wire.c: the bytes on the wire (below both the connection and the helpers). */
 /* WEFT_ERR_PROTOCOL when shorter than TCP_HANDSHAKE_BYTES. */
 /* A handshake on TCP_NOTICE_CHANNEL or TCP_PROBE_CHANNEL may come from any
  * other rank; the caller still checks `from` against the communicator's size. */
@@ -345,7 +346,7 @@ static inline void tcp_stream_lock(tcp_stream *s) {
 static inline void tcp_stream_unlock(tcp_stream *s) {
   if (s->owner >= 0) pthread_mutex_unlock(&s->lock);
 }
-/* Writes what the socket takes of the stream's queue; completed pieces leave
+/* tcp_wire.c: writes what the socket takes of the stream's queue; completed pieces leave
  * it. Returns the bytes written, or -errno (never 0 while pieces wait). */
 ssize_t tcp_stream_write(tcp_stream *s);
 /* Reads the rest of the frame header, then payload into target (len bytes). Returns

@@ -19,7 +19,7 @@
 #include "src/base/auth.h"
 #include "src/base/log.h"
 #include "src/base/net.h"
-#include "src/base/settings.h"
+#include "transports/tcp/tcp_settings.h"
 #include "src/base/status.h"
 #include "src/mem/mem.h"
 #include "tcp.h"
@@ -31,56 +31,6 @@
  * connection from the same rank is refused. */
 static const char tcp_hello_context[] = "weft tcp hello";
 static const uint8_t tcp_no_challenge[WEFT_AUTH_CHALLENGE_BYTES];
-
-_Static_assert(TCP_HANDSHAKE_BYTES == sizeof(tcp_handshake) + WEFT_AUTH_MAC_BYTES,
-               "tcp.h's handshake length");
-
-static uint32_t tcp_get32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return ntohl(v);
-}
-
-weft_status tcp_handshake_parse(const uint8_t *buf, size_t len, tcp_handshake_info *out) {
-  if (len < TCP_HANDSHAKE_BYTES) return WEFT_ERR_PROTOCOL;
-  out->magic = tcp_get32(buf + offsetof(tcp_handshake, magic));
-  out->from = tcp_get32(buf + offsetof(tcp_handshake, from));
-  out->to = tcp_get32(buf + offsetof(tcp_handshake, to));
-  uint32_t word = tcp_get32(buf + offsetof(tcp_handshake, channel));
-  out->channel = word & 0xffffu;
-  out->stream = (word >> 16) & 0xffu;
-  out->nstreams = word >> 24 ? word >> 24 : 1;
-  out->comm_id = ((uint64_t)tcp_get32(buf + offsetof(tcp_handshake, comm_hi)) << 32) |
-                 tcp_get32(buf + offsetof(tcp_handshake, comm_lo));
-  out->signed_part = buf;
-  out->mac = buf + sizeof(tcp_handshake);
-  return WEFT_OK;
-}
-
-const char *tcp_handshake_check(const tcp_handshake_info *hs, uint32_t my_rank, uint64_t comm_id) {
-  if (hs->magic != TCP_HANDSHAKE_MAGIC) return "not a weft handshake";
-  if (hs->comm_id != comm_id) return "handshake for another communicator";
-  if (hs->channel == TCP_NOTICE_CHANNEL || hs->channel == TCP_PROBE_CHANNEL) /* any other rank */
-    return hs->to != my_rank || hs->from == my_rank ? "notice or probe with wrong ranks" : NULL;
-  /* the lower rank dials: a dialer claims a rank below ours */
-  if (hs->to != my_rank || hs->from >= my_rank) return "handshake with wrong ranks";
-  if (hs->channel >= WEFT_TP_CHANNELS) return "handshake for an unknown channel";
-  if (hs->nstreams > TCP_MAX_STREAMS || hs->stream >= hs->nstreams)
-    return "handshake for an unknown stream";
-  return NULL;
-}
-
-weft_status tcp_frame_parse(const uint8_t *buf, size_t len, tcp_frame_info *out) {
-  if (len < sizeof(tcp_frame_hdr)) return WEFT_ERR_PROTOCOL;
-  uint32_t mt = tcp_get32(buf + offsetof(tcp_frame_hdr, magic_type));
-  if ((mt & 0xffff0000u) != TCP_FRAME_MAGIC) return WEFT_ERR_PROTOCOL;
-  out->type = mt & 0xffffu;
-  out->seq = tcp_get32(buf + offsetof(tcp_frame_hdr, seq));
-  out->len = tcp_get32(buf + offsetof(tcp_frame_hdr, len));
-  out->total = tcp_get32(buf + offsetof(tcp_frame_hdr, total));
-  if (!out->total) out->total = out->len;
-  return WEFT_OK;
-}
 
 weft_status tcp_conn_fail(tcp_conn *c, weft_status st, const char *fmt, ...) {
   char what[256];
@@ -194,7 +144,7 @@ static void tcp_hello(const tcp_ctx *ctx, int peer, uint32_t channel, tcp_proof 
 
 static void tcp_tune_socket(int fd) {
   net_set_nodelay(fd);
-  int bytes = (int)weft_settings()->tcp.buf_bytes;
+  int bytes = (int)tcp_settings()->buf_bytes;
   if (bytes > 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
@@ -258,7 +208,7 @@ static int tcp_cc_set_all(const int *fds, int n, const char *name) {
  * loopback choice; 0, or the errno of a named one the kernel refused. */
 static int tcp_cc_decide(const int *fds, int n, const char *dflt, char loopback[NET_CC_NAME],
                          char other[NET_CC_NAME]) {
-  const char *want = weft_settings()->tcp.congestion;
+  const char *want = tcp_settings()->congestion;
   loopback[0] = other[0] = 0;
   if (!strcmp(want, "system") || !dflt[0]) return 0;
   if (strcmp(want, "auto") && *want) { /* a name: every data connection */
@@ -288,7 +238,7 @@ weft_status tcp_congestion_init(tcp_ctx *ctx) {
     weft_error_sink_set(ctx->args->errors,
                         "WEFT_TCP_CONGESTION=%s: the kernel refuses it (%s); "
                         "net.ipv4.tcp_allowed_congestion_control lists those a process may use",
-                        weft_settings()->tcp.congestion, strerror(e));
+                        tcp_settings()->congestion, strerror(e));
     return WEFT_ERR_INVALID;
   }
   if (ctx->cc_loopback[0] && strcmp(ctx->cc_loopback, ctx->cc_other))
@@ -308,7 +258,7 @@ void tcp_congestion_describe(char *out, size_t len) {
     snprintf(out, len, "congestion control unknown");
   else if (e)
     snprintf(out, len, "congestion control %s (WEFT_TCP_CONGESTION=%s is refused: %s)", dflt,
-             weft_settings()->tcp.congestion, strerror(e));
+             tcp_settings()->congestion, strerror(e));
   else if (!loopback[0])
     snprintf(out, len, "congestion control %s", dflt);
   else if (!strcmp(loopback, other))
@@ -861,38 +811,6 @@ static weft_status tcp_send_failed(tcp_conn *c, tcp_stream *s, int err) {
   return tcp_notice_first(c->ctx, st);
 }
 
-ssize_t tcp_stream_write(tcp_stream *s) {
-  struct iovec iov[2 * TCP_SEND_DEPTH];
-  int n = 0;
-  for (int i = 0; i < s->sq_count; i++) {
-    tcp_send_entry *e = &s->sq[(s->sq_head + i) % TCP_SEND_DEPTH];
-    size_t off = e->sent;
-    if (off < sizeof e->hdr) {
-      iov[n++] = (struct iovec){(char *)&e->hdr + off, sizeof e->hdr - off};
-      off = sizeof e->hdr;
-    }
-    if (e->len > off - sizeof e->hdr)
-      iov[n++] = (struct iovec){(char *)e->src + (off - sizeof e->hdr),
-                                e->len - (off - sizeof e->hdr)};
-  }
-  struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-  ssize_t w = sendmsg(s->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-  if (w < 0) return -errno;
-  size_t left = (size_t)w;
-  while (left && s->sq_count) {
-    tcp_send_entry *e = &s->sq[s->sq_head];
-    size_t need = sizeof e->hdr + e->len - e->sent;
-    size_t take = left < need ? left : need;
-    e->sent += take;
-    left -= take;
-    if (e->sent == sizeof e->hdr + e->len) {
-      s->sq_head = (s->sq_head + 1) % TCP_SEND_DEPTH;
-      s->sq_count--;
-    }
-  }
-  return w;
-}
-
 /* The caller's side of one stream's sends. */
 static weft_status tcp_stream_push(tcp_conn *c, tcp_stream *s, bool *progressed) {
   while (s->sq_count) {
@@ -1053,25 +971,6 @@ static weft_status tcp_check_header(tcp_conn *c, tcp_stream *s, uint32_t seq, si
                          "where %zu bytes belong",
                          c->peer, f.len, total, s->index, c->nstreams, len);
   return WEFT_OK;
-}
-
-ssize_t tcp_stream_read(tcp_stream *s, char *target, size_t len) {
-  struct iovec iov[2];
-  int n = 0;
-  if (s->rhdr_got < sizeof s->rhdr)
-    iov[n++] = (struct iovec){(char *)&s->rhdr + s->rhdr_got, sizeof s->rhdr - s->rhdr_got};
-  if (s->rpay_got < len) iov[n++] = (struct iovec){target + s->rpay_got, len - s->rpay_got};
-  ssize_t r = readv(s->fd, iov, n);
-  if (r < 0) return -errno;
-  size_t got = (size_t)r;
-  if (s->rhdr_got < sizeof s->rhdr) {
-    size_t h = sizeof s->rhdr - s->rhdr_got;
-    size_t take = got < h ? got : h;
-    s->rhdr_got += take;
-    got -= take;
-  }
-  s->rpay_got += got;
-  return r;
 }
 
 /* The caller's side of one piece (`len` bytes of a `total`-byte chunk) on

@@ -1,9 +1,11 @@
-/* tcp_settings.h - the TCP transport's own settings, as a list that the one
- * settings table (src/base/settings.h, which includes this file; include that
- * one) puts under "tcp". Read as weft_settings()->tcp.<field>. Declarations
- * only: this file calls nothing, so the table below the transports may hold it. */
+/* tcp_settings.h - the TCP transport's own settings: the list, the values it
+ * makes (read as tcp_settings()-><field>) and the table tcp_settings.c
+ * defines, which the transports hand to the registry in src/base/settings.h
+ * (transports/transport_settings.c); weft-info lists it under "tcp". */
 #ifndef WEFT_TCP_SETTINGS_H
 #define WEFT_TCP_SETTINGS_H
+
+#include "src/base/settings.h"
 
 /* WEFT_SOCKET_FAMILY's words; the rendezvous and the unique id use it too. */
 #define WEFT_FAMILY_WORDS(W) \
@@ -34,5 +36,17 @@
   X(TCP_THREADS, threads, INT_OR_AUTO, "auto", 0, 16, WEFT_NO_WORDS,                            \
     "helper threads that drive the streams past the first (the caller drives stream 0); auto: " \
     "one per two CPUs a rank has, from 4 CPUs per rank, at most streams - 1")
+
+enum weft_family_choice { WEFT_FAMILY_WORDS(WEFT_SETTING_WORD_ENUM) };
+
+typedef struct tcp_settings_values {
+  WEFT_TCP_SETTINGS(WEFT_SETTING_FIELD)
+} tcp_settings_values;
+
+/* The values, parsed and checked (a refused one holds its default). Valid
+ * until the next reload (weft_settings_reload). */
+const tcp_settings_values *tcp_settings(void);
+/* The table, for the registry (weft_settings_register). */
+extern weft_settings_table tcp_settings_table;
 
 #endif

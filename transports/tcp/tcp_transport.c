@@ -18,7 +18,7 @@
 
 #include "src/base/log.h"
 #include "src/base/net.h"
-#include "src/base/settings.h"
+#include "transports/tcp/tcp_settings.h"
 #include "src/base/status.h"
 #include "src/mem/mem.h"
 #include "src/topo/select.h"
@@ -196,7 +196,7 @@ static int tcp_cpus(void) {
  * sockets there only add system calls). The pair takes the smaller of both
  * ranks' numbers. */
 static int tcp_want_streams(int rails) {
-  long long set = weft_settings()->tcp.streams;
+  long long set = tcp_settings()->streams;
   if (set != WEFT_SETTING_AUTO) return (int)set;
   int cpus = tcp_cpus();
   int n = cpus >= 8 ? 4 : cpus >= 4 ? 2 : 1;
@@ -207,7 +207,7 @@ static int tcp_want_streams(int rails) {
  * known, one per two cores a rank has beyond three, never more than the
  * streams past the first (stream 0 is the caller's). */
 static int tcp_want_threads(const tcp_ctx *ctx) {
-  long long set = weft_settings()->tcp.threads;
+  long long set = tcp_settings()->threads;
   int most = ctx->want_streams - 1;
   int n;
   if (set != WEFT_SETTING_AUTO) {
@@ -273,8 +273,8 @@ static weft_status tcp_init(const weft_transport_init_args *args, weft_tp_ctx **
 
   /* The default interface is the one that reached the rendezvous; the
    * settings can name another, or a list of rails. */
-  const char *rules = weft_settings()->tcp.socket_ifname;
-  int family = WEFT_FAMILY_NUMBER(weft_settings()->tcp.socket_family);
+  const char *rules = tcp_settings()->socket_ifname;
+  int family = WEFT_FAMILY_NUMBER(tcp_settings()->socket_family);
   struct sockaddr_storage local = args->local_addr;
   socklen_t local_len = args->local_addr_len;
   int rails = tcp_pick_rails(ctx, rules, family);

@@ -1,4 +1,4 @@
-/* test_reduce.c - checks every (dtype, op) kernel of reduce.c and the
+/* test_reduce_kernels.c - checks every (dtype, op) kernel of reduce.c and the
  * conversions of half.h against references built independently here: wide
  * integers with explicit wrap, and double arithmetic rounded by a rounding
  * written in this file (never half.h's). Data is random and fresh each run;
@@ -973,7 +973,7 @@ int main(void) {
   static reduce_case cases[NUM_DTYPES * WEFT_OP_COUNT];
   size_t n = 0;
   g_seed = pick_seed();
-  printf("test_reduce: seed %llu (replay with WEFT_TEST_SEED=%llu)\n", g_seed, g_seed);
+  printf("test_reduce_kernels: seed %llu (replay with WEFT_TEST_SEED=%llu)\n", g_seed, g_seed);
 
 #define ADD_TEST(fn, state, ...)                                                       \
   do {                                                                                 \
@@ -1015,7 +1015,7 @@ int main(void) {
 
   int failed = _cmocka_run_group_tests("reduce", tests, n, NULL, NULL);
   if (failed)
-    printf("test_reduce: %d failed; seed %llu (replay with WEFT_TEST_SEED=%llu)\n", failed,
+    printf("test_reduce_kernels: %d failed; seed %llu (replay with WEFT_TEST_SEED=%llu)\n", failed,
            g_seed, g_seed);
   return failed;
 }

@@ -1,4 +1,4 @@
-/* test_check.c - WEFT_CHECK=1 and the flight recorder, as real processes.
+/* test_fingerprints_recorder.c - WEFT_CHECK=1 and the flight recorder, as real processes.
  * Ranks that disagree on a collective in a way the chunk tags cannot see
  * (another op, another dtype of the same size, another root, another
  * collective) would get silently wrong data or hang; with WEFT_CHECK every

@@ -1,4 +1,4 @@
-/* test_collectives2.c - reduce, allgather, reduce-scatter, gather, scatter
+/* test_reduce_gather_scatter_alltoall.c - reduce, allgather, reduce-scatter, gather, scatter
  * and alltoall as real processes, 1..8 ranks: every dtype x op for the
  * reductions, a few dtypes for the collectives that only move bytes, counts
  * 0, 1, a prime and one multi-MiB case each, every root, in place where the

@@ -1,4 +1,4 @@
-/* test_collectives.c - allreduce and broadcast as real processes, 1..8
+/* test_allreduce_broadcast.c - allreduce and broadcast as real processes, 1..8
  * ranks, every dtype x op, counts 0, 1, size-1, primes and several MiB, in
  * place and out of place, against a serial reference in double or wide
  * integers on fresh random data. Also checks that every rank ends with the

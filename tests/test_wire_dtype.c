@@ -1,4 +1,4 @@
-/* test_wire.c - f32 data on the wire as bf16 or f16 (WEFT_WIRE_DTYPE,
+/* test_wire_dtype.c - f32 data on the wire as bf16 or f16 (WEFT_WIRE_DTYPE,
  * weft_comm_set_wire_dtype, weft_grad_options.wire_dtype), ranks as
  * processes, 1..4, over the transport the suite names (shm: shm within a
  * pretend host, tcp across; tcp: tcp throughout). Every algorithm forced.
