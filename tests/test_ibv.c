@@ -3,8 +3,9 @@
  * device, a kernel without RDMA), WEFT_IB_HCA and GID rules, InfiniBand LIDs
  * with ports of different MTUs, several queue pairs with reordering, credits
  * under a slow receiver (never more chunks in flight than slots), an injected
- * error completion that must reach every rank as WEFT_ERR_PEER_LOST, and the
- * host cost per chunk of the data path without the emulator's share. */
+ * error completion that must reach every rank as WEFT_ERR_PEER_LOST, the
+ * host cost per chunk of the data path without the emulator's share, and a
+ * side socket that stops answering, which no member may wait for. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
@@ -319,11 +320,27 @@ typedef struct loop_pair {
   weft_transport_init_args args[2];
   weft_tp_ctx *ctx[2];
   weft_tp_conn *c01, *c10;
+  uint8_t addr1[WEFT_TRANSPORT_ADDR_MAX]; /* rank 1's published address */
+  size_t alen1;
 } loop_pair;
 
+static void loop_dial(loop_pair *lp) {
+  assert_int_equal(weft_transport_ibv.connect(lp->ctx[0], 1, 0, lp->addr1, lp->alen1, &lp->c01),
+                   WEFT_OK);
+}
+
+static void loop_drive(loop_pair *lp) {
+  bool moved;
+  weft_transport_ibv.progress(lp->ctx[1], &moved);
+  weft_transport_ibv.progress(lp->ctx[0], &moved);
+}
+
 /* Ranks 0 and 1 of one communicator, connected through the emulator, driven
- * by one thread: nothing waits, so every call's cost is the call's own. */
-static void loop_open(loop_pair *lp, size_t chunk_bytes) {
+ * by one thread: nothing waits, so every call's cost is the call's own.
+ * loop_start makes both contexts and the acceptor's connection, and with
+ * `dial` the dialer's (rank 0, which starts the handshake); loop_open
+ * drives the handshake to its end. */
+static void loop_start(loop_pair *lp, size_t chunk_bytes, bool dial) {
   setenv("WEFT_TRANSPORT", "ibv", 1);
   weft_settings_reload();
   memset(lp, 0, sizeof *lp);
@@ -350,13 +367,16 @@ static void loop_open(loop_pair *lp, size_t chunk_bytes) {
                      WEFT_OK);
   }
   assert_int_equal(weft_transport_ibv.connect(lp->ctx[1], 0, 0, addr[0], alen[0], &lp->c10), WEFT_OK);
-  assert_int_equal(weft_transport_ibv.connect(lp->ctx[0], 1, 0, addr[1], alen[1], &lp->c01), WEFT_OK);
+  memcpy(lp->addr1, addr[1], alen[1]);
+  lp->alen1 = alen[1];
+  if (dial) loop_dial(lp);
+}
+
+static void loop_open(loop_pair *lp, size_t chunk_bytes) {
+  loop_start(lp, chunk_bytes, true);
   double deadline = harness_now() + 5;
-  while (weft_transport_ibv.send_ready(lp->c01) == WEFT_AGAIN && harness_now() < deadline) {
-    bool moved;
-    weft_transport_ibv.progress(lp->ctx[1], &moved);
-    weft_transport_ibv.progress(lp->ctx[0], &moved);
-  }
+  while (weft_transport_ibv.send_ready(lp->c01) == WEFT_AGAIN && harness_now() < deadline)
+    loop_drive(lp);
   assert_int_equal(weft_transport_ibv.send_ready(lp->c01), WEFT_OK);
 }
 
@@ -469,6 +489,109 @@ static void data_path_cost_per_chunk(void **state) {
   }
 }
 
+/* ---- the side socket never makes a member wait (transport.h) ------------------------ */
+
+/* A connection to the listener that sends part of a hello and then nothing:
+ * progress must not wait for the rest (it once waited up to 2 s per such
+ * socket), a real peer's handshake goes through beside it, and it is
+ * refused (closed) once its time is up. */
+static void silent_dialer_does_not_hold_progress(void **state) {
+  (void)state;
+  loop_pair lp;
+  loop_start(&lp, 4096, false);
+  ibv_ctx *acceptor = ibv_ctx_of(lp.ctx[1]);
+  int s = socket(acceptor->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(s >= 0);
+  assert_int_equal(connect(s, (struct sockaddr *)&acceptor->addr, acceptor->addr_len), 0);
+  static const uint8_t part[10];
+  assert_int_equal(send(s, part, sizeof part, MSG_NOSIGNAL), (ssize_t)sizeof part);
+  bool moved;
+  double slowest = 0;
+  for (int i = 0; i < 20; i++) {
+    double t0 = harness_now();
+    weft_transport_ibv.progress(lp.ctx[1], &moved);
+    if (harness_now() - t0 > slowest) slowest = harness_now() - t0;
+  }
+  printf("# a silent dialer: the slowest of 20 progress calls took %.3f s\n", slowest);
+  assert_true(slowest < 0.5);
+  /* the real dialer's handshake beside it */
+  loop_dial(&lp);
+  double deadline = harness_now() + 5;
+  while (weft_transport_ibv.send_ready(lp.c01) == WEFT_AGAIN && harness_now() < deadline)
+    loop_drive(&lp);
+  assert_int_equal(weft_transport_ibv.send_ready(lp.c01), WEFT_OK);
+  static const uint8_t chunk[100] = {1, 2, 3};
+  loop_chunk(&lp, chunk, sizeof chunk, 1);
+  /* the silent one is refused in progress once its hello is overdue */
+  uint8_t b;
+  ssize_t r = -1;
+  deadline = harness_now() + 10;
+  while (harness_now() < deadline && (r = recv(s, &b, 1, MSG_DONTWAIT)) < 0 &&
+         errno == EAGAIN)
+    loop_drive(&lp);
+  assert_int_equal(r, 0);
+  close(s);
+  loop_close(&lp);
+}
+
+/* A peer whose side socket takes nothing more (its buffers full, it does
+ * not read): the dialer's last handshake message cannot go, and the data
+ * call that read the peer's queue pairs must answer at once, not wait in
+ * the send (it once waited 5 s and failed). The message goes in later
+ * calls, once the peer reads again, and the pair works. */
+static void full_side_socket_does_not_hold_send_ready(void **state) {
+  (void)state;
+  loop_pair lp;
+  loop_start(&lp, 4096, true);
+  double deadline = harness_now() + 5;
+  bool moved;
+  ibv_conn *acceptor = ibv_conn_of(lp.c10);
+  /* the acceptor takes the hello and answers with its queue pairs */
+  while (acceptor->state != IBV_CONN_AWAIT_READY && harness_now() < deadline)
+    weft_transport_ibv.progress(lp.ctx[1], &moved);
+  assert_int_equal(acceptor->state, IBV_CONN_AWAIT_READY);
+  /* from now on it reads nothing: fill the way to it */
+  int fd = ibv_conn_of(lp.c01)->fd;
+  static uint8_t junk[65536];
+  size_t filled = 0;
+  for (;;) {
+    ssize_t n = send(fd, junk, sizeof junk, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n <= 0) break;
+    filled += (size_t)n;
+  }
+  assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+  weft_status st = WEFT_OK;
+  double slowest = 0;
+  for (int i = 0; i < 5 && st >= 0; i++) {
+    double t0 = harness_now();
+    st = weft_transport_ibv.send_ready(lp.c01);
+    if (harness_now() - t0 > slowest) slowest = harness_now() - t0;
+  }
+  printf("# %zu bytes fill the side socket: send_ready %s, the slowest of 5 took %.3f s\n",
+         filled, weft_status_name(st), slowest);
+  if (st < 0) fail_msg("send_ready: %s", lp.sink[0].msg);
+  assert_true(slowest < 0.5);
+  assert_true(ibv_side_owes(ibv_conn_of(lp.c01))); /* READY waits for room */
+  /* the peer reads again: the junk here, the rest in its progress */
+  size_t drained = 0;
+  static uint8_t sink[65536];
+  int afd = acceptor->fd;
+  deadline = harness_now() + 10;
+  while (drained < filled && harness_now() < deadline) {
+    size_t want = filled - drained < sizeof sink ? filled - drained : sizeof sink;
+    ssize_t n = recv(afd, sink, want, MSG_DONTWAIT);
+    if (n > 0) drained += (size_t)n;
+    weft_transport_ibv.progress(lp.ctx[0], &moved); /* sends what it still owes */
+  }
+  assert_int_equal(drained, filled);
+  while (weft_transport_ibv.send_ready(lp.c10) == WEFT_AGAIN && harness_now() < deadline)
+    loop_drive(&lp);
+  assert_int_equal(weft_transport_ibv.send_ready(lp.c10), WEFT_OK);
+  static const uint8_t chunk[100] = {4, 5, 6};
+  loop_chunk(&lp, chunk, sizeof chunk, 1);
+  loop_close(&lp);
+}
+
 int main(void) {
   emu_path = getenv("WEFT_IB_LIBRARY");
   if (!emu_path) {
@@ -487,6 +610,8 @@ int main(void) {
       cmocka_unit_test(injected_error_is_peer_lost_everywhere),
       cmocka_unit_test(registration_cache),
       cmocka_unit_test(data_path_cost_per_chunk),
+      cmocka_unit_test(silent_dialer_does_not_hold_progress),
+      cmocka_unit_test(full_side_socket_does_not_hold_send_ready),
   };
   if (getenv("WEFT_TEST_FILTER")) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -148,12 +148,28 @@ static void settle(pair *p) {
   assert_int_equal(got, 7);
 }
 
+/* Whether single copy pays on an auto pair, judged here from what its two
+ * contexts timed (each times its own at its first connection): the mean of
+ * the receiver's ratio and the one the sender published, under 2 memcpy;
+ * untimed on both ends, the probe decides. */
+static bool pair_auto_pays(pair *p) {
+  double own = shm_ctx_of(p->ctx[1])->cma_timing.ratio;
+  double peer = ((shm_conn *)p->tx)->tx->cma_cost_milli / 1000.0;
+  printf("# process_vm_readv costs %.2fx and %.2fx a memcpy here (the two ranks' timings)\n",
+         peer, own);
+  assert_true(own >= 0 && peer >= 0);
+  if (own == 0 && peer == 0) return true;
+  double ratio = own == 0 ? peer : peer == 0 ? own : (own + peer) / 2;
+  return ratio < 2.0;
+}
+
 /* Chunk sizes around the threshold and the inline limit, each sent for
  * copy and taken with recv_into (and some with a peek). `single`: whether
- * the pair uses single copy at all. */
-static void sizes_around_threshold_of(const char *cma, bool single, int local_size) {
+ * the pair uses single copy at all; `pays`: only where it pays (auto). */
+static void sizes_around_threshold_of(const char *cma, bool single, int local_size, bool pays) {
   pair p;
   pair_open_local(&p, cma, local_size);
+  if (pays) single = pair_auto_pays(&p);
   settle(&p);
   shm_conn *rx = (shm_conn *)p.rx;
   static const size_t sizes[] = {100,       112,           113,   4096,      MIN_BYTES - 1,
@@ -186,7 +202,7 @@ static void sizes_around_threshold_of(const char *cma, bool single, int local_si
 }
 
 static void sizes_around_threshold(const char *cma, bool single) {
-  sizes_around_threshold_of(cma, single, 2);
+  sizes_around_threshold_of(cma, single, 2, false);
 }
 
 static void single_copy_used_around_threshold(void **state) {
@@ -195,19 +211,17 @@ static void single_copy_used_around_threshold(void **state) {
 }
 
 /* auto: single copy only where it pays. Here that is decided from this
- * machine's own timing, which the test reads and judges independently: the
- * pair keeps the slots when process_vm_readv cost at least 2 memcpy of the
- * same bytes, whether each rank has a core or the ranks outnumber them
- * (which once kept single copy: on this VM it costs more CPU). */
+ * machine's own timing, which the test reads from the pair's contexts and
+ * judges independently: the pair keeps the slots when process_vm_readv cost
+ * at least 2 memcpy of the same bytes, whether each rank has a core or the
+ * ranks outnumber them (which once kept single copy: on this VM it costs
+ * more CPU). */
 static void auto_single_copy_where_it_pays(void **state) {
   (void)state;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  double ratio = shm_cma_cost_ratio();
-  printf("# process_vm_readv costs %.2fx a memcpy here, %ld cores\n", ratio, cores);
-  assert_true(ratio >= 0);
-  bool pays = ratio == 0 || ratio < 2.0;
-  sizes_around_threshold_of("auto", pays, 2);
-  sizes_around_threshold_of("auto", pays, (int)cores + 1);
+  printf("# %ld cores\n", cores);
+  sizes_around_threshold_of("auto", false, 2, true);
+  sizes_around_threshold_of("auto", false, (int)cores + 1, true);
 }
 
 /* The pair decides from the mean of both ends' timings, so its two
@@ -216,15 +230,18 @@ static void auto_single_copy_where_it_pays(void **state) {
  * mean across the bar moves this end's verdict with it. */
 static void pair_decides_from_both_timings(void **state) {
   (void)state;
-  double own = shm_cma_cost_ratio();
-  if (own <= 0) skip(); /* untimed: the mean does not enter */
+  pair p;
+  pair_open(&p, "auto");
+  double own = shm_cma_cost_ratio(&shm_ctx_of(p.ctx[1])->cma_timing); /* the receiver's */
+  if (own <= 0) { /* untimed: the mean does not enter */
+    pair_close(&p);
+    skip();
+  }
   /* across the bar from own where it can be: a mean of 2.5, or own / 2 */
   double peer = shm_cma_ratio_pays(own) ? 5.0 - own : 0.001;
   bool want = shm_cma_ratio_pays((own + peer) / 2);
   printf("# own %.2fx, the peer's set to %.3fx: single copy %s\n", own, peer,
          want ? "yes" : "no");
-  pair p;
-  pair_open(&p, "auto");
   /* the sender published its own timing when it connected; the receiver
    * reads it on its first look at the FIFO (settle) */
   ((shm_conn *)p.tx)->tx->cma_cost_milli = (uint32_t)(peer * 1000 + 0.5);
@@ -270,9 +287,11 @@ static int move_chunk(pair *p, int from_rank, weft_tp_conn *from, weft_tp_conn *
 /* A pair with the verdict MIXED: auto where single copy did not pay when
  * timed (a 2-vCPU guest). Elsewhere the test is skipped. */
 static void mixed_pair_open(pair *p) {
-  double ratio = shm_cma_cost_ratio();
-  if (ratio <= 0 || shm_cma_ratio_pays(ratio)) skip(); /* the verdict is yes */
   pair_open(p, "auto");
+  if (pair_auto_pays(p)) { /* the verdict is yes */
+    pair_close(p);
+    skip();
+  }
   settle(p);
 }
 
@@ -290,7 +309,7 @@ static void mixed_every_other_chunk_while_slots_are_slow(void **state) {
   mixed_pair_open(&p);
   shm_conn *tx = (shm_conn *)p.tx, *rx = (shm_conn *)p.rx;
   static unsigned char src[CHUNK], dst[CHUNK], back[CHUNK];
-  double read = shm_mix_readv_ns_kib(); /* the bars are multiples of it */
+  double read = shm_mix_readv_ns_kib(&tx->ctx->cma_timing); /* the bars are multiples of it */
   static const struct {
     double reads;   /* the sender's copies into slots, in reads of the same bytes */
     bool two_way;   /* a large chunk comes back first, in the call of the first two sent */

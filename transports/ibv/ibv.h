@@ -23,6 +23,7 @@
 #define IBV_SLOTS 8 /* receive slots per connection: the send depth (transport.h) */
 #define IBV_TAG_BYTES 8 /* {seq, len} before each chunk in a slot */
 #define IBV_ABORT_TEXT 300
+#define IBV_HELLO_BYTES (sizeof(ibv_qp_info) + WEFT_AUTH_MAC_BYTES) /* a side's info, proven */
 
 /* The registration cache (ibv_mr.c) for zero-copy sends from user memory. */
 #define IBV_MR_MAX_ENTRIES 256
@@ -95,6 +96,15 @@ enum ibv_conn_state {
 typedef struct ibv_ctx ibv_ctx;
 typedef struct ibv_conn ibv_conn;
 
+/* A side socket the listener accepted whose hello has not all come: read
+ * a little in each progress, refused once `deadline` passes. */
+typedef struct ibv_incoming {
+  int fd; /* -1: a free entry */
+  double deadline;
+  size_t got;
+  uint8_t msg[IBV_HELLO_BYTES];
+} ibv_incoming;
+
 struct ibv_conn {
   ibv_ctx *ctx;
   int peer;
@@ -107,8 +117,14 @@ struct ibv_conn {
   bool peer_said_abort; /* it failed first and told us */
   bool alive_before;    /* scratch for progress: not dead when it started */
   char where[80];
-  uint8_t rbuf[sizeof(ibv_qp_info) + WEFT_AUTH_MAC_BYTES + IBV_ABORT_TEXT]; /* partial reads */
+  uint8_t rbuf[IBV_HELLO_BYTES + IBV_ABORT_TEXT]; /* partial reads */
   size_t rgot;
+  /* The side socket's writes never wait (transport.h): what the socket did
+   * not take yet waits here, in order, for later calls (ibv_side_flush).
+   * At most our info, the dialer's READY and a failure notice. */
+  bool dialing; /* the side socket's connect has not completed */
+  uint8_t wbuf[IBV_HELLO_BYTES + 8 + 8 + IBV_ABORT_TEXT];
+  size_t wlen, wsent;
 
   struct ibv_cq *cq;
   ibv_conn_qp qps[IBV_MAX_QPS];
@@ -154,7 +170,9 @@ struct ibv_ctx {
   ibv_addr self;
   ibv_conn **conns; /* by ibv_conn_index(peer, channel) */
   int not_up;               /* conns still handshaking */
-  struct pollfd *pfds;      /* size * WEFT_TP_CHANNELS + 3 */
+  ibv_incoming *incoming;   /* size * WEFT_TP_CHANNELS: hellos on their way */
+  int nincoming;            /* its entries in use */
+  struct pollfd *pfds;      /* 2 * size * WEFT_TP_CHANNELS + 3 */
   bool moved;               /* a data call completed something since the last progress */
   size_t zcopy_bytes;       /* chunks at least this long go from user memory; 0 = never */
   ibv_mr_cache mr;
@@ -178,7 +196,11 @@ int ibv_gid_score(const union ibv_gid *gid, int roce_version);
 /* ibv_conn.c */
 weft_status ibv_conn_create(ibv_ctx *ctx, int peer, int channel, ibv_conn **out);
 weft_status ibv_conn_dial(ibv_conn *c, const struct sockaddr_storage *addr, socklen_t len);
-weft_status ibv_conn_accept_one(ibv_ctx *ctx, bool *progressed);
+weft_status ibv_conn_accept(ibv_ctx *ctx, bool *progressed);
+bool ibv_side_owes(const ibv_conn *c); /* bytes wait to go out (or the connect to complete) */
+/* Sends what a connection's side socket owes as far as it goes now, a
+ * failure only logged: a failure notice, also on a dead connection. */
+void ibv_conn_send_owed(ibv_conn *c);
 weft_status ibv_conn_poll(ibv_conn *c, bool *progressed);
 weft_status ibv_conn_take_late_notice(ibv_conn *c);
 weft_status ibv_conn_fail(ibv_conn *c, weft_status st, const char *fmt, ...)

@@ -2,7 +2,10 @@
  * queue pair numbers, GIDs, buffer addresses and keys (with the job key's
  * proof), the RESET -> INIT -> RTR -> RTS transitions, and the data path:
  * RDMA write with immediate into the peer's slots, credits written back,
- * unsignaled sends with periodic signalling, completions polled here. */
+ * unsignaled sends with periodic signalling, completions polled here.
+ * Nothing here waits on the side socket (transport.h: only `wait` blocks):
+ * what it has not taken or brought yet waits in the connection (or in an
+ * ibv_incoming) for a later call. */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
@@ -23,7 +26,6 @@
 #define IBV_INFO_MAGIC 0x57494e46u  /* "WINF" */
 #define IBV_FRAME_READY 0x57495244u /* "WIRD": the dialer's queue pairs are RTR */
 #define IBV_FRAME_ABORT 0x57494142u /* "WIAB": a failure notice follows */
-#define IBV_HELLO_BYTES (sizeof(ibv_qp_info) + WEFT_AUTH_MAC_BYTES)
 #define IBV_WR_SIGNALED_KIND (1ull << 63)
 #define IBV_WR_CREDIT_KIND (1ull << 62)
 #define IBV_WR_DATA_KIND (1ull << 61)
@@ -168,6 +170,87 @@ void ibv_conn_destroy(ibv_conn *c) {
   free(c);
 }
 
+/* ---- the side socket's writes ------------------------------------------------------- */
+
+/* Whether the side socket still owes the peer bytes, or its connect has
+ * not completed: progress goes on with it, and wait watches for room. */
+bool ibv_side_owes(const ibv_conn *c) {
+  return c->fd >= 0 && (c->dialing || c->wsent < c->wlen);
+}
+
+/* Sends what the side socket will take now; the rest stays for a later call
+ * (progress, or a data call that reads the side socket). Never waits: a
+ * peer that stops reading must not hold a data call (transport.h). 0, or
+ * the errno that ended the socket (what it owed is dropped then). */
+static int ibv_side_send(ibv_conn *c) {
+  while (c->fd >= 0 && !c->dialing && c->wsent < c->wlen) {
+    ssize_t n = send(c->fd, c->wbuf + c->wsent, c->wlen - c->wsent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      c->wsent += (size_t)n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    int e = n < 0 ? errno : EPIPE;
+    c->wlen = c->wsent = 0;
+    return e;
+  }
+  if (c->wsent == c->wlen) c->wlen = c->wsent = 0;
+  return 0;
+}
+
+/* ibv_side_send for the handshake: a socket that fails fails the pair. */
+static weft_status ibv_side_flush(ibv_conn *c) {
+  int e = ibv_side_send(c);
+  if (e)
+    return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: handshake with peer %d (%s): send: %s",
+                         c->peer, c->where, strerror(e));
+  return WEFT_OK;
+}
+
+/* Puts `len` bytes behind what the side socket still owes (the caller
+ * sends them). False when they do not fit (never for the handshake's
+ * messages and one notice: wbuf is sized for them). */
+static bool ibv_side_queue(ibv_conn *c, const void *buf, size_t len) {
+  if (c->wsent == c->wlen) c->wlen = c->wsent = 0;
+  if (len > sizeof c->wbuf - c->wlen) return false;
+  memcpy(c->wbuf + c->wlen, buf, len);
+  c->wlen += len;
+  return true;
+}
+
+/* The dialer's connect, started in ibv_conn_dial: complete once the socket
+ * is writable. 0 (done, or still under way), or the errno it failed with
+ * (what the socket owed is dropped then). */
+static int ibv_side_connected(ibv_conn *c) {
+  if (!c->dialing) return 0;
+  struct pollfd p = {.fd = c->fd, .events = POLLOUT};
+  if (poll(&p, 1, 0) != 1) return 0;
+  int e = 0;
+  socklen_t el = sizeof e;
+  if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &e, &el)) e = errno;
+  c->dialing = false;
+  if (e) c->wlen = c->wsent = 0;
+  return e;
+}
+
+/* ibv_side_connected for the handshake: a refusal fails the pair, as it did
+ * at once when connect waited (the peer's listener existed, so it is gone). */
+static weft_status ibv_side_dialed(ibv_conn *c) {
+  int e = ibv_side_connected(c);
+  if (e)
+    return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: cannot connect to %s: %s", c->where,
+                         strerror(e));
+  return ibv_side_flush(c);
+}
+
+void ibv_conn_send_owed(ibv_conn *c) {
+  int e = ibv_side_connected(c);
+  if (!e) e = ibv_side_send(c);
+  if (e)
+    WEFT_INFO(WEFT_SUBSYS_NET, "ibv: abort notice to peer %d not sent: %s", c->peer, strerror(e));
+}
+
 /* ---- handshake ------------------------------------------------------------------- */
 
 static void ibv_info_fill(ibv_conn *c, ibv_qp_info *in) {
@@ -194,6 +277,8 @@ static void ibv_info_fill(ibv_conn *c, ibv_qp_info *in) {
   in->credit_rkey = htonl(c->ctrl_mr->rkey);
 }
 
+/* Our queue pairs and buffers, proven with the job key: queued, and sent as
+ * far as the socket takes them now. */
 static weft_status ibv_send_info(ibv_conn *c) {
   uint8_t msg[IBV_HELLO_BYTES];
   ibv_qp_info in;
@@ -201,12 +286,8 @@ static weft_status ibv_send_info(ibv_conn *c) {
   memcpy(msg, &in, sizeof in);
   weft_auth_mac(c->ctx->args->auth, ibv_hello_context, ibv_no_challenge, &in, sizeof in,
                 msg + sizeof in);
-  weft_error_sink err;
-  double deadline = weft_now() + (c->ctx->args->timeout_s < 5 ? c->ctx->args->timeout_s : 5);
-  if (net_send_all(c->fd, msg, sizeof msg, deadline, &err))
-    return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: handshake with peer %d (%s): %s", c->peer,
-                         c->where, err.msg);
-  return WEFT_OK;
+  if (!ibv_side_queue(c, msg, sizeof msg)) return WEFT_ERR_INTERNAL; /* the first bytes */
+  return ibv_side_flush(c);
 }
 
 /* Why the peer's info cannot be used, or NULL. */
@@ -304,30 +385,34 @@ static void ibv_conn_now_up(ibv_conn *c) {
             c->ctx->args->rank, c->peer, c->channel, c->ctx->nqp, c->ctx->nslots);
 }
 
+/* Starts the side socket's connect and queues the hello behind it: both
+ * finish in later calls (ibv_side_dialed), so `connect`, which a data call
+ * may make on first use, never waits for the peer. A refusal the kernel
+ * gives at once fails here; the peer's listener existed, so it is gone. */
 weft_status ibv_conn_dial(ibv_conn *c, const struct sockaddr_storage *addr, socklen_t len) {
-  double deadline = weft_now() + c->ctx->args->timeout_s;
   net_addr_str((const struct sockaddr *)addr, c->where, sizeof c->where);
-  weft_error_sink err;
-  weft_status st = net_connect(addr, len, deadline, false, &c->fd, &err);
-  if (st) return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: %s", err.msg);
+  c->fd = socket(addr->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (c->fd < 0) return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: socket: %s", strerror(errno));
   net_set_nodelay(c->fd);
-  return ibv_send_info(c);
+  if (connect(c->fd, (const struct sockaddr *)addr, len)) {
+    if (errno != EINPROGRESS)
+      return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: cannot connect to %s: %s", c->where,
+                           strerror(errno));
+    c->dialing = true;
+  }
+  WEFT_CHECK(ibv_send_info(c));
+  return ibv_side_dialed(c);
 }
 
-weft_status ibv_conn_accept_one(ibv_ctx *ctx, bool *progressed) {
-  int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (fd < 0) return WEFT_OK;
-  net_set_nodelay(fd);
-  uint8_t msg[IBV_HELLO_BYTES];
+/* A whole hello from an incoming side socket: refused (closed, with a
+ * warning) when it is not for a connection we wait for, else the
+ * connection takes the socket and answers with its own info. */
+static weft_status ibv_conn_take_hello(ibv_ctx *ctx, int fd, const uint8_t *msg, const char *why,
+                                       bool *progressed) {
   ibv_qp_info in;
-  weft_error_sink err;
-  double wait = ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
-  const char *why = NULL;
   uint32_t from = 0, channel = 0;
   ibv_conn **slot = NULL;
-  if (net_recv_all(fd, msg, sizeof msg, weft_now() + wait, &err)) {
-    why = err.msg;
-  } else {
+  if (!why) {
     memcpy(&in, msg, sizeof in);
     from = ntohl(in.from);
     channel = ntohl(in.channel);
@@ -345,7 +430,13 @@ weft_status ibv_conn_accept_one(ibv_ctx *ctx, bool *progressed) {
     close(fd);
     return WEFT_OK;
   }
-  if (!*slot) WEFT_CHECK(ibv_conn_create(ctx, (int)from, (int)channel, slot));
+  if (!*slot) {
+    weft_status st = ibv_conn_create(ctx, (int)from, (int)channel, slot);
+    if (st) {
+      close(fd);
+      return st;
+    }
+  }
   ibv_conn *c = *slot;
   c->fd = fd;
   ibv_conn_set_where(c);
@@ -353,6 +444,56 @@ weft_status ibv_conn_accept_one(ibv_ctx *ctx, bool *progressed) {
   WEFT_CHECK(ibv_conn_use_info(c, msg));
   WEFT_CHECK(ibv_send_info(c));
   c->state = IBV_CONN_AWAIT_READY;
+  return WEFT_OK;
+}
+
+/* Reads what an incoming socket has of its hello: a whole one is taken,
+ * an end or an error refused, and one not whole by its deadline too (as
+ * long as a hello could keep the listener, no longer). */
+static weft_status ibv_incoming_read(ibv_ctx *ctx, ibv_incoming *in, bool *progressed) {
+  const char *why = NULL;
+  char text[64];
+  while (in->got < sizeof in->msg) {
+    ssize_t r = recv(in->fd, in->msg + in->got, sizeof in->msg - in->got, MSG_DONTWAIT);
+    if (r > 0) {
+      in->got += (size_t)r;
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (weft_now() < in->deadline) return WEFT_OK;
+      why = "timed out while receiving";
+    } else if (r == 0) {
+      why = "connection closed by the other side";
+    } else {
+      snprintf(text, sizeof text, "recv: %s", strerror(errno));
+      why = text;
+    }
+    break;
+  }
+  int fd = in->fd;
+  in->fd = -1;
+  ctx->nincoming--;
+  return ibv_conn_take_hello(ctx, fd, in->msg, why, progressed);
+}
+
+/* The listener's side: new side sockets while connections wait for their
+ * hello (one entry each, the rest stay queued in the listener), and what
+ * has come of the hellos on their way. Never waits. */
+weft_status ibv_conn_accept(ibv_ctx *ctx, bool *progressed) {
+  int max = ctx->args->size * WEFT_TP_CHANNELS;
+  for (int e = 0; ctx->not_up > 0 && ctx->nincoming < max && e < max; e++) {
+    ibv_incoming *in = &ctx->incoming[e];
+    if (in->fd >= 0) continue;
+    int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) break;
+    net_set_nodelay(fd);
+    double wait = ctx->args->timeout_s < 2.0 ? ctx->args->timeout_s : 2.0;
+    *in = (ibv_incoming){.fd = fd, .deadline = weft_now() + wait};
+    ctx->nincoming++;
+  }
+  for (int e = 0; ctx->nincoming > 0 && e < max; e++)
+    if (ctx->incoming[e].fd >= 0) WEFT_CHECK(ibv_incoming_read(ctx, &ctx->incoming[e], progressed));
   return WEFT_OK;
 }
 
@@ -412,11 +553,12 @@ static weft_status ibv_side_read(ibv_conn *c, bool *progressed) {
     if (c->state == IBV_CONN_AWAIT_INFO) {
       c->rgot = 0;
       WEFT_CHECK(ibv_conn_use_info(c, c->rbuf));
+      /* Up once READY is queued: the acceptor's queue pairs are ready for
+       * our writes already; it waits for READY (sent now or by a later
+       * call) before it writes to ours. */
       uint32_t ready[2] = {htonl(IBV_FRAME_READY), 0};
-      weft_error_sink err;
-      if (net_send_all(c->fd, ready, sizeof ready, weft_now() + 5, &err))
-        return ibv_conn_fail(c, WEFT_ERR_PEER_LOST, "ibv: handshake with peer %d: %s", c->peer,
-                             err.msg);
+      if (!ibv_side_queue(c, ready, sizeof ready)) return WEFT_ERR_INTERNAL;
+      WEFT_CHECK(ibv_side_flush(c));
       ibv_conn_now_up(c);
       continue;
     }
@@ -438,9 +580,12 @@ void ibv_conn_notify_abort(ibv_conn *c, const char *reason) {
   uint32_t hdr[2] = {htonl(IBV_FRAME_ABORT), htonl((uint32_t)tlen)};
   memcpy(frame, hdr, sizeof hdr);
   memcpy(frame + 8, reason, tlen);
-  if (send(c->fd, frame, 8 + tlen, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
-    WEFT_INFO(WEFT_SUBSYS_NET, "ibv: abort notice to peer %d not sent: %s", c->peer,
-              strerror(errno));
+  /* behind what the socket still owes (the handshake's last bytes); what
+   * it does not take now, progress sends later */
+  if (ibv_side_queue(c, frame, 8 + tlen))
+    ibv_conn_send_owed(c);
+  else
+    WEFT_INFO(WEFT_SUBSYS_NET, "ibv: abort notice to peer %d not sent: no room", c->peer);
   if (c->state == IBV_CONN_DEAD) return;
   if (c->state != IBV_CONN_UP) c->ctx->not_up--;
   c->state = IBV_CONN_DEAD;
@@ -591,6 +736,11 @@ weft_status ibv_conn_take_late_notice(ibv_conn *c) {
 
 weft_status ibv_conn_poll(ibv_conn *c, bool *progressed) {
   if (c->state == IBV_CONN_DEAD) return c->dead_status;
+  if (c->dialing) {
+    WEFT_CHECK(ibv_side_dialed(c));
+    if (c->dialing) return WEFT_OK; /* nothing to read before the connect completes */
+  }
+  if (c->wsent < c->wlen) WEFT_CHECK(ibv_side_flush(c));
   WEFT_CHECK(ibv_side_read(c, progressed));
   return ibv_conn_poll_cq(c, progressed);
 }

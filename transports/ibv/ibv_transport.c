@@ -282,6 +282,9 @@ static void ibv_close(ibv_ctx *ctx) {
   if (ctx->pd) ctx->api->dealloc_pd(ctx->pd);
   if (ctx->dev) ctx->api->close_device(ctx->dev);
   if (ctx->listen_fd >= 0) close(ctx->listen_fd);
+  for (int e = 0; ctx->incoming && e < ctx->args->size * WEFT_TP_CHANNELS; e++)
+    if (ctx->incoming[e].fd >= 0) close(ctx->incoming[e].fd);
+  free(ctx->incoming);
   free(ctx->conns);
   free(ctx->pfds);
   free(ctx);
@@ -346,9 +349,11 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_tp_ctx **
   ctx->stride = (IBV_TAG_BYTES + args->chunk_bytes + 63) & ~(size_t)63;
   ctx->max_inline = sizeof(uint64_t);
   ctx->conns = calloc((size_t)args->size * WEFT_TP_CHANNELS, sizeof *ctx->conns);
-  ctx->pfds = calloc((size_t)args->size * WEFT_TP_CHANNELS + 3, sizeof *ctx->pfds);
+  ctx->incoming = calloc((size_t)args->size * WEFT_TP_CHANNELS, sizeof *ctx->incoming);
+  for (int e = 0; ctx->incoming && e < args->size * WEFT_TP_CHANNELS; e++) ctx->incoming[e].fd = -1;
+  ctx->pfds = calloc(2 * (size_t)args->size * WEFT_TP_CHANNELS + 3, sizeof *ctx->pfds);
   weft_status st = WEFT_ERR_NOMEM;
-  if (!ctx->conns || !ctx->pfds) goto fail;
+  if (!ctx->conns || !ctx->incoming || !ctx->pfds) goto fail;
   if ((st = ibv_check_memlock(ctx)) || (st = ibv_open(ctx))) goto fail;
   long long zc = (long long)ibv_settings()->zcopy_bytes;
   ctx->zcopy_bytes = zc > 0 ? (size_t)zc : 0;
@@ -477,11 +482,14 @@ static weft_status ibv_progress(weft_tp_ctx *tctx, bool *progressed) {
   for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++)
     if (ctx->conns[p]) ctx->conns[p]->alive_before = ctx->conns[p]->state != IBV_CONN_DEAD;
   ibv_async_events(ctx, progressed);
-  if (ctx->not_up > 0) WEFT_CHECK(ibv_conn_accept_one(ctx, progressed));
+  if (ctx->not_up > 0 || ctx->nincoming > 0) WEFT_CHECK(ibv_conn_accept(ctx, progressed));
   for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
     ibv_conn *c = ctx->conns[p];
     if (!c) continue;
-    if (c->state != IBV_CONN_DEAD) ibv_conn_poll(c, progressed);
+    if (c->state != IBV_CONN_DEAD)
+      ibv_conn_poll(c, progressed);
+    else if (ibv_side_owes(c))
+      ibv_conn_send_owed(c); /* its failure notice */
     if (c->alive_before && c->state == IBV_CONN_DEAD && st == WEFT_OK) st = c->dead_status;
     else if (!c->alive_before && st == WEFT_OK)
       st = ibv_conn_take_late_notice(c);
@@ -497,10 +505,15 @@ static weft_status ibv_wait(weft_tp_ctx *tctx, int timeout_ms) {
     pf[n++] = (struct pollfd){.fd = ctx->args->wake_fd, .events = POLLIN};
   pf[n++] = (struct pollfd){.fd = ctx->dev->async_fd, .events = POLLIN};
   if (ctx->not_up > 0) pf[n++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
+  for (int e = 0; ctx->nincoming > 0 && e < ctx->args->size * WEFT_TP_CHANNELS; e++)
+    if (ctx->incoming[e].fd >= 0)
+      pf[n++] = (struct pollfd){.fd = ctx->incoming[e].fd, .events = POLLIN};
   for (int p = 0; p < ctx->args->size * WEFT_TP_CHANNELS; p++) {
     ibv_conn *c = ctx->conns[p];
-    if (c && c->fd >= 0 && c->state != IBV_CONN_DEAD && !c->peer_ended)
-      pf[n++] = (struct pollfd){.fd = c->fd, .events = POLLIN};
+    if (!c || c->fd < 0) continue;
+    short ev = c->state != IBV_CONN_DEAD && !c->peer_ended && !c->dialing ? POLLIN : 0;
+    if (ibv_side_owes(c)) ev |= POLLOUT; /* room for what it owes, or the connect done */
+    if (ev) pf[n++] = (struct pollfd){.fd = c->fd, .events = ev};
   }
   int ms = timeout_ms < IBV_WAIT_SLICE_MS ? timeout_ms : IBV_WAIT_SLICE_MS;
   if (poll(pf, n, ms) < 0 && errno != EINTR) {

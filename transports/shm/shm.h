@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "src/topo/select.h"
 #include "transports/transport.h"
@@ -153,6 +154,15 @@ typedef struct shm_large_call {
   shm_conn *first_tx;                /* where the first large chunk left */
 } shm_large_call;
 
+/* What single copy costs in this process: process_vm_readv over memcpy of
+ * the same bytes (shm_cma.c). Whoever needs it owns one (a context, a
+ * test, weft-info's probe) and it is timed on first use, once per owner. */
+typedef struct shm_cma_timing {
+  bool tried;                        /* timed, or tried to */
+  double ratio;                      /* readv_us / copy_us; 0: could not be timed */
+  double readv_us, copy_us;          /* the best of the tries */
+} shm_cma_timing;
+
 struct shm_conn {
   shm_ctx *ctx;
   int peer;
@@ -221,6 +231,7 @@ struct shm_ctx {
   size_t cma_min_bytes;              /* WEFT_SHM_CMA_MIN_BYTES */
   uint64_t cma_stream_bytes;         /* WEFT_SHM_CMA_STREAM_BYTES; 0 where it cannot apply
                                         (not auto, or ranks outnumber cores) */
+  shm_cma_timing cma_timing;         /* this rank's, timed at its first connection (auto) */
   /* this rank's latest call that moved large chunks, and the one before it
    * (shm_recent); calls between them (a barrier) do not count */
   shm_large_call large_now, large_before;
@@ -253,6 +264,7 @@ weft_status shm_conn_fail(shm_conn *c, weft_status st, const char *fmt, ...)
 void shm_conn_notify_abort(shm_conn *c, const char *reason);
 void shm_notice_unopened(shm_ctx *ctx, int peer, int channel, const char *reason);
 weft_status shm_conn_take_notice(shm_conn *c);
+weft_status shm_peer_gone(shm_conn *c); /* the peer's failure notice, if it left one */
 void shm_conn_destroy(shm_conn *c);
 void shm_futex_wake(atomic_uint *word);
 void shm_futex_wait(atomic_uint *word, uint32_t expected, int timeout_ms);
@@ -271,18 +283,43 @@ weft_status shm_register_mem(weft_tp_ctx *ctx, const weft_mem_region *region, we
 void shm_deregister_mem(weft_tp_ctx *ctx, weft_tp_mem *handle);
 weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void **local);
 
-/* Single copy's cost here: process_vm_readv over memcpy of the same bytes,
- * timed once per process (0 where it could not be); whether it pays for
- * `ctx` (WEFT_SHM_CMA=auto), with the reason in words. */
-double shm_cma_cost_ratio(void);
-bool shm_cma_ratio_pays(double ratio); /* whether a read this many memcpy beats two copies */
-double shm_mix_readv_ns_kib(void);     /* the timed read, per KiB (0: not timed) */
+/* shm_cma.c: single copy (process_vm_readv), its policy and its reads */
+
+/* Single copy's cost in `t`, timed now if it was not (0: it could not be). */
+double shm_cma_cost_ratio(shm_cma_timing *t);
+bool shm_cma_ratio_pays(double ratio);          /* whether a read this many memcpy beats two copies */
+double shm_mix_readv_ns_kib(shm_cma_timing *t); /* the timed read, per KiB (0: not timed) */
 /* Whether this host's ranks outnumber its cores (then a stream through
  * single copy is not split: the sender's core is not free); `cores`, when
  * not NULL, gets the count. */
 bool shm_ranks_outnumber_cores(const weft_transport_init_args *args, long *cores);
-/* Whether single copy pays on this pair (WEFT_SHM_CMA=auto), from this
- * process's timing and the peer's (0: not timed); `why` says so in words. */
-bool shm_cma_pays(const shm_ctx *ctx, double peer_ratio, char *why, size_t why_len);
+/* Whether single copy pays on this pair (WEFT_SHM_CMA=auto), from the
+ * context's timing and the peer's (0: not timed); `why` says so in words. */
+bool shm_cma_pays(shm_ctx *ctx, double peer_ratio, char *why, size_t why_len);
+/* Lets processes of this user read this one where Yama would refuse them
+ * (once per process, with single copy on). */
+void shm_cma_allow_readers(void);
+/* The pair's agreement: the sender offers (once its FIFOs are mapped), the
+ * receiver reads the offer and writes its verdict (on its first look). */
+void shm_cma_offer(shm_conn *c);
+void shm_cma_decide(shm_conn *c);
+/* How a chunk sent for copy travels; only SHM_SEND_COPY_TIMED's copy into
+ * the slots is timed, and handed to shm_mix_fold. */
+enum shm_send_way { SHM_SEND_COPY, SHM_SEND_COPY_TIMED, SHM_SEND_BY_ADDRESS };
+enum shm_send_way shm_cma_send_way(shm_conn *c, size_t bytes, uint32_t seq,
+                                   const struct weft_mem_ops *mem);
+void shm_mix_fold(shm_conn *c, uint32_t slot, size_t bytes, double secs);
+/* A chunk above inline size of call `seq` left on `c`, or came in on it. */
+void shm_note_large_tx(shm_conn *c, uint32_t seq);
+void shm_note_large_rx(shm_conn *c, uint32_t seq);
+/* Where in the peer's process a descriptor cell's chunk of `bytes` lies. */
+struct iovec shm_cma_where(const shm_cell *cell, size_t bytes);
+/* Copies the chunks that `n` descriptors point at (remote[], in the peer's
+ * process) into dst, one after another (host memory): one process_vm_readv
+ * for all of them, more only where one came back short. */
+weft_status shm_cma_readv(shm_conn *c, const struct iovec *remote, size_t n, void *dst,
+                          size_t bytes);
+/* One descriptor cell's chunk into dst (host memory). */
+weft_status shm_cma_read(shm_conn *c, const shm_cell *cell, void *dst, size_t bytes);
 
 #endif

@@ -1,14 +1,13 @@
 /* shm_conn.c - one shared-memory connection: the pair segment (created by the
  * lower rank, unlinked by the higher as soon as it has mapped it, and by
  * whichever side gives up on the pair before that, so a crash leaves no name
- * behind), the FIFO data path, single copy (process_vm_readv) for chunks the
- * receiver takes with recv, futex sleeping, and noticing a dead peer
- * through its pidfd. */
+ * behind), the FIFO data path with its slots and descriptors, futex sleeping,
+ * and noticing a dead peer through its pidfd. Whether a chunk goes by single
+ * copy (process_vm_readv), and the read itself, are shm_cma.c's. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -141,17 +140,7 @@ static void shm_conn_map_fifos(shm_conn *c) {
   c->tx_head = atomic_load(&c->tx->head);
   c->tx_tail_seen = atomic_load(&c->tx->tail);
   c->rx_tail = atomic_load(&c->rx->tail);
-  /* Single copy: offer the peer a word of ours to read from our process
-   * (shm_fifo says how the pair agrees). The word lies in the segment, so
-   * the peer can compare what it read with what it sees itself. */
-  if (c->ctx->cma_mode != WEFT_SHM_CMA_OFF && !atomic_load(&c->tx->cma_offer)) {
-    c->tx->cma_probe_word =
-        ((uint64_t)c->ctx->self.pid << 32) ^ (uint64_t)(uintptr_t)c ^ 0x9e3779b97f4a7c15ull;
-    c->tx->cma_probe_addr = (uint64_t)(uintptr_t)&c->tx->cma_probe_word;
-    double ratio = c->ctx->cma_mode == WEFT_SHM_CMA_AUTO ? shm_cma_cost_ratio() : 0;
-    c->tx->cma_cost_milli = ratio > 0 && ratio < 1e6 ? (uint32_t)(ratio * 1000 + 0.5) : 0;
-    atomic_store_explicit(&c->tx->cma_offer, 1, memory_order_release);
-  }
+  shm_cma_offer(c); /* single copy: shm_fifo says how the pair agrees */
 }
 
 static weft_status shm_conn_make_segment(shm_conn *c) {
@@ -307,6 +296,9 @@ weft_status shm_conn_create(shm_ctx *ctx, int peer, int channel, const shm_addr 
   c->state = SHM_CONN_OPENING;
   c->seg_bytes = shm_segment_bytes(ctx->nslots, ctx->args->chunk_bytes);
   shm_pair_name(c->name, sizeof c->name, ctx->args->comm_id, ctx->args->rank, peer, channel);
+  /* the context's timing, which the offer publishes: here in connect, so that
+   * no data call (an opener maps its FIFOs in one) pays for it */
+  if (ctx->cma_mode == WEFT_SHM_CMA_AUTO) shm_cma_cost_ratio(&ctx->cma_timing);
 #ifdef SYS_pidfd_open
   c->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)peer_addr->pid, 0);
 #endif
@@ -334,7 +326,7 @@ void shm_notice_unopened(shm_ctx *ctx, int peer, int channel, const char *reason
   size_t head = shm_segment_head();
   int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return; /* not made: the peer is not waiting on it */
-  /* a segment its creator is still sizing: a few milliseconds at most */
+  /* a segment its creator is still sizing: wait for it, 100 ms at most */
   struct stat st = {0};
   for (int tries = 0; tries < 100 && fstat(fd, &st) == 0 && (size_t)st.st_size < head; tries++) {
     struct timespec ms = {0, 1000000};
@@ -399,7 +391,7 @@ void shm_conn_destroy(shm_conn *c) {
 
 /* ---- liveness ------------------------------------------------------------------ */
 
-static weft_status shm_peer_gone(shm_conn *c) {
+weft_status shm_peer_gone(shm_conn *c) {
   if (c->rx && atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) {
     c->notice_read = true;
     /* the peer's text: bounded here, whether or not it ended it */
@@ -494,8 +486,9 @@ static weft_status shm_ready(shm_conn *c) {
   if (atomic_load_explicit(&c->rx->aborted, memory_order_relaxed)) return shm_peer_gone(c);
   if (c->peer_ended) return shm_peer_ended(c, "room to send");
   /* The receiver writes tail on every release; reading it on every send
-   * would fetch its line back each time (~0.3 us). The last value seen
-   * stays true (tail only grows): read again only when it shows no room. */
+   * would fetch its line back each time (docs/tuning.md, "The ring's cache
+   * lines"). The last value seen stays true (tail only grows): read again
+   * only when it shows no room. */
   if (shm_room(c)) return WEFT_OK;
   c->tx_tail_seen = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
   if (shm_room(c)) return WEFT_OK;
@@ -508,407 +501,6 @@ weft_status shm_send_ready(weft_tp_conn *conn) {
   return shm_ready(shm_conn_of(conn));
 }
 
-/* ---- single copy ---------------------------------------------------------------- */
-
-/* ---- what this rank moved in its recent calls --------------------------------- */
-
-/* The record of call `seq`: the latest one, or the one before it (calls
- * overlap when started without waiting); a newer call makes the latest the
- * one before. NULL for a call older than both: nothing is kept for it. */
-static shm_large_call *shm_large_call_of(shm_ctx *ctx, uint32_t seq) {
-  if (ctx->large_now.valid && ctx->large_now.seq == seq) return &ctx->large_now;
-  if (ctx->large_before.valid && ctx->large_before.seq == seq) return &ctx->large_before;
-  if (ctx->large_now.valid && (int32_t)(seq - ctx->large_now.seq) < 0) return NULL;
-  ctx->large_before = ctx->large_now;
-  ctx->large_now = (shm_large_call){.seq = seq, .valid = true};
-  return &ctx->large_now;
-}
-
-static void shm_note_large_rx(shm_conn *c, uint32_t seq) {
-  shm_large_call *call = shm_large_call_of(c->ctx, seq);
-  if (call) call->received = true;
-}
-
-static void shm_note_large_tx(shm_conn *c, uint32_t seq) {
-  shm_large_call *call = shm_large_call_of(c->ctx, seq);
-  if (!call) return;
-  if (!call->first_tx) call->first_tx = c;
-  if (call->first_tx != c) call->fanout = true;
-}
-
-/* What this rank moves in call `seq` merged with its last call that moved
- * large chunks before it: `received`, its core already copies what comes
- * in; `fanout`, it sends large chunks on two connections or more. Not "in
- * this call or the one before": a barrier between two calls (every
- * iteration of a benchmark) hid the pattern at the start of each call. A
- * call older than both kept ones runs beside newer calls: busy. */
-static shm_large_call shm_recent(shm_ctx *ctx, uint32_t seq) {
-  const shm_large_call *now = shm_large_call_of(ctx, seq);
-  if (!now) return (shm_large_call){.received = true, .fanout = true};
-  shm_large_call merged = *now;
-  const shm_large_call *last = now == &ctx->large_now ? &ctx->large_before : NULL;
-  if (last && last->valid) {
-    merged.received |= last->received;
-    merged.fanout |= last->fanout;
-  }
-  return merged;
-}
-
-/* ---- the verdict MIXED: single copy for every other chunk while the slots run slow ----
- *
- * Where process_vm_readv cost 2 memcpy or more when timed (shm_cma_pays),
- * two copies through the slots are the faster way, as long as the sender's
- * copies into them run at memcpy speed. On a 2-vCPU guest they do not
- * always: while the host keeps the two vCPUs apart, writing a slot the peer
- * has just read costs the sender 200-250 ns/KiB instead of 60-66 (a 2-rank
- * broadcast of 2 MiB through the slots: 400-530 us against 70-130), and
- * the host changes that placement while a job runs. Open MPI's single copy
- * took 200-250 us throughout. So the sender times its own copies of large
- * chunks into the slots, and while their recent average costs more than a
- * process_vm_readv of the same bytes (timed at start), every other chunk
- * goes by address: the receiver reads it while the sender copies the next,
- * and the two cores share the work (2 MiB: 170-200 us in that placement).
- * Only where this rank takes no large chunks itself (shm_recent):
- * where it does (allgather, alltoall, a chain's middle ranks) each core
- * already makes both copies, and sending half by address there ran slower
- * than either way alone (2-rank allgather of 2 MiB: 270-290 us); all but
- * one in 8 by address there was no better than the slots (4 and 3
- * alternated runs of allgather and alltoall, 128 KiB-32 MiB). Asked first
- * as "from the peer in this call or the one before", a barrier between two
- * calls hid the other way, and in the slow placement 174-283 of a 2-rank
- * allgather's or alltoall's chunks went by address (none now; either way
- * that placement took 85-98 us at 512 KiB, the near one 25-43). Half, not
- * all: the slots stay in use, so their cost stays measured and the way
- * back is found.
- *
- * Where this rank takes large chunks too, the bar is higher and the share
- * larger: while its copies into the slots cost more than 1.3 reads, 15 of
- * 16 chunks go by address. Half went slower than either way (above), but
- * all but one in 16 is up to twice as fast as the slots in the far
- * placement. The same job switching between the two every 8 calls (2
- * ranks, 6 rounds; allgather and alltoall), in the 5 jobs of 10 that drew
- * that placement: 81-101 against 47-85 us at 512 KiB, 353-373 against
- * 193-256 at 2 MiB, 0.81-1.06x at 8 MiB (where repeats moved 15% either
- * way). There the copies in cost 126-309 ns/KiB against reads timed at
- * 103-161; in the near placement 45-104 against 92-156, and the slots,
- * which keep everything there, ran 1.1-1.2x faster than all by address. */
-#define SHM_MIX_BOTH_WAYS_BAR 1.3   /* slot copies over a read, where large chunks come back */
-#define SHM_MIX_BOTH_WAYS_SLOTS 16u /* there 1 in this many still goes through the slots */
-#define SHM_CMA_TIMED_BYTES (256u << 10)
-static double cma_cost_ratio; /* 0: could not be timed */
-static double cma_timed_readv_us, cma_timed_copy_us;
-
-double shm_mix_readv_ns_kib(void) {
-  double ratio = shm_cma_cost_ratio(); /* times once, if no one has */
-  return ratio > 0 ? cma_timed_readv_us * 1000.0 / (SHM_CMA_TIMED_BYTES >> 10) : 0;
-}
-
-/* A large chunk copied into slot `slot` in `secs`: folded into the average,
- * unless it wrote past what that slot had held. Those bytes met first-touch
- * page faults (tmpfs pages, ~0.4 GB/s on this VM), which say nothing of the
- * placement. Counting the first 16 copies as the warm-up instead, a call
- * with larger chunks than before (the next size of a sweep) faulted in the
- * slots' next pages at 160-230 ns/KiB, the average crossed the bar, and 15
- * of 16 chunks went by address from then on: a 2-rank allgather or alltoall
- * of 128 KiB to 2 MiB, swept up from 64 KiB, ran at 0.92-1.00 of Open MPI's
- * single copy, and at 1.44-2.31 with those copies left out (2 jobs each).
- * Once over the bar the average met mostly such copies again, so it stayed
- * there. */
-static void shm_mix_fold(shm_conn *c, uint32_t slot, size_t bytes, double secs) {
-  if (bytes > c->tx_slot_touched[slot]) {
-    c->tx_slot_touched[slot] = (uint32_t)bytes;
-    return;
-  }
-  double x = secs * 1e9 / ((double)bytes / 1024.0);
-  c->tx_in_ns_kib = c->tx_in_ns_kib > 0 ? (7 * c->tx_in_ns_kib + x) / 8 : x;
-}
-
-static bool shm_mix_by_address(shm_conn *c, uint32_t seq) {
-  double readv = shm_mix_readv_ns_kib();
-  if (readv <= 0) return false;
-  bool takes = shm_recent(c->ctx, seq).received;
-  if (!(c->tx_in_ns_kib > (takes ? SHM_MIX_BOTH_WAYS_BAR : 1.0) * readv)) return false;
-  if (takes) return c->tx_mix_turn++ % SHM_MIX_BOTH_WAYS_SLOTS != 0;
-  return (c->tx_mix_turn++ & 1) == 0;
-}
-
-/* ---- one-way streams on a pair that reads by single copy ----------------------
- *
- * One reader moves every byte of a single copy alone. While the stream fits
- * in the cache that is the fastest way; once it outgrows it the reader runs
- * at one core's memory speed, and two copies through the slots, one on each
- * core, go twice as fast. On the 16-core machine (process_vm_readv 1.8x a
- * memcpy there, so single copy), a 2-rank broadcast took, single copy
- * against the slots, 24-26 / 43-47 us at 512 KiB, level at 2 MiB, 732-815 /
- * 649-740 at 8 MiB and 6140-6688 / 2544-3912 at 32 MiB. So the part of a
- * call's stream past WEFT_SHM_CMA_STREAM_BYTES goes through the slots, but
- * only where this rank's core has nothing else to do: no large chunk came
- * in on any connection in this call or in its last call that moved large
- * chunks (a chain's middle ranks read and forward; their single copy leaves
- * the next rank to read; allgather and alltoall keep single copy, each core
- * already works), and no other connection sent large chunks then (a
- * scatter's root would copy every piece itself where the readers now copy
- * in parallel). Not "this call or the last": a barrier between two calls
- * (every iteration of a benchmark) would hide the pattern. */
-
-/* For an eligible chunk of `bytes` on a YES pair: whether it goes through
- * the slots after all (counts it either way). */
-static bool shm_stream_through_slots(shm_conn *c, size_t bytes, uint32_t seq) {
-  shm_ctx *ctx = c->ctx;
-  if (c->tx_stream_seq != seq) {
-    c->tx_stream_seq = seq;
-    c->tx_stream_bytes = 0;
-  }
-  uint64_t before = c->tx_stream_bytes;
-  c->tx_stream_bytes += bytes;
-  if (ctx->cma_stream_bytes == 0 || before < ctx->cma_stream_bytes) return false;
-  shm_large_call recent = shm_recent(ctx, seq);
-  return !recent.received && !recent.fanout;
-}
-
-/* Whether a chunk of `bytes` read with `mem` could go as a descriptor: large
- * enough to be worth a system call, and host memory (the peer's kernel reads
- * it through our page tables). Whether it does is the peer's verdict. */
-static bool shm_cma_eligible(shm_conn *c, size_t bytes, const struct weft_mem_ops *mem) {
-  if (bytes <= SHM_INLINE_BYTES || bytes < c->ctx->cma_min_bytes) return false;
-  if (mem->kind != WEFT_MEMORY_HOST && mem->kind != WEFT_MEMORY_SHARED) return false;
-  if (c->tx_cma == SHM_CMA_UNDECIDED)
-    c->tx_cma = (uint8_t)atomic_load_explicit(&c->tx->cma_verdict, memory_order_acquire);
-  return true;
-}
-
-/* ---- whether single copy pays ---------------------------------------------------
- *
- * process_vm_readv pins every page it reads, one by one. Where that is cheap
- * it beats two copies through the slots (the sender's copy in, ours out);
- * in some VMs it is not: on a 2-vCPU KVM guest (Firecracker) reading 256 KiB
- * cost 3.0-3.9x a memcpy of it, and a 2-rank broadcast of 2 MiB took
- * 287-290 us by single copy against 94-111 us through the slots. Where every
- * rank sends as much as it receives (allgather, alltoall) each rank makes
- * both copies of its share, so they must cost less than one read: the bar
- * is 2 (WEFT_SHM_CMA=auto; "on" takes single copy wherever it is allowed).
- * The same bar holds where ranks outnumber cores: there CPU time decides, and
- * a read that costs 2 memcpy or more costs more of it than two copies. Kept
- * single copy there before: 4 ranks on the 2 vCPUs (readv 8x a memcpy),
- * allgather, alltoall and broadcast of 32 KiB-64 MiB paired with Open MPI
- * in one job (2 jobs each) read 0.90-3.41 of it by single copy (broadcast
- * 0.90-2.21), 0.94-4.67 with the slots as here (1.62-4.67); 8 ranks
- * 0.73-1.08 against 1.31-1.82 from 2 MiB (allgather, alltoall); 3 ranks
- * level. */
-#define SHM_CMA_PAYS_BELOW 2.0 /* readv time over memcpy time */
-
-/* Times both ways of moving SHM_CMA_TIMED_BYTES within this process (a
- * process may read itself), best of eleven each: about a millisecond,
- * once. Fewer tries let one rank of a pair, now and then, take a preempted
- * memcpy for the norm and decide the other way (best of five: 1 pair in
- * about 20 split, and that split pair ran a 2-rank alltoall 2-3x slower
- * than either way alone). */
-static void shm_cma_time_once(void) {
-  size_t n = SHM_CMA_TIMED_BYTES;
-  char *a = mmap(NULL, 2 * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (a == MAP_FAILED) return;
-  char *b = a + n;
-  memset(a, 1, 2 * n); /* faults stay out of the timing */
-  double readv_us = 1e9, copy_us = 1e9;
-  for (int i = 0; i < 11; i++) {
-    double t0 = weft_now() * 1e6;
-    memcpy(b, a, n);
-    double t1 = weft_now() * 1e6;
-    struct iovec local = {b, n}, remote = {a, n};
-    ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
-    double t2 = weft_now() * 1e6;
-    if (got != (ssize_t)n) break;
-    if (t1 - t0 < copy_us) copy_us = t1 - t0;
-    if (t2 - t1 < readv_us) readv_us = t2 - t1;
-  }
-  munmap(a, 2 * n);
-  if (readv_us < 1e9 && copy_us > 0) {
-    cma_timed_readv_us = readv_us;
-    cma_timed_copy_us = copy_us;
-    cma_cost_ratio = readv_us / copy_us;
-  }
-}
-
-double shm_cma_cost_ratio(void) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, shm_cma_time_once);
-  return cma_cost_ratio;
-}
-
-bool shm_cma_ratio_pays(double ratio) {
-  return ratio < SHM_CMA_PAYS_BELOW;
-}
-
-/* The pair's ratio is the mean of both ends' timings: each end times its
- * own process, and near the bar the two fell on either side of it (16
- * cores: 1.8-2.0 against 2.0-2.2 in 11 of 12 starts), so one direction
- * read by single copy while the other went through the slots, and a
- * 2-rank alltoall of 2 MiB took 276-305 us, slower than either way alone
- * (166-195 us single copy, 236-272 through the slots). From the same two
- * numbers both receivers of a pair decide alike. */
-bool shm_ranks_outnumber_cores(const weft_transport_init_args *args, long *cores) {
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  if (cores) *cores = n;
-  return n > 0 && args->local_size > n;
-}
-
-bool shm_cma_pays(const shm_ctx *ctx, double peer_ratio, char *why, size_t why_len) {
-  double own = shm_cma_cost_ratio();
-  if (own <= 0 && peer_ratio <= 0) {
-    snprintf(why, why_len, "process_vm_readv could not be timed");
-    return true; /* the probe decides, as before */
-  }
-  double ratio = own <= 0 ? peer_ratio : peer_ratio <= 0 ? own : (own + peer_ratio) / 2;
-  bool pays = shm_cma_ratio_pays(ratio);
-  char because[96] = "";
-  long cores;
-  if (!pays && shm_ranks_outnumber_cores(ctx->args, &cores))
-    snprintf(because, sizeof because, "; %d ranks on %ld cores here: two copies cost less CPU",
-             ctx->args->local_size, cores);
-  else if (!pays)
-    snprintf(because, sizeof because,
-             "; every rank here has a core, so two copies at once are faster");
-  snprintf(why, why_len,
-           "process_vm_readv of %u KiB took %.1f us, %.1fx a memcpy of it (%.1f us); the pair's "
-           "mean with the peer's %.1fx: %.1fx%s",
-           SHM_CMA_TIMED_BYTES >> 10, cma_timed_readv_us, own, cma_timed_copy_us, peer_ratio, ratio,
-           because);
-  return pays;
-}
-
-/* The receiver's side of the agreement: once the sender has offered its
- * word, read it from the sender's process and say whether that worked.
- * Refusals are ordinary (seccomp in containers, Yama ptrace_scope 2+,
- * another user): the pair keeps two copies, said under NET. */
-static void shm_cma_decide(shm_conn *c) {
-  if (!atomic_load_explicit(&c->rx->cma_offer, memory_order_acquire)) return;
-  c->rx_cma_decided = true;
-  shm_ctx *ctx = c->ctx;
-  uint32_t verdict = SHM_CMA_NO;
-  if (ctx->cma_mode == WEFT_SHM_CMA_OFF) {
-    WEFT_INFO(WEFT_SUBSYS_NET,
-              "shm: rank %d takes peer %d's chunks through the slots (WEFT_SHM_CMA=0)",
-              ctx->args->rank, c->peer);
-  } else {
-    /* test-refused reads address 0, which fails as a refusing kernel's read does */
-    uint64_t addr = ctx->cma_mode == WEFT_SHM_CMA_TEST_REFUSED ? 0 : c->rx->cma_probe_addr;
-    uint64_t word = 0;
-    struct iovec local = {&word, sizeof word}, remote = {(void *)(uintptr_t)addr, sizeof word};
-    ssize_t n = process_vm_readv((pid_t)c->peer_pid, &local, 1, &remote, 1, 0);
-    int e = n < 0 ? errno : 0;
-    char pays_why[256] = "WEFT_SHM_CMA=on";
-    bool allowed = n == (ssize_t)sizeof word && word == c->rx->cma_probe_word;
-    if (allowed && ctx->cma_mode == WEFT_SHM_CMA_AUTO &&
-        !shm_cma_pays(ctx, c->rx->cma_cost_milli / 1000.0, pays_why, sizeof pays_why)) {
-      verdict = SHM_CMA_MIXED;
-      WEFT_INFO(WEFT_SUBSYS_NET,
-                "shm: rank %d takes peer %d's chunks through the slots: %s; while the peer's "
-                "copies into them run slower than a read, every other chunk it sends one way "
-                "comes by single copy (WEFT_SHM_CMA=on reads them all straight from its memory)",
-                ctx->args->rank, c->peer, pays_why);
-    } else if (allowed) {
-      verdict = SHM_CMA_YES;
-      WEFT_INFO(WEFT_SUBSYS_NET,
-                "shm: rank %d reads peer %d's chunks of %zu bytes and more straight from its "
-                "memory (process_vm_readv, single copy; %s)%s",
-                ctx->args->rank, c->peer,
-                ctx->cma_min_bytes > SHM_INLINE_BYTES ? ctx->cma_min_bytes : SHM_INLINE_BYTES + 1,
-                pays_why,
-                ctx->cma_stream_bytes ? "; a call's one-way stream past WEFT_SHM_CMA_STREAM_BYTES "
-                                        "comes through the slots while the peer has nothing "
-                                        "else to move"
-                                      : "");
-    } else {
-      WEFT_INFO(WEFT_SUBSYS_NET,
-                "shm: rank %d cannot read peer %d's memory (process_vm_readv of pid %u: %s%s): "
-                "two copies through the slots",
-                ctx->args->rank, c->peer, c->peer_pid, e ? strerror(e) : "another value",
-                ctx->cma_mode == WEFT_SHM_CMA_TEST_REFUSED ? ", WEFT_SHM_CMA=test-refused" : "");
-    }
-  }
-  atomic_store_explicit(&c->rx->cma_verdict, verdict, memory_order_release);
-}
-
-/* Whether the peer's process is still there, asked now (not from the last
- * liveness round). */
-static bool shm_peer_alive_now(shm_conn *c) {
-  if (c->pidfd >= 0) {
-    struct pollfd p = {.fd = c->pidfd, .events = POLLIN};
-    if (poll(&p, 1, 0) == 1) c->peer_ended = true;
-  } else if (kill((pid_t)c->peer_pid, 0) != 0 && errno == ESRCH) {
-    c->peer_ended = true;
-  }
-  return !c->peer_ended;
-}
-
-/* The sender of a descriptor ended before we copied its chunk: the bytes
- * were only in its memory, so they are lost with it. */
-static weft_status shm_cma_lost(shm_conn *c, size_t bytes) {
-  weft_status st = shm_peer_gone(c); /* a failure notice says more than the exit */
-  if (st) return st;
-  return shm_conn_fail(c, WEFT_ERR_PEER_LOST,
-                       "peer %d (pid %u) ended or crashed before this rank copied the %zu bytes "
-                       "it had posted (single copy: they were only in its memory)",
-                       c->peer, c->peer_pid, bytes);
-}
-
-/* Copies the chunks that `n` descriptors point at (remote[], in the peer's
- * process) into dst, one after another (host memory): one process_vm_readv
- * for all of them, more only where one came back short. */
-static weft_status shm_cma_readv(shm_conn *c, const struct iovec *remote, size_t n, void *dst,
-                                 size_t bytes) {
-  struct iovec rest[SHM_CELLS];
-  const struct iovec *from = remote;
-  size_t first = 0, skip = 0, done = 0; /* remote[first], `skip` bytes in, is where `done` is */
-  while (done < bytes) {
-    struct iovec local = {(char *)dst + done, bytes - done};
-    if (done) { /* short: go on from where it stopped */
-      memcpy(rest, remote + first, (n - first) * sizeof *rest);
-      rest[0].iov_base = (char *)rest[0].iov_base + skip;
-      rest[0].iov_len -= skip;
-      from = rest;
-    }
-    ssize_t got = process_vm_readv((pid_t)c->peer_pid, &local, 1, from, n - first, 0);
-    c->cma_reads++;
-    if (got > 0) { /* short only where a page failed: the next call says why */
-      done += (size_t)got;
-      skip += (size_t)got;
-      while (first < n && skip >= remote[first].iov_len) skip -= remote[first++].iov_len;
-      continue;
-    }
-    int e = got < 0 ? errno : EFAULT;
-    if (e == EINTR) continue;
-    if (e == ESRCH || !shm_peer_alive_now(c)) return shm_cma_lost(c, bytes);
-    return shm_conn_fail(c, e == EFAULT ? WEFT_ERR_PROTOCOL : WEFT_ERR_SYSTEM,
-                         "rank %d could not copy %zu bytes from peer %d (pid %u) at %#llx: "
-                         "process_vm_readv: %s",
-                         c->ctx->args->rank, bytes, c->peer, c->peer_pid,
-                         (unsigned long long)(uintptr_t)remote[first].iov_base + skip, strerror(e));
-  }
-  /* The pid named the peer all along only if the peer is alive now: a pid
-   * reused after its end would be another process's memory. */
-  if (!shm_peer_alive_now(c)) return shm_cma_lost(c, bytes);
-  /* A sender that failed may have handed its buffer back to its caller
-   * before we read it: what we read may not be what it posted. */
-  if (atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) return shm_peer_gone(c);
-  c->cma_chunks += n;
-  c->cma_bytes += bytes;
-  return WEFT_OK;
-}
-
-static struct iovec shm_cma_where(const shm_cell *cell, size_t bytes) {
-  uint64_t addr;
-  memcpy(&addr, cell->data, sizeof addr);
-  return (struct iovec){(void *)(uintptr_t)addr, bytes};
-}
-
-/* Copies the chunk a descriptor cell points at from the peer's process
- * into dst (host memory). */
-static weft_status shm_cma_read(shm_conn *c, const shm_cell *cell, void *dst, size_t bytes) {
-  struct iovec remote = shm_cma_where(cell, bytes);
-  return shm_cma_readv(c, &remote, 1, dst, bytes);
-}
-
 /* ---- sending ------------------------------------------------------------------- */
 
 static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t seq,
@@ -916,18 +508,16 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
   weft_status st = shm_ready(c);
   if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
-  bool eligible = for_copy && shm_cma_eligible(c, bytes, mem);
-  bool mixed = eligible && c->tx_cma == SHM_CMA_MIXED; /* slots timed, some by address */
-  bool by_address = mixed ? shm_mix_by_address(c, seq)
-                          : eligible && c->tx_cma == SHM_CMA_YES &&
-                                !shm_stream_through_slots(c, bytes, seq);
+  enum shm_send_way way = for_copy ? shm_cma_send_way(c, bytes, seq, mem) : SHM_SEND_COPY;
+  bool by_address = way == SHM_SEND_BY_ADDRESS, timed = way == SHM_SEND_COPY_TIMED;
   if (bytes > SHM_INLINE_BYTES) shm_note_large_tx(c, seq);
   shm_cell *cell = &c->tx->cell[c->tx_head % SHM_CELLS];
   uint32_t number = c->tx_head++;
   /* head is only the futex word (the receiver polls the cell). It moves
    * first: the seq_cst store waits for the store buffer to drain, and here
    * that buffer holds no store to a line the peer is reading; after the cell
-   * store it would wait ~0.3 us for the peer to give up the cell's line.
+   * store it would wait for the peer to give up the cell's line
+   * (docs/tuning.md, "The ring's cache lines").
    * seq_cst store then load: either the receiver sees the new head before it
    * sleeps, or we see that it sleeps and wake it (no lost wake-up); a
    * receiver that sees head ahead of a cell not yet ready polls again. */
@@ -939,7 +529,7 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
     c->tx_copy_pending = true;
     c->tx_copy_until = c->tx_head; /* complete once the peer released this cell */
   } else {
-    double t0 = mixed ? weft_now() : 0;
+    double t0 = timed ? weft_now() : 0;
     void *to = cell->data;
     uint32_t slot = 0;
     if (bytes > SHM_INLINE_BYTES) { /* shm_room kept one free */
@@ -947,7 +537,7 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
       to = c->tx_slots + (size_t)slot * c->ctx->args->chunk_bytes;
     }
     mem->copy(to, src, bytes);
-    if (mixed) shm_mix_fold(c, slot, bytes, weft_now() - t0);
+    if (timed) shm_mix_fold(c, slot, bytes, weft_now() - t0);
     cell->how = SHM_CELL_DATA;
   }
   cell->seq = seq;

@@ -26,10 +26,10 @@
     "alltoall, broadcast, gather or scatter straight from the sender's buffer (process_vm_readv) " \
     "instead of through the shared slot; on: where a probe at connection shows the kernel allows " \
     "it (not under seccomp, Yama ptrace_scope 2+, other users); auto: there too, unless "          \
-    "process_vm_readv costs 2 memcpy of the same bytes or more (timed once per process: page "     \
-    "pinning is slow in some VMs), where chunks go through the slots but every other chunk of "    \
-    "one-way traffic goes by single copy while the sender's copies into the slots cost more than " \
-    "a read; 0: never (also no PR_SET_PTRACER); test-refused: for tests, the probe fails")         \
+    "process_vm_readv costs 2 memcpy of the same bytes or more (timed once per communicator: "     \
+    "page pinning is slow in some VMs), where chunks go through the slots but every other chunk "  \
+    "of one-way traffic goes by single copy while the sender's copies into the slots cost more "   \
+    "than a read; 0: never (also no PR_SET_PTRACER); test-refused: for tests, the probe fails")    \
   X(SHM_CMA_MIN_BYTES, cma_min_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,       \
     "chunks of at least this many bytes (and above 112, which travel inline) go by single copy "   \
     "where WEFT_SHM_CMA allows")                                                                   \

@@ -1,14 +1,13 @@
 /* shm_transport.c - the shared-memory transport's table, per-communicator
  * state, reachability (same host, same /dev/shm, same pid namespace, and
  * room in /dev/shm for every pair of local ranks), sleeping and aborting.
- * The data path is in shm_conn.c. */
+ * The data path is in shm_conn.c, single copy's policy in shm_cma.c. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,37 +46,14 @@ static weft_status shm_probe(char *why, size_t why_len) {
                     "/dev/shm %llu MiB, %llu MiB free; WEFT_SHM_SLOTS=%lld; WEFT_SHM_CMA=%s",
                     (unsigned long long)(size >> 20), (unsigned long long)(free_bytes >> 20),
                     slots, shm_setting_str(SHM_SETTING_SHM_CMA));
-  /* what auto will decide, for weft-info (timed once per process) */
-  double ratio = shm_settings()->cma == WEFT_SHM_CMA_AUTO ? shm_cma_cost_ratio() : 0;
+  /* what auto will decide, for weft-info (timed here: a probe has no context) */
+  shm_cma_timing timing = {0};
+  double ratio = shm_settings()->cma == WEFT_SHM_CMA_AUTO ? shm_cma_cost_ratio(&timing) : 0;
   if (ratio > 0 && at > 0 && (size_t)at < why_len)
     snprintf(why + at, why_len - (size_t)at, " (process_vm_readv costs %.1fx a memcpy here: %s)",
              ratio, shm_cma_ratio_pays(ratio) ? "single copy" : "two copies");
   if (free_bytes == 0) return WEFT_ERR_UNSUPPORTED;
   return WEFT_OK;
-}
-
-/* Under Yama's ptrace_scope 1 only a process's ancestors may read its
- * memory, so a peer's process_vm_readv of our chunks fails. As Open MPI
- * does for its single copy, this process then lets any process of its user
- * read it (the probe still decides per pair); only with single copy on, and
- * once per process. Scopes 2 and 3 cannot be lifted this way: the probe
- * fails and the pair keeps two copies. */
-static void shm_cma_allow_readers(void) {
-  static atomic_bool done;
-  if (atomic_exchange(&done, true)) return;
-  FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
-  if (!f) return; /* no Yama: same-user reads are allowed */
-  int scope = -1;
-  if (fscanf(f, "%d", &scope) != 1) scope = -1;
-  fclose(f);
-  if (scope != 1) return;
-  if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0)
-    WEFT_INFO(WEFT_SUBSYS_NET,
-              "shm: Yama ptrace_scope is 1: this process lets processes of its user read its "
-              "memory (PR_SET_PTRACER_ANY) for single copy; WEFT_SHM_CMA=0 leaves it as it was");
-  else
-    WEFT_INFO(WEFT_SUBSYS_NET, "shm: PR_SET_PTRACER_ANY: %s (peers will copy twice)",
-              strerror(errno));
 }
 
 static weft_status shm_init(const weft_transport_init_args *args, weft_tp_ctx **out,
