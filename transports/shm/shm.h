@@ -258,16 +258,21 @@ void shm_pair_name(char *name, size_t len, uint64_t comm_id, int rank, int peer,
 weft_status shm_conn_create(shm_ctx *ctx, int peer, int channel, const shm_addr *peer_addr,
                             shm_conn **out);
 weft_status shm_conn_try_open(shm_conn *c);
-void shm_conn_check_peer(shm_conn *c);
-weft_status shm_conn_fail(shm_conn *c, weft_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 void shm_conn_notify_abort(shm_conn *c, const char *reason);
 void shm_notice_unopened(shm_ctx *ctx, int peer, int channel, const char *reason);
 weft_status shm_conn_take_notice(shm_conn *c);
-weft_status shm_peer_gone(shm_conn *c); /* the peer's failure notice, if it left one */
 void shm_conn_destroy(shm_conn *c);
 void shm_futex_wake(atomic_uint *word);
 void shm_futex_wait(atomic_uint *word, uint32_t expected, int timeout_ms);
+
+/* shm_peer.c: how a connection ends */
+/* Takes the pair's name away if it may still be there. */
+void shm_conn_unlink(shm_conn *c);
+/* Fails the connection with `st` and the sentence for the user. Returns st. */
+weft_status shm_conn_fail(shm_conn *c, weft_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+weft_status shm_peer_gone(shm_conn *c); /* the peer's failure notice, if it left one */
+void shm_conn_check_peer(shm_conn *c);  /* notes whether the peer process ended */
 
 /* the table's data and memory members */
 weft_status shm_send_ready(weft_tp_conn *conn);
