@@ -383,7 +383,7 @@ typedef struct run_case {
 typedef struct member {
   weft_coll coll;
   fake_end end;
-  weft_link_group group;
+  weft_group_links group;
   unsigned char *in, *out;
   size_t in_bytes, out_bytes;
   bool done;
@@ -720,7 +720,7 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
       member *m = &ms[g];
       int r = c->members[g];
       weft_link link = {.ops = &fake_ops, .ctx = &ends[r]};
-      if (!identity) link = weft_link_group_init(&m->group, link, c->members);
+      if (!identity) link = weft_group_links_init(&m->group, link, c->members);
       m->coll = (weft_coll){.rank = g,
                             .size = c->gsize,
                             .link = link,

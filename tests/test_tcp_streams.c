@@ -212,7 +212,7 @@ static void *cutter(void *arg) {
   (void)arg;
   while (atomic_load(&calls_done) < 3) usleep(1000);
   usleep(2000);
-  weft_links *l = &cut_comm->core.links;
+  weft_peer_table *l = &cut_comm->core.links;
   for (int t = 0; t < l->ntps; t++) {
     if (l->tps[t].ops != &weft_transport_tcp) continue;
     tcp_ctx *ctx = tcp_ctx_of(l->tps[t].ctx);
@@ -323,7 +323,7 @@ static int congestion_rank(int rank, int size, const weft_unique_id *id, void *a
   for (size_t i = 0; !rc && i < N; i++)
     if ((double)v[i] != ref[i]) rc = bad(rank, "allreduce", i, v[i], ref[i]);
   int seen = 0;
-  weft_links *l = &comm->core.links;
+  weft_peer_table *l = &comm->core.links;
   for (int t = 0; !rc && t < l->ntps; t++) {
     if (l->tps[t].ops != &weft_transport_tcp) continue;
     tcp_ctx *ctx = tcp_ctx_of(l->tps[t].ctx);

@@ -43,7 +43,7 @@
 /* One chain of phases: an ordinary weft_coll on its group's links. */
 typedef struct hier_chain {
   weft_coll inner;       /* the phase in progress, while `running` */
-  weft_link_group group; /* the phase's links: its group's members on the call's links */
+  weft_group_links group; /* the phase's links: its group's members on the call's links */
   bool running;
   size_t next; /* the leader form: its phase; host chain: its step; network chain: its segment */
 } hier_chain;
@@ -98,7 +98,7 @@ static weft_coll *phase_init(weft_coll *coll, hier_chain *ch, const int *group, 
                              const void *src, void *dst, size_t count, int avg_div,
                              bool across_hosts) {
   weft_coll *inner = &ch->inner;
-  *inner = (weft_coll){.link = weft_link_group_init(&ch->group, coll->link, group),
+  *inner = (weft_coll){.link = weft_group_links_init(&ch->group, coll->link, group),
                        .call = coll->call,
                        .rank = rank,
                        .size = size,

@@ -106,7 +106,7 @@ static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, .
     snprintf(reason, sizeof reason, "%s", comm->links.sink.origin);
   else
     snprintf(reason, sizeof reason, "rank %d failed in %s: %s", comm->rank, desc, what);
-  weft_links_abort_all(&comm->links, reason);
+  weft_peer_table_abort_all(&comm->links, reason);
   return st;
 }
 
@@ -458,8 +458,8 @@ static weft_status coll_begin(weft_core *comm, weft_coll_task *task, const char 
   weft_coll *coll = &task->coll;
   /* the public entry point checked that the handle is live (src/api) */
   coll->rank = comm->rank;
-  coll->link = weft_comm_link_init((weft_comm_link *)(void *)task->link_ctx, &comm->links,
-                                   &task->waiting_peer, &coll->fail_peer, &task->waiting_for);
+  coll->link = weft_call_links_init((weft_call_links *)(void *)task->link_ctx, &comm->links,
+                                    &task->waiting_peer, &coll->fail_peer, &task->waiting_for);
   coll->chunk_bytes = comm->chunk_bytes;
   coll->size = coll->avg_div = comm->size;
   if (atomic_load(&comm->fail.aborted) && !comm->fail.failed)

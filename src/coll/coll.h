@@ -28,7 +28,7 @@ typedef struct weft_coll_task {
   bool quiet_failure; /* its failure is seen by every rank: no notice to peers */
   void *check;        /* WEFT_CHECK's fingerprint phase, an integer avg's buffer (coll.c) */
   uint8_t token;      /* weft_barrier's one byte */
-  /* room for the context of its links (a weft_comm_link) */
+  /* room for the context of its links (a weft_call_links) */
   _Alignas(max_align_t) unsigned char link_ctx[WEFT_LINK_CTX_BYTES];
 } weft_coll_task;
 

@@ -35,7 +35,7 @@ typedef struct weft_core {
   /* hosts, for hierarchical algorithms (weft_hosts: ranks in ascending
    * order); hosts.local_size is the number of ranks on this host */
   weft_hosts hosts;
-  weft_links links; /* transports and peers */
+  weft_peer_table links; /* transports and peers */
   weft_fail fail;
   /* calls */
   uint32_t seq;     /* collective call counter, the same on every rank */

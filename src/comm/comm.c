@@ -141,7 +141,7 @@ static weft_status settings_usable(int rank, const char *call) {
 
 static void comm_free(weft_comm *comm) {
   weft_p2p_lane_free(&comm->core);
-  weft_links *l = &comm->core.links;
+  weft_peer_table *l = &comm->core.links;
   for (int t = 0; t < l->ntps; t++) l->tps[t].ops->fini(l->tps[t].ctx);
   if (comm->engine.wake_fd >= 0) close(comm->engine.wake_fd);
   pthread_mutex_destroy(&comm->engine.call_lock);
@@ -257,7 +257,7 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
       return weft_init_error(st, comm->core.rank, call, "transport %s: %s", ops->name,
                              comm->core.links.sink.msg);
     comm->core.links.tps[comm->core.links.ntps++] =
-        (weft_link_transport){.ops = ops, .ctx = ctx, .builtin = b};
+        (weft_transport_in_use){.ops = ops, .ctx = ctx, .builtin = b};
     if (len > 255 || off + 2 + len > sizeof mine->addr)
       return weft_init_error(WEFT_ERR_INTERNAL, comm->core.rank, call,
                              "transport addresses too long");
@@ -274,11 +274,11 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
 /* The peer table (core.links) gets the transport and the address the
  * links connect to; the reason stays here, for weft_comm_peer_transport. */
 static weft_status transports_choose(weft_comm *comm, const char *call) {
-  weft_links *l = &comm->core.links;
+  weft_peer_table *l = &comm->core.links;
   comm->core.choice.sends_are_stores = true;
   for (int p = 0; p < comm->core.size; p++) {
     weft_peer *peer = &comm->peers[p];
-    weft_link_peer *lp = &l->peers[p];
+    weft_peer_route *lp = &l->peers[p];
     lp->tp = -1;
     if (p == comm->core.rank) {
       snprintf(peer->why, sizeof peer->why, "this rank");
@@ -909,7 +909,7 @@ static void comm_abort_one(weft_comm *comm, int rank) {
                       "the communicator was aborted");
       char reason[128];
       snprintf(reason, sizeof reason, "rank %d called weft_comm_abort", rank);
-      weft_links_abort_all(&comm->core.links, reason);
+      weft_peer_table_abort_all(&comm->core.links, reason);
     }
     pthread_mutex_unlock(&comm->engine.call_lock);
   }

@@ -147,7 +147,7 @@ static weft_status queue_pass(weft_core *comm, weft_engine *e, weft_request **fa
 }
 
 /* The peer the engine waits for, and its transport. */
-static const weft_link_transport *waited_transport(weft_core *comm) {
+static const weft_transport_in_use *waited_transport(weft_core *comm) {
   weft_engine *e = comm->engine;
   int peer = -1;
   weft_request *head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
@@ -240,7 +240,7 @@ static bool heard_all_but_one(const int *waits_on, int n) {
  * rank were heard. `triggered`: a peer's notice started it (in `waits_on`
  * already), so this rank tells the others sooner. */
 static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on, bool triggered) {
-  weft_links *l = &comm->links;
+  weft_peer_table *l = &comm->links;
   int n = comm->size, me = comm->rank;
   double start = weft_now(), grace = culprit_grace_s(comm);
   double send_at = start + grace * (triggered ? 0.25 : 0.5), until = start + grace;
@@ -255,7 +255,7 @@ static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on
     if (p < 0 || p >= n || p == me || l->peers[p].tp < 0 || l->peers[p].conn[WEFT_TP_CHANNEL_COLL])
       continue;
     if (!l->tps[l->peers[p].tp].ops->caps.notices_reach_unconnected)
-      (void)weft_links_conn(l, p, WEFT_TP_CHANNEL_COLL, &conn);
+      (void)weft_peer_table_conn(l, p, WEFT_TP_CHANNEL_COLL, &conn);
   }
   bool sent = false;
   for (;;) {
@@ -264,7 +264,7 @@ static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on
     if (!sent) {
       bool all_up = true;
       for (int p = 0; p < n; p++) {
-        weft_link_peer *lp = &l->peers[p];
+        weft_peer_route *lp = &l->peers[p];
         if (p == me || lp->tp < 0 || !lp->conn[WEFT_TP_CHANNEL_COLL]) continue;
         l->sink.origin[0] = 0;
         weft_status st = l->tps[lp->tp].ops->send_ready(lp->conn[WEFT_TP_CHANNEL_COLL]); /* opens it; reads a notice */
@@ -275,7 +275,7 @@ static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on
         char notice[288]; /* under the transports' 300-byte notice: no wait is cut */
         waits_notice(comm, coll, waits_on, notice, sizeof notice);
         l->sink.origin[0] = 0; /* tcp then dials every listener, as for a first cause */
-        weft_links_abort_all(l, notice);
+        weft_peer_table_abort_all(l, notice);
         sent = true;
       }
     }
@@ -409,7 +409,7 @@ static weft_status drive_failed(weft_core *comm, weft_request *head, weft_status
       weft_core_error(comm, st, "weft_send/weft_recv", "%s",
                       comm->links.sink.origin[0] ? comm->links.sink.origin : comm->links.sink.msg);
     comm->fail.failed = st;
-    weft_links_abort_all(&comm->links, comm->fail.last_error);
+    weft_peer_table_abort_all(&comm->links, comm->fail.last_error);
   }
   fail_all(comm, comm->fail.failed ? comm->fail.failed : st);
   return st;
@@ -500,7 +500,7 @@ static weft_status drive_sleep(weft_core *comm, weft_engine *e, drive_backoff *b
     nanosleep(&pause, NULL);
     return WEFT_OK;
   }
-  const weft_link_transport *t = waited_transport(comm);
+  const weft_transport_in_use *t = waited_transport(comm);
   weft_status st = t->ops->wait(t->ctx, ms);
   /* The others look once, without sleeping: their progress alone may leave
    * a notice unread for many rounds (docs/faults.md, "Notices across

@@ -239,7 +239,7 @@ static weft_status take_posted(weft_core *comm) {
 
 static weft_status lane_conn(weft_core *comm, int peer, const weft_transport **ops,
                              weft_tp_conn **conn) {
-  WEFT_CHECK(weft_links_conn(&comm->links, peer, WEFT_TP_CHANNEL_P2P, conn));
+  WEFT_CHECK(weft_peer_table_conn(&comm->links, peer, WEFT_TP_CHANNEL_P2P, conn));
   *ops = comm->links.tps[comm->links.peers[peer].tp].ops;
   return WEFT_OK;
 }

@@ -6,17 +6,17 @@
 
 #include <stdio.h>
 
-static inline weft_comm_link *cl_of(void *ctx) {
-  return (weft_comm_link *)ctx;
+static inline weft_call_links *cl_of(void *ctx) {
+  return (weft_call_links *)ctx;
 }
 
-static inline const weft_transport *peer_ops(const weft_links *l, int peer) {
+static inline const weft_transport *peer_ops(const weft_peer_table *l, int peer) {
   return l->tps[l->peers[peer].tp].ops;
 }
 
 /* What the call waits for: for the engine's sleep and for the timeout's
  * sentence. Peers here are communicator ranks. */
-static weft_status link_result(weft_comm_link *cl, int peer, weft_status st,
+static weft_status link_result(weft_call_links *cl, int peer, weft_status st,
                                const char *waiting_for) {
   if (st == WEFT_AGAIN) *cl->waiting_for = waiting_for;
   if (st) *cl->waiting_peer = peer;
@@ -24,11 +24,11 @@ static weft_status link_result(weft_comm_link *cl, int peer, weft_status st,
   return st;
 }
 
-static weft_status link_conn(weft_comm_link *cl, int peer, weft_tp_conn **out) {
-  weft_links *l = cl->links;
-  weft_link_peer *p = &l->peers[peer];
+static weft_status link_conn(weft_call_links *cl, int peer, weft_tp_conn **out) {
+  weft_peer_table *l = cl->links;
+  weft_peer_route *p = &l->peers[peer];
   if (!p->conn[WEFT_TP_CHANNEL_COLL]) {
-    weft_status st = weft_links_conn(l, peer, WEFT_TP_CHANNEL_COLL, out);
+    weft_status st = weft_peer_table_conn(l, peer, WEFT_TP_CHANNEL_COLL, out);
     if (st < 0) return link_result(cl, peer, st, "a connection to");
   }
   if (!p->is_active) {
@@ -40,7 +40,7 @@ static weft_status link_conn(weft_comm_link *cl, int peer, weft_tp_conn **out) {
 }
 
 static weft_status cl_send_ready(void *ctx, int peer) {
-  weft_comm_link *cl = cl_of(ctx);
+  weft_call_links *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
   return link_result(cl, peer, peer_ops(cl->links, peer)->send_ready(c), "room to send to");
@@ -48,7 +48,7 @@ static weft_status cl_send_ready(void *ctx, int peer) {
 
 static weft_status cl_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
                            const weft_mem_ops *mem, unsigned flags) {
-  weft_comm_link *cl = cl_of(ctx);
+  weft_call_links *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
   weft_status st = peer_ops(cl->links, peer)->send(c, src, bytes, seq, mem, flags);
@@ -60,7 +60,7 @@ static weft_status cl_send(void *ctx, int peer, const void *src, size_t bytes, u
 }
 
 static weft_status cl_send_idle(void *ctx, int peer) {
-  weft_comm_link *cl = cl_of(ctx);
+  weft_call_links *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
   return link_result(cl, peer, peer_ops(cl->links, peer)->send_idle(c), "a send to complete to");
@@ -68,7 +68,7 @@ static weft_status cl_send_idle(void *ctx, int peer) {
 
 static weft_status cl_recv_peek(void *ctx, int peer, uint32_t seq, size_t bytes,
                                 const void **data) {
-  weft_comm_link *cl = cl_of(ctx);
+  weft_call_links *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
   return link_result(cl, peer, peer_ops(cl->links, peer)->recv_peek(c, seq, bytes, data),
@@ -76,7 +76,7 @@ static weft_status cl_recv_peek(void *ctx, int peer, uint32_t seq, size_t bytes,
 }
 
 static weft_status cl_recv_release(void *ctx, int peer) {
-  weft_comm_link *cl = cl_of(ctx);
+  weft_call_links *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
   weft_status st = peer_ops(cl->links, peer)->recv_release(c);
@@ -86,7 +86,7 @@ static weft_status cl_recv_release(void *ctx, int peer) {
 
 static weft_status cl_recv(void *ctx, int peer, uint32_t seq, size_t chunk_bytes, size_t bytes,
                            void *dst, const weft_mem_ops *mem, size_t *chunks) {
-  weft_comm_link *cl = cl_of(ctx);
+  weft_call_links *cl = cl_of(ctx);
   weft_tp_conn *c;
   *chunks = 0;
   WEFT_CHECK(link_conn(cl, peer, &c));
@@ -96,7 +96,7 @@ static weft_status cl_recv(void *ctx, int peer, uint32_t seq, size_t chunk_bytes
 }
 
 static weft_status cl_map_peer_mem(void *ctx, int peer, const weft_mem_desc *desc, void **local) {
-  weft_comm_link *cl = cl_of(ctx);
+  weft_call_links *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
   return peer_ops(cl->links, peer)->map_peer_mem(c, desc, local);
@@ -116,13 +116,13 @@ static const char *cl_last_error(void *ctx) {
 }
 
 static void cl_set_error(void *ctx, const char *sentence) {
-  weft_links *l = cl_of(ctx)->links;
+  weft_peer_table *l = cl_of(ctx)->links;
   char copy[sizeof l->sink.msg]; /* the sentence may quote the sink itself */
   snprintf(copy, sizeof copy, "%s", sentence);
   weft_error_sink_set(&l->sink, "%s", copy);
 }
 
-const weft_link_ops weft_comm_link_ops = {
+const weft_link_ops weft_call_links_ops = {
     .send_ready = cl_send_ready,
     .send = cl_send,
     .send_idle = cl_send_idle,

@@ -1,4 +1,4 @@
-/* comm_link.h - a communicator's peer table (weft_links) and the links over
+/* comm_link.h - a communicator's peer table (weft_peer_table) and the links over
  * it (link.h): member m of a call is rank m of the communicator; each rank is
  * reached through the connection of the transport chosen for it, opened on
  * first use at the address the peer published. What the call waits for and
@@ -21,14 +21,14 @@
 #define WEFT_MAX_TRANSPORTS 3
 
 /* A transport running in this communicator. */
-typedef struct weft_link_transport {
+typedef struct weft_transport_in_use {
   const weft_transport *ops;
   weft_tp_ctx *ctx;
   int builtin; /* index in the built-in table (the id peers publish) */
-} weft_link_transport;
+} weft_transport_in_use;
 
 /* How one peer is reached. */
-typedef struct weft_link_peer {
+typedef struct weft_peer_route {
   int tp; /* index into tps; -1 for this rank */
   /* per channel (transport.h): WEFT_TP_CHANNEL_COLL for the collectives,
    * WEFT_TP_CHANNEL_P2P for point-to-point messages; NULL until first used */
@@ -38,31 +38,31 @@ typedef struct weft_link_peer {
   size_t addr_len;
   uint32_t last_send_seq; /* last collective that sent to this peer */
   bool is_active;         /* on the list of peers touched by the current call */
-} weft_link_peer;
+} weft_peer_route;
 
 /* The peer table: the transports in use, which one reaches each peer and
  * its connections (one per channel: collectives, messages), the peers the
  * current call touched, progress, and the sink the transports write their
  * sentences to. */
-typedef struct weft_links {
-  weft_link_transport tps[WEFT_MAX_TRANSPORTS]; /* in selection order */
+typedef struct weft_peer_table {
+  weft_transport_in_use tps[WEFT_MAX_TRANSPORTS]; /* in selection order */
   int ntps;
-  weft_link_peer *peers; /* by rank; own entry unused */
+  weft_peer_route *peers; /* by rank; own entry unused */
   int *active;           /* ranks touched by the current call */
   int nactive;
   uint64_t events;      /* completed sends/receives, counted by the links: the
                            engine's sign of progress, for the timeout */
   weft_error_sink sink; /* transport error sentences land here */
-} weft_links;
+} weft_peer_table;
 
 /* The connection to `peer` on `channel` (its transport's connect on first
  * use, at the address the peer published: one address for every channel).
  * An error has its sentence in the sink. */
-static inline weft_status weft_links_conn(weft_links *l, int peer, int channel,
-                                          weft_tp_conn **out) {
-  weft_link_peer *p = &l->peers[peer];
+static inline weft_status weft_peer_table_conn(weft_peer_table *l, int peer, int channel,
+                                               weft_tp_conn **out) {
+  weft_peer_route *p = &l->peers[peer];
   if (!p->conn[channel]) {
-    const weft_link_transport *t = &l->tps[p->tp];
+    const weft_transport_in_use *t = &l->tps[p->tp];
     weft_status st =
         t->ops->connect(t->ctx, peer, channel, p->addr, p->addr_len, &p->conn[channel]);
     if (st < 0) return st;
@@ -72,34 +72,34 @@ static inline weft_status weft_links_conn(weft_links *l, int peer, int channel,
 }
 
 /* Tells every peer, through every transport, that this rank failed. */
-static inline void weft_links_abort_all(weft_links *l, const char *reason) {
+static inline void weft_peer_table_abort_all(weft_peer_table *l, const char *reason) {
   for (int t = 0; t < l->ntps; t++) l->tps[t].ops->abort_all(l->tps[t].ctx, reason);
 }
 
 /* The links of one call over a peer table. */
-typedef struct weft_comm_link {
-  weft_links *links;
+typedef struct weft_call_links {
+  weft_peer_table *links;
   /* the call's (communicator ranks): the peer of the last WEFT_AGAIN or
    * failure and what was awaited from it, the peer whose link failed */
   int *waiting_peer, *fail_peer;
   const char **waiting_for;
-} weft_comm_link;
+} weft_call_links;
 
-_Static_assert(sizeof(weft_comm_link) <= WEFT_LINK_CTX_BYTES,
+_Static_assert(sizeof(weft_call_links) <= WEFT_LINK_CTX_BYTES,
                "a communicator's links fit the room a call keeps for them");
 
-extern const weft_link_ops weft_comm_link_ops;
+extern const weft_link_ops weft_call_links_ops;
 
 /* Sets cl up for one call over `links` and returns its links. `cl` may be
  * the room a call keeps (weft_coll.link_ctx). */
-static inline weft_link weft_comm_link_init(weft_comm_link *cl, weft_links *links,
-                                            int *waiting_peer, int *fail_peer,
-                                            const char **waiting_for) {
-  *cl = (weft_comm_link){.links = links,
-                         .waiting_peer = waiting_peer,
-                         .fail_peer = fail_peer,
-                         .waiting_for = waiting_for};
-  return (weft_link){.ops = &weft_comm_link_ops, .ctx = cl};
+static inline weft_link weft_call_links_init(weft_call_links *cl, weft_peer_table *links,
+                                             int *waiting_peer, int *fail_peer,
+                                             const char **waiting_for) {
+  *cl = (weft_call_links){.links = links,
+                          .waiting_peer = waiting_peer,
+                          .fail_peer = fail_peer,
+                          .waiting_for = waiting_for};
+  return (weft_link){.ops = &weft_call_links_ops, .ctx = cl};
 }
 
 #endif

@@ -70,18 +70,18 @@ typedef struct weft_link {
 /* A group's links: member m of the group is member members[m] of `over`
  * (a hierarchical phase on a host's ranks or on the leaders). Lives as long
  * as the phase; `members` as long as the call. */
-typedef struct weft_link_group {
+typedef struct weft_group_links {
   weft_link over;
   const int *members;
-} weft_link_group;
+} weft_group_links;
 
-extern const weft_link_ops weft_link_group_ops;
+extern const weft_link_ops weft_group_links_ops;
 
-static inline weft_link weft_link_group_init(weft_link_group *g, weft_link over,
-                                             const int *members) {
+static inline weft_link weft_group_links_init(weft_group_links *g, weft_link over,
+                                              const int *members) {
   g->over = over;
   g->members = members;
-  return (weft_link){.ops = &weft_link_group_ops, .ctx = g};
+  return (weft_link){.ops = &weft_group_links_ops, .ctx = g};
 }
 
 #endif
