@@ -20,15 +20,15 @@
  *   4    sum own slice, store it into every output.
  *   5,6  each tells every other it is done; a rank returns only when all
  *        are, so nobody still reads its input or writes its output.
- * The question costs a round of small messages, which 4 ranks on 2 cores
- * feel at 1 MiB (+40% measured with ordinary buffers). So each communicator
- * remembers, per call shape (count, dtype), when the last question found
- * ordinary buffers, and asks again for that shape only every
- * DIRECT_ASK_EVERY calls; the shape and the outcomes are the same on every
- * rank, so every rank asks or skips alike. The call reports its outcomes
- * (weft_coll.outcome) and the choice keeps them (src/coll/choose.c): the
- * per-shape memory and the agreed messages, which the next call reads as
- * coll->hint.direct_agreed.
+ * The question costs a round of small messages, which ranks that outnumber
+ * their cores feel even at 1 MiB (docs/tuning.md, "The direct allreduce's
+ * memory of call shapes"). So each communicator remembers, per call shape
+ * (count, dtype), when the last question found ordinary buffers, and asks
+ * again for that shape only every DIRECT_ASK_EVERY calls; the shape and the
+ * outcomes are the same on every rank, so every rank asks or skips alike.
+ * The call reports its outcomes (weft_coll.outcome) and the choice keeps
+ * them (src/coll/choose.c): the per-shape memory and the agreed messages,
+ * which the next call reads as coll->hint.direct_agreed.
  *
  * Final values are computed once and copied, so every rank ends with the
  * same bits. In place is safe: slice r of any buffer is read and written by

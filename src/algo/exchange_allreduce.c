@@ -8,9 +8,8 @@
  * needs nothing more from its core-mate but its message, so each core runs
  * each of its ranks once to send and once to fold, however the kernel placed
  * them. Recursive doubling needs a third switch when both partners of every
- * round sit on different cores: 4 ranks pinned 2 per core took 10.6 us for
- * 8 bytes when one round's partners shared a core and 20 us when none did,
- * and an unpinned run lands on either (or worse) by chance.
+ * round sit on different cores, and an unpinned run lands on either placement
+ * (or worse) by chance (docs/tuning.md, "More ranks than cores").
  *
  * Every member folds the same values in the same order with the same
  * function, so the results are the same bits on every rank without relying

@@ -49,10 +49,8 @@ static weft_status tree_move(weft_coll *coll) {
 
 /* An out-of-place root keeps the data too. It sends from sendbuf and
  * copies it into its own recvbuf while it waits for room, not before the
- * first chunk leaves, so no member waits for that copy (2 ranks on 2
- * vCPUs, shm, out of place, the two orders alternated in one job, two jobs:
- * 8 MiB 1577-2652 against 1464-1733 us, 32 MiB 8787-11298 against
- * 7153-8774). */
+ * first chunk leaves, so no member waits for that copy (docs/tuning.md,
+ * "An out-of-place call's own copy does not go first"). */
 static size_t root_copy_bytes(const weft_coll *coll) {
   bool copies = coll->rank == coll->root && coll->sendbuf != coll->recvbuf;
   return copies ? coll->count * coll->elem : 0;
@@ -113,15 +111,15 @@ weft_status weft_tree_broadcast_start(weft_coll *coll, int fanout) {
  * after the verdict, so a disagreement leaves every member waiting on the
  * root, which fails and passes that on. The descriptors travel while the
  * data is copied: the root waiting for them before it sent the data cost
- * a hop (8 KiB to 128 KiB at 4 ranks over shm: 5-10 us more). */
+ * a hop (docs/tuning.md, "The flat broadcast's descriptors travel with the
+ * data"). */
 
 /* Up to this many bytes the binomial tree's data rides in one message
  * behind the giver's descriptor, through a staging copy. Where links are
  * stores (shm) chunks from 16 KiB go by single copy, which packing would
- * lose. Over sockets a second message cost more than the copy up to 32 KiB
- * and less from 128 KiB (4 ranks over tcp, 32 / 128 KiB: 42 / 79 us
- * packed, 47 / 75 with two messages, 36 / 67 before the giver's
- * descriptor went at all). */
+ * lose. Over sockets a second message costs more than the copy of a small
+ * buffer and less than that of a large one (docs/tuning.md, "A small
+ * broadcast rides behind its descriptor"). */
 #define BC_PACK_STORES_MAX_BYTES 8192
 #define BC_PACK_SOCKETS_MAX_BYTES 65536
 
@@ -202,9 +200,10 @@ static const void *bc_source(const weft_coll *coll) {
 }
 
 /* A small buffer goes in one message behind the giver's descriptor
- * (bcast_state.packed): a second message per edge cost the 8-byte tcp
- * broadcast 2.8 us of 5 at 2 ranks. The staging holds the same bytes for
- * every member this one gives to, so it is written once per call. */
+ * (bcast_state.packed): a second message per edge was a large part of a
+ * small broadcast (docs/tuning.md, "A small broadcast rides behind its
+ * descriptor"). The staging holds the same bytes for every member this one
+ * gives to, so it is written once per call. */
 static weft_status bc_send_packed(weft_coll *coll, int v) {
   bcast_state *bs = WEFT_ALGO_STATE(coll, bcast_state);
   size_t bytes = coll->count * coll->elem;

@@ -51,8 +51,8 @@ void weft_recorder_issue(weft_recorder *rec, weft_coll_task *task);
 void weft_recorder_issued(weft_recorder *rec, const weft_coll_task *task);
 /* The call's state changed at `now` (weft_now(); 0: read the clock here, if
  * the recorder is on); a no-op once the call's entry was reused.
- * Callers that already hold the time pass it: a clock read costs ~35 ns on
- * a paravirtualized machine, a fair part of a small collective. */
+ * Callers that already hold the time pass it: a clock read is a fair part
+ * of a small collective (docs/tuning.md, "Clock reads on a small call's path"). */
 void weft_recorder_update(weft_recorder *rec, const weft_coll_task *task, weft_rec_state state,
                           weft_status status, double now);
 /* Prints the ring of rank `rank` of `size` to stderr, oldest first, with `why`. */

@@ -347,9 +347,9 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   weft_choice_init(&comm->core.choice, rank, size);
   /* Yielding instead of sleeping keeps a waiting rank runnable: a sleeping one
    * costs a cross-CPU wake-up per chunk, which dominates on oversubscribed or
-   * virtualized hosts (measured: 4 ranks on 2 vCPUs, 64 MiB allreduce
-   * 0.69 -> 1.28 GB/s busbw); sched_yield still hands the core to any
-   * runnable thread, so it does not starve the caller's other work. */
+   * virtualized hosts (docs/tuning.md, "Waiting ranks yield before they sleep");
+   * sched_yield still hands the core to any runnable thread, so it does not
+   * starve the caller's other work. */
   comm->engine.yield_us = (int)set->yield_us;
   comm->engine.keep_place = weft_spread_keep;
   /* send/recv: their own channel of this communicator's connections */
@@ -457,15 +457,16 @@ static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64
 /* With more ranks on a host than CPUs they may use, waiting ranks yield
  * rather than sleep, so the kernel places them when they wake and seldom
  * moves them after: always runnable and always cache-hot, they are poor
- * candidates for its balancer. Three ranks of four on one of 2 vCPUs stayed
- * so for whole runs and doubled the time of every small call. So each rank
- * steps onto CPU local_rank mod (its CPUs) and gets its own mask back at
- * once: an even start, not a binding (the kernel may move it; the caller's
- * mask and its other threads are untouched). Only the thread that started
- * the communicator steps, once per process (by pid: a forked child starts
- * afresh), and again, at most every SPREAD_AGAIN_S, when a blocking call of
- * that thread finds itself elsewhere as it starts to wait: a rank that slept
- * after its start (allocating, reading data) was placed anew on waking. */
+ * candidates for its balancer: a core may keep more than its share of ranks
+ * for whole runs, and every small call waits on it (docs/tuning.md, "More
+ * ranks than cores"). So each rank steps onto CPU local_rank mod (its CPUs)
+ * and gets its own mask back at once: an even start, not a binding (the
+ * kernel may move it; the caller's mask and its other threads are untouched).
+ * Only the thread that started the communicator steps, once per process (by
+ * pid: a forked child starts afresh), and again, at most every
+ * SPREAD_AGAIN_S, when a blocking call of that thread finds itself elsewhere
+ * as it starts to wait: a rank that slept after its start (allocating,
+ * reading data) was placed anew on waking. */
 #define SPREAD_AGAIN_S 0.05
 static _Atomic pid_t spread_pid;       /* the process that chose spread_cpu */
 static _Atomic int spread_cpu = -1;    /* this process's CPU to step onto */

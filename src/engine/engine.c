@@ -62,11 +62,10 @@ static void fail_all(weft_core *comm, weft_status st) {
   if (e->lane) weft_p2p_fail_all(comm, st);
 }
 
-/* A clock read costs ~25-45 ns alone on a paravirtualized machine; on the
- * path of an 8-byte allreduce between 2 ranks, the one read when the call
- * ended made it ~90 ns slower (0.54 against 0.45 us median of 20000, 8
- * alternating runs). The driver keeps its last reading (weft_engine.clock) and
- * the round it was taken in, and reuses it where a few rounds do not matter. */
+/* A clock read is a fair share of a small call on a paravirtualized machine
+ * (docs/tuning.md, "Clock reads on a small call's path"). The driver keeps its
+ * last reading (weft_engine.clock) and the round it was taken in, and reuses
+ * it where a few rounds do not matter. */
 static double engine_now(weft_engine *e) {
   e->clock = weft_now();
   e->clock_round = e->rounds;
@@ -418,11 +417,9 @@ static weft_status drive_failed(weft_core *comm, weft_request *head, weft_status
 typedef enum drive_mode { DRIVE_WAIT, DRIVE_ONCE, DRIVE_THREAD } drive_mode;
 
 /* Between two idle rounds of polling memory a peer writes: a core that
- * asks for the line again at once slows the peer's store to it (a one-line
- * ping-pong between this VM's two cores: ~290 ns one way without the hint,
- * ~195 ns with it; a drive round is long enough that the 8-byte allreduce
- * showed no difference within noise), and the hint yields the pipeline to
- * an SMT sibling. */
+ * asks for the line again at once slows the peer's store to it, and the hint
+ * yields the pipeline to an SMT sibling (docs/tuning.md, "The spin-wait hint
+ * between idle rounds"). */
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();

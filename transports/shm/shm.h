@@ -25,9 +25,8 @@
  * sent through the slots holds a slot too (WEFT_SHM_SLOTS of them), so
  * descriptors (single copy) and inline chunks run up to SHM_CELLS ahead:
  * a sender posts a whole 16 MiB block of an alltoall by address at once,
- * and its receivers read it while it is descheduled (4 ranks on 2 vCPUs,
- * where every pair reads by address: against Open MPI in one job, 32 MiB
- * 0.94-0.99 with 64 cells, 0.87-0.92 with a cell per slot). */
+ * and its receivers read it while it is descheduled (docs/tuning.md, "Cells
+ * beyond the slots: 64 chunks in flight"). */
 #define SHM_CELLS 64
 #define SHM_ABORT_TEXT 300
 /* The size a creator leaves its pair's name at when /dev/shm had no room for
@@ -37,12 +36,12 @@
 #define SHM_NO_ROOM_BYTES 1
 
 /* A slot's tag and, for a chunk of up to SHM_INLINE_BYTES, its data: two
- * cache lines. Moving a line between two cores costs ~0.1-0.3 us on the VMs
- * this runs on, so a small chunk must not cost lines fetched one after the
- * other (a head counter, a tag array and a data slot were three): the
- * receiver polls `ready` and finds tag and the first SHM_INLINE_FIRST bytes
- * beside it; a longer chunk's second line it prefetches while it polls,
- * so both lines travel at once. */
+ * cache lines. Moving a line between two cores is slow next to a small
+ * chunk's copy (docs/tuning.md, "The ring's cache lines"), so a small chunk
+ * must not cost lines fetched one after the other (a head counter, a tag
+ * array and a data slot were three): the receiver polls `ready` and finds tag
+ * and the first SHM_INLINE_FIRST bytes beside it; a longer chunk's second
+ * line it prefetches while it polls, so both lines travel at once. */
 #define SHM_INLINE_FIRST 48
 #define SHM_INLINE_BYTES 112
 enum shm_cell_how {

@@ -187,9 +187,9 @@ static weft_status shm_progress(weft_tp_ctx *tctx, bool *progressed) {
   shm_ctx *ctx = shm_ctx_of(tctx);
   *progressed = false;
   /* A waiting driver calls this every round, well under a microsecond
-   * apart, and a clock read costs ~35 ns here: look at the clock every
-   * SHM_CLOCK_ROUNDS calls (and at once after a sleep, which zeroes
-   * next_liveness_check). */
+   * apart, and a clock read is a fair share of that (docs/tuning.md, "Clock
+   * reads on a small call's path"): look at the clock every SHM_CLOCK_ROUNDS
+   * calls (and at once after a sleep, which zeroes next_liveness_check). */
   if (++ctx->progress_calls % SHM_CLOCK_ROUNDS != 0 && ctx->next_liveness_check != 0)
     return WEFT_OK;
   return shm_look(ctx, false);

@@ -47,8 +47,8 @@
  * when posted (tcp_send): the kernel pushes a partial segment at the end of
  * every write, so one sendmsg for a call's chunks moves them faster.
  * Smaller chunks go out at once (their latency is the cost), and so do
- * chunks on a pipeline's path (WEFT_SEND_NOW). docs/tuning.md, "When a
- * large chunk is written" and "Sends on a pipeline's path". */
+ * chunks on a pipeline's path (WEFT_SEND_NOW) (docs/tuning.md, "When a
+ * large chunk is written"; docs/tuning.md, "Sends on a pipeline's path"). */
 #define TCP_DEFER_MIN (64u << 10)
 /* The handshake's channel for a failure notice (abort_all): a one-shot
  * connection that carries one abort frame to a peer this rank had no

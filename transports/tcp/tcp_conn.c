@@ -176,19 +176,17 @@ static void tcp_conn_up(tcp_conn *c) {
 
 /* ---- congestion control ------------------------------------------------
  *
- * A pacing congestion control (bbr; this 2-vCPU guest's default) spaces
- * each burst out at the rate it last measured, and a collective is a burst
- * after an idle wait (every call after a barrier). Over loopback nothing is
- * lost or queued, so the pacing only slows: a bare pair of processes
- * swapping 1 MiB over loopback took 0.97-1.19 ms median with bbr against
- * 0.50-0.52 ms with cubic (3 runs each). So by default (auto) a connection
- * to one of this host's own addresses uses cubic, or reno, which every
- * kernel has, where the default is neither; connections to other hosts
- * keep the default, the network's owner's choice. It must be set before
- * the handshake: a socket switched away from bbr later keeps pacing. An
- * accepted socket starts with its listener's, so the listeners take the
- * loopback choice and an accepted connection from another host switches
- * back (to bbr, which then starts its own pacing). */
+ * A pacing congestion control (bbr, some systems' default) spaces each burst
+ * out at the rate it last measured, and a collective is a burst after an idle
+ * wait (every call after a barrier). Over loopback nothing is lost or queued,
+ * so the pacing only slows (docs/tuning.md, "TCP congestion control"). So by
+ * default (auto) a connection to one of this host's own addresses uses cubic,
+ * or reno, which every kernel has, where the default is neither; connections
+ * to other hosts keep the default, the network's owner's choice. It must be
+ * set before the handshake: a socket switched away from bbr later keeps
+ * pacing. An accepted socket starts with its listener's, so the listeners
+ * take the loopback choice and an accepted connection from another host
+ * switches back (to bbr, which then starts its own pacing). */
 
 static bool tcp_cc_unpaced(const char *name) {
   return !strcmp(name, "cubic") || !strcmp(name, "reno");
