@@ -198,6 +198,22 @@ WEFT_API weft_status weft_comm_peer_transport(const weft_comm *comm, int peer,
  * dtypes). WEFT_ERR_INVALID for any other dtype or a bad handle. */
 WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire);
 
+/* GPU buffers. Every collective takes device pointers (CUDA memory of one
+ * GPU per communicator) as well as host pointers; weft asks the driver which
+ * a pointer is, so sendbuf and recvbuf must be of one kind (else
+ * WEFT_ERR_INVALID). A call on device buffers is ordered on a CUDA stream,
+ * as NCCL's are: it starts after the work queued on that stream when it is
+ * issued, and work queued on the stream later waits for its result, without
+ * the host thread synchronizing the stream. Blocking calls return when the
+ * result is in recvbuf; a request of a weft_iNAME call completes then.
+ * weft_comm_set_stream names the stream (a CUstream or cudaStream_t, as
+ * void *) for the calls issued after it on this communicator; NULL (the
+ * default) is the legacy default stream. A build without CUDA (weft-info
+ * says which) refuses a stream other than NULL with WEFT_ERR_UNSUPPORTED.
+ * Point-to-point messages and gradient sets take host memory only for now:
+ * a device pointer there is WEFT_ERR_UNSUPPORTED, never read. */
+WEFT_API weft_status weft_comm_set_stream(weft_comm *comm, void *cuda_stream);
+
 /* Releases the communicator. Not collective, does not block on peers. Calling
  * it twice, or on a pointer that is not a live communicator, returns
  * WEFT_ERR_INVALID and touches nothing. */

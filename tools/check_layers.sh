@@ -58,6 +58,8 @@ awk -v allow_file="tools/check_layers.allow" -v edges="$tmp/edges" '
 function layer_of(path,    parts) {
   if (path == "weft.h" || path == "include/weft.h") return "public"
   if (path ~ /^transports\//) return "transports"
+  # the CUDA driver table and device memory sit beside the host memory table
+  if (path ~ /^src\/cuda\//) return "mem"
   if (path ~ /^src\//) { split(path, parts, "/"); return parts[2] }
   return ""
 }

@@ -42,6 +42,17 @@ WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire) 
   return WEFT_OK;
 }
 
+WEFT_API weft_status weft_comm_set_stream(weft_comm *comm, void *cuda_stream) {
+  WEFT_API_LIVE(comm, "weft_comm_set_stream");
+#ifndef WEFT_HAVE_CUDA
+  if (cuda_stream)
+    return weft_core_error(&comm->core, WEFT_ERR_UNSUPPORTED, "weft_comm_set_stream",
+                           "this build of weft has no CUDA support (weft-info says why)");
+#endif
+  comm->core.user_stream = cuda_stream; /* calls read it at setup, on the caller's thread */
+  return WEFT_OK;
+}
+
 #define WEFT_STR2_(x) #x
 #define WEFT_STR_(x) WEFT_STR2_(x)
 WEFT_API const char *weft_version_string(void) {

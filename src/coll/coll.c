@@ -14,6 +14,7 @@
 
 #include "src/algo/algo.h"
 #include "src/coll/choose.h"
+#include "src/coll/coll_device.h"
 #include "src/coll/core.h"
 #include "src/link/comm_link.h"
 #include "src/base/log.h"
@@ -215,7 +216,7 @@ weft_status weft_coll_flush(weft_coll_task *task) {
     weft_status st = weft_link_send_idle(coll, peer);
     if (st != WEFT_OK) return st;
   }
-  return WEFT_OK;
+  return weft_coll_stage_out(task); /* device buffers: the result back to the user's */
 }
 
 /* What the call found out, kept for later calls to choose by (algo.h,
@@ -323,6 +324,7 @@ static void print_describe(const coll_print *p, char *buf, size_t len) {
 static void check_cleanup_free(weft_coll *coll);
 void weft_coll_release(weft_coll_task *task) {
   weft_coll *coll = &task->coll;
+  weft_coll_stage_release(task);
   if (coll->wire_stage) { /* after the flush: no send reads it any more */
     coll->mem->free_scratch(coll->wire_stage);
     coll->wire_stage = NULL;
@@ -433,11 +435,25 @@ static weft_status coll_start(weft_coll *coll, weft_status started) {
     x->then = coll->advance;
     coll->advance = avg_widen_first;
   }
-  if (TASK(coll)->comm->check_calls) return check_start(coll);
-  return WEFT_OK;
+  weft_status st = TASK(coll)->comm->check_calls ? check_start(coll) : WEFT_OK;
+  if (st == WEFT_OK) weft_coll_stage_wrap(TASK(coll)); /* device buffers: their copy comes first */
+  return st;
 }
 
 /* ---- entry points --------------------------------------------------------- */
+
+/* A staged call (device buffers) that completed in its setup copies its
+ * result back before it returns; one that failed gives its staging back. */
+static weft_status coll_setup_ended(weft_coll_task *task, weft_status st) {
+  if (!task->staged) return st;
+  if (st == WEFT_COLL_DONE) {
+    weft_status out = weft_coll_stage_out_now(task);
+    weft_coll_stage_release(task);
+    return out ? out : st;
+  }
+  if (st < 0) weft_coll_stage_release(task);
+  return st;
+}
 
 /* Common checks of a live communicator's call; fills coll. Returns an error
  * with the message set. */
@@ -482,20 +498,11 @@ static weft_status coll_begin(weft_core *comm, weft_coll_task *task, const char 
   return WEFT_OK;
 }
 
-/* The buffers a call touches on this rank, in elements: read from sendbuf,
- * written to recvbuf (0: not touched on this rank, may be NULL). The one
- * overlap allowed is in place: sendbuf + send_at == recvbuf + recv_at, as
- * in_place_rule says in words (NULL: the call never runs in place). */
-typedef struct coll_span {
-  size_t send_elems, recv_elems;
-  size_t send_at, recv_at;
-  const char *in_place_rule;
-} coll_span;
-
 #define SAME_POINTER "in place needs the same pointer"
 
-static weft_status check_buffers(weft_coll *coll, coll_span sp) {
+static weft_status check_buffers(weft_coll *coll, weft_coll_span sp) {
   weft_core *comm = TASK(coll)->comm;
+  TASK(coll)->span = sp;
   const char *call = coll->call, *what = coll_kind_of(coll)->count_name;
   if (coll->count == 0) return WEFT_OK;
   if (sp.send_elems && !coll->sendbuf)
@@ -518,9 +525,13 @@ static weft_status check_buffers(weft_coll *coll, coll_span sp) {
 /* Every rank takes the next sequence number for every call that passed its
  * checks, before any early return (count 0, one rank): chunks carry it, so a
  * rank that skipped or added a call is caught by the next chunk it moves. */
-static void coll_take_seq(weft_coll *coll) {
-  coll->mem = weft_mem_for(coll->recvbuf ? coll->recvbuf : coll->sendbuf);
-  coll->seq = ++TASK(coll)->comm->seq;
+static weft_status coll_take_seq(weft_coll *coll) {
+  weft_coll_task *task = TASK(coll);
+  coll->mem = &weft_mem_host;
+  coll->seq = ++task->comm->seq;
+  /* device buffers: the algorithm runs on pinned host copies (coll_device.h);
+   * one rank completes in its setup, so it waits for its copy here */
+  return weft_coll_stage_in(task, &task->span, task->comm->size == 1);
 }
 
 /* A call of count 0 moves no data, so without WEFT_CHECK it ends here on
@@ -579,13 +590,13 @@ static weft_status coll_start_late(weft_coll *coll) {
   return coll_start(coll, WEFT_OK);
 }
 
-weft_status weft_coll_allreduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                      const void *sendbuf, void *recvbuf, size_t count,
-                                      weft_dtype dtype, weft_op op) {
+static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                   const void *sendbuf, void *recvbuf, size_t count,
+                                   weft_dtype dtype, weft_op op) {
   weft_coll *coll = &task->coll;
   WEFT_CHECK(coll_begin(comm, task, call, KIND_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0));
-  WEFT_CHECK(check_buffers(coll, (coll_span){count, count, 0, 0, SAME_POINTER}));
-  coll_take_seq(coll);
+  WEFT_CHECK(check_buffers(coll, (weft_coll_span){count, count, 0, 0, SAME_POINTER}));
+  WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
@@ -599,15 +610,15 @@ weft_status weft_coll_allreduce_setup(weft_coll_task *task, const char *call, we
   return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }
 
-weft_status weft_coll_broadcast_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                      const void *sendbuf, void *recvbuf, size_t count,
-                                      weft_dtype dtype, int root) {
+static weft_status broadcast_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                   const void *sendbuf, void *recvbuf, size_t count,
+                                   weft_dtype dtype, int root) {
   weft_coll *coll = &task->coll;
   WEFT_CHECK(
       coll_begin(comm, task, call, KIND_BROADCAST, sendbuf, recvbuf, count, dtype, WEFT_SUM, root));
   bool at_root = comm->rank == root;
-  WEFT_CHECK(check_buffers(coll, (coll_span){at_root ? count : 0, count, 0, 0, SAME_POINTER}));
-  coll_take_seq(coll);
+  WEFT_CHECK(check_buffers(coll, (weft_coll_span){at_root ? count : 0, count, 0, 0, SAME_POINTER}));
+  WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
     coll->mem->copy(recvbuf, sendbuf, count * coll->elem);
@@ -620,14 +631,14 @@ weft_status weft_coll_broadcast_setup(weft_coll_task *task, const char *call, we
   return coll_start(coll, weft_confirmed_broadcast_start(coll, fanout));
 }
 
-weft_status weft_coll_reduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                   const void *sendbuf, void *recvbuf, size_t count,
-                                   weft_dtype dtype, weft_op op, int root) {
+static weft_status reduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                const void *sendbuf, void *recvbuf, size_t count, weft_dtype dtype,
+                                weft_op op, int root) {
   weft_coll *coll = &task->coll;
   WEFT_CHECK(coll_begin(comm, task, call, KIND_REDUCE, sendbuf, recvbuf, count, dtype, op, root));
   bool at_root = comm->rank == root;
-  WEFT_CHECK(check_buffers(coll, (coll_span){count, at_root ? count : 0, 0, 0, SAME_POINTER}));
-  coll_take_seq(coll);
+  WEFT_CHECK(check_buffers(coll, (weft_coll_span){count, at_root ? count : 0, 0, 0, SAME_POINTER}));
+  WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
     coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
@@ -639,33 +650,33 @@ weft_status weft_coll_reduce_setup(weft_coll_task *task, const char *call, weft_
   return coll_start(coll, weft_tree_reduce_start(coll, fanout));
 }
 
-weft_status weft_coll_allgather_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                      const void *sendbuf, void *recvbuf, size_t sendcount,
-                                      weft_dtype dtype) {
+static weft_status allgather_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                   const void *sendbuf, void *recvbuf, size_t sendcount,
+                                   weft_dtype dtype) {
   weft_coll *coll = &task->coll;
   WEFT_CHECK(coll_begin(comm, task, call, KIND_ALLGATHER, sendbuf, recvbuf, sendcount, dtype,
                         WEFT_SUM, 0));
   size_t n = (size_t)comm->size, r = (size_t)comm->rank;
   WEFT_CHECK(check_buffers(
-      coll, (coll_span){sendcount, n * sendcount, 0, r * sendcount,
-                        "in place needs sendbuf == recvbuf + rank*sendcount elements"}));
-  coll_take_seq(coll);
+      coll, (weft_coll_span){sendcount, n * sendcount, 0, r * sendcount,
+                             "in place needs sendbuf == recvbuf + rank*sendcount elements"}));
+  WEFT_CHECK(coll_take_seq(coll));
   if (sendcount == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_choose_allgather(&comm->choice, coll));
 }
 
-weft_status weft_coll_reduce_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                           const void *sendbuf, void *recvbuf, size_t recvcount,
-                                           weft_dtype dtype, weft_op op) {
+static weft_status reduce_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                        const void *sendbuf, void *recvbuf, size_t recvcount,
+                                        weft_dtype dtype, weft_op op) {
   weft_coll *coll = &task->coll;
   WEFT_CHECK(
       coll_begin(comm, task, call, KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
   size_t n = (size_t)comm->size, r = (size_t)comm->rank;
   WEFT_CHECK(check_buffers(
-      coll, (coll_span){n * recvcount, recvcount, r * recvcount, 0,
-                        "in place needs recvbuf == sendbuf + rank*recvcount elements"}));
-  coll_take_seq(coll);
+      coll, (weft_coll_span){n * recvcount, recvcount, r * recvcount, 0,
+                             "in place needs recvbuf == sendbuf + rank*recvcount elements"}));
+  WEFT_CHECK(coll_take_seq(coll));
   if (recvcount == 0) return coll_empty(coll);
   if (n == 1) {
     coll->mem->finish(recvbuf, sendbuf, recvcount, dtype, op, 1);
@@ -677,43 +688,43 @@ weft_status weft_coll_reduce_scatter_setup(weft_coll_task *task, const char *cal
   return coll_start(coll, weft_choose_reduce_scatter(&comm->choice, coll));
 }
 
-weft_status weft_coll_gather_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                   const void *sendbuf, void *recvbuf, size_t sendcount,
-                                   weft_dtype dtype, int root) {
+static weft_status gather_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                const void *sendbuf, void *recvbuf, size_t sendcount,
+                                weft_dtype dtype, int root) {
   weft_coll *coll = &task->coll;
   WEFT_CHECK(coll_begin(comm, task, call, KIND_GATHER, sendbuf, recvbuf, sendcount, dtype, WEFT_SUM,
                         root));
   size_t n = (size_t)comm->size;
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(
-      coll, (coll_span){sendcount, at_root ? n * sendcount : 0, 0, (size_t)root * sendcount,
-                        "in place needs sendbuf == recvbuf + root*sendcount elements"}));
-  coll_take_seq(coll);
+      coll, (weft_coll_span){sendcount, at_root ? n * sendcount : 0, 0, (size_t)root * sendcount,
+                             "in place needs sendbuf == recvbuf + root*sendcount elements"}));
+  WEFT_CHECK(coll_take_seq(coll));
   if (sendcount == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_flat_gather_start(coll));
 }
 
-weft_status weft_coll_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                    const void *sendbuf, void *recvbuf, size_t recvcount,
-                                    weft_dtype dtype, int root) {
+static weft_status scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                 const void *sendbuf, void *recvbuf, size_t recvcount,
+                                 weft_dtype dtype, int root) {
   weft_coll *coll = &task->coll;
   WEFT_CHECK(coll_begin(comm, task, call, KIND_SCATTER, sendbuf, recvbuf, recvcount, dtype,
                         WEFT_SUM, root));
   size_t n = (size_t)comm->size;
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(
-      coll, (coll_span){at_root ? n * recvcount : 0, recvcount, (size_t)root * recvcount, 0,
-                        "in place needs recvbuf == sendbuf + root*recvcount elements"}));
-  coll_take_seq(coll);
+      coll, (weft_coll_span){at_root ? n * recvcount : 0, recvcount, (size_t)root * recvcount, 0,
+                             "in place needs recvbuf == sendbuf + root*recvcount elements"}));
+  WEFT_CHECK(coll_take_seq(coll));
   if (recvcount == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_flat_scatter_start(coll));
 }
 
-weft_status weft_coll_alltoall_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                     const void *sendbuf, void *recvbuf, size_t count,
-                                     weft_dtype dtype) {
+static weft_status alltoall_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                  const void *sendbuf, void *recvbuf, size_t count,
+                                  weft_dtype dtype) {
   weft_coll *coll = &task->coll;
   WEFT_CHECK(
       coll_begin(comm, task, call, KIND_ALLTOALL, sendbuf, recvbuf, count, dtype, WEFT_SUM, 0));
@@ -722,14 +733,14 @@ weft_status weft_coll_alltoall_setup(weft_coll_task *task, const char *call, wef
                            "sendbuf == recvbuf, but alltoall cannot run in place (a block would be "
                            "overwritten before it is sent); pass two separate buffers");
   size_t n = (size_t)comm->size;
-  WEFT_CHECK(check_buffers(coll, (coll_span){n * count, n * count, 0, 0, NULL}));
-  coll_take_seq(coll);
+  WEFT_CHECK(check_buffers(coll, (weft_coll_span){n * count, n * count, 0, 0, NULL}));
+  WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
   return coll_start(coll, weft_pairwise_alltoall_start(coll));
 }
 
-weft_status weft_coll_barrier_setup(weft_coll_task *task, const char *call, weft_core *comm) {
+static weft_status barrier_setup(weft_coll_task *task, const char *call, weft_core *comm) {
   weft_coll *coll = &task->coll;
   /* a one-byte max-allreduce: nobody leaves before everybody contributed */
   WEFT_CHECK(coll_begin(comm, task, call, KIND_BARRIER, NULL, NULL, 1, WEFT_U8, WEFT_MAX, 0));
@@ -740,4 +751,65 @@ weft_status weft_coll_barrier_setup(weft_coll_task *task, const char *call, weft
   if (comm->size == 1) return WEFT_COLL_DONE;
   weft_status st = weft_choose_barrier(&comm->choice, coll);
   return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
+}
+
+/* ---- what the public setups return ----------------------------------------- */
+
+weft_status weft_coll_allreduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                      const void *sendbuf, void *recvbuf, size_t count,
+                                      weft_dtype dtype, weft_op op) {
+  return coll_setup_ended(task,
+                          allreduce_setup(task, call, comm, sendbuf, recvbuf, count, dtype, op));
+}
+
+weft_status weft_coll_broadcast_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                      const void *sendbuf, void *recvbuf, size_t count,
+                                      weft_dtype dtype, int root) {
+  return coll_setup_ended(task,
+                          broadcast_setup(task, call, comm, sendbuf, recvbuf, count, dtype, root));
+}
+
+weft_status weft_coll_reduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                   const void *sendbuf, void *recvbuf, size_t count,
+                                   weft_dtype dtype, weft_op op, int root) {
+  return coll_setup_ended(task,
+                          reduce_setup(task, call, comm, sendbuf, recvbuf, count, dtype, op, root));
+}
+
+weft_status weft_coll_allgather_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                      const void *sendbuf, void *recvbuf, size_t sendcount,
+                                      weft_dtype dtype) {
+  return coll_setup_ended(task,
+                          allgather_setup(task, call, comm, sendbuf, recvbuf, sendcount, dtype));
+}
+
+weft_status weft_coll_reduce_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                           const void *sendbuf, void *recvbuf, size_t recvcount,
+                                           weft_dtype dtype, weft_op op) {
+  return coll_setup_ended(
+      task, reduce_scatter_setup(task, call, comm, sendbuf, recvbuf, recvcount, dtype, op));
+}
+
+weft_status weft_coll_gather_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                   const void *sendbuf, void *recvbuf, size_t sendcount,
+                                   weft_dtype dtype, int root) {
+  return coll_setup_ended(task,
+                          gather_setup(task, call, comm, sendbuf, recvbuf, sendcount, dtype, root));
+}
+
+weft_status weft_coll_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                    const void *sendbuf, void *recvbuf, size_t recvcount,
+                                    weft_dtype dtype, int root) {
+  return coll_setup_ended(
+      task, scatter_setup(task, call, comm, sendbuf, recvbuf, recvcount, dtype, root));
+}
+
+weft_status weft_coll_alltoall_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                                     const void *sendbuf, void *recvbuf, size_t count,
+                                     weft_dtype dtype) {
+  return coll_setup_ended(task, alltoall_setup(task, call, comm, sendbuf, recvbuf, count, dtype));
+}
+
+weft_status weft_coll_barrier_setup(weft_coll_task *task, const char *call, weft_core *comm) {
+  return coll_setup_ended(task, barrier_setup(task, call, comm));
 }

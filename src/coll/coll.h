@@ -11,6 +11,18 @@
 #include "src/coll/core.h"
 #include "weft.h"
 
+/* The buffers a call touches on this rank, in elements: read from sendbuf,
+ * written to recvbuf (0: not touched on this rank, may be NULL). The one
+ * overlap allowed is in place: sendbuf + send_at == recvbuf + recv_at, as
+ * in_place_rule says in words (NULL: the call never runs in place). */
+typedef struct weft_coll_span {
+  size_t send_elems, recv_elems;
+  size_t send_at, recv_at;
+  const char *in_place_rule;
+} weft_coll_span;
+
+struct weft_coll_staged;
+
 /* One collective call as its caller holds it: set up here, driven by the
  * engine, read by the recorder and the timeout. `coll` is all the
  * algorithm sees (algo.h: its inputs and state); the rest is the caller's. */
@@ -28,6 +40,8 @@ typedef struct weft_coll_task {
   bool quiet_failure; /* its failure is seen by every rank: no notice to peers */
   void *check;        /* WEFT_CHECK's fingerprint phase, an integer avg's buffer (coll.c) */
   uint8_t token;      /* weft_barrier's one byte */
+  weft_coll_span span;             /* what the call touches on this rank (coll.c's checks) */
+  struct weft_coll_staged *staged; /* device buffers staged through host memory (coll_device.c) */
   /* room for the context of its links (a weft_call_links) */
   _Alignas(max_align_t) unsigned char link_ctx[WEFT_LINK_CTX_BYTES];
 } weft_coll_task;

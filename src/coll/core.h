@@ -46,6 +46,11 @@ typedef struct weft_core {
   weft_dtype wire;
   weft_choice_state choice; /* algorithm choice: its settings and memory */
   weft_recorder recorder;   /* the last calls, for the flight recorder */
+  /* device buffers (coll_device.c): the stream and staging of this
+   * communicator's device calls (NULL until the first), and the user's CUDA
+   * stream they are ordered on (weft_comm_set_stream; NULL: the default) */
+  struct weft_coll_device *device;
+  void *user_stream;
   /* the engine's part (src/engine/engine_state.h), held beside this core in
    * the same communicator; only the engine reads it */
   struct weft_engine *engine;

@@ -6,6 +6,7 @@
 
 #include "src/engine/engine.h"
 #include "src/engine/p2p.h"
+#include "src/coll/coll_device.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -155,6 +156,7 @@ static void comm_free(weft_comm *comm) {
   free((void *)comm->core.hosts.leaders);
   free((void *)comm->core.hosts.index_peers);
   weft_choice_free(&comm->core.choice);
+  weft_coll_device_free(&comm->core); /* its stream, events and staging */
   comm->magic = 0;
   free(comm);
 }

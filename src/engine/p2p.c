@@ -564,6 +564,12 @@ weft_status weft_p2p_setup(weft_request *r, weft_core *comm, const char *call, b
     return weft_core_error(comm, WEFT_ERR_INVALID, call, "count %zu is too large", count);
   if (count && !buf)
     return weft_core_error(comm, WEFT_ERR_INVALID, call, "buf is NULL but count is %zu", count);
+  int device = -1;
+  if (count && weft_mem_kind_of(buf, &device) == WEFT_MEMORY_DEVICE)
+    return weft_core_error(comm, WEFT_ERR_UNSUPPORTED, call,
+                           "buf is device memory (GPU %d): messages take host memory for now; "
+                           "the collectives take device buffers",
+                           device);
   if (!l)
     return weft_core_error(comm, WEFT_ERR_INTERNAL, call, "this communicator has no p2p lane");
   *r = (weft_request){.comm = comm, .kind = is_send ? WEFT_REQ_SEND : WEFT_REQ_RECV};

@@ -422,9 +422,11 @@ static weft_status check_list(weft_comm *comm, const char *call, const weft_tens
     if (tensor_invalid(&t[i], 1, why, sizeof why))
       return weft_api_error(comm, WEFT_ERR_INVALID, call, "tensor %d: %s", i, why);
     if (t[i].count && !mem_of(&t[i]))
-      return weft_api_error(comm, WEFT_ERR_UNSUPPORTED, call,
-                            "tensor %d: %s memory needs a build with it", i,
-                            memory_name(t[i].memory));
+      return weft_api_error(
+          comm, WEFT_ERR_UNSUPPORTED, call,
+          "tensor %d: %s memory: gradient sets take host memory for now (the "
+          "collectives take device buffers)",
+          i, t[i].memory == WEFT_MEMORY_HOST && t[i].ptr ? "device" : memory_name(t[i].memory));
   }
   return WEFT_OK;
 }

@@ -7,6 +7,9 @@
 
 #include "src/base/half.h"
 #include "src/mem/reduce.h"
+#ifdef WEFT_HAVE_CUDA
+#include "src/cuda/cuda_mem.h"
+#endif
 
 static void host_copy(void *dst, const void *src, size_t bytes) {
   if (bytes && dst != src) memcpy(dst, src, bytes);
@@ -178,12 +181,29 @@ const weft_mem_ops weft_mem_host = {
     .free_scratch = host_free_scratch,
 };
 
+weft_memory weft_mem_kind_of(const void *ptr, int *device) {
+#ifdef WEFT_HAVE_CUDA
+  return weft_cuda_pointer_kind(ptr, device);
+#else
+  (void)ptr, (void)device;
+  return WEFT_MEMORY_HOST;
+#endif
+}
+
 const weft_mem_ops *weft_mem_for(const void *ptr) {
-  (void)ptr; /* CUDA builds will ask the driver which memory holds ptr */
+#ifdef WEFT_HAVE_CUDA
+  if (weft_cuda_pointer_kind(ptr, NULL) == WEFT_MEMORY_DEVICE) return &weft_mem_device;
+#else
+  (void)ptr;
+#endif
   return &weft_mem_host;
 }
 
 /* Shared memory is host memory to the processor: the same table. */
 const weft_mem_ops *weft_mem_by_kind(weft_memory kind) {
-  return kind == WEFT_MEMORY_HOST || kind == WEFT_MEMORY_SHARED ? &weft_mem_host : NULL;
+  if (kind == WEFT_MEMORY_HOST || kind == WEFT_MEMORY_SHARED) return &weft_mem_host;
+#ifdef WEFT_HAVE_CUDA
+  if (kind == WEFT_MEMORY_DEVICE && weft_cuda_usable(NULL, 0)) return &weft_mem_device;
+#endif
+  return NULL;
 }

@@ -175,8 +175,14 @@ typedef struct weft_mem_ops {
   void (*free_scratch)(void *ptr);
 } weft_mem_ops;
 
-/* The table for the memory holding `ptr` (host for every pointer today). */
+/* The table for the memory holding `ptr`: the device table for a GPU's
+ * memory in a CUDA build with a usable driver, else the host's. */
 const weft_mem_ops *weft_mem_for(const void *ptr);
+
+/* What `ptr` is: WEFT_MEMORY_DEVICE (and *device, its ordinal, when not
+ * NULL) or WEFT_MEMORY_HOST. One flag test where CUDA is not built or has no
+ * driver; one driver call where it has. */
+weft_memory weft_mem_kind_of(const void *ptr, int *device);
 
 /* The table of a memory kind, or NULL when this build has none for it. */
 const weft_mem_ops *weft_mem_by_kind(weft_memory kind);

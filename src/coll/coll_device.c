@@ -1,0 +1,288 @@
+/* coll_device.c - collectives on device buffers, staged through pinned host
+ * memory (coll_device.h says what and why). The communicator keeps one
+ * stream on the device its calls use and a small pool of pinned buffers, so
+ * no call allocates pinned memory once the pool has grown to its sizes. */
+#include "src/coll/coll_device.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/base/net.h"
+#include "src/coll/core.h"
+#include "src/mem/mem.h"
+
+#ifdef WEFT_HAVE_CUDA
+
+#include "src/cuda/cuda_mem.h"
+
+#define STAGE_POOL 8 /* pinned buffers a communicator keeps (calls in flight at once) */
+
+typedef struct stage_block {
+  void *ptr;
+  size_t bytes;
+  bool busy;
+  weft_mem_token until; /* a call that failed left work on it: free once this is done */
+} stage_block;
+
+/* A communicator's device state (weft_core.device). */
+struct weft_coll_device {
+  int ordinal; /* the device its calls run on */
+  weft_mem_stream *stream;
+  stage_block pool[STAGE_POOL];
+};
+
+/* A staged call's part (weft_coll_task.staged). */
+struct weft_coll_staged {
+  void *user_recv;   /* the device buffer the result goes back to (NULL: none here) */
+  void *host_recv;   /* where the algorithm writes it */
+  size_t recv_bytes;
+  int block;         /* index in the pool, or -1: a buffer of its own */
+  void *own;         /* that buffer */
+  size_t own_bytes;
+  weft_mem_token in, out;
+  bool out_queued;
+  weft_status (*then)(weft_coll *coll); /* the algorithm's advance, once the input is here */
+};
+
+static weft_status staged_fail(weft_coll_task *task, weft_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static weft_status staged_fail(weft_coll_task *task, weft_status st, const char *fmt, ...) {
+  char what[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  return weft_core_error(task->comm, st, task->coll.call, "%s", what);
+}
+
+static weft_status device_state(weft_coll_task *task, int ordinal, struct weft_coll_device **out) {
+  weft_core *core = task->comm;
+  struct weft_coll_device *d = core->device;
+  if (!d) {
+    if (!(d = calloc(1, sizeof *d))) return staged_fail(task, WEFT_ERR_NOMEM, "no memory");
+    d->ordinal = ordinal;
+    weft_status st = weft_cuda_stream_create(ordinal, &d->stream, &core->links.sink);
+    if (st) {
+      free(d);
+      return weft_core_error(core, st, task->coll.call, "%s", core->links.sink.msg);
+    }
+    core->device = d;
+  }
+  if (d->ordinal != ordinal)
+    return staged_fail(task, WEFT_ERR_INVALID,
+                       "this communicator's device buffers are on GPU %d; this one is on GPU %d "
+                       "(one device per communicator, as NCCL: split one per device)",
+                       d->ordinal, ordinal);
+  *out = d;
+  return WEFT_OK;
+}
+
+/* A pinned buffer of at least `bytes` from the pool (grown as needed). */
+static void *stage_take(struct weft_coll_device *d, size_t bytes, int *block) {
+  int free_at = -1;
+  for (int i = 0; i < STAGE_POOL; i++) {
+    stage_block *b = &d->pool[i];
+    if (b->busy) continue;
+    if (b->until) {
+      if (weft_mem_device.poll(d->stream, b->until) != WEFT_OK) continue;
+      b->until = 0;
+    }
+    if (b->ptr && b->bytes >= bytes) {
+      b->busy = true;
+      *block = i;
+      return b->ptr;
+    }
+    if (free_at < 0) free_at = i;
+  }
+  *block = -1;
+  if (free_at < 0) return weft_mem_device.alloc_slots(bytes); /* every block busy: one of its own */
+  stage_block *b = &d->pool[free_at];
+  if (b->ptr) weft_mem_device.free_slots(b->ptr, b->bytes);
+  size_t grown = bytes < (1u << 20) ? (1u << 20) : bytes; /* small calls share one size */
+  b->ptr = weft_mem_device.alloc_slots(grown);
+  b->bytes = b->ptr ? grown : 0;
+  if (!b->ptr) return NULL;
+  b->busy = true;
+  *block = free_at;
+  return b->ptr;
+}
+
+static weft_status stage_wait(weft_coll_task *task, weft_mem_token token) {
+  weft_mem_stream *s = task->comm->device->stream;
+  double deadline = weft_now() + task->comm->fail.timeout_s;
+  weft_status st;
+  while ((st = weft_mem_device.poll(s, token)) == WEFT_AGAIN && weft_now() < deadline) {
+  }
+  if (st == WEFT_AGAIN)
+    return staged_fail(task, WEFT_ERR_TIMEOUT,
+                       "the copy of the device buffer did not complete in %.1f s (WEFT_TIMEOUT): "
+                       "is the GPU stuck on earlier work of the user's stream?",
+                       task->comm->fail.timeout_s);
+  if (st < 0) return weft_core_error(task->comm, st, task->coll.call, "%s", task->comm->links.sink.msg);
+  return WEFT_OK;
+}
+
+static const char *kind_words(weft_memory kind) {
+  return kind == WEFT_MEMORY_DEVICE ? "device memory" : "host memory";
+}
+
+weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span, bool now) {
+  weft_coll *coll = &task->coll;
+  if (coll->count == 0) return WEFT_OK;
+  const void *send = span->send_elems ? coll->sendbuf : NULL;
+  void *recv = span->recv_elems ? coll->recvbuf : NULL;
+  int send_dev = -1, recv_dev = -1;
+  weft_memory sk = send ? weft_mem_kind_of(send, &send_dev) : WEFT_MEMORY_COUNT;
+  weft_memory rk = recv ? weft_mem_kind_of(recv, &recv_dev) : WEFT_MEMORY_COUNT;
+  if (sk != WEFT_MEMORY_DEVICE && rk != WEFT_MEMORY_DEVICE) return WEFT_OK;
+  if (send && recv && sk != rk)
+    return staged_fail(task, WEFT_ERR_INVALID,
+                       "sendbuf is %s and recvbuf %s: pass both in device memory or both in host "
+                       "memory",
+                       kind_words(sk), kind_words(rk));
+  if (send && recv && send_dev != recv_dev)
+    return staged_fail(task, WEFT_ERR_INVALID, "sendbuf is on GPU %d and recvbuf on GPU %d",
+                       send_dev, recv_dev);
+  struct weft_coll_device *d;
+  WEFT_CHECK(device_state(task, send ? send_dev : recv_dev, &d));
+  size_t send_bytes = span->send_elems * coll->elem, recv_bytes = span->recv_elems * coll->elem;
+  /* In place, the spans overlap: one region covering both keeps the offset
+   * between them; else the two one after the other. */
+  uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+  bool joined = send && recv && s < r + recv_bytes && r < s + send_bytes;
+  uintptr_t base = joined ? (s < r ? s : r) : 0;
+  size_t whole = joined ? ((s + send_bytes > r + recv_bytes ? s + send_bytes : r + recv_bytes) -
+                           base)
+                        : ((send_bytes + 63) & ~(size_t)63) + recv_bytes;
+  struct weft_coll_staged *st = calloc(1, sizeof *st);
+  int block = -1;
+  void *host = st ? stage_take(d, whole, &block) : NULL;
+  if (!host) {
+    free(st);
+    return staged_fail(task, WEFT_ERR_NOMEM,
+                       "no pinned host memory for staging %zu bytes of device buffers", whole);
+  }
+  st->block = block;
+  if (block < 0) {
+    st->own = host;
+    st->own_bytes = whole;
+  }
+  char *host_send = joined ? (char *)host + (s - base) : host;
+  char *host_recv = joined ? (char *)host + (r - base) : (char *)host + ((send_bytes + 63) & ~(size_t)63);
+  st->user_recv = recv;
+  st->host_recv = recv ? host_recv : NULL;
+  st->recv_bytes = recv_bytes;
+  task->staged = st;
+  weft_status rc = weft_mem_device.stream_after_user(d->stream, task->comm->user_stream);
+  if (!rc && send) rc = weft_mem_device.copy_to_host(host_send, send, send_bytes, d->stream, &st->in);
+  if (rc) {
+    weft_coll_stage_release(task);
+    return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
+  }
+  if (send) coll->sendbuf = host_send;
+  if (recv) coll->recvbuf = host_recv;
+  coll->mem = &weft_mem_host;
+  if (now) {
+    rc = stage_wait(task, st->in);
+    if (rc) weft_coll_stage_release(task);
+  }
+  return rc;
+}
+
+static weft_status staged_first_step(weft_coll *coll) {
+  weft_coll_task *task = weft_coll_task_of(coll);
+  WEFT_STEP(weft_mem_device.poll(task->comm->device->stream, task->staged->in));
+  coll->advance = task->staged->then;
+  return coll->advance(coll);
+}
+
+void weft_coll_stage_wrap(weft_coll_task *task) {
+  if (!task->staged) return;
+  task->staged->then = task->coll.advance;
+  task->coll.advance = staged_first_step;
+}
+
+static weft_status stage_queue_out(weft_coll_task *task) {
+  struct weft_coll_staged *st = task->staged;
+  weft_mem_stream *s = task->comm->device->stream;
+  if (st->out_queued) return WEFT_OK;
+  weft_status rc = WEFT_OK;
+  if (st->user_recv)
+    rc = weft_mem_device.copy_from_host(st->user_recv, st->host_recv, st->recv_bytes, s, &st->out);
+  if (!rc) rc = weft_mem_device.user_after_stream(task->comm->user_stream, s);
+  if (rc) return rc;
+  st->out_queued = true;
+  return WEFT_OK;
+}
+
+weft_status weft_coll_stage_out(weft_coll_task *task) {
+  if (!task->staged) return WEFT_OK;
+  WEFT_CHECK(stage_queue_out(task));
+  return weft_mem_device.poll(task->comm->device->stream, task->staged->out);
+}
+
+weft_status weft_coll_stage_out_now(weft_coll_task *task) {
+  if (!task->staged) return WEFT_OK;
+  weft_status rc = stage_queue_out(task);
+  if (rc) return weft_core_error(task->comm, rc, task->coll.call, "%s", task->comm->links.sink.msg);
+  return stage_wait(task, task->staged->out);
+}
+
+void weft_coll_stage_release(weft_coll_task *task) {
+  struct weft_coll_staged *st = task->staged;
+  if (!st) return;
+  struct weft_coll_device *d = task->comm->device;
+  /* a call that failed may leave a copy in flight on the buffer: the pool
+   * hands it out again only once that is done */
+  weft_mem_token last = st->out_queued && st->out > st->in ? st->out : st->in;
+  if (last && weft_mem_device.poll(d->stream, last) == WEFT_OK) last = 0;
+  if (st->block >= 0) {
+    d->pool[st->block].busy = false;
+    d->pool[st->block].until = last;
+  } else if (st->own) {
+    double deadline = weft_now() + task->comm->fail.timeout_s;
+    while (last && weft_mem_device.poll(d->stream, last) == WEFT_AGAIN && weft_now() < deadline) {
+    }
+    weft_mem_device.free_slots(st->own, st->own_bytes);
+  }
+  free(st);
+  task->staged = NULL;
+}
+
+void weft_coll_device_free(weft_core *core) {
+  struct weft_coll_device *d = core->device;
+  if (!d) return;
+  weft_cuda_stream_destroy(d->stream); /* waits for what it queued */
+  for (int i = 0; i < STAGE_POOL; i++)
+    if (d->pool[i].ptr) weft_mem_device.free_slots(d->pool[i].ptr, d->pool[i].bytes);
+  free(d);
+  core->device = NULL;
+}
+
+#else /* no CUDA in this build: every buffer is host memory */
+
+weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span, bool now) {
+  (void)task, (void)span, (void)now;
+  return WEFT_OK;
+}
+void weft_coll_stage_wrap(weft_coll_task *task) {
+  (void)task;
+}
+weft_status weft_coll_stage_out(weft_coll_task *task) {
+  (void)task;
+  return WEFT_OK;
+}
+weft_status weft_coll_stage_out_now(weft_coll_task *task) {
+  (void)task;
+  return WEFT_OK;
+}
+void weft_coll_stage_release(weft_coll_task *task) {
+  (void)task;
+}
+void weft_coll_device_free(weft_core *core) {
+  (void)core;
+}
+
+#endif

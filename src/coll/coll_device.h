@@ -1,0 +1,45 @@
+/* coll_device.h - a collective on device buffers (coll_device.c), staged
+ * through pinned host memory: the call's device spans are copied to pinned
+ * host buffers on the communicator's stream (after the work queued on the
+ * user's stream), the algorithm runs on those with the host table, and the
+ * result is copied back, with the user's stream waiting for it. This is the
+ * first device path: correct for every collective, transport and dtype;
+ * the chunk pipeline, the kernels and CUDA IPC replace it where they pay. */
+#ifndef WEFT_COLL_DEVICE_H
+#define WEFT_COLL_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "src/coll/coll.h"
+
+/* What the buffers are, once the call's checks passed: host buffers leave
+ * the call as it is (WEFT_OK, one flag test where the driver is absent).
+ * Device buffers: refused (WEFT_ERR_INVALID, sentence written) when the two
+ * are of different kinds or devices; else staged: the call's sendbuf and
+ * recvbuf become pinned host buffers, the copy of the send span is queued,
+ * and its memory table is the host's. With `now` (a call that completes in
+ * its setup: one rank, count 0) the copy is waited for here. */
+weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span, bool now);
+
+/* Puts the wait for the staged input in front of the call's algorithm
+ * (its first step answers WEFT_AGAIN until the copy is done); nothing for
+ * host buffers. */
+void weft_coll_stage_wrap(weft_coll_task *task);
+
+/* Once the algorithm is done: queues the copy of the result back to the
+ * user's buffer (once), makes the user's stream wait for it, and answers
+ * WEFT_AGAIN until it is complete. OK at once for host buffers. */
+weft_status weft_coll_stage_out(weft_coll_task *task);
+
+/* The same, waited for here (a call that completes in its setup). */
+weft_status weft_coll_stage_out_now(weft_coll_task *task);
+
+/* Gives the staging buffers back (the call ended, however). */
+void weft_coll_stage_release(weft_coll_task *task);
+
+/* The communicator's device state (its stream, its pool of pinned staging
+ * buffers): freed at weft_comm_destroy, after every call ended. */
+void weft_coll_device_free(weft_core *core);
+
+#endif

@@ -1,0 +1,413 @@
+/* cuda_mem.c - the device memory table (mem.h) on the CUDA driver table:
+ * pointer classification, a stream per communicator whose completion tokens
+ * are events the engine polls (never a stream synchronize per chunk), copies
+ * between device memory and pinned host memory, pinned slots and device
+ * scratch. Every driver call runs in the primary context of the buffer's
+ * device, made current first: the engine's progress thread has none of its
+ * own. Every failure names the driver call, the device and the buffer. */
+#include "src/cuda/cuda_mem.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/base/error_sink.h"
+#include "src/base/log.h"
+#include "src/base/status.h"
+#include "src/cuda/cuda_api.h"
+
+/* ---- the driver, once per process ----------------------------------------- */
+
+static pthread_mutex_t cuda_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int cuda_state; /* 0: not asked yet, 1: usable, -1: not */
+static const weft_cuda_api *cuda;
+static char cuda_why[512];
+static CUcontext cuda_any_ctx; /* device 0's primary context, for pinned host memory */
+
+static bool cuda_load(void) {
+  int state = atomic_load_explicit(&cuda_state, memory_order_acquire);
+  if (state) return state > 0;
+  pthread_mutex_lock(&cuda_lock);
+  if (!atomic_load(&cuda_state)) {
+    weft_error_sink err = {0};
+    const weft_cuda_api *api = weft_cuda_api_load(&err);
+    int count = 0;
+    CUdevice dev;
+    CUresult r;
+    if (!api) {
+      snprintf(cuda_why, sizeof cuda_why, "%s", err.msg);
+    } else if ((r = api->device_get_count(&count)) != CUDA_SUCCESS || count < 1) {
+      char words[160] = "no device";
+      if (r != CUDA_SUCCESS) weft_cuda_error_words(api, r, words, sizeof words);
+      snprintf(cuda_why, sizeof cuda_why, "cuda: %s loaded, but cuDeviceGetCount: %s",
+               api->library, words);
+    } else if ((r = api->device_get(&dev, 0)) != CUDA_SUCCESS ||
+               (r = api->primary_ctx_retain(&cuda_any_ctx, dev)) != CUDA_SUCCESS) {
+      char words[160];
+      weft_cuda_error_words(api, r, words, sizeof words);
+      snprintf(cuda_why, sizeof cuda_why, "cuda: device 0's context: %s", words);
+    } else {
+      cuda = api;
+      snprintf(cuda_why, sizeof cuda_why, "cuda: %s, %d device%s, driver for CUDA %d.%d",
+               api->library, count, count > 1 ? "s" : "", api->driver_version / 1000,
+               api->driver_version % 1000 / 10);
+    }
+    atomic_store_explicit(&cuda_state, cuda ? 1 : -1, memory_order_release);
+  }
+  pthread_mutex_unlock(&cuda_lock);
+  return cuda != NULL;
+}
+
+bool weft_cuda_usable(char *why, size_t why_len) {
+  bool usable = cuda_load();
+  if (why && why_len) snprintf(why, why_len, "%s", cuda_why);
+  return usable;
+}
+
+weft_memory weft_cuda_pointer_kind(const void *ptr, int *ordinal) {
+  if (!ptr || !cuda_load()) return WEFT_MEMORY_HOST;
+  CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                  CU_POINTER_ATTRIBUTE_IS_MANAGED};
+  unsigned int type = 0;
+  int device = -2;
+  unsigned int managed = 0;
+  void *data[3] = {&type, &device, &managed};
+  /* memory the driver does not know (pageable host) answers with type 0 */
+  if (cuda->pointer_get_attributes(3, attrs, data, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+    return WEFT_MEMORY_HOST;
+  /* managed memory is reachable from the host: its pages migrate */
+  if (type != CU_MEMORYTYPE_DEVICE || managed) return WEFT_MEMORY_HOST;
+  if (ordinal) *ordinal = device;
+  return WEFT_MEMORY_DEVICE;
+}
+
+/* ---- errors ------------------------------------------------------------------ */
+
+/* Words for a failed driver call into `errors` (may be NULL: logged only);
+ * returns the status the caller reports. */
+static weft_status cuda_fail(weft_error_sink *errors, CUresult r, const char *call, int device,
+                             const void *buffer, size_t bytes) {
+  char words[160];
+  weft_cuda_error_words(cuda, r, words, sizeof words);
+  char what[400];
+  if (buffer)
+    snprintf(what, sizeof what, "cuda: %s on device %d, buffer %p (%zu bytes): %s", call, device,
+             buffer, bytes, words);
+  else
+    snprintf(what, sizeof what, "cuda: %s on device %d: %s", call, device, words);
+  if (errors) weft_error_sink_set(errors, "%s", what);
+  WEFT_WARN(WEFT_SUBSYS_COLL, "%s", what);
+  return r == CUDA_ERROR_OUT_OF_MEMORY ? WEFT_ERR_NOMEM : WEFT_ERR_SYSTEM;
+}
+
+/* ---- a communicator's stream and its tokens ----------------------------------- */
+
+#define CUDA_EVENTS 256 /* tokens in flight per stream; a full ring answers WEFT_AGAIN */
+
+struct weft_mem_stream {
+  int ordinal;
+  CUdevice device;
+  CUcontext ctx;
+  CUstream stream;
+  CUevent events[CUDA_EVENTS]; /* token t is events[t % CUDA_EVENTS] */
+  uint64_t recorded;           /* tokens issued (the last one's number) */
+  uint64_t done;               /* every token up to this one is complete */
+  CUevent user_before, user_after; /* the links with the user's stream */
+  weft_error_sink *errors;
+};
+
+static CUresult cuda_enter(const weft_mem_stream *s) {
+  return cuda->ctx_set_current(s->ctx);
+}
+
+weft_status weft_cuda_stream_create(int ordinal, weft_mem_stream **out, void *errors) {
+  *out = NULL;
+  if (!cuda_load()) {
+    if (errors) weft_error_sink_set(errors, "%s", cuda_why);
+    return WEFT_ERR_UNSUPPORTED;
+  }
+  weft_mem_stream *s = calloc(1, sizeof *s);
+  if (!s) return WEFT_ERR_NOMEM;
+  s->ordinal = ordinal;
+  s->errors = errors;
+  CUresult r;
+  const char *call = "cuDeviceGet";
+  if ((r = cuda->device_get(&s->device, ordinal)) != CUDA_SUCCESS) goto fail;
+  call = "cuDevicePrimaryCtxRetain";
+  if ((r = cuda->primary_ctx_retain(&s->ctx, s->device)) != CUDA_SUCCESS) goto fail;
+  call = "cuCtxSetCurrent";
+  if ((r = cuda_enter(s)) != CUDA_SUCCESS) goto fail;
+  call = "cuStreamCreate";
+  if ((r = cuda->stream_create(&s->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) goto fail;
+  call = "cuEventCreate";
+  if ((r = cuda->event_create(&s->user_before, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS ||
+      (r = cuda->event_create(&s->user_after, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
+    goto fail;
+  *out = s;
+  return WEFT_OK;
+fail:;
+  weft_status st = cuda_fail(errors, r, call, ordinal, NULL, 0);
+  weft_cuda_stream_destroy(s);
+  return st;
+}
+
+void weft_cuda_stream_destroy(weft_mem_stream *s) {
+  if (!s) return;
+  if (s->ctx && cuda_enter(s) == CUDA_SUCCESS) {
+    /* nothing of ours may run on after this: the buffers may be freed */
+    if (s->stream) cuda->stream_synchronize(s->stream);
+    for (int i = 0; i < CUDA_EVENTS; i++)
+      if (s->events[i]) cuda->event_destroy(s->events[i]);
+    if (s->user_before) cuda->event_destroy(s->user_before);
+    if (s->user_after) cuda->event_destroy(s->user_after);
+    if (s->stream) cuda->stream_destroy(s->stream);
+  }
+  if (s->ctx) cuda->primary_ctx_release(s->device);
+  free(s);
+}
+
+/* The table's stream_create: the device of the calling thread's context,
+ * else device 0 (src/coll asks weft_cuda_stream_create with the buffer's). */
+static weft_status device_stream_create(weft_mem_stream **stream, void *errors) {
+  int ordinal = 0;
+  CUcontext ctx = NULL;
+  if (cuda_load() && cuda->ctx_get_current(&ctx) == CUDA_SUCCESS && ctx) {
+    /* the current context's device: its primary context is the one we use */
+    CUdevice dev;
+    for (int i = 0; cuda->device_get(&dev, i) == CUDA_SUCCESS; i++) {
+      CUcontext primary = NULL;
+      if (cuda->primary_ctx_retain(&primary, dev) != CUDA_SUCCESS) break;
+      cuda->primary_ctx_release(dev);
+      if (primary == ctx) {
+        ordinal = i;
+        break;
+      }
+    }
+  }
+  return weft_cuda_stream_create(ordinal, stream, errors);
+}
+
+static weft_status device_stream_after_user(weft_mem_stream *s, void *user_stream) {
+  CUresult r;
+  const char *call = "cuCtxSetCurrent";
+  if ((r = cuda_enter(s)) != CUDA_SUCCESS) goto fail;
+  call = "cuEventRecord (the user's stream)";
+  if ((r = cuda->event_record(s->user_before, (CUstream)user_stream)) != CUDA_SUCCESS) goto fail;
+  call = "cuStreamWaitEvent";
+  if ((r = cuda->stream_wait_event(s->stream, s->user_before, 0)) != CUDA_SUCCESS) goto fail;
+  return WEFT_OK;
+fail:
+  return cuda_fail(s->errors, r, call, s->ordinal, NULL, 0);
+}
+
+static weft_status device_user_after_stream(void *user_stream, weft_mem_stream *s) {
+  CUresult r;
+  const char *call = "cuCtxSetCurrent";
+  if ((r = cuda_enter(s)) != CUDA_SUCCESS) goto fail;
+  call = "cuEventRecord";
+  if ((r = cuda->event_record(s->user_after, s->stream)) != CUDA_SUCCESS) goto fail;
+  call = "cuStreamWaitEvent (the user's stream)";
+  if ((r = cuda->stream_wait_event((CUstream)user_stream, s->user_after, 0)) != CUDA_SUCCESS)
+    goto fail;
+  return WEFT_OK;
+fail:
+  return cuda_fail(s->errors, r, call, s->ordinal, NULL, 0);
+}
+
+static weft_status device_poll(weft_mem_stream *s, weft_mem_token token) {
+  if (token <= s->done) return WEFT_OK;
+  CUresult r = cuda_enter(s);
+  if (r != CUDA_SUCCESS) return cuda_fail(s->errors, r, "cuCtxSetCurrent", s->ordinal, NULL, 0);
+  /* tokens complete in the order they were issued on one stream */
+  while (s->done < token) {
+    r = cuda->event_query(s->events[(s->done + 1) % CUDA_EVENTS]);
+    if (r == CUDA_ERROR_NOT_READY) return WEFT_AGAIN;
+    if (r != CUDA_SUCCESS)
+      return cuda_fail(s->errors, r, "cuEventQuery (work of this rank's stream)", s->ordinal,
+                       NULL, 0);
+    s->done++;
+  }
+  return WEFT_OK;
+}
+
+static weft_status device_record(weft_mem_stream *s, weft_mem_token *token) {
+  if (s->recorded - s->done >= CUDA_EVENTS - 1) {
+    weft_status st = device_poll(s, s->done + 1);
+    if (st) return st; /* the oldest token is not done: its event is still needed */
+  }
+  CUresult r = cuda_enter(s);
+  if (r != CUDA_SUCCESS) return cuda_fail(s->errors, r, "cuCtxSetCurrent", s->ordinal, NULL, 0);
+  CUevent *ev = &s->events[(s->recorded + 1) % CUDA_EVENTS];
+  if (!*ev && (r = cuda->event_create(ev, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
+    return cuda_fail(s->errors, r, "cuEventCreate", s->ordinal, NULL, 0);
+  if ((r = cuda->event_record(*ev, s->stream)) != CUDA_SUCCESS)
+    return cuda_fail(s->errors, r, "cuEventRecord", s->ordinal, NULL, 0);
+  *token = ++s->recorded;
+  return WEFT_OK;
+}
+
+static weft_status device_copy_to_host(void *host, const void *src, size_t bytes,
+                                       weft_mem_stream *s, weft_mem_token *token) {
+  *token = 0;
+  if (!bytes) return WEFT_OK;
+  CUresult r = cuda_enter(s);
+  if (r == CUDA_SUCCESS)
+    r = cuda->memcpy_dtoh_async(host, (CUdeviceptr)(uintptr_t)src, bytes, s->stream);
+  if (r != CUDA_SUCCESS) return cuda_fail(s->errors, r, "cuMemcpyDtoHAsync", s->ordinal, src, bytes);
+  return device_record(s, token);
+}
+
+static weft_status device_copy_from_host(void *dst, const void *host, size_t bytes,
+                                         weft_mem_stream *s, weft_mem_token *token) {
+  *token = 0;
+  if (!bytes) return WEFT_OK;
+  CUresult r = cuda_enter(s);
+  if (r == CUDA_SUCCESS)
+    r = cuda->memcpy_htod_async((CUdeviceptr)(uintptr_t)dst, host, bytes, s->stream);
+  if (r != CUDA_SUCCESS) return cuda_fail(s->errors, r, "cuMemcpyHtoDAsync", s->ordinal, dst, bytes);
+  return device_record(s, token);
+}
+
+static weft_status device_copy_async(void *dst, const void *src, size_t bytes, weft_mem_stream *s,
+                                     weft_mem_token *token) {
+  *token = 0;
+  if (!bytes || dst == src) return WEFT_OK;
+  CUresult r = cuda_enter(s);
+  if (r == CUDA_SUCCESS)
+    r = cuda->memcpy_dtod_async((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes,
+                                s->stream);
+  if (r != CUDA_SUCCESS) return cuda_fail(s->errors, r, "cuMemcpyDtoDAsync", s->ordinal, dst, bytes);
+  return device_record(s, token);
+}
+
+/* ---- allocation ------------------------------------------------------------------ */
+
+/* Pinned host memory: any device's context will do (PORTABLE). */
+static void *device_alloc_slots(size_t bytes) {
+  void *p = NULL;
+  if (!cuda_load() || cuda->ctx_set_current(cuda_any_ctx) != CUDA_SUCCESS) return NULL;
+  CUresult r = cuda->mem_host_alloc(&p, bytes ? bytes : 1, CU_MEMHOSTALLOC_PORTABLE);
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(NULL, r, "cuMemHostAlloc", 0, NULL, bytes);
+    return NULL;
+  }
+  return p;
+}
+
+static void device_free_slots(void *ptr, size_t bytes) {
+  (void)bytes;
+  if (ptr && cuda && cuda->ctx_set_current(cuda_any_ctx) == CUDA_SUCCESS) cuda->mem_free_host(ptr);
+}
+
+/* Device memory of the calling thread's current device (device 0 if none). */
+static void *device_alloc_scratch(size_t bytes) {
+  if (!cuda_load()) return NULL;
+  CUcontext ctx = NULL;
+  if (cuda->ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx)
+    if (cuda->ctx_set_current(cuda_any_ctx) != CUDA_SUCCESS) return NULL;
+  CUdeviceptr p = 0;
+  CUresult r = cuda->mem_alloc(&p, bytes ? bytes : 1);
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(NULL, r, "cuMemAlloc", 0, NULL, bytes);
+    return NULL;
+  }
+  return (void *)(uintptr_t)p;
+}
+
+static void device_free_scratch(void *ptr) {
+  if (ptr && cuda) cuda->mem_free((CUdeviceptr)(uintptr_t)ptr);
+}
+
+static void *device_alloc(size_t bytes) {
+  void *p = device_alloc_scratch(bytes);
+  if (!p) return NULL;
+  if (cuda->memset_d8_async((CUdeviceptr)(uintptr_t)p, 0, bytes, NULL) != CUDA_SUCCESS ||
+      cuda->stream_synchronize(NULL) != CUDA_SUCCESS) {
+    device_free_scratch(p);
+    return NULL;
+  }
+  return p;
+}
+
+/* ---- the synchronous members ----------------------------------------------------- */
+
+/* A copy within device memory, done when it returns (the default stream). */
+static void device_copy(void *dst, const void *src, size_t bytes) {
+  if (!bytes || dst == src || !cuda) return;
+  CUresult r = cuda->memcpy_dtod_async((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
+                                       bytes, NULL);
+  if (r == CUDA_SUCCESS) r = cuda->stream_synchronize(NULL);
+  if (r != CUDA_SUCCESS) cuda_fail(NULL, r, "cuMemcpyDtoDAsync", -1, dst, bytes);
+}
+
+/* The reductions on device memory run as kernels (src/cuda/kernels.cu), which
+ * the chunk pipeline launches on its stream; until that pipeline runs on the
+ * device, a call on device buffers is staged through pinned host memory
+ * (src/coll/coll.c) and computes there, so nothing reaches these. */
+static void device_no_reduce(void *dst, const void *a, const void *b, size_t count,
+                             weft_dtype dtype, weft_op op, int postdiv) {
+  (void)dst, (void)a, (void)b, (void)count, (void)dtype, (void)op, (void)postdiv;
+  WEFT_WARN(WEFT_SUBSYS_COLL, "cuda: a reduction on device memory outside the staged path");
+}
+static void device_no_finish(void *dst, const void *src, size_t count, weft_dtype dtype,
+                             weft_op op, int postdiv) {
+  (void)dst, (void)src, (void)count, (void)dtype, (void)op, (void)postdiv;
+  WEFT_WARN(WEFT_SUBSYS_COLL, "cuda: a finish on device memory outside the staged path");
+}
+static void device_no_scale(void *buf, size_t count, weft_dtype dtype, double factor) {
+  (void)buf, (void)count, (void)dtype, (void)factor;
+  WEFT_WARN(WEFT_SUBSYS_COLL, "cuda: a scale on device memory outside the staged path");
+}
+static void device_no_wire(void *dst, const void *src, size_t count, weft_dtype wire) {
+  (void)dst, (void)src, (void)count, (void)wire;
+  WEFT_WARN(WEFT_SUBSYS_COLL, "cuda: a wire conversion on device memory outside the staged path");
+}
+static void device_no_reduce_wire(void *dst, const void *a, const void *b, size_t count,
+                                  weft_dtype wire, weft_op op, int postdiv, void *stage) {
+  (void)dst, (void)a, (void)b, (void)count, (void)wire, (void)op, (void)postdiv, (void)stage;
+  WEFT_WARN(WEFT_SUBSYS_COLL, "cuda: a wire reduction on device memory outside the staged path");
+}
+static weft_status device_no_reduce_async(void *dst, const void *a, const void *b, size_t count,
+                                          weft_dtype dtype, weft_op op, int postdiv,
+                                          weft_mem_stream *s, weft_mem_token *token) {
+  (void)dst, (void)a, (void)b, (void)count, (void)dtype, (void)op, (void)postdiv;
+  *token = 0;
+  if (s && s->errors)
+    weft_error_sink_set(s->errors, "cuda: reductions on device memory run staged (coll.c)");
+  return WEFT_ERR_UNSUPPORTED;
+}
+
+static void device_stream_destroy(weft_mem_stream *s) {
+  weft_cuda_stream_destroy(s);
+}
+
+const weft_mem_ops weft_mem_device = {
+    .kind = WEFT_MEMORY_DEVICE,
+    .name = "cuda",
+    .copy = device_copy,
+    .reduce = device_no_reduce,
+    .finish = device_no_finish,
+    .scale = device_no_scale,
+    .narrow = device_no_wire,
+    .widen = device_no_wire,
+    .reduce_wire = device_no_reduce_wire,
+    .alloc = device_alloc,
+    .release = device_free_scratch,
+    .stream_create = device_stream_create,
+    .stream_destroy = device_stream_destroy,
+    .stream_after_user = device_stream_after_user,
+    .user_after_stream = device_user_after_stream,
+    .record = device_record,
+    .poll = device_poll,
+    .copy_async = device_copy_async,
+    .reduce_async = device_no_reduce_async,
+    .copy_to_host = device_copy_to_host,
+    .copy_from_host = device_copy_from_host,
+    .alloc_slots = device_alloc_slots,
+    .free_slots = device_free_slots,
+    .alloc_scratch = device_alloc_scratch,
+    .free_scratch = device_free_scratch,
+};

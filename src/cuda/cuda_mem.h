@@ -1,0 +1,34 @@
+/* cuda_mem.h - device memory through the CUDA driver table (cuda_api.h):
+ * what a pointer is, the communicator's stream with its completion tokens
+ * (src/mem/mem.h says how the engine uses them), copies between device and
+ * pinned host memory, and pinned staging. Built only with CUDA
+ * (WEFT_HAVE_CUDA); src/mem/mem.c asks it which table a pointer takes. */
+#ifndef WEFT_CUDA_MEM_H
+#define WEFT_CUDA_MEM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "src/mem/mem.h"
+
+/* The device table (kind WEFT_MEMORY_DEVICE). */
+extern const weft_mem_ops weft_mem_device;
+
+/* What `ptr` is: WEFT_MEMORY_DEVICE (and *ordinal, the device) for memory
+ * of a GPU, WEFT_MEMORY_HOST for anything else (pinned host memory is host
+ * memory to the processor). Without a usable driver every pointer is host
+ * memory: no device pointer can exist there. Costs one driver call once the
+ * driver is loaded, nothing (a load of a flag) before. */
+weft_memory weft_cuda_pointer_kind(const void *ptr, int *ordinal);
+
+/* The stream of one communicator on device `ordinal` (its primary
+ * context), and its end: waits for what it queued, frees its events.
+ * Errors of its work are worded into `errors` (a weft_error_sink). */
+weft_status weft_cuda_stream_create(int ordinal, weft_mem_stream **stream, void *errors);
+void weft_cuda_stream_destroy(weft_mem_stream *stream);
+
+/* Whether the driver is loaded and has a device, with the reason in `why`
+ * either way (weft-info). Loads the driver on first use. */
+bool weft_cuda_usable(char *why, size_t why_len);
+
+#endif
