@@ -18,6 +18,7 @@ command -v nm >/dev/null || { echo "check_calls: nm is not installed"; exit 2; }
 nm -A "$lib" | awk '
 function layer(obj,    p) {
   if (obj ~ /^transports_/) return "transports"
+  if (obj ~ /^src_cuda_/) return "mem" # beside the host memory table (check_layers.sh)
   split(obj, p, "_")
   return p[2]
 }

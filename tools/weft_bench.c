@@ -19,6 +19,11 @@
 #include <unistd.h>
 
 #include "weft.h"
+#ifdef WEFT_HAVE_CUDA /* -G: the driver through weft's own table */
+#include "src/base/error_sink.h"
+#include "src/cuda/cuda_api.h"
+#include "src/cuda/cuda_mem.h"
+#endif
 
 static double now_us(void) {
   struct timespec ts;
@@ -497,6 +502,67 @@ static double want_output(int kind, const struct opts *o, size_t i, size_t whole
   }
 }
 
+/* ---- -G: device buffers ----------------------------------------------------
+ * The call runs on device memory (CUDA, device 0, which the ranks share);
+ * the check fills and reads host copies, moved with synchronous copies
+ * outside the timed runs. Built only with CUDA. */
+static int device_mode;
+#ifdef WEFT_HAVE_CUDA
+static const weft_cuda_api *dev_api;
+static CUdeviceptr dev_send, dev_recv;
+
+static void dev_check(CUresult r, const char *call) {
+  if (r == CUDA_SUCCESS) return;
+  char words[160];
+  weft_cuda_error_words(dev_api, r, words, sizeof words);
+  fprintf(stderr, "weft-bench: %s: %s\n", call, words);
+  exit(1);
+}
+
+static void device_setup(size_t bytes) {
+  char why[512];
+  if (!weft_cuda_usable(why, sizeof why)) {
+    fprintf(stderr, "weft-bench: -G: no usable CUDA device: %s\n", why);
+    exit(77);
+  }
+  weft_error_sink err = {0};
+  dev_api = weft_cuda_api_load(&err);
+  CUdevice dev;
+  CUcontext ctx;
+  dev_check(dev_api->device_get(&dev, 0), "cuDeviceGet");
+  dev_check(dev_api->primary_ctx_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  dev_check(dev_api->ctx_set_current(ctx), "cuCtxSetCurrent");
+  dev_check(dev_api->mem_alloc(&dev_send, bytes ? bytes : 1), "cuMemAlloc");
+  dev_check(dev_api->mem_alloc(&dev_recv, bytes ? bytes : 1), "cuMemAlloc");
+}
+
+/* host -> device (to 1) or back, both buffers, waited for */
+static void device_sync(void *send, void *recv, size_t bytes, int to) {
+  if (!bytes) return;
+  if (to) {
+    dev_check(dev_api->memcpy_htod_async(dev_send, send, bytes, NULL), "cuMemcpyHtoDAsync");
+    dev_check(dev_api->memcpy_htod_async(dev_recv, recv, bytes, NULL), "cuMemcpyHtoDAsync");
+  } else {
+    dev_check(dev_api->memcpy_dtoh_async(send, dev_send, bytes, NULL), "cuMemcpyDtoHAsync");
+    dev_check(dev_api->memcpy_dtoh_async(recv, dev_recv, bytes, NULL), "cuMemcpyDtoHAsync");
+  }
+  dev_check(dev_api->stream_synchronize(NULL), "cuStreamSynchronize");
+}
+#define DEV_SEND ((void *)(uintptr_t)dev_send)
+#define DEV_RECV ((void *)(uintptr_t)dev_recv)
+#else
+static void device_setup(size_t bytes) {
+  (void)bytes;
+  fprintf(stderr, "weft-bench: -G: this build of weft has no CUDA support\n");
+  exit(77);
+}
+static void device_sync(void *send, void *recv, size_t bytes, int to) {
+  (void)send, (void)recv, (void)bytes, (void)to;
+}
+#define DEV_SEND NULL
+#define DEV_RECV NULL
+#endif
+
 /* One call on freshly filled buffers, then every element this rank
  * receives against want_output; the sum over ranks of the wrong ones. */
 static long check_result(weft_comm *comm, int kind, const struct opts *o, void *send, void *recv,
@@ -509,9 +575,15 @@ static long check_result(weft_comm *comm, int kind, const struct opts *o, void *
   memset(recv, 0, whole * esz);
   struct placement p = place(kind, in_place, rank, send, recv, blk * esz);
   fill_input(kind, o, p.src, whole, rank, np);
-  weft_status st = run_coll(comm, kind, p.src, p.dst, call_count(kind, whole, np), o->dtype, o->op,
-                            o->root);
+  struct placement run = p;
+  if (device_mode) { /* the same layout in device memory */
+    device_sync(send, recv, whole * esz, 1);
+    run = place(kind, in_place, rank, DEV_SEND, DEV_RECV, blk * esz);
+  }
+  weft_status st = run_coll(comm, kind, run.src, run.dst, call_count(kind, whole, np), o->dtype,
+                            o->op, o->root);
   if (st) die_in(comm, st, kind, whole * esz, "checked run");
+  if (device_mode) device_sync(send, recv, whole * esz, 0);
   long wrong = 0;
   if (rank_checks(kind, rank, o->root)) {
     if (corrupt_requested && rank == corrupting_rank(kind, o->root, np, 0))
@@ -529,6 +601,7 @@ static double time_batch(weft_comm *comm, int kind, const struct opts *o, void *
                          size_t whole, int in_place) {
   int rank = weft_comm_rank(comm), np = weft_comm_size(comm);
   size_t esz = weft_dtype_size(o->dtype);
+  if (device_mode) send = DEV_SEND, recv = DEV_RECV;
   struct placement p = place(kind, in_place, rank, send, recv, whole / (size_t)np * esz);
   size_t count = call_count(kind, whole, np);
   for (int i = 0; i < o->warmup; i++) {
@@ -623,6 +696,7 @@ static void nccl_usage(FILE *f) {
           "  reduce_scatter/scatter: the input, alltoall: one rank's input)\n"
           "  --bind: pin each rank to one CPU by local rank (as mpirun does)\n"
           "  --shared: buffers from weft_mem_alloc (ranks of one host reach them directly)\n"
+          "  -G: device buffers (CUDA device 0, shared by the ranks); exit 77 without one\n"
           "Run one process per rank: weftrun -n 4 weft-bench, or under mpirun/srun/torchrun.\n");
 }
 
@@ -630,8 +704,9 @@ static int nccl_mode(int argc, char **argv) {
   struct opts o = {8, 64u << 20, 2, 20, 5, 1, 0, WEFT_F32, WEFT_SUM};
   unsigned which = 1u << COLL_ALLREDUCE;
   int c;
-  while ((c = getopt(argc, argv, "b:e:f:n:w:c:d:o:r:C:h")) != -1) {
+  while ((c = getopt(argc, argv, "b:e:f:n:w:c:d:o:r:C:Gh")) != -1) {
     switch (c) {
+      case 'G': device_mode = 1; break;
       case 'b': o.minb = parse_size(optarg); break;
       case 'e': o.maxb = parse_size(optarg); break;
       case 'f': o.factor = atoi(optarg); break;
@@ -689,6 +764,7 @@ static int nccl_mode(int argc, char **argv) {
   }
   void *send = alloc_prefaulted(o.maxb), *recv = alloc_prefaulted(o.maxb);
   if (!send || !recv) die(comm, WEFT_ERR_NOMEM, "buffers");
+  if (device_mode) device_setup(o.maxb);
   print_transports(comm);
   long wrong = 0;
   for (int kind = 0; kind < COLL_COUNT; kind++)

@@ -13,6 +13,25 @@
 #include "src/topo/select.h"
 #include "src/topo/topo.h"
 #include "transports/transport_settings.h"
+#ifdef WEFT_HAVE_CUDA
+#include <cuda.h>
+
+#include "src/cuda/cuda_mem.h"
+#endif
+
+/* What CUDA support this build has and whether it runs here. */
+static void print_cuda(void) {
+#ifdef WEFT_HAVE_CUDA
+  char why[512];
+  bool usable = weft_cuda_usable(why, sizeof why);
+  printf("cuda: built (CUDA %d.%d headers; the driver loaded at run time), %s: %s; device "
+         "buffers are staged through pinned host memory for now\n",
+         CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10, usable ? "usable here" : "not usable here",
+         why);
+#else
+  printf("cuda: not built (no cuda.h at build time, or -Dcuda=disabled): host buffers only\n");
+#endif
+}
 
 static void print_devices(const char *kind, const weft_topo_device *devs, int n) {
   for (int i = 0; i < n; i++) {
@@ -118,6 +137,7 @@ int main(int argc, char **argv) {
     char transports[512];
     weft_transports_describe(transports, sizeof transports);
     printf("transports: %s\n", transports);
+    print_cuda();
     printf("dtypes: f32 f64 f16 bf16 i8 u8 i32 i64; ops: sum prod min max avg\n\n");
     print_topology(NULL); /* a failure is said on stderr; the settings still help */
     printf("\n");

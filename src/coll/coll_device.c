@@ -145,7 +145,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   if (send && recv && send_dev != recv_dev)
     return staged_fail(task, WEFT_ERR_INVALID, "sendbuf is on GPU %d and recvbuf on GPU %d",
                        send_dev, recv_dev);
-  struct weft_coll_device *d;
+  struct weft_coll_device *d = NULL;
   WEFT_CHECK(device_state(task, send ? send_dev : recv_dev, &d));
   size_t send_bytes = span->send_elems * coll->elem, recv_bytes = span->recv_elems * coll->elem;
   /* In place, the spans overlap: one region covering both keeps the offset

@@ -1,0 +1,178 @@
+#!/bin/sh
+# gpu_check.sh - what weft's GPU path needs a GPU to show, for a machine we
+# never see (../shared/gpu-machine.md: one H100/H200, 16 cores, nvcc 13, no
+# CMocka, no network). One command from the repository root:
+#
+#   sh tools/gpu_check.sh OUTDIR
+#
+# Builds with CUDA (at most 2 minutes), then runs each stage under its own
+# timeout, 5 minutes in all; every log lands in OUTDIR, and the last thing
+# printed is one table: each stage PASS / FAIL / SKIP with its reason, and
+# each figure beside its target. Without a GPU (CI, a developer's machine)
+# every GPU stage is SKIP with the reason and the script exits 0 once the
+# build passed; any FAIL, or a failed build, exits 1. Stages:
+#   build       meson -Dcuda=enabled -Dtests=false, release
+#   info        weft-info: what CUDA support was built and whether it runs here
+#   device N    every collective x dtype x op on device buffers, N = 1..4 ranks
+#               sharing the GPU (tools/weft_device_check.c), in and out of place
+#   tcp         the same over tcp, 2 ranks (--quick)
+#   sanitizer   compute-sanitizer memcheck on 2 ranks (--quick)
+#   bench       weft-bench on device buffers (-G), 8 B / 64 MiB / 256 MiB, 2 and 4
+#               ranks, plain and under MPS (the daemon is started and stopped here)
+#   resnet      the ResNet-50 gradient set as device tensors, 2 ranks: one
+#               non-blocking allreduce per tensor, and one flat buffer
+set -u
+cd "$(dirname "$0")/.." || exit 1
+out=${1:-/tmp/weft-gpu-check}
+mkdir -p "$out" || exit 1
+out=$(cd "$out" && pwd)
+summary="$out/summary.md"
+start=$(date +%s)
+: > "$out/rows"
+
+row() { # STAGE RESULT WHAT [FIGURE] [TARGET]
+  printf '| %s | %s | %s | %s | %s |\n' "$1" "$2" "$3" "${4:-}" "${5:-}" >> "$out/rows"
+  printf 'gpu_check: %-12s %-4s %s %s\n' "$1" "$2" "$3" "${4:-}"
+}
+
+# A stage's time left: its own limit, never past the 5 minutes in all.
+limit() { # SECONDS
+  left=$((300 - ($(date +%s) - start)))
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
+
+finish() {
+  {
+    echo "# weft gpu_check, $(date -u +%Y-%m-%dT%H:%MZ), $(git rev-parse --short HEAD 2>/dev/null)"
+    echo
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi'
+    echo
+    echo "| stage | result | what | figure | target |"
+    echo "|---|---|---|---|---|"
+    cat "$out/rows"
+    echo
+    echo "logs: $out ($(($(date +%s) - start)) s)"
+  } > "$summary"
+  echo
+  cat "$summary"
+  grep -q '| FAIL |' "$out/rows" && exit 1
+  exit 0
+}
+
+# ---- build ----------------------------------------------------------------
+build="$out/build"
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  PATH="$PATH:/usr/local/cuda/bin"
+  export PATH
+fi
+if timeout "$(limit 120)" sh -c "meson setup '$build' --buildtype=release -Dcuda=enabled -Dtests=false \
+      -Dpython_package=disabled > '$out/build.log' 2>&1 && ninja -C '$build' >> '$out/build.log' 2>&1"; then
+  row build PASS "meson -Dcuda=enabled, $(grep -c 'Compiling\|Linking' "$out/build.log") steps, $(($(date +%s) - start)) s"
+else
+  row build FAIL "see build.log: $(grep -m1 -i 'error' "$out/build.log" | cut -c1-150)"
+  finish
+fi
+bin="$build/tools"
+
+# ---- is there a GPU ----------------------------------------------------------
+"$bin/weft-info" > "$out/info.log" 2>&1
+cuda_line=$(grep -m1 -i '^cuda' "$out/info.log" || echo "weft-info printed no cuda line")
+"$bin/weft-device-check" --probe > "$out/probe.log" 2>&1
+probe=$?
+if [ "$probe" -eq 77 ]; then
+  why=$(sed -n 's/^device-check: SKIP: //p' "$out/probe.log" | head -1)
+  row info SKIP "no GPU: $why"
+  for s in "device 1" "device 2" "device 3" "device 4" tcp sanitizer bench resnet; do
+    row "$s" SKIP "no GPU: $why"
+  done
+  finish
+fi
+row info PASS "$cuda_line"
+
+# ---- correctness on device buffers -------------------------------------------
+for n in 1 2 3 4; do
+  args=""
+  [ "$n" -gt 2 ] && args="--quick"
+  log="$out/device-$n.log"
+  timeout "$(limit 60)" "$bin/weftrun" -n "$n" "$bin/weft-device-check" $args > "$log" 2>&1
+  rc=$?
+  line=$(grep -m1 'device-check: rank 0' "$log" | sed 's/.*rank 0: //')
+  case $rc in
+    0) row "device $n" PASS "$n ranks on one GPU, ${line:-?}" ;;
+    124) row "device $n" FAIL "timed out; see device-$n.log" ;;
+    *) row "device $n" FAIL "exit $rc: $(grep -m1 'FAIL' "$log" | cut -c1-160)" ;;
+  esac
+done
+log="$out/tcp.log"
+WEFT_TRANSPORT=tcp timeout "$(limit 60)" "$bin/weftrun" -n 2 "$bin/weft-device-check" --quick > "$log" 2>&1
+case $? in
+  0) row tcp PASS "2 ranks over tcp, $(grep -m1 'device-check: rank 0' "$log" | sed 's/.*rank 0: //')" ;;
+  *) row tcp FAIL "see tcp.log: $(grep -m1 'FAIL\|error' "$log" | cut -c1-160)" ;;
+esac
+
+# ---- compute-sanitizer ----------------------------------------------------------
+san=""
+for c in compute-sanitizer /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+  command -v "$c" >/dev/null 2>&1 && san=$c && break
+done
+if [ -z "$san" ]; then
+  row sanitizer SKIP "compute-sanitizer not installed"
+else
+  log="$out/sanitizer.log"
+  timeout "$(limit 90)" "$san" --tool memcheck --target-processes all --error-exitcode 9 \
+    "$bin/weftrun" -n 2 "$bin/weft-device-check" --quick > "$log" 2>&1
+  case $? in
+    0) row sanitizer PASS "memcheck, 2 ranks: $(grep -m1 'ERROR SUMMARY' "$log")" ;;
+    124) row sanitizer FAIL "timed out; see sanitizer.log" ;;
+    *) row sanitizer FAIL "$(grep -m1 'ERROR SUMMARY\|Invalid\|FAIL' "$log" | cut -c1-160)" ;;
+  esac
+fi
+
+# ---- figures ----------------------------------------------------------------------
+# weft-bench -G: device buffers; one size per run so each row has its time
+bench() { # LABEL RANKS SIZE TARGET_US
+  log="$out/bench-$1-$2-$3.log"
+  timeout "$(limit 40)" "$bin/weftrun" -n "$2" "$bin/weft-bench" -G -b "$3" -e "$3" -n 20 -w 5 \
+    > "$log" 2>&1
+  # rank 0's row: [0] size count type redop root time(us) algbw busbw #wrong ...
+  us=$(awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ {print $7; exit}' "$log")
+  if [ -z "$us" ]; then
+    row "bench $1" FAIL "$2 ranks, $3: no figure; see $(basename "$log")"
+  else
+    row "bench $1" PASS "$2 ranks, $3 B, allreduce out of place" "$us us" "$4"
+  fi
+}
+bench plain 2 8 "(MPS: <= 100 us)"
+bench plain 2 67108864 "<= 500 us"
+bench plain 2 268435456 "<= 1000 us"
+bench plain 4 67108864 ""
+if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+  CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
+  export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d > "$out/mps.log" 2>&1; then
+    bench mps 2 8 "<= 100 us"
+    bench mps 2 67108864 "<= 250 us"
+    bench mps 4 67108864 ""
+    echo quit | nvidia-cuda-mps-control >> "$out/mps.log" 2>&1
+  else
+    row "bench mps" FAIL "nvidia-cuda-mps-control -d: $(head -c 150 "$out/mps.log")"
+  fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+else
+  row "bench mps" SKIP "nvidia-cuda-mps-control not found"
+fi
+
+# The ResNet-50 gradient set as device tensors (tools/data/resnet50_grads.tsv)
+log="$out/resnet.log"
+timeout "$(limit 60)" "$bin/weftrun" -n 2 "$bin/weft-device-check" --resnet tools/data/resnet50_grads.tsv \
+  > "$log" 2>&1
+per=$(sed -n 's/.*per tensor: \([0-9.]*\) ms.*/\1/p' "$log" | head -1)
+flat=$(sed -n 's/.*flat buffer: \([0-9.]*\) ms.*/\1/p' "$log" | head -1)
+if [ -n "$per" ] && [ -n "$flat" ]; then
+  row "resnet" PASS "161 tensors, 2 ranks, one allreduce per tensor" "$per ms/step" "<= 6 ms (gloo 124)"
+  row "resnet" PASS "the same as one flat buffer" "$flat ms/step" "<= 3 ms (gloo 53)"
+else
+  row resnet FAIL "no figure; see resnet.log: $(grep -m1 -i 'fail\|error' "$log" | cut -c1-150)"
+fi
+finish
