@@ -6,7 +6,9 @@ import glob
 import json
 import os
 
-import cffi
+# cffi is imported when the plain API first needs it (declarations()), not
+# here: weft.torch (a C++ extension) and a torch venv without cffi import this
+# package too, and must not fail on it.
 
 # Only what the package uses. Enums are declared with their values so a
 # reordering in weft.h shows up as a test failure, not as wrong calls.
@@ -198,6 +200,13 @@ def declarations():
     calls this first, so that its children share the result."""
     global _declared
     if _declared is None:
+        try:
+            import cffi
+        except ImportError as e:
+            raise ImportError(
+                "weft: the plain weft API (weft.init, Communicator) needs cffi, which this "
+                "Python lacks: pip install cffi (Debian: apt-get install python3-cffi). "
+                "weft.torch, the torch.distributed backend, needs only torch.") from e
         ffi = cffi.FFI()
         ffi.cdef(CDEF)
         _declared = ffi
