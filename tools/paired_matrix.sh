@@ -8,7 +8,8 @@
 # both libraries share it. Open MPI is the best other peer in every cell the
 # peers' tables showed but the 4-rank tcp 64 MiB broadcast (Gloo there).
 #
-#   sh tools/paired_matrix.sh [-R RUNS] [-n "2 4"] [-t "shm tcp"] [-c "COLLS"] [OUT]
+#   sh tools/paired_matrix.sh [-R RUNS] [-n "2 4"] [-t "shm tcp"] [-c "COLLS"]
+#                             [-s "SMALL SIZES"] [-S "LARGE SIZES"] [OUT]
 #
 # RUNS (default 3) runs of the whole matrix, one after another; each cell
 # is the median of the runs' ratios. About 2.5 minutes a run on 2 vCPUs.
@@ -17,9 +18,13 @@
 set -eu
 cd "$(dirname "$0")/.."
 runs=3 nps="2 4" tps="shm tcp" colls="allreduce bcast allgather reduce_scatter alltoall"
-while getopts R:n:t:c: o; do
+# small sizes get more calls per block than large ones (each is microseconds)
+small="8 32768 131072 524288"
+large="2097152 8388608 33554432 67108864"
+while getopts R:n:t:c:s:S: o; do
   case $o in
     R) runs=$OPTARG ;; n) nps=$OPTARG ;; t) tps=$OPTARG ;; c) colls=$OPTARG ;;
+    s) small=$OPTARG ;; S) large=$OPTARG ;;
     *) exit 2 ;;
   esac
 done
@@ -40,8 +45,6 @@ job() {
   done
   return 1
 }
-small="8 32768 131072 524288"
-large="2097152 8388608 33554432 67108864"
 run=1
 while [ "$run" -le "$runs" ]; do
   mkdir -p "$out/run$run"
@@ -52,8 +55,8 @@ while [ "$run" -le "$runs" ]; do
         # small sizes: more calls (each is microseconds); large: fewer
         # shellcheck disable=SC2086 # the sizes are words
         {
-          job "$np" "$tp" 20 "$coll" $small
-          job "$np" "$tp" 4 "$coll" $large
+          if [ -n "$small" ]; then job "$np" "$tp" 20 "$coll" $small; fi
+          if [ -n "$large" ]; then job "$np" "$tp" 4 "$coll" $large; fi
         } > "$f"
       done
     done
