@@ -528,10 +528,12 @@ static weft_status check_buffers(weft_coll *coll, weft_coll_span sp) {
 static weft_status coll_take_seq(weft_coll *coll) {
   weft_coll_task *task = TASK(coll);
   coll->mem = &weft_mem_host;
-  coll->seq = ++task->comm->seq;
   /* device buffers: the algorithm runs on pinned host copies (coll_device.h);
-   * one rank completes in its setup, so it waits for its copy here */
-  return weft_coll_stage_in(task, &task->span, task->comm->size == 1);
+   * one rank completes in its setup, so it waits for its copy here. Before
+   * the number: buffers of two kinds are refused like any bad argument. */
+  WEFT_CHECK(weft_coll_stage_in(task, &task->span, task->comm->size == 1));
+  coll->seq = ++task->comm->seq;
+  return WEFT_OK;
 }
 
 /* A call of count 0 moves no data, so without WEFT_CHECK it ends here on
