@@ -175,12 +175,9 @@ static void one_call(weft_comm *comm, coll_id id, int c, weft_dtype dt, weft_op 
   memset(out, 0, whole * elem);
   fill_dev(drecv, out, whole * elem); /* a known recv buffer */
   if (in_place && (id == ALLGATHER || id == GATHER)) {
-    /* the own block sits inside recvbuf */
-    char *blk = calloc(count + 1, elem);
-    for (size_t j = 0; j < count; j++) store(blk, j, dt, (double)value_of(rank, c, j, dt, op));
-    fill_dev(dsend + send_at * elem, blk, count * elem);
-    memcpy(in, blk, count * elem);
-    free(blk);
+    /* the own block sits inside recvbuf; `in` holds it (a queued copy reads
+     * its source when it runs, so the source lives until the read below) */
+    fill_dev(dsend + send_at * elem, in, count * elem);
   } else {
     fill_dev(dsend, in, in_elems * elem);
   }

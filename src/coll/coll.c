@@ -601,7 +601,7 @@ static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
-    coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
+    coll->mem->finish(coll->recvbuf, coll->sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
   if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, true));
@@ -623,7 +623,7 @@ static weft_status broadcast_setup(weft_coll_task *task, const char *call, weft_
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
-    coll->mem->copy(recvbuf, sendbuf, count * coll->elem);
+    coll->mem->copy(coll->recvbuf, coll->sendbuf, count * coll->elem);
     return WEFT_COLL_DONE;
   }
   int fanout =
@@ -643,7 +643,7 @@ static weft_status reduce_setup(weft_coll_task *task, const char *call, weft_cor
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
-    coll->mem->finish(recvbuf, sendbuf, count, dtype, op, 1);
+    coll->mem->finish(coll->recvbuf, coll->sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
   if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, at_root));
@@ -681,7 +681,7 @@ static weft_status reduce_scatter_setup(weft_coll_task *task, const char *call, 
   WEFT_CHECK(coll_take_seq(coll));
   if (recvcount == 0) return coll_empty(coll);
   if (n == 1) {
-    coll->mem->finish(recvbuf, sendbuf, recvcount, dtype, op, 1);
+    coll->mem->finish(coll->recvbuf, coll->sendbuf, recvcount, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
   if (avg_is_widened(dtype, op))
