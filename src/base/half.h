@@ -8,6 +8,16 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Host and CUDA device alike: the kernels (src/cuda/kernels.cu) round with
+ * these very functions, so a device result is the host's, bit for bit. */
+#ifndef WEFT_HD
+#ifdef __CUDACC__
+#define WEFT_HD __host__ __device__ static inline
+#else
+#define WEFT_HD static inline
+#endif
+#endif
+
 /* Every result below is computed unconditionally and picked with a bit
  * mask, never with if/else or ?: around a float operation: compilers will not
  * hoist a float operation out of a branch (it might trap), so a branch there
@@ -19,29 +29,29 @@
  * AArch64 target has. Flush-to-zero changes no result: no step produces or
  * needs a float subnormal. */
 
-static inline uint32_t weft_f32_bits(float f) {
+WEFT_HD uint32_t weft_f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
   return u;
 }
 
-static inline float weft_f32_from_bits(uint32_t u) {
+WEFT_HD float weft_f32_from_bits(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
 }
 
 /* All ones when cond holds, else zero. */
-static inline uint32_t weft_half_mask(int cond) {
+WEFT_HD uint32_t weft_half_mask(int cond) {
   return 0u - (uint32_t)(cond != 0);
 }
 
-static inline uint32_t weft_half_pick(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
+WEFT_HD uint32_t weft_half_pick(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
   return (if_set & mask) | (if_clear & ~mask);
 }
 
 /* Exact. A NaN keeps its payload and is made quiet, as vcvtph2ps does. */
-static inline float weft_f16_to_float(uint16_t h) {
+WEFT_HD float weft_f16_to_float(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t mag = (uint32_t)(h & 0x7fffu) << 13; /* exponent and mantissa, f32 places */
   uint32_t exp = mag & 0x0f800000u;
@@ -61,7 +71,7 @@ static inline float weft_f16_to_float(uint16_t h) {
  * Every candidate is built as the f16 encoding shifted left by 13, so one
  * shift at the end narrows the result: were the selects written on 16-bit
  * values, compilers would narrow each candidate separately (a pack apiece). */
-static inline uint16_t weft_float_to_f16(float f) {
+WEFT_HD uint16_t weft_float_to_f16(float f) {
   uint32_t u = weft_f32_bits(f);
   uint32_t mag = u & 0x7fffffffu;
   /* Normal results: rebias, then add just under half an ulp plus the last
@@ -81,7 +91,7 @@ static inline uint16_t weft_float_to_f16(float f) {
 }
 
 /* Exact: bf16 is the top half of a float. A NaN is made quiet. */
-static inline float weft_bf16_to_float(uint16_t h) {
+WEFT_HD float weft_bf16_to_float(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
   u |= weft_half_mask((int32_t)(u & 0x7fffffffu) > 0x7f800000) & 0x00400000u;
   return weft_f32_from_bits(u);
@@ -90,7 +100,7 @@ static inline float weft_bf16_to_float(uint16_t h) {
 /* Round to nearest even on the low 16 bits; the carry handles subnormals,
  * the mantissa-to-exponent step and overflow to Inf alike. Both candidates
  * keep the result in the top half, narrowed by one shift (see f16 above). */
-static inline uint16_t weft_float_to_bf16(float f) {
+WEFT_HD uint16_t weft_float_to_bf16(float f) {
   uint32_t u = weft_f32_bits(f);
   uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
   uint32_t nan = u | 0x00400000u;

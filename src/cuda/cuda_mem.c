@@ -17,6 +17,7 @@
 #include "src/base/log.h"
 #include "src/base/status.h"
 #include "src/cuda/cuda_api.h"
+#include "src/cuda/kernels.h"
 
 /* ---- the driver, once per process ----------------------------------------- */
 
@@ -343,41 +344,159 @@ static void device_copy(void *dst, const void *src, size_t bytes) {
   if (r != CUDA_SUCCESS) cuda_fail(NULL, r, "cuMemcpyDtoDAsync", -1, dst, bytes);
 }
 
-/* The reductions on device memory run as kernels (src/cuda/kernels.cu), which
- * the chunk pipeline launches on its stream; until that pipeline runs on the
- * device, a call on device buffers is staged through pinned host memory
- * (src/coll/coll.c) and computes there, so nothing reaches these. */
-static void device_no_reduce(void *dst, const void *a, const void *b, size_t count,
-                             weft_dtype dtype, weft_op op, int postdiv) {
-  (void)dst, (void)a, (void)b, (void)count, (void)dtype, (void)op, (void)postdiv;
-  WEFT_WARN(WEFT_SUBSYS_COLL, "cuda: a reduction on device memory outside the staged path");
+/* ---- the kernels (kernels.cu, kernels.h) ----------------------------------------- */
+
+#define CUDA_MAX_DEVICES 64
+
+/* One device's module and functions, loaded on first use. */
+typedef struct cuda_kernels {
+  bool tried, loaded;
+  CUmodule module;
+  CUfunction reduce[WEFT_DTYPE_COUNT], finish[WEFT_DTYPE_COUNT], scale[WEFT_DTYPE_COUNT];
+  CUfunction narrow, widen, wire_reduce;
+} cuda_kernels;
+
+static cuda_kernels cuda_kernels_of[CUDA_MAX_DEVICES];
+static pthread_mutex_t cuda_kernels_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The kernels of device `ordinal`, its primary context made current; NULL
+ * with the reason in `errors` (NULL: logged) when there are none. */
+static const cuda_kernels *kernels_for(int ordinal, weft_error_sink *errors) {
+  if (!cuda_load() || ordinal < 0 || ordinal >= CUDA_MAX_DEVICES) return NULL;
+  CUdevice dev;
+  CUcontext ctx;
+  CUresult r = cuda->device_get(&dev, ordinal);
+  if (r == CUDA_SUCCESS) r = cuda->primary_ctx_retain(&ctx, dev);
+  if (r == CUDA_SUCCESS) {
+    cuda->primary_ctx_release(dev); /* the stream or the buffer holds it */
+    r = cuda->ctx_set_current(ctx);
+  }
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(errors, r, "cuDevicePrimaryCtxRetain", ordinal, NULL, 0);
+    return NULL;
+  }
+  cuda_kernels *k = &cuda_kernels_of[ordinal];
+  pthread_mutex_lock(&cuda_kernels_lock);
+  if (!k->tried) {
+    k->tried = true;
+#ifdef WEFT_HAVE_CUDA_KERNELS
+    static const char *const names[] = WEFT_CUDA_DTYPE_NAMES;
+    char name[64];
+    r = cuda->module_load_data(&k->module, weft_cuda_fatbin);
+    for (int d = 0; r == CUDA_SUCCESS && d < WEFT_DTYPE_COUNT; d++) {
+      snprintf(name, sizeof name, "weft_k_reduce_%s", names[d]);
+      r = cuda->module_get_function(&k->reduce[d], k->module, name);
+      snprintf(name, sizeof name, "weft_k_finish_%s", names[d]);
+      if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->finish[d], k->module, name);
+      snprintf(name, sizeof name, "weft_k_scale_%s", names[d]);
+      if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->scale[d], k->module, name);
+    }
+    if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->narrow, k->module, "weft_k_wire_narrow");
+    if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->widen, k->module, "weft_k_wire_widen");
+    if (r == CUDA_SUCCESS)
+      r = cuda->module_get_function(&k->wire_reduce, k->module, "weft_k_wire_reduce");
+    k->loaded = r == CUDA_SUCCESS;
+    if (!k->loaded) cuda_fail(errors, r, "cuModuleLoadData (weft's kernels)", ordinal, NULL, 0);
+#else
+    if (errors) weft_error_sink_set(errors, "cuda: this build of weft has no kernels (no nvcc)");
+#endif
+  }
+  pthread_mutex_unlock(&cuda_kernels_lock);
+  return k->loaded ? k : NULL;
 }
-static void device_no_finish(void *dst, const void *src, size_t count, weft_dtype dtype,
-                             weft_op op, int postdiv) {
-  (void)dst, (void)src, (void)count, (void)dtype, (void)op, (void)postdiv;
-  WEFT_WARN(WEFT_SUBSYS_COLL, "cuda: a finish on device memory outside the staged path");
+
+/* One launch over n elements on `stream`. */
+static CUresult launch(CUfunction fn, size_t n, CUstream stream, void **params) {
+  size_t blocks = (n + 255) / 256;
+  if (blocks > 4096) blocks = 4096; /* grid-stride loops take the rest */
+  if (blocks == 0) blocks = 1;
+  return cuda->launch_kernel(fn, (unsigned)blocks, 1, 1, 256, 1, 1, 0, stream, params, NULL);
 }
-static void device_no_scale(void *buf, size_t count, weft_dtype dtype, double factor) {
-  (void)buf, (void)count, (void)dtype, (void)factor;
-  WEFT_WARN(WEFT_SUBSYS_COLL, "cuda: a scale on device memory outside the staged path");
+
+/* The device a kernel runs on: its destination's. */
+static int device_of(const void *dst) {
+  int ordinal = 0;
+  weft_cuda_pointer_kind(dst, &ordinal);
+  return ordinal;
 }
-static void device_no_wire(void *dst, const void *src, size_t count, weft_dtype wire) {
-  (void)dst, (void)src, (void)count, (void)wire;
-  WEFT_WARN(WEFT_SUBSYS_COLL, "cuda: a wire conversion on device memory outside the staged path");
+
+/* A synchronous member: launch on the legacy default stream, wait for it. */
+static void launch_sync(CUfunction fn, size_t n, void **params, const char *what, const void *dst) {
+  CUresult r = launch(fn, n, NULL, params);
+  if (r == CUDA_SUCCESS) r = cuda->stream_synchronize(NULL);
+  if (r != CUDA_SUCCESS) cuda_fail(NULL, r, what, device_of(dst), dst, n);
 }
-static void device_no_reduce_wire(void *dst, const void *a, const void *b, size_t count,
-                                  weft_dtype wire, weft_op op, int postdiv, void *stage) {
-  (void)dst, (void)a, (void)b, (void)count, (void)wire, (void)op, (void)postdiv, (void)stage;
-  WEFT_WARN(WEFT_SUBSYS_COLL, "cuda: a wire reduction on device memory outside the staged path");
+
+static void device_reduce(void *dst, const void *a, const void *b, size_t count, weft_dtype dtype,
+                          weft_op op, int postdiv) {
+  const cuda_kernels *k = count ? kernels_for(device_of(dst), NULL) : NULL;
+  if (!k || (unsigned)dtype >= WEFT_DTYPE_COUNT) return;
+  int op_i = (int)op;
+  void *params[] = {&dst, &a, &b, &count, &op_i, &postdiv};
+  launch_sync(k->reduce[dtype], count, params, "cuLaunchKernel (weft_k_reduce)", dst);
 }
-static weft_status device_no_reduce_async(void *dst, const void *a, const void *b, size_t count,
-                                          weft_dtype dtype, weft_op op, int postdiv,
-                                          weft_mem_stream *s, weft_mem_token *token) {
-  (void)dst, (void)a, (void)b, (void)count, (void)dtype, (void)op, (void)postdiv;
+
+static void device_finish(void *dst, const void *src, size_t count, weft_dtype dtype, weft_op op,
+                          int postdiv) {
+  if (!count || (unsigned)dtype >= WEFT_DTYPE_COUNT) return;
+  if (op != WEFT_AVG || postdiv <= 1) {
+    device_copy(dst, src, count * weft_dtype_size(dtype));
+    return;
+  }
+  const cuda_kernels *k = kernels_for(device_of(dst), NULL);
+  if (!k) return;
+  void *params[] = {&dst, &src, &count, &postdiv};
+  launch_sync(k->finish[dtype], count, params, "cuLaunchKernel (weft_k_finish)", dst);
+}
+
+static void device_scale(void *buf, size_t count, weft_dtype dtype, double factor) {
+  const cuda_kernels *k = count ? kernels_for(device_of(buf), NULL) : NULL;
+  if (!k || (unsigned)dtype >= WEFT_DTYPE_COUNT) return;
+  void *params[] = {&buf, &count, &factor};
+  launch_sync(k->scale[dtype], count, params, "cuLaunchKernel (weft_k_scale)", buf);
+}
+
+static void device_narrow(void *dst, const void *src, size_t count, weft_dtype wire) {
+  const cuda_kernels *k = count ? kernels_for(device_of(dst), NULL) : NULL;
+  if (!k) return;
+  int w = (int)wire;
+  void *params[] = {&dst, &src, &count, &w};
+  launch_sync(k->narrow, count, params, "cuLaunchKernel (weft_k_wire_narrow)", dst);
+}
+
+static void device_widen(void *dst, const void *src, size_t count, weft_dtype wire) {
+  const cuda_kernels *k = count ? kernels_for(device_of(dst), NULL) : NULL;
+  if (!k) return;
+  int w = (int)wire;
+  void *params[] = {&dst, &src, &count, &w};
+  launch_sync(k->widen, count, params, "cuLaunchKernel (weft_k_wire_widen)", dst);
+}
+
+static void device_reduce_wire(void *dst, const void *a, const void *b, size_t count,
+                               weft_dtype wire, weft_op op, int postdiv, void *stage) {
+  const cuda_kernels *k = count ? kernels_for(device_of(dst), NULL) : NULL;
+  if (!k) return;
+  int w = (int)wire, op_i = (int)op;
+  void *params[] = {&dst, &a, &b, &count, &w, &op_i, &postdiv, &stage};
+  launch_sync(k->wire_reduce, count, params, "cuLaunchKernel (weft_k_wire_reduce)", dst);
+}
+
+/* The reduction queued on the communicator's stream; `b` may be pinned host
+ * memory (a receive slot), which the GPU reads over the bus. */
+static weft_status device_reduce_async(void *dst, const void *a, const void *b, size_t count,
+                                       weft_dtype dtype, weft_op op, int postdiv,
+                                       weft_mem_stream *s, weft_mem_token *token) {
   *token = 0;
-  if (s && s->errors)
-    weft_error_sink_set(s->errors, "cuda: reductions on device memory run staged (coll.c)");
-  return WEFT_ERR_UNSUPPORTED;
+  if (!count) return WEFT_OK;
+  if ((unsigned)dtype >= WEFT_DTYPE_COUNT) return WEFT_ERR_INVALID;
+  const cuda_kernels *k = kernels_for(s->ordinal, s->errors);
+  if (!k) return WEFT_ERR_UNSUPPORTED;
+  int op_i = (int)op;
+  void *params[] = {&dst, &a, &b, &count, &op_i, &postdiv};
+  CUresult r = launch(k->reduce[dtype], count, s->stream, params);
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(s->errors, r, "cuLaunchKernel (weft_k_reduce)", s->ordinal, dst, count);
+  return device_record(s, token);
 }
 
 static void device_stream_destroy(weft_mem_stream *s) {
@@ -388,12 +507,12 @@ const weft_mem_ops weft_mem_device = {
     .kind = WEFT_MEMORY_DEVICE,
     .name = "cuda",
     .copy = device_copy,
-    .reduce = device_no_reduce,
-    .finish = device_no_finish,
-    .scale = device_no_scale,
-    .narrow = device_no_wire,
-    .widen = device_no_wire,
-    .reduce_wire = device_no_reduce_wire,
+    .reduce = device_reduce,
+    .finish = device_finish,
+    .scale = device_scale,
+    .narrow = device_narrow,
+    .widen = device_widen,
+    .reduce_wire = device_reduce_wire,
     .alloc = device_alloc,
     .release = device_free_scratch,
     .stream_create = device_stream_create,
@@ -403,7 +522,7 @@ const weft_mem_ops weft_mem_device = {
     .record = device_record,
     .poll = device_poll,
     .copy_async = device_copy_async,
-    .reduce_async = device_no_reduce_async,
+    .reduce_async = device_reduce_async,
     .copy_to_host = device_copy_to_host,
     .copy_from_host = device_copy_from_host,
     .alloc_slots = device_alloc_slots,

@@ -1,0 +1,60 @@
+// kernels.cu - the reductions on device memory: every dtype x op, the avg's
+// division, scale and f32 on the wire, one element step each from
+// src/mem/reduce_ops.h (the header the host tests prove equal to the host's
+// kernels). Grid-stride loops; every parameter a plain value, as the driver
+// API's cuLaunchKernel passes them (kernels.h lists the names and layouts).
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/mem/reduce_ops.h"
+
+#define WEFT_GRID_STRIDE(i, n)                                                  \
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);      \
+       i += (size_t)gridDim.x * blockDim.x)
+
+#define WEFT_KERNELS(X, T)                                                      \
+  extern "C" __global__ void weft_k_reduce_##X(T *dst, const T *a, const T *b, \
+                                               size_t n, int op, int postdiv) { \
+    WEFT_GRID_STRIDE(i, n) dst[i] = weft_op_##X(a[i], b[i], op, postdiv);       \
+  }                                                                             \
+  extern "C" __global__ void weft_k_finish_##X(T *dst, const T *src, size_t n,  \
+                                               int postdiv) {                   \
+    WEFT_GRID_STRIDE(i, n) dst[i] = weft_op_##X##_finish(src[i], postdiv);      \
+  }                                                                             \
+  extern "C" __global__ void weft_k_scale_##X(T *buf, size_t n, double factor) { \
+    WEFT_GRID_STRIDE(i, n) buf[i] = weft_scale_##X(buf[i], factor);             \
+  }
+
+WEFT_KERNELS(f32, float)
+WEFT_KERNELS(f64, double)
+WEFT_KERNELS(f16, uint16_t)
+WEFT_KERNELS(bf16, uint16_t)
+WEFT_KERNELS(i8, int8_t)
+WEFT_KERNELS(u8, uint8_t)
+WEFT_KERNELS(i32, int32_t)
+WEFT_KERNELS(i64, int64_t)
+
+extern "C" __global__ void weft_k_wire_narrow(uint16_t *dst, const float *src, size_t n,
+                                              int wire) {
+  WEFT_GRID_STRIDE(i, n) dst[i] = weft_wire_narrow_one(src[i], wire);
+}
+
+extern "C" __global__ void weft_k_wire_widen(float *dst, const uint16_t *src, size_t n, int wire) {
+  WEFT_GRID_STRIDE(i, n) dst[i] = weft_wire_widen_one(src[i], wire);
+}
+
+// dst = a + widen(b) (divided for an avg); with a stage, the value rounded to
+// the wire type goes there and dst keeps exactly that value (reduce.h)
+extern "C" __global__ void weft_k_wire_reduce(float *dst, const float *a, const uint16_t *b,
+                                              size_t n, int wire, int op, int postdiv,
+                                              uint16_t *stage) {
+  WEFT_GRID_STRIDE(i, n) {
+    float v = weft_wire_reduce_one(a[i], b[i], wire, op, postdiv);
+    if (stage) {
+      uint16_t h = weft_wire_narrow_one(v, wire);
+      stage[i] = h;
+      v = weft_wire_widen_one(h, wire);
+    }
+    dst[i] = v;
+  }
+}

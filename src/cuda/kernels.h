@@ -1,0 +1,27 @@
+/* kernels.h - the device kernels (kernels.cu), as host code launches them
+ * through the driver (cuModuleGetFunction by name, cuLaunchKernel with one
+ * pointer per parameter, in this order). X is a dtype's short name: f32 f64
+ * f16 bf16 i8 u8 i32 i64; T its storage type.
+ *   weft_k_reduce_X  (T *dst, const T *a, const T *b, size_t n, int op, int postdiv)
+ *   weft_k_finish_X  (T *dst, const T *src, size_t n, int postdiv)
+ *   weft_k_scale_X   (T *buf, size_t n, double factor)
+ *   weft_k_wire_narrow (uint16_t *dst, const float *src, size_t n, int wire)
+ *   weft_k_wire_widen  (float *dst, const uint16_t *src, size_t n, int wire)
+ *   weft_k_wire_reduce (float *dst, const float *a, const uint16_t *b, size_t n,
+ *                       int wire, int op, int postdiv, uint16_t *stage)
+ * The fatbin (sm_80, sm_90 and compute_90 PTX) is embedded in the library
+ * at build time where nvcc is found (WEFT_HAVE_CUDA_KERNELS). */
+#ifndef WEFT_CUDA_KERNELS_H
+#define WEFT_CUDA_KERNELS_H
+
+#include <stddef.h>
+
+#ifdef WEFT_HAVE_CUDA_KERNELS
+extern const unsigned char weft_cuda_fatbin[];
+extern const size_t weft_cuda_fatbin_len;
+#endif
+
+/* The short names, indexed by weft_dtype. */
+#define WEFT_CUDA_DTYPE_NAMES {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"}
+
+#endif
