@@ -114,6 +114,7 @@ typedef struct emu_op {
   int ndeps;
   CUdeviceptr dst, src; /* device addresses, checked when it runs */
   void *host;           /* HtoD's source, DtoH's destination */
+  bool host_pinned;     /* it was pinned when queued: it must still be when it runs */
   size_t bytes;
   unsigned char value;
   const cuda_emu_kernel *kernel;
@@ -484,9 +485,18 @@ static void ctx_fail(struct CUctx_st *ctx, CUresult r) {
   }
 }
 
+/* Pinned host memory a copy was queued with and that was freed since: the
+ * stand-in must not touch it (a GPU's copy engine would fault on it). */
+static bool host_gone(const emu_op *op) {
+  if (!op->host_pinned) return false;
+  emu_host *h = host_find(op->host);
+  return !h || op->bytes > h->size - ((uintptr_t)op->host - (uintptr_t)h->ptr);
+}
+
 static CUresult op_execute(const emu_stream *s, emu_op *op) {
   if (!op->bytes && op->kind <= OP_MEMSET) return CUDA_SUCCESS;
   void *d, *src;
+  if (host_gone(op)) return CUDA_ERROR_ILLEGAL_ADDRESS;
   switch (op->kind) {
     case OP_HTOD:
       if (!(d = emu_span(s->ctx, op->dst, op->bytes, false))) return CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -1219,6 +1229,7 @@ static CUresult copy_enqueue(emu_op_kind kind, CUdeviceptr dst, CUdeviceptr src,
   op->dst = dst;
   op->src = src;
   op->host = host;
+  op->host_pinned = host && host_find(host);
   op->bytes = bytes;
   op->value = value;
   return emu_leave(op_enqueue(s, op));
