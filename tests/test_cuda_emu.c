@@ -59,8 +59,7 @@ static int setup(void **state) {
     return -1;
   }
   CUdevice dev;
-  if (api->device_get(&dev, 0) || api->primary_ctx_retain(&ctx0, dev) ||
-      api->ctx_set_current(ctx0))
+  if (api->device_get(&dev, 0) || api->primary_ctx_retain(&ctx0, dev) || api->ctx_set_current(ctx0))
     return -1;
   return 0;
 }
@@ -157,11 +156,17 @@ static void driver_devices_contexts(void **state) {
 
 static void error_words_for_every_code(void **state) {
   (void)state;
-  const CUresult codes[] = {CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
-                            CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NO_DEVICE,
-                            CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_IMAGE,
-                            CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE,
-                            CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_READY,
+  const CUresult codes[] = {CUDA_SUCCESS,
+                            CUDA_ERROR_INVALID_VALUE,
+                            CUDA_ERROR_OUT_OF_MEMORY,
+                            CUDA_ERROR_NOT_INITIALIZED,
+                            CUDA_ERROR_NO_DEVICE,
+                            CUDA_ERROR_INVALID_DEVICE,
+                            CUDA_ERROR_INVALID_IMAGE,
+                            CUDA_ERROR_INVALID_CONTEXT,
+                            CUDA_ERROR_INVALID_HANDLE,
+                            CUDA_ERROR_NOT_FOUND,
+                            CUDA_ERROR_NOT_READY,
                             CUDA_ERROR_ILLEGAL_ADDRESS};
   for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
     const char *name = NULL, *text = NULL;
@@ -175,7 +180,8 @@ static void error_words_for_every_code(void **state) {
   assert_null(name);
   char words[160];
   weft_cuda_error_words(api, CUDA_ERROR_ILLEGAL_ADDRESS, words, sizeof words);
-  assert_string_equal(words, "CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)");
+  assert_string_equal(words,
+                      "CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)");
 }
 
 /* ---- memory --------------------------------------------------------------------------- */
@@ -205,8 +211,8 @@ static void pointers_classified(void **state) {
   assert_int_equal((uintptr_t)pinned % (uintptr_t)sysconf(_SC_PAGESIZE), 0);
   char *pageable = malloc(100);
   CUpointer_attribute attrs[4] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                  CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_IS_MANAGED};
+                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_CONTEXT,
+                                  CU_POINTER_ATTRIBUTE_IS_MANAGED};
   unsigned int type, managed;
   int ordinal;
   CUcontext ctx;
@@ -392,8 +398,8 @@ static void events_complete_after_their_work(void **state) {
 }
 
 /* A copy past the end of an allocation, one from freed memory, one into
- * freed pinned memory, a kernel past its buffers: each fails when it runs, and every later call of the
- * context answers the error until the context is reset. */
+ * freed pinned memory, a kernel past its buffers: each fails when it runs, and every later call of
+ * the context answers the error until the context is reset. */
 static void illegal_address_is_sticky(void **state) {
   (void)state;
   for (int how = 0; how < 4; how++) {
@@ -620,11 +626,13 @@ static void counters_follow_handles(void **state) {
 static int no_leftovers(void **state) {
   (void)state;
   weft_cuda_emu_counters c = counts();
-  if (c.allocations || c.host_allocations || c.streams || c.events || c.modules ||
-      c.ipc_mappings || c.pending) {
-    fprintf(stderr, "left: %d allocations, %d pinned, %d streams, %d events, %d modules, "
-            "%d IPC mappings, %d queued\n", c.allocations, c.host_allocations, c.streams,
-            c.events, c.modules, c.ipc_mappings, c.pending);
+  if (c.allocations || c.host_allocations || c.streams || c.events || c.modules || c.ipc_mappings ||
+      c.pending) {
+    fprintf(stderr,
+            "left: %d allocations, %d pinned, %d streams, %d events, %d modules, "
+            "%d IPC mappings, %d queued\n",
+            c.allocations, c.host_allocations, c.streams, c.events, c.modules, c.ipc_mappings,
+            c.pending);
     return -1;
   }
   return 0;

@@ -64,24 +64,24 @@
 
 /* ---- errors: one list, names and messages ------------------------------------ */
 
-#define EMU_ERRORS(X)                                                                       \
-  X(CUDA_SUCCESS, "no error")                                                               \
-  X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                           \
-  X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                              \
-  X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                                     \
-  X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                       \
-  X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                             \
-  X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                    \
-  X(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid")                             \
-  X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                   \
-  X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                   \
-  X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                         \
-  X(CUDA_ERROR_NOT_READY, "device not ready")                                               \
-  X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")                 \
-  X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch")          \
-  X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                 \
-  X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                                \
-  X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                    \
+#define EMU_ERRORS(X)                                                              \
+  X(CUDA_SUCCESS, "no error")                                                      \
+  X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                  \
+  X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                     \
+  X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                            \
+  X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                              \
+  X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                    \
+  X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                           \
+  X(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid")                    \
+  X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                          \
+  X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                          \
+  X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                \
+  X(CUDA_ERROR_NOT_READY, "device not ready")                                      \
+  X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")        \
+  X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch") \
+  X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                        \
+  X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                       \
+  X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                           \
   X(CUDA_ERROR_UNKNOWN, "unknown error")
 
 /* ---- state ------------------------------------------------------------------ */
@@ -98,9 +98,9 @@ struct emu_stream;
 /* A device's primary context (the only kind weft uses). */
 struct CUctx_st {
   int device;
-  int refs;        /* retains not yet released; 0: inactive */
+  int refs; /* retains not yet released; 0: inactive */
   bool active;
-  CUresult sticky; /* the first error of its work, answered by every later call */
+  CUresult sticky;           /* the first error of its work, answered by every later call */
   struct emu_stream *legacy; /* the NULL stream, CU_STREAM_LEGACY */
 };
 
@@ -152,11 +152,11 @@ typedef struct emu_alloc {
   size_t size, mapped;  /* asked for; mapped (whole pages) */
   unsigned char *alias; /* read-write, for copies and kernels only */
   int fd;
-  uint64_t serial;      /* per process: BUFFER_ID, and what an IPC handle names */
+  uint64_t serial; /* per process: BUFFER_ID, and what an IPC handle names */
   struct CUctx_st *ctx;
   bool imported;
-  int opens;            /* imported: opens not yet closed */
-  int32_t owner_pid;    /* imported: the exporter and its serial */
+  int opens;         /* imported: opens not yet closed */
+  int32_t owner_pid; /* imported: the exporter and its serial */
   uint64_t owner_serial;
 } emu_alloc;
 
@@ -217,8 +217,12 @@ static struct {
 static volatile int emu_forked; /* this is a child forked after cuInit */
 static __thread struct CUctx_st *emu_current;
 
-static void emu_fork_prepare(void) { pthread_mutex_lock(&emu.lock); }
-static void emu_fork_parent(void) { pthread_mutex_unlock(&emu.lock); }
+static void emu_fork_prepare(void) {
+  pthread_mutex_lock(&emu.lock);
+}
+static void emu_fork_parent(void) {
+  pthread_mutex_unlock(&emu.lock);
+}
 static void emu_fork_child(void) {
   if (emu.asked) emu_forked = 1;
   pthread_mutex_unlock(&emu.lock);
@@ -255,7 +259,9 @@ static CUresult emu_need_ctx(struct CUctx_st **out) {
   return CUDA_SUCCESS;
 }
 
-static bool emu_device_valid(CUdevice dev) { return dev >= 0 && dev < emu.devices; }
+static bool emu_device_valid(CUdevice dev) {
+  return dev >= 0 && dev < emu.devices;
+}
 
 static uint64_t emu_random(void) {
   uint64_t x = emu.rng; /* xorshift64* */
@@ -457,8 +463,7 @@ static void *emu_span(const struct CUctx_st *ctx, CUdeviceptr ptr, size_t bytes,
     return a->alias + (ptr - a->base);
   }
   emu_host *h = host_find((const void *)(uintptr_t)ptr);
-  if (h && bytes <= h->size - ((uintptr_t)ptr - (uintptr_t)h->ptr))
-    return (void *)(uintptr_t)ptr;
+  if (h && bytes <= h->size - ((uintptr_t)ptr - (uintptr_t)h->ptr)) return (void *)(uintptr_t)ptr;
   return NULL;
 }
 
@@ -516,11 +521,9 @@ static CUresult op_execute(const emu_stream *s, emu_op *op) {
       if (!(d = emu_span(s->ctx, op->dst, op->bytes, false))) return CUDA_ERROR_ILLEGAL_ADDRESS;
       memset(d, op->value, op->bytes);
       return CUDA_SUCCESS;
-    case OP_KERNEL:
-      return op->kernel->run(&op->launch, op->argv);
+    case OP_KERNEL: return op->kernel->run(&op->launch, op->argv);
     case OP_RECORD: /* its marker is the event's: done when retired */
-    case OP_WAIT:   /* its dependency held it until now */
-      return CUDA_SUCCESS;
+    case OP_WAIT: /* its dependency held it until now */ return CUDA_SUCCESS;
   }
   return CUDA_ERROR_UNKNOWN;
 }
@@ -703,20 +706,22 @@ EMU_EXPORT CUresult CUDAAPI cuDriverGetVersion(int *version) {
 }
 
 #define EMU_ERROR_NAME(code, text) \
-  case code: *str = #code; return CUDA_SUCCESS;
+  case code:                       \
+    *str = #code;                  \
+    return CUDA_SUCCESS;
 #define EMU_ERROR_TEXT(code, text) \
   case code: *str = text; return CUDA_SUCCESS;
 
 EMU_EXPORT CUresult CUDAAPI cuGetErrorName(CUresult error, const char **str) {
   if (!str) return CUDA_ERROR_INVALID_VALUE;
-  switch (error) { EMU_ERRORS(EMU_ERROR_NAME) default: break; }
+  switch (error) { EMU_ERRORS(EMU_ERROR_NAME) default : break; }
   *str = NULL;
   return CUDA_ERROR_INVALID_VALUE;
 }
 
 EMU_EXPORT CUresult CUDAAPI cuGetErrorString(CUresult error, const char **str) {
   if (!str) return CUDA_ERROR_INVALID_VALUE;
-  switch (error) { EMU_ERRORS(EMU_ERROR_TEXT) default: break; }
+  switch (error) { EMU_ERRORS(EMU_ERROR_TEXT) default : break; }
   *str = NULL;
   return CUDA_ERROR_INVALID_VALUE;
 }
@@ -772,7 +777,9 @@ static bool emu_attribute(CUdevice_attribute attr, CUdevice dev, int *value) {
     case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: *value = 65535; return true;
     case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: *value = 65535; return true;
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *value = EMU_SHARED_BYTES; return true;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *value = EMU_SHARED_BYTES; return true;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
+      *value = EMU_SHARED_BYTES;
+      return true;
     case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: *value = 65536; return true;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = 32; return true;
     case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: *value = 65536; return true;
@@ -1007,8 +1014,8 @@ EMU_EXPORT CUresult CUDAAPI cuMemHostAlloc(void **ptr, size_t bytes, unsigned in
   if (r) return r;
   struct CUctx_st *ctx;
   if ((r = emu_need_ctx(&ctx))) return emu_leave(r);
-  unsigned int known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
-                       CU_MEMHOSTALLOC_WRITECOMBINED;
+  unsigned int known =
+      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
   if (!ptr || !bytes || (flags & ~known)) return emu_leave(CUDA_ERROR_INVALID_VALUE);
   if (emu.nhosts == emu.host_cap) {
     size_t cap = emu.host_cap ? emu.host_cap * 2 : 64;
@@ -1221,8 +1228,7 @@ static CUresult copy_enqueue(emu_op_kind kind, CUdeviceptr dst, CUdeviceptr src,
   if ((r = emu_need_ctx(&ctx))) return emu_leave(r);
   emu_stream *s;
   if ((r = stream_resolve(stream, &s))) return emu_leave(r);
-  if (bytes && (kind == OP_HTOD || kind == OP_DTOH) &&
-      (!host || host_range_is_device(host, bytes)))
+  if (bytes && (kind == OP_HTOD || kind == OP_DTOH) && (!host || host_range_is_device(host, bytes)))
     return emu_leave(CUDA_ERROR_INVALID_VALUE);
   emu_op *op = op_new(kind);
   if (!op) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
@@ -1292,8 +1298,7 @@ EMU_EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule module) {
 /* A function's handle: its module's, with the kernel's index in bits 44..55. */
 #define H_FUNCTION_KERNEL_SHIFT 44
 
-EMU_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction *fn, CUmodule module,
-                                                const char *name) {
+EMU_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction *fn, CUmodule module, const char *name) {
   CUresult r = emu_enter();
   if (r) return r;
   emu_module *m = handle_get(H_MODULE, (uint64_t)(uintptr_t)module);

@@ -36,7 +36,8 @@ void *cuda_emu_span(const cuda_emu_launch *launch, CUdeviceptr ptr, size_t bytes
 typedef struct cuda_emu_param {
   size_t size, align; /* the C type's sizeof and _Alignof; {0, 0} ends the list */
 } cuda_emu_param;
-#define CUDA_EMU_PARAM(type) {sizeof(type), _Alignof(type)}
+#define CUDA_EMU_PARAM(type) \
+  { sizeof(type), _Alignof(type) }
 
 typedef struct cuda_emu_kernel {
   const char *name; /* the kernel's (extern "C") name in the fatbin */
