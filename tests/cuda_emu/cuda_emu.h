@@ -1,0 +1,29 @@
+/* cuda_emu.h - what the CUDA stand-in (libweft_cuda_emu.so, tests only)
+ * reports about this process, so tests can check that weft gives back every
+ * buffer, stream, event and IPC mapping it took (at weft_comm_destroy, after
+ * a failure). Look it up with dlsym("weft_cuda_emu_counts") in the library
+ * WEFT_CUDA_LIBRARY names. */
+#ifndef WEFT_CUDA_EMU_H
+#define WEFT_CUDA_EMU_H
+
+typedef struct weft_cuda_emu_counters {
+  int allocations;      /* cuMemAlloc not yet freed */
+  int host_allocations; /* cuMemHostAlloc not yet freed */
+  int streams;          /* cuStreamCreate not yet destroyed */
+  int events;           /* cuEventCreate not yet destroyed */
+  int modules;          /* cuModuleLoadData not yet unloaded */
+  int ipc_mappings;     /* cuIpcOpenMemHandle not yet closed, each open counted */
+  int pending;          /* queued operations not yet executed, every stream */
+  int primary_refs;     /* cuDevicePrimaryCtxRetain not yet released, every device */
+  int reclaimed;        /* of the above, freed by a primary context's reset, not by their owner */
+} weft_cuda_emu_counters;
+
+typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
+
+/* Settings (read at cuInit):
+ *   WEFT_CUDA_EMU_DEVICES  devices, default 1, at most 16; 0: cuInit answers
+ *                          CUDA_ERROR_NO_DEVICE and cuDeviceGetCount 0
+ *   WEFT_CUDA_EMU_SEED     the seed of the order queued work runs in (default 1)
+ *   WEFT_CUDA_EMU_MEMORY   bytes of device memory per device (default 4 GiB) */
+
+#endif
