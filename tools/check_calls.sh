@@ -19,6 +19,7 @@ nm -A "$lib" | awk '
 function layer(obj,    p) {
   if (obj ~ /^transports_/) return "transports"
   if (obj ~ /^src_cuda_/) return "mem" # beside the host memory table (check_layers.sh)
+  if (obj ~ /weft_kernels_fatbin/) return "mem" # the kernels nvcc made, embedded (meson.build)
   split(obj, p, "_")
   return p[2]
 }

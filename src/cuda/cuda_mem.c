@@ -104,6 +104,25 @@ static weft_status cuda_fail(weft_error_sink *errors, CUresult r, const char *ca
   return r == CUDA_ERROR_OUT_OF_MEMORY ? WEFT_ERR_NOMEM : WEFT_ERR_SYSTEM;
 }
 
+/* Makes device `ordinal`'s primary context current on this thread (the
+ * engine's progress thread has none of its own); false when it cannot. */
+static bool enter_device(int ordinal) {
+  CUdevice dev;
+  CUcontext ctx;
+  if (cuda->device_get(&dev, ordinal) != CUDA_SUCCESS ||
+      cuda->primary_ctx_retain(&ctx, dev) != CUDA_SUCCESS)
+    return false;
+  cuda->primary_ctx_release(dev); /* a stream or the buffer keeps it alive */
+  return cuda->ctx_set_current(ctx) == CUDA_SUCCESS;
+}
+
+/* The device a buffer is on (0 for memory the driver does not know). */
+static int device_of(const void *ptr) {
+  int ordinal = 0;
+  weft_cuda_pointer_kind(ptr, &ordinal);
+  return ordinal;
+}
+
 /* ---- a communicator's stream and its tokens ----------------------------------- */
 
 #define CUDA_EVENTS 256 /* tokens in flight per stream; a full ring answers WEFT_AGAIN */
@@ -319,7 +338,7 @@ static void *device_alloc_scratch(size_t bytes) {
 }
 
 static void device_free_scratch(void *ptr) {
-  if (ptr && cuda) cuda->mem_free((CUdeviceptr)(uintptr_t)ptr);
+  if (ptr && cuda && enter_device(device_of(ptr))) cuda->mem_free((CUdeviceptr)(uintptr_t)ptr);
 }
 
 static void *device_alloc(size_t bytes) {
@@ -337,7 +356,7 @@ static void *device_alloc(size_t bytes) {
 
 /* A copy within device memory, done when it returns (the default stream). */
 static void device_copy(void *dst, const void *src, size_t bytes) {
-  if (!bytes || dst == src || !cuda) return;
+  if (!bytes || dst == src || !cuda || !enter_device(device_of(dst))) return;
   CUresult r = cuda->memcpy_dtod_async((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
                                        bytes, NULL);
   if (r == CUDA_SUCCESS) r = cuda->stream_synchronize(NULL);
@@ -363,18 +382,12 @@ static pthread_mutex_t cuda_kernels_lock = PTHREAD_MUTEX_INITIALIZER;
  * with the reason in `errors` (NULL: logged) when there are none. */
 static const cuda_kernels *kernels_for(int ordinal, weft_error_sink *errors) {
   if (!cuda_load() || ordinal < 0 || ordinal >= CUDA_MAX_DEVICES) return NULL;
-  CUdevice dev;
-  CUcontext ctx;
-  CUresult r = cuda->device_get(&dev, ordinal);
-  if (r == CUDA_SUCCESS) r = cuda->primary_ctx_retain(&ctx, dev);
-  if (r == CUDA_SUCCESS) {
-    cuda->primary_ctx_release(dev); /* the stream or the buffer holds it */
-    r = cuda->ctx_set_current(ctx);
-  }
-  if (r != CUDA_SUCCESS) {
-    cuda_fail(errors, r, "cuDevicePrimaryCtxRetain", ordinal, NULL, 0);
+  if (!enter_device(ordinal)) {
+    if (errors)
+      weft_error_sink_set(errors, "cuda: device %d's context cannot be made current", ordinal);
     return NULL;
   }
+  CUresult r;
   cuda_kernels *k = &cuda_kernels_of[ordinal];
   pthread_mutex_lock(&cuda_kernels_lock);
   if (!k->tried) {
@@ -411,13 +424,6 @@ static CUresult launch(CUfunction fn, size_t n, CUstream stream, void **params) 
   if (blocks > 4096) blocks = 4096; /* grid-stride loops take the rest */
   if (blocks == 0) blocks = 1;
   return cuda->launch_kernel(fn, (unsigned)blocks, 1, 1, 256, 1, 1, 0, stream, params, NULL);
-}
-
-/* The device a kernel runs on: its destination's. */
-static int device_of(const void *dst) {
-  int ordinal = 0;
-  weft_cuda_pointer_kind(dst, &ordinal);
-  return ordinal;
 }
 
 /* A synchronous member: launch on the legacy default stream, wait for it. */

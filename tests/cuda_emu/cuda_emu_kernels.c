@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "src/mem/reduce_ops.h"
+
 /* Threads along x: blockIdx.x * blockDim.x + threadIdx.x takes these values
  * (y and z repeat them). */
 static uint64_t threads_x(const cuda_emu_launch *l) {
@@ -30,7 +32,116 @@ static CUresult test_add_f32(const cuda_emu_launch *l, void **params) {
   return CUDA_SUCCESS;
 }
 
+/* ---- weft's kernels (src/cuda/kernels.cu): grid-stride loops over n, so
+ * every element is covered whatever the grid; the same element steps ---- */
+
+#define EMU_SPAN(var, T, ptr, n)                                  \
+  T *var = (n) ? cuda_emu_span(l, (ptr), (n) * sizeof(T)) : NULL; \
+  if ((n) && !var) return CUDA_ERROR_ILLEGAL_ADDRESS;
+
+#define EMU_KERNELS(X, T)                                                       \
+  static CUresult emu_reduce_##X(const cuda_emu_launch *l, void **p) {          \
+    size_t n = *(size_t *)p[3];                                                 \
+    EMU_SPAN(d, T, *(CUdeviceptr *)p[0], n)                                     \
+    EMU_SPAN(a, const T, *(CUdeviceptr *)p[1], n)                               \
+    EMU_SPAN(b, const T, *(CUdeviceptr *)p[2], n)                               \
+    int op = *(int *)p[4], postdiv = *(int *)p[5];                              \
+    for (size_t i = 0; i < n; i++) d[i] = weft_op_##X(a[i], b[i], op, postdiv); \
+    return CUDA_SUCCESS;                                                        \
+  }                                                                             \
+  static CUresult emu_finish_##X(const cuda_emu_launch *l, void **p) {          \
+    size_t n = *(size_t *)p[2];                                                 \
+    EMU_SPAN(d, T, *(CUdeviceptr *)p[0], n)                                     \
+    EMU_SPAN(s, const T, *(CUdeviceptr *)p[1], n)                               \
+    int postdiv = *(int *)p[3];                                                 \
+    for (size_t i = 0; i < n; i++) d[i] = weft_op_##X##_finish(s[i], postdiv);  \
+    return CUDA_SUCCESS;                                                        \
+  }                                                                             \
+  static CUresult emu_scale_##X(const cuda_emu_launch *l, void **p) {           \
+    size_t n = *(size_t *)p[1];                                                 \
+    EMU_SPAN(b, T, *(CUdeviceptr *)p[0], n)                                     \
+    double f = *(double *)p[2];                                                 \
+    for (size_t i = 0; i < n; i++) b[i] = weft_scale_##X(b[i], f);              \
+    return CUDA_SUCCESS;                                                        \
+  }
+
+EMU_KERNELS(f32, float)
+EMU_KERNELS(f64, double)
+EMU_KERNELS(f16, uint16_t)
+EMU_KERNELS(bf16, uint16_t)
+EMU_KERNELS(i8, int8_t)
+EMU_KERNELS(u8, uint8_t)
+EMU_KERNELS(i32, int32_t)
+EMU_KERNELS(i64, int64_t)
+
+static CUresult emu_wire_narrow(const cuda_emu_launch *l, void **p) {
+  size_t n = *(size_t *)p[2];
+  EMU_SPAN(d, uint16_t, *(CUdeviceptr *)p[0], n)
+  EMU_SPAN(s, const float, *(CUdeviceptr *)p[1], n)
+  int wire = *(int *)p[3];
+  for (size_t i = 0; i < n; i++) d[i] = weft_wire_narrow_one(s[i], wire);
+  return CUDA_SUCCESS;
+}
+
+static CUresult emu_wire_widen(const cuda_emu_launch *l, void **p) {
+  size_t n = *(size_t *)p[2];
+  EMU_SPAN(d, float, *(CUdeviceptr *)p[0], n)
+  EMU_SPAN(s, const uint16_t, *(CUdeviceptr *)p[1], n)
+  int wire = *(int *)p[3];
+  for (size_t i = 0; i < n; i++) d[i] = weft_wire_widen_one(s[i], wire);
+  return CUDA_SUCCESS;
+}
+
+static CUresult emu_wire_reduce(const cuda_emu_launch *l, void **p) {
+  size_t n = *(size_t *)p[3];
+  EMU_SPAN(d, float, *(CUdeviceptr *)p[0], n)
+  EMU_SPAN(a, const float, *(CUdeviceptr *)p[1], n)
+  EMU_SPAN(b, const uint16_t, *(CUdeviceptr *)p[2], n)
+  int wire = *(int *)p[4], op = *(int *)p[5], postdiv = *(int *)p[6];
+  CUdeviceptr stage_ptr = *(CUdeviceptr *)p[7];
+  uint16_t *stage = NULL;
+  if (stage_ptr && n && !(stage = cuda_emu_span(l, stage_ptr, n * sizeof(uint16_t))))
+    return CUDA_ERROR_ILLEGAL_ADDRESS;
+  for (size_t i = 0; i < n; i++) {
+    float v = weft_wire_reduce_one(a[i], b[i], wire, op, postdiv);
+    if (stage) {
+      stage[i] = weft_wire_narrow_one(v, wire);
+      v = weft_wire_widen_one(stage[i], wire);
+    }
+    d[i] = v;
+  }
+  return CUDA_SUCCESS;
+}
+
+#define EMU_ROWS(X, T)                                                                    \
+  {.name = "weft_k_reduce_" #X,                                                           \
+   .run = emu_reduce_##X,                                                                 \
+   .params = {CUDA_EMU_PARAM(T *), CUDA_EMU_PARAM(const T *), CUDA_EMU_PARAM(const T *),  \
+              CUDA_EMU_PARAM(size_t), CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(int)}},         \
+      {.name = "weft_k_finish_" #X,                                                       \
+       .run = emu_finish_##X,                                                             \
+       .params = {CUDA_EMU_PARAM(T *), CUDA_EMU_PARAM(const T *), CUDA_EMU_PARAM(size_t), \
+                  CUDA_EMU_PARAM(int)}},                                                  \
+      {.name = "weft_k_scale_" #X,                                                        \
+       .run = emu_scale_##X,                                                              \
+       .params = {CUDA_EMU_PARAM(T *), CUDA_EMU_PARAM(size_t), CUDA_EMU_PARAM(double)}},
+
 const cuda_emu_kernel cuda_emu_kernels[] = {
+    EMU_ROWS(f32, float) EMU_ROWS(f64, double) EMU_ROWS(f16, uint16_t) EMU_ROWS(bf16, uint16_t)
+        EMU_ROWS(i8, int8_t) EMU_ROWS(u8, uint8_t) EMU_ROWS(i32, int32_t) EMU_ROWS(i64, int64_t){
+            .name = "weft_k_wire_narrow",
+            .run = emu_wire_narrow,
+            .params = {CUDA_EMU_PARAM(uint16_t *), CUDA_EMU_PARAM(const float *),
+                       CUDA_EMU_PARAM(size_t), CUDA_EMU_PARAM(int)}},
+    {.name = "weft_k_wire_widen",
+     .run = emu_wire_widen,
+     .params = {CUDA_EMU_PARAM(float *), CUDA_EMU_PARAM(const uint16_t *), CUDA_EMU_PARAM(size_t),
+                CUDA_EMU_PARAM(int)}},
+    {.name = "weft_k_wire_reduce",
+     .run = emu_wire_reduce,
+     .params = {CUDA_EMU_PARAM(float *), CUDA_EMU_PARAM(const float *),
+                CUDA_EMU_PARAM(const uint16_t *), CUDA_EMU_PARAM(size_t), CUDA_EMU_PARAM(int),
+                CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(uint16_t *)}},
     {.name = "weft_emu_test_add_f32",
      .run = test_add_f32,
      .params = {CUDA_EMU_PARAM(float *), CUDA_EMU_PARAM(const float *),
