@@ -179,11 +179,15 @@ typedef struct choice_rule {
  * against the ring"). */
 #define RD_CORED_BYTES_LOG2 (192u << 10) /* the bytes limit times log2(size) */
 
-/* What a call brings to the rules. */
+/* What a call brings to the rules. The rules read the choice state's
+ * settings and facts, fixed after creation, never what later calls change
+ * (another thread writes that at a call's end, choose.h). */
 typedef struct choice_call {
   int size;
   size_t buffer, block, whole; /* bytes (algo.h: count * elem; whole = size * block) */
   bool wire;
+  size_t chunk_bytes; /* the chunk the caller cuts with */
+  bool by_size;       /* WEFT_ALGO is the allreduce's: other collectives ignore it */
 } choice_call;
 
 static size_t setting_at(const weft_choice_state *c, size_t at) {
@@ -220,7 +224,7 @@ static bool rule_holds(const choice_rule *r, const weft_choice_state *c, const c
                        bool auto_choice) {
   size_t bytes = measured(r, k);
   if (r->needs_one_host && c->nhosts != 1) return false;
-  if (r->cap_chunks && bytes > (size_t)r->cap_chunks * c->chunk_bytes) return false;
+  if (r->cap_chunks && bytes > (size_t)r->cap_chunks * k->chunk_bytes) return false;
   if (r->no_wire && k->wire) return false;
   if (r->confirmed && !c->bcast_confirm) return false;
   if (!auto_choice) return true;
@@ -242,7 +246,8 @@ static bool rule_holds(const choice_rule *r, const weft_choice_state *c, const c
  * rule applies (the caller falls back to the last), and only what the
  * algorithm itself needs is asked. */
 static bool rule_applies(const choice_rule *r, const weft_choice_state *c, const choice_call *k) {
-  bool auto_choice = c->algo_forced == WEFT_ALGO_AUTO || r->forced == WEFT_ALGO_AUTO;
+  bool auto_choice =
+      k->by_size || c->algo_forced == WEFT_ALGO_AUTO || r->forced == WEFT_ALGO_AUTO;
   if (!auto_choice && r->forced != c->algo_forced) return false;
   return rule_holds(r, c, k, auto_choice);
 }
@@ -341,7 +346,8 @@ static choice_call call_of(const weft_choice_state *c, const weft_coll *coll) {
                        .buffer = block,
                        .block = block,
                        .whole = (size_t)c->size * block,
-                       .wire = weft_wire_on(coll)};
+                       .wire = weft_wire_on(coll),
+                       .chunk_bytes = c->chunk_bytes};
 }
 
 weft_status weft_choose_allreduce(weft_choice_state *c, weft_coll *coll) {
@@ -356,7 +362,11 @@ static const choice_rule *exchange_rule = &allreduce_rules[2];
 
 weft_status weft_choose_barrier(weft_choice_state *c, weft_coll *coll) {
   /* one byte: the exchange where allreduce would take it (never direct) */
-  choice_call k = {.size = c->size, .buffer = 1, .block = 1, .whole = (size_t)c->size};
+  choice_call k = {.size = c->size,
+                   .buffer = 1,
+                   .block = 1,
+                   .whole = (size_t)c->size,
+                   .chunk_bytes = c->chunk_bytes};
   if (rule_applies(exchange_rule, c, &k)) return WEFT_CHOICE_LATE;
   return weft_rd_allreduce_start(coll);
 }
@@ -427,8 +437,13 @@ static const choice_rule reduce_rules[] = {
 };
 
 static int tree_fanout(const choice_rule *rules, size_t n, const weft_choice_state *c, size_t bytes,
-                       int size) {
-  choice_call k = {.size = size, .buffer = bytes, .block = bytes, .whole = bytes};
+                       int size, size_t chunk_bytes) {
+  choice_call k = {.size = size,
+                   .buffer = bytes,
+                   .block = bytes,
+                   .whole = bytes,
+                   .chunk_bytes = chunk_bytes,
+                   .by_size = true};
   const choice_rule *r = rules;
   /* the setting's rule holds when it names a fan-out, whatever the size */
   if (r->fanout == FANOUT_SETTING) {
@@ -441,16 +456,11 @@ static int tree_fanout(const choice_rule *rules, size_t n, const weft_choice_sta
 
 int weft_choose_bcast_fanout(const weft_choice_state *c, size_t bytes, int size,
                              size_t chunk_bytes) {
-  weft_choice_state at = *c; /* the chunk the caller cuts with */
-  at.chunk_bytes = chunk_bytes;
-  at.algo_forced = WEFT_ALGO_AUTO; /* WEFT_ALGO is the allreduce's */
-  return tree_fanout(bcast_rules, NRULES(bcast_rules), &at, bytes, size);
+  return tree_fanout(bcast_rules, NRULES(bcast_rules), c, bytes, size, chunk_bytes);
 }
 
 int weft_choose_reduce_fanout(const weft_choice_state *c, size_t bytes) {
-  weft_choice_state at = *c;
-  at.algo_forced = WEFT_ALGO_AUTO;
-  return tree_fanout(reduce_rules, NRULES(reduce_rules), &at, bytes, c->size);
+  return tree_fanout(reduce_rules, NRULES(reduce_rules), c, bytes, c->size, c->chunk_bytes);
 }
 
 /* ---- allgather and reduce-scatter ------------------------------------------------------ */
@@ -539,10 +549,9 @@ static const choice_rule reduce_scatter_rules[] = {
 /* WEFT_ALGO is the allreduce's: these collectives choose by size alone. */
 static weft_status choose_by_size(const choice_rule *rules, size_t n, const weft_choice_state *c,
                                   weft_coll *coll) {
-  weft_choice_state at = *c;
-  at.algo_forced = WEFT_ALGO_AUTO;
   choice_call k = call_of(c, coll);
-  return rule_pick(rules, n, &at, &k, NULL)->start(c, coll);
+  k.by_size = true;
+  return rule_pick(rules, n, c, &k, NULL)->start(c, coll);
 }
 
 weft_status weft_choose_allgather(const weft_choice_state *c, weft_coll *coll) {
