@@ -17,7 +17,12 @@
 
 #include "src/cuda/cuda_mem.h"
 
-#define STAGE_POOL 8 /* pinned buffers a communicator keeps (calls in flight at once) */
+/* Pinned buffers a communicator keeps: one per call in flight, and a
+ * gradient step issues one call per tensor at once (ResNet-50: 161), each
+ * staged when issued. Past the pool a call allocates its own, which costs a
+ * pinned allocation per call. */
+#define STAGE_POOL 256
+#define STAGE_MIN_BYTES (64u << 10) /* small calls share one size, so blocks are reused */
 
 typedef struct stage_block {
   void *ptr;
@@ -79,9 +84,12 @@ static weft_status device_state(weft_coll_task *task, int ordinal, struct weft_c
   return WEFT_OK;
 }
 
-/* A pinned buffer of at least `bytes` from the pool (grown as needed). */
+/* A pinned buffer of at least `bytes` from the pool: the smallest free
+ * block that fits; else an empty slot gets a new block, else the smallest
+ * free block is replaced by a larger one. Steps that issue the same calls
+ * settle on the same blocks after the first. */
 static void *stage_take(struct weft_coll_device *d, size_t bytes, int *block) {
-  int free_at = -1;
+  int fit = -1, empty = -1, smallest = -1;
   for (int i = 0; i < STAGE_POOL; i++) {
     stage_block *b = &d->pool[i];
     if (b->busy) continue;
@@ -89,23 +97,29 @@ static void *stage_take(struct weft_coll_device *d, size_t bytes, int *block) {
       if (weft_mem_device.poll(d->stream, b->until) != WEFT_OK) continue;
       b->until = 0;
     }
-    if (b->ptr && b->bytes >= bytes) {
-      b->busy = true;
-      *block = i;
-      return b->ptr;
+    if (!b->ptr) {
+      if (empty < 0) empty = i;
+    } else if (b->bytes >= bytes) {
+      if (fit < 0 || b->bytes < d->pool[fit].bytes) fit = i;
+    } else if (smallest < 0 || b->bytes < d->pool[smallest].bytes) {
+      smallest = i;
     }
-    if (free_at < 0) free_at = i;
   }
-  *block = -1;
-  if (free_at < 0) return weft_mem_device.alloc_slots(bytes); /* every block busy: one of its own */
-  stage_block *b = &d->pool[free_at];
+  *block = fit;
+  if (fit >= 0) {
+    d->pool[fit].busy = true;
+    return d->pool[fit].ptr;
+  }
+  int at = empty >= 0 ? empty : smallest;
+  if (at < 0) return weft_mem_device.alloc_slots(bytes); /* every block busy: one of its own */
+  stage_block *b = &d->pool[at];
   if (b->ptr) weft_mem_device.free_slots(b->ptr, b->bytes);
-  size_t grown = bytes < (1u << 20) ? (1u << 20) : bytes; /* small calls share one size */
+  size_t grown = bytes < STAGE_MIN_BYTES ? STAGE_MIN_BYTES : bytes;
   b->ptr = weft_mem_device.alloc_slots(grown);
   b->bytes = b->ptr ? grown : 0;
   if (!b->ptr) return NULL;
   b->busy = true;
-  *block = free_at;
+  *block = at;
   return b->ptr;
 }
 
