@@ -177,6 +177,23 @@ static void destroy_gives_back(void **state) {
   assert_int_equal(after.pending, 0);
 }
 
+/* A buffer shorter than the count: the copy off the device faults (an
+ * illegal address, as on a GPU), and the call fails with the driver's words
+ * instead of crashing or waiting. Last: the fault stays with the context. */
+static void illegal_address_fails_the_call(void **state) {
+  (void)state;
+  weft_unique_id id;
+  assert_int_equal(weft_get_unique_id(&id), WEFT_OK);
+  weft_comm *comm;
+  assert_int_equal(weft_comm_init_rank(&comm, &id, 0, 1), WEFT_OK);
+  float *d = weft_mem_device.alloc_scratch(1000 * sizeof(float));
+  weft_status st = weft_allreduce(comm, d, d, 1000000, WEFT_F32, WEFT_SUM);
+  assert_true(st < 0);
+  const char *why = weft_last_error(comm);
+  if (!strstr(why, "CUDA_ERROR_ILLEGAL_ADDRESS")) fail_msg("the sentence: %s", why);
+  weft_comm_destroy(comm);
+}
+
 int main(void) {
   if (!getenv("WEFT_CUDA_LIBRARY")) {
     printf("skipped: WEFT_CUDA_LIBRARY names no stand-in\n");
@@ -186,6 +203,7 @@ int main(void) {
       cmocka_unit_test(usable),
       cmocka_unit_test(kernels_equal_host),
       cmocka_unit_test(destroy_gives_back),
+      cmocka_unit_test(illegal_address_fails_the_call),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
