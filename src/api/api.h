@@ -4,6 +4,9 @@
 #ifndef WEFT_API_H
 #define WEFT_API_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
+
 #include "src/comm/comm.h"
 #include "src/engine/engine.h"
 #include "weft.h"
@@ -17,6 +20,36 @@ weft_status weft_api_dead_handle(const char *call);
   do {                                                               \
     if (!weft_comm_is_live(comm)) return weft_api_dead_handle(call); \
   } while (0)
+
+/* weft.h: "a communicator is used by one thread at a time". A call that
+ * finds another thread inside a call on the same communicator fails, and so
+ * does the call it met, when it ends (its partners may have been paired with
+ * the other thread's calls): WEFT_ERR_INVALID naming the rule, never a
+ * silently wrong result. One exchange and one store per call. Waiting on a
+ * request from another thread is no call on the communicator: allowed. */
+static inline weft_status weft_api_enter(weft_comm *comm, const char *call, unsigned *clashes_at) {
+  if (atomic_exchange_explicit(&comm->core.in_call, 1, memory_order_acquire)) {
+    atomic_fetch_add_explicit(&comm->core.clashes, 1, memory_order_relaxed);
+    return weft_core_error(&comm->core, WEFT_ERR_INVALID, call,
+                           "another thread is inside a call on this communicator, which is used "
+                           "by one thread at a time (weft.h): give each thread its own "
+                           "(weft_comm_split), or wait on requests from the other threads");
+  }
+  *clashes_at = atomic_load_explicit(&comm->core.clashes, memory_order_relaxed);
+  return WEFT_OK;
+}
+
+static inline weft_status weft_api_leave(weft_comm *comm, const char *call, unsigned clashes_at,
+                                         weft_status st) {
+  bool clashed = atomic_load_explicit(&comm->core.clashes, memory_order_relaxed) != clashes_at;
+  atomic_store_explicit(&comm->core.in_call, 0, memory_order_release);
+  if (clashed && st >= 0)
+    return weft_core_error(&comm->core, WEFT_ERR_INVALID, call,
+                           "another thread called on this communicator during this call, which "
+                           "breaks the rule of one thread at a time (weft.h): its result cannot "
+                           "be trusted");
+  return st;
+}
 
 /* A zeroed request for a weft_iNAME call on `comm`; *req is set to NULL
  * first, so a call refused later leaves the caller's handle NULL.

@@ -33,22 +33,40 @@ static weft_status coll_issue(weft_request *r, weft_request **req, weft_status s
   return WEFT_OK;
 }
 
-WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t count, weft_dtype dtype, weft_op op) {
-  WEFT_API_LIVE(comm, "weft_allreduce");
+static weft_status weft_allreduce_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, weft_dtype dtype, weft_op op) {
   weft_request r;
   return coll_blocking(&r, weft_coll_allreduce_setup(&r.task, "weft_allreduce", &comm->core,
                                                      sendbuf, recvbuf, count, dtype, op));
 }
 
-WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                     size_t count, weft_dtype dtype, weft_op op,
-                                     weft_request **req) {
+WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, weft_op op) {
+  WEFT_API_LIVE(comm, "weft_allreduce");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_allreduce", &clashes_at));
+  return weft_api_leave(comm, "weft_allreduce", clashes_at,
+                        weft_allreduce_body(comm, sendbuf, recvbuf, count, dtype, op));
+}
+
+static weft_status weft_iallreduce_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                        size_t count, weft_dtype dtype, weft_op op,
+                                        weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_iallreduce", req, &r));
   return coll_issue(r, req,
                     weft_coll_allreduce_setup(&r->task, "weft_iallreduce", &comm->core, sendbuf,
                                               recvbuf, count, dtype, op));
+}
+
+WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, weft_dtype dtype, weft_op op,
+                                     weft_request **req) {
+  WEFT_API_LIVE(comm, "weft_iallreduce");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_iallreduce", &clashes_at));
+  return weft_api_leave(comm, "weft_iallreduce", clashes_at,
+                        weft_iallreduce_body(comm, sendbuf, recvbuf, count, dtype, op, req));
 }
 
 weft_status weft_api_iallreduce_wire(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -65,16 +83,25 @@ weft_status weft_api_iallreduce_wire(weft_comm *comm, const void *sendbuf, void 
   return coll_issue(r, req, st);
 }
 
-WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t count, weft_dtype dtype, int root) {
-  WEFT_API_LIVE(comm, "weft_broadcast");
+static weft_status weft_broadcast_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, weft_dtype dtype, int root) {
   weft_request r;
   return coll_blocking(&r, weft_coll_broadcast_setup(&r.task, "weft_broadcast", &comm->core,
                                                      sendbuf, recvbuf, count, dtype, root));
 }
 
-WEFT_API weft_status weft_ibroadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                     size_t count, weft_dtype dtype, int root, weft_request **req) {
+WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, int root) {
+  WEFT_API_LIVE(comm, "weft_broadcast");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_broadcast", &clashes_at));
+  return weft_api_leave(comm, "weft_broadcast", clashes_at,
+                        weft_broadcast_body(comm, sendbuf, recvbuf, count, dtype, root));
+}
+
+static weft_status weft_ibroadcast_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                        size_t count, weft_dtype dtype, int root,
+                                        weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_ibroadcast", req, &r));
   return coll_issue(r, req,
@@ -82,16 +109,34 @@ WEFT_API weft_status weft_ibroadcast(weft_comm *comm, const void *sendbuf, void 
                                               recvbuf, count, dtype, root));
 }
 
-WEFT_API weft_status weft_reduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
-                                 weft_dtype dtype, weft_op op, int root) {
-  WEFT_API_LIVE(comm, "weft_reduce");
+WEFT_API weft_status weft_ibroadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, weft_dtype dtype, int root, weft_request **req) {
+  WEFT_API_LIVE(comm, "weft_ibroadcast");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_ibroadcast", &clashes_at));
+  return weft_api_leave(comm, "weft_ibroadcast", clashes_at,
+                        weft_ibroadcast_body(comm, sendbuf, recvbuf, count, dtype, root, req));
+}
+
+static weft_status weft_reduce_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, weft_op op, int root) {
   weft_request r;
   return coll_blocking(&r, weft_coll_reduce_setup(&r.task, "weft_reduce", &comm->core, sendbuf,
                                                   recvbuf, count, dtype, op, root));
 }
 
-WEFT_API weft_status weft_ireduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
-                                  weft_dtype dtype, weft_op op, int root, weft_request **req) {
+WEFT_API weft_status weft_reduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                 weft_dtype dtype, weft_op op, int root) {
+  WEFT_API_LIVE(comm, "weft_reduce");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_reduce", &clashes_at));
+  return weft_api_leave(comm, "weft_reduce", clashes_at,
+                        weft_reduce_body(comm, sendbuf, recvbuf, count, dtype, op, root));
+}
+
+static weft_status weft_ireduce_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, weft_dtype dtype, weft_op op, int root,
+                                     weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_ireduce", req, &r));
   return coll_issue(r, req,
@@ -99,16 +144,33 @@ WEFT_API weft_status weft_ireduce(weft_comm *comm, const void *sendbuf, void *re
                                            count, dtype, op, root));
 }
 
-WEFT_API weft_status weft_allgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t sendcount, weft_dtype dtype) {
-  WEFT_API_LIVE(comm, "weft_allgather");
+WEFT_API weft_status weft_ireduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                  weft_dtype dtype, weft_op op, int root, weft_request **req) {
+  WEFT_API_LIVE(comm, "weft_ireduce");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_ireduce", &clashes_at));
+  return weft_api_leave(comm, "weft_ireduce", clashes_at,
+                        weft_ireduce_body(comm, sendbuf, recvbuf, count, dtype, op, root, req));
+}
+
+static weft_status weft_allgather_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                       size_t sendcount, weft_dtype dtype) {
   weft_request r;
   return coll_blocking(&r, weft_coll_allgather_setup(&r.task, "weft_allgather", &comm->core,
                                                      sendbuf, recvbuf, sendcount, dtype));
 }
 
-WEFT_API weft_status weft_iallgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                     size_t sendcount, weft_dtype dtype, weft_request **req) {
+WEFT_API weft_status weft_allgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t sendcount, weft_dtype dtype) {
+  WEFT_API_LIVE(comm, "weft_allgather");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_allgather", &clashes_at));
+  return weft_api_leave(comm, "weft_allgather", clashes_at,
+                        weft_allgather_body(comm, sendbuf, recvbuf, sendcount, dtype));
+}
+
+static weft_status weft_iallgather_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                        size_t sendcount, weft_dtype dtype, weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_iallgather", req, &r));
   return coll_issue(r, req,
@@ -116,18 +178,35 @@ WEFT_API weft_status weft_iallgather(weft_comm *comm, const void *sendbuf, void 
                                               recvbuf, sendcount, dtype));
 }
 
-WEFT_API weft_status weft_reduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                         size_t recvcount, weft_dtype dtype, weft_op op) {
-  WEFT_API_LIVE(comm, "weft_reduce_scatter");
+WEFT_API weft_status weft_iallgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t sendcount, weft_dtype dtype, weft_request **req) {
+  WEFT_API_LIVE(comm, "weft_iallgather");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_iallgather", &clashes_at));
+  return weft_api_leave(comm, "weft_iallgather", clashes_at,
+                        weft_iallgather_body(comm, sendbuf, recvbuf, sendcount, dtype, req));
+}
+
+static weft_status weft_reduce_scatter_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                            size_t recvcount, weft_dtype dtype, weft_op op) {
   weft_request r;
   return coll_blocking(
       &r, weft_coll_reduce_scatter_setup(&r.task, "weft_reduce_scatter", &comm->core, sendbuf,
                                          recvbuf, recvcount, dtype, op));
 }
 
-WEFT_API weft_status weft_ireduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                          size_t recvcount, weft_dtype dtype, weft_op op,
-                                          weft_request **req) {
+WEFT_API weft_status weft_reduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                         size_t recvcount, weft_dtype dtype, weft_op op) {
+  WEFT_API_LIVE(comm, "weft_reduce_scatter");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_reduce_scatter", &clashes_at));
+  return weft_api_leave(comm, "weft_reduce_scatter", clashes_at,
+                        weft_reduce_scatter_body(comm, sendbuf, recvbuf, recvcount, dtype, op));
+}
+
+static weft_status weft_ireduce_scatter_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                             size_t recvcount, weft_dtype dtype, weft_op op,
+                                             weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_ireduce_scatter", req, &r));
   return coll_issue(r, req,
@@ -135,17 +214,36 @@ WEFT_API weft_status weft_ireduce_scatter(weft_comm *comm, const void *sendbuf, 
                                                    sendbuf, recvbuf, recvcount, dtype, op));
 }
 
-WEFT_API weft_status weft_gather(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                 size_t sendcount, weft_dtype dtype, int root) {
-  WEFT_API_LIVE(comm, "weft_gather");
+WEFT_API weft_status weft_ireduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                          size_t recvcount, weft_dtype dtype, weft_op op,
+                                          weft_request **req) {
+  WEFT_API_LIVE(comm, "weft_ireduce_scatter");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_ireduce_scatter", &clashes_at));
+  return weft_api_leave(
+      comm, "weft_ireduce_scatter", clashes_at,
+      weft_ireduce_scatter_body(comm, sendbuf, recvbuf, recvcount, dtype, op, req));
+}
+
+static weft_status weft_gather_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t sendcount, weft_dtype dtype, int root) {
   weft_request r;
   return coll_blocking(&r, weft_coll_gather_setup(&r.task, "weft_gather", &comm->core, sendbuf,
                                                   recvbuf, sendcount, dtype, root));
 }
 
-WEFT_API weft_status weft_igather(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                  size_t sendcount, weft_dtype dtype, int root,
-                                  weft_request **req) {
+WEFT_API weft_status weft_gather(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                 size_t sendcount, weft_dtype dtype, int root) {
+  WEFT_API_LIVE(comm, "weft_gather");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_gather", &clashes_at));
+  return weft_api_leave(comm, "weft_gather", clashes_at,
+                        weft_gather_body(comm, sendbuf, recvbuf, sendcount, dtype, root));
+}
+
+static weft_status weft_igather_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t sendcount, weft_dtype dtype, int root,
+                                     weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_igather", req, &r));
   return coll_issue(r, req,
@@ -153,17 +251,35 @@ WEFT_API weft_status weft_igather(weft_comm *comm, const void *sendbuf, void *re
                                            sendcount, dtype, root));
 }
 
-WEFT_API weft_status weft_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                  size_t recvcount, weft_dtype dtype, int root) {
-  WEFT_API_LIVE(comm, "weft_scatter");
+WEFT_API weft_status weft_igather(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                  size_t sendcount, weft_dtype dtype, int root,
+                                  weft_request **req) {
+  WEFT_API_LIVE(comm, "weft_igather");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_igather", &clashes_at));
+  return weft_api_leave(comm, "weft_igather", clashes_at,
+                        weft_igather_body(comm, sendbuf, recvbuf, sendcount, dtype, root, req));
+}
+
+static weft_status weft_scatter_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t recvcount, weft_dtype dtype, int root) {
   weft_request r;
   return coll_blocking(&r, weft_coll_scatter_setup(&r.task, "weft_scatter", &comm->core, sendbuf,
                                                    recvbuf, recvcount, dtype, root));
 }
 
-WEFT_API weft_status weft_iscatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                   size_t recvcount, weft_dtype dtype, int root,
-                                   weft_request **req) {
+WEFT_API weft_status weft_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                  size_t recvcount, weft_dtype dtype, int root) {
+  WEFT_API_LIVE(comm, "weft_scatter");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_scatter", &clashes_at));
+  return weft_api_leave(comm, "weft_scatter", clashes_at,
+                        weft_scatter_body(comm, sendbuf, recvbuf, recvcount, dtype, root));
+}
+
+static weft_status weft_iscatter_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                      size_t recvcount, weft_dtype dtype, int root,
+                                      weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_iscatter", req, &r));
   return coll_issue(r, req,
@@ -171,16 +287,34 @@ WEFT_API weft_status weft_iscatter(weft_comm *comm, const void *sendbuf, void *r
                                             recvbuf, recvcount, dtype, root));
 }
 
-WEFT_API weft_status weft_alltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                   size_t count, weft_dtype dtype) {
-  WEFT_API_LIVE(comm, "weft_alltoall");
+WEFT_API weft_status weft_iscatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t recvcount, weft_dtype dtype, int root,
+                                   weft_request **req) {
+  WEFT_API_LIVE(comm, "weft_iscatter");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_iscatter", &clashes_at));
+  return weft_api_leave(comm, "weft_iscatter", clashes_at,
+                        weft_iscatter_body(comm, sendbuf, recvbuf, recvcount, dtype, root, req));
+}
+
+static weft_status weft_alltoall_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, weft_dtype dtype) {
   weft_request r;
   return coll_blocking(&r, weft_coll_alltoall_setup(&r.task, "weft_alltoall", &comm->core, sendbuf,
                                                     recvbuf, count, dtype));
 }
 
-WEFT_API weft_status weft_ialltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                    size_t count, weft_dtype dtype, weft_request **req) {
+WEFT_API weft_status weft_alltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, weft_dtype dtype) {
+  WEFT_API_LIVE(comm, "weft_alltoall");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_alltoall", &clashes_at));
+  return weft_api_leave(comm, "weft_alltoall", clashes_at,
+                        weft_alltoall_body(comm, sendbuf, recvbuf, count, dtype));
+}
+
+static weft_status weft_ialltoall_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, weft_dtype dtype, weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_ialltoall", req, &r));
   return coll_issue(r, req,
@@ -188,14 +322,36 @@ WEFT_API weft_status weft_ialltoall(weft_comm *comm, const void *sendbuf, void *
                                              recvbuf, count, dtype));
 }
 
-WEFT_API weft_status weft_barrier(weft_comm *comm) {
-  WEFT_API_LIVE(comm, "weft_barrier");
+WEFT_API weft_status weft_ialltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, weft_dtype dtype, weft_request **req) {
+  WEFT_API_LIVE(comm, "weft_ialltoall");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_ialltoall", &clashes_at));
+  return weft_api_leave(comm, "weft_ialltoall", clashes_at,
+                        weft_ialltoall_body(comm, sendbuf, recvbuf, count, dtype, req));
+}
+
+static weft_status weft_barrier_body(weft_comm *comm) {
   weft_request r;
   return coll_blocking(&r, weft_coll_barrier_setup(&r.task, "weft_barrier", &comm->core));
 }
 
-WEFT_API weft_status weft_ibarrier(weft_comm *comm, weft_request **req) {
+WEFT_API weft_status weft_barrier(weft_comm *comm) {
+  WEFT_API_LIVE(comm, "weft_barrier");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_barrier", &clashes_at));
+  return weft_api_leave(comm, "weft_barrier", clashes_at, weft_barrier_body(comm));
+}
+
+static weft_status weft_ibarrier_body(weft_comm *comm, weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_ibarrier", req, &r));
   return coll_issue(r, req, weft_coll_barrier_setup(&r->task, "weft_ibarrier", &comm->core));
+}
+
+WEFT_API weft_status weft_ibarrier(weft_comm *comm, weft_request **req) {
+  WEFT_API_LIVE(comm, "weft_ibarrier");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_ibarrier", &clashes_at));
+  return weft_api_leave(comm, "weft_ibarrier", clashes_at, weft_ibarrier_body(comm, req));
 }

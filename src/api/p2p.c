@@ -29,34 +29,68 @@ static weft_status p2p_issue(weft_request **req, weft_request *r, weft_status se
   return WEFT_OK;
 }
 
-WEFT_API weft_status weft_send(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
-                               int peer, int tag) {
-  WEFT_API_LIVE(comm, "weft_send");
+static weft_status weft_send_body(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
+                                  int peer, int tag) {
   weft_request r = {.kind = WEFT_REQ_SEND};
   return p2p_blocking(
       &r, weft_p2p_setup(&r, &comm->core, "weft_send", true, buf, count, dtype, peer, tag));
 }
 
-WEFT_API weft_status weft_recv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype, int peer,
-                               int tag) {
-  WEFT_API_LIVE(comm, "weft_recv");
+WEFT_API weft_status weft_send(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
+                               int peer, int tag) {
+  WEFT_API_LIVE(comm, "weft_send");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_send", &clashes_at));
+  return weft_api_leave(comm, "weft_send", clashes_at,
+                        weft_send_body(comm, buf, count, dtype, peer, tag));
+}
+
+static weft_status weft_recv_body(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
+                                  int peer, int tag) {
   weft_request r = {.kind = WEFT_REQ_SEND};
   return p2p_blocking(
       &r, weft_p2p_setup(&r, &comm->core, "weft_recv", false, buf, count, dtype, peer, tag));
 }
 
-WEFT_API weft_status weft_isend(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
-                                int peer, int tag, weft_request **req) {
+WEFT_API weft_status weft_recv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype, int peer,
+                               int tag) {
+  WEFT_API_LIVE(comm, "weft_recv");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_recv", &clashes_at));
+  return weft_api_leave(comm, "weft_recv", clashes_at,
+                        weft_recv_body(comm, buf, count, dtype, peer, tag));
+}
+
+static weft_status weft_isend_body(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
+                                   int peer, int tag, weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_isend", req, &r));
   return p2p_issue(
       req, r, weft_p2p_setup(r, &comm->core, "weft_isend", true, buf, count, dtype, peer, tag));
 }
 
-WEFT_API weft_status weft_irecv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
+WEFT_API weft_status weft_isend(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
                                 int peer, int tag, weft_request **req) {
+  WEFT_API_LIVE(comm, "weft_isend");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_isend", &clashes_at));
+  return weft_api_leave(comm, "weft_isend", clashes_at,
+                        weft_isend_body(comm, buf, count, dtype, peer, tag, req));
+}
+
+static weft_status weft_irecv_body(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
+                                   int peer, int tag, weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_irecv", req, &r));
   return p2p_issue(
       req, r, weft_p2p_setup(r, &comm->core, "weft_irecv", false, buf, count, dtype, peer, tag));
+}
+
+WEFT_API weft_status weft_irecv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
+                                int peer, int tag, weft_request **req) {
+  WEFT_API_LIVE(comm, "weft_irecv");
+  unsigned clashes_at = 0;
+  WEFT_CHECK(weft_api_enter(comm, "weft_irecv", &clashes_at));
+  return weft_api_leave(comm, "weft_irecv", clashes_at,
+                        weft_irecv_body(comm, buf, count, dtype, peer, tag, req));
 }

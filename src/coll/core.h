@@ -51,6 +51,11 @@ typedef struct weft_core {
    * stream they are ordered on (weft_comm_set_stream; NULL: the default) */
   struct weft_coll_device *device;
   void *user_stream;
+  /* weft.h's rule "a communicator is used by one thread at a time", checked
+   * where it costs nothing (src/api/api.h): set while a thread is inside a
+   * call, and how many calls found it set */
+  atomic_int in_call;
+  atomic_uint clashes;
   /* the engine's part (src/engine/engine_state.h), held beside this core in
    * the same communicator; only the engine reads it */
   struct weft_engine *engine;
