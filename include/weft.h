@@ -12,14 +12,19 @@
  *    peer has made progress for the communicator's timeout (config field or
  *    WEFT_TIMEOUT, seconds). A dead peer is WEFT_ERR_PEER_LOST on every rank.
  *  - Threads: a communicator is used by one thread at a time. The exceptions
- *    are weft_comm_abort() (any thread, any time) and the queries
- *    (rank/size/last_error), which only read. Different communicators are
- *    independent and may be driven by different threads concurrently.
+ *    are weft_comm_abort() (any thread, any time), the queries
+ *    (rank/size/last_error), which only read, and waiting on or testing a
+ *    request from another thread. It is checked: a collective or message
+ *    call that finds another thread inside a call on the same communicator
+ *    fails with WEFT_ERR_INVALID, and so does the call it met. Different
+ *    communicators are independent and may be driven by different threads
+ *    concurrently.
  *  - Collectives on one communicator must be called by every rank in the same
  *    order with matching arguments (count, dtype, op, root). A count that
  *    differs between ranks is detected and reported as WEFT_ERR_MISMATCH.
- *  - Buffers are passed as pointers plus a count of elements. Buffers may live
- *    in host memory now; GPU memory comes in a later release (the same calls).
+ *  - Buffers are passed as pointers plus a count of elements, in host memory
+ *    or, for the collectives, in a GPU's memory (weft_comm_set_stream says how
+ *    such a call is ordered).
  */
 #ifndef WEFT_H
 #define WEFT_H
