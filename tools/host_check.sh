@@ -81,8 +81,16 @@ fi
 bin="$build/tools"
 
 # ---- weft against Open MPI in one job ----------------------------------------
-if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
-  row matrix SKIP "no mpicc or mpirun: Open MPI's development files are needed for the paired job"
+# the paired job is built with mpicc: the command alone is not enough (Debian's
+# openmpi-bin has it without mpi.h)
+mpi_ok=0
+if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1 &&
+    printf '#include <mpi.h>\nint main(void) { return 0; }\n' > "$out/mpi_probe.c" &&
+    mpicc "$out/mpi_probe.c" -o "$out/mpi_probe" > "$out/mpi_probe.log" 2>&1; then
+  mpi_ok=1
+fi
+if [ "$mpi_ok" = 0 ]; then
+  row matrix SKIP "mpicc cannot build an MPI program here (Open MPI's development files: libopenmpi-dev)"
 else
   # one paired job per (transport, ranks, collective), the sizes trimmed; one
   # table per (transport, ranks), so what ran before the time ran out stays
