@@ -51,6 +51,16 @@ static inline weft_status weft_api_leave(weft_comm *comm, const char *call, unsi
   return st;
 }
 
+/* A public entry point's body: the handle checked, then `body` (a call of
+ * the entry's work) inside the one-thread mark. */
+#define WEFT_API_CALL(comm, call, body)                   \
+  do {                                                    \
+    WEFT_API_LIVE(comm, call);                            \
+    unsigned clashes_at_ = 0;                             \
+    WEFT_CHECK(weft_api_enter(comm, call, &clashes_at_)); \
+    return weft_api_leave(comm, call, clashes_at_, body); \
+  } while (0)
+
 /* A zeroed request for a weft_iNAME call on `comm`; *req is set to NULL
  * first, so a call refused later leaves the caller's handle NULL.
  * WEFT_ERR_INVALID (sentence written) when req is NULL or comm is not

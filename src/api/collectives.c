@@ -42,11 +42,8 @@ static weft_status weft_allreduce_body(weft_comm *comm, const void *sendbuf, voi
 
 WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, weft_op op) {
-  WEFT_API_LIVE(comm, "weft_allreduce");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_allreduce", &clashes_at));
-  return weft_api_leave(comm, "weft_allreduce", clashes_at,
-                        weft_allreduce_body(comm, sendbuf, recvbuf, count, dtype, op));
+  WEFT_API_CALL(comm, "weft_allreduce",
+                weft_allreduce_body(comm, sendbuf, recvbuf, count, dtype, op));
 }
 
 static weft_status weft_iallreduce_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -62,11 +59,8 @@ static weft_status weft_iallreduce_body(weft_comm *comm, const void *sendbuf, vo
 WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                      size_t count, weft_dtype dtype, weft_op op,
                                      weft_request **req) {
-  WEFT_API_LIVE(comm, "weft_iallreduce");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_iallreduce", &clashes_at));
-  return weft_api_leave(comm, "weft_iallreduce", clashes_at,
-                        weft_iallreduce_body(comm, sendbuf, recvbuf, count, dtype, op, req));
+  WEFT_API_CALL(comm, "weft_iallreduce",
+                weft_iallreduce_body(comm, sendbuf, recvbuf, count, dtype, op, req));
 }
 
 weft_status weft_api_iallreduce_wire(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -92,11 +86,8 @@ static weft_status weft_broadcast_body(weft_comm *comm, const void *sendbuf, voi
 
 WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, int root) {
-  WEFT_API_LIVE(comm, "weft_broadcast");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_broadcast", &clashes_at));
-  return weft_api_leave(comm, "weft_broadcast", clashes_at,
-                        weft_broadcast_body(comm, sendbuf, recvbuf, count, dtype, root));
+  WEFT_API_CALL(comm, "weft_broadcast",
+                weft_broadcast_body(comm, sendbuf, recvbuf, count, dtype, root));
 }
 
 static weft_status weft_ibroadcast_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -111,11 +102,8 @@ static weft_status weft_ibroadcast_body(weft_comm *comm, const void *sendbuf, vo
 
 WEFT_API weft_status weft_ibroadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                      size_t count, weft_dtype dtype, int root, weft_request **req) {
-  WEFT_API_LIVE(comm, "weft_ibroadcast");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_ibroadcast", &clashes_at));
-  return weft_api_leave(comm, "weft_ibroadcast", clashes_at,
-                        weft_ibroadcast_body(comm, sendbuf, recvbuf, count, dtype, root, req));
+  WEFT_API_CALL(comm, "weft_ibroadcast",
+                weft_ibroadcast_body(comm, sendbuf, recvbuf, count, dtype, root, req));
 }
 
 static weft_status weft_reduce_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -127,11 +115,8 @@ static weft_status weft_reduce_body(weft_comm *comm, const void *sendbuf, void *
 
 WEFT_API weft_status weft_reduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                                  weft_dtype dtype, weft_op op, int root) {
-  WEFT_API_LIVE(comm, "weft_reduce");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_reduce", &clashes_at));
-  return weft_api_leave(comm, "weft_reduce", clashes_at,
-                        weft_reduce_body(comm, sendbuf, recvbuf, count, dtype, op, root));
+  WEFT_API_CALL(comm, "weft_reduce",
+                weft_reduce_body(comm, sendbuf, recvbuf, count, dtype, op, root));
 }
 
 static weft_status weft_ireduce_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -146,11 +131,8 @@ static weft_status weft_ireduce_body(weft_comm *comm, const void *sendbuf, void 
 
 WEFT_API weft_status weft_ireduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                                   weft_dtype dtype, weft_op op, int root, weft_request **req) {
-  WEFT_API_LIVE(comm, "weft_ireduce");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_ireduce", &clashes_at));
-  return weft_api_leave(comm, "weft_ireduce", clashes_at,
-                        weft_ireduce_body(comm, sendbuf, recvbuf, count, dtype, op, root, req));
+  WEFT_API_CALL(comm, "weft_ireduce",
+                weft_ireduce_body(comm, sendbuf, recvbuf, count, dtype, op, root, req));
 }
 
 static weft_status weft_allgather_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -162,11 +144,8 @@ static weft_status weft_allgather_body(weft_comm *comm, const void *sendbuf, voi
 
 WEFT_API weft_status weft_allgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t sendcount, weft_dtype dtype) {
-  WEFT_API_LIVE(comm, "weft_allgather");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_allgather", &clashes_at));
-  return weft_api_leave(comm, "weft_allgather", clashes_at,
-                        weft_allgather_body(comm, sendbuf, recvbuf, sendcount, dtype));
+  WEFT_API_CALL(comm, "weft_allgather",
+                weft_allgather_body(comm, sendbuf, recvbuf, sendcount, dtype));
 }
 
 static weft_status weft_iallgather_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -180,11 +159,8 @@ static weft_status weft_iallgather_body(weft_comm *comm, const void *sendbuf, vo
 
 WEFT_API weft_status weft_iallgather(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                      size_t sendcount, weft_dtype dtype, weft_request **req) {
-  WEFT_API_LIVE(comm, "weft_iallgather");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_iallgather", &clashes_at));
-  return weft_api_leave(comm, "weft_iallgather", clashes_at,
-                        weft_iallgather_body(comm, sendbuf, recvbuf, sendcount, dtype, req));
+  WEFT_API_CALL(comm, "weft_iallgather",
+                weft_iallgather_body(comm, sendbuf, recvbuf, sendcount, dtype, req));
 }
 
 static weft_status weft_reduce_scatter_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -197,11 +173,8 @@ static weft_status weft_reduce_scatter_body(weft_comm *comm, const void *sendbuf
 
 WEFT_API weft_status weft_reduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                          size_t recvcount, weft_dtype dtype, weft_op op) {
-  WEFT_API_LIVE(comm, "weft_reduce_scatter");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_reduce_scatter", &clashes_at));
-  return weft_api_leave(comm, "weft_reduce_scatter", clashes_at,
-                        weft_reduce_scatter_body(comm, sendbuf, recvbuf, recvcount, dtype, op));
+  WEFT_API_CALL(comm, "weft_reduce_scatter",
+                weft_reduce_scatter_body(comm, sendbuf, recvbuf, recvcount, dtype, op));
 }
 
 static weft_status weft_ireduce_scatter_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -217,12 +190,8 @@ static weft_status weft_ireduce_scatter_body(weft_comm *comm, const void *sendbu
 WEFT_API weft_status weft_ireduce_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                           size_t recvcount, weft_dtype dtype, weft_op op,
                                           weft_request **req) {
-  WEFT_API_LIVE(comm, "weft_ireduce_scatter");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_ireduce_scatter", &clashes_at));
-  return weft_api_leave(
-      comm, "weft_ireduce_scatter", clashes_at,
-      weft_ireduce_scatter_body(comm, sendbuf, recvbuf, recvcount, dtype, op, req));
+  WEFT_API_CALL(comm, "weft_ireduce_scatter",
+                weft_ireduce_scatter_body(comm, sendbuf, recvbuf, recvcount, dtype, op, req));
 }
 
 static weft_status weft_gather_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -234,11 +203,8 @@ static weft_status weft_gather_body(weft_comm *comm, const void *sendbuf, void *
 
 WEFT_API weft_status weft_gather(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                  size_t sendcount, weft_dtype dtype, int root) {
-  WEFT_API_LIVE(comm, "weft_gather");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_gather", &clashes_at));
-  return weft_api_leave(comm, "weft_gather", clashes_at,
-                        weft_gather_body(comm, sendbuf, recvbuf, sendcount, dtype, root));
+  WEFT_API_CALL(comm, "weft_gather",
+                weft_gather_body(comm, sendbuf, recvbuf, sendcount, dtype, root));
 }
 
 static weft_status weft_igather_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -254,11 +220,8 @@ static weft_status weft_igather_body(weft_comm *comm, const void *sendbuf, void 
 WEFT_API weft_status weft_igather(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                   size_t sendcount, weft_dtype dtype, int root,
                                   weft_request **req) {
-  WEFT_API_LIVE(comm, "weft_igather");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_igather", &clashes_at));
-  return weft_api_leave(comm, "weft_igather", clashes_at,
-                        weft_igather_body(comm, sendbuf, recvbuf, sendcount, dtype, root, req));
+  WEFT_API_CALL(comm, "weft_igather",
+                weft_igather_body(comm, sendbuf, recvbuf, sendcount, dtype, root, req));
 }
 
 static weft_status weft_scatter_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -270,11 +233,8 @@ static weft_status weft_scatter_body(weft_comm *comm, const void *sendbuf, void 
 
 WEFT_API weft_status weft_scatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                   size_t recvcount, weft_dtype dtype, int root) {
-  WEFT_API_LIVE(comm, "weft_scatter");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_scatter", &clashes_at));
-  return weft_api_leave(comm, "weft_scatter", clashes_at,
-                        weft_scatter_body(comm, sendbuf, recvbuf, recvcount, dtype, root));
+  WEFT_API_CALL(comm, "weft_scatter",
+                weft_scatter_body(comm, sendbuf, recvbuf, recvcount, dtype, root));
 }
 
 static weft_status weft_iscatter_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -290,11 +250,8 @@ static weft_status weft_iscatter_body(weft_comm *comm, const void *sendbuf, void
 WEFT_API weft_status weft_iscatter(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                    size_t recvcount, weft_dtype dtype, int root,
                                    weft_request **req) {
-  WEFT_API_LIVE(comm, "weft_iscatter");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_iscatter", &clashes_at));
-  return weft_api_leave(comm, "weft_iscatter", clashes_at,
-                        weft_iscatter_body(comm, sendbuf, recvbuf, recvcount, dtype, root, req));
+  WEFT_API_CALL(comm, "weft_iscatter",
+                weft_iscatter_body(comm, sendbuf, recvbuf, recvcount, dtype, root, req));
 }
 
 static weft_status weft_alltoall_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -306,11 +263,7 @@ static weft_status weft_alltoall_body(weft_comm *comm, const void *sendbuf, void
 
 WEFT_API weft_status weft_alltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                    size_t count, weft_dtype dtype) {
-  WEFT_API_LIVE(comm, "weft_alltoall");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_alltoall", &clashes_at));
-  return weft_api_leave(comm, "weft_alltoall", clashes_at,
-                        weft_alltoall_body(comm, sendbuf, recvbuf, count, dtype));
+  WEFT_API_CALL(comm, "weft_alltoall", weft_alltoall_body(comm, sendbuf, recvbuf, count, dtype));
 }
 
 static weft_status weft_ialltoall_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -324,11 +277,8 @@ static weft_status weft_ialltoall_body(weft_comm *comm, const void *sendbuf, voi
 
 WEFT_API weft_status weft_ialltoall(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, weft_request **req) {
-  WEFT_API_LIVE(comm, "weft_ialltoall");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_ialltoall", &clashes_at));
-  return weft_api_leave(comm, "weft_ialltoall", clashes_at,
-                        weft_ialltoall_body(comm, sendbuf, recvbuf, count, dtype, req));
+  WEFT_API_CALL(comm, "weft_ialltoall",
+                weft_ialltoall_body(comm, sendbuf, recvbuf, count, dtype, req));
 }
 
 static weft_status weft_barrier_body(weft_comm *comm) {
@@ -337,10 +287,7 @@ static weft_status weft_barrier_body(weft_comm *comm) {
 }
 
 WEFT_API weft_status weft_barrier(weft_comm *comm) {
-  WEFT_API_LIVE(comm, "weft_barrier");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_barrier", &clashes_at));
-  return weft_api_leave(comm, "weft_barrier", clashes_at, weft_barrier_body(comm));
+  WEFT_API_CALL(comm, "weft_barrier", weft_barrier_body(comm));
 }
 
 static weft_status weft_ibarrier_body(weft_comm *comm, weft_request **req) {
@@ -350,8 +297,5 @@ static weft_status weft_ibarrier_body(weft_comm *comm, weft_request **req) {
 }
 
 WEFT_API weft_status weft_ibarrier(weft_comm *comm, weft_request **req) {
-  WEFT_API_LIVE(comm, "weft_ibarrier");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_ibarrier", &clashes_at));
-  return weft_api_leave(comm, "weft_ibarrier", clashes_at, weft_ibarrier_body(comm, req));
+  WEFT_API_CALL(comm, "weft_ibarrier", weft_ibarrier_body(comm, req));
 }

@@ -38,11 +38,7 @@ static weft_status weft_send_body(weft_comm *comm, const void *buf, size_t count
 
 WEFT_API weft_status weft_send(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
                                int peer, int tag) {
-  WEFT_API_LIVE(comm, "weft_send");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_send", &clashes_at));
-  return weft_api_leave(comm, "weft_send", clashes_at,
-                        weft_send_body(comm, buf, count, dtype, peer, tag));
+  WEFT_API_CALL(comm, "weft_send", weft_send_body(comm, buf, count, dtype, peer, tag));
 }
 
 static weft_status weft_recv_body(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
@@ -54,11 +50,7 @@ static weft_status weft_recv_body(weft_comm *comm, void *buf, size_t count, weft
 
 WEFT_API weft_status weft_recv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype, int peer,
                                int tag) {
-  WEFT_API_LIVE(comm, "weft_recv");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_recv", &clashes_at));
-  return weft_api_leave(comm, "weft_recv", clashes_at,
-                        weft_recv_body(comm, buf, count, dtype, peer, tag));
+  WEFT_API_CALL(comm, "weft_recv", weft_recv_body(comm, buf, count, dtype, peer, tag));
 }
 
 static weft_status weft_isend_body(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
@@ -71,11 +63,7 @@ static weft_status weft_isend_body(weft_comm *comm, const void *buf, size_t coun
 
 WEFT_API weft_status weft_isend(weft_comm *comm, const void *buf, size_t count, weft_dtype dtype,
                                 int peer, int tag, weft_request **req) {
-  WEFT_API_LIVE(comm, "weft_isend");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_isend", &clashes_at));
-  return weft_api_leave(comm, "weft_isend", clashes_at,
-                        weft_isend_body(comm, buf, count, dtype, peer, tag, req));
+  WEFT_API_CALL(comm, "weft_isend", weft_isend_body(comm, buf, count, dtype, peer, tag, req));
 }
 
 static weft_status weft_irecv_body(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
@@ -88,9 +76,5 @@ static weft_status weft_irecv_body(weft_comm *comm, void *buf, size_t count, wef
 
 WEFT_API weft_status weft_irecv(weft_comm *comm, void *buf, size_t count, weft_dtype dtype,
                                 int peer, int tag, weft_request **req) {
-  WEFT_API_LIVE(comm, "weft_irecv");
-  unsigned clashes_at = 0;
-  WEFT_CHECK(weft_api_enter(comm, "weft_irecv", &clashes_at));
-  return weft_api_leave(comm, "weft_irecv", clashes_at,
-                        weft_irecv_body(comm, buf, count, dtype, peer, tag, req));
+  WEFT_API_CALL(comm, "weft_irecv", weft_irecv_body(comm, buf, count, dtype, peer, tag, req));
 }
