@@ -4,9 +4,14 @@
 #
 #     ddp.register_comm_hook(None, weft.torch.hooks.allreduce_hook)
 #
-# The state is a weft.Communicator, or None for a default one (made once per
-# process: through the initialised torch.distributed group when there is
-# one, else weft.init() from the launcher's environment).
+# The state is a weft.Communicator, a torch.distributed process group (one
+# made with backend "weft" carries the gradients through weft's backend and
+# needs no cffi), or None for a default one: the default process group when
+# its backend is weft; else a weft.Communicator made once per process
+# (through the initialised torch.distributed group when there is one, else
+# weft.init() from the launcher's environment); else, where the plain weft
+# API cannot load (no cffi: a torch venv), a "weft" group made once with
+# dist.new_group.
 #
 # DDP waits on the returned torch.futures.Future; weft's request completes
 # on weft's own progress thread, so one waiter thread per process waits for
@@ -44,13 +49,66 @@ def default_communicator():
         return _default
 
 
+_default_group = None
+
+
+def _plain_api_loads():
+    try:
+        import cffi  # noqa: F401  the plain weft API's only import beyond the standard library
+    except ImportError:
+        return False
+    return True
+
+
+def _default_state():
+    """What a hook with state None reduces through: a process group or a
+    weft.Communicator (see the top of this file)."""
+    global _default_group
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "weft":
+        return dist.group.WORLD
+    if _plain_api_loads():
+        return default_communicator()
+    with _default_lock:
+        if _default_group is None:
+            if not (dist.is_available() and dist.is_initialized()):
+                raise RuntimeError("weft hook: state None needs torch.distributed initialised "
+                                   "(init_process_group) or cffi for weft.init(); neither is here")
+            import weft.torch  # noqa: F401  registers the backend new_group asks for
+            _default_group = dist.new_group(backend="weft")
+        return _default_group
+
+
 def _communicator(state):
     if state is None:
-        return default_communicator()
-    if isinstance(state, weft.Communicator):
+        state = _default_state()
+    if isinstance(state, weft.Communicator) or isinstance(state, dist.ProcessGroup):
         return state
-    raise TypeError("weft hook: state is a %s; pass a weft.Communicator (from weft.init()) or "
-                    "None for the default one" % type(state).__name__)
+    raise TypeError("weft hook: state is a %s; pass a weft.Communicator (from weft.init()), a "
+                    "torch.distributed process group, or None for the default one"
+                    % type(state).__name__)
+
+
+def _ranks(comm):
+    if isinstance(comm, dist.ProcessGroup):
+        return dist.get_world_size(comm)
+    return comm.size
+
+
+def _sum_then(comm, tensor, finish):
+    """Starts the sum of tensor over comm's ranks; the future DDP waits on
+    completes with finish()'s result, or with the reduction's error."""
+    if isinstance(comm, dist.ProcessGroup):
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=comm, async_op=True)
+
+        def after(fut):
+            fut.value()  # raises the reduction's error into the returned future
+            return finish()
+
+        return work.get_future().then(after)
+    request = comm.iallreduce(tensor, op="sum")
+    future = torch.futures.Future()
+    _waiter.submit(request, future, finish)
+    return future
 
 
 def _bucket_buffer(bucket):
@@ -97,11 +155,8 @@ def allreduce_hook(state, bucket):
     the number of ranks first (no overflow in f16 buckets), then sums."""
     comm = _communicator(state)
     buf = _bucket_buffer(bucket)
-    buf.div_(comm.size)
-    request = comm.iallreduce(buf, op="sum")
-    future = torch.futures.Future()
-    _waiter.submit(request, future, lambda: buf)
-    return future
+    buf.div_(_ranks(comm))
+    return _sum_then(comm, buf, lambda: buf)
 
 
 def bf16_compress_hook(state, bucket):
@@ -111,16 +166,13 @@ def bf16_compress_hook(state, bucket):
     comm = _communicator(state)
     buf = _bucket_buffer(bucket)
     compressed = buf.to(torch.bfloat16)
-    request = comm.iallreduce(compressed, op="sum")
-    future = torch.futures.Future()
 
     def decompress():
         buf.copy_(compressed)
-        buf.div_(comm.size)
+        buf.div_(_ranks(comm))
         return buf
 
-    _waiter.submit(request, future, decompress)
-    return future
+    return _sum_then(comm, compressed, decompress)
 
 
 # DDP's register_comm_hook refuses any hook whose __name__ is
