@@ -32,11 +32,17 @@
 #define FATBIN_KIND_ELF 2
 #define EM_CUDA 190
 
-static uint16_t le16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint16_t le16(const unsigned char *p) {
+  return (uint16_t)(p[0] | p[1] << 8);
+}
 
-static uint32_t le32(const unsigned char *p) { return (uint32_t)le16(p) | (uint32_t)le16(p + 2) << 16; }
+static uint32_t le32(const unsigned char *p) {
+  return (uint32_t)le16(p) | (uint32_t)le16(p + 2) << 16;
+}
 
-static uint64_t le64(const unsigned char *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
+static uint64_t le64(const unsigned char *p) {
+  return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
 
 static void header_is_a_fatbin(void **state) {
   (void)state;
@@ -58,7 +64,8 @@ static void entries_have_the_archs_built(void **state) {
   bool elf[128] = {false}, ptx[128] = {false};
   int entries = 0;
   while (off < len) {
-    if (len - off < 32) fail_msg("entry at %zu: %zu bytes left, less than its header", off, len - off);
+    if (len - off < 32)
+      fail_msg("entry at %zu: %zu bytes left, less than its header", off, len - off);
     const unsigned char *e = f + off;
     uint16_t kind = le16(e);
     uint32_t head = le32(e + 4), arch = le32(e + 28);
@@ -67,10 +74,11 @@ static void entries_have_the_archs_built(void **state) {
       fail_msg("entry at %zu (header %u, payload %llu) runs past the end (%zu)", off, head,
                (unsigned long long)payload, len);
     const unsigned char *p = e + head;
-    bool cubin = payload >= 20 && !memcmp(p, "\x7f" "ELF", 4);
-    printf("# entry %d: %s arch %u, %llu bytes%s\n", entries, kind == FATBIN_KIND_ELF ? "ELF" :
-           kind == FATBIN_KIND_PTX ? "PTX" : "kind ?", arch, (unsigned long long)payload,
-           cubin ? " (cubin)" : "");
+    static const unsigned char elf_magic[4] = {0x7f, 'E', 'L', 'F'};
+    bool cubin = payload >= 20 && !memcmp(p, elf_magic, 4);
+    const char *kind_name = kind == FATBIN_KIND_ELF ? "ELF" : kind == FATBIN_KIND_PTX ? "PTX" : "?";
+    printf("# entry %d: %s arch %u, %llu bytes%s\n", entries, kind_name, arch,
+           (unsigned long long)payload, cubin ? " (cubin)" : "");
     if (kind == FATBIN_KIND_ELF && cubin && le16(p + 18) != EM_CUDA)
       fail_msg("entry %d: an ELF for machine %u, not EM_CUDA (%d)", entries, le16(p + 18), EM_CUDA);
     if (arch < 128 && kind == FATBIN_KIND_ELF) elf[arch] = true;
@@ -87,8 +95,8 @@ static void entries_have_the_archs_built(void **state) {
 /* Whether cuobjdump's listing (`what`) of `file` has a line containing
  * `want`; 0 yes, else a reason in `why`. Asserts nothing: the caller removes
  * the file first. */
-static int cuobjdump_lists(const char *tool, const char *file, const char *what,
-                           const char *want, char *why, size_t why_len) {
+static int cuobjdump_lists(const char *tool, const char *file, const char *what, const char *want,
+                           char *why, size_t why_len) {
   char cmd[4096], line[512];
   snprintf(cmd, sizeof cmd, "'%s' %s '%s' 2>&1", tool, what, file);
   FILE *p = popen(cmd, "r");
