@@ -9,7 +9,8 @@
 # higher one gets it passed down (a function pointer), never by #include.
 # tools/, tests/ and examples/ sit above everything and are not scanned.
 #
-# Every #include "..." in src/ and transports/ is checked; a violation prints
+# Every #include "..." in src/ and transports/ (.c, .h and .cu: src/cuda/ sits
+# at the mem layer, kernels.cu included) is checked; a violation prints
 # file:line, what it includes and both layers. Pairs listed in
 # tools/check_layers.allow (file, included file, reason) are reported as
 # known and tolerated until the work that removes them lands; a listed pair
@@ -50,7 +51,7 @@ fi
 cd "$root"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-find src transports -type f \( -name '*.c' -o -name '*.h' \) | LC_ALL=C sort > "$tmp/files"
+find src transports -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) | LC_ALL=C sort > "$tmp/files"
 
 # ---- upward includes (and the include graph, for the circles) -------------
 status=0

@@ -9,7 +9,7 @@
  *   weft_k_wire_widen  (float *dst, const uint16_t *src, size_t n, int wire)
  *   weft_k_wire_reduce (float *dst, const float *a, const uint16_t *b, size_t n,
  *                       int wire, int op, int postdiv, uint16_t *stage)
- * The fatbin (sm_80, sm_90 and compute_90 PTX) is embedded in the library
+ * The fatbin (sm_75, sm_80, sm_90 and compute_90 PTX) is embedded in the library
  * at build time where nvcc is found (WEFT_HAVE_CUDA_KERNELS). */
 #ifndef WEFT_CUDA_KERNELS_H
 #define WEFT_CUDA_KERNELS_H
