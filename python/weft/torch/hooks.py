@@ -50,14 +50,21 @@ def default_communicator():
 
 
 _default_group = None
+_plain_api = None  # whether the plain weft API (cffi) loads in this Python: asked once
 
 
 def _plain_api_loads():
-    try:
-        import cffi  # noqa: F401  the plain weft API's only import beyond the standard library
-    except ImportError:
-        return False
-    return True
+    # once per process: where cffi is absent a failed import searches sys.path
+    # again, and this runs for every bucket a hook with state None reduces
+    global _plain_api
+    if _plain_api is None:
+        try:
+            weft._lib.declarations()
+        except ImportError:
+            _plain_api = False
+        else:
+            _plain_api = True
+    return _plain_api
 
 
 def _default_state():
@@ -73,7 +80,6 @@ def _default_state():
             if not (dist.is_available() and dist.is_initialized()):
                 raise RuntimeError("weft hook: state None needs torch.distributed initialised "
                                    "(init_process_group) or cffi for weft.init(); neither is here")
-            import weft.torch  # noqa: F401  registers the backend new_group asks for
             _default_group = dist.new_group(backend="weft")
         return _default_group
 
@@ -81,7 +87,7 @@ def _default_state():
 def _communicator(state):
     if state is None:
         state = _default_state()
-    if isinstance(state, weft.Communicator) or isinstance(state, dist.ProcessGroup):
+    if isinstance(state, (weft.Communicator, dist.ProcessGroup)):
         return state
     raise TypeError("weft hook: state is a %s; pass a weft.Communicator (from weft.init()), a "
                     "torch.distributed process group, or None for the default one"
