@@ -20,8 +20,18 @@
  *    communicators are independent and may be driven by different threads
  *    concurrently.
  *  - Collectives on one communicator must be called by every rank in the same
- *    order with matching arguments (count, dtype, op, root). A count that
- *    differs between ranks is detected and reported as WEFT_ERR_MISMATCH.
+ *    order with matching arguments (count, dtype, op, root). It is checked
+ *    at no cost: every data message carries its call's number, collective,
+ *    dtype, op and root (for a gradient set's bucket, its step) and its
+ *    length, and a rank that receives one of another call fails with
+ *    WEFT_ERR_MISMATCH naming both calls ("rank 0 called weft_allreduce(f32,
+ *    max) as its call #7, this rank weft_allreduce(f32, sum)"); its peers
+ *    fail with WEFT_ERR_PEER_LOST quoting it. Every rank fails in that call,
+ *    except that a rank that only sent in it (the root of a broadcast or a
+ *    scatter, the other ranks of a reduce or a gather) may return WEFT_OK
+ *    and fail in its next call on the communicator, weft_comm_destroy
+ *    included. WEFT_CHECK=1 also catches what no message shows (a rank
+ *    that passes count 0), and fails every rank in the very call.
  *  - Buffers are passed as pointers plus a count of elements, in host memory
  *    or, for the collectives, in a GPU's memory (weft_comm_set_stream says how
  *    such a call is ordered).
@@ -251,18 +261,17 @@ WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *
 
 /* recvbuf = root's sendbuf on every rank. sendbuf is read on root only
  * (may be NULL elsewhere); sendbuf == recvbuf on root is in place.
- * Every rank must pass the same count, dtype and root. When a rank's count
- * or dtype differs, every rank fails in that call, within the timeout of
- * none: the ranks compare what they passed over the edges of a hypercube,
- * beside the data (a small message per edge, no round trip), and the one
- * that sees a difference fails with WEFT_ERR_MISMATCH naming both counts or
- * both chunk lengths, the others with WEFT_ERR_PEER_LOST quoting it. A root
- * that differs is found the same way when the ranks' messages meet; else
- * the call ends at the timeout. WEFT_CHECK=1 also names the call of every
- * rank. WEFT_BCAST_CONFIRM=0 (set alike on every rank) drops the comparison
- * for the plain tree: fewer messages for small broadcasts over tcp at 3 or
- * more ranks, but the root and the ranks that agree with it then return
- * WEFT_OK and fail in their next call. */
+ * Every rank must pass the same count, dtype and root. The plain tree
+ * carries no extra message: a rank whose count, dtype or root differs from
+ * what reaches it fails in that call with WEFT_ERR_MISMATCH naming both
+ * sides; the root, and the ranks that agree with it, fail in their next
+ * call on this communicator (weft_comm_destroy included, which then
+ * returns the error), quoting it. No rank's data is wrong: the root's is
+ * the source, and the agreeing ranks received it. Roots that differ so
+ * that no rank sends first are found at the timeout, when the ranks compare
+ * the calls they wait in (WEFT_ERR_MISMATCH naming both). WEFT_CHECK=1
+ * confirms every rank's count, dtype and root over the edges of a hypercube
+ * beside the data, so that every rank fails in that very call. */
 WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                     size_t count, weft_dtype dtype, int root);
 

@@ -33,7 +33,7 @@ typedef struct fake_chunk {
   const void *src;     /* the sender's memory, copied only on delivery */
   unsigned char *data; /* the copy, once delivered */
   size_t bytes;
-  uint32_t seq;
+  weft_tag seq;
   bool for_copy; /* sent with WEFT_SEND_FOR_COPY: read from src only by recv, as shm's
                     single copy does, and complete only once received */
 } fake_chunk;
@@ -129,7 +129,7 @@ static weft_status fake_send_ready(void *ctx, int peer) {
   return WEFT_OK;
 }
 
-static weft_status fake_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
+static weft_status fake_send(void *ctx, int peer, const void *src, size_t bytes, weft_tag seq,
                              const weft_mem_ops *mem, unsigned flags) {
   fake_end *e = end_of(ctx);
   fake_pipe *p = pipe_of(e, peer, true, "send");
@@ -163,16 +163,16 @@ static weft_status fake_send_idle(void *ctx, int peer) {
 }
 
 /* The oldest arrived chunk from `peer`, its tag checked. */
-static weft_status arrived(fake_end *e, int peer, uint32_t seq, size_t bytes, fake_pipe **out) {
+static weft_status arrived(fake_end *e, int peer, weft_tag seq, size_t bytes, fake_pipe **out) {
   fake_pipe *p = pipe_of(e, peer, false, "a receive");
   if (!p) return WEFT_ERR_INTERNAL;
   if (pct(e->w, e->w->again_pct) || p->delivered == 0) return WEFT_AGAIN;
   const fake_chunk *c = at(p, 0);
   if (c->seq != seq || c->bytes != bytes) {
     snprintf(e->sink, sizeof e->sink,
-             "member %d: chunk from %d is (seq %u, %zu bytes), expected "
-             "(seq %u, %zu bytes)",
-             e->me, peer, c->seq, c->bytes, seq, bytes);
+             "member %d: chunk from %d is (seq %llu, %zu bytes), expected "
+             "(seq %llu, %zu bytes)",
+             e->me, peer, (unsigned long long)c->seq, c->bytes, (unsigned long long)seq, bytes);
     if (!e->w->error[0]) snprintf(e->w->error, sizeof e->w->error, "%s", e->sink);
     return WEFT_ERR_MISMATCH;
   }
@@ -180,7 +180,7 @@ static weft_status arrived(fake_end *e, int peer, uint32_t seq, size_t bytes, fa
   return WEFT_OK;
 }
 
-static weft_status fake_recv_peek(void *ctx, int peer, uint32_t seq, size_t bytes,
+static weft_status fake_recv_peek(void *ctx, int peer, weft_tag seq, size_t bytes,
                                   const void **data) {
   fake_end *e = end_of(ctx);
   fake_pipe *p;
@@ -219,7 +219,7 @@ static weft_status fake_recv_release(void *ctx, int peer) {
 }
 
 /* One chunk copied out (the first of any receive). */
-static weft_status fake_recv_one(void *ctx, int peer, uint32_t seq, size_t bytes, void *dst,
+static weft_status fake_recv_one(void *ctx, int peer, weft_tag seq, size_t bytes, void *dst,
                                  const weft_mem_ops *mem) {
   fake_end *e = end_of(ctx);
   fake_pipe *p;
@@ -238,7 +238,7 @@ static weft_status fake_recv_one(void *ctx, int peer, uint32_t seq, size_t bytes
  * that continue the run, each checked as the first; a chunk that does not
  * continue it (another call's, a wrong length) is left for the next
  * receive, which reports it. */
-static weft_status fake_recv(void *ctx, int peer, uint32_t seq, size_t chunk_bytes, size_t bytes,
+static weft_status fake_recv(void *ctx, int peer, weft_tag seq, size_t chunk_bytes, size_t bytes,
                              void *dst, const weft_mem_ops *mem, size_t *chunks) {
   fake_end *e = end_of(ctx);
   *chunks = 0;

@@ -634,7 +634,20 @@ static void settings_typed_values(void **state) {
   weft_choice_free(&cs);
   assert_non_null(strstr(text, "recursive doubling up to 256 KiB (on shm with a CPU per rank"));
   assert_non_null(strstr(text, "8 ranks or fewer (3 where every rank has a CPU of its own)"));
-  assert_non_null(strstr(text, "counts confirmed"));
+  /* the plain tree by default; WEFT_CHECK=1 confirms every rank's count */
+  assert_non_null(strstr(text, "counts not confirmed (WEFT_CHECK=1 confirms them)"));
+  {
+    char checked[2048];
+    setenv("WEFT_CHECK", "1", 1);
+    weft_settings_reload();
+    weft_choice_init(&cs, 0, 0);
+    weft_choice_describe(&cs, 262144, checked, sizeof checked);
+    weft_choice_free(&cs);
+    unsetenv("WEFT_CHECK");
+    weft_settings_reload();
+    assert_non_null(strstr(checked, "counts confirmed"));
+    assert_null(strstr(checked, "counts not confirmed"));
+  }
   assert_non_null(strstr(text, "among 3 to 4 ranks from 16 KiB up to 1 MiB"));
   assert_non_null(strstr(text, "allgather: Bruck"));
   assert_non_null(strstr(text,
@@ -652,14 +665,14 @@ static void settings_typed_values(void **state) {
     assert_int_equal(weft_choose_bcast_fanout(&cs, 1048576, 3, 262144), 2);
     assert_int_not_equal(weft_choose_bcast_fanout(&cs, 2097152, 4, 262144), 3);
     assert_int_not_equal(weft_choose_bcast_fanout(&cs, 65536, 8, 262144), 7);
-    assert_int_not_equal(weft_choose_bcast_fanout(&cs, 65536, 2, 262144), 1);
+    /* two ranks: the binomial tree with WEFT_CHECK's confirmation, else the
+     * chain or the binary tree, which between two ranks is the same send */
     assert_int_not_equal(weft_choose_bcast_fanout(&cs, 8192, 4, 262144), 3);
   }
   cs.sends_are_stores = false;
   assert_int_not_equal(weft_choose_bcast_fanout(&cs, 65536, 4, 262144), 3);
   weft_choice_free(&cs);
   setenv("WEFT_ALGO", "ring", 1);
-  setenv("WEFT_BCAST_CONFIRM", "0", 1);
   setenv("WEFT_BCAST_CHAIN_BYTES", "1048576", 1);
   setenv("WEFT_ALLGATHER_BRUCK_MAX_BYTES", "0", 1);
   setenv("WEFT_ALLGATHER_BRUCK_SHM_MAX_BYTES", "0", 1);
@@ -682,7 +695,6 @@ static void settings_typed_values(void **state) {
   unsetenv("WEFT_REDUCE_SCATTER_HALVING_MAX_BYTES");
   unsetenv("WEFT_REDUCE_SCATTER_HALVING_SHM_MAX_BYTES");
   unsetenv("WEFT_ALGO");
-  unsetenv("WEFT_BCAST_CONFIRM");
   unsetenv("WEFT_BCAST_CHAIN_BYTES");
   weft_settings_reload();
 }

@@ -656,6 +656,65 @@ static void mismatch_every_rank(void **state) {
   assert_int_equal(harness_run(3, env_check, 60, mismatch_rank, &kind), 0);
 }
 
+/* The default mode (no per-step check): one rank accumulates in step 1
+ * (weft_grad_set_sync(g, 0)) while the others sync. Before, every call
+ * returned OK and from step 2 on that rank's buckets paired with the others'
+ * of the step before (issue 39: 1,120,144 of 1,960,252 elements wrong). Now
+ * each bucket's chunks carry the set's step: the others fail in step 1,
+ * the odd rank in step 2 (its first bucket after the skipped one), naming the
+ * steps; no rank returns OK past the step where it happened. */
+static int skipped_sync_rank(int rank, int n, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = harness_comm(rank, n, id);
+  if (!comm) return 1;
+  int bad = 0, odd = rank == n - 1;
+  enum { NT = 35 };
+  static float data[NT][300];
+  weft_tensor t[NT];
+  for (int i = 0; i < NT; i++)
+    t[i] = (weft_tensor){data[i], (size_t)(50 + 7 * i), i % 3 ? WEFT_F32 : WEFT_F64, WEFT_MEMORY_HOST};
+  weft_grad *g = NULL;
+  weft_grad_options o;
+  weft_grad_options_init(&o);
+  o.bucket_cap_bytes = 1024;
+  FAILS(weft_grad_create(comm, &o, &g), "create");
+  for (int i = 0; i < NT; i++) FAILS(weft_grad_register(g, &t[i], NULL), "register");
+  FAILS(weft_grad_finalize(g), "finalize");
+  weft_status st = WEFT_OK;
+  int step = 0;
+  double t0 = harness_now();
+  for (; step < 4 && !st; step++) {
+    if (odd) weft_grad_set_sync(g, step != 1);
+    for (int i = 0; i < NT && !st; i++) st = weft_grad_ready(g, i);
+    if (!st) st = weft_grad_wait(g);
+  }
+  step--; /* the step that failed */
+  const char *e = weft_last_error(comm);
+  harness_shm->word[rank] = strstr(e, "step") != NULL;
+  if (st == WEFT_OK || step > 2 || harness_now() - t0 > 15) {
+    fprintf(stderr, "rank %d%s: %s in step %d: %s\n", rank, odd ? " (skipped step 1)" : "",
+            weft_status_name(st), step, e);
+    bad++;
+  }
+out:
+  weft_grad_destroy(g);
+  weft_comm_destroy(comm); /* failed on purpose: no final barrier */
+  return bad != 0;
+}
+
+static void skipped_sync_fails_every_rank(void **state) {
+  (void)state;
+  static const char *const env[] = {"WEFT_TIMEOUT=20", NULL};
+  for (int tp = 0; tp < 2; tp++) {
+    const char *const envs[] = {env[0], tp ? "WEFT_TRANSPORT=tcp" : "WEFT_TRANSPORT=shm", NULL};
+    harness_init();
+    assert_int_equal(harness_run(3, envs, 60, skipped_sync_rank, NULL), 0);
+    uint64_t named = 0;
+    for (int r = 0; r < 3; r++) named += harness_shm->word[r];
+    assert_true(named >= 1); /* a rank names the steps */
+  }
+}
+
 /* a rank that refuses its own arguments still joins the agreement: it gets
  * WEFT_ERR_INVALID with its reason, the others WEFT_ERR_MISMATCH, nobody waits */
 static int local_refusal_rank(int rank, int n, const weft_unique_id *id, void *arg) {
@@ -981,7 +1040,8 @@ int main(void) {
       cmocka_unit_test(prediv_mean_and_sum), cmocka_unit_test(default_caps_one_bucket_per_dtype),
       cmocka_unit_test(given_order),         cmocka_unit_test(large_tensors_in_place),
       cmocka_unit_test(out_of_order_ready),  cmocka_unit_test(accumulation),
-      cmocka_unit_test(mismatch_every_rank), cmocka_unit_test(local_refusal_every_rank),
+      cmocka_unit_test(mismatch_every_rank), cmocka_unit_test(skipped_sync_fails_every_rank),
+      cmocka_unit_test(local_refusal_every_rank),
       cmocka_unit_test(periodic_broadcast),  cmocka_unit_test(buffers_sync),
       cmocka_unit_test(metrics_weighted),    cmocka_unit_test(bad_input),
   };

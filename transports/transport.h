@@ -10,9 +10,11 @@
  * which returns the credit to the sender. A sender may have at most
  * `send_depth` chunks posted and not yet complete.
  *
- * Every chunk carries the sequence number of the collective it belongs to and
- * the receiver states how many bytes it expects: a chunk of another call or
- * of another size is WEFT_ERR_MISMATCH, never silently used.
+ * Every chunk carries the tag of the call it belongs to (its sequence number
+ * and its signature: src/base/call_tag.h) and the receiver states how many
+ * bytes it expects: a chunk of another call, another signature or another
+ * size is WEFT_ERR_MISMATCH (weft_chunk_check), never silently used. A
+ * transport carries the tag whole and compares it whole.
  *
  * Rules that hold for every member:
  *  - Nothing blocks except `wait`, and `wait` at most `timeout_ms`.
@@ -48,8 +50,10 @@
  *    registration by kind with descriptors, opaque handles.
  * 5: send_for_copy.
  * 6: one send with flags (send_for_copy and send_now folded in), one recv
- *    for a chunk or a run (recv_into and recv_run folded in). */
-#define WEFT_TRANSPORT_ABI 6
+ *    for a chunk or a run (recv_into and recv_run folded in).
+ * 7: chunks carry a 64-bit tag (call number and signature, call_tag.h) for
+ *    the 32-bit sequence number. */
+#define WEFT_TRANSPORT_ABI 7
 
 /* Longest address blob a transport publishes through the rendezvous. */
 #define WEFT_TRANSPORT_ADDR_MAX 160
@@ -205,7 +209,7 @@ typedef struct weft_transport {
    * chunks are still in flight or the connection is not up yet. */
   weft_status (*send_ready)(weft_tp_conn *conn);
 
-  /* Posts one chunk of `bytes` (<= chunk_bytes, may be 0) tagged `seq`,
+  /* Posts one chunk of `bytes` (<= chunk_bytes, may be 0) tagged `tag`,
    * only after send_ready said OK. `flags` (WEFT_SEND_*, below) say what the
    * chunk is for; the transport decides how to move it. `src` (memory
    * described by `mem`, whose kind is in caps.send_kinds) stays unchanged
@@ -214,19 +218,19 @@ typedef struct weft_transport {
    * WEFT_SEND_NOW the bytes may start moving only at the next progress or
    * send_idle (tcp leaves large chunks for then, to write what an algorithm
    * posted at once in one system call). */
-  weft_status (*send)(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
+  weft_status (*send)(weft_tp_conn *conn, const void *src, size_t bytes, weft_tag tag,
                       const struct weft_mem_ops *mem, unsigned flags);
 
   /* WEFT_OK when every posted chunk is complete (its source may be reused),
    * WEFT_AGAIN otherwise. Drives the sends forward. */
   weft_status (*send_idle)(weft_tp_conn *conn);
 
-  /* The oldest received chunk, in place: it must be tagged `seq` and be
+  /* The oldest received chunk, in place: it must be tagged `tag` and be
    * `bytes` long, else WEFT_ERR_MISMATCH. `*data` (host memory) stays valid
    * until recv_release. WEFT_AGAIN when it has not (completely) arrived.
    * Calling it again before release returns the same chunk. Drives
    * receiving forward. */
-  weft_status (*recv_peek)(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
+  weft_status (*recv_peek)(weft_tp_conn *conn, weft_tag tag, size_t bytes, const void **data);
 
   /* Gives the slot of the chunk returned by recv_peek back to the sender. */
   weft_status (*recv_release)(weft_tp_conn *conn);
@@ -234,7 +238,7 @@ typedef struct weft_transport {
   /* Copies received chunks into `dst` (kind from `mem`, in
    * caps.recv_kinds): the next chunks of a run of `bytes` that the sender
    * cut into chunks of `chunk_bytes` (the last may be shorter), all tagged
-   * `seq`, placed one after another from `dst`. One chunk is a run with
+   * `tag`, placed one after another from `dst`. One chunk is a run with
    * chunk_bytes == bytes. Takes at least one chunk (WEFT_AGAIN until the
    * first is whole) and at most as many as have arrived whole, and sets
    * *chunks to how many; a transport that reads a run at once (shm: one
@@ -244,7 +248,7 @@ typedef struct weft_transport {
    * into `dst` (tcp reads the socket into it): between the first call that
    * returned WEFT_AGAIN and WEFT_OK the first chunk's bytes may be partly
    * written, and no other receive may be started on this connection. */
-  weft_status (*recv)(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+  weft_status (*recv)(weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes, size_t bytes, void *dst,
                       const struct weft_mem_ops *mem, size_t *chunks);
 
   /* Registers `region` with this context and fills `*handle` (the caller's
@@ -307,13 +311,13 @@ typedef struct weft_transport {
 
 /* recv for a transport that copies one chunk per call: the run's first
  * chunk through `into` (its recv_peek-checked copy into dst). */
-static inline weft_status weft_tp_recv_first(weft_status (*into)(weft_tp_conn *conn, uint32_t seq,
+static inline weft_status weft_tp_recv_first(weft_status (*into)(weft_tp_conn *conn, weft_tag tag,
                                                                  size_t bytes, void *dst,
                                                                  const struct weft_mem_ops *mem),
-                                             weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes,
+                                             weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes,
                                              size_t bytes, void *dst,
                                              const struct weft_mem_ops *mem, size_t *chunks) {
-  weft_status st = into(conn, seq, bytes < chunk_bytes ? bytes : chunk_bytes, dst, mem);
+  weft_status st = into(conn, tag, bytes < chunk_bytes ? bytes : chunk_bytes, dst, mem);
   *chunks = st == WEFT_OK ? 1 : 0;
   return st;
 }

@@ -113,7 +113,8 @@ struct weft_coll {
   void *wire_stage; /* the caller's, weft_wire_stage_bytes: chunks narrowed for sending */
   int wire_sent_to; /* 1 + the member the stage last went to (its send may still read it); 0 none */
   const weft_mem_ops *mem;
-  uint32_t seq;
+  uint32_t seq; /* the call's number on its communicator */
+  uint32_t sig; /* the call's signature (call_tag.h): with seq, every chunk's tag */
   weft_algo_hint hint;
   weft_hosts hosts; /* the hierarchical allreduce only */
   weft_algo_outcome outcome;
@@ -128,6 +129,13 @@ struct weft_coll {
   _Alignas(max_align_t) unsigned char algo_state[WEFT_ALGO_STATE_BYTES];
 };
 
+/* What each of the call's chunks is tagged with (call_tag.h): its number and
+ * signature, so a peer in another call, or in this call with another op,
+ * dtype or root, fails the receiver instead of being reduced with it. */
+static inline weft_tag weft_coll_tag(const weft_coll *coll) {
+  return weft_tag_make(coll->seq, coll->sig);
+}
+
 /* The call's links, as the algorithms use them (link.h says the rules): one
  * indirect call per chunk. WEFT_AGAIN when not possible now. */
 static inline weft_status weft_link_send_ready(weft_coll *coll, int peer) {
@@ -139,14 +147,14 @@ static inline weft_status weft_link_send_ready(weft_coll *coll, int peer) {
  * received (a ring's or a chain's next hop) and starts moving now. */
 static inline weft_status weft_link_send(weft_coll *coll, int peer, const void *src, size_t bytes,
                                          unsigned flags) {
-  return coll->link.ops->send(coll->link.ctx, peer, src, bytes, coll->seq, coll->mem, flags);
+  return coll->link.ops->send(coll->link.ctx, peer, src, bytes, weft_coll_tag(coll), coll->mem, flags);
 }
 static inline weft_status weft_link_send_idle(weft_coll *coll, int peer) {
   return coll->link.ops->send_idle(coll->link.ctx, peer);
 }
 static inline weft_status weft_link_recv_peek(weft_coll *coll, int peer, size_t bytes,
                                               const void **data) {
-  return coll->link.ops->recv_peek(coll->link.ctx, peer, coll->seq, bytes, data);
+  return coll->link.ops->recv_peek(coll->link.ctx, peer, weft_coll_tag(coll), bytes, data);
 }
 static inline weft_status weft_link_recv_release(weft_coll *coll, int peer) {
   return coll->link.ops->recv_release(coll->link.ctx, peer);
@@ -154,7 +162,7 @@ static inline weft_status weft_link_recv_release(weft_coll *coll, int peer) {
 /* The next chunk from `peer`, `bytes` long, copied into dst. */
 static inline weft_status weft_link_recv(weft_coll *coll, int peer, size_t bytes, void *dst) {
   size_t chunks;
-  return coll->link.ops->recv(coll->link.ctx, peer, coll->seq, bytes, bytes, dst, coll->mem,
+  return coll->link.ops->recv(coll->link.ctx, peer, weft_coll_tag(coll), bytes, bytes, dst, coll->mem,
                               &chunks);
 }
 /* The next chunks of a run of `bytes` from `peer` that it sent in chunks of
@@ -164,7 +172,7 @@ static inline weft_status weft_link_recv(weft_coll *coll, int peer, size_t bytes
  * MPI's single copy does). */
 static inline weft_status weft_link_recv_run(weft_coll *coll, int peer, size_t chunk_bytes,
                                              size_t bytes, void *dst, size_t *chunks) {
-  return coll->link.ops->recv(coll->link.ctx, peer, coll->seq, chunk_bytes, bytes, dst, coll->mem,
+  return coll->link.ops->recv(coll->link.ctx, peer, weft_coll_tag(coll), chunk_bytes, bytes, dst, coll->mem,
                               chunks);
 }
 /* Maps the buffer member `peer` described in `key` (weft_mem_alloc memory)

@@ -113,6 +113,7 @@ static weft_coll *phase_init(weft_coll *coll, hier_chain *ch, const int *group, 
                        .chunk_bytes = coll->chunk_bytes,
                        .mem = coll->mem,
                        .seq = coll->seq,
+                       .sig = coll->sig,
                        .fail_peer = -1};
   if (across_hosts) { /* the call's stage: it lives until the call's flush */
     inner->wire = coll->wire;
@@ -300,6 +301,7 @@ static weft_status tail_start(weft_coll *coll, hier_ctl *ctl) {
                    .chunk_bytes = coll->chunk_bytes,
                    .mem = coll->mem,
                    .seq = coll->seq,
+                       .sig = coll->sig,
                    .hint = coll->hint,
                    .hosts = coll->hosts,
                    .wire = coll->wire,

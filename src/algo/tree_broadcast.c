@@ -159,7 +159,7 @@ static weft_status bc_send_desc(weft_coll *coll, int v) {
   bcast_state *bs = WEFT_ALGO_STATE(coll, bcast_state);
   int peer = bc_member(coll, v);
   WEFT_STEP(weft_link_send_ready(coll, peer));
-  return coll->link.ops->send(coll->link.ctx, peer, &bs->mine, sizeof bs->mine, coll->seq,
+  return coll->link.ops->send(coll->link.ctx, peer, &bs->mine, sizeof bs->mine, weft_coll_tag(coll),
                               &weft_mem_host, 0);
 }
 

@@ -63,16 +63,18 @@ WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void 
                 weft_iallreduce_body(comm, sendbuf, recvbuf, count, dtype, op, req));
 }
 
-weft_status weft_api_iallreduce_wire(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                     size_t count, weft_dtype dtype, weft_op op, int wire,
-                                     weft_request **req) {
+weft_status weft_api_ibucket_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, weft_dtype dtype, weft_op op, int wire,
+                                       uint64_t step, weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_iallreduce", req, &r));
-  /* the setup reads the attribute on this thread; the call keeps its own */
+  /* the setup reads the attributes on this thread; the call keeps its own */
   weft_dtype keep = comm->core.wire;
   if (wire >= 0) comm->core.wire = (weft_dtype)wire;
+  comm->core.bucket_step_plus1 = step + 1;
   weft_status st = weft_coll_allreduce_setup(&r->task, "weft_iallreduce", &comm->core, sendbuf,
                                              recvbuf, count, dtype, op);
+  comm->core.bucket_step_plus1 = 0;
   comm->core.wire = keep;
   return coll_issue(r, req, st);
 }

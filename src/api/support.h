@@ -23,11 +23,13 @@ bool weft_api_comm_live(const weft_comm *comm);
 /* Every rank of `comm` runs on one host (shared buffers may pay off). */
 bool weft_api_one_host(const weft_comm *comm);
 
-/* weft_iallreduce with `wire` for this call only (weft_comm_set_wire_dtype's
- * values; -1: the communicator's), for a gradient set's own option. */
-weft_status weft_api_iallreduce_wire(weft_comm *comm, const void *sendbuf, void *recvbuf,
-                                     size_t count, weft_dtype dtype, weft_op op, int wire,
-                                     weft_request **req);
+/* weft_iallreduce of a gradient set's bucket in step `step`, which its
+ * chunks' signature carries (call_tag.h), with `wire` for this call only
+ * (weft_comm_set_wire_dtype's values; -1: the communicator's), the set's
+ * own option. */
+weft_status weft_api_ibucket_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, weft_dtype dtype, weft_op op, int wire,
+                                       uint64_t step, weft_request **req);
 
 /* A memory kind's table, opaque: copy, scale, allocate in that memory. */
 typedef struct weft_mem_ops weft_api_mem;

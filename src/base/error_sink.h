@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/base/call_tag.h"
 #include "weft.h"
 
 /* The sentence describing the last error of a transport or helper. */
@@ -23,10 +24,12 @@ void weft_error_sink_set(weft_error_sink *sink, const char *fmt, ...)
 void weft_appendf(char *buf, size_t len, size_t *used, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Every transport checks an arriving chunk's tag the same way: a chunk of
- * another call or another size is WEFT_ERR_MISMATCH, with one sentence for
- * each case written to `sink`. WEFT_OK when (seq, len) are the expected ones. */
-weft_status weft_chunk_check(weft_error_sink *sink, int peer, uint32_t seq, uint32_t want_seq,
+/* Every transport checks an arriving chunk's tag (call_tag.h) the same way:
+ * a chunk of another call, of another signature (collective, dtype, op,
+ * root) or of another size is WEFT_ERR_MISMATCH, with one sentence for each
+ * case written to `sink`, naming both calls. WEFT_OK when (tag, len) are the
+ * expected ones. Implemented in call_tag.c. */
+weft_status weft_chunk_check(weft_error_sink *sink, int peer, weft_tag tag, weft_tag want,
                              size_t len, size_t want_len);
 
 #endif

@@ -99,8 +99,6 @@
     "auto picks recursive doubling for allreduce up to this many bytes (at most one chunk; on shm with a CPU per rank and 3 or more ranks, at most 192 KiB / log2(ranks))") \
   X(BCAST_FANOUT, bcast_fanout, INT, "0", 0, 65536, WEFT_NO_WORDS,                               \
     "broadcast tree fan-out; 0 = auto (flat among 3-4 ranks on shm within the WEFT_BCAST_FLAT_ sizes, else a binomial tree for one chunk or two ranks, binary below WEFT_BCAST_CHAIN_BYTES, else a chain)") \
-  X(BCAST_CONFIRM, bcast_confirm, BOOL, "1", 0, 0, WEFT_NO_WORDS,                                \
-    "broadcasts compare every rank's count, dtype and root beside the data, so a disagreement fails every rank in that call; 0 = the plain tree: small broadcasts over tcp at 3+ ranks take fewer messages, and the root and the ranks that agree with it learn of a disagreement in their next call") \
   X(BCAST_CHAIN_BYTES, bcast_chain_bytes, BYTES, "65536", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
     "broadcasts of at least this many bytes use a pipelined chain")                              \
   X(BCAST_FLAT_MIN_BYTES, bcast_flat_min_bytes, BYTES, "16384", 0, WEFT_SETTING_NO_MAX,          \
@@ -131,7 +129,7 @@
     0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS,                                                       \
     "the same where every link is shm; 0 = never") \
   X(CHECK, check, BOOL, "0", 0, 0, WEFT_NO_WORDS,                                                \
-    "1: every collective first compares a fingerprint (call, count, dtype, op, root) across ranks; a difference fails every rank naming both sides") \
+    "1: every collective first compares a fingerprint (call, count, dtype, op, root) across ranks, and broadcasts confirm every rank's count, dtype and root: a difference fails every rank in that call naming both sides. 0: each chunk still carries its call's signature, so a difference fails every rank in that call or, where a rank only sent (a broadcast's root), in its next one") \
   X(RECORDER, recorder, INT, "64", 0, 100000, WEFT_NO_WORDS,                                     \
     "calls each communicator remembers (flight recorder), printed on timeout, abort and SIGUSR1; 0 = off") \
   X(HOST_ID, host_id, STRING, "", 0, 0, WEFT_NO_WORDS,                                           \

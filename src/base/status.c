@@ -61,22 +61,3 @@ void weft_appendf(char *buf, size_t len, size_t *used, const char *fmt, ...) {
   va_end(ap);
   if (n > 0) *used = *used + (size_t)n < len ? *used + (size_t)n : len - 1;
 }
-
-weft_status weft_chunk_check(weft_error_sink *sink, int peer, uint32_t seq, uint32_t want_seq,
-                             size_t len, size_t want_len) {
-  if (seq != want_seq) {
-    weft_error_sink_set(sink,
-                        "peer %d sent data of its collective call #%u while this rank is in call "
-                        "#%u (a rank skipped or added a call)",
-                        peer, seq, want_seq);
-    return WEFT_ERR_MISMATCH;
-  }
-  if (len != want_len) {
-    weft_error_sink_set(sink,
-                        "peer %d sent a %zu-byte chunk where this rank expects %zu bytes in call "
-                        "#%u (counts or dtypes differ between ranks)",
-                        peer, len, want_len, want_seq);
-    return WEFT_ERR_MISMATCH;
-  }
-  return WEFT_OK;
-}

@@ -27,7 +27,7 @@ void weft_choice_init(weft_choice_state *c, int rank, int size) {
   c->direct_min_bytes = set->direct_min_bytes;
   c->bcast_chain_bytes = set->bcast_chain_bytes;
   c->bcast_fanout = set->bcast_fanout < size ? (int)set->bcast_fanout : 0;
-  c->bcast_confirm = set->bcast_confirm;
+  c->bcast_confirm = set->check; /* WEFT_CHECK: every rank fails in the call that disagrees */
   c->bcast_flat_min_bytes = set->bcast_flat_min_bytes;
   c->bcast_flat_max_bytes = set->bcast_flat_max_bytes;
   c->allgather_pairwise_bytes = set->allgather_pairwise_bytes;
@@ -700,7 +700,7 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
   weft_appendf(out, len, &at, "\n");
   rules_words("broadcast", bcast_rules, NRULES(bcast_rules), &cs, chunk_bytes, out, len, &at);
   weft_appendf(out, len, &at,
-               c->bcast_confirm ? "\n" : "; counts not confirmed (WEFT_BCAST_CONFIRM=0)\n");
+               c->bcast_confirm ? "\n" : "; counts not confirmed (WEFT_CHECK=1 confirms them)\n");
   rules_words("reduce", reduce_rules, NRULES(reduce_rules), &cs, chunk_bytes, out, len, &at);
   weft_appendf(out, len, &at, "\n");
   rules_words("reduce_scatter", reduce_scatter_rules, NRULES(reduce_scatter_rules), &cs,

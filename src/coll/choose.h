@@ -23,7 +23,7 @@ typedef struct weft_choice_state {
   size_t exchange_max_bytes; /* one host, few ranks: the one-round exchange up to this size */
   size_t direct_min_bytes;   /* one host: try shared buffers from this size (0 never) */
   int bcast_fanout;          /* 0 = by size */
-  bool bcast_confirm;        /* WEFT_BCAST_CONFIRM: the user's broadcasts confirm descriptors */
+  bool bcast_confirm;        /* WEFT_CHECK: the user's broadcasts confirm descriptors */
   size_t bcast_chain_bytes;  /* broadcasts and reduces take a chain from this size */
   size_t bcast_flat_min_bytes, bcast_flat_max_bytes; /* one host, 3-4 ranks: a flat tree (0 never) */
   size_t allgather_pairwise_bytes; /* links all stores, 3+ ranks: pairwise from this block size */

@@ -50,6 +50,16 @@ enum coll_kind_id {
   KIND_SCATTER,
   KIND_ALLTOALL,
 };
+/* coll_sign names a call's kind in its signature by this order */
+_Static_assert(WEFT_SIG_BARRIER + KIND_ALLREDUCE == WEFT_SIG_ALLREDUCE &&
+                   WEFT_SIG_BARRIER + KIND_BROADCAST == WEFT_SIG_BROADCAST &&
+                   WEFT_SIG_BARRIER + KIND_REDUCE == WEFT_SIG_REDUCE &&
+                   WEFT_SIG_BARRIER + KIND_ALLGATHER == WEFT_SIG_ALLGATHER &&
+                   WEFT_SIG_BARRIER + KIND_REDUCE_SCATTER == WEFT_SIG_REDUCE_SCATTER &&
+                   WEFT_SIG_BARRIER + KIND_GATHER == WEFT_SIG_GATHER &&
+                   WEFT_SIG_BARRIER + KIND_SCATTER == WEFT_SIG_SCATTER &&
+                   WEFT_SIG_BARRIER + KIND_ALLTOALL == WEFT_SIG_ALLTOALL,
+               "the call kinds in the order of call_tag.h's");
 
 static const coll_kind coll_kinds[] = {
     {"weft_barrier", NULL, false, false, false},
@@ -142,6 +152,22 @@ static coll_extra *coll_extra_get(weft_coll *coll) {
 static weft_dtype coll_user_dtype(const weft_coll *coll) {
   const coll_extra *x = TASK(coll)->check;
   return x && x->widened ? x->user_dtype : coll->dtype;
+}
+
+/* The call's signature (call_tag.h), carried with its number in every chunk:
+ * what every rank must agree on that no byte count shows. A gradient set's
+ * bucket carries its step where an allreduce has no root. */
+static void coll_sign(weft_coll *coll) {
+  const coll_kind *k = coll_kind_of(coll);
+  uint64_t step = TASK(coll)->comm->bucket_step_plus1;
+  bool bucket = step && TASK(coll)->kind == KIND_ALLREDUCE;
+  weft_call_sig s = {.kind = bucket ? WEFT_SIG_GRAD_BUCKET
+                                    : (enum weft_sig_kind)(WEFT_SIG_BARRIER + TASK(coll)->kind),
+                     .dtype = k->count_name ? (int)coll_user_dtype(coll) : -1,
+                     .op = k->has_op ? (int)coll->op : -1,
+                     .wire = weft_wire_on(coll) ? (int)coll->wire : -1,
+                     .root = bucket ? (uint32_t)(step - 1) : k->has_root ? (uint32_t)coll->root : 0};
+  coll->sig = weft_sig_pack(s);
 }
 
 /* An integer avg summed in i64 is exact for i8, u8 and i32 over any
@@ -259,14 +285,14 @@ weft_status weft_coll_failed(weft_coll_task *task, weft_status st) {
   }
 }
 
-weft_status weft_coll_timed_out(weft_coll_task *task, const char *verdict) {
+weft_status weft_coll_timed_out(weft_coll_task *task, weft_status st, const char *verdict) {
   weft_coll *coll = &task->coll;
   weft_core *comm = TASK(coll)->comm;
   int peer = TASK(coll)->waiting_peer;
   comm->links.sink.origin[0] = 0; /* this rank's own words: every rank reached the same */
-  weft_recorder_update(&comm->recorder, task, WEFT_REC_FAILED, WEFT_ERR_TIMEOUT, 0);
+  weft_recorder_update(&comm->recorder, task, WEFT_REC_FAILED, st, 0);
   weft_recorder_dump(&comm->recorder, comm->rank, comm->size, "timeout");
-  return coll_fail(coll, WEFT_ERR_TIMEOUT,
+  return coll_fail(coll, st,
                    "no progress for %.1f s while waiting for %s peer %d (%s algorithm); %s",
                    comm->fail.timeout_s, TASK(coll)->waiting_for ? TASK(coll)->waiting_for : "",
                    peer, coll->algo, verdict);
@@ -400,6 +426,10 @@ static weft_status check_start(weft_coll *coll) {
                           .elem = 1,
                           .mem = &weft_mem_host,
                           .seq = coll->seq,
+                          .sig = weft_sig_pack((weft_call_sig){.kind = WEFT_SIG_CHECK,
+                                                               .dtype = -1,
+                                                               .op = -1,
+                                                               .wire = -1}),
                           .fail_peer = -1};
   x->check = ck;
   weft_status st = weft_ring_allgather_start(&ck->inner);
@@ -533,6 +563,7 @@ static weft_status coll_take_seq(weft_coll *coll) {
    * the number: buffers of two kinds are refused like any bad argument. */
   WEFT_CHECK(weft_coll_stage_in(task, &task->span, task->comm->size == 1));
   coll->seq = ++task->comm->seq;
+  coll_sign(coll);
   return WEFT_OK;
 }
 
@@ -560,6 +591,7 @@ static weft_status coll_wire(weft_coll *coll) {
       (coll->op != WEFT_SUM && coll->op != WEFT_AVG) || comm->hosts.nhosts < 2)
     return WEFT_OK;
   coll->wire = comm->wire;
+  coll_sign(coll); /* the wire dtype is part of it */
   size_t bytes = weft_wire_stage_bytes(coll);
   coll->wire_stage = coll->mem->alloc_scratch(bytes);
   if (coll->wire_stage) return WEFT_OK;
@@ -750,6 +782,7 @@ static weft_status barrier_setup(weft_coll_task *task, const char *call, weft_co
   coll->sendbuf = coll->recvbuf = &TASK(coll)->token;
   coll->mem = &weft_mem_host;
   coll->seq = ++comm->seq;
+  coll_sign(coll);
   if (comm->size == 1) return WEFT_COLL_DONE;
   weft_status st = weft_choose_barrier(&comm->choice, coll);
   return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);

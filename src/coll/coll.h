@@ -97,8 +97,9 @@ void weft_coll_end(weft_coll_task *task);
  * communicator and tells the peers. Returns the status to report. */
 weft_status weft_coll_failed(weft_coll_task *task, weft_status st);
 /* A timeout, worded with `verdict`: what the ranks found out together about
- * whom they waited on (the engine's culprit exchange). */
-weft_status weft_coll_timed_out(weft_coll_task *task, const char *verdict);
+ * whom they waited on (the engine's culprit exchange). `st`: WEFT_ERR_TIMEOUT,
+ * or WEFT_ERR_MISMATCH where the ranks found they wait in different calls. */
+weft_status weft_coll_timed_out(weft_coll_task *task, weft_status st, const char *verdict);
 /* Frees what the call's setup held besides the algorithm (WEFT_CHECK's phase,
  * an integer avg's 64-bit buffer; the task's check holds both). */
 void weft_coll_release(weft_coll_task *task);

@@ -889,13 +889,36 @@ WEFT_API weft_status weft_comm_init_rank_config(weft_comm **comm, const weft_uni
 
 /* ---- destroy, abort --------------------------------------------------------------- */
 
+/* A rank that only sent in its last call (a broadcast's root) may not know
+ * that a peer failed in it (weft.h): a failure notice already here is the
+ * destroy's error, so no disagreement goes unreported. It looks once, without
+ * waiting: a notice still on its way is not waited for. */
+static weft_status destroy_hears_failure(weft_comm *comm) {
+  weft_core *core = &comm->core;
+  if (core->fail.failed || core->size == 1) return WEFT_OK;
+  weft_peer_table *l = &core->links;
+  for (int t = 0; t < l->ntps; t++) {
+    l->sink.origin[0] = 0;
+    bool moved;
+    /* wait(0) reads what waits at a listener into the next progress (tcp) */
+    weft_status st = l->tps[t].ops->progress(l->tps[t].ctx, &moved);
+    if (st >= 0) st = l->tps[t].ops->wait(l->tps[t].ctx, 0);
+    if (st >= 0) st = l->tps[t].ops->progress(l->tps[t].ctx, &moved);
+    if (st >= 0) continue;
+    return weft_init_error(st, core->rank, "weft_comm_destroy", "%s",
+                           l->sink.origin[0] ? l->sink.origin : l->sink.msg);
+  }
+  return WEFT_OK;
+}
+
 WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
   if (!live_remove(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_destroy",
                            "not a live communicator (destroyed twice, or never created)");
   weft_engine_stop(&comm->core);
+  weft_status st = destroy_hears_failure(comm);
   comm_free(comm);
-  return WEFT_OK;
+  return st;
 }
 
 static void comm_abort_one(weft_comm *comm, int rank) {

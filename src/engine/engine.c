@@ -184,10 +184,18 @@ static double culprit_grace_s(const weft_core *comm) {
   return g < 0.5 ? 0.5 : g > 1.0 ? 1.0 : g;
 }
 
-/* Learns the waits a notice carries ("[waits 1>0 0>3]"). */
-static void waits_parse(const char *text, int *waits_on, int n) {
+/* Learns the waits a notice carries ("[waits 1>0 0>3]"), and the call its
+ * sender is in ("rank 1 ... in call #7 (signature 0x...)") into tags[sender]. */
+static void waits_parse(const char *text, int *waits_on, weft_tag *tags, int n) {
   const char *s = strstr(text, WAITS_TAG);
   if (!s) return;
+  const char *head = strstr(text, "rank ");
+  int from;
+  unsigned seq, sig;
+  if (head && sscanf(head, "rank %d made no progress for %*f s in call #%u (signature 0x%x)", &from,
+                     &seq, &sig) == 3 &&
+      from >= 0 && from < n)
+    tags[from] = weft_tag_make(seq, sig);
   s += strlen(WAITS_TAG);
   int a, b, used;
   while (sscanf(s, " %d>%d%n", &a, &b, &used) == 2) {
@@ -203,9 +211,10 @@ static void waits_notice(const weft_core *comm, const weft_coll *coll, const int
                          char *buf, size_t len) {
   int n = comm->size, me = comm->rank;
   size_t at = (size_t)snprintf(buf, len,
-                               "rank %d made no progress for %.1f s in call #%u, "
-                               "waiting for peer %d " WAITS_TAG " %d>%d",
-                               me, comm->fail.timeout_s, coll->seq, waits_on[me], me, waits_on[me]);
+                               "rank %d made no progress for %.1f s in call #%u (signature "
+                               "0x%08x), waiting for peer %d " WAITS_TAG " %d>%d",
+                               me, comm->fail.timeout_s, coll->seq, coll->sig, waits_on[me], me,
+                               waits_on[me]);
   for (int r = 0; r < n && at + 24 < len; r++) /* room for a whole wait: none is cut */
     if (r != me && waits_on[r] != WAIT_UNKNOWN)
       at += (size_t)snprintf(buf + at, len - at, " %d>%d", r, waits_on[r]);
@@ -214,7 +223,7 @@ static void waits_notice(const weft_core *comm, const weft_coll *coll, const int
 
 /* Reads every notice the transports hold (tcp: at the listener; shm: on
  * the pairs, also after this rank sent its own). */
-static void culprit_harvest(weft_core *comm, int *waits_on) {
+static void culprit_harvest(weft_core *comm, int *waits_on, weft_tag *tags) {
   weft_error_sink *sink = &comm->links.sink;
   for (int t = 0; t < comm->links.ntps; t++)
     for (int k = 0; k < 4 * comm->size; k++) { /* one notice per call at most */
@@ -222,7 +231,7 @@ static void culprit_harvest(weft_core *comm, int *waits_on) {
       sink->origin[0] = 0;
       weft_status st = comm->links.tps[t].ops->progress(comm->links.tps[t].ctx, &moved);
       if (st >= 0) break;
-      waits_parse(sink->origin, waits_on, comm->size);
+      waits_parse(sink->origin, waits_on, tags, comm->size);
     }
   sink->origin[0] = 0;
 }
@@ -238,7 +247,8 @@ static bool heard_all_but_one(const int *waits_on, int n) {
  * answers), and collect the others' until the grace ends or all but one
  * rank were heard. `triggered`: a peer's notice started it (in `waits_on`
  * already), so this rank tells the others sooner. */
-static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on, bool triggered) {
+static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on, weft_tag *tags,
+                           bool triggered) {
   weft_peer_table *l = &comm->links;
   int n = comm->size, me = comm->rank;
   double start = weft_now(), grace = culprit_grace_s(comm);
@@ -268,7 +278,7 @@ static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on
         l->sink.origin[0] = 0;
         weft_status st = l->tps[lp->tp].ops->send_ready(lp->conn[WEFT_TP_CHANNEL_COLL]); /* opens it; reads a notice */
         if (st == WEFT_AGAIN) all_up = false;
-        if (st < 0) waits_parse(l->sink.origin, waits_on, n);
+        if (st < 0) waits_parse(l->sink.origin, waits_on, tags, n);
       }
       if (all_up || now >= send_at) {
         char notice[288]; /* under the transports' 300-byte notice: no wait is cut */
@@ -278,13 +288,13 @@ static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on
         sent = true;
       }
     }
-    culprit_harvest(comm, waits_on);
+    culprit_harvest(comm, waits_on, tags);
     if (sent && (now >= until || heard_all_but_one(waits_on, n))) break;
     /* a short sleep in each transport's wait: tcp takes a notice from its
      * listener there */
     for (int t = 0; t < l->ntps; t++) {
       l->sink.origin[0] = 0;
-      if (l->tps[t].ops->wait(l->tps[t].ctx, 1) < 0) waits_parse(l->sink.origin, waits_on, n);
+      if (l->tps[t].ops->wait(l->tps[t].ctx, 1) < 0) waits_parse(l->sink.origin, waits_on, tags, n);
     }
     if (!l->ntps) {
       struct timespec pause = {0, 1000000};
@@ -371,16 +381,42 @@ static void culprit_verdict(const weft_core *comm, const int *waits_on, char *ou
 static weft_status culprit_fail(weft_core *comm, weft_request *head, bool triggered) {
   int n = comm->size;
   int *waits_on = malloc((size_t)n * sizeof *waits_on);
-  if (!waits_on) return weft_coll_failed(&head->task, WEFT_ERR_TIMEOUT);
+  weft_tag *tags = calloc((size_t)n, sizeof *tags);
+  if (!waits_on || !tags) {
+    free(waits_on);
+    free(tags);
+    return weft_coll_failed(&head->task, WEFT_ERR_TIMEOUT);
+  }
   for (int r = 0; r < n; r++) waits_on[r] = WAIT_UNKNOWN;
   int peer = head->task.waiting_peer;
   waits_on[comm->rank] = peer >= 0 && peer < n && peer != comm->rank ? peer : WAIT_NOBODY;
-  if (triggered) waits_parse(comm->links.sink.origin, waits_on, n);
-  culprit_gather(comm, &head->task.coll, waits_on, triggered);
+  if (triggered) waits_parse(comm->links.sink.origin, waits_on, tags, n);
+  const weft_coll *coll = &head->task.coll;
+  culprit_gather(comm, coll, waits_on, tags, triggered);
   char verdict[384];
-  culprit_verdict(comm, waits_on, verdict, sizeof verdict);
+  /* Ranks that wait on each other in calls that differ (roots that differ,
+   * so that no rank sends first: no chunk ever shows it) disagree; the
+   * calls name it better than any chain of waits. */
+  weft_tag mine = weft_coll_tag(coll);
+  int other = -1;
+  for (int r = 0; r < n && other < 0; r++)
+    if (r != comm->rank && tags[r] && tags[r] != mine) other = r;
+  weft_status st = WEFT_ERR_TIMEOUT;
+  if (other >= 0) {
+    char theirs[96], ours[96];
+    weft_sig_describe(weft_tag_sig(tags[other]), theirs, sizeof theirs);
+    weft_sig_describe(coll->sig, ours, sizeof ours);
+    snprintf(verdict, sizeof verdict,
+             "rank %d called %s as its call #%u, this rank %s: every rank must make the same "
+             "call (each waited for another to send first)",
+             other, theirs, weft_tag_seq(tags[other]), ours);
+    st = WEFT_ERR_MISMATCH;
+  } else {
+    culprit_verdict(comm, waits_on, verdict, sizeof verdict);
+  }
   free(waits_on);
-  return weft_coll_timed_out(&head->task, verdict);
+  free(tags);
+  return weft_coll_timed_out(&head->task, st, verdict);
 }
 
 /* A failure seen while driving: the head collective words it (or the lane),

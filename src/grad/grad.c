@@ -895,8 +895,8 @@ static weft_status launch(weft_grad *g, int b, const char *call) {
   bk->launched = 1;
   WEFT_TRACE(WEFT_SUBSYS_GRAD, "step %llu: bucket %d launched (%zu %s)",
              (unsigned long long)g->step, b, bk->count, weft_dtype_name(bk->dtype));
-  weft_status st = weft_api_iallreduce_wire(g->comm, bk->flat, bk->flat, bk->count, bk->dtype, op,
-                                            g->opts.wire_dtype, &bk->req);
+  weft_status st = weft_api_ibucket_allreduce(g->comm, bk->flat, bk->flat, bk->count, bk->dtype,
+                                              op, g->opts.wire_dtype, g->step, &bk->req);
   g->stats.buckets_launched++;
   g->stats.bytes_reduced += bytes;
   if (st) {

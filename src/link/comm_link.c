@@ -46,15 +46,15 @@ static weft_status cl_send_ready(void *ctx, int peer) {
   return link_result(cl, peer, peer_ops(cl->links, peer)->send_ready(c), "room to send to");
 }
 
-static weft_status cl_send(void *ctx, int peer, const void *src, size_t bytes, uint32_t seq,
+static weft_status cl_send(void *ctx, int peer, const void *src, size_t bytes, weft_tag tag,
                            const weft_mem_ops *mem, unsigned flags) {
   weft_call_links *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  weft_status st = peer_ops(cl->links, peer)->send(c, src, bytes, seq, mem, flags);
+  weft_status st = peer_ops(cl->links, peer)->send(c, src, bytes, tag, mem, flags);
   if (st == WEFT_OK) {
     cl->links->events++;
-    cl->links->peers[peer].last_send_seq = seq;
+    cl->links->peers[peer].last_send_seq = weft_tag_seq(tag);
   }
   return link_result(cl, peer, st, "room to send to");
 }
@@ -66,12 +66,12 @@ static weft_status cl_send_idle(void *ctx, int peer) {
   return link_result(cl, peer, peer_ops(cl->links, peer)->send_idle(c), "a send to complete to");
 }
 
-static weft_status cl_recv_peek(void *ctx, int peer, uint32_t seq, size_t bytes,
+static weft_status cl_recv_peek(void *ctx, int peer, weft_tag tag, size_t bytes,
                                 const void **data) {
   weft_call_links *cl = cl_of(ctx);
   weft_tp_conn *c;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  return link_result(cl, peer, peer_ops(cl->links, peer)->recv_peek(c, seq, bytes, data),
+  return link_result(cl, peer, peer_ops(cl->links, peer)->recv_peek(c, tag, bytes, data),
                      "data from");
 }
 
@@ -84,13 +84,13 @@ static weft_status cl_recv_release(void *ctx, int peer) {
   return link_result(cl, peer, st, "data from");
 }
 
-static weft_status cl_recv(void *ctx, int peer, uint32_t seq, size_t chunk_bytes, size_t bytes,
+static weft_status cl_recv(void *ctx, int peer, weft_tag tag, size_t chunk_bytes, size_t bytes,
                            void *dst, const weft_mem_ops *mem, size_t *chunks) {
   weft_call_links *cl = cl_of(ctx);
   weft_tp_conn *c;
   *chunks = 0;
   WEFT_CHECK(link_conn(cl, peer, &c));
-  weft_status st = peer_ops(cl->links, peer)->recv(c, seq, chunk_bytes, bytes, dst, mem, chunks);
+  weft_status st = peer_ops(cl->links, peer)->recv(c, tag, chunk_bytes, bytes, dst, mem, chunks);
   if (st == WEFT_OK) cl->links->events++;
   return link_result(cl, peer, st, "data from");
 }

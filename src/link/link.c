@@ -12,10 +12,10 @@ static weft_status group_send_ready(void *ctx, int member) {
   return g->over.ops->send_ready(g->over.ctx, g->members[member]);
 }
 
-static weft_status group_send(void *ctx, int member, const void *src, size_t bytes, uint32_t seq,
+static weft_status group_send(void *ctx, int member, const void *src, size_t bytes, weft_tag tag,
                               const weft_mem_ops *mem, unsigned flags) {
   const weft_group_links *g = group_of(ctx);
-  return g->over.ops->send(g->over.ctx, g->members[member], src, bytes, seq, mem, flags);
+  return g->over.ops->send(g->over.ctx, g->members[member], src, bytes, tag, mem, flags);
 }
 
 static weft_status group_send_idle(void *ctx, int member) {
@@ -23,10 +23,10 @@ static weft_status group_send_idle(void *ctx, int member) {
   return g->over.ops->send_idle(g->over.ctx, g->members[member]);
 }
 
-static weft_status group_recv_peek(void *ctx, int member, uint32_t seq, size_t bytes,
+static weft_status group_recv_peek(void *ctx, int member, weft_tag tag, size_t bytes,
                                    const void **data) {
   const weft_group_links *g = group_of(ctx);
-  return g->over.ops->recv_peek(g->over.ctx, g->members[member], seq, bytes, data);
+  return g->over.ops->recv_peek(g->over.ctx, g->members[member], tag, bytes, data);
 }
 
 static weft_status group_recv_release(void *ctx, int member) {
@@ -34,10 +34,10 @@ static weft_status group_recv_release(void *ctx, int member) {
   return g->over.ops->recv_release(g->over.ctx, g->members[member]);
 }
 
-static weft_status group_recv(void *ctx, int member, uint32_t seq, size_t chunk_bytes, size_t bytes,
+static weft_status group_recv(void *ctx, int member, weft_tag tag, size_t chunk_bytes, size_t bytes,
                               void *dst, const weft_mem_ops *mem, size_t *chunks) {
   const weft_group_links *g = group_of(ctx);
-  return g->over.ops->recv(g->over.ctx, g->members[member], seq, chunk_bytes, bytes, dst, mem,
+  return g->over.ops->recv(g->over.ctx, g->members[member], tag, chunk_bytes, bytes, dst, mem,
                            chunks);
 }
 

@@ -24,26 +24,26 @@
 typedef struct weft_link_ops {
   /* OK when one more chunk to `member` may be sent now. */
   weft_status (*send_ready)(void *ctx, int member);
-  /* Sends the chunk src[0 .. bytes) tagged with the call's `seq`, read with
+  /* Sends the chunk src[0 .. bytes) tagged with the call's `tag` (number and signature), read with
    * `mem`'s kind; only after send_ready said OK. `flags` say what it is for
    * (transport.h: WEFT_SEND_FOR_COPY, the member takes it with recv, never
    * recv_peek; WEFT_SEND_NOW, on a pipeline's path). src stays unchanged
    * until send_idle says OK. */
-  weft_status (*send)(void *ctx, int member, const void *src, size_t bytes, uint32_t seq,
+  weft_status (*send)(void *ctx, int member, const void *src, size_t bytes, weft_tag tag,
                       const weft_mem_ops *mem, unsigned flags);
   /* OK once every chunk sent to `member` has left its source. */
   weft_status (*send_idle)(void *ctx, int member);
   /* The next chunk from `member`, where it landed, once it has: it must
-   * carry `seq` and be exactly `bytes` long (else WEFT_ERR_MISMATCH). *data
+   * carry `tag` and be exactly `bytes` long (else WEFT_ERR_MISMATCH). *data
    * stays valid and unchanged until recv_release. */
-  weft_status (*recv_peek)(void *ctx, int member, uint32_t seq, size_t bytes, const void **data);
+  weft_status (*recv_peek)(void *ctx, int member, weft_tag tag, size_t bytes, const void **data);
   /* Gives back the chunk recv_peek showed: its slot takes the next one. */
   weft_status (*recv_release)(void *ctx, int member);
   /* The next chunks of a run of `bytes` that `member` sent in chunks of
    * `chunk_bytes` (one chunk: chunk_bytes == bytes), copied one after
    * another from dst: at least one, at most as many as have arrived whole;
    * *chunks says how many (transport.h, recv). */
-  weft_status (*recv)(void *ctx, int member, uint32_t seq, size_t chunk_bytes, size_t bytes,
+  weft_status (*recv)(void *ctx, int member, weft_tag tag, size_t chunk_bytes, size_t bytes,
                       void *dst, const weft_mem_ops *mem, size_t *chunks);
   /* Maps the buffer `member` described in `key` (weft_mem_alloc memory) into
    * this process. A failure is not a link failure (the connection stays up,

@@ -24,6 +24,9 @@
 #include "transports/tcp/tcp.h"
 #include "weft.h"
 
+/* a tcp frame's header on the wire */
+#define HDR sizeof(tcp_frame_hdr)
+
 static const char *out_dir;
 
 /* fuzz_seeds_shm.c */
@@ -252,7 +255,7 @@ static void tcp_seeds(void) {
   static uint8_t payload[4096];
   for (size_t i = 0; i < sizeof payload; i++) payload[i] = (uint8_t)(i * 7);
   size_t sizes[] = {0, 16, 4096};
-  uint8_t stream[2 + 3 * 16 + 16 + 4096 + 16 + 300];
+  uint8_t stream[2 + 3 * HDR + 16 + 4096 + HDR + 300];
   size_t stream_len = 2;
   for (int i = 0; i < 3; i++) {
     while (weft_transport_tcp.send_ready(c) == WEFT_AGAIN) {
@@ -261,30 +264,30 @@ static void tcp_seeds(void) {
     }
     if (weft_transport_tcp.send(c, payload, sizes[i], (uint32_t)i, NULL, 0)) exit(1);
     while (weft_transport_tcp.send_idle(c) == WEFT_AGAIN) usleep(1000);
-    uint8_t frame[16 + 4096];
-    recv_exact(fd, frame, 16 + sizes[i]);
+    uint8_t frame[HDR + 4096];
+    recv_exact(fd, frame, HDR + sizes[i]);
     char name[32];
     snprintf(name, sizeof name, "data_%zu", sizes[i]);
-    seed("tcp_frame", name, frame, 16);
-    memcpy(stream + stream_len, frame, 16 + sizes[i]);
-    stream_len += 16 + sizes[i];
+    seed("tcp_frame", name, frame, HDR);
+    memcpy(stream + stream_len, frame, HDR + sizes[i]);
+    stream_len += HDR + sizes[i];
   }
   weft_transport_tcp.abort_all(ctx, "rank 0 failed in weft_allreduce: a seed for the fuzzer");
-  uint8_t abort_frame[16 + 300];
-  recv_exact(fd, abort_frame, 16);
+  uint8_t abort_frame[HDR + 300];
+  recv_exact(fd, abort_frame, HDR);
   tcp_frame_info f;
-  if (tcp_frame_parse(abort_frame, 16, &f) || f.type != TCP_FRAME_ABORT || f.len > 300) exit(1);
-  recv_exact(fd, abort_frame + 16, f.len);
-  seed("tcp_frame", "abort", abort_frame, 16);
+  if (tcp_frame_parse(abort_frame, HDR, &f) || f.type != TCP_FRAME_ABORT || f.len > 300) exit(1);
+  recv_exact(fd, abort_frame + HDR, f.len);
+  seed("tcp_frame", "abort", abort_frame, HDR);
   /* streams for the receive path: the 16-byte chunk after a 0-byte one
    * (sizes byte 16, plain reads), and the failure notice alone */
-  memcpy(stream + stream_len, abort_frame, 16 + f.len);
-  stream_len += 16 + f.len;
+  memcpy(stream + stream_len, abort_frame, HDR + f.len);
+  stream_len += HDR + f.len;
   stream[0] = 0, stream[1] = 0; /* expects 0-byte chunks: the first frame passes */
   seed("tcp_stream", "data_then_abort", stream, stream_len);
-  uint8_t alone[2 + 16 + 300] = {2, 16};
-  memcpy(alone + 2, abort_frame, 16 + f.len);
-  seed("tcp_stream", "abort_only", alone, 2 + 16 + f.len);
+  uint8_t alone[2 + HDR + 300] = {2, 16};
+  memcpy(alone + 2, abort_frame, HDR + f.len);
+  seed("tcp_stream", "abort_only", alone, 2 + HDR + f.len);
   close(fd);
   close(lfd);
   weft_transport_tcp.fini(ctx);
@@ -332,17 +335,17 @@ static void edge_seeds(void) {
   seed("tcp_handshake", "truncated", buf, 20);
   put_be32(buf, TCP_FRAME_MAGIC | TCP_FRAME_DATA);
   put_be32(buf + 8, 0xffffffffu);
-  seed("tcp_frame", "len_4g", buf, 16);
-  memcpy(stream + 2, buf, 16);
-  seed("tcp_stream", "len_4g", stream, 18);
+  seed("tcp_frame", "len_4g", buf, HDR);
+  memcpy(stream + 2, buf, HDR);
+  seed("tcp_stream", "len_4g", stream, 2 + HDR);
   put_be32(buf, TCP_FRAME_MAGIC | 0x7777u);
-  seed("tcp_frame", "unknown_type", buf, 16);
+  seed("tcp_frame", "unknown_type", buf, HDR);
   put_be32(buf, TCP_FRAME_MAGIC | TCP_FRAME_ABORT);
-  memcpy(stream + 2, buf, 16);
-  seed("tcp_stream", "abort_len_4g_cut", stream, 18);
+  memcpy(stream + 2, buf, HDR);
+  seed("tcp_stream", "abort_len_4g_cut", stream, 2 + HDR);
   stream[0] = 0, stream[1] = 0;
   memset(stream + 2 + 8, 0, 8);
-  seed("tcp_stream", "zero_frame_cut", stream, 2 + 16 + 3);
+  seed("tcp_stream", "zero_frame_cut", stream, 2 + HDR + 3);
   /* addresses */
   static const char *hostports[] = {"127.0.0.1:29500",
                                     "[::1]:80",

@@ -21,7 +21,7 @@
 #define IBV_MAX_QPS 8
 #define IBV_MAX_SLOTS 64
 #define IBV_SLOTS 8 /* receive slots per connection: the send depth (transport.h) */
-#define IBV_TAG_BYTES 8 /* {seq, len} before each chunk in a slot */
+#define IBV_TAG_BYTES 16 /* {seq, sig, len, 0} before each chunk in a slot (call_tag.h) */
 #define IBV_ABORT_TEXT 300
 #define IBV_HELLO_BYTES (sizeof(ibv_qp_info) + WEFT_AUTH_MAC_BYTES) /* a side's info, proven */
 
@@ -210,12 +210,12 @@ void ibv_conn_destroy(ibv_conn *c);
 
 /* the table's data members */
 weft_status ibv_send_ready(weft_tp_conn *conn);
-weft_status ibv_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
+weft_status ibv_send(weft_tp_conn *conn, const void *src, size_t bytes, weft_tag tag,
                      const struct weft_mem_ops *mem, unsigned flags);
 weft_status ibv_send_idle(weft_tp_conn *conn);
-weft_status ibv_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
+weft_status ibv_recv_peek(weft_tp_conn *conn, weft_tag tag, size_t bytes, const void **data);
 weft_status ibv_recv_release(weft_tp_conn *conn);
-weft_status ibv_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+weft_status ibv_recv(weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes, size_t bytes, void *dst,
                      const struct weft_mem_ops *mem, size_t *chunks);
 
 #endif

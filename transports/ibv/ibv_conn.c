@@ -808,7 +808,7 @@ weft_status ibv_send_ready(weft_tp_conn *conn) {
   return ibv_ready(ibv_conn_of(conn));
 }
 
-weft_status ibv_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
+weft_status ibv_send(weft_tp_conn *conn, const void *src, size_t bytes, weft_tag tag,
                      const struct weft_mem_ops *mem, unsigned flags) {
   (void)flags; /* a posted write moves at once; the receiver copies out of its slot either way */
   ibv_conn *c = ibv_conn_of(conn);
@@ -818,8 +818,8 @@ weft_status ibv_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t
   if (bytes > ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
   uint32_t k = c->tx_head, slot = k % (uint32_t)ctx->nslots;
   char *bounce = c->tx_buf + (size_t)slot * ctx->stride;
-  uint32_t tag[2] = {seq, (uint32_t)bytes};
-  memcpy(bounce, tag, sizeof tag);
+  uint32_t head[4] = {weft_tag_seq(tag), weft_tag_sig(tag), (uint32_t)bytes, 0};
+  memcpy(bounce, head, sizeof head);
   struct ibv_sge sge[2] = {
       {.addr = (uintptr_t)bounce, .length = IBV_TAG_BYTES, .lkey = c->tx_mr->lkey}};
   int nsge = 1;
@@ -886,7 +886,7 @@ weft_status ibv_send_idle(weft_tp_conn *conn) {
   return WEFT_AGAIN;
 }
 
-static weft_status ibv_peek(ibv_conn *c, uint32_t seq, size_t bytes, const void **data) {
+static weft_status ibv_peek(ibv_conn *c, weft_tag tag, size_t bytes, const void **data) {
   ibv_ctx *ctx = c->ctx;
   if (bytes > ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
   uint32_t slot = c->rx_tail % (uint32_t)ctx->nslots;
@@ -902,25 +902,25 @@ static weft_status ibv_peek(ibv_conn *c, uint32_t seq, size_t bytes, const void 
                              c->peer, c->where);
       return WEFT_AGAIN;
     }
-    uint32_t tag[2];
-    memcpy(tag, p, sizeof tag);
+    uint32_t head[4]; /* {seq, sig, len, 0}: ibv_send */
+    memcpy(head, p, sizeof head);
     weft_error_sink *sink = ctx->args->errors;
     size_t carried = c->slot_len[slot] - IBV_TAG_BYTES;
-    if (weft_chunk_check(sink, c->peer, tag[0], seq, tag[1], bytes))
+    if (weft_chunk_check(sink, c->peer, weft_tag_make(head[0], head[1]), tag, head[2], bytes))
       return ibv_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
-    if (carried != tag[1])
+    if (carried != head[2])
       return ibv_conn_fail(c, WEFT_ERR_PROTOCOL,
                            "ibv: peer %d's chunk says %u bytes but the "
                            "write carried %zu",
-                           c->peer, tag[1], carried);
+                           c->peer, head[2], carried);
     c->peeked = true;
   }
   *data = p + IBV_TAG_BYTES;
   return WEFT_OK;
 }
 
-weft_status ibv_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data) {
-  return ibv_peek(ibv_conn_of(conn), seq, bytes, data);
+weft_status ibv_recv_peek(weft_tp_conn *conn, weft_tag tag, size_t bytes, const void **data) {
+  return ibv_peek(ibv_conn_of(conn), tag, bytes, data);
 }
 
 static weft_status ibv_release(ibv_conn *c) {
@@ -938,16 +938,16 @@ weft_status ibv_recv_release(weft_tp_conn *conn) {
   return ibv_release(ibv_conn_of(conn));
 }
 
-static weft_status ibv_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
+static weft_status ibv_recv_into(weft_tp_conn *conn, weft_tag tag, size_t bytes, void *dst,
                                  const struct weft_mem_ops *mem) {
   ibv_conn *c = ibv_conn_of(conn);
   const void *slot = NULL;
-  WEFT_STATUS_PASS(ibv_peek(c, seq, bytes, &slot));
+  WEFT_STATUS_PASS(ibv_peek(c, tag, bytes, &slot));
   if (bytes) mem->copy(dst, slot, bytes);
   return ibv_release(c);
 }
 
-weft_status ibv_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+weft_status ibv_recv(weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes, size_t bytes, void *dst,
                      const struct weft_mem_ops *mem, size_t *chunks) {
-  return weft_tp_recv_first(ibv_recv_into, conn, seq, chunk_bytes, bytes, dst, mem, chunks);
+  return weft_tp_recv_first(ibv_recv_into, conn, tag, chunk_bytes, bytes, dst, mem, chunks);
 }

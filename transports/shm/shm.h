@@ -52,8 +52,9 @@ enum shm_cell_how {
 };
 typedef struct shm_cell {
   _Alignas(64) atomic_uint ready;    /* the chunk's number + 1 once tag and data are written */
-  uint32_t seq, len;
-  uint32_t how;                         /* enum shm_cell_how */
+  uint32_t seq, sig;                    /* the chunk's tag (call_tag.h) */
+  uint32_t len : 30;                    /* at most WEFT_CHUNK_BYTES' maximum, 64 MiB */
+  uint32_t how : 2;                     /* enum shm_cell_how */
   unsigned char data[SHM_INLINE_BYTES]; /* the chunk when len <= SHM_INLINE_BYTES */
 } shm_cell;
 _Static_assert(sizeof(shm_cell) == 128, "a cell is two cache lines");
@@ -275,12 +276,12 @@ void shm_conn_check_peer(shm_conn *c);  /* notes whether the peer process ended 
 
 /* the table's data and memory members */
 weft_status shm_send_ready(weft_tp_conn *conn);
-weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
+weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, weft_tag tag,
                      const struct weft_mem_ops *mem, unsigned flags);
 weft_status shm_send_idle(weft_tp_conn *conn);
-weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
+weft_status shm_recv_peek(weft_tp_conn *conn, weft_tag tag, size_t bytes, const void **data);
 weft_status shm_recv_release(weft_tp_conn *conn);
-weft_status shm_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+weft_status shm_recv(weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes, size_t bytes, void *dst,
                      const struct weft_mem_ops *mem, size_t *chunks);
 weft_status shm_register_mem(weft_tp_ctx *ctx, const weft_mem_region *region, weft_tp_mem *handle,
                              weft_mem_desc *desc);

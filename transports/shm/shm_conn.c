@@ -443,14 +443,14 @@ weft_status shm_send_ready(weft_tp_conn *conn) {
 
 /* ---- sending ------------------------------------------------------------------- */
 
-static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t seq,
+static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, weft_tag tag,
                             const struct weft_mem_ops *mem, bool for_copy) {
   weft_status st = shm_ready(c);
   if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
-  enum shm_send_way way = for_copy ? shm_cma_send_way(c, bytes, seq, mem) : SHM_SEND_COPY;
+  enum shm_send_way way = for_copy ? shm_cma_send_way(c, bytes, weft_tag_seq(tag), mem) : SHM_SEND_COPY;
   bool by_address = way == SHM_SEND_BY_ADDRESS, timed = way == SHM_SEND_COPY_TIMED;
-  if (bytes > SHM_INLINE_BYTES) shm_note_large_tx(c, seq);
+  if (bytes > SHM_INLINE_BYTES) shm_note_large_tx(c, weft_tag_seq(tag));
   shm_cell *cell = &c->tx->cell[c->tx_head % SHM_CELLS];
   uint32_t number = c->tx_head++;
   /* head is only the futex word (the receiver polls the cell). It moves
@@ -480,7 +480,8 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
     if (timed) shm_mix_fold(c, slot, bytes, weft_now() - t0);
     cell->how = SHM_CELL_DATA;
   }
-  cell->seq = seq;
+  cell->seq = weft_tag_seq(tag);
+  cell->sig = weft_tag_sig(tag);
   cell->len = (uint32_t)bytes;
   c->tx_slots_after[number % SHM_CELLS] = c->tx_slots_taken;
   atomic_store_explicit(&cell->ready, number + 1, memory_order_release);
@@ -490,9 +491,9 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, uint32_t
 
 /* Stores move at once, so WEFT_SEND_NOW asks nothing more; a chunk taken
  * by copy may go by address (shm_post). */
-weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
+weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, weft_tag tag,
                      const struct weft_mem_ops *mem, unsigned flags) {
-  return shm_post(shm_conn_of(conn), src, bytes, seq, mem, (flags & WEFT_SEND_FOR_COPY) != 0);
+  return shm_post(shm_conn_of(conn), src, bytes, tag, mem, (flags & WEFT_SEND_FOR_COPY) != 0);
 }
 
 /* A chunk is complete once copied into the slot; a descriptor's once the
@@ -526,7 +527,7 @@ weft_status shm_send_idle(weft_tp_conn *conn) {
 /* ---- receiving ----------------------------------------------------------------- */
 
 /* The oldest chunk's cell once it has arrived, its tag checked (peeked). */
-static weft_status shm_arrived(shm_conn *c, uint32_t seq, size_t bytes, shm_cell **out) {
+static weft_status shm_arrived(shm_conn *c, weft_tag tag, size_t bytes, shm_cell **out) {
   WEFT_STATUS_PASS(shm_conn_usable(c));
   if (!c->rx_cma_decided) shm_cma_decide(c);
   shm_cell *cell = &c->rx->cell[c->rx_tail % SHM_CELLS];
@@ -544,7 +545,7 @@ static weft_status shm_arrived(shm_conn *c, uint32_t seq, size_t bytes, shm_cell
       return WEFT_AGAIN;
     }
     weft_error_sink *sink = c->ctx->args->errors;
-    if (weft_chunk_check(sink, c->peer, cell->seq, seq, cell->len, bytes))
+    if (weft_chunk_check(sink, c->peer, weft_tag_make(cell->seq, cell->sig), tag, cell->len, bytes))
       return shm_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
     /* a descriptor only ever stands for a chunk that would not fit inline */
     if (cell->how != SHM_CELL_DATA && (cell->how != SHM_CELL_CMA || bytes <= SHM_INLINE_BYTES))
@@ -559,9 +560,9 @@ static weft_status shm_arrived(shm_conn *c, uint32_t seq, size_t bytes, shm_cell
   return WEFT_OK;
 }
 
-static weft_status shm_peek(shm_conn *c, uint32_t seq, size_t bytes, const void **data) {
+static weft_status shm_peek(shm_conn *c, weft_tag tag, size_t bytes, const void **data) {
   shm_cell *cell = NULL; /* set by shm_arrived on OK (gcc -O3 cannot tell) */
-  WEFT_STATUS_PASS(shm_arrived(c, seq, bytes, &cell));
+  WEFT_STATUS_PASS(shm_arrived(c, tag, bytes, &cell));
   if (bytes <= SHM_INLINE_BYTES) {
     *data = cell->data;
     return WEFT_OK;
@@ -584,8 +585,8 @@ static weft_status shm_peek(shm_conn *c, uint32_t seq, size_t bytes, const void 
   return WEFT_OK;
 }
 
-weft_status shm_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data) {
-  return shm_peek(shm_conn_of(conn), seq, bytes, data);
+weft_status shm_recv_peek(weft_tp_conn *conn, weft_tag tag, size_t bytes, const void **data) {
+  return shm_peek(shm_conn_of(conn), tag, bytes, data);
 }
 
 /* Gives back the peeked chunk's cell and the `n` - 1 behind it that a run
@@ -612,17 +613,17 @@ weft_status shm_recv_release(weft_tp_conn *conn) {
   return shm_release(shm_conn_of(conn));
 }
 
-static weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
+static weft_status shm_recv_into(weft_tp_conn *conn, weft_tag tag, size_t bytes, void *dst,
                                  const struct weft_mem_ops *mem) {
   shm_conn *c = shm_conn_of(conn);
   shm_cell *cell = NULL;
-  WEFT_STATUS_PASS(shm_arrived(c, seq, bytes, &cell));
+  WEFT_STATUS_PASS(shm_arrived(c, tag, bytes, &cell));
   bool host = mem->kind == WEFT_MEMORY_HOST || mem->kind == WEFT_MEMORY_SHARED;
   if (cell->how == SHM_CELL_CMA && !c->rx_read && host) {
     WEFT_STATUS_PASS(shm_cma_read(c, cell, dst, bytes)); /* the single copy */
   } else {
     const void *slot = NULL;
-    WEFT_STATUS_PASS(shm_peek(c, seq, bytes, &slot));
+    WEFT_STATUS_PASS(shm_peek(c, tag, bytes, &slot));
     mem->copy(dst, slot, bytes);
   }
   return shm_release(c);
@@ -635,21 +636,21 @@ static weft_status shm_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes,
  * cells are given back together: the sender's chunks are complete only
  * once all of them are read, which is when it would have learnt it anyway
  * for the last. */
-weft_status shm_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+weft_status shm_recv(weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes, size_t bytes, void *dst,
                      const struct weft_mem_ops *mem, size_t *chunks) {
   shm_conn *c = shm_conn_of(conn);
   size_t first = bytes < chunk_bytes ? bytes : chunk_bytes;
   shm_cell *cell = NULL;
   *chunks = 0;
   if (first == bytes) { /* one chunk */
-    WEFT_STATUS_PASS(shm_recv_into(conn, seq, bytes, dst, mem));
+    WEFT_STATUS_PASS(shm_recv_into(conn, tag, bytes, dst, mem));
     *chunks = 1;
     return WEFT_OK;
   }
-  WEFT_STATUS_PASS(shm_arrived(c, seq, first, &cell));
+  WEFT_STATUS_PASS(shm_arrived(c, tag, first, &cell));
   bool host = mem->kind == WEFT_MEMORY_HOST || mem->kind == WEFT_MEMORY_SHARED;
   if (cell->how != SHM_CELL_CMA || c->rx_read || !host || first == bytes) {
-    WEFT_STATUS_PASS(shm_recv_into(conn, seq, first, dst, mem));
+    WEFT_STATUS_PASS(shm_recv_into(conn, tag, first, dst, mem));
     *chunks = 1;
     return WEFT_OK;
   }
@@ -661,7 +662,7 @@ weft_status shm_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_
     size_t len = bytes - at < chunk_bytes ? bytes - at : chunk_bytes;
     const shm_cell *next = &c->rx->cell[(c->rx_tail + n) % SHM_CELLS];
     if (atomic_load_explicit(&next->ready, memory_order_acquire) != c->rx_tail + (uint32_t)n + 1 ||
-        next->how != SHM_CELL_CMA || next->seq != seq || next->len != len ||
+        next->how != SHM_CELL_CMA || weft_tag_make(next->seq, next->sig) != tag || next->len != len ||
         len <= SHM_INLINE_BYTES)
       break;
     remote[n++] = shm_cma_where(next, len);

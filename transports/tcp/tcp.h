@@ -1,6 +1,7 @@
 /* tcp.h - the TCP transport's private types. A connection per (peer, channel)
- * carries frames both ways: a 16-byte header (magic+type, seq, length, the
- * chunk's whole length) then the payload. A collectives connection may be
+ * carries frames both ways: a 20-byte header (magic+type, the call's number,
+ * length, the chunk's whole length, the call's signature: call_tag.h) then
+ * the payload. A collectives connection may be
  * several sockets, its streams (WEFT_TCP_STREAMS): a large chunk is cut in
  * order into one piece per stream, each a frame of its own, so the receiver
  * reads each piece straight to its place; small chunks ride stream 0 alone.
@@ -90,9 +91,10 @@ _Static_assert(TCP_ADDR_EXT(TCP_MAX_RAILS) <= WEFT_TRANSPORT_ADDR_MAX, "rails fi
 
 typedef struct tcp_frame_hdr {
   uint32_t magic_type; /* network byte order on the wire, like every field */
-  uint32_t seq;
+  uint32_t seq;         /* the call's number; with sig, the chunk's tag */
   uint32_t len;        /* this frame's payload: the chunk, or its piece on this stream */
   uint32_t total;      /* the whole chunk's length (0 from a sender that did not say: len) */
+  uint32_t sig;        /* the call's signature (call_tag.h) */
 } tcp_frame_hdr;
 
 /* The dialer's first bytes (all big-endian), followed by an HMAC over them. */
@@ -119,7 +121,7 @@ typedef struct tcp_handshake_info {
 
 typedef struct tcp_frame_info {
   uint32_t type; /* TCP_FRAME_DATA, TCP_FRAME_ABORT, or anything a peer sent */
-  uint32_t seq;
+  weft_tag tag;
   uint32_t len;
   uint32_t total; /* the chunk's length: len when the sender wrote 0 */
 } tcp_frame_info;
@@ -171,7 +173,7 @@ typedef struct tcp_stream {
   bool rx_posted, rx_done;
   char *rx_target;
   size_t rx_len, rx_total;
-  uint32_t rx_seq;
+  weft_tag rx_tag;
   bool dead;              /* the connection failed: the helper leaves it */
   weft_status failed;     /* what the helper found, for the caller to report */
   bool failed_notice;     /* `origin` holds the peer's failure notice */
@@ -405,16 +407,16 @@ void tcp_conn_destroy(tcp_conn *c);
 
 /* the table's data members */
 weft_status tcp_send_ready(weft_tp_conn *conn);
-weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
+weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, weft_tag tag,
                      const struct weft_mem_ops *mem, unsigned flags);
 weft_status tcp_send_idle(weft_tp_conn *conn);
-weft_status tcp_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data);
+weft_status tcp_recv_peek(weft_tp_conn *conn, weft_tag tag, size_t bytes, const void **data);
 weft_status tcp_recv_release(weft_tp_conn *conn);
 /* one chunk placed straight into dst from the socket (recv takes runs a
  * chunk at a time through it) */
-weft_status tcp_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
+weft_status tcp_recv_into(weft_tp_conn *conn, weft_tag tag, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem);
-weft_status tcp_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+weft_status tcp_recv(weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes, size_t bytes, void *dst,
                      const struct weft_mem_ops *mem, size_t *chunks);
 
 #endif

@@ -411,7 +411,7 @@ void tcp_notices_dial(tcp_ctx *ctx) {
 
 ssize_t tcp_send_abort(int fd, const void *prefix, size_t prefix_len, const char *reason) {
   size_t tlen = strnlen(reason, TCP_ABORT_TEXT_MAX);
-  tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0};
+  tcp_frame_hdr h = {htonl(TCP_FRAME_MAGIC | TCP_FRAME_ABORT), 0, htonl((uint32_t)tlen), 0, 0};
   struct iovec iov[3] = {{(void *)prefix, prefix_len}, {&h, sizeof h}, {(void *)reason, tlen}};
   struct msghdr msg = {.msg_iov = prefix ? iov : iov + 1, .msg_iovlen = prefix ? 3 : 2};
   return sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -885,7 +885,7 @@ weft_status tcp_send_ready(weft_tp_conn *conn) {
   return tcp_ready(tcp_conn_of(conn));
 }
 
-weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t seq,
+weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, weft_tag tag,
                      const struct weft_mem_ops *mem, unsigned flags) {
   tcp_conn *c = tcp_conn_of(conn);
   (void)mem; /* host memory: the socket reads it directly */
@@ -900,8 +900,9 @@ weft_status tcp_send(weft_tp_conn *conn, const void *src, size_t bytes, uint32_t
     size_t off = (size_t)i * piece, len = i == n - 1 ? bytes - off : piece;
     tcp_stream_lock(s);
     tcp_send_entry *e = &s->sq[(s->sq_head + s->sq_count) % TCP_SEND_DEPTH];
-    e->hdr = (tcp_frame_hdr){htonl(TCP_FRAME_MAGIC | TCP_FRAME_DATA), htonl(seq),
-                             htonl((uint32_t)len), htonl((uint32_t)bytes)};
+    e->hdr = (tcp_frame_hdr){htonl(TCP_FRAME_MAGIC | TCP_FRAME_DATA), htonl(weft_tag_seq(tag)),
+                             htonl((uint32_t)len), htonl((uint32_t)bytes),
+                             htonl(weft_tag_sig(tag))};
     e->src = (const char *)src + off;
     e->len = len;
     e->sent = 0;
@@ -952,7 +953,7 @@ static weft_status tcp_read_abort(tcp_conn *c, tcp_stream *s, const char *target
   return st;
 }
 
-static weft_status tcp_check_header(tcp_conn *c, tcp_stream *s, uint32_t seq, size_t len,
+static weft_status tcp_check_header(tcp_conn *c, tcp_stream *s, weft_tag tag, size_t len,
                                     size_t total, const char *target) {
   tcp_frame_info f;
   if (tcp_frame_parse((const uint8_t *)&s->rhdr, sizeof s->rhdr, &f))
@@ -961,7 +962,7 @@ static weft_status tcp_check_header(tcp_conn *c, tcp_stream *s, uint32_t seq, si
   if (f.type != TCP_FRAME_DATA)
     return tcp_conn_fail(c, WEFT_ERR_PROTOCOL, "unknown frame type %u from %s", f.type, c->where);
   weft_error_sink *sink = c->ctx->args->errors;
-  if (weft_chunk_check(sink, c->peer, f.seq, seq, f.total, total))
+  if (weft_chunk_check(sink, c->peer, f.tag, tag, f.total, total))
     return tcp_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
   if (f.len != len)
     return tcp_conn_fail(c, WEFT_ERR_PROTOCOL,
@@ -973,7 +974,7 @@ static weft_status tcp_check_header(tcp_conn *c, tcp_stream *s, uint32_t seq, si
 
 /* The caller's side of one piece (`len` bytes of a `total`-byte chunk) on
  * stream s into target; OK when complete. */
-static weft_status tcp_stream_recv(tcp_conn *c, tcp_stream *s, uint32_t seq, size_t len,
+static weft_status tcp_stream_recv(tcp_conn *c, tcp_stream *s, weft_tag tag, size_t len,
                                    size_t total, char *target) {
   while (s->rhdr_got < sizeof s->rhdr || s->rpay_got < len) {
     bool hdr_was_open = s->rhdr_got < sizeof s->rhdr;
@@ -1003,14 +1004,14 @@ static weft_status tcp_stream_recv(tcp_conn *c, tcp_stream *s, uint32_t seq, siz
     tcp_peer_heard(c);
     c->ctx->data_moved = true;
     if (hdr_was_open && s->rhdr_got == sizeof s->rhdr)
-      WEFT_CHECK(tcp_check_header(c, s, seq, len, total, target));
+      WEFT_CHECK(tcp_check_header(c, s, tag, len, total, target));
   }
   return WEFT_OK;
 }
 
 /* Reads one chunk of `bytes` into target, piece i from stream i; OK when
  * every piece is complete. */
-static weft_status tcp_recv_frame(tcp_conn *c, uint32_t seq, size_t bytes, char *target) {
+static weft_status tcp_recv_frame(tcp_conn *c, weft_tag tag, size_t bytes, char *target) {
   if (c->state == TCP_CONN_DEAD) return c->dead_status;
   if (c->state != TCP_CONN_UP) {
     c->streams[0].want_recv = true;
@@ -1023,7 +1024,7 @@ static weft_status tcp_recv_frame(tcp_conn *c, uint32_t seq, size_t bytes, char 
     tcp_stream *s = &c->streams[i];
     size_t off = (size_t)i * piece, len = i == n - 1 ? bytes - off : piece;
     if (s->owner < 0) {
-      weft_status st = tcp_stream_recv(c, s, seq, len, bytes, target + off);
+      weft_status st = tcp_stream_recv(c, s, tag, len, bytes, target + off);
       if (st == WEFT_AGAIN)
         pending = true;
       else if (st)
@@ -1037,7 +1038,7 @@ static weft_status tcp_recv_frame(tcp_conn *c, uint32_t seq, size_t bytes, char 
       s->rx_target = target + off;
       s->rx_len = len;
       s->rx_total = bytes;
-      s->rx_seq = seq;
+      s->rx_tag = tag;
     }
     tcp_stream_unlock(s);
     if (failed) return tcp_stream_absorb(c, s);
@@ -1056,7 +1057,7 @@ static weft_status tcp_recv_frame(tcp_conn *c, uint32_t seq, size_t bytes, char 
   return WEFT_OK;
 }
 
-weft_status tcp_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const void **data) {
+weft_status tcp_recv_peek(weft_tp_conn *conn, weft_tag tag, size_t bytes, const void **data) {
   tcp_conn *c = tcp_conn_of(conn);
   if (bytes > c->ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
   if (!c->slot) { /* once per connection, on its first peek */
@@ -1064,7 +1065,7 @@ weft_status tcp_recv_peek(weft_tp_conn *conn, uint32_t seq, size_t bytes, const 
     if (!c->slot) return WEFT_ERR_NOMEM;
   }
   if (!c->rframe_done) {
-    weft_status st = tcp_recv_frame(c, seq, bytes, c->slot);
+    weft_status st = tcp_recv_frame(c, tag, bytes, c->slot);
     if (st) return st;
     c->rframe_done = true;
   }
@@ -1079,15 +1080,15 @@ weft_status tcp_recv_release(weft_tp_conn *conn) {
   return WEFT_OK;
 }
 
-weft_status tcp_recv_into(weft_tp_conn *conn, uint32_t seq, size_t bytes, void *dst,
+weft_status tcp_recv_into(weft_tp_conn *conn, weft_tag tag, size_t bytes, void *dst,
                           const struct weft_mem_ops *mem) {
   tcp_conn *c = tcp_conn_of(conn);
   (void)mem; /* host memory: the socket writes it directly */
   if (c->rframe_done) return WEFT_ERR_INTERNAL; /* a peeked chunk was not released */
-  return tcp_recv_frame(c, seq, bytes, dst);
+  return tcp_recv_frame(c, tag, bytes, dst);
 }
 
-weft_status tcp_recv(weft_tp_conn *conn, uint32_t seq, size_t chunk_bytes, size_t bytes, void *dst,
+weft_status tcp_recv(weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes, size_t bytes, void *dst,
                      const struct weft_mem_ops *mem, size_t *chunks) {
-  return weft_tp_recv_first(tcp_recv_into, conn, seq, chunk_bytes, bytes, dst, mem, chunks);
+  return weft_tp_recv_first(tcp_recv_into, conn, tag, chunk_bytes, bytes, dst, mem, chunks);
 }

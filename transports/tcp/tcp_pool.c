@@ -93,7 +93,7 @@ static bool tcp_helper_header(tcp_stream *s) {
     return false;
   }
   weft_error_sink sink;
-  if (weft_chunk_check(&sink, c->peer, f.seq, s->rx_seq, f.total, s->rx_total)) {
+  if (weft_chunk_check(&sink, c->peer, f.tag, s->rx_tag, f.total, s->rx_total)) {
     tcp_stream_failed(s, WEFT_ERR_MISMATCH, "%s", sink.msg);
     return false;
   }

@@ -55,7 +55,8 @@ weft_status tcp_frame_parse(const uint8_t *buf, size_t len, tcp_frame_info *out)
   uint32_t mt = tcp_get32(buf + offsetof(tcp_frame_hdr, magic_type));
   if ((mt & 0xffff0000u) != TCP_FRAME_MAGIC) return WEFT_ERR_PROTOCOL;
   out->type = mt & 0xffffu;
-  out->seq = tcp_get32(buf + offsetof(tcp_frame_hdr, seq));
+  out->tag = weft_tag_make(tcp_get32(buf + offsetof(tcp_frame_hdr, seq)),
+                           tcp_get32(buf + offsetof(tcp_frame_hdr, sig)));
   out->len = tcp_get32(buf + offsetof(tcp_frame_hdr, len));
   out->total = tcp_get32(buf + offsetof(tcp_frame_hdr, total));
   if (!out->total) out->total = out->len;
