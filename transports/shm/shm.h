@@ -53,8 +53,9 @@ enum shm_cell_how {
 typedef struct shm_cell {
   _Alignas(64) atomic_uint ready;    /* the chunk's number + 1 once tag and data are written */
   uint32_t seq, sig;                    /* the chunk's tag (call_tag.h) */
-  uint32_t len : 30;                    /* at most WEFT_CHUNK_BYTES' maximum, 64 MiB */
-  uint32_t how : 2;                     /* enum shm_cell_how */
+  uint32_t len_how;                     /* the length (< 2^30: WEFT_CHUNK_BYTES' maximum is
+                                           64 MiB), enum shm_cell_how in the top 2 bits:
+                                           written in one store (shm_cell_set) */
   unsigned char data[SHM_INLINE_BYTES]; /* the chunk when len <= SHM_INLINE_BYTES */
 } shm_cell;
 _Static_assert(sizeof(shm_cell) == 128, "a cell is two cache lines");
@@ -138,6 +139,16 @@ enum shm_conn_state { SHM_CONN_OPENING, SHM_CONN_UP, SHM_CONN_DEAD };
 
 typedef struct shm_ctx shm_ctx;
 typedef struct shm_conn shm_conn;
+#define SHM_CELL_LEN_BITS 30
+static inline void shm_cell_set(shm_cell *cell, size_t len, enum shm_cell_how how) {
+  cell->len_how = (uint32_t)len | (uint32_t)how << SHM_CELL_LEN_BITS;
+}
+static inline uint32_t shm_cell_len(const shm_cell *cell) {
+  return cell->len_how & ((1u << SHM_CELL_LEN_BITS) - 1);
+}
+static inline enum shm_cell_how shm_cell_how(const shm_cell *cell) {
+  return (enum shm_cell_how)(cell->len_how >> SHM_CELL_LEN_BITS);
+}
 enum shm_want { SHM_WANT_NONE, SHM_WANT_RECV, SHM_WANT_SEND, SHM_WANT_OPEN, SHM_WANT_IDLE };
 /* MIXED: the receiver can read the sender, but two copies paid when timed;
  * the sender takes single copy for some chunks while its copies into the

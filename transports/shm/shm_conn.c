@@ -462,10 +462,11 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, weft_tag
    * sleeps, or we see that it sleeps and wake it (no lost wake-up); a
    * receiver that sees head ahead of a cell not yet ready polls again. */
   atomic_store(&c->tx->head, c->tx_head);
+  enum shm_cell_how how = SHM_CELL_DATA;
   if (by_address) {
     uint64_t addr = (uint64_t)(uintptr_t)src;
     memcpy(cell->data, &addr, sizeof addr);
-    cell->how = SHM_CELL_CMA;
+    how = SHM_CELL_CMA;
     c->tx_copy_pending = true;
     c->tx_copy_until = c->tx_head; /* complete once the peer released this cell */
   } else {
@@ -478,11 +479,10 @@ static weft_status shm_post(shm_conn *c, const void *src, size_t bytes, weft_tag
     }
     mem->copy(to, src, bytes);
     if (timed) shm_mix_fold(c, slot, bytes, weft_now() - t0);
-    cell->how = SHM_CELL_DATA;
   }
   cell->seq = weft_tag_seq(tag);
   cell->sig = weft_tag_sig(tag);
-  cell->len = (uint32_t)bytes;
+  shm_cell_set(cell, bytes, how);
   c->tx_slots_after[number % SHM_CELLS] = c->tx_slots_taken;
   atomic_store_explicit(&cell->ready, number + 1, memory_order_release);
   if (atomic_load(&c->tx->recv_sleeping)) shm_futex_wake(&c->tx->head);
@@ -545,14 +545,14 @@ static weft_status shm_arrived(shm_conn *c, weft_tag tag, size_t bytes, shm_cell
       return WEFT_AGAIN;
     }
     weft_error_sink *sink = c->ctx->args->errors;
-    if (weft_chunk_check(sink, c->peer, weft_tag_make(cell->seq, cell->sig), tag, cell->len, bytes))
+    if (weft_chunk_check(sink, c->peer, weft_tag_make(cell->seq, cell->sig), tag, shm_cell_len(cell), bytes))
       return shm_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
     /* a descriptor only ever stands for a chunk that would not fit inline */
-    if (cell->how != SHM_CELL_DATA && (cell->how != SHM_CELL_CMA || bytes <= SHM_INLINE_BYTES))
+    if (shm_cell_how(cell) != SHM_CELL_DATA && (shm_cell_how(cell) != SHM_CELL_CMA || bytes <= SHM_INLINE_BYTES))
       return shm_conn_fail(c, WEFT_ERR_PROTOCOL,
                            "peer %d posted a chunk of %zu bytes marked %u, which this build "
                            "cannot read",
-                           c->peer, bytes, cell->how);
+                           c->peer, bytes, shm_cell_how(cell));
     c->peeked = true;
     c->rx_read = false;
   }
@@ -569,7 +569,7 @@ static weft_status shm_peek(shm_conn *c, weft_tag tag, size_t bytes, const void 
   }
   /* a receiver that peeks a chunk sent for copy reads it into a buffer of
    * its own: the chunk holds no slot (the sender may be filling them all) */
-  if (cell->how == SHM_CELL_CMA) {
+  if (shm_cell_how(cell) == SHM_CELL_CMA) {
     if (!c->rx_peeked && !(c->rx_peeked = malloc(c->ctx->args->chunk_bytes)))
       return shm_conn_fail(c, WEFT_ERR_NOMEM,
                            "no memory to read peer %d's chunk of %zu bytes for a peek", c->peer,
@@ -595,9 +595,9 @@ static weft_status shm_release_cells(shm_conn *c, uint32_t n) {
   if (!c->peeked) return c->state == SHM_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
   const shm_cell *cell = &c->rx->cell[c->rx_tail % SHM_CELLS];
-  if (cell->len > SHM_INLINE_BYTES) {
+  if (shm_cell_len(cell) > SHM_INLINE_BYTES) {
     shm_note_large_rx(c, cell->seq); /* a rank whose core copies what comes in (shm_recent) */
-    if (cell->how == SHM_CELL_DATA) c->rx_slots_released++;
+    if (shm_cell_how(cell) == SHM_CELL_DATA) c->rx_slots_released++;
   }
   c->rx_tail += n;
   atomic_store(&c->rx->tail, c->rx_tail);
@@ -619,7 +619,7 @@ static weft_status shm_recv_into(weft_tp_conn *conn, weft_tag tag, size_t bytes,
   shm_cell *cell = NULL;
   WEFT_STATUS_PASS(shm_arrived(c, tag, bytes, &cell));
   bool host = mem->kind == WEFT_MEMORY_HOST || mem->kind == WEFT_MEMORY_SHARED;
-  if (cell->how == SHM_CELL_CMA && !c->rx_read && host) {
+  if (shm_cell_how(cell) == SHM_CELL_CMA && !c->rx_read && host) {
     WEFT_STATUS_PASS(shm_cma_read(c, cell, dst, bytes)); /* the single copy */
   } else {
     const void *slot = NULL;
@@ -649,7 +649,7 @@ weft_status shm_recv(weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes, size_
   }
   WEFT_STATUS_PASS(shm_arrived(c, tag, first, &cell));
   bool host = mem->kind == WEFT_MEMORY_HOST || mem->kind == WEFT_MEMORY_SHARED;
-  if (cell->how != SHM_CELL_CMA || c->rx_read || !host || first == bytes) {
+  if (shm_cell_how(cell) != SHM_CELL_CMA || c->rx_read || !host || first == bytes) {
     WEFT_STATUS_PASS(shm_recv_into(conn, tag, first, dst, mem));
     *chunks = 1;
     return WEFT_OK;
@@ -662,7 +662,7 @@ weft_status shm_recv(weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes, size_
     size_t len = bytes - at < chunk_bytes ? bytes - at : chunk_bytes;
     const shm_cell *next = &c->rx->cell[(c->rx_tail + n) % SHM_CELLS];
     if (atomic_load_explicit(&next->ready, memory_order_acquire) != c->rx_tail + (uint32_t)n + 1 ||
-        next->how != SHM_CELL_CMA || weft_tag_make(next->seq, next->sig) != tag || next->len != len ||
+        shm_cell_how(next) != SHM_CELL_CMA || weft_tag_make(next->seq, next->sig) != tag || shm_cell_len(next) != len ||
         len <= SHM_INLINE_BYTES)
       break;
     remote[n++] = shm_cma_where(next, len);
