@@ -3,21 +3,51 @@
 # device buffers (tools/weft_device_check.c) on the CUDA stand-in, whose
 # device memory the host cannot touch and whose work runs late: 1, 2 and 3
 # ranks over shm, 2 over tcp. WEFT_CUDA_LIBRARY names the stand-in.
+#
+# Over shm the allreduce works on the device buffers in place (CUDA IPC, the
+# direct algorithm); each process of the stand-in appends its counters at
+# exit (WEFT_CUDA_EMU_REPORT), so the runs also show which path ran and that
+# every IPC mapping was closed by weft_comm_destroy:
+#   - by default over shm: IPC handles opened, none left open;
+#   - WEFT_CUDA_IPC=0: none opened (staged through host memory);
+#   - WEFT_CUDA_EMU_IPC=0 (every open refused, as between GPUs without
+#     peer access): none opened, and every result still right (the ranks
+#     stage their buffers after all and the ring runs, in the same call).
 set -u
 weftrun=$1 check=$2
 [ -n "${WEFT_CUDA_LIBRARY:-}" ] || { echo "skipped: no stand-in"; exit 77; }
+out=/tmp/weft-device-check.$$ report=/tmp/weft-device-report.$$
 rc=0
-for run in "1 shm" "2 shm" "3 shm --quick" "2 tcp --quick"; do
+# the report's sum of one counter over every process
+sum_of() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) s += $(i + 1)} END {print s + 0}' "$report"; }
+for run in "1 shm -" "2 shm ipc" "3 shm ipc --quick" "2 tcp - --quick" \
+           "2 shm noipc --quick WEFT_CUDA_IPC=0" "3 shm refused --quick WEFT_CUDA_EMU_IPC=0 WEFT_DEBUG=INFO"; do
   set -- $run
-  n=$1 tp=$2
-  shift 2
-  if WEFT_TRANSPORT=$tp "$weftrun" -n "$n" --timeout 240 "$check" "$@" > /tmp/weft-device-check.$$ 2>&1; then
-    echo "$n ranks over $tp: $(grep -m1 'rank 0:' /tmp/weft-device-check.$$ | sed 's/.*rank 0: //')"
+  n=$1 tp=$2 want=$3
+  shift 3
+  quick= envs=
+  for a in "$@"; do
+    case $a in --quick) quick=--quick ;; *=*) envs="$envs $a" ;; esac
+  done
+  rm -f "$report"
+  if env WEFT_TRANSPORT=$tp WEFT_CUDA_EMU_REPORT="$report" $envs \
+      "$weftrun" -n "$n" --timeout 240 "$check" $quick > "$out" 2>&1; then
+    line="$n ranks over $tp${envs:+ ($envs )}: $(grep -m1 'device-check: rank 0:' "$out" | sed 's/.*rank 0: //')"
+    opened=$(sum_of ipc_opened) left=$(sum_of ipc_mappings)
+    line="$line; IPC handles opened $opened, left open $left"
+    case $want in
+      ipc) [ "$opened" -gt 0 ] && [ "$left" -eq 0 ] || { line="$line: FAILED (want opened > 0, none left)"; rc=1; } ;;
+      noipc) [ "$opened" -eq 0 ] && [ "$left" -eq 0 ] || { line="$line: FAILED (want none)"; rc=1; } ;;
+      refused) # none opened, and the ranks said they staged after all
+        [ "$opened" -eq 0 ] && [ "$left" -eq 0 ] && grep -q "staged after all" "$out" ||
+          { line="$line: FAILED (want none opened and the fallback)"; rc=1; } ;;
+    esac
+    echo "$line"
   else
-    echo "$n ranks over $tp: FAILED"
-    head -20 /tmp/weft-device-check.$$
+    echo "$n ranks over $tp${envs:+ ($envs )}: FAILED"
+    head -20 "$out"
     rc=1
   fi
 done
-rm -f /tmp/weft-device-check.$$
+rm -f "$out" "$report"
 exit $rc

@@ -66,6 +66,10 @@ typedef struct weft_algo_hint {
                                 map (size of them), or NULL */
   size_t rd_max_bytes;       /* hier: recursive doubling among the leaders up to this size */
   size_t bcast_chain_bytes;  /* hier: chains (fan-out 1) from this size, binary trees below */
+  /* direct on device buffers: when not every member can map every buffer,
+   * makes the call's buffers host copies (staging, coll_device.c) so that
+   * the ring can take over; NULL for host buffers */
+  weft_status (*restage)(weft_coll *coll);
 } weft_algo_hint;
 
 /* What a call found out that later calls choose by. Algorithms write it,
@@ -113,6 +117,11 @@ struct weft_coll {
   void *wire_stage; /* the caller's, weft_wire_stage_bytes: chunks narrowed for sending */
   int wire_sent_to; /* 1 + the member the stage last went to (its send may still read it); 0 none */
   const weft_mem_ops *mem;
+  /* device buffers the algorithm works on in place (the direct allreduce
+   * over CUDA IPC): the stream its work is queued on, and the token of the
+   * point where the user's earlier work on the buffers is done */
+  struct weft_mem_stream *stream;
+  uint64_t ready;
   uint32_t seq; /* the call's number on its communicator */
   uint32_t sig; /* the call's signature (call_tag.h): with seq, every chunk's tag */
   weft_algo_hint hint;

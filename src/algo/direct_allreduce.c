@@ -32,7 +32,19 @@
  *
  * Final values are computed once and copied, so every rank ends with the
  * same bits. In place is safe: slice r of any buffer is read and written by
- * member r alone, each piece read in full before it is written. */
+ * member r alone, each piece read in full before it is written.
+ *
+ * Device buffers (CUDA IPC, issue 37): the same rounds over the same links,
+ * with the buffers described and mapped through the memory table (an IPC
+ * handle each) and the sum made by kernels queued on the call's stream: the
+ * slice summed into device scratch in the same fixed order, then copied
+ * into every member's output. The first round waits for the user's earlier
+ * work on the buffers (coll->ready), the done round for the kernels, so a
+ * member's buffers are neither read before they hold the input nor left
+ * while a peer's kernel may still write them. When not every member can map
+ * every buffer (GPUs that cannot reach each other, a buffer without an IPC
+ * handle), every rank stages its buffers through host memory
+ * (hint.restage) and the ring takes over in the same call. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,11 +79,24 @@ typedef struct direct_state {
    * ring takes over in the same call, its state overwrites this one while
    * the verdict's sends may still read their source. */
   uint32_t *verdicts;
+  void *dev_acc;          /* device buffers: the slice's sum, device scratch */
+  uint64_t reduced;       /* device buffers: the token of the last kernel or copy */
 } direct_state;
 _Static_assert(sizeof(direct_state) <= WEFT_ALGO_STATE_BYTES,
                "direct_state fits weft_coll.algo_state");
 
-enum { SEND_KEYS, RECV_KEYS, SEND_VERDICT, RECV_VERDICT, REDUCE, SEND_DONE, RECV_DONE, FINISHED };
+enum {
+  SEND_KEYS,
+  RECV_KEYS,
+  SEND_VERDICT,
+  RECV_VERDICT,
+  REDUCE,
+  REDUCE_WAIT, /* device buffers: the kernels done */
+  SEND_DONE,
+  RECV_DONE,
+  FINISHED,
+  INPUT_WAIT, /* device buffers, first: the user's work on them done */
+};
 
 /* Maps every other member's buffers; false (with the reason logged) when
  * one cannot be: not shared memory this transport reaches, or a length
@@ -133,22 +158,76 @@ static void direct_reduce(weft_coll *coll) {
   coll->link.ops->progressed(coll->link.ctx); /* for the engine's timeout */
 }
 
-/* Not every rank can go direct: the ring, in this same call. */
+/* The device form: kernels queued on the call's stream, the slice summed
+ * in the same fixed order as the host form, then stored into every
+ * member's output; ds->reduced completes when all are done. */
+static weft_status direct_reduce_device(weft_coll *coll) {
+  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
+  const weft_mem_ops *mem = coll->mem;
+  size_t e = coll->elem, lo, hi;
+  int n = coll->size;
+  direct_slice(coll, &lo, &hi);
+  size_t cnt = hi - lo, at = lo * e;
+  uint64_t t = 0;
+  if (cnt) {
+    WEFT_CHECK(mem->reduce_async(ds->dev_acc, ds->ins[0] + at, ds->ins[1] + at, cnt, coll->dtype,
+                                 coll->op, n == 2 ? coll->avg_div : 1, coll->stream, &t));
+    for (int p = 2; p < n; p++)
+      WEFT_CHECK(mem->reduce_async(ds->dev_acc, ds->dev_acc, ds->ins[p] + at, cnt, coll->dtype,
+                                   coll->op, p == n - 1 ? coll->avg_div : 1, coll->stream, &t));
+    for (int p = 0; p < n; p++)
+      WEFT_CHECK(mem->copy_async(ds->outs[p] + at, ds->dev_acc, cnt * e, coll->stream, &t));
+  }
+  ds->reduced = t;
+  return WEFT_OK;
+}
+
+/* Not every rank can go direct: the ring, in this same call (device
+ * buffers: on host copies of them, hint.restage). */
 static weft_status direct_fall_back(weft_coll *coll) {
+  if (coll->hint.restage) {
+    direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
+    if (ds->dev_acc) coll->mem->free_scratch(ds->dev_acc);
+    ds->dev_acc = NULL;
+    coll->cleanup = NULL;
+    WEFT_CHECK(coll->hint.restage(coll));
+  }
   WEFT_CHECK(weft_ring_allreduce_start(coll));
   return coll->advance(coll);
+}
+
+/* The rounds' messages lie in host scratch whatever the buffers are (device
+ * buffers: coll->mem is the device table), so they move as host memory. */
+static weft_status msgs_send_all(weft_coll *coll, int *next, const void *src, size_t bytes) {
+  const weft_mem_ops *buffers = coll->mem;
+  coll->mem = &weft_mem_host;
+  weft_status st = weft_step_send_all(coll, next, src, bytes);
+  coll->mem = buffers;
+  return st;
+}
+
+static weft_status msgs_recv_all(weft_coll *coll, int *next, void *base, size_t bytes) {
+  const weft_mem_ops *buffers = coll->mem;
+  coll->mem = &weft_mem_host;
+  weft_status st = weft_step_recv_all(coll, next, base, bytes);
+  coll->mem = buffers;
+  return st;
 }
 
 static weft_status direct_advance(weft_coll *coll) {
   direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   size_t msg = sizeof(struct weft_direct_msg);
   switch (ds->phase) {
+    case INPUT_WAIT:
+      WEFT_STEP(coll->mem->poll(coll->stream, coll->ready));
+      ds->phase = SEND_KEYS;
+      /* fall through */
     case SEND_KEYS:
-      WEFT_STEP(weft_step_send_all(coll, &ds->next, &ds->msgs[coll->rank], msg));
+      WEFT_STEP(msgs_send_all(coll, &ds->next, &ds->msgs[coll->rank], msg));
       ds->phase = RECV_KEYS;
       /* fall through */
     case RECV_KEYS: {
-      WEFT_STEP(weft_step_recv_all(coll, &ds->next, ds->msgs, msg));
+      WEFT_STEP(msgs_recv_all(coll, &ds->next, ds->msgs, msg));
       bool all_shared = true;
       for (int p = 0; p < coll->size; p++)
         all_shared = all_shared && ds->msgs[p].magic == DIRECT_MSG_MAGIC && ds->msgs[p].shared;
@@ -178,11 +257,11 @@ static weft_status direct_advance(weft_coll *coll) {
       /* fall through */
     case SEND_VERDICT:
       WEFT_STEP(
-          weft_step_send_all(coll, &ds->next, &ds->verdicts[coll->rank], sizeof *ds->verdicts));
+          msgs_send_all(coll, &ds->next, &ds->verdicts[coll->rank], sizeof *ds->verdicts));
       ds->phase = RECV_VERDICT;
       /* fall through */
     case RECV_VERDICT: {
-      WEFT_STEP(weft_step_recv_all(coll, &ds->next, ds->verdicts, sizeof *ds->verdicts));
+      WEFT_STEP(msgs_recv_all(coll, &ds->next, ds->verdicts, sizeof *ds->verdicts));
       for (int p = 0; p < coll->size; p++)
         if (!ds->verdicts[p]) {
           memo_note(coll, false); /* someone cannot map: as good as ordinary memory */
@@ -196,19 +275,39 @@ static weft_status direct_advance(weft_coll *coll) {
       /* fall through */
     case REDUCE:
     reduce:
-      direct_reduce(coll);
+      if (ds->dev_acc) {
+        WEFT_CHECK(direct_reduce_device(coll));
+      } else {
+        direct_reduce(coll);
+      }
+      ds->phase = REDUCE_WAIT;
+      /* fall through */
+    case REDUCE_WAIT:
+      if (ds->dev_acc) {
+        WEFT_STEP(coll->mem->poll(coll->stream, ds->reduced));
+        coll->link.ops->progressed(coll->link.ctx); /* for the engine's timeout */
+      }
       ds->phase = SEND_DONE;
       /* fall through */
     case SEND_DONE:
-      WEFT_STEP(weft_step_send_all(coll, &ds->next, &ds->token, sizeof ds->token));
+      WEFT_STEP(msgs_send_all(coll, &ds->next, &ds->token, sizeof ds->token));
       ds->phase = RECV_DONE;
       /* fall through */
     case RECV_DONE:
-      WEFT_STEP(weft_step_recv_all(coll, &ds->next, ds->verdicts, sizeof *ds->verdicts));
+      WEFT_STEP(msgs_recv_all(coll, &ds->next, ds->verdicts, sizeof *ds->verdicts));
       ds->phase = FINISHED;
       /* fall through */
     default: return WEFT_OK;
   }
+}
+
+static void direct_cleanup(weft_coll *coll) {
+  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
+  /* a failed call may leave kernels queued that use it: the stream's
+   * destroy waits for them before the allocation can be reused (cuMemFree
+   * of memory in use by queued work is deferred by the driver) */
+  if (ds->dev_acc) coll->mem->free_scratch(ds->dev_acc);
+  ds->dev_acc = NULL;
 }
 
 weft_status weft_direct_allreduce_start(weft_coll *coll) {
@@ -227,12 +326,19 @@ weft_status weft_direct_allreduce_start(weft_coll *coll) {
   memset(ds->msgs, 0, n * sizeof *ds->msgs);
   struct weft_direct_msg *mine = &ds->msgs[coll->rank];
   mine->magic = DIRECT_MSG_MAGIC;
-  mine->shared = weft_shared_mem_describe(coll->sendbuf, bytes, &mine->in) &&
-                 weft_shared_mem_describe(coll->recvbuf, bytes, &mine->out);
+  mine->shared = coll->mem->describe(coll->sendbuf, bytes, &mine->in) &&
+                 coll->mem->describe(coll->recvbuf, bytes, &mine->out);
   ds->ins[coll->rank] = (char *)coll->sendbuf;
   ds->outs[coll->rank] = coll->recvbuf;
   ds->token = 1;
   coll->algo = "direct";
   coll->advance = direct_advance;
+  if (coll->mem->kind == WEFT_MEMORY_DEVICE) {
+    size_t per = ((coll->count + n - 1) / n + 64) * coll->elem; /* any member's slice */
+    if (!(ds->dev_acc = coll->mem->alloc_scratch(per))) return WEFT_ERR_NOMEM;
+    coll->cleanup = direct_cleanup;
+    coll->algo = "direct, cuda ipc";
+    ds->phase = INPUT_WAIT;
+  }
   return WEFT_OK;
 }

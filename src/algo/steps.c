@@ -13,11 +13,13 @@ size_t weft_chunk_elems(const weft_coll *coll) {
   return ce ? ce : 1;
 }
 
-/* Host memory for now: the memory table has no allocator yet. When a CUDA
- * table arrives, this asks coll->mem for memory of the buffers' kind. */
-/* The call's memory table, or host memory for a call set up without one. */
+/* Host memory: what algorithms keep here is read by the processor (every
+ * member's message, pointers, a piece of a running sum). An algorithm that
+ * works on device buffers in place takes its device scratch from
+ * coll->mem->alloc_scratch itself (the direct allreduce). */
 static const weft_mem_ops *scratch_mem(const weft_coll *coll) {
-  return coll->mem ? coll->mem : &weft_mem_host;
+  (void)coll;
+  return &weft_mem_host;
 }
 
 weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out) {

@@ -140,6 +140,8 @@
     "1: every gradient set checks at each step that all ranks agree (one small allgather a step; debug)") \
   X(WIRE_DTYPE, wire_dtype, ENUM_ANYCASE, "f32", 0, 0, WEFT_WIRE_WORDS,                           \
     "f32 sum/avg allreduce, reduce-scatter and reduce data crossing hosts travels as f32 (exact), bf16 or f16 (half the bytes; f32 sums, one rounding per hop: relative error up to about ranks x 2^-8 (bf16) or 2^-11 (f16) of the sum of |x|); ignored on one host; weft_comm_set_wire_dtype sets it per communicator") \
+  X(CUDA_IPC, cuda_ipc, BOOL, "1", 0, 0, WEFT_NO_WORDS,                                          \
+    "device buffers of ranks all on one host, all linked by shm: an allreduce reads and writes the peers' buffers through CUDA IPC, with no copy through host memory (falls back to staging where a peer's buffer cannot be mapped); 0: always stage through pinned host memory") \
   X(CUDA_LIBRARY, cuda_library, STRING, "", 0, 0, WEFT_NO_WORDS,                                 \
     "for tests: the CUDA driver library to dlopen instead of libcuda.so.1 (the in-tree stand-in)")
 

@@ -630,12 +630,16 @@ static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_
   weft_coll *coll = &task->coll;
   WEFT_CHECK(coll_begin(comm, task, call, KIND_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0));
   WEFT_CHECK(check_buffers(coll, (weft_coll_span){count, count, 0, 0, SAME_POINTER}));
+  /* device buffers may be reduced where they lie (CUDA IPC, coll_device.c);
+   * not an integer avg, which sums in a 64-bit host buffer (avg_widen) */
+  task->may_map_device = !avg_is_widened(dtype, op);
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
     coll->mem->finish(coll->recvbuf, coll->sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
+  if (task->device_in_place) return coll_start(coll, weft_choose_direct_device(&comm->choice, coll));
   if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, true));
   WEFT_CHECK(coll_wire(coll));
   /* the hosts, should the choice take the hierarchical algorithm */

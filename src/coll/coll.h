@@ -42,6 +42,9 @@ typedef struct weft_coll_task {
   uint8_t token;      /* weft_barrier's one byte */
   weft_coll_span span;             /* what the call touches on this rank (coll.c's checks) */
   struct weft_coll_staged *staged; /* device buffers staged through host memory (coll_device.c) */
+  bool may_map_device;             /* the call may run on device buffers in place (an allreduce
+                                      the direct algorithm can take: coll_device.c) */
+  bool device_in_place;            /* ... and does: CUDA IPC, no staging */
   /* room for the context of its links (a weft_call_links) */
   _Alignas(max_align_t) unsigned char link_ctx[WEFT_LINK_CTX_BYTES];
 } weft_coll_task;

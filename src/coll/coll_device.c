@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/base/log.h"
 #include "src/base/net.h"
+#include "src/base/settings.h"
 #include "src/coll/core.h"
 #include "src/mem/mem.h"
 
@@ -138,6 +140,40 @@ static weft_status stage_wait(weft_coll_task *task, weft_mem_token token) {
   return WEFT_OK;
 }
 
+/* Device buffers worked on where they lie (the direct allreduce over CUDA
+ * IPC) rather than staged: every rank decides alike from what all share (the
+ * setting, one host, shm to every peer), so they take the same algorithm;
+ * whether every buffer can be mapped is the algorithm's first question,
+ * and a no stages them after all (device_restage). */
+static bool device_in_place_ok(const weft_coll_task *task, bool both) {
+  const weft_core *comm = task->comm;
+  if (!task->may_map_device || !both || !weft_settings()->cuda_ipc || comm->size < 2 ||
+      comm->hosts.nhosts != 1)
+    return false;
+  for (int p = 0; p < comm->size; p++) {
+    if (p == comm->rank) continue;
+    int tp = comm->links.peers[p].tp;
+    if (tp < 0 ||
+        !(comm->links.tps[tp].ops->caps.map_kinds & WEFT_MEMORY_BIT(WEFT_MEMORY_DEVICE)))
+      return false;
+  }
+  return true;
+}
+
+/* The direct algorithm found a buffer some rank cannot map: this rank's go
+ * through host memory after all (every rank does the same), waited for
+ * here, and the ring runs on them. */
+static weft_status device_restage(weft_coll *coll) {
+  weft_coll_task *task = weft_coll_task_of(coll);
+  task->may_map_device = task->device_in_place = false;
+  coll->hint.restage = NULL;
+  coll->stream = NULL;
+  coll->ready = 0;
+  WEFT_INFO(WEFT_SUBSYS_COLL, "%s #%u: device buffers staged after all: a rank cannot map them",
+            coll->call, coll->seq);
+  return weft_coll_stage_in(task, &task->span, true);
+}
+
 static const char *kind_words(weft_memory kind) {
   return kind == WEFT_MEMORY_DEVICE ? "device memory" : "host memory";
 }
@@ -161,6 +197,18 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
                        send_dev, recv_dev);
   struct weft_coll_device *d = NULL;
   WEFT_CHECK(device_state(task, send ? send_dev : recv_dev, &d));
+  if (!now && device_in_place_ok(task, send && recv)) {
+    /* the buffers stay where they are; the algorithm starts once the
+     * user's work queued on them before this call is done */
+    weft_status rc = weft_mem_device.stream_after_user(d->stream, task->comm->user_stream);
+    if (!rc) rc = weft_mem_device.record(d->stream, &coll->ready);
+    if (rc) return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
+    coll->mem = &weft_mem_device;
+    coll->stream = d->stream;
+    coll->hint.restage = device_restage;
+    task->device_in_place = true;
+    return WEFT_OK;
+  }
   size_t send_bytes = span->send_elems * coll->elem, recv_bytes = span->recv_elems * coll->elem;
   /* In place, the spans overlap: one region covering both keeps the offset
    * between them; else the two one after the other. */

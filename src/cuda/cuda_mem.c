@@ -505,6 +505,149 @@ static weft_status device_reduce_async(void *dst, const void *a, const void *b, 
   return device_record(s, token);
 }
 
+/* ---- CUDA IPC: a peer of this host reaches the buffer ----------------------------- */
+
+/* A DEVICE descriptor's body (mem.h): the IPC handle of the buffer's
+ * allocation, the device it is on and the buffer's offset in it. */
+typedef struct cuda_ipc_body {
+  CUipcMemHandle handle;
+  int32_t ordinal;
+  uint32_t reserved; /* 0 */
+  uint64_t offset;
+} cuda_ipc_body;
+_Static_assert(sizeof(cuda_ipc_body) <= WEFT_MEM_DESC_BODY, "an IPC descriptor fits the body");
+
+static bool device_describe(const void *buf, size_t bytes, weft_mem_desc *desc) {
+  int ordinal = 0;
+  if (!cuda_load() || weft_cuda_pointer_kind(buf, &ordinal) != WEFT_MEMORY_DEVICE ||
+      !enter_device(ordinal))
+    return false;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  cuda_ipc_body body = {.ordinal = ordinal};
+  CUresult r = cuda->mem_get_address_range(&base, &size, (CUdeviceptr)(uintptr_t)buf);
+  if (r == CUDA_SUCCESS && (uintptr_t)buf - base + bytes > size) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = cuda->ipc_get_mem_handle(&body.handle, base);
+  if (r != CUDA_SUCCESS) {
+    /* memory from another allocator (cuMemCreate, a pool) has no legacy
+     * handle: the call stages instead */
+    cuda_fail(NULL, r, "cuIpcGetMemHandle", ordinal, buf, bytes);
+    return false;
+  }
+  body.offset = (uint64_t)((uintptr_t)buf - base);
+  memset(desc, 0, sizeof *desc);
+  desc->version = WEFT_MEM_DESC_VERSION;
+  desc->kind = WEFT_MEMORY_DEVICE;
+  desc->body_len = (uint16_t)sizeof body;
+  desc->len = bytes;
+  memcpy(desc->body, &body, sizeof body);
+  return true;
+}
+
+/* The process's IPC mappings: a handle is opened once and shared by every
+ * descriptor of its allocation (the driver refuses a second open of one
+ * handle, or counts it), closed when its last user unmaps it. */
+#define CUDA_IPC_MAPS 256
+static struct {
+  CUipcMemHandle handle;
+  CUdeviceptr base;
+  int refs;
+} cuda_ipc_maps[CUDA_IPC_MAPS];
+static pthread_mutex_t cuda_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Opened in the calling thread's current context: the device whose stream
+ * runs the kernels that read it (the direct allreduce made it current). */
+static CUresult ipc_open(const CUipcMemHandle *handle, CUdeviceptr *out) {
+  pthread_mutex_lock(&cuda_ipc_lock);
+  int free_at = -1;
+  for (int i = 0; i < CUDA_IPC_MAPS; i++) {
+    if (!cuda_ipc_maps[i].refs) {
+      if (free_at < 0) free_at = i;
+      continue;
+    }
+    if (!memcmp(&cuda_ipc_maps[i].handle, handle, sizeof *handle)) {
+      cuda_ipc_maps[i].refs++;
+      *out = cuda_ipc_maps[i].base;
+      pthread_mutex_unlock(&cuda_ipc_lock);
+      return CUDA_SUCCESS;
+    }
+  }
+  CUresult r = free_at < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                           : cuda->ipc_open_mem_handle(out, *handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  if (r == CUDA_SUCCESS) {
+    cuda_ipc_maps[free_at].handle = *handle;
+    cuda_ipc_maps[free_at].base = *out;
+    cuda_ipc_maps[free_at].refs = 1;
+  }
+  pthread_mutex_unlock(&cuda_ipc_lock);
+  return r;
+}
+
+/* true when this was the last user: the caller closes it */
+static bool ipc_release(CUdeviceptr base) {
+  bool last = false;
+  pthread_mutex_lock(&cuda_ipc_lock);
+  for (int i = 0; i < CUDA_IPC_MAPS; i++)
+    if (cuda_ipc_maps[i].refs && cuda_ipc_maps[i].base == base) {
+      last = --cuda_ipc_maps[i].refs == 0;
+      break;
+    }
+  pthread_mutex_unlock(&cuda_ipc_lock);
+  return last;
+}
+
+static weft_status device_map_peer(const weft_mem_desc *desc, void **base, void **local,
+                                   void *errors) {
+  *base = *local = NULL;
+  cuda_ipc_body body;
+  if (desc->version != WEFT_MEM_DESC_VERSION || desc->kind != WEFT_MEMORY_DEVICE ||
+      desc->body_len != sizeof body) {
+    if (errors)
+      weft_error_sink_set(errors, "a malformed device memory descriptor (version %u, kind %u, %u bytes)",
+                          desc->version, desc->kind, desc->body_len);
+    return WEFT_ERR_PROTOCOL;
+  }
+  memcpy(&body, desc->body, sizeof body);
+  if (!cuda_load()) {
+    if (errors) weft_error_sink_set(errors, "%s", cuda_why);
+    return WEFT_ERR_UNSUPPORTED;
+  }
+  CUcontext ctx = NULL;
+  if ((cuda->ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) &&
+      cuda->ctx_set_current(cuda_any_ctx) != CUDA_SUCCESS)
+    return cuda_fail(errors, CUDA_ERROR_INVALID_CONTEXT, "cuCtxSetCurrent", body.ordinal, NULL, 0);
+  CUdeviceptr p = 0, range_base = 0;
+  size_t size = 0;
+  CUresult r = ipc_open(&body.handle, &p);
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(errors, r, "cuIpcOpenMemHandle (a peer's buffer)", body.ordinal, NULL,
+                     (size_t)desc->len);
+  /* bounds from what is mapped here, never from the peer's word alone */
+  r = cuda->mem_get_address_range(&range_base, &size, p);
+  if (r != CUDA_SUCCESS || body.offset > size || desc->len > size - body.offset) {
+    if (ipc_release(p)) cuda->ipc_close_mem_handle(p);
+    if (errors)
+      weft_error_sink_set(errors,
+                          "a peer described bytes %llu..%llu of a device allocation of %zu bytes",
+                          (unsigned long long)body.offset,
+                          (unsigned long long)(body.offset + desc->len), size);
+    return WEFT_ERR_PROTOCOL;
+  }
+  *base = (void *)(uintptr_t)p;
+  *local = (char *)(uintptr_t)p + body.offset;
+  return WEFT_OK;
+}
+
+/* In the primary context of the device it was opened on (the thread that
+ * closes it, at weft_comm_destroy, may have another current). */
+static void device_unmap_peer(void *base) {
+  if (!base || !cuda || !ipc_release((CUdeviceptr)(uintptr_t)base) ||
+      !enter_device(device_of(base)))
+    return;
+  CUresult r = cuda->ipc_close_mem_handle((CUdeviceptr)(uintptr_t)base);
+  if (r != CUDA_SUCCESS) cuda_fail(NULL, r, "cuIpcCloseMemHandle", device_of(base), base, 0);
+}
+
 static void device_stream_destroy(weft_mem_stream *s) {
   weft_cuda_stream_destroy(s);
 }
@@ -535,4 +678,7 @@ const weft_mem_ops weft_mem_device = {
     .free_slots = device_free_slots,
     .alloc_scratch = device_alloc_scratch,
     .free_scratch = device_free_scratch,
+    .describe = device_describe,
+    .map_peer = device_map_peer,
+    .unmap_peer = device_unmap_peer,
 };

@@ -7,6 +7,7 @@
 
 #include "src/base/half.h"
 #include "src/mem/reduce.h"
+#include "src/mem/shared_mem.h"
 #ifdef WEFT_HAVE_CUDA
 #include "src/cuda/cuda_mem.h"
 #endif
@@ -153,6 +154,17 @@ static void *host_alloc_scratch(size_t bytes) { return malloc(bytes ? bytes : 1)
 
 static void host_free_scratch(void *ptr) { free(ptr); }
 
+static weft_status host_map_peer(const weft_mem_desc *desc, void **base, void **local,
+                                 void *errors) {
+  (void)desc, (void)errors;
+  *base = *local = NULL;
+  return WEFT_ERR_UNSUPPORTED; /* SHARED memory is the transport's to map (shm) */
+}
+
+static void host_unmap_peer(void *base) {
+  (void)base;
+}
+
 const weft_mem_ops weft_mem_host = {
     .kind = WEFT_MEMORY_HOST,
     .name = "host",
@@ -179,6 +191,9 @@ const weft_mem_ops weft_mem_host = {
     .free_slots = host_free_slots,
     .alloc_scratch = host_alloc_scratch,
     .free_scratch = host_free_scratch,
+    .describe = weft_shared_mem_describe,
+    .map_peer = host_map_peer,
+    .unmap_peer = host_unmap_peer,
 };
 
 weft_memory weft_mem_kind_of(const void *ptr, int *device) {

@@ -4,6 +4,7 @@
 #ifndef WEFT_MEM_H
 #define WEFT_MEM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -173,6 +174,21 @@ typedef struct weft_mem_ops {
    * cleared. NULL when there is no memory; free_scratch(NULL) is a no-op. */
   void *(*alloc_scratch)(size_t bytes);
   void (*free_scratch)(void *ptr);
+
+  /* ---- buffers a process of this host reaches (the direct allreduce) ---- */
+
+  /* Fills `desc` for [buf, buf + bytes) so that another process of this
+   * host can map it: host memory from weft_mem_alloc (kind SHARED), device
+   * memory through a CUDA IPC handle of its allocation (kind DEVICE). False
+   * when it cannot be described (ordinary host memory, a driver refusal). */
+  bool (*describe)(const void *buf, size_t bytes, weft_mem_desc *desc);
+  /* Maps what a peer described with this table's describe: *base is the
+   * mapping (for unmap_peer), *local the buffer's first byte. Checks every
+   * field against what it maps (WEFT_ERR_PROTOCOL), words a refusal into
+   * `errors` (a weft_error_sink). The host table maps nothing here (shm
+   * maps SHARED itself): WEFT_ERR_UNSUPPORTED. */
+  weft_status (*map_peer)(const weft_mem_desc *desc, void **base, void **local, void *errors);
+  void (*unmap_peer)(void *base);
 } weft_mem_ops;
 
 /* The table for the memory holding `ptr`: the device table for a GPU's

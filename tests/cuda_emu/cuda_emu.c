@@ -68,6 +68,7 @@
   X(CUDA_SUCCESS, "no error")                                                      \
   X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                  \
   X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                     \
+  X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access is not supported across the given devices") \
   X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                            \
   X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                              \
   X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                    \
@@ -211,6 +212,8 @@ static struct {
     size_t len;
   } quarantine[EMU_QUARANTINE];
   int quarantine_next;
+  bool ipc_refused;    /* WEFT_CUDA_EMU_IPC=0: cuIpcOpenMemHandle answers as across GPUs without P2P */
+  const char *report;  /* WEFT_CUDA_EMU_REPORT: a file the counters are appended to at exit */
   weft_cuda_emu_counters counts;
 } emu = {.lock = PTHREAD_MUTEX_INITIALIZER, .nslots = 1};
 
@@ -683,6 +686,17 @@ static long emu_env_long(const char *name, long fallback, long lo, long hi) {
   return n > hi ? hi : n;
 }
 
+/* At exit: one line of this process's counters (WEFT_CUDA_EMU_REPORT), so a
+ * script can see which path ran and what was left open. */
+static void emu_report(void) {
+  FILE *f = fopen(emu.report, "a");
+  if (!f) return;
+  fprintf(f, "pid %d ipc_opened %d ipc_mappings %d allocations %d host_allocations %d\n",
+          (int)getpid(), emu.counts.ipc_opened, emu.counts.ipc_mappings, emu.counts.allocations,
+          emu.counts.host_allocations);
+  fclose(f);
+}
+
 EMU_EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
   if (emu_forked) return CUDA_ERROR_NOT_INITIALIZED;
   if (flags) return CUDA_ERROR_INVALID_VALUE;
@@ -692,6 +706,9 @@ EMU_EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
     emu.devices = (int)emu_env_long("WEFT_CUDA_EMU_DEVICES", 1, 0, EMU_MAX_DEVICES);
     emu.memory = (size_t)emu_env_long("WEFT_CUDA_EMU_MEMORY", 4L << 30, 1, LONG_MAX);
     emu.rng = (uint64_t)emu_env_long("WEFT_CUDA_EMU_SEED", 1, 0, LONG_MAX) * 2 + 1;
+    emu.ipc_refused = emu_env_long("WEFT_CUDA_EMU_IPC", 1, 0, 1) == 0;
+    emu.report = getenv("WEFT_CUDA_EMU_REPORT");
+    if (emu.report && *emu.report) atexit(emu_report);
     for (int i = 0; i < EMU_MAX_DEVICES; i++) emu.ctx[i].device = i;
     emu.init_result = emu.devices ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
     emu.initialized = emu.devices > 0;
@@ -1457,11 +1474,13 @@ EMU_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *ptr, CUipcMemHandle 
   if (!ptr || h.magic != EMU_IPC_MAGIC || !h.size) return emu_leave(CUDA_ERROR_INVALID_VALUE);
   if (flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) return emu_leave(CUDA_ERROR_INVALID_VALUE);
   if (h.pid == (int32_t)getpid()) return emu_leave(CUDA_ERROR_INVALID_CONTEXT);
+  if (emu.ipc_refused) return emu_leave(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
   for (size_t i = 0; i < emu.nallocs; i++) {
     emu_alloc *a = emu.allocs[i];
     if (a->imported && a->ctx == ctx && a->owner_pid == h.pid && a->owner_serial == h.serial) {
       a->opens++; /* opened again: the same mapping, counted */
       emu.counts.ipc_mappings++;
+      emu.counts.ipc_opened++;
       *ptr = a->base;
       return emu_leave(CUDA_SUCCESS);
     }
@@ -1490,6 +1509,7 @@ EMU_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *ptr, CUipcMemHandle 
     return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
   }
   emu.counts.ipc_mappings++;
+  emu.counts.ipc_opened++;
   *ptr = a->base;
   return emu_leave(CUDA_SUCCESS);
 }

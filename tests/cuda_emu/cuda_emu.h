@@ -16,6 +16,7 @@ typedef struct weft_cuda_emu_counters {
   int pending;          /* queued operations not yet executed, every stream */
   int primary_refs;     /* cuDevicePrimaryCtxRetain not yet released, every device */
   int reclaimed;        /* of the above, freed by a primary context's reset, not by their owner */
+  int ipc_opened;       /* cuIpcOpenMemHandle that succeeded, ever */
 } weft_cuda_emu_counters;
 
 typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
@@ -24,6 +25,11 @@ typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
  *   WEFT_CUDA_EMU_DEVICES  devices, default 1, at most 16; 0: cuInit answers
  *                          CUDA_ERROR_NO_DEVICE and cuDeviceGetCount 0
  *   WEFT_CUDA_EMU_SEED     the seed of the order queued work runs in (default 1)
- *   WEFT_CUDA_EMU_MEMORY   bytes of device memory per device (default 4 GiB) */
+ *   WEFT_CUDA_EMU_MEMORY   bytes of device memory per device (default 4 GiB)
+ *   WEFT_CUDA_EMU_IPC      0: cuIpcOpenMemHandle refuses every handle
+ *                          (CUDA_ERROR_PEER_ACCESS_UNSUPPORTED), as between
+ *                          GPUs that cannot reach each other
+ *   WEFT_CUDA_EMU_REPORT   a file each process appends its counters to at
+ *                          exit ("pid P ipc_opened N ipc_mappings M ...") */
 
 #endif

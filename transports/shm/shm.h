@@ -126,12 +126,18 @@ weft_status shm_segment_parse(const uint8_t *buf, size_t len, shm_segment_info *
 const char *shm_segment_check(const shm_segment_info *info, uint32_t nslots, uint64_t slot_bytes,
                               size_t seg_bytes);
 
-/* A peer's shared buffer (weft_mem_alloc) mapped here. */
+/* A peer's buffer mapped here: shared host memory (weft_mem_alloc), which
+ * shm maps itself, or device memory, which the memory table maps (CUDA IPC:
+ * mem.h, map_peer) and shm only keeps, keyed by the peer's descriptor. */
 #define SHM_PEER_MAPS 32
 typedef struct shm_peer_map {
-  uint64_t ino;   /* the peer's memfd: what the mapping is of */
-  size_t bytes;   /* mapped length: the memfd's size when it was mapped */
-  void *base;
+  uint8_t kind;   /* WEFT_MEMORY_SHARED or WEFT_MEMORY_DEVICE */
+  uint64_t ino;   /* SHARED: the peer's memfd: what the mapping is of */
+  size_t bytes;   /* SHARED: mapped length: the memfd's size when it was mapped */
+  void *base;     /* the mapping (DEVICE: the table's, for unmap_peer) */
+  void *local;    /* DEVICE: the described buffer's first byte */
+  uint64_t len;   /* DEVICE: the described length */
+  uint8_t body[WEFT_MEM_DESC_BODY]; /* DEVICE: the descriptor it was mapped from */
   uint64_t used;  /* the connection's use counter when last looked up (LRU) */
 } shm_peer_map;
 

@@ -350,6 +350,8 @@ void shm_conn_notify_abort(shm_conn *c, const char *reason) {
   c->dead_status = WEFT_ERR_ABORTED;
 }
 
+static void shm_map_close(shm_peer_map *m);
+
 void shm_conn_destroy(shm_conn *c) {
   if (c->cma_chunks)
     WEFT_INFO(WEFT_SUBSYS_NET,
@@ -357,7 +359,7 @@ void shm_conn_destroy(shm_conn *c) {
               "(%llu process_vm_readv)",
               c->ctx->args->rank, (unsigned long long)c->cma_chunks,
               (double)c->cma_bytes / (1 << 20), c->peer, (unsigned long long)c->cma_reads);
-  for (int i = 0; i < c->nmaps; i++) munmap(c->maps[i].base, c->maps[i].bytes);
+  for (int i = 0; i < c->nmaps; i++) shm_map_close(&c->maps[i]);
   if (c->seg) munmap(c->seg, c->seg_bytes);
   shm_conn_unlink(c); /* the peer never mapped it, or this rank never did */
   if (c->pidfd >= 0) close(c->pidfd);
@@ -680,6 +682,58 @@ weft_status shm_recv(weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes, size_
  * peer's descriptors (same user, dumpable), not ptrace attach, so it works
  * where Yama restricts process_vm_readv. The inode check catches a
  * descriptor number the peer has since reused for something else. */
+/* Gives back one mapping of the connection's cache. */
+static void shm_map_close(shm_peer_map *m) {
+  if (m->kind == WEFT_MEMORY_DEVICE) {
+    const weft_mem_ops *dev = weft_mem_by_kind(WEFT_MEMORY_DEVICE);
+    if (dev) dev->unmap_peer(m->base);
+  } else {
+    munmap(m->base, m->bytes);
+  }
+  m->base = NULL;
+}
+
+/* A free entry of the cache: the least recently used goes when it is full. */
+static shm_peer_map *shm_map_slot(shm_conn *c) {
+  if (c->nmaps < SHM_PEER_MAPS) return &c->maps[c->nmaps++];
+  shm_peer_map *m = &c->maps[0];
+  for (int i = 1; i < c->nmaps; i++)
+    if (c->maps[i].used < m->used) m = &c->maps[i];
+  shm_map_close(m);
+  return m;
+}
+
+/* A peer's device buffer (CUDA IPC), mapped by the memory table and kept
+ * here until the connection ends: a training loop's buffers are mapped in
+ * the first step and looked up after. */
+static weft_status shm_map_device(shm_conn *c, const weft_mem_desc *desc, void **local) {
+  shm_peer_map *m = NULL;
+  for (int i = 0; i < c->nmaps && !m; i++)
+    if (c->maps[i].kind == WEFT_MEMORY_DEVICE && c->maps[i].len == desc->len &&
+        !memcmp(c->maps[i].body, desc->body, sizeof desc->body))
+      m = &c->maps[i];
+  if (!m) {
+    const weft_mem_ops *dev = weft_mem_by_kind(WEFT_MEMORY_DEVICE);
+    if (!dev) {
+      weft_error_sink_set(c->ctx->args->errors,
+                          "peer %d described device memory, but this build or host has no "
+                          "usable CUDA driver",
+                          c->peer);
+      return WEFT_ERR_UNSUPPORTED;
+    }
+    void *base, *at;
+    WEFT_STATUS_PASS(dev->map_peer(desc, &base, &at, c->ctx->args->errors));
+    m = shm_map_slot(c);
+    *m = (shm_peer_map){.kind = WEFT_MEMORY_DEVICE, .base = base, .local = at, .len = desc->len};
+    memcpy(m->body, desc->body, sizeof m->body);
+    WEFT_TRACE(WEFT_SUBSYS_NET, "shm: rank %d mapped %llu bytes of peer %d's device memory (CUDA IPC)",
+              c->ctx->args->rank, (unsigned long long)desc->len, c->peer);
+  }
+  m->used = ++c->map_uses;
+  *local = m->local;
+  return WEFT_OK;
+}
+
 static weft_status shm_map_open(shm_conn *c, const weft_shared_key *key, shm_peer_map *out) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%u/fd/%d", c->peer_pid, key->fd);
@@ -704,7 +758,8 @@ static weft_status shm_map_open(shm_conn *c, const weft_shared_key *key, shm_pee
                         strerror(errno));
     return WEFT_ERR_SYSTEM;
   }
-  *out = (shm_peer_map){.ino = key->ino, .bytes = (size_t)st.st_size, .base = p};
+  *out = (shm_peer_map){
+      .kind = WEFT_MEMORY_SHARED, .ino = key->ino, .bytes = (size_t)st.st_size, .base = p};
   WEFT_INFO(WEFT_SUBSYS_NET, "shm: rank %d mapped %zu bytes that peer %d shares",
             c->ctx->args->rank, out->bytes, c->peer);
   return WEFT_OK;
@@ -741,6 +796,8 @@ weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void
   shm_conn *c = shm_conn_of(conn);
   *local = NULL;
   if (c->state == SHM_CONN_DEAD) return c->dead_status;
+  if (desc->version == WEFT_MEM_DESC_VERSION && desc->kind == WEFT_MEMORY_DEVICE)
+    return shm_map_device(c, desc, local);
   if (desc->version == WEFT_MEM_DESC_VERSION && desc->kind != WEFT_MEMORY_SHARED) {
     weft_error_sink_set(c->ctx->args->errors,
                         "peer %d described memory of kind %u, which shm cannot map", c->peer,
@@ -763,18 +820,11 @@ weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void
   }
   shm_peer_map *m = NULL;
   for (int i = 0; i < c->nmaps && !m; i++)
-    if (c->maps[i].ino == key->ino) m = &c->maps[i];
+    if (c->maps[i].kind == WEFT_MEMORY_SHARED && c->maps[i].ino == key->ino) m = &c->maps[i];
   if (!m) {
     shm_peer_map fresh;
     WEFT_STATUS_PASS(shm_map_open(c, key, &fresh));
-    if (c->nmaps == SHM_PEER_MAPS) { /* full: the least recently used goes */
-      m = &c->maps[0];
-      for (int i = 1; i < c->nmaps; i++)
-        if (c->maps[i].used < m->used) m = &c->maps[i];
-      munmap(m->base, m->bytes);
-    } else {
-      m = &c->maps[c->nmaps++];
-    }
+    m = shm_map_slot(c);
     *m = fresh;
   }
   m->used = ++c->map_uses;

@@ -273,7 +273,8 @@ const weft_transport weft_transport_shm = {
     .name = "shm",
     .caps = {.send_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_HOST) | WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
              .recv_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_HOST) | WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
-             .map_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
+             /* DEVICE through the memory table (CUDA IPC), where it has one */
+             .map_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED) | WEFT_MEMORY_BIT(WEFT_MEMORY_DEVICE),
              .sends_are_stores = true},
     .probe = shm_probe,
     .init = shm_init,
