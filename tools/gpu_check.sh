@@ -14,11 +14,14 @@
 #   build       meson -Dcuda=enabled -Dtests=false, release
 #   info        weft-info: what CUDA support was built and whether it runs here
 #   device N    every collective x dtype x op on device buffers, N = 1..4 ranks
-#               sharing the GPU (tools/weft_device_check.c), in and out of place
+#               sharing the GPU (tools/weft_device_check.c), in and out of place;
+#               the allreduce from 2 ranks goes through CUDA IPC (the direct
+#               algorithm), the rest is staged through pinned host memory
 #   tcp         the same over tcp, 2 ranks (--quick)
 #   sanitizer   compute-sanitizer memcheck on 2 ranks (--quick)
 #   bench       weft-bench on device buffers (-G), 8 B / 64 MiB / 256 MiB, 2 and 4
-#               ranks, plain and under MPS (the daemon is started and stopped here)
+#               ranks, plain (CUDA IPC), staged (WEFT_CUDA_IPC=0: through pinned host
+#               memory) and under MPS (the daemon is started and stopped here)
 #   resnet      the ResNet-50 gradient set as device tensors, 2 ranks: one
 #               non-blocking allreduce per tensor, and one flat buffer
 set -u
@@ -132,8 +135,8 @@ fi
 # weft-bench -G: device buffers; one size per run so each row has its time
 bench() { # LABEL RANKS SIZE TARGET_US
   log="$out/bench-$1-$2-$3.log"
-  timeout "$(limit 40)" "$bin/weftrun" -n "$2" "$bin/weft-bench" -G -b "$3" -e "$3" -n 20 -w 5 \
-    > "$log" 2>&1
+  env ${bench_env:-} timeout "$(limit 40)" "$bin/weftrun" -n "$2" "$bin/weft-bench" -G -b "$3" -e "$3" \
+    -n 20 -w 5 > "$log" 2>&1
   # rank 0's row: [0] size count type redop root time(us) algbw busbw #wrong ...
   us=$(awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ {print $7; exit}' "$log")
   if [ -z "$us" ]; then
@@ -146,6 +149,9 @@ bench plain 2 8 "(MPS: <= 100 us)"
 bench plain 2 67108864 "<= 500 us"
 bench plain 2 268435456 "<= 1000 us"
 bench plain 4 67108864 ""
+# the same through pinned host memory instead of CUDA IPC: what IPC buys
+bench_env=WEFT_CUDA_IPC=0 bench staged 2 67108864 "(plain: IPC)"
+bench_env=
 if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
   export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
