@@ -167,7 +167,8 @@ static void field_differs(enum field field) {
   int bad = 0;
   for (size_t k = 0; k < nk; k++)
     for (int t = 0; t < 2; t++)
-      for (int large = 0; large < 2; large++) {
+      /* roots that differ often end at the (short) timeout: one size there */
+      for (int large = 0; large < (field == FIELD_ROOT ? 1 : 2); large++) {
         int n = 2 + rand() % 4;
         sig_case c = {kinds[k], field, rand() % n, rand() % n, large ? 3000 : 100,
                       t ? "tcp" : "shm", n};
