@@ -24,6 +24,13 @@
 #               memory) and under MPS (the daemon is started and stopped here)
 #   resnet      the ResNet-50 gradient set as device tensors, 2 ranks: one
 #               non-blocking allreduce per tensor, and one flat buffer
+#   torch cuda  weft.torch with CUDA tensors (tests/torch/ranks.py --device cuda):
+#               every op against a float64 reference, refusals, DDP on CUDA against
+#               one process; 2 ranks on one GPU
+#   torch host  tools/torch_bench.py on CPU tensors, DDP's exposed communication
+#               against gloo, 2 and 4 ranks over shm and tcp, as time allows
+# The torch stages use /opt/torch/.venv/bin/python3 where it exists (else the
+# python3 on PATH); the build finds its torch and builds weft.torch against it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 out=${1:-/tmp/weft-gpu-check}
@@ -68,6 +75,14 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   PATH="$PATH:/usr/local/cuda/bin"
   export PATH
 fi
+# the torch the GPU machine has lives in a venv: first on PATH, meson builds
+# weft.torch against it (python/csrc tries /usr/bin/python3, then python3)
+tpy=python3
+if [ -x /opt/torch/.venv/bin/python3 ]; then
+  PATH="/opt/torch/.venv/bin:$PATH"
+  export PATH
+  tpy=/opt/torch/.venv/bin/python3
+fi
 if timeout "$(limit 120)" sh -c "meson setup '$build' --buildtype=release -Dcuda=enabled -Dtests=false \
       -Dpython_package=disabled > '$out/build.log' 2>&1 && ninja -C '$build' >> '$out/build.log' 2>&1"; then
   row build PASS "meson -Dcuda=enabled, $(grep -c 'Compiling\|Linking' "$out/build.log") steps, $(($(date +%s) - start)) s"
@@ -85,7 +100,8 @@ probe=$?
 if [ "$probe" -eq 77 ]; then
   why=$(sed -n 's/^device-check: SKIP: //p' "$out/probe.log" | head -1)
   row info SKIP "no GPU: $why"
-  for s in "device 1" "device 2" "device 3" "device 4" tcp sanitizer bench resnet; do
+  for s in "device 1" "device 2" "device 3" "device 4" tcp sanitizer bench resnet "torch cuda" \
+      "torch host"; do
     row "$s" SKIP "no GPU: $why"
   done
   finish
@@ -181,4 +197,43 @@ if [ -n "$per" ] && [ -n "$flat" ]; then
 else
   row resnet FAIL "no figure; see resnet.log: $(grep -m1 -i 'fail\|error' "$log" | cut -c1-150)"
 fi
+
+# ---- weft.torch ------------------------------------------------------------------
+ext=$(ls "$build"/python/csrc/_backend*.so 2>/dev/null | head -1)
+torch_env="PYTHONPATH=$PWD/python WEFT_TORCH_EXT_DIR=$build/python/csrc OMP_NUM_THREADS=1"
+if [ -z "$ext" ]; then
+  why="weft.torch was not built: $(grep -m1 'weft.torch' "$out/build.log" | cut -c1-150)"
+  row "torch cuda" SKIP "$why"
+  row "torch host" SKIP "$why"
+  finish
+fi
+log="$out/torch-cuda.log"
+env $torch_env timeout "$(limit 90)" "$tpy" tests/torch/run.py --built=1 --launcher weftrun -n 2 \
+  --weftrun "$bin/weftrun" -- --parts ops,refusals,ddp --device cuda --cases 30 > "$log" 2>&1
+case $? in
+  0) row "torch cuda" PASS "2 ranks on one GPU: every op, refusals, $(grep -m1 'DDP on cuda' "$log" | sed 's/^.*DDP on cuda //' | cut -c1-80)" ;;
+  77) row "torch cuda" SKIP "$(tail -1 "$log" | cut -c1-150)" ;;
+  124) row "torch cuda" FAIL "timed out; see torch-cuda.log" ;;
+  *) row "torch cuda" FAIL "$(grep -m1 'Error\|FAIL' "$log" | cut -c1-160)" ;;
+esac
+# DDP's exposed communication on CPU tensors, weft against gloo: the targets
+# of issue 16 (>= 5x over shm, >= 2x over tcp), judged where ranks have cores
+for case in "2 shm 5" "2 tcp 2" "4 shm 5" "4 tcp 2"; do
+  set -- $case
+  left=$((300 - ($(date +%s) - start)))
+  if [ "$left" -lt 45 ]; then
+    row "torch host" SKIP "$1 ranks over $2: no time left in the 5 minutes"
+    continue
+  fi
+  log="$out/torch-host-$1-$2.log"
+  env $torch_env WEFT_TRANSPORT=$2 timeout "$(limit 60)" "$bin/weftrun" -n "$1" "$tpy" tools/torch_bench.py \
+    --what ddp --steps 10 > "$log" 2>&1
+  # the DDP table's row: "gloo / weft backend" is "exposed ratio / communication ratio"
+  ratio=$(grep -A2 '^| case | ranks | weft over | local ms' "$log" | tail -1 | awk -F'|' '{print $10}' | sed 's/^ *//; s/ *$//')
+  if [ -n "$ratio" ]; then
+    row "torch host" PASS "$1 ranks over $2, DDP, gloo / weft: exposed / communication" "$ratio" ">= $3x exposed"
+  else
+    row "torch host" FAIL "$1 ranks over $2: no figure; see $(basename "$log"): $(grep -m1 -i 'fail\|error' "$log" | cut -c1-120)"
+  fi
+done
 finish

@@ -15,6 +15,17 @@
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+#include <torch/version.h>
+
+// CUDA tensors need torch's current stream as the raw handle weft takes
+// (weft_comm_set_stream): c10::Stream::native_handle, through the device
+// guard CUDA torch registers, from torch 2.2 on. Nothing here links CUDA: a
+// backend built against a CPU-only torch 2.x takes CUDA tensors once run
+// under a CUDA torch, and weft finds the driver itself.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+#define WEFT_TORCH_CUDA 1
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#endif
 
 namespace weft_torch {
 
@@ -22,13 +33,24 @@ namespace {
 
 // ---- checks and conversions --------------------------------------------------------
 
+// CUDA tensors: torch 2.2 or later (WEFT_TORCH_CUDA), collectives only
+// (weft's messages take host memory); anything else not on the CPU is refused.
+void checkDevice(const char *call, const at::Tensor &t) {
+#ifdef WEFT_TORCH_CUDA
+  if (t.is_cuda()) return;
+#else
+  TORCH_CHECK(!t.is_cuda(), "weft: ", call, ": the tensor is on ", t.device(),
+              "; this weft backend was built against torch ", TORCH_VERSION,
+              ", which gives no access to its CUDA streams: build it against torch 2.2 or later "
+              "for CUDA tensors");
+#endif
+  TORCH_CHECK(t.device().is_cpu(), "weft: ", call, ": the tensor is on ", t.device(),
+              "; weft takes CPU and CUDA tensors");
+}
+
 void checkTensor(const char *call, const at::Tensor &t) {
   TORCH_CHECK(t.defined(), "weft: ", call, ": the tensor is undefined");
-  TORCH_CHECK(!t.is_cuda(), "weft: ", call, ": the tensor is on ", t.device(),
-              "; CUDA tensors are not supported yet: GPU buffers come with weft's GPU "
-              "issue (15). Use CPU tensors, or another backend for CUDA ones");
-  TORCH_CHECK(t.device().is_cpu(), "weft: ", call, ": the tensor is on ", t.device(),
-              "; weft takes CPU tensors only");
+  checkDevice(call, t);
   TORCH_CHECK(t.layout() == at::kStrided, "weft: ", call, ": ", t.layout(),
               " tensors are not supported (dense tensors only)");
   // weft reads and writes the tensor's memory where it lies: a strided view
@@ -110,9 +132,36 @@ weft_op weftOp(const char *call, const c10d::ReduceOp &op) {
 void checkSame(const char *call, const at::Tensor &a, const at::Tensor &b, const char *what) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "weft: ", call, ": ", what, " is ",
               b.scalar_type(), " but the input is ", a.scalar_type());
-  TORCH_CHECK(!b.is_cuda() && b.device().is_cpu(), "weft: ", call, ": ", what, " is on ",
-              b.device(),
-              "; CUDA tensors are not supported yet: GPU buffers come with weft's GPU issue (15)");
+  TORCH_CHECK(a.device() == b.device(), "weft: ", call, ": ", what, " is on ", b.device(),
+              " but the input is on ", a.device());
+  checkDevice(call, b);
+}
+
+// torch's current stream on the tensor's GPU, the order weft's call takes its
+// place in (as ProcessGroupNCCL's); NULL for CPU tensors
+void *streamOf(const at::Tensor &t) {
+#ifdef WEFT_TORCH_CUDA
+  if (t.defined() && t.is_cuda())
+    return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle();
+#else
+  (void)t;
+#endif
+  return nullptr;
+}
+
+// Copies out of a staging tensor (allgather into a list, say) run on the
+// completer thread's current stream; the work completes only once they
+// have, so the user's stream never reads a list tensor before its copy.
+void syncCopies(const std::vector<at::Tensor> &outputs) {
+#ifdef WEFT_TORCH_CUDA
+  for (const auto &t : outputs)
+    if (t.defined() && t.is_cuda()) {
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).synchronize();
+      return;
+    }
+#else
+  (void)outputs;
+#endif
 }
 
 // A flat copy of equally sized tensors, in order (the staging of list calls).
@@ -387,6 +436,7 @@ void ProcessGroupWeft::finishWork(WorkWeft &work, weft_status st) {
   } else if (work.after) {
     try {
       work.after();
+      syncCopies(work.outputs);
     } catch (...) {
       eptr = std::current_exception();
     }
@@ -467,6 +517,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::issueOne(const c10::intrusive_p
                                                           const char *call, bool p2p, Start start) {
   std::lock_guard<std::mutex> issue(issue_mu_);
   checkLive(call);
+  // CUDA tensors: the call starts after the work queued on torch's current
+  // stream now, and later work on it waits for the call (weft_comm_set_stream)
+  weft_comm_set_stream(comm_, streamOf(work->keep.empty() ? at::Tensor() : work->keep[0]));
   weft_request *req = nullptr;
   weft_status st = start(&req);
   if (st != WEFT_OK) failIssue(call, st);
@@ -519,6 +572,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce_coalesced(
   work->keep = tensors;
   std::lock_guard<std::mutex> issue(issue_mu_);
   checkLive(call);
+  for (const auto &t : tensors)
+    TORCH_CHECK(t.device() == tensors[0].device(), "weft: ", call, ": tensors on ",
+                tensors[0].device(), " and ", t.device(), " in one call");
+  weft_comm_set_stream(comm_, tensors.empty() ? nullptr : streamOf(tensors[0]));
   for (size_t i = 0; i < tensors.size(); i++) {
     weft_request *req = nullptr;
     void *p = tensors[i].data_ptr();
@@ -774,6 +831,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::send(std::vector<at::Tensor> &t
                                                       int tag) {
   const char *call = "send";
   const at::Tensor &t = single(call, tensors);
+  TORCH_CHECK(!t.is_cuda(), "weft: ", call, ": the tensor is on ", t.device(),
+              "; weft's messages take host memory: send a CPU copy, or use a collective");
   TORCH_CHECK(tag >= 0, "weft: ", call, ": tag ", tag, " is negative");
   Wire w = moveWire(t);
   auto work = newWork(c10d::OpType::SEND, call, tensors);
@@ -787,6 +846,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recv(std::vector<at::Tensor> &t
                                                       int tag) {
   const char *call = "recv";
   const at::Tensor &t = single(call, tensors);
+  TORCH_CHECK(!t.is_cuda(), "weft: ", call, ": the tensor is on ", t.device(),
+              "; weft's messages take host memory: send a CPU copy, or use a collective");
   TORCH_CHECK(tag >= 0, "weft: ", call, ": tag ", tag, " is negative");
   Wire w = moveWire(t);
   auto work = newWork(c10d::OpType::RECV, call, tensors);

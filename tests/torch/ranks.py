@@ -8,6 +8,11 @@ float64 / int64. Prints "RANK r OK" at the end; any failure raises.
   refusals   bad input refused with a sentence naming the call, on every rank
   ddp        a digits MLP trained one epoch with DDP on backend "weft": its
              parameters must equal a 1-process run within 1e-6
+
+  --device cuda: the ops (but send/recv: weft's messages take host memory)
+             and DDP on CUDA tensors, every rank on cuda:0 (several ranks on
+             one GPU, which NCCL refuses); the references are computed on the
+             CPU as always. The GPU machine runs it (tools/gpu_check.sh).
   kill       (run.py --kill) one rank's tensor is refused: the others time
              out (3 s), naming it; ranks pass different counts to one allreduce
              (WEFT_CHECK=1): every rank must raise; then the last rank dies
@@ -30,12 +35,22 @@ FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
 # moved as bytes: weft cannot reduce them, but broadcast and gathers move them
 BYTES_ONLY = [torch.bool, torch.int16, torch.complex64]
+DEV = "cpu"  # --device: where the tensors the backend sees live
+
 OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
        "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
 
 
 def gen(seed, case, rank, dtype, n, op="sum"):
-    """Rank `rank`'s input of `case`: the same on every rank that asks."""
+    """Rank `rank`'s input of `case`, on DEV: the same on every rank that asks."""
+    return gen_cpu(seed, case, rank, dtype, n, op).to(DEV)
+
+
+def zeros(*shape, dtype):
+    return torch.zeros(*shape, dtype=dtype, device=DEV)
+
+
+def gen_cpu(seed, case, rank, dtype, n, op="sum"):
     g = torch.Generator().manual_seed(seed * 1_000_003 + case * 1009 + rank)
     if dtype == torch.bool:
         return torch.randint(0, 2, (n,), generator=g).bool()
@@ -63,7 +78,7 @@ def gen(seed, case, rank, dtype, n, op="sum"):
 def reference(inputs, op, dtype):
     """op over ranks in float64 / int64, then rounded (floats) or wrapped (ints) to dtype."""
     wide = torch.float64 if dtype in FLOATS else torch.int64
-    xs = torch.stack([x.to(wide) for x in inputs])
+    xs = torch.stack([x.cpu().to(wide) for x in inputs])
     if op in ("sum", "avg"):
         r = xs.sum(0)
         if op == "avg":
@@ -84,6 +99,8 @@ def reference(inputs, op, dtype):
 
 def check(got, want, dtype, what, inputs=None):
     """Equal for ints; within a few roundings of dtype for floats."""
+    got, want = got.cpu(), want.cpu()
+    inputs = [x.cpu() for x in inputs] if inputs else inputs
     if dtype in FLOATS:
         scale = torch.stack([x.double().abs() for x in inputs]).sum(0) if inputs else want.double().abs()
         eps = {torch.float32: 2e-7, torch.float64: 1e-15, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
@@ -139,14 +156,14 @@ def run_ops(seed, cases):
             n = random_count(rng)
             ins = [gen(seed, case, r, dtype, n) for r in range(size)]
             if kind == "all_gather":
-                outs = [torch.zeros(n, dtype=dtype) for _ in range(size)]
+                outs = [zeros(n, dtype=dtype) for _ in range(size)]
                 dist.all_gather(outs, ins[rank])
                 out = torch.cat(outs)
             elif rng.random() < 0.5:
-                out = torch.zeros(size * n, dtype=dtype)
+                out = zeros(size * n, dtype=dtype)
                 dist.all_gather_into_tensor(out, ins[rank])
             else:  # in place, as FSDP does: the input is this rank's block of the output
-                out = torch.zeros(size * n, dtype=dtype)
+                out = zeros(size * n, dtype=dtype)
                 out[rank * n:(rank + 1) * n] = ins[rank]
                 dist.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
                 what += " in place"
@@ -154,10 +171,10 @@ def run_ops(seed, cases):
         elif kind in ("reduce_scatter", "reduce_scatter_tensor"):
             n = random_count(rng)
             ins = [gen(seed, case, r, dtype, size * n, op) for r in range(size)]
-            out = torch.zeros(n, dtype=dtype)
+            out = zeros(n, dtype=dtype)
             if kind == "reduce_scatter":
                 dist.reduce_scatter(out, list(ins[rank].clone().chunk(size)) if n else
-                                    [torch.zeros(0, dtype=dtype)] * size, op=OPS[op])
+                                    [zeros(0, dtype=dtype)] * size, op=OPS[op])
             elif rng.random() < 0.5:
                 dist.reduce_scatter_tensor(out, ins[rank].clone(), op=OPS[op])
             else:  # in place: the output is this rank's block of the input
@@ -172,35 +189,35 @@ def run_ops(seed, cases):
             ins = [gen(seed, case, r, dtype, size * n) for r in range(size)]
             want = torch.cat([x[rank * n:(rank + 1) * n] for x in ins])
             if kind == "all_to_all_single":
-                out = torch.zeros(size * n, dtype=dtype)
+                out = zeros(size * n, dtype=dtype)
                 splits = [n] * size if rng.random() < 0.5 else None
                 dist.all_to_all_single(out, ins[rank], splits, splits)
             else:
-                outs = [torch.zeros(n, dtype=dtype) for _ in range(size)]
-                dist.all_to_all(outs, list(ins[rank].chunk(size)) if n else [torch.zeros(0, dtype=dtype)] * size)
+                outs = [zeros(n, dtype=dtype) for _ in range(size)]
+                dist.all_to_all(outs, list(ins[rank].chunk(size)) if n else [zeros(0, dtype=dtype)] * size)
                 out = torch.cat(outs)
             check(out, want, dtype, what)
         elif kind == "gather":
             n = random_count(rng)
             ins = [gen(seed, case, r, dtype, n) for r in range(size)]
-            outs = [torch.zeros(n, dtype=dtype) for _ in range(size)] if rank == root else None
+            outs = [zeros(n, dtype=dtype) for _ in range(size)] if rank == root else None
             dist.gather(ins[rank], outs, dst=root)
             if rank == root:
                 check(torch.cat(outs), torch.cat(ins), dtype, what)
         elif kind == "scatter":
             n = random_count(rng)
             full = gen(seed, case, root, dtype, size * n)
-            out = torch.zeros(n, dtype=dtype)
+            out = zeros(n, dtype=dtype)
             dist.scatter(out, list(full.chunk(size)) if rank == root and n else
-                         ([torch.zeros(0, dtype=dtype)] * size if rank == root else None), src=root)
+                         ([zeros(0, dtype=dtype)] * size if rank == root else None), src=root)
             check(out, full[rank * n:(rank + 1) * n], dtype, what)
         elif kind == "send_recv":
-            if size == 1:
+            if size == 1 or DEV != "cpu":  # weft's messages take host memory
                 continue
             n = random_count(rng)
             tag = rng.randrange(1000)
             right, left = (rank + 1) % size, (rank - 1) % size
-            out = torch.zeros(n, dtype=dtype)
+            out = zeros(n, dtype=dtype)
             # receive posted first on every rank: the sends never wait for a receive
             reqs = [dist.irecv(out, src=left, tag=tag), dist.isend(gen(seed, case, rank, dtype, n), dst=right, tag=tag)]
             for q in reqs[::-1]:
@@ -358,9 +375,13 @@ def run_refusals():
     expect_refusal(lambda: dist.all_reduce(torch.zeros(3, device="meta")), "allreduce", "CPU",
                    torch2_may_refuse=True)
     expect_refusal(lambda: dist.recv(torch.zeros(3)), "any source")
-    if torch.cuda.is_available():  # the GPU machine: refused until weft's GPU issue lands
-        expect_refusal(lambda: dist.all_reduce(torch.zeros(3, device="cuda")), "allreduce",
-                       "GPU buffers come with weft's GPU issue")
+    if torch.cuda.is_available() and size > 1:  # the GPU machine
+        if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 2):
+            expect_refusal(lambda: dist.all_reduce(torch.zeros(3, device="cuda")), "allreduce",
+                           "torch 2.2 or later")
+        else:  # collectives take CUDA tensors; messages take host memory
+            expect_refusal(lambda: dist.send(torch.zeros(3, device="cuda"), dst=(dist.get_rank() + 1) % size),
+                           "send", "host memory")
     if size > 1:
         splits = [2] + [1] * (size - 1)
         expect_refusal(lambda: dist.all_to_all_single(torch.zeros(size + 1), torch.zeros(size + 1), splits, splits),
@@ -421,14 +442,19 @@ def run_ddp():
     glob = [(x[perm[s * gb:(s + 1) * gb]], y[perm[s * gb:(s + 1) * gb]]) for s in range(steps)]
     mine = [(xb[rank * per:(rank + 1) * per], yb[rank * per:(rank + 1) * per]) for xb, yb in glob]
 
-    ddp = torch.nn.parallel.DistributedDataParallel(mlp())
+    glob = [(xb.to(DEV), yb.to(DEV)) for xb, yb in glob]
+    mine = [(xb.to(DEV), yb.to(DEV)) for xb, yb in mine]
+
+    ddp = torch.nn.parallel.DistributedDataParallel(mlp().to(DEV))
     got = train(ddp, mine, lambda opt: opt.step())
-    want = train(mlp(), glob, lambda opt: opt.step())
+    want = train(mlp().to(DEV), glob, lambda opt: opt.step())
     diff = (got - want).abs().max().item()
-    print(f"RANK {rank} DDP max |param - 1-process param| = {diff:.3g} on {size} ranks", flush=True)
-    assert diff <= 1e-6, f"DDP on weft: parameters differ from the 1-process run by {diff:.3g} > 1e-6"
+    # a GPU's kernels may sum in another order than the 1-process run's
+    bound = 1e-6 if DEV == "cpu" else 1e-5
+    print(f"RANK {rank} DDP on {DEV} max |param - 1-process param| = {diff:.3g} on {size} ranks", flush=True)
+    assert diff <= bound, f"DDP on weft: parameters differ from the 1-process run by {diff:.3g} > {bound}"
     if size > 1:
-        alone = train(mlp(), mine, lambda opt: opt.step())
+        alone = train(mlp().to(DEV), mine, lambda opt: opt.step())
         off = (alone - want).abs().max().item()
         print(f"RANK {rank} without the reduction the difference would be {off:.3g}", flush=True)
         assert off > 1e-3, f"control: training without reduction differs only by {off:.3g}"
@@ -514,7 +540,13 @@ def main():
     ap.add_argument("--cases", type=int, default=60)
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--exit-without-destroy", action="store_true")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = ap.parse_args()
+    global DEV
+    DEV = a.device
+    if DEV == "cuda" and not torch.cuda.is_available():
+        print("SKIP: --device cuda, but torch sees no GPU here", flush=True)
+        sys.exit(77)
     import datetime
     dist.init_process_group("weft", timeout=datetime.timedelta(seconds=a.timeout))
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -534,8 +566,9 @@ def main():
         os._exit(0)
     if "ops" in parts:
         done = run_ops(a.seed, a.cases)
-        run_groups(a.seed)
-        run_reused(a.seed)
+        if DEV == "cpu":  # groups and shared buckets: CPU tensors
+            run_groups(a.seed)
+            run_reused(a.seed)
         if rank == 0:
             print(f"ops on {size} ranks, seed {a.seed}: " + ", ".join(f"{k} x{v}" for k, v in done.items()), flush=True)
     if "refusals" in parts:
