@@ -13,6 +13,9 @@
 #   - WEFT_CUDA_EMU_IPC=0 (every open refused, as between GPUs without
 #     peer access): none opened, and every result still right (the ranks
 #     stage their buffers after all and the ring runs, in the same call).
+# And staged allreduces in slices (WEFT_DEVICE_SLICE_BYTES=4096 over tcp, the
+# full counts: up to 64 slices a call), each slice copied off, reduced and
+# copied back on its own: every result right, and the calls said they ran so.
 set -u
 weftrun=$1 check=$2
 [ -n "${WEFT_CUDA_LIBRARY:-}" ] || { echo "skipped: no stand-in"; exit 77; }
@@ -21,7 +24,8 @@ rc=0
 # the report's sum of one counter over every process
 sum_of() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) s += $(i + 1)} END {print s + 0}' "$report"; }
 for run in "1 shm -" "2 shm ipc" "3 shm ipc --quick" "2 tcp - --quick" \
-           "2 shm noipc --quick WEFT_CUDA_IPC=0" "3 shm refused --quick WEFT_CUDA_EMU_IPC=0 WEFT_DEBUG=INFO"; do
+           "2 shm noipc --quick WEFT_CUDA_IPC=0" "3 shm refused --quick WEFT_CUDA_EMU_IPC=0 WEFT_DEBUG=INFO" \
+           "2 tcp sliced WEFT_DEVICE_SLICE_BYTES=4096 WEFT_DEBUG=TRACE"; do
   set -- $run
   n=$1 tp=$2 want=$3
   shift 3
@@ -38,6 +42,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipc --quick" "2 tcp - --quick" \
     case $want in
       ipc) [ "$opened" -gt 0 ] && [ "$left" -eq 0 ] || { line="$line: FAILED (want opened > 0, none left)"; rc=1; } ;;
       noipc) [ "$opened" -eq 0 ] && [ "$left" -eq 0 ] || { line="$line: FAILED (want none)"; rc=1; } ;;
+      sliced) grep -q "in slices algorithm" "$out" || { line="$line: FAILED (no call ran in slices)"; rc=1; } ;;
       refused) # none opened, and the ranks said they staged after all
         [ "$opened" -eq 0 ] && [ "$left" -eq 0 ] && grep -q "staged after all" "$out" ||
           { line="$line: FAILED (want none opened and the fallback)"; rc=1; } ;;

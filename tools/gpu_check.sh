@@ -200,6 +200,9 @@ fi
 
 # ---- weft.torch ------------------------------------------------------------------
 ext=$(ls "$build"/python/csrc/_backend*.so 2>/dev/null | head -1)
+# the Python meson built weft.torch for ("building against torch X (PATH)")
+built_for=$(sed -n 's/^.*weft\.torch: building against torch .* (\(.*\))$/\1/p' "$out/build.log" | head -1)
+[ -n "$built_for" ] && tpy=$built_for
 torch_env="PYTHONPATH=$PWD/python WEFT_TORCH_EXT_DIR=$build/python/csrc OMP_NUM_THREADS=1"
 if [ -z "$ext" ]; then
   why="weft.torch was not built: $(grep -m1 'weft.torch' "$out/build.log" | cut -c1-150)"
@@ -228,6 +231,11 @@ for case in "2 shm 5" "2 tcp 2" "4 shm 5" "4 tcp 2"; do
   log="$out/torch-host-$1-$2.log"
   env $torch_env WEFT_TRANSPORT=$2 timeout "$(limit 60)" "$bin/weftrun" -n "$1" "$tpy" tools/torch_bench.py \
     --what ddp --steps 10 > "$log" 2>&1
+  rc=$?
+  if [ "$rc" -eq 77 ] || grep -q '^\[0\] skipped:' "$log"; then
+    row "torch host" SKIP "$1 ranks over $2: $(grep -m1 'skipped:' "$log" | sed 's/^.*skipped: //' | cut -c1-140)"
+    continue
+  fi
   # the DDP table's row: "gloo / weft backend" is "exposed ratio / communication ratio"
   ratio=$(grep -A2 '^| case | ranks | weft over | local ms' "$log" | tail -1 | awk -F'|' '{print $10}' | sed 's/^ *//; s/ *$//')
   if [ -n "$ratio" ]; then

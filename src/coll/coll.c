@@ -617,6 +617,15 @@ static weft_status allreduce_start_late(weft_coll *coll) {
   return coll->advance(coll);
 }
 
+/* An allreduce's algorithm on one slice of its staged device buffers
+ * (coll_device.c): chosen for the slice's size, as a whole call would be. */
+static weft_status allreduce_slice_start(weft_coll *coll) {
+  weft_choice_state *c = &TASK(coll)->comm->choice;
+  weft_status st = weft_choose_allreduce(c, coll);
+  if (st == WEFT_CHOICE_LATE) st = weft_choose_late(c, coll, false);
+  return st;
+}
+
 /* A call whose algorithm is chosen when it starts (allreduce_start_late). */
 static weft_status coll_start_late(weft_coll *coll) {
   coll->algo = "chosen at start";
@@ -633,6 +642,8 @@ static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_
   /* device buffers may be reduced where they lie (CUDA IPC, coll_device.c);
    * not an integer avg, which sums in a 64-bit host buffer (avg_widen) */
   task->may_map_device = !avg_is_widened(dtype, op);
+  /* staged device buffers: large ones in slices (coll_device.c) */
+  if (!avg_is_widened(dtype, op)) task->slice_start = allreduce_slice_start;
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
@@ -644,6 +655,7 @@ static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_
   WEFT_CHECK(coll_wire(coll));
   /* the hosts, should the choice take the hierarchical algorithm */
   coll->hosts = comm->hosts;
+  if (weft_coll_stage_sliced(task)) return coll_start(coll, weft_coll_stage_slices_start(task));
   weft_status st = weft_choose_allreduce(&comm->choice, coll);
   return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }

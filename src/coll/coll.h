@@ -45,6 +45,9 @@ typedef struct weft_coll_task {
   bool may_map_device;             /* the call may run on device buffers in place (an allreduce
                                       the direct algorithm can take: coll_device.c) */
   bool device_in_place;            /* ... and does: CUDA IPC, no staging */
+  /* staged device buffers may run in slices (coll_device.c): how the call's
+   * algorithm starts on one slice; NULL: in one piece */
+  weft_status (*slice_start)(weft_coll *coll);
   /* room for the context of its links (a weft_call_links) */
   _Alignas(max_align_t) unsigned char link_ctx[WEFT_LINK_CTX_BYTES];
 } weft_coll_task;

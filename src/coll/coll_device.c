@@ -51,6 +51,16 @@ struct weft_coll_staged {
   weft_mem_token in, out;
   bool out_queued;
   weft_status (*then)(weft_coll *coll); /* the algorithm's advance, once the input is here */
+  /* in slices (stage_slices): slice k's copy to the host completes with
+   * slice_in[k]; the algorithm runs on one slice at a time (running: its
+   * advance is inner), and each slice's result is copied back as soon as
+   * it is done, so copies both ways overlap the algorithm's other slices */
+  int nslices, next;
+  size_t slice_elems, count, elem;
+  weft_mem_token *slice_in;
+  char *host_send, *host_recv_all, *user_recv_all;
+  bool running;
+  weft_status (*inner)(weft_coll *coll);
 };
 
 static weft_status staged_fail(weft_coll_task *task, weft_status st, const char *fmt, ...)
@@ -238,7 +248,29 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   st->recv_bytes = recv_bytes;
   task->staged = st;
   weft_status rc = weft_mem_device.stream_after_user(d->stream, task->comm->user_stream);
-  if (!rc && send) rc = weft_mem_device.copy_to_host(host_send, send, send_bytes, d->stream, &st->in);
+  size_t slice = weft_settings()->device_slice_bytes;
+  if (!rc && !now && task->slice_start && send && recv && (!joined || s == r) && slice &&
+      send_bytes == recv_bytes && send_bytes >= 2 * slice) {
+    /* at most 64 slices, each a whole number of elements */
+    size_t elems = span->send_elems, per = (slice + coll->elem - 1) / coll->elem;
+    if ((elems + per - 1) / per > 64) per = (elems + 63) / 64;
+    st->nslices = (int)((elems + per - 1) / per);
+    st->slice_elems = per;
+    st->count = coll->count;
+    st->elem = coll->elem;
+    st->host_send = host_send;
+    st->host_recv_all = host_recv;
+    st->user_recv_all = recv;
+    if (!(st->slice_in = calloc((size_t)st->nslices, sizeof *st->slice_in))) rc = WEFT_ERR_NOMEM;
+    for (int k = 0; !rc && k < st->nslices; k++) {
+      size_t off = (size_t)k * per, n = elems - off < per ? elems - off : per;
+      rc = weft_mem_device.copy_to_host(host_send + off * coll->elem, (const char *)send + off * coll->elem,
+                                        n * coll->elem, d->stream, &st->slice_in[k]);
+    }
+    st->in = st->nslices ? st->slice_in[st->nslices - 1] : 0;
+  } else if (!rc && send) {
+    rc = weft_mem_device.copy_to_host(host_send, send, send_bytes, d->stream, &st->in);
+  }
   if (rc) {
     weft_coll_stage_release(task);
     return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
@@ -253,6 +285,70 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   return rc;
 }
 
+/* ---- in slices ---------------------------------------------------------------- */
+
+/* The call's advance while it runs in slices: slice k starts once its copy
+ * to the host is done, its result is copied back once its algorithm is,
+ * then slice k + 1. Every rank cuts alike (the count, the dtype and the
+ * setting agree), and chunks of one connection stay in order, so each
+ * slice's algorithm takes exactly its own chunks although all share the
+ * call's tag. */
+static weft_status sliced_advance(weft_coll *coll) {
+  weft_coll_task *task = weft_coll_task_of(coll);
+  struct weft_coll_staged *st = task->staged;
+  weft_mem_stream *s = task->comm->device->stream;
+  for (;;) {
+    if (!st->running) {
+      if (st->next == st->nslices) {
+        /* the whole call again, for its sentences and the recorder; the
+         * results are on their way back: stage_out waits for the last */
+        coll->count = st->count;
+        coll->sendbuf = st->host_send;
+        coll->recvbuf = st->host_recv_all;
+        WEFT_CHECK(weft_mem_device.user_after_stream(task->comm->user_stream, s));
+        st->out_queued = true;
+        return WEFT_OK;
+      }
+      WEFT_STEP(weft_mem_device.poll(s, st->slice_in[st->next]));
+      size_t off = (size_t)st->next * st->slice_elems;
+      coll->count = st->count - off < st->slice_elems ? st->count - off : st->slice_elems;
+      coll->sendbuf = st->host_send + off * st->elem;
+      coll->recvbuf = st->host_recv_all + off * st->elem;
+      /* what the last slice's algorithm held */
+      if (coll->cleanup) coll->cleanup(coll);
+      coll->cleanup = NULL;
+      weft_coll_scratch_free(coll, coll->scratch);
+      coll->scratch = NULL;
+      WEFT_CHECK(task->slice_start(coll));
+      st->inner = coll->advance;
+      coll->advance = sliced_advance;
+      st->running = true;
+    }
+    weft_status rc = st->inner(coll);
+    if (coll->advance != sliced_advance) { /* the algorithm handed over (direct to ring) */
+      st->inner = coll->advance;
+      coll->advance = sliced_advance;
+    }
+    if (rc != WEFT_OK) return rc;
+    size_t off = (size_t)st->next * st->slice_elems;
+    WEFT_CHECK(weft_mem_device.copy_from_host(st->user_recv_all + off * st->elem,
+                                              st->host_recv_all + off * st->elem,
+                                              coll->count * st->elem, s, &st->out));
+    st->running = false;
+    st->next++;
+  }
+}
+
+bool weft_coll_stage_sliced(const weft_coll_task *task) {
+  return task->staged && task->staged->nslices > 0;
+}
+
+weft_status weft_coll_stage_slices_start(weft_coll_task *task) {
+  task->coll.advance = sliced_advance;
+  task->coll.algo = "in slices";
+  return WEFT_OK;
+}
+
 static weft_status staged_first_step(weft_coll *coll) {
   weft_coll_task *task = weft_coll_task_of(coll);
   WEFT_STEP(weft_mem_device.poll(task->comm->device->stream, task->staged->in));
@@ -261,7 +357,7 @@ static weft_status staged_first_step(weft_coll *coll) {
 }
 
 void weft_coll_stage_wrap(weft_coll_task *task) {
-  if (!task->staged) return;
+  if (!task->staged || task->staged->nslices) return; /* in slices: each waits for its own */
   task->staged->then = task->coll.advance;
   task->coll.advance = staged_first_step;
 }
@@ -309,6 +405,7 @@ void weft_coll_stage_release(weft_coll_task *task) {
     }
     weft_mem_device.free_slots(st->own, st->own_bytes);
   }
+  free(st->slice_in);
   free(st);
   task->staged = NULL;
 }
@@ -342,6 +439,14 @@ weft_status weft_coll_stage_out_now(weft_coll_task *task) {
 }
 void weft_coll_stage_release(weft_coll_task *task) {
   (void)task;
+}
+bool weft_coll_stage_sliced(const weft_coll_task *task) {
+  (void)task;
+  return false;
+}
+weft_status weft_coll_stage_slices_start(weft_coll_task *task) {
+  (void)task;
+  return WEFT_ERR_INTERNAL;
 }
 void weft_coll_device_free(weft_core *core) {
   (void)core;

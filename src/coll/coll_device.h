@@ -35,6 +35,14 @@ weft_status weft_coll_stage_out(weft_coll_task *task);
 /* The same, waited for here (a call that completes in its setup). */
 weft_status weft_coll_stage_out_now(weft_coll_task *task);
 
+/* Staged in slices (an allreduce of at least twice WEFT_DEVICE_SLICE_BYTES
+ * whose setup set task->slice_start): stage_in queued one copy per slice,
+ * and the call's advance becomes the slices' (slices_start), which starts
+ * the algorithm on each slice with task->slice_start once its copy is done
+ * and copies each slice's result back as soon as it is done. */
+bool weft_coll_stage_sliced(const weft_coll_task *task);
+weft_status weft_coll_stage_slices_start(weft_coll_task *task);
+
 /* Gives the staging buffers back (the call ended, however). */
 void weft_coll_stage_release(weft_coll_task *task);
 
