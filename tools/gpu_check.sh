@@ -237,7 +237,7 @@ for case in "2 shm 5" "2 tcp 2" "4 shm 5" "4 tcp 2"; do
     continue
   fi
   # the DDP table's row: "gloo / weft backend" is "exposed ratio / communication ratio"
-  ratio=$(grep -A2 '^| case | ranks | weft over | local ms' "$log" | tail -1 | awk -F'|' '{print $10}' | sed 's/^ *//; s/ *$//')
+  ratio=$(grep -A2 '| case | ranks | weft over | local ms' "$log" | tail -1 | awk -F'|' '{print $10}' | sed 's/^ *//; s/ *$//')
   if [ -n "$ratio" ]; then
     row "torch host" PASS "$1 ranks over $2, DDP, gloo / weft: exposed / communication" "$ratio" ">= $3x exposed"
   else
