@@ -167,6 +167,8 @@ bench plain 2 268435456 "<= 1000 us"
 bench plain 4 67108864 ""
 # the same through pinned host memory instead of CUDA IPC: what IPC buys
 bench_env=WEFT_CUDA_IPC=0 bench staged 2 67108864 "(plain: IPC)"
+# and staged in one piece: what the slices' overlap buys
+bench_env="WEFT_CUDA_IPC=0 WEFT_DEVICE_SLICE_BYTES=0" bench whole 2 67108864 "(staged: in slices)"
 bench_env=
 if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
