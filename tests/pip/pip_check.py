@@ -131,13 +131,19 @@ else:
         sys.exit("FAIL: cffi is %s in the venv" % ("absent" if want_cffi else "present"))
 
 
+def build_args():
+    """WEFT_PIP_JOBS=N: ninja -jN inside pip's build (a machine shared with others)."""
+    jobs = os.environ.get("WEFT_PIP_JOBS")
+    return ["--config-settings=compile-args=-j" + jobs] if jobs else []
+
+
 def install(a, torch_py, tmp):
     copy = os.path.join(tmp, "src")
     copy_source(a.source, copy)
     venv = os.path.join(tmp, "venv")
     py = make_venv(torch_py, venv)
     # as a user: build isolation, meson-python (and cffi) from PyPI
-    run([py, "-m", "pip", "install", copy], cwd=tmp, limit=1200)
+    run([py, "-m", "pip", "install"] + build_args() + [copy], cwd=tmp, limit=1200)
     shutil.rmtree(copy)  # nothing of the source tree is left to import from
     check_installed(py, venv, tmp, want_cffi=True)
     tests = os.path.join(a.source, "tests", "torch")
@@ -157,7 +163,7 @@ def wheel(a, torch_py, tmp):
     # registry is reachable (here it is installed from PyPI first)
     run([builder, "-m", "pip", "install", "-q", "meson-python", "ninja"], cwd=tmp, limit=300)
     wheels = os.path.join(tmp, "wheels")
-    run([builder, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", wheels, copy],
+    run([builder, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", wheels] + build_args() + [copy],
         cwd=tmp, limit=1200)
     shutil.rmtree(copy)
     made = glob.glob(os.path.join(wheels, "weft-*.whl"))
