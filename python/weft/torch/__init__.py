@@ -49,8 +49,8 @@ def _load_backend():
         __path__.append(ext_dir)
     # A wheel (pip install .) holds libweft.so in the package folder. Loaded
     # here first, the extension finds it by its soname whatever RPATH the
-    # wheel's builder left (meson-python before 0.16, or meson before 1.6,
-    # keeps the build tree's).
+    # wheel's builder left (with Debian 12's meson 1.0, meson-python keeps
+    # the build tree's).
     lib = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "libweft.so")
     if os.path.isfile(lib):
         ctypes.CDLL(lib)
