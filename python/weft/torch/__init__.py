@@ -8,6 +8,7 @@ Collectives on CPU tensors go through weft's non-blocking requests; see
 docs/torch.md for what is supported and what is refused.
 """
 import atexit
+import ctypes
 import inspect
 import os
 
@@ -46,6 +47,13 @@ def _load_backend():
     ext_dir = os.environ.get("WEFT_TORCH_EXT_DIR")
     if ext_dir and ext_dir not in __path__:
         __path__.append(ext_dir)
+    # A wheel (pip install .) holds libweft.so in the package folder. Loaded
+    # here first, the extension finds it by its soname whatever RPATH the
+    # wheel's builder left (with Debian 12's meson 1.0, meson-python keeps
+    # the build tree's).
+    lib = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "libweft.so")
+    if os.path.isfile(lib):
+        ctypes.CDLL(lib)
     try:
         from . import _backend
     except ImportError as e:
