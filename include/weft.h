@@ -483,6 +483,14 @@ typedef enum weft_memory {
   WEFT_MEMORY_COUNT
 } weft_memory;
 
+/* 1 when this build of weft, on this machine, takes buffers of `memory` in
+ * the collectives: HOST and SHARED always; DEVICE in a CUDA build whose driver
+ * loads and sees a GPU (weft-info's cuda line says the same). *why, when not
+ * NULL, gets a sentence either way (static storage, valid until the next
+ * call). A framework asks before it hands weft a device pointer: a build
+ * without CUDA cannot tell one from a host pointer. */
+WEFT_API int weft_memory_usable(weft_memory memory, const char **why);
+
 /* A tensor as weft sees it: a flat buffer of `count` elements. */
 typedef struct weft_tensor {
   void *ptr;          /* may be NULL when count is 0, or for owned gradients */

@@ -55,6 +55,27 @@ static void every_status_has_a_message(void **state) {
   assert_string_equal(weft_op_name(WEFT_AVG), "avg");
 }
 
+/* What weft says it takes: host memory always; GPU memory only where this
+ * build has CUDA and the driver loads (here: no libcuda.so.1, unless the
+ * test names the stand-in); an unknown kind never. Each with a sentence. */
+static void memory_usable(void **state) {
+  (void)state;
+  const char *why = NULL;
+  assert_int_equal(weft_memory_usable(WEFT_MEMORY_HOST, &why), 1);
+  assert_non_null(why);
+  assert_int_equal(weft_memory_usable(WEFT_MEMORY_SHARED, NULL), 1);
+  assert_int_equal(weft_memory_usable(WEFT_MEMORY_COUNT, &why), 0);
+  assert_non_null(strstr(why, "not one a collective takes"));
+  int dev = weft_memory_usable(WEFT_MEMORY_DEVICE, &why);
+  assert_true(why && why[0]);
+#ifndef WEFT_HAVE_CUDA
+  assert_int_equal(dev, 0);
+  assert_non_null(strstr(why, "no CUDA support"));
+#else
+  if (!getenv("WEFT_CUDA_LIBRARY")) assert_int_equal(dev, 0); /* no driver on this machine */
+#endif
+}
+
 static void env_conventions(void **state) {
   (void)state;
   weft_env_job job;
@@ -819,6 +840,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_status_has_a_message),
       cmocka_unit_test(env_conventions),
+      cmocka_unit_test(memory_usable),
       cmocka_unit_test(addresses_and_interfaces),
       cmocka_unit_test(bad_input),
       cmocka_unit_test(bad_config),

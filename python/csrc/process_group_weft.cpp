@@ -37,7 +37,13 @@ namespace {
 // (weft's messages take host memory); anything else not on the CPU is refused.
 void checkDevice(const char *call, const at::Tensor &t) {
 #ifdef WEFT_TORCH_CUDA
-  if (t.is_cuda()) return;
+  if (t.is_cuda()) {
+    // a weft without CUDA cannot tell a device pointer from a host one
+    const char *why = nullptr;
+    TORCH_CHECK(weft_memory_usable(WEFT_MEMORY_DEVICE, &why), "weft: ", call, ": the tensor is on ",
+                t.device(), ", but this weft takes no GPU memory: ", why);
+    return;
+  }
 #else
   TORCH_CHECK(!t.is_cuda(), "weft: ", call, ": the tensor is on ", t.device(),
               "; this weft backend was built against torch ", TORCH_VERSION,

@@ -1,6 +1,7 @@
 /* api/comm.c - the public calls that only read a communicator or fill a
  * caller's struct. Creation, destroy and abort live with the communicators
  * (src/comm/comm.c): they own the list of live ones. */
+#include <stdio.h>
 #include <string.h>
 
 #include "src/api/api.h"
@@ -8,6 +9,9 @@
 #include "src/comm/comm.h"
 #include "transports/transport_settings.h"
 #include "weft.h"
+#ifdef WEFT_HAVE_CUDA
+#include "src/cuda/cuda_mem.h"
+#endif
 
 WEFT_API int weft_comm_rank(const weft_comm *comm) {
   return weft_comm_is_live(comm) ? comm->core.rank : -1;
@@ -51,6 +55,29 @@ WEFT_API weft_status weft_comm_set_stream(weft_comm *comm, void *cuda_stream) {
 #endif
   comm->core.user_stream = cuda_stream; /* calls read it at setup, on the caller's thread */
   return WEFT_OK;
+}
+
+WEFT_API int weft_memory_usable(weft_memory memory, const char **why) {
+  static _Thread_local char words[512];
+  int usable = 0;
+  if (memory == WEFT_MEMORY_HOST || memory == WEFT_MEMORY_SHARED) {
+    usable = 1;
+    snprintf(words, sizeof words, "host memory: always");
+  } else if (memory == WEFT_MEMORY_DEVICE) {
+#ifdef WEFT_HAVE_CUDA
+    char w[480];
+    usable = weft_cuda_usable(w, sizeof w);
+    snprintf(words, sizeof words, "%s", w);
+#else
+    snprintf(words, sizeof words,
+             "this build of weft has no CUDA support (configure with -Dcuda=enabled where the "
+             "CUDA headers are; pip: -Csetup-args=-Dcuda=enabled)");
+#endif
+  } else {
+    snprintf(words, sizeof words, "memory kind %d is not one a collective takes", (int)memory);
+  }
+  if (why) *why = words;
+  return usable;
 }
 
 #define WEFT_STR2_(x) #x
