@@ -18,7 +18,8 @@
 #            phase C) in the time left; tools/switch_points.py lines them up
 # NPS (default "8 16" with 16 CPUs or more, else "2 4"), NPS_GLOO ("4 8 16",
 # else "2 4"), PY (the first Python with torch: /opt/torch/.venv/bin/python3,
-# python3, /usr/bin/python3), SWITCH=0 (no switch-point phase). Runs anywhere:
+# python3, /usr/bin/python3), SWITCH=0 (no switch-point phase), MATRIX_SMALL and
+# MATRIX_LARGE (the matrix's sizes: "8 32768 524288", "8388608 67108864"). Runs anywhere:
 # about 2 minutes on a 2-vCPU machine with 2 and 4 ranks; the suite runs it
 # with NPS=2 NPS_GLOO=2 SWITCH=0 (tests/test_host_check.sh).
 set -u
@@ -103,7 +104,8 @@ else
         continue
       fi
       if timeout "$(limit $((120 - ($(date +%s) - mstart))))" env BUILD="$build" \
-          sh tools/paired_matrix.sh -R 1 -n "$n" -t "$tp" -s "8 32768 524288" -S "8388608 67108864" \
+          sh tools/paired_matrix.sh -R 1 -n "$n" -t "$tp" -s "${MATRIX_SMALL:-8 32768 524288}" \
+          -S "${MATRIX_LARGE:-8388608 67108864}" \
           "$out/matrix-$tp-$n" >> "$out/matrix.log" 2>&1; then
         done_cells="$done_cells $tp-$n"
       else
