@@ -279,7 +279,9 @@ typedef struct weft_transport {
    * first byte. Mappings are cached per connection and last until fini, so
    * they stay valid even if the peer frees or crashes. A failure leaves the
    * connection usable. WEFT_ERR_UNSUPPORTED when `desc`'s kind is not in
-   * caps.map_kinds (only shm maps anything, SHARED); WEFT_ERR_PROTOCOL when
+   * caps.map_kinds (only shm maps anything: SHARED itself, DEVICE through the
+   * memory table's map_peer, CUDA IPC, where the build and host have a
+   * driver, else WEFT_ERR_UNSUPPORTED); WEFT_ERR_PROTOCOL when
    * the descriptor is malformed, of another version or does not fit what is
    * mapped; WEFT_ERR_SYSTEM when the kernel refuses (the sentence in the
    * error sink). Never blocks. */
