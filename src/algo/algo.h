@@ -122,6 +122,7 @@ struct weft_coll {
    * point where the user's earlier work on the buffers is done */
   struct weft_mem_stream *stream;
   uint64_t ready;
+  void *device_scratch; /* the caller's, ((count + size - 1) / size + 64) elements */
   uint32_t seq; /* the call's number on its communicator */
   uint32_t sig; /* the call's signature (call_tag.h): with seq, every chunk's tag */
   weft_algo_hint hint;

@@ -79,7 +79,7 @@ typedef struct direct_state {
    * ring takes over in the same call, its state overwrites this one while
    * the verdict's sends may still read their source. */
   uint32_t *verdicts;
-  void *dev_acc;          /* device buffers: the slice's sum, device scratch */
+  void *dev_acc;          /* device buffers: the slice's sum (the caller's device scratch) */
   uint64_t reduced;       /* device buffers: the token of the last kernel or copy */
 } direct_state;
 _Static_assert(sizeof(direct_state) <= WEFT_ALGO_STATE_BYTES,
@@ -185,13 +185,7 @@ static weft_status direct_reduce_device(weft_coll *coll) {
 /* Not every rank can go direct: the ring, in this same call (device
  * buffers: on host copies of them, hint.restage). */
 static weft_status direct_fall_back(weft_coll *coll) {
-  if (coll->hint.restage) {
-    direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
-    if (ds->dev_acc) coll->mem->free_scratch(ds->dev_acc);
-    ds->dev_acc = NULL;
-    coll->cleanup = NULL;
-    WEFT_CHECK(coll->hint.restage(coll));
-  }
+  if (coll->hint.restage) WEFT_CHECK(coll->hint.restage(coll));
   WEFT_CHECK(weft_ring_allreduce_start(coll));
   return coll->advance(coll);
 }
@@ -301,15 +295,6 @@ static weft_status direct_advance(weft_coll *coll) {
   }
 }
 
-static void direct_cleanup(weft_coll *coll) {
-  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
-  /* a failed call may leave kernels queued that use it: the stream's
-   * destroy waits for them before the allocation can be reused (cuMemFree
-   * of memory in use by queued work is deferred by the driver) */
-  if (ds->dev_acc) coll->mem->free_scratch(ds->dev_acc);
-  ds->dev_acc = NULL;
-}
-
 weft_status weft_direct_allreduce_start(weft_coll *coll) {
   direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   size_t n = (size_t)coll->size, bytes = coll->count * coll->elem;
@@ -334,9 +319,7 @@ weft_status weft_direct_allreduce_start(weft_coll *coll) {
   coll->algo = "direct";
   coll->advance = direct_advance;
   if (coll->mem->kind == WEFT_MEMORY_DEVICE) {
-    size_t per = ((coll->count + n - 1) / n + 64) * coll->elem; /* any member's slice */
-    if (!(ds->dev_acc = coll->mem->alloc_scratch(per))) return WEFT_ERR_NOMEM;
-    coll->cleanup = direct_cleanup;
+    if (!(ds->dev_acc = coll->device_scratch)) return WEFT_ERR_INTERNAL;
     coll->algo = "direct, cuda ipc";
     ds->phase = INPUT_WAIT;
   }

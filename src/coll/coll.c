@@ -639,11 +639,13 @@ static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_
   weft_coll *coll = &task->coll;
   WEFT_CHECK(coll_begin(comm, task, call, KIND_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0));
   WEFT_CHECK(check_buffers(coll, (weft_coll_span){count, count, 0, 0, SAME_POINTER}));
-  /* device buffers may be reduced where they lie (CUDA IPC, coll_device.c);
-   * not an integer avg, which sums in a 64-bit host buffer (avg_widen) */
-  task->may_map_device = !avg_is_widened(dtype, op);
-  /* staged device buffers: large ones in slices (coll_device.c) */
-  if (!avg_is_widened(dtype, op)) task->slice_start = allreduce_slice_start;
+  /* device buffers may be reduced where they lie (CUDA IPC), or staged in
+   * slices when large (coll_device.c); not an integer avg, which sums in a
+   * 64-bit host buffer (avg_widen) */
+  if (!avg_is_widened(dtype, op)) {
+    task->may_map_device = true;
+    task->slice_start = allreduce_slice_start;
+  }
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {

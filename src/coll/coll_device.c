@@ -38,6 +38,12 @@ struct weft_coll_device {
   int ordinal; /* the device its calls run on */
   weft_mem_stream *stream;
   stage_block pool[STAGE_POOL];
+  /* device scratch of the calls worked on in place (the direct allreduce's
+   * slice sums), grown as needed and kept: a cuMemAlloc and a cuMemFree per
+   * call would cost more than the kernels. Every call's kernels run on the
+   * one stream, in order, so calls in flight at once share it safely. */
+  void *scratch;
+  size_t scratch_bytes;
 };
 
 /* A staged call's part (weft_coll_task.staged). */
@@ -56,9 +62,9 @@ struct weft_coll_staged {
    * advance is inner), and each slice's result is copied back as soon as
    * it is done, so copies both ways overlap the algorithm's other slices */
   int nslices, next;
-  size_t slice_elems, count, elem;
+  size_t slice_elems, count; /* count: the whole call's (coll->count is the slice's) */
   weft_mem_token *slice_in;
-  char *host_send, *host_recv_all, *user_recv_all;
+  char *host_send; /* the whole call's (coll->sendbuf is the slice's) */
   bool running;
   weft_status (*inner)(weft_coll *coll);
 };
@@ -179,6 +185,7 @@ static weft_status device_restage(weft_coll *coll) {
   coll->hint.restage = NULL;
   coll->stream = NULL;
   coll->ready = 0;
+  coll->device_scratch = NULL;
   WEFT_INFO(WEFT_SUBSYS_COLL, "%s #%u: device buffers staged after all: a rank cannot map them",
             coll->call, coll->seq);
   return weft_coll_stage_in(task, &task->span, true);
@@ -210,9 +217,22 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   if (!now && device_in_place_ok(task, send && recv)) {
     /* the buffers stay where they are; the algorithm starts once the
      * user's work queued on them before this call is done */
+    size_t n = (size_t)task->comm->size, need = ((coll->count + n - 1) / n + 64) * coll->elem;
+    if (d->scratch_bytes < need) { /* grown once for a step's largest call */
+      weft_mem_token all = 0;
+      weft_status rc = weft_mem_device.record(d->stream, &all);
+      if (!rc) rc = stage_wait(task, all); /* nothing queued may still use the old one */
+      if (rc) return rc;
+      weft_mem_device.free_scratch(d->scratch);
+      d->scratch = weft_mem_device.alloc_scratch(need);
+      d->scratch_bytes = d->scratch ? need : 0;
+      if (!d->scratch)
+        return staged_fail(task, WEFT_ERR_NOMEM, "no device memory for %zu bytes of scratch", need);
+    }
     weft_status rc = weft_mem_device.stream_after_user(d->stream, task->comm->user_stream);
     if (!rc) rc = weft_mem_device.record(d->stream, &coll->ready);
     if (rc) return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
+    coll->device_scratch = d->scratch;
     coll->mem = &weft_mem_device;
     coll->stream = d->stream;
     coll->hint.restage = device_restage;
@@ -257,10 +277,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
     st->nslices = (int)((elems + per - 1) / per);
     st->slice_elems = per;
     st->count = coll->count;
-    st->elem = coll->elem;
     st->host_send = host_send;
-    st->host_recv_all = host_recv;
-    st->user_recv_all = recv;
     if (!(st->slice_in = calloc((size_t)st->nslices, sizeof *st->slice_in))) rc = WEFT_ERR_NOMEM;
     for (int k = 0; !rc && k < st->nslices; k++) {
       size_t off = (size_t)k * per, n = elems - off < per ? elems - off : per;
@@ -304,7 +321,7 @@ static weft_status sliced_advance(weft_coll *coll) {
          * results are on their way back: stage_out waits for the last */
         coll->count = st->count;
         coll->sendbuf = st->host_send;
-        coll->recvbuf = st->host_recv_all;
+        coll->recvbuf = (char *)st->host_recv;
         WEFT_CHECK(weft_mem_device.user_after_stream(task->comm->user_stream, s));
         st->out_queued = true;
         return WEFT_OK;
@@ -312,8 +329,8 @@ static weft_status sliced_advance(weft_coll *coll) {
       WEFT_STEP(weft_mem_device.poll(s, st->slice_in[st->next]));
       size_t off = (size_t)st->next * st->slice_elems;
       coll->count = st->count - off < st->slice_elems ? st->count - off : st->slice_elems;
-      coll->sendbuf = st->host_send + off * st->elem;
-      coll->recvbuf = st->host_recv_all + off * st->elem;
+      coll->sendbuf = st->host_send + off * coll->elem;
+      coll->recvbuf = (char *)st->host_recv + off * coll->elem;
       /* what the last slice's algorithm held */
       if (coll->cleanup) coll->cleanup(coll);
       coll->cleanup = NULL;
@@ -331,9 +348,9 @@ static weft_status sliced_advance(weft_coll *coll) {
     }
     if (rc != WEFT_OK) return rc;
     size_t off = (size_t)st->next * st->slice_elems;
-    WEFT_CHECK(weft_mem_device.copy_from_host(st->user_recv_all + off * st->elem,
-                                              st->host_recv_all + off * st->elem,
-                                              coll->count * st->elem, s, &st->out));
+    WEFT_CHECK(weft_mem_device.copy_from_host((char *)st->user_recv + off * coll->elem,
+                                              (char *)st->host_recv + off * coll->elem,
+                                              coll->count * coll->elem, s, &st->out));
     st->running = false;
     st->next++;
   }
@@ -414,6 +431,7 @@ void weft_coll_device_free(weft_core *core) {
   struct weft_coll_device *d = core->device;
   if (!d) return;
   weft_cuda_stream_destroy(d->stream); /* waits for what it queued */
+  weft_mem_device.free_scratch(d->scratch);
   for (int i = 0; i < STAGE_POOL; i++)
     if (d->pool[i].ptr) weft_mem_device.free_slots(d->pool[i].ptr, d->pool[i].bytes);
   free(d);
