@@ -4,8 +4,9 @@
 # device memory the host cannot touch and whose work runs late: 1, 2 and 3
 # ranks over shm, 2 over tcp. WEFT_CUDA_LIBRARY names the stand-in.
 #
-# Over shm the allreduce works on the device buffers in place (CUDA IPC, the
-# direct algorithm); each process of the stand-in appends its counters at
+# Over shm every collective works on the device buffers in place (CUDA IPC,
+# the direct rounds: the 3-rank run's trace must show each of the eight
+# take them); each process of the stand-in appends its counters at
 # exit (WEFT_CUDA_EMU_REPORT), so the runs also show which path ran and that
 # every IPC mapping was closed by weft_comm_destroy:
 #   - by default over shm: IPC handles opened, none left open;
@@ -16,6 +17,8 @@
 # And staged allreduces in slices (WEFT_DEVICE_SLICE_BYTES=4096 over tcp, the
 # full counts: up to 64 slices a call), each slice copied off, reduced and
 # copied back on its own: every result right, and the calls said they ran so.
+# And --mixed: rank 0 passes host memory, the others device memory, over shm:
+# every rank fails, and the words say to pass one kind on every rank.
 set -u
 weftrun=$1 check=$2
 [ -n "${WEFT_CUDA_LIBRARY:-}" ] || { echo "skipped: no stand-in"; exit 77; }
@@ -23,7 +26,8 @@ out=/tmp/weft-device-check.$$ report=/tmp/weft-device-report.$$
 rc=0
 # the report's sum of one counter over every process
 sum_of() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) s += $(i + 1)} END {print s + 0}' "$report"; }
-for run in "1 shm -" "2 shm ipc" "3 shm ipc --quick" "2 tcp - --quick" \
+for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp - --quick" \
+           "2 shm mixed --mixed WEFT_TIMEOUT=20" "3 shm mixed --mixed WEFT_TIMEOUT=20" \
            "2 shm noipc --quick WEFT_CUDA_IPC=0" "3 shm refused --quick WEFT_CUDA_EMU_IPC=0 WEFT_DEBUG=INFO" \
            "2 tcp sliced WEFT_DEVICE_SLICE_BYTES=4096 WEFT_DEBUG=TRACE"; do
   set -- $run
@@ -31,16 +35,26 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipc --quick" "2 tcp - --quick" \
   shift 3
   quick= envs=
   for a in "$@"; do
-    case $a in --quick) quick=--quick ;; *=*) envs="$envs $a" ;; esac
+    case $a in --quick|--mixed) quick=$a ;; *=*) envs="$envs $a" ;; esac
   done
   rm -f "$report"
   if env WEFT_TRANSPORT=$tp WEFT_CUDA_EMU_REPORT="$report" $envs \
       "$weftrun" -n "$n" --timeout 240 "$check" $quick > "$out" 2>&1; then
     line="$n ranks over $tp${envs:+ ($envs )}: $(grep -m1 'device-check: rank 0:' "$out" | sed 's/.*rank 0: //')"
+    [ "$want" != mixed ] || line="$n ranks over $tp, rank 0 with host memory: $(grep -c 'device-check: mixed: rank .*: WEFT_ERR' "$out") of $n ranks failed"
     opened=$(sum_of ipc_opened) left=$(sum_of ipc_mappings)
     line="$line; IPC handles opened $opened, left open $left"
     case $want in
       ipc) [ "$opened" -gt 0 ] && [ "$left" -eq 0 ] || { line="$line: FAILED (want opened > 0, none left)"; rc=1; } ;;
+      ipcall) [ "$opened" -gt 0 ] && [ "$left" -eq 0 ] || { line="$line: FAILED (want opened > 0, none left)"; rc=1; }
+        for c in allreduce broadcast reduce allgather reduce_scatter gather scatter alltoall; do
+          grep -q "weft_$c #[0-9]*: .*direct, cuda ipc algorithm" "$out" ||
+            { line="$line: FAILED (weft_$c never ran over CUDA IPC)"; rc=1; }
+        done ;;
+      mixed) # every rank failed, and the words say why
+        [ "$(grep -c 'device-check: mixed: rank .*: WEFT_ERR' "$out")" -eq "$n" ] &&
+          grep -q "pass device memory on every rank or host memory on every rank" "$out" ||
+          { line="$line: FAILED (want every rank to fail, naming the memory kinds)"; rc=1; } ;;
       noipc) [ "$opened" -eq 0 ] && [ "$left" -eq 0 ] || { line="$line: FAILED (want none)"; rc=1; } ;;
       sliced) grep -q "in slices algorithm" "$out" || { line="$line: FAILED (no call ran in slices)"; rc=1; } ;;
       refused) # none opened, and the ranks said they staged after all

@@ -15,7 +15,10 @@
  * the gradient set TSV lists (index, name, shape, numel) as f32 device
  * tensors, one non-blocking allreduce (avg) per tensor waited for together,
  * then the same bytes as one flat buffer; prints ms per step, medians of 20
- * steps after 3 warm-ups. */
+ * steps after 3 warm-ups. --mixed: rank 0 passes host memory to an allreduce,
+ * the others device memory; over shm with CUDA IPC every rank must fail
+ * (prints "device-check: mixed: rank R: STATUS: message"; exit 0 when this
+ * rank's call failed, 1 when it returned OK). */
 #include <time.h>
 #include <math.h>
 #include <stdint.h>
@@ -374,6 +377,23 @@ int main(int argc, char **argv) {
     int rc = resnet(comm, resnet_tsv);
     weft_comm_destroy(comm);
     return rc;
+  }
+  if (argc > 1 && !strcmp(argv[1], "--mixed")) {
+    /* one rank's buffers of the other kind: a bad call that must fail on
+     * every rank, bounded by WEFT_TIMEOUT, never a silent result */
+    enum { N = 4096 };
+    static float host_in[N], host_out[N];
+    CUdeviceptr din = dev_alloc(N * 4), dout = dev_alloc(N * 4);
+    void *in = rank == 0 ? (void *)host_in : (void *)(uintptr_t)din;
+    void *out = rank == 0 ? (void *)host_out : (void *)(uintptr_t)dout;
+    weft_status got = weft_allreduce(comm, in, out, N, WEFT_F32, WEFT_SUM);
+    if (got == WEFT_OK) got = weft_barrier(comm); /* a rank that only sent hears it here */
+    printf("device-check: mixed: rank %d: %s: %s\n", rank, weft_status_name(got),
+           got ? weft_last_error(comm) : "returned OK");
+    cu->mem_free(din);
+    cu->mem_free(dout);
+    weft_comm_destroy(comm);
+    return got == WEFT_OK ? 1 : 0;
   }
   static const weft_dtype dts[] = {WEFT_F32, WEFT_F64, WEFT_F16, WEFT_BF16,
                                    WEFT_I8,  WEFT_U8,  WEFT_I32, WEFT_I64};

@@ -70,6 +70,9 @@ typedef struct weft_algo_hint {
    * makes the call's buffers host copies (staging, coll_device.c) so that
    * the ring can take over; NULL for host buffers */
   weft_status (*restage)(weft_coll *coll);
+  /* direct on device buffers, after restage: starts the collective's host
+   * algorithm on the staged buffers (NULL: the ring allreduce) */
+  weft_status (*host_start)(weft_coll *coll);
 } weft_algo_hint;
 
 /* What a call found out that later calls choose by. Algorithms write it,
@@ -318,5 +321,19 @@ weft_status weft_pairwise_alltoall_start(weft_coll *coll);
 weft_status weft_pairwise_allgather_start(weft_coll *coll);
 weft_status weft_hier_allreduce_start(weft_coll *coll);
 weft_status weft_direct_allreduce_start(weft_coll *coll);
+/* The other collectives on device buffers of ranks on one host, over CUDA
+ * IPC (direct_device.c): the direct allreduce's rounds, each rank reading
+ * straight from its peers' sendbufs what its recvbuf needs. Where a rank
+ * cannot map a buffer, every rank stages (hint.restage) and the
+ * collective's host algorithm runs (hint.host_start), in the same call.
+ * coll->device_scratch: reduce, count elements at the root; reduce-scatter,
+ * count; none for the others. */
+weft_status weft_direct_broadcast_start(weft_coll *coll);
+weft_status weft_direct_reduce_start(weft_coll *coll);
+weft_status weft_direct_allgather_start(weft_coll *coll);
+weft_status weft_direct_reduce_scatter_start(weft_coll *coll);
+weft_status weft_direct_gather_start(weft_coll *coll);
+weft_status weft_direct_scatter_start(weft_coll *coll);
+weft_status weft_direct_alltoall_start(weft_coll *coll);
 
 #endif

@@ -50,6 +50,7 @@
 #include <string.h>
 
 #include "src/algo/algo.h"
+#include "src/algo/direct.h"
 #include "src/base/log.h"
 #include "src/mem/shared_mem.h"
 
@@ -58,8 +59,11 @@
 
 struct weft_direct_msg {
   uint32_t magic;
-  uint32_t shared; /* 1: both buffers lie in weft_mem_alloc memory */
-  weft_mem_desc in, out; /* kind WEFT_MEMORY_SHARED (mem.h) */
+  uint32_t shared; /* 1: both buffers lie in weft_mem_alloc memory (or device memory with an IPC
+                      handle); a plan's: the sendbuf, where this member has one */
+  uint32_t sig;    /* the call's signature: messages alike are the same call's (direct_agreed) */
+  uint32_t unused;
+  weft_mem_desc in, out; /* kind WEFT_MEMORY_SHARED or DEVICE (mem.h); a plan's: `in` only */
 };
 
 /* The question's outcome, for the caller to keep when the call ends. */
@@ -81,6 +85,7 @@ typedef struct direct_state {
   uint32_t *verdicts;
   void *dev_acc;          /* device buffers: the slice's sum (the caller's device scratch) */
   uint64_t reduced;       /* device buffers: the token of the last kernel or copy */
+  const weft_direct_plan *plan; /* another collective's form (direct.h); NULL: the allreduce */
 } direct_state;
 _Static_assert(sizeof(direct_state) <= WEFT_ALGO_STATE_BYTES,
                "direct_state fits weft_coll.algo_state");
@@ -107,11 +112,14 @@ static bool map_all(weft_coll *coll) {
   for (int p = 0; p < coll->size; p++) {
     if (p == coll->rank) continue;
     const struct weft_direct_msg *m = &ds->msgs[p];
+    /* what this rank reads of p's input; the allreduce also writes p's output */
+    if (ds->plan && !ds->plan->reads(coll, p)) continue;
+    size_t reads = ds->plan ? ds->plan->input_bytes(coll, p) : bytes;
     void *in = NULL, *out = NULL;
     weft_status st = WEFT_ERR_MISMATCH;
-    if (m->in.len == bytes && m->out.len == bytes) {
+    if (m->in.len == reads && (ds->plan || m->out.len == bytes)) {
       st = weft_link_map(coll, p, &m->in, &in);
-      if (st == WEFT_OK) st = weft_link_map(coll, p, &m->out, &out);
+      if (st == WEFT_OK && !ds->plan) st = weft_link_map(coll, p, &m->out, &out);
     }
     if (st != WEFT_OK) {
       WEFT_INFO(
@@ -185,8 +193,13 @@ static weft_status direct_reduce_device(weft_coll *coll) {
 /* Not every rank can go direct: the ring, in this same call (device
  * buffers: on host copies of them, hint.restage). */
 static weft_status direct_fall_back(weft_coll *coll) {
+  weft_status (*host_start)(weft_coll *) = coll->hint.host_start;
   if (coll->hint.restage) WEFT_CHECK(coll->hint.restage(coll));
-  WEFT_CHECK(weft_ring_allreduce_start(coll));
+  /* the host algorithm may take scratch of its own (one per call); the
+   * rounds' sends from this one are complete (their phases waited) */
+  weft_coll_scratch_free(coll, coll->scratch);
+  coll->scratch = NULL;
+  WEFT_CHECK(host_start ? host_start(coll) : weft_ring_allreduce_start(coll));
   return coll->advance(coll);
 }
 
@@ -226,7 +239,7 @@ static weft_status direct_advance(weft_coll *coll) {
       for (int p = 0; p < coll->size; p++)
         all_shared = all_shared && ds->msgs[p].magic == DIRECT_MSG_MAGIC && ds->msgs[p].shared;
       /* every rank read the same messages: all fall back together */
-      memo_note(coll, all_shared);
+      if (!ds->plan) memo_note(coll, all_shared);
       if (!all_shared) return direct_fall_back(coll);
       size_t all = (size_t)coll->size * msg;
       const void *agreed = coll->hint.direct_agreed;
@@ -258,7 +271,7 @@ static weft_status direct_advance(weft_coll *coll) {
       WEFT_STEP(msgs_recv_all(coll, &ds->next, ds->verdicts, sizeof *ds->verdicts));
       for (int p = 0; p < coll->size; p++)
         if (!ds->verdicts[p]) {
-          memo_note(coll, false); /* someone cannot map: as good as ordinary memory */
+          if (!ds->plan) memo_note(coll, false); /* someone cannot map: as good as ordinary memory */
           return direct_fall_back(coll);
         }
       coll->outcome.direct_agreed = 1;
@@ -269,7 +282,10 @@ static weft_status direct_advance(weft_coll *coll) {
       /* fall through */
     case REDUCE:
     reduce:
-      if (ds->dev_acc) {
+      if (ds->plan) {
+        ds->reduced = 0;
+        WEFT_CHECK(ds->plan->work(coll, ds->ins, &ds->reduced));
+      } else if (ds->dev_acc) {
         WEFT_CHECK(direct_reduce_device(coll));
       } else {
         direct_reduce(coll);
@@ -277,7 +293,7 @@ static weft_status direct_advance(weft_coll *coll) {
       ds->phase = REDUCE_WAIT;
       /* fall through */
     case REDUCE_WAIT:
-      if (ds->dev_acc) {
+      if (coll->mem->kind == WEFT_MEMORY_DEVICE) {
         WEFT_STEP(coll->mem->poll(coll->stream, ds->reduced));
         coll->link.ops->progressed(coll->link.ctx); /* for the engine's timeout */
       }
@@ -295,7 +311,8 @@ static weft_status direct_advance(weft_coll *coll) {
   }
 }
 
-weft_status weft_direct_allreduce_start(weft_coll *coll) {
+/* The rounds' state and this rank's message; `plan` NULL: the allreduce. */
+static weft_status direct_begin(weft_coll *coll, const weft_direct_plan *plan) {
   direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   size_t n = (size_t)coll->size, bytes = coll->count * coll->elem;
   size_t need = n * sizeof *ds->msgs + 2 * n * sizeof(char *) + n * sizeof *ds->verdicts +
@@ -303,25 +320,49 @@ weft_status weft_direct_allreduce_start(weft_coll *coll) {
   char *s;
   WEFT_CHECK(weft_coll_scratch(coll, need, (void **)&s));
   memset(ds, 0, sizeof *ds);
+  ds->plan = plan;
   ds->msgs = (struct weft_direct_msg *)s;
   ds->ins = (char **)(ds->msgs + n);
   ds->outs = ds->ins + n;
   ds->verdicts = (uint32_t *)(ds->outs + n);
   ds->acc = (void *)(((uintptr_t)(ds->verdicts + n) + 63) & ~(uintptr_t)63);
   memset(ds->msgs, 0, n * sizeof *ds->msgs);
+  memset(ds->ins, 0, 2 * n * sizeof(char *));
   struct weft_direct_msg *mine = &ds->msgs[coll->rank];
   mine->magic = DIRECT_MSG_MAGIC;
-  mine->shared = coll->mem->describe(coll->sendbuf, bytes, &mine->in) &&
-                 coll->mem->describe(coll->recvbuf, bytes, &mine->out);
+  mine->sig = coll->sig;
+  if (plan) {
+    /* a sendbuf of this member's (the plan's peers read nothing where it
+     * has none: a broadcast's non-root) */
+    size_t in_bytes = plan->input_bytes(coll, coll->rank);
+    mine->shared = !in_bytes || coll->mem->describe(coll->sendbuf, in_bytes, &mine->in);
+  } else {
+    mine->shared = coll->mem->describe(coll->sendbuf, bytes, &mine->in) &&
+                   coll->mem->describe(coll->recvbuf, bytes, &mine->out);
+    ds->outs[coll->rank] = coll->recvbuf;
+  }
   ds->ins[coll->rank] = (char *)coll->sendbuf;
-  ds->outs[coll->rank] = coll->recvbuf;
   ds->token = 1;
-  coll->algo = "direct";
   coll->advance = direct_advance;
+  return WEFT_OK;
+}
+
+weft_status weft_direct_allreduce_start(weft_coll *coll) {
+  direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
+  WEFT_CHECK(direct_begin(coll, NULL));
+  coll->algo = "direct";
   if (coll->mem->kind == WEFT_MEMORY_DEVICE) {
     if (!(ds->dev_acc = coll->device_scratch)) return WEFT_ERR_INTERNAL;
     coll->algo = "direct, cuda ipc";
     ds->phase = INPUT_WAIT;
   }
+  return WEFT_OK;
+}
+
+weft_status weft_direct_plan_start(weft_coll *coll, const weft_direct_plan *plan) {
+  if (coll->mem->kind != WEFT_MEMORY_DEVICE) return WEFT_ERR_INTERNAL; /* device buffers only */
+  WEFT_CHECK(direct_begin(coll, plan));
+  coll->algo = plan->algo;
+  WEFT_ALGO_STATE(coll, direct_state)->phase = INPUT_WAIT;
   return WEFT_OK;
 }

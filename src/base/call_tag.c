@@ -32,7 +32,7 @@ void weft_sig_describe(uint32_t sig, char *buf, size_t len) {
   size_t used = 0;
   int grad = s.kind == WEFT_SIG_GRAD_BUCKET;
   weft_appendf(buf, len, &used, "%s", sig_kinds[s.kind].call);
-  if (!sig_kinds[s.kind].has_dtype) return;
+  if (!sig_kinds[s.kind].has_dtype) return; /* no device buffers either */
   weft_appendf(buf, len, &used, grad ? " (%s" : "(%s",
                s.dtype >= 0 ? weft_dtype_name((weft_dtype)s.dtype) : "?");
   if (sig_kinds[s.kind].has_op)
@@ -40,7 +40,8 @@ void weft_sig_describe(uint32_t sig, char *buf, size_t len) {
   if (s.wire >= 0) weft_appendf(buf, len, &used, ", wire %s", weft_dtype_name((weft_dtype)s.wire));
   if (sig_kinds[s.kind].has_root) weft_appendf(buf, len, &used, ", root=%u", s.root);
   weft_appendf(buf, len, &used, ")");
-  if (grad) weft_appendf(buf, len, &used, " in step %u", s.root); /* mod 2^17 */
+  if (grad) weft_appendf(buf, len, &used, " in step %u", s.root); /* mod 2^16 */
+  if (s.in_place_device) weft_appendf(buf, len, &used, " on device memory over CUDA IPC");
 }
 
 weft_status weft_chunk_check(weft_error_sink *sink, int peer, weft_tag tag, weft_tag want,
@@ -61,6 +62,11 @@ weft_status weft_chunk_check(weft_error_sink *sink, int peer, weft_tag tag, weft
                         "peer %d sent data of its collective call #%u, %s, while this rank is in "
                         "call #%u, %s (a rank skipped or added a call)",
                         peer, weft_tag_seq(tag), theirs, weft_tag_seq(want), mine);
+  else if ((weft_tag_sig(tag) ^ weft_tag_sig(want)) == 1u << 15)
+    weft_error_sink_set(sink,
+                        "rank %d called %s as its call #%u, this rank %s: pass device memory on "
+                        "every rank or host memory on every rank",
+                        peer, theirs, weft_tag_seq(want), mine);
   else
     weft_error_sink_set(sink,
                         "rank %d called %s as its call #%u, this rank %s: every rank must make the "

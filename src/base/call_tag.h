@@ -2,7 +2,8 @@
  * tag. The low 32 bits are the call's number on its communicator (its
  * sequence number, the same on every rank for the same call); the high 32
  * bits are the call's signature: which collective, the dtype, the op, the
- * wire dtype and the root (or a gradient bucket's step). A receiver compares
+ * wire dtype, the root (or a gradient bucket's step) and whether it works on
+ * device buffers in place (CUDA IPC). A receiver compares
  * the whole tag with its own call's and fails with WEFT_ERR_MISMATCH naming
  * both calls (weft_chunk_check, error_sink.h), so ranks that disagree on any
  * of these never return OK together, at no cost but four bytes per chunk and
@@ -11,6 +12,7 @@
 #ifndef WEFT_CALL_TAG_H
 #define WEFT_CALL_TAG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,22 +38,27 @@ enum weft_sig_kind {
 };
 
 /* The signature's fields. Unused fields are zero; dtype, op and wire are
- * stored + 1 so that zero means "none"; root (or step) is kept modulo 2^17,
- * enough to tell any two roots of a communicator up to 131072 ranks apart. */
+ * stored + 1 so that zero means "none"; root (or step) is kept modulo 2^16,
+ * enough to tell any two roots of a communicator up to 65536 ranks apart.
+ * in_place_device: the call runs on device buffers where they lie (CUDA
+ * IPC, the direct rounds), which a rank decides from its own buffers' kind:
+ * a rank passing host memory where the others pass device memory sends
+ * other first messages, and the bit names why (issue 37). */
 typedef struct weft_call_sig {
   enum weft_sig_kind kind;
   int dtype; /* weft_dtype, or -1 */
   int op;    /* weft_op, or -1 */
   int wire;  /* the wire dtype, or -1 when off */
   uint32_t root;
+  bool in_place_device;
 } weft_call_sig;
 
-#define WEFT_SIG_ROOT_BITS 17
+#define WEFT_SIG_ROOT_BITS 16
 
 static inline uint32_t weft_sig_pack(weft_call_sig s) {
   return ((uint32_t)s.kind & 0xfu) | ((uint32_t)(s.dtype + 1) & 0xfu) << 4 |
          ((uint32_t)(s.op + 1) & 0x7u) << 8 | ((uint32_t)(s.wire + 1) & 0xfu) << 11 |
-         (s.root & ((1u << WEFT_SIG_ROOT_BITS) - 1)) << 15;
+         (uint32_t)s.in_place_device << 15 | (s.root & ((1u << WEFT_SIG_ROOT_BITS) - 1)) << 16;
 }
 
 static inline weft_call_sig weft_sig_unpack(uint32_t sig) {
@@ -59,7 +66,8 @@ static inline weft_call_sig weft_sig_unpack(uint32_t sig) {
                          .dtype = (int)(sig >> 4 & 0xfu) - 1,
                          .op = (int)(sig >> 8 & 0x7u) - 1,
                          .wire = (int)(sig >> 11 & 0xfu) - 1,
-                         .root = sig >> 15};
+                         .in_place_device = sig >> 15 & 1u,
+                         .root = sig >> 16};
 }
 
 static inline weft_tag weft_tag_make(uint32_t seq, uint32_t sig) {

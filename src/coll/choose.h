@@ -98,10 +98,13 @@ void weft_choice_keep(weft_choice_state *c, const weft_coll *coll);
  * and the chunk size (weft-info prints it). */
 void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *out, size_t len);
 
-/* An allreduce on device buffers worked on where they lie (coll_device.c
- * decided, alike on every rank): the direct algorithm over CUDA IPC, with
- * the messages every rank agreed on last time (the same memory as the host
- * form's). */
-weft_status weft_choose_direct_device(const weft_choice_state *c, weft_coll *coll);
+/* A collective on device buffers worked on where they lie (coll_device.c
+ * decided, alike on every rank): the direct algorithm over CUDA IPC that
+ * `start` starts (weft_direct_allreduce_start, weft_direct_broadcast_start,
+ * ...), with the messages every rank agreed on last time (the same memory
+ * as the host allreduce's; a message names its call, so only the same call
+ * on the same buffers skips the verdict). */
+weft_status weft_choose_direct_device(const weft_choice_state *c, weft_coll *coll,
+                                      weft_status (*start)(weft_coll *coll));
 
 #endif

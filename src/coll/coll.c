@@ -166,7 +166,8 @@ static void coll_sign(weft_coll *coll) {
                      .dtype = k->count_name ? (int)coll_user_dtype(coll) : -1,
                      .op = k->has_op ? (int)coll->op : -1,
                      .wire = weft_wire_on(coll) ? (int)coll->wire : -1,
-                     .root = bucket ? (uint32_t)(step - 1) : k->has_root ? (uint32_t)coll->root : 0};
+                     .root = bucket ? (uint32_t)(step - 1) : k->has_root ? (uint32_t)coll->root : 0,
+                     .in_place_device = TASK(coll)->device_in_place};
   coll->sig = weft_sig_pack(s);
 }
 
@@ -633,6 +634,25 @@ static weft_status coll_start_late(weft_coll *coll) {
   return coll_start(coll, WEFT_OK);
 }
 
+/* Device buffers of ranks on one host may be worked on where they lie (CUDA
+ * IPC, coll_device.c decides): the direct form needs this much device
+ * scratch. Not an integer avg, which sums in a 64-bit host buffer
+ * (avg_widen). */
+static void may_map_device(weft_coll_task *task, size_t scratch_elems) {
+  if (avg_is_widened(task->coll.dtype, task->coll.op)) return;
+  task->may_map_device = true;
+  task->device_scratch_bytes = scratch_elems * task->coll.elem;
+}
+
+/* The direct form over CUDA IPC; `host` starts the collective's host
+ * algorithm should a rank be unable to map a buffer (the buffers are then
+ * staged, and every rank does the same). */
+static weft_status coll_start_direct(weft_coll *coll, weft_status (*direct)(weft_coll *coll),
+                                     weft_status (*host)(weft_coll *coll)) {
+  coll->hint.host_start = host;
+  return coll_start(coll, weft_choose_direct_device(&TASK(coll)->comm->choice, coll, direct));
+}
+
 static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                    const void *sendbuf, void *recvbuf, size_t count,
                                    weft_dtype dtype, weft_op op) {
@@ -642,17 +662,17 @@ static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_
   /* device buffers may be reduced where they lie (CUDA IPC), or staged in
    * slices when large (coll_device.c); not an integer avg, which sums in a
    * 64-bit host buffer (avg_widen) */
-  if (!avg_is_widened(dtype, op)) {
-    task->may_map_device = true;
-    task->slice_start = allreduce_slice_start;
-  }
+  size_t n = (size_t)comm->size;
+  may_map_device(task, (count + n - 1) / n + 64);
+  if (!avg_is_widened(dtype, op)) task->slice_start = allreduce_slice_start;
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
     coll->mem->finish(coll->recvbuf, coll->sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
-  if (task->device_in_place) return coll_start(coll, weft_choose_direct_device(&comm->choice, coll));
+  if (task->device_in_place)
+    return coll_start_direct(coll, weft_direct_allreduce_start, weft_ring_allreduce_start);
   if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, true));
   WEFT_CHECK(coll_wire(coll));
   /* the hosts, should the choice take the hierarchical algorithm */
@@ -660,6 +680,14 @@ static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_
   if (weft_coll_stage_sliced(task)) return coll_start(coll, weft_coll_stage_slices_start(task));
   weft_status st = weft_choose_allreduce(&comm->choice, coll);
   return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
+}
+
+static weft_status broadcast_host_start(weft_coll *coll) {
+  weft_choice_state *c = &TASK(coll)->comm->choice;
+  int fanout = weft_choose_bcast_fanout(c, coll->count * coll->elem, coll->size, coll->chunk_bytes);
+  coll->hint.sends_are_stores = c->sends_are_stores; /* how the binomial tree packs */
+  if (!c->bcast_confirm) return weft_tree_broadcast_start(coll, fanout);
+  return weft_confirmed_broadcast_start(coll, fanout);
 }
 
 static weft_status broadcast_setup(weft_coll_task *task, const char *call, weft_core *comm,
@@ -670,17 +698,21 @@ static weft_status broadcast_setup(weft_coll_task *task, const char *call, weft_
       coll_begin(comm, task, call, KIND_BROADCAST, sendbuf, recvbuf, count, dtype, WEFT_SUM, root));
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (weft_coll_span){at_root ? count : 0, count, 0, 0, SAME_POINTER}));
+  may_map_device(task, 0);
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
     coll->mem->copy(coll->recvbuf, coll->sendbuf, count * coll->elem);
     return WEFT_COLL_DONE;
   }
-  int fanout =
-      weft_choose_bcast_fanout(&comm->choice, count * coll->elem, comm->size, coll->chunk_bytes);
-  coll->hint.sends_are_stores = comm->choice.sends_are_stores; /* how the binomial tree packs */
-  if (!comm->choice.bcast_confirm) return coll_start(coll, weft_tree_broadcast_start(coll, fanout));
-  return coll_start(coll, weft_confirmed_broadcast_start(coll, fanout));
+  if (task->device_in_place)
+    return coll_start_direct(coll, weft_direct_broadcast_start, broadcast_host_start);
+  return coll_start(coll, broadcast_host_start(coll));
+}
+
+static weft_status reduce_host_start(weft_coll *coll) {
+  int fanout = weft_choose_reduce_fanout(&TASK(coll)->comm->choice, coll->count * coll->elem);
+  return weft_tree_reduce_start(coll, fanout);
 }
 
 static weft_status reduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
@@ -690,16 +722,22 @@ static weft_status reduce_setup(weft_coll_task *task, const char *call, weft_cor
   WEFT_CHECK(coll_begin(comm, task, call, KIND_REDUCE, sendbuf, recvbuf, count, dtype, op, root));
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (weft_coll_span){count, at_root ? count : 0, 0, 0, SAME_POINTER}));
+  may_map_device(task, at_root ? count : 0);
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
     coll->mem->finish(coll->recvbuf, coll->sendbuf, count, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
+  if (task->device_in_place)
+    return coll_start_direct(coll, weft_direct_reduce_start, reduce_host_start);
   if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, at_root));
   WEFT_CHECK(coll_wire(coll));
-  int fanout = weft_choose_reduce_fanout(&comm->choice, count * coll->elem);
-  return coll_start(coll, weft_tree_reduce_start(coll, fanout));
+  return coll_start(coll, reduce_host_start(coll));
+}
+
+static weft_status allgather_host_start(weft_coll *coll) {
+  return weft_choose_allgather(&TASK(coll)->comm->choice, coll);
 }
 
 static weft_status allgather_setup(weft_coll_task *task, const char *call, weft_core *comm,
@@ -712,10 +750,17 @@ static weft_status allgather_setup(weft_coll_task *task, const char *call, weft_
   WEFT_CHECK(check_buffers(
       coll, (weft_coll_span){sendcount, n * sendcount, 0, r * sendcount,
                              "in place needs sendbuf == recvbuf + rank*sendcount elements"}));
+  may_map_device(task, 0);
   WEFT_CHECK(coll_take_seq(coll));
   if (sendcount == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
-  return coll_start(coll, weft_choose_allgather(&comm->choice, coll));
+  if (task->device_in_place)
+    return coll_start_direct(coll, weft_direct_allgather_start, allgather_host_start);
+  return coll_start(coll, allgather_host_start(coll));
+}
+
+static weft_status reduce_scatter_host_start(weft_coll *coll) {
+  return weft_choose_reduce_scatter(&TASK(coll)->comm->choice, coll);
 }
 
 static weft_status reduce_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
@@ -728,16 +773,19 @@ static weft_status reduce_scatter_setup(weft_coll_task *task, const char *call, 
   WEFT_CHECK(check_buffers(
       coll, (weft_coll_span){n * recvcount, recvcount, r * recvcount, 0,
                              "in place needs recvbuf == sendbuf + rank*recvcount elements"}));
+  may_map_device(task, recvcount);
   WEFT_CHECK(coll_take_seq(coll));
   if (recvcount == 0) return coll_empty(coll);
   if (n == 1) {
     coll->mem->finish(coll->recvbuf, coll->sendbuf, recvcount, dtype, op, 1);
     return WEFT_COLL_DONE;
   }
+  if (task->device_in_place)
+    return coll_start_direct(coll, weft_direct_reduce_scatter_start, reduce_scatter_host_start);
   if (avg_is_widened(dtype, op))
     WEFT_CHECK(avg_widen(coll, n * recvcount, r * recvcount, recvcount, true));
   WEFT_CHECK(coll_wire(coll));
-  return coll_start(coll, weft_choose_reduce_scatter(&comm->choice, coll));
+  return coll_start(coll, reduce_scatter_host_start(coll));
 }
 
 static weft_status gather_setup(weft_coll_task *task, const char *call, weft_core *comm,
@@ -751,9 +799,12 @@ static weft_status gather_setup(weft_coll_task *task, const char *call, weft_cor
   WEFT_CHECK(check_buffers(
       coll, (weft_coll_span){sendcount, at_root ? n * sendcount : 0, 0, (size_t)root * sendcount,
                              "in place needs sendbuf == recvbuf + root*sendcount elements"}));
+  may_map_device(task, 0);
   WEFT_CHECK(coll_take_seq(coll));
   if (sendcount == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
+  if (task->device_in_place)
+    return coll_start_direct(coll, weft_direct_gather_start, weft_flat_gather_start);
   return coll_start(coll, weft_flat_gather_start(coll));
 }
 
@@ -768,9 +819,12 @@ static weft_status scatter_setup(weft_coll_task *task, const char *call, weft_co
   WEFT_CHECK(check_buffers(
       coll, (weft_coll_span){at_root ? n * recvcount : 0, recvcount, (size_t)root * recvcount, 0,
                              "in place needs recvbuf == sendbuf + root*recvcount elements"}));
+  may_map_device(task, 0);
   WEFT_CHECK(coll_take_seq(coll));
   if (recvcount == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
+  if (task->device_in_place)
+    return coll_start_direct(coll, weft_direct_scatter_start, weft_flat_scatter_start);
   return coll_start(coll, weft_flat_scatter_start(coll));
 }
 
@@ -786,9 +840,12 @@ static weft_status alltoall_setup(weft_coll_task *task, const char *call, weft_c
                            "overwritten before it is sent); pass two separate buffers");
   size_t n = (size_t)comm->size;
   WEFT_CHECK(check_buffers(coll, (weft_coll_span){n * count, n * count, 0, 0, NULL}));
+  may_map_device(task, 0);
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (n == 1) return coll_copy_alone(coll);
+  if (task->device_in_place)
+    return coll_start_direct(coll, weft_direct_alltoall_start, weft_pairwise_alltoall_start);
   return coll_start(coll, weft_pairwise_alltoall_start(coll));
 }
 

@@ -42,9 +42,10 @@ typedef struct weft_coll_task {
   uint8_t token;      /* weft_barrier's one byte */
   weft_coll_span span;             /* what the call touches on this rank (coll.c's checks) */
   struct weft_coll_staged *staged; /* device buffers staged through host memory (coll_device.c) */
-  bool may_map_device;             /* the call may run on device buffers in place (an allreduce
+  bool may_map_device;             /* the call may run on device buffers in place (a collective
                                       the direct algorithm can take: coll_device.c) */
   bool device_in_place;            /* ... and does: CUDA IPC, no staging */
+  size_t device_scratch_bytes;     /* ... with this much device scratch (the reductions') */
   /* staged device buffers may run in slices (coll_device.c): how the call's
    * algorithm starts on one slice; NULL: in one piece */
   weft_status (*slice_start)(weft_coll *coll);

@@ -161,9 +161,9 @@ static weft_status stage_wait(weft_coll_task *task, weft_mem_token token) {
  * setting, one host, shm to every peer), so they take the same algorithm;
  * whether every buffer can be mapped is the algorithm's first question,
  * and a no stages them after all (device_restage). */
-static bool device_in_place_ok(const weft_coll_task *task, bool both) {
+static bool device_in_place_ok(const weft_coll_task *task) {
   const weft_core *comm = task->comm;
-  if (!task->may_map_device || !both || !weft_settings()->cuda_ipc || comm->size < 2 ||
+  if (!task->may_map_device || !weft_settings()->cuda_ipc || comm->size < 2 ||
       comm->hosts.nhosts != 1)
     return false;
   for (int p = 0; p < comm->size; p++) {
@@ -214,10 +214,10 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
                        send_dev, recv_dev);
   struct weft_coll_device *d = NULL;
   WEFT_CHECK(device_state(task, send ? send_dev : recv_dev, &d));
-  if (!now && device_in_place_ok(task, send && recv)) {
+  if (!now && device_in_place_ok(task)) {
     /* the buffers stay where they are; the algorithm starts once the
      * user's work queued on them before this call is done */
-    size_t n = (size_t)task->comm->size, need = ((coll->count + n - 1) / n + 64) * coll->elem;
+    size_t need = task->device_scratch_bytes;
     if (d->scratch_bytes < need) { /* grown once for a step's largest call */
       weft_mem_token all = 0;
       weft_status rc = weft_mem_device.record(d->stream, &all);

@@ -619,9 +619,26 @@ static weft_status device_map_peer(const weft_mem_desc *desc, void **base, void 
   CUdeviceptr p = 0, range_base = 0;
   size_t size = 0;
   CUresult r = ipc_open(&body.handle, &p);
-  if (r != CUDA_SUCCESS)
-    return cuda_fail(errors, r, "cuIpcOpenMemHandle (a peer's buffer)", body.ordinal, NULL,
-                     (size_t)desc->len);
+  if (r != CUDA_SUCCESS) {
+    /* the caller stages instead (the direct rounds' fall-back), every call
+     * alike where GPUs cannot reach each other: a warning once per
+     * process, then the same words at INFO */
+    static atomic_flag warned = ATOMIC_FLAG_INIT;
+    char words[160];
+    weft_cuda_error_words(cuda, r, words, sizeof words);
+    if (errors)
+      weft_error_sink_set(errors, "cuda: cuIpcOpenMemHandle (a peer's buffer) on device %d: %s",
+                          body.ordinal, words);
+    if (!atomic_flag_test_and_set(&warned))
+      WEFT_WARN(WEFT_SUBSYS_COLL,
+                "cuda: cuIpcOpenMemHandle (a peer's buffer) on device %d: %s; such calls are "
+                "staged through host memory (said once)",
+                body.ordinal, words);
+    else
+      WEFT_INFO(WEFT_SUBSYS_COLL, "cuda: cuIpcOpenMemHandle (a peer's buffer) on device %d: %s",
+                body.ordinal, words);
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? WEFT_ERR_NOMEM : WEFT_ERR_SYSTEM;
+  }
   /* bounds from what is mapped here, never from the peer's word alone */
   r = cuda->mem_get_address_range(&range_base, &size, p);
   if (r != CUDA_SUCCESS || body.offset > size || desc->len > size - body.offset) {
