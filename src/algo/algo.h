@@ -137,6 +137,10 @@ struct weft_coll {
    * wrong; a phase's links write its call's, so a phase's stays unused. */
   int fail_peer;
   void *scratch; /* weft_coll_scratch's memory, freed when the call ends */
+  /* an algorithm's scratch that it handed over with the call (the direct
+   * rounds to their fall-back: sends from it may still be in flight, and
+   * the new algorithm may take scratch of its own), freed when the call ends */
+  void *handed_over_scratch;
   weft_status (*advance)(weft_coll *coll);
   void (*cleanup)(weft_coll *coll); /* releases what the algorithm holds besides scratch */
   _Alignas(max_align_t) unsigned char algo_state[WEFT_ALGO_STATE_BYTES];
@@ -202,6 +206,8 @@ weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out);
 /* Frees memory weft_coll_scratch gave `coll` (NULL is a no-op), through
  * the same table: the caller clears coll->scratch. */
 void weft_coll_scratch_free(weft_coll *coll, void *scratch);
+/* Frees coll->scratch and coll->handed_over_scratch: the call has ended. */
+void weft_coll_scratch_release(weft_coll *coll);
 
 /* Whether the call carries its f32 data as wire (above), and the bytes
  * of `cnt` elements there. */

@@ -196,8 +196,9 @@ static weft_status direct_fall_back(weft_coll *coll) {
   weft_status (*host_start)(weft_coll *) = coll->hint.host_start;
   if (coll->hint.restage) WEFT_CHECK(coll->hint.restage(coll));
   /* the host algorithm may take scratch of its own (one per call); the
-   * rounds' sends from this one are complete (their phases waited) */
-  weft_coll_scratch_free(coll, coll->scratch);
+   * rounds' last sends may still read this one until the call ends */
+  if (coll->handed_over_scratch) return WEFT_ERR_INTERNAL; /* one hand-over per call */
+  coll->handed_over_scratch = coll->scratch;
   coll->scratch = NULL;
   WEFT_CHECK(host_start ? host_start(coll) : weft_ring_allreduce_start(coll));
   return coll->advance(coll);

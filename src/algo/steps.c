@@ -34,6 +34,12 @@ void weft_coll_scratch_free(weft_coll *coll, void *scratch) {
   scratch_mem(coll)->free_scratch(scratch);
 }
 
+void weft_coll_scratch_release(weft_coll *coll) {
+  weft_coll_scratch_free(coll, coll->scratch);
+  weft_coll_scratch_free(coll, coll->handed_over_scratch);
+  coll->scratch = coll->handed_over_scratch = NULL;
+}
+
 void weft_chunk_range(size_t k, size_t chunk_elems, size_t count, size_t *off, size_t *cnt) {
   size_t start = k * chunk_elems < count ? k * chunk_elems : count;
   *off = start;

@@ -446,8 +446,7 @@ static weft_status check_start(weft_coll *coll) {
  * call and tells the peers, which would otherwise wait for this rank until
  * their timeout. */
 static weft_status coll_start_failed(weft_coll *coll, weft_status started) {
-  weft_coll_scratch_free(coll, coll->scratch);
-  coll->scratch = NULL;
+  weft_coll_scratch_release(coll);
   weft_coll_release(TASK(coll));
   return coll_fail(coll, started, "could not start the algorithm: %s", weft_strerror(started));
 }

@@ -11,8 +11,7 @@ void weft_request_complete(weft_request *req, weft_status st) {
   weft_coll *coll = &req->task.coll;
   if (coll->cleanup) coll->cleanup(coll);
   weft_coll_release(&req->task);
-  weft_coll_scratch_free(coll, coll->scratch);
-  coll->scratch = NULL;
+  weft_coll_scratch_release(coll);
   req->status = st;
   atomic_store_explicit(&req->done, 1, memory_order_release);
 }
