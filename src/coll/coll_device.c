@@ -67,6 +67,10 @@ struct weft_coll_staged {
   char *host_send; /* the whole call's (coll->sendbuf is the slice's) */
   bool running;
   weft_status (*inner)(weft_coll *coll);
+  /* the finished slices' algorithm scratch: a transport may still read a
+   * slice's last sends from it (tcp, a full socket) until the call ends */
+  void **spent;
+  int nspent;
 };
 
 static weft_status staged_fail(weft_coll_task *task, weft_status st, const char *fmt, ...)
@@ -278,7 +282,9 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
     st->slice_elems = per;
     st->count = coll->count;
     st->host_send = host_send;
-    if (!(st->slice_in = calloc((size_t)st->nslices, sizeof *st->slice_in))) rc = WEFT_ERR_NOMEM;
+    st->slice_in = calloc((size_t)st->nslices, sizeof *st->slice_in);
+    st->spent = calloc(2 * (size_t)st->nslices, sizeof *st->spent);
+    if (!st->slice_in || !st->spent) rc = WEFT_ERR_NOMEM;
     for (int k = 0; !rc && k < st->nslices; k++) {
       size_t off = (size_t)k * per, n = elems - off < per ? elems - off : per;
       rc = weft_mem_device.copy_to_host(host_send + off * coll->elem, (const char *)send + off * coll->elem,
@@ -331,11 +337,13 @@ static weft_status sliced_advance(weft_coll *coll) {
       coll->count = st->count - off < st->slice_elems ? st->count - off : st->slice_elems;
       coll->sendbuf = st->host_send + off * coll->elem;
       coll->recvbuf = (char *)st->host_recv + off * coll->elem;
-      /* what the last slice's algorithm held */
+      /* what the last slice's algorithm held; its scratch is kept until
+       * the call ends (spent) */
       if (coll->cleanup) coll->cleanup(coll);
       coll->cleanup = NULL;
-      weft_coll_scratch_free(coll, coll->scratch);
-      coll->scratch = NULL;
+      if (coll->scratch) st->spent[st->nspent++] = coll->scratch;
+      if (coll->handed_over_scratch) st->spent[st->nspent++] = coll->handed_over_scratch;
+      coll->scratch = coll->handed_over_scratch = NULL;
       WEFT_CHECK(task->slice_start(coll));
       st->inner = coll->advance;
       coll->advance = sliced_advance;
@@ -422,6 +430,8 @@ void weft_coll_stage_release(weft_coll_task *task) {
     }
     weft_mem_device.free_slots(st->own, st->own_bytes);
   }
+  for (int i = 0; i < st->nspent; i++) weft_coll_scratch_free(&task->coll, st->spent[i]);
+  free(st->spent);
   free(st->slice_in);
   free(st);
   task->staged = NULL;
