@@ -14,7 +14,7 @@
 #   - WEFT_CUDA_EMU_IPC=0 (every open refused, as between GPUs without
 #     peer access): none opened, and every result still right (the ranks
 #     stage their buffers after all and the ring runs, in the same call).
-# And staged allreduces in slices (WEFT_DEVICE_SLICE_BYTES=4096 over tcp, the
+# And staged allreduces, broadcasts and reduces in slices (WEFT_DEVICE_SLICE_BYTES=4096 over tcp, the
 # full counts: up to 64 slices a call), each slice copied off, reduced and
 # copied back on its own: every result right, and the calls said they ran so.
 # And --mixed: rank 0 passes host memory, the others device memory, over shm:
@@ -56,7 +56,11 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
           grep -q "pass device memory on every rank or host memory on every rank" "$out" ||
           { line="$line: FAILED (want every rank to fail, naming the memory kinds)"; rc=1; } ;;
       noipc) [ "$opened" -eq 0 ] && [ "$left" -eq 0 ] || { line="$line: FAILED (want none)"; rc=1; } ;;
-      sliced) grep -q "in slices algorithm" "$out" || { line="$line: FAILED (no call ran in slices)"; rc=1; } ;;
+      sliced)
+        for c in allreduce broadcast reduce; do
+          grep -q "weft_$c #[0-9]*: .*in slices algorithm" "$out" ||
+            { line="$line: FAILED (no weft_$c ran in slices)"; rc=1; }
+        done ;;
       refused) # none opened, and the ranks said they staged after all
         [ "$opened" -eq 0 ] && [ "$left" -eq 0 ] && grep -q "staged after all" "$out" ||
           { line="$line: FAILED (want none opened and the fallback)"; rc=1; } ;;

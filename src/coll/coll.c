@@ -698,6 +698,7 @@ static weft_status broadcast_setup(weft_coll_task *task, const char *call, weft_
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (weft_coll_span){at_root ? count : 0, count, 0, 0, SAME_POINTER}));
   may_map_device(task, 0);
+  task->slice_start = broadcast_host_start; /* staged device buffers: in slices when large */
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
@@ -706,6 +707,7 @@ static weft_status broadcast_setup(weft_coll_task *task, const char *call, weft_
   }
   if (task->device_in_place)
     return coll_start_direct(coll, weft_direct_broadcast_start, broadcast_host_start);
+  if (weft_coll_stage_sliced(task)) return coll_start(coll, weft_coll_stage_slices_start(task));
   return coll_start(coll, broadcast_host_start(coll));
 }
 
@@ -722,6 +724,7 @@ static weft_status reduce_setup(weft_coll_task *task, const char *call, weft_cor
   bool at_root = comm->rank == root;
   WEFT_CHECK(check_buffers(coll, (weft_coll_span){count, at_root ? count : 0, 0, 0, SAME_POINTER}));
   may_map_device(task, at_root ? count : 0);
+  if (!avg_is_widened(dtype, op)) task->slice_start = reduce_host_start;
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
@@ -732,6 +735,7 @@ static weft_status reduce_setup(weft_coll_task *task, const char *call, weft_cor
     return coll_start_direct(coll, weft_direct_reduce_start, reduce_host_start);
   if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, at_root));
   WEFT_CHECK(coll_wire(coll));
+  if (weft_coll_stage_sliced(task)) return coll_start(coll, weft_coll_stage_slices_start(task));
   return coll_start(coll, reduce_host_start(coll));
 }
 

@@ -47,7 +47,8 @@ typedef struct weft_coll_task {
   bool device_in_place;            /* ... and does: CUDA IPC, no staging */
   size_t device_scratch_bytes;     /* ... with this much device scratch (the reductions') */
   /* staged device buffers may run in slices (coll_device.c): how the call's
-   * algorithm starts on one slice; NULL: in one piece */
+   * algorithm starts on one slice (a collective whose buffers each hold
+   * count elements: allreduce, broadcast, reduce); NULL: in one piece */
   weft_status (*slice_start)(weft_coll *coll);
   /* room for the context of its links (a weft_call_links) */
   _Alignas(max_align_t) unsigned char link_ctx[WEFT_LINK_CTX_BYTES];

@@ -273,19 +273,22 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   task->staged = st;
   weft_status rc = weft_mem_device.stream_after_user(d->stream, task->comm->user_stream);
   size_t slice = weft_settings()->device_slice_bytes;
-  if (!rc && !now && task->slice_start && send && recv && (!joined || s == r) && slice &&
-      send_bytes == recv_bytes && send_bytes >= 2 * slice) {
+  /* slices: a collective whose buffers each hold count elements on every
+   * rank where it has them (allreduce, broadcast, reduce: the setup says
+   * so with slice_start), so every rank cuts alike from the count alone */
+  if (!rc && !now && task->slice_start && (!joined || s == r) && slice &&
+      coll->count * coll->elem >= 2 * slice) {
     /* at most 64 slices, each a whole number of elements */
-    size_t elems = span->send_elems, per = (slice + coll->elem - 1) / coll->elem;
+    size_t elems = coll->count, per = (slice + coll->elem - 1) / coll->elem;
     if ((elems + per - 1) / per > 64) per = (elems + 63) / 64;
     st->nslices = (int)((elems + per - 1) / per);
     st->slice_elems = per;
     st->count = coll->count;
-    st->host_send = host_send;
+    st->host_send = send ? host_send : NULL;
     st->slice_in = calloc((size_t)st->nslices, sizeof *st->slice_in);
     st->spent = calloc(2 * (size_t)st->nslices, sizeof *st->spent);
     if (!st->slice_in || !st->spent) rc = WEFT_ERR_NOMEM;
-    for (int k = 0; !rc && k < st->nslices; k++) {
+    for (int k = 0; !rc && send && k < st->nslices; k++) {
       size_t off = (size_t)k * per, n = elems - off < per ? elems - off : per;
       rc = weft_mem_device.copy_to_host(host_send + off * coll->elem, (const char *)send + off * coll->elem,
                                         n * coll->elem, d->stream, &st->slice_in[k]);
@@ -332,11 +335,13 @@ static weft_status sliced_advance(weft_coll *coll) {
         st->out_queued = true;
         return WEFT_OK;
       }
-      WEFT_STEP(weft_mem_device.poll(s, st->slice_in[st->next]));
+      if (st->host_send) WEFT_STEP(weft_mem_device.poll(s, st->slice_in[st->next]));
       size_t off = (size_t)st->next * st->slice_elems;
       coll->count = st->count - off < st->slice_elems ? st->count - off : st->slice_elems;
-      coll->sendbuf = st->host_send + off * coll->elem;
-      coll->recvbuf = (char *)st->host_recv + off * coll->elem;
+      /* a buffer this rank does not have stays NULL (a broadcast's
+       * non-root sends nothing, a reduce's non-root receives nothing) */
+      coll->sendbuf = st->host_send ? st->host_send + off * coll->elem : NULL;
+      coll->recvbuf = st->host_recv ? (char *)st->host_recv + off * coll->elem : NULL;
       /* what the last slice's algorithm held; its scratch is kept until
        * the call ends (spent) */
       if (coll->cleanup) coll->cleanup(coll);
@@ -356,9 +361,10 @@ static weft_status sliced_advance(weft_coll *coll) {
     }
     if (rc != WEFT_OK) return rc;
     size_t off = (size_t)st->next * st->slice_elems;
-    WEFT_CHECK(weft_mem_device.copy_from_host((char *)st->user_recv + off * coll->elem,
-                                              (char *)st->host_recv + off * coll->elem,
-                                              coll->count * coll->elem, s, &st->out));
+    if (st->user_recv)
+      WEFT_CHECK(weft_mem_device.copy_from_host((char *)st->user_recv + off * coll->elem,
+                                                (char *)st->host_recv + off * coll->elem,
+                                                coll->count * coll->elem, s, &st->out));
     st->running = false;
     st->next++;
   }

@@ -35,8 +35,9 @@ weft_status weft_coll_stage_out(weft_coll_task *task);
 /* The same, waited for here (a call that completes in its setup). */
 weft_status weft_coll_stage_out_now(weft_coll_task *task);
 
-/* Staged in slices (an allreduce of at least twice WEFT_DEVICE_SLICE_BYTES
- * whose setup set task->slice_start): stage_in queued one copy per slice,
+/* Staged in slices (an allreduce, broadcast or reduce of at least twice
+ * WEFT_DEVICE_SLICE_BYTES whose setup set task->slice_start: each buffer a
+ * rank has holds count elements): stage_in queued one copy per slice,
  * and the call's advance becomes the slices' (slices_start), which starts
  * the algorithm on each slice with task->slice_start once its copy is done
  * and copies each slice's result back as soon as it is done. */
