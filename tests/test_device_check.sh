@@ -19,6 +19,10 @@
 # copied back on its own: every result right, and the calls said they ran so.
 # And --mixed: rank 0 passes host memory, the others device memory, over shm:
 # every rank fails, and the words say to pass one kind on every rank.
+# And --resnet: ResNet-50's 161 gradients as one non-blocking allreduce each,
+# issued together, over CUDA IPC (sizes that grow call by call: the device
+# scratch a call in flight uses must outlive a later call's growth), each
+# peer buffer opened once, not again every step.
 set -u
 weftrun=$1 check=$2
 [ -n "${WEFT_CUDA_LIBRARY:-}" ] || { echo "skipped: no stand-in"; exit 77; }
@@ -28,6 +32,7 @@ rc=0
 sum_of() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) s += $(i + 1)} END {print s + 0}' "$report"; }
 for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp - --quick" \
            "2 shm mixed --mixed WEFT_TIMEOUT=20" "3 shm mixed --mixed WEFT_TIMEOUT=20" \
+           "2 shm resnet --resnet WEFT_TIMEOUT=60" \
            "2 shm noipc --quick WEFT_CUDA_IPC=0" "3 shm refused --quick WEFT_CUDA_EMU_IPC=0 WEFT_DEBUG=INFO" \
            "2 tcp sliced WEFT_DEVICE_SLICE_BYTES=4096 WEFT_DEBUG=TRACE"; do
   set -- $run
@@ -35,12 +40,17 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
   shift 3
   quick= envs=
   for a in "$@"; do
-    case $a in --quick|--mixed) quick=$a ;; *=*) envs="$envs $a" ;; esac
+    case $a in
+      --quick|--mixed) quick=$a ;;
+      --resnet) quick="--resnet $(dirname "$0")/../tools/data/resnet50_grads.tsv" ;;
+      *=*) envs="$envs $a" ;;
+    esac
   done
   rm -f "$report"
   if env WEFT_TRANSPORT=$tp WEFT_CUDA_EMU_REPORT="$report" $envs \
       "$weftrun" -n "$n" --timeout 240 "$check" $quick > "$out" 2>&1; then
     line="$n ranks over $tp${envs:+ ($envs )}: $(grep -m1 'device-check: rank 0:' "$out" | sed 's/.*rank 0: //')"
+    [ "$want" != resnet ] || line="$n ranks over $tp: $(grep -m1 'resnet:' "$out" | sed 's/.*resnet: //')"
     [ "$want" != mixed ] || line="$n ranks over $tp, rank 0 with host memory: $(grep -c 'device-check: mixed: rank .*: WEFT_ERR' "$out") of $n ranks failed"
     opened=$(sum_of ipc_opened) left=$(sum_of ipc_mappings)
     line="$line; IPC handles opened $opened, left open $left"
@@ -51,6 +61,10 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
           grep -q "weft_$c #[0-9]*: .*direct, cuda ipc algorithm" "$out" ||
             { line="$line: FAILED (weft_$c never ran over CUDA IPC)"; rc=1; }
         done ;;
+      resnet) # and each rank opened each peer buffer once (161 tensors, one flat buffer),
+        # not again every step (the shm transport's cache of mappings)
+        grep -q "resnet: 161 tensors" "$out" && [ "$opened" -le $((n * 162)) ] ||
+          { line="$line: FAILED (want a figure, at most $((n * 162)) IPC opens)"; rc=1; } ;;
       mixed) # every rank failed, and the words say why
         [ "$(grep -c 'device-check: mixed: rank .*: WEFT_ERR' "$out")" -eq "$n" ] &&
           grep -q "pass device memory on every rank or host memory on every rank" "$out" ||

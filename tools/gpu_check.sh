@@ -15,13 +15,15 @@
 #   info        weft-info: what CUDA support was built and whether it runs here
 #   device N    every collective x dtype x op on device buffers, N = 1..4 ranks
 #               sharing the GPU (tools/weft_device_check.c), in and out of place;
-#               the allreduce from 2 ranks goes through CUDA IPC (the direct
-#               algorithm), the rest is staged through pinned host memory
+#               from 2 ranks every collective goes through CUDA IPC (the direct
+#               rounds) but an integer avg's, which is staged through pinned host
+#               memory
 #   tcp         the same over tcp, 2 ranks (--quick)
 #   sanitizer   compute-sanitizer memcheck on 2 ranks (--quick)
 #   bench       weft-bench on device buffers (-G), 8 B / 64 MiB / 256 MiB, 2 and 4
 #               ranks, plain (CUDA IPC), staged (WEFT_CUDA_IPC=0: through pinned host
-#               memory) and under MPS (the daemon is started and stopped here)
+#               memory) and under MPS (the daemon is started and stopped here);
+#               a 64 MiB broadcast over IPC and staged
 #   resnet      the ResNet-50 gradient set as device tensors, 2 ranks: one
 #               non-blocking allreduce per tensor, and one flat buffer
 #   torch cuda  weft.torch with CUDA tensors (tests/torch/ranks.py --device cuda):
@@ -149,16 +151,16 @@ fi
 
 # ---- figures ----------------------------------------------------------------------
 # weft-bench -G: device buffers; one size per run so each row has its time
-bench() { # LABEL RANKS SIZE TARGET_US
+bench() { # LABEL RANKS SIZE TARGET_US (bench_coll: another collective than allreduce)
   log="$out/bench-$1-$2-$3.log"
   env ${bench_env:-} timeout "$(limit 40)" "$bin/weftrun" -n "$2" "$bin/weft-bench" -G -b "$3" -e "$3" \
-    -n 20 -w 5 > "$log" 2>&1
+    -C "${bench_coll:-allreduce}" -n 20 -w 5 > "$log" 2>&1
   # rank 0's row: [0] size count type redop root time(us) algbw busbw #wrong ...
   us=$(awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ {print $7; exit}' "$log")
   if [ -z "$us" ]; then
     row "bench $1" FAIL "$2 ranks, $3: no figure; see $(basename "$log")"
   else
-    row "bench $1" PASS "$2 ranks, $3 B, allreduce out of place" "$us us" "$4"
+    row "bench $1" PASS "$2 ranks, $3 B, ${bench_coll:-allreduce} out of place" "$us us" "$4"
   fi
 }
 bench plain 2 8 "(MPS: <= 100 us)"
@@ -169,7 +171,10 @@ bench plain 4 67108864 ""
 bench_env=WEFT_CUDA_IPC=0 bench staged 2 67108864 "(plain: IPC)"
 # and staged in one piece: what the slices' overlap buys
 bench_env="WEFT_CUDA_IPC=0 WEFT_DEVICE_SLICE_BYTES=0" bench whole 2 67108864 "(staged: in slices)"
-bench_env=
+# a broadcast (parameters from rank 0) over CUDA IPC, and staged
+bench_coll=broadcast bench bcast 2 67108864 "(bcast staged: IPC)"
+bench_env=WEFT_CUDA_IPC=0 bench_coll=broadcast bench bcast-staged 2 67108864 ""
+bench_env= bench_coll= # (dash keeps assignments made before a function call)
 if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
   export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY

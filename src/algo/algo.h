@@ -73,6 +73,11 @@ typedef struct weft_algo_hint {
   /* direct on device buffers, after restage: starts the collective's host
    * algorithm on the staged buffers (NULL: the ring allreduce) */
   weft_status (*host_start)(weft_coll *coll);
+  /* direct on device buffers: sets coll->device_scratch, right before the
+   * call queues the kernels that use it (the caller keeps one for every
+   * call, grown when a call needs more: a pointer taken at issue could be
+   * freed by a later call's growth). Errors are worded in the link's sink. */
+  weft_status (*device_scratch)(weft_coll *coll);
 } weft_algo_hint;
 
 /* What a call found out that later calls choose by. Algorithms write it,
@@ -125,7 +130,11 @@ struct weft_coll {
    * point where the user's earlier work on the buffers is done */
   struct weft_mem_stream *stream;
   uint64_t ready;
-  void *device_scratch; /* the caller's, ((count + size - 1) / size + 64) elements */
+  /* the caller's device scratch (the direct rounds' sums: allreduce,
+   * ((count + size - 1) / size + 64) elements; reduce, count at the root;
+   * reduce-scatter, count), set by hint.device_scratch when the call's
+   * kernels are queued, never sooner */
+  void *device_scratch;
   uint32_t seq; /* the call's number on its communicator */
   uint32_t sig; /* the call's signature (call_tag.h): with seq, every chunk's tag */
   weft_algo_hint hint;
@@ -332,8 +341,8 @@ weft_status weft_direct_allreduce_start(weft_coll *coll);
  * straight from its peers' sendbufs what its recvbuf needs. Where a rank
  * cannot map a buffer, every rank stages (hint.restage) and the
  * collective's host algorithm runs (hint.host_start), in the same call.
- * coll->device_scratch: reduce, count elements at the root; reduce-scatter,
- * count; none for the others. */
+ * coll->device_scratch (hint.device_scratch): reduce, count elements at the
+ * root; reduce-scatter, count; none for the others. */
 weft_status weft_direct_broadcast_start(weft_coll *coll);
 weft_status weft_direct_reduce_start(weft_coll *coll);
 weft_status weft_direct_allgather_start(weft_coll *coll);

@@ -83,7 +83,7 @@ typedef struct direct_state {
    * ring takes over in the same call, its state overwrites this one while
    * the verdict's sends may still read their source. */
   uint32_t *verdicts;
-  void *dev_acc;          /* device buffers: the slice's sum (the caller's device scratch) */
+  void *dev_acc;          /* device buffers: the slice's sum (coll->device_scratch, once taken) */
   uint64_t reduced;       /* device buffers: the token of the last kernel or copy */
   const weft_direct_plan *plan; /* another collective's form (direct.h); NULL: the allreduce */
 } direct_state;
@@ -283,10 +283,14 @@ static weft_status direct_advance(weft_coll *coll) {
       /* fall through */
     case REDUCE:
     reduce:
+      if (coll->mem->kind == WEFT_MEMORY_DEVICE && coll->hint.device_scratch) {
+        WEFT_CHECK(coll->hint.device_scratch(coll)); /* now, not at issue: its rule */
+        ds->dev_acc = coll->device_scratch;
+      }
       if (ds->plan) {
         ds->reduced = 0;
         WEFT_CHECK(ds->plan->work(coll, ds->ins, &ds->reduced));
-      } else if (ds->dev_acc) {
+      } else if (coll->mem->kind == WEFT_MEMORY_DEVICE) {
         WEFT_CHECK(direct_reduce_device(coll));
       } else {
         direct_reduce(coll);
@@ -353,7 +357,7 @@ weft_status weft_direct_allreduce_start(weft_coll *coll) {
   WEFT_CHECK(direct_begin(coll, NULL));
   coll->algo = "direct";
   if (coll->mem->kind == WEFT_MEMORY_DEVICE) {
-    if (!(ds->dev_acc = coll->device_scratch)) return WEFT_ERR_INTERNAL;
+    if (!coll->hint.device_scratch) return WEFT_ERR_INTERNAL; /* the slice's sum */
     coll->algo = "direct, cuda ipc";
     ds->phase = INPUT_WAIT;
   }

@@ -38,10 +38,10 @@ struct weft_coll_device {
   int ordinal; /* the device its calls run on */
   weft_mem_stream *stream;
   stage_block pool[STAGE_POOL];
-  /* device scratch of the calls worked on in place (the direct allreduce's
-   * slice sums), grown as needed and kept: a cuMemAlloc and a cuMemFree per
-   * call would cost more than the kernels. Every call's kernels run on the
-   * one stream, in order, so calls in flight at once share it safely. */
+  /* device scratch of the calls worked on in place (the direct rounds'
+   * sums), grown as needed and kept: a cuMemAlloc and a cuMemFree per call
+   * would cost more than the kernels. Taken by a call only when it queues
+   * its kernels (device_scratch_take): calls run one at a time. */
   void *scratch;
   size_t scratch_bytes;
 };
@@ -180,6 +180,53 @@ static bool device_in_place_ok(const weft_coll_task *task) {
   return true;
 }
 
+/* The communicator's device scratch for the call whose kernels are about to
+ * be queued, grown when it needs more (hint.device_scratch). Taken then, by
+ * the driver at the head of the queue, never at issue: calls run one at a
+ * time and the direct rounds wait for their kernels before they end, so
+ * only a failed call's work may still use the old block, and the growth
+ * waits for everything queued before it frees it. (Taken at issue, a
+ * pointer held by a call in flight was freed by a larger call issued after
+ * it: gpu_check.sh's ResNet stage found it on the stand-in.) */
+static weft_status device_scratch_take(weft_coll *coll) {
+  weft_coll_task *task = weft_coll_task_of(coll);
+  struct weft_coll_device *d = task->comm->device;
+  size_t need = task->device_scratch_bytes;
+  char why[256];
+  if (!need) return WEFT_OK; /* a copy only (broadcast, gather, ...; a reduce's non-root) */
+  if (d->scratch_bytes < need || !d->scratch) { /* grown once for a step's largest call */
+    weft_mem_token all = 0;
+    weft_status st = weft_mem_device.record(d->stream, &all);
+    double deadline = weft_now() + task->comm->fail.timeout_s;
+    if (!st) do { /* nothing queued may still use the old block */
+        st = weft_mem_device.poll(d->stream, all);
+      } while (st == WEFT_AGAIN && weft_now() < deadline);
+    if (st == WEFT_AGAIN) {
+      snprintf(why, sizeof why,
+               "earlier work on the communicator's stream did not complete in %.1f s "
+               "(WEFT_TIMEOUT), so its device scratch could not be grown",
+               task->comm->fail.timeout_s);
+      coll->link.ops->set_error(coll->link.ctx, why);
+      return WEFT_ERR_TIMEOUT;
+    }
+    if (st) {
+      coll->link.ops->set_error(coll->link.ctx, task->comm->links.sink.msg);
+      return st;
+    }
+    weft_mem_device.free_scratch(d->scratch);
+    size_t grown = need < 4096 ? 4096 : need;
+    d->scratch = weft_mem_device.alloc_scratch(grown);
+    d->scratch_bytes = d->scratch ? grown : 0;
+    if (!d->scratch) {
+      snprintf(why, sizeof why, "no device memory for %zu bytes of scratch", grown);
+      coll->link.ops->set_error(coll->link.ctx, why);
+      return WEFT_ERR_NOMEM;
+    }
+  }
+  coll->device_scratch = d->scratch;
+  return WEFT_OK;
+}
+
 /* The direct algorithm found a buffer some rank cannot map: this rank's go
  * through host memory after all (every rank does the same), waited for
  * here, and the ring runs on them. */
@@ -190,6 +237,7 @@ static weft_status device_restage(weft_coll *coll) {
   coll->stream = NULL;
   coll->ready = 0;
   coll->device_scratch = NULL;
+  coll->hint.device_scratch = NULL;
   WEFT_INFO(WEFT_SUBSYS_COLL, "%s #%u: device buffers staged after all: a rank cannot map them",
             coll->call, coll->seq);
   return weft_coll_stage_in(task, &task->span, true);
@@ -221,22 +269,11 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   if (!now && device_in_place_ok(task)) {
     /* the buffers stay where they are; the algorithm starts once the
      * user's work queued on them before this call is done */
-    size_t need = task->device_scratch_bytes;
-    if (d->scratch_bytes < need) { /* grown once for a step's largest call */
-      weft_mem_token all = 0;
-      weft_status rc = weft_mem_device.record(d->stream, &all);
-      if (!rc) rc = stage_wait(task, all); /* nothing queued may still use the old one */
-      if (rc) return rc;
-      weft_mem_device.free_scratch(d->scratch);
-      d->scratch = weft_mem_device.alloc_scratch(need);
-      d->scratch_bytes = d->scratch ? need : 0;
-      if (!d->scratch)
-        return staged_fail(task, WEFT_ERR_NOMEM, "no device memory for %zu bytes of scratch", need);
-    }
     weft_status rc = weft_mem_device.stream_after_user(d->stream, task->comm->user_stream);
     if (!rc) rc = weft_mem_device.record(d->stream, &coll->ready);
     if (rc) return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
-    coll->device_scratch = d->scratch;
+    coll->device_scratch = NULL; /* taken when its kernels are queued (device_scratch_take) */
+    coll->hint.device_scratch = device_scratch_take;
     coll->mem = &weft_mem_device;
     coll->stream = d->stream;
     coll->hint.restage = device_restage;

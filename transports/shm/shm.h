@@ -128,8 +128,12 @@ const char *shm_segment_check(const shm_segment_info *info, uint32_t nslots, uin
 
 /* A peer's buffer mapped here: shared host memory (weft_mem_alloc), which
  * shm maps itself, or device memory, which the memory table maps (CUDA IPC:
- * mem.h, map_peer) and shm only keeps, keyed by the peer's descriptor. */
-#define SHM_PEER_MAPS 32
+ * mem.h, map_peer) and shm only keeps, keyed by the peer's descriptor. A
+ * training step that reduces each gradient on its own names every one of
+ * them each step (ResNet-50: 161): the cache holds them all, or each step
+ * would close and open again what the last evicted (on a GPU, an IPC open
+ * costs more than a small allreduce). About 36 KiB per connection. */
+#define SHM_PEER_MAPS 256
 typedef struct shm_peer_map {
   uint8_t kind;   /* WEFT_MEMORY_SHARED or WEFT_MEMORY_DEVICE */
   uint64_t ino;   /* SHARED: the peer's memfd: what the mapping is of */
