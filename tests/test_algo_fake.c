@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "src/base/call_tag.h"
 #include "src/algo/algo.h"
 #include "src/mem/shared_mem.h"
 
@@ -736,6 +737,14 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
                             .chunk_bytes = c->chunk_bytes,
                             .mem = &weft_mem_host,
                             .seq = (uint32_t)(c->tag + pass),
+                            /* the direct passes as a gradient bucket's steps: the
+                             * step changes, the rounds' messages must not */
+                            .sig = c->algo != ALGO_DIRECT ? 0
+                                   : weft_sig_pack((weft_call_sig){.kind = WEFT_SIG_GRAD_BUCKET,
+                                                                   .dtype = (int)c->dt,
+                                                                   .op = (int)c->op,
+                                                                   .wire = -1,
+                                                                   .root = (uint32_t)pass}),
                             .fail_peer = -1};
       if (c->algo == ALGO_BCAST && g == c->root && c->in_place) m->coll.sendbuf = m->coll.recvbuf;
       m->coll.hint = (weft_algo_hint){.sends_are_stores = c->stores[g],

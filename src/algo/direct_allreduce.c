@@ -61,7 +61,8 @@ struct weft_direct_msg {
   uint32_t magic;
   uint32_t shared; /* 1: both buffers lie in weft_mem_alloc memory (or device memory with an IPC
                       handle); a plan's: the sendbuf, where this member has one */
-  uint32_t sig;    /* the call's signature: messages alike are the same call's (direct_agreed) */
+  uint32_t sig;    /* the call's signature (less a bucket's step): messages alike are the same
+                      call's on the same buffers (direct_agreed) */
   uint32_t unused;
   weft_mem_desc in, out; /* kind WEFT_MEMORY_SHARED or DEVICE (mem.h); a plan's: `in` only */
 };
@@ -335,7 +336,7 @@ static weft_status direct_begin(weft_coll *coll, const weft_direct_plan *plan) {
   memset(ds->ins, 0, 2 * n * sizeof(char *));
   struct weft_direct_msg *mine = &ds->msgs[coll->rank];
   mine->magic = DIRECT_MSG_MAGIC;
-  mine->sig = coll->sig;
+  mine->sig = weft_sig_shape(coll->sig); /* a gradient bucket's step is not part of it */
   if (plan) {
     /* a sendbuf of this member's (the plan's peers read nothing where it
      * has none: a broadcast's non-root) */

@@ -70,6 +70,13 @@ static inline weft_call_sig weft_sig_unpack(uint32_t sig) {
                          .root = sig >> 16};
 }
 
+/* The signature less a gradient bucket's step: what stays the same when a
+ * training loop makes the same call on the same buffers step after step
+ * (the direct rounds compare their messages with the last call's). */
+static inline uint32_t weft_sig_shape(uint32_t sig) {
+  return (sig & 0xfu) == WEFT_SIG_GRAD_BUCKET ? sig & 0xffffu : sig;
+}
+
 static inline weft_tag weft_tag_make(uint32_t seq, uint32_t sig) {
   return (weft_tag)seq | (weft_tag)sig << 32;
 }

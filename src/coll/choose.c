@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "src/algo/algo.h"
+#include "src/base/call_tag.h"
 #include "src/base/error_sink.h"
 #include "src/base/log.h"
 #include "src/base/settings.h"
@@ -51,9 +52,8 @@ void weft_choice_learn(weft_choice_state *c, int size, int nhosts, size_t chunk_
 }
 
 void weft_choice_free(weft_choice_state *c) {
-  free(c->direct_agreed);
+  for (int k = 0; k < 16; k++) free(c->direct_agreed[k]), c->direct_agreed[k] = NULL;
   free(c->direct_memo);
-  c->direct_agreed = NULL;
   c->direct_memo = NULL;
 }
 
@@ -268,14 +268,19 @@ static weft_status start_hier(const weft_choice_state *c, weft_coll *coll) {
   coll->hint.bcast_chain_bytes = c->bcast_chain_bytes;
   return weft_hier_allreduce_start(coll); /* the caller filled coll->hosts */
 }
+/* Which of direct_agreed a call's rounds compare with: its collective. */
+static int agreed_slot(const weft_coll *coll) {
+  return (int)weft_sig_unpack(coll->sig).kind & 15;
+}
+
 static weft_status start_direct(const weft_choice_state *c, weft_coll *coll) {
-  coll->hint.direct_agreed = c->direct_agreed;
+  coll->hint.direct_agreed = c->direct_agreed[agreed_slot(coll)];
   return weft_direct_allreduce_start(coll);
 }
 
 weft_status weft_choose_direct_device(const weft_choice_state *c, weft_coll *coll,
                                       weft_status (*start)(weft_coll *coll)) {
-  coll->hint.direct_agreed = c->direct_agreed;
+  coll->hint.direct_agreed = c->direct_agreed[agreed_slot(coll)];
   return start(coll);
 }
 /* The first exchange asks whether every rank's sends are stores; later ones
@@ -572,12 +577,13 @@ void weft_choice_keep(weft_choice_state *c, const weft_coll *coll) {
   const weft_algo_outcome *o = &coll->outcome;
   if (o->exchange_verdict) c->exchange_verdict = o->exchange_verdict;
   if (o->direct_shared) weft_choice_direct_note(c, coll->count, coll->dtype, o->direct_shared > 0);
+  void **agreed = &c->direct_agreed[agreed_slot(coll)];
   if (o->direct_agreed) {
-    free(c->direct_agreed);
-    c->direct_agreed = NULL;
+    free(*agreed);
+    *agreed = NULL;
   }
-  if (o->direct_agreed > 0 && (c->direct_agreed = malloc(o->direct_msgs_bytes)))
-    memcpy(c->direct_agreed, o->direct_msgs, o->direct_msgs_bytes);
+  if (o->direct_agreed > 0 && (*agreed = malloc(o->direct_msgs_bytes)))
+    memcpy(*agreed, o->direct_msgs, o->direct_msgs_bytes);
 }
 
 /* ---- the policy in words (weft-info), from the same rules ------------------------ */

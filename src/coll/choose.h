@@ -45,9 +45,11 @@ typedef struct weft_choice_state {
   int exchange_verdict; /* 0 not asked yet, 1 every rank's sends are stores, -1 not */
   struct weft_direct_memo_table *direct_memo; /* per call shape: whether the last question
                                                  found ordinary buffers */
-  void *direct_agreed; /* the direct allreduce's messages of the last call every rank
-                          could map, or NULL: the same again skips the verdict round
-                          (direct_allreduce.c) */
+  /* the direct rounds' messages of the last call every rank could map, per
+   * collective (its signature's kind: a training step's allreduces and
+   * broadcasts do not evict each other), or NULL: the same again skips the
+   * verdict round (direct_allreduce.c) */
+  void *direct_agreed[16];
 } weft_choice_state;
 
 /* Reads the settings (the only place the choice does); `size`: the
