@@ -216,7 +216,10 @@ WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire);
 /* GPU buffers. Every collective takes device pointers (CUDA memory of one
  * GPU per communicator) as well as host pointers; weft asks the driver which
  * a pointer is, so sendbuf and recvbuf must be of one kind (else
- * WEFT_ERR_INVALID). A call on device buffers is ordered on a CUDA stream,
+ * WEFT_ERR_INVALID), and every rank of a call should pass the same kind:
+ * within one host a call on device buffers runs through CUDA IPC, and a rank
+ * passing host memory there fails every rank with WEFT_ERR_MISMATCH naming
+ * the kinds. A call on device buffers is ordered on a CUDA stream,
  * as NCCL's are: it starts after the work queued on that stream when it is
  * issued, and work queued on the stream later waits for its result, without
  * the host thread synchronizing the stream. Blocking calls return when the

@@ -25,7 +25,7 @@ static void print_cuda(void) {
   char why[512];
   bool usable = weft_cuda_usable(why, sizeof why);
   printf("cuda: built (CUDA %d.%d headers; the driver loaded at run time), %s: %s; device "
-         "buffers: allreduce within a host through CUDA IPC (WEFT_CUDA_IPC), the rest staged "
+         "buffers: every collective within a host through CUDA IPC (WEFT_CUDA_IPC), else staged "
          "through pinned host memory\n",
          CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10, usable ? "usable here" : "not usable here",
          why);
