@@ -141,9 +141,9 @@
   X(WIRE_DTYPE, wire_dtype, ENUM_ANYCASE, "f32", 0, 0, WEFT_WIRE_WORDS,                           \
     "f32 sum/avg allreduce, reduce-scatter and reduce data crossing hosts travels as f32 (exact), bf16 or f16 (half the bytes; f32 sums, one rounding per hop: relative error up to about ranks x 2^-8 (bf16) or 2^-11 (f16) of the sum of |x|); ignored on one host; weft_comm_set_wire_dtype sets it per communicator") \
   X(CUDA_IPC, cuda_ipc, BOOL, "1", 0, 0, WEFT_NO_WORDS,                                          \
-    "device buffers of ranks all on one host, all linked by shm: an allreduce reads and writes the peers' buffers through CUDA IPC, with no copy through host memory (falls back to staging where a peer's buffer cannot be mapped); 0: always stage through pinned host memory") \
+    "device buffers of ranks all on one host, all linked by shm: every collective reads the peers' buffers through CUDA IPC (the allreduce writes them too), with no copy through host memory (falls back to staging where a peer's buffer cannot be mapped); 0: always stage through pinned host memory") \
   X(DEVICE_SLICE_BYTES, device_slice_bytes, BYTES, "4194304", 0, WEFT_SETTING_NO_MAX, WEFT_NO_WORDS, \
-    "an allreduce of device buffers staged through host memory runs in slices of this many bytes (at most 64 slices), so slice k+1 is copied off the GPU while slice k is reduced and slice k-1 copied back; 0: the call in one piece") \
+    "an allreduce, broadcast or reduce of device buffers staged through host memory runs in slices of this many bytes (at most 64 slices), so slice k+1 is copied off the GPU while slice k is reduced and slice k-1 copied back; 0: the call in one piece") \
   X(CUDA_LIBRARY, cuda_library, STRING, "", 0, 0, WEFT_NO_WORDS,                                 \
     "for tests: the CUDA driver library to dlopen instead of libcuda.so.1 (the in-tree stand-in)")
 
