@@ -709,8 +709,7 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
     if (pass > 0) {
       for (int g = 0; g < c->gsize; g++) {
         member *m = &ms[g];
-        free(m->coll.scratch);
-        m->coll.scratch = NULL;
+        weft_coll_scratch_release(&m->coll); /* the call layer's, when a call ends */
         m->done = false;
         fill_block(m->in, c, g, 0); /* in place, the first call overwrote it */
         if (m->out != m->in) memset(m->out, 0xEE, m->out_bytes);
@@ -750,7 +749,7 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
       m->coll.hint = (weft_algo_hint){.sends_are_stores = c->stores[g],
                                       .rd_max_bytes = c->rd_max_bytes,
                                       .bcast_chain_bytes = c->chain_bytes,
-                                      .direct_agreed = agreed};
+                                      .direct_agreed = &agreed};
       if (c->algo == ALGO_HIER) hier_hosts(m, c, r);
       if (c->wire != WEFT_F32) { /* the stage the call layer allocates (coll.c) */
         m->coll.wire = c->wire;
@@ -942,7 +941,7 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
   for (int g = 0; g < c->gsize; g++) {
     member *m = &ms[g];
     if (m->coll.cleanup) m->coll.cleanup(&m->coll);
-    free(m->coll.scratch);
+    weft_coll_scratch_release(&m->coll);
     free(m->coll.wire_stage);
     bool one_buffer = c->in_place && m->in_bytes && m->out_bytes && c->algo != ALGO_ALLTOALL;
     if (one_buffer) {

@@ -23,6 +23,9 @@
 # issued together, over CUDA IPC (sizes that grow call by call: the device
 # scratch a call in flight uses must outlive a later call's growth), each
 # peer buffer opened once, not again every step.
+# And --fault: one rank's 5th kernel faults (the stand-in's
+# WEFT_CUDA_EMU_KERNEL_FAULT, CUDA_ERROR_ILLEGAL_ADDRESS): the call fails on
+# every rank, within WEFT_TIMEOUT, naming the driver's error.
 set -u
 weftrun=$1 check=$2
 [ -n "${WEFT_CUDA_LIBRARY:-}" ] || { echo "skipped: no stand-in"; exit 77; }
@@ -33,6 +36,8 @@ sum_of() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) s += $(i + 1)} 
 for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp - --quick" \
            "2 shm mixed --mixed WEFT_TIMEOUT=20" "3 shm mixed --mixed WEFT_TIMEOUT=20" \
            "2 shm resnet --resnet WEFT_TIMEOUT=60" \
+           "2 shm fault --fault WEFT_CUDA_EMU_KERNEL_FAULT=5 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \
+           "3 shm fault --fault WEFT_CUDA_EMU_KERNEL_FAULT=5 WEFT_CUDA_EMU_FAULT_RANK=2 WEFT_TIMEOUT=20" \
            "2 shm noipc --quick WEFT_CUDA_IPC=0" "3 shm refused --quick WEFT_CUDA_EMU_IPC=0 WEFT_DEBUG=INFO" \
            "2 tcp sliced WEFT_DEVICE_SLICE_BYTES=4096 WEFT_DEBUG=TRACE"; do
   set -- $run
@@ -41,7 +46,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
   quick= envs=
   for a in "$@"; do
     case $a in
-      --quick|--mixed) quick=$a ;;
+      --quick|--mixed|--fault) quick=$a ;;
       --resnet) quick="--resnet $(dirname "$0")/../tools/data/resnet50_grads.tsv" ;;
       *=*) envs="$envs $a" ;;
     esac
@@ -51,6 +56,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
       "$weftrun" -n "$n" --timeout 240 "$check" $quick > "$out" 2>&1; then
     line="$n ranks over $tp${envs:+ ($envs )}: $(grep -m1 'device-check: rank 0:' "$out" | sed 's/.*rank 0: //')"
     [ "$want" != resnet ] || line="$n ranks over $tp: $(grep -m1 'resnet:' "$out" | sed 's/.*resnet: //')"
+    [ "$want" != fault ] || line="$n ranks over $tp, one rank's 5th kernel faults: $(grep -c 'device-check: fault: rank .*: WEFT_ERR' "$out") of $n ranks failed"
     [ "$want" != mixed ] || line="$n ranks over $tp, rank 0 with host memory: $(grep -c 'device-check: mixed: rank .*: WEFT_ERR' "$out") of $n ranks failed"
     opened=$(sum_of ipc_opened) left=$(sum_of ipc_mappings)
     line="$line; IPC handles opened $opened, left open $left"
@@ -65,6 +71,10 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
         # not again every step (the shm transport's cache of mappings)
         grep -q "resnet: 161 tensors" "$out" && [ "$opened" -le $((n * 162)) ] ||
           { line="$line: FAILED (want a figure, at most $((n * 162)) IPC opens)"; rc=1; } ;;
+      fault) # every rank failed, and the words name the driver's error
+        [ "$(grep -c 'device-check: fault: rank .*: WEFT_ERR' "$out")" -eq "$n" ] &&
+          grep -q "device-check: fault: rank .*CUDA_ERROR_ILLEGAL_ADDRESS" "$out" ||
+          { line="$line: FAILED (want every rank to fail, naming CUDA_ERROR_ILLEGAL_ADDRESS)"; rc=1; } ;;
       mixed) # every rank failed, and the words say why
         [ "$(grep -c 'device-check: mixed: rank .*: WEFT_ERR' "$out")" -eq "$n" ] &&
           grep -q "pass device memory on every rank or host memory on every rank" "$out" ||

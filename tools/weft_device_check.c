@@ -18,7 +18,11 @@
  * steps after 3 warm-ups. --mixed: rank 0 passes host memory to an allreduce,
  * the others device memory; over shm with CUDA IPC every rank must fail
  * (prints "device-check: mixed: rank R: STATUS: message"; exit 0 when this
- * rank's call failed, 1 when it returned OK). */
+ * rank's call failed, 1 when it returned OK). --fault: 40 allreduces on
+ * device buffers, stopping at the first that fails (the stand-in's
+ * WEFT_CUDA_EMU_KERNEL_FAULT makes one rank's kernel fault): prints
+ * "device-check: fault: rank R: STATUS after K calls: message"; exit 0 when
+ * a call failed, 1 when all returned OK. */
 #include <time.h>
 #include <math.h>
 #include <stdint.h>
@@ -377,6 +381,22 @@ int main(int argc, char **argv) {
     int rc = resnet(comm, resnet_tsv);
     weft_comm_destroy(comm);
     return rc;
+  }
+  if (argc > 1 && !strcmp(argv[1], "--fault")) {
+    /* a kernel that faults on one rank fails the call on every rank: the
+     * faulting rank from its stream's error, the others from its notice,
+     * bounded by WEFT_TIMEOUT; nothing here touches the (sticky) stream */
+    enum { N = 1000 };
+    CUdeviceptr din = dev_alloc(N * 4), dout = dev_alloc(N * 4);
+    weft_status got = WEFT_OK;
+    int k = 0;
+    for (; k < 40 && got == WEFT_OK; k++)
+      got = weft_allreduce(comm, (void *)(uintptr_t)din, (void *)(uintptr_t)dout, N, WEFT_F32,
+                           WEFT_SUM);
+    printf("device-check: fault: rank %d: %s after %d calls: %s\n", rank, weft_status_name(got), k,
+           got ? weft_last_error(comm) : "every call returned OK");
+    weft_comm_destroy(comm);
+    return got == WEFT_OK ? 1 : 0;
   }
   if (argc > 1 && !strcmp(argv[1], "--mixed")) {
     /* one rank's buffers of the other kind: a bad call that must fail on

@@ -62,8 +62,11 @@ typedef struct weft_hosts {
  * earlier calls found (the same on every rank). */
 typedef struct weft_algo_hint {
   bool sends_are_stores;     /* exchange, broadcast: every link of this rank is a store (transport.h) */
-  const void *direct_agreed; /* direct: every member's message in the last call that all could
-                                map (size of them), or NULL */
+  /* direct: where the caller keeps every member's message in the last call
+   * that all could map (size of them; NULL: none). Read when the call runs,
+   * not when it is set up: calls that end before it may change it, and at
+   * the head of the queue every rank has ended the same calls. */
+  void *const *direct_agreed;
   size_t rd_max_bytes;       /* hier: recursive doubling among the leaders up to this size */
   size_t bcast_chain_bytes;  /* hier: chains (fan-out 1) from this size, binary trees below */
   /* direct on device buffers: when not every member can map every buffer,

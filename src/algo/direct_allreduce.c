@@ -244,7 +244,7 @@ static weft_status direct_advance(weft_coll *coll) {
       if (!ds->plan) memo_note(coll, all_shared);
       if (!all_shared) return direct_fall_back(coll);
       size_t all = (size_t)coll->size * msg;
-      const void *agreed = coll->hint.direct_agreed;
+      const void *agreed = coll->hint.direct_agreed ? *coll->hint.direct_agreed : NULL;
       if (agreed && !memcmp(agreed, ds->msgs, all)) {
         /* mapped before, and the mappings are cached: only a kernel refusal
          * now (memory pressure) fails here; the peers then see our failure */

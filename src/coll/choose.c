@@ -274,13 +274,13 @@ static int agreed_slot(const weft_coll *coll) {
 }
 
 static weft_status start_direct(const weft_choice_state *c, weft_coll *coll) {
-  coll->hint.direct_agreed = c->direct_agreed[agreed_slot(coll)];
+  coll->hint.direct_agreed = &c->direct_agreed[agreed_slot(coll)];
   return weft_direct_allreduce_start(coll);
 }
 
 weft_status weft_choose_direct_device(const weft_choice_state *c, weft_coll *coll,
                                       weft_status (*start)(weft_coll *coll)) {
-  coll->hint.direct_agreed = c->direct_agreed[agreed_slot(coll)];
+  coll->hint.direct_agreed = &c->direct_agreed[agreed_slot(coll)];
   return start(coll);
 }
 /* The first exchange asks whether every rank's sends are stores; later ones

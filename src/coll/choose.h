@@ -103,9 +103,10 @@ void weft_choice_describe(const weft_choice_state *c, size_t chunk_bytes, char *
 /* A collective on device buffers worked on where they lie (coll_device.c
  * decided, alike on every rank): the direct algorithm over CUDA IPC that
  * `start` starts (weft_direct_allreduce_start, weft_direct_broadcast_start,
- * ...), with the messages every rank agreed on last time (the same memory
- * as the host allreduce's; a message names its call, so only the same call
- * on the same buffers skips the verdict). */
+ * ...), with where the messages every rank agreed on last time are kept
+ * (the same memory as the host allreduce's; a message names its call, so
+ * only the same call on the same buffers skips the verdict). Set up at
+ * issue, so the call reads them only when it runs (hint.direct_agreed). */
 weft_status weft_choose_direct_device(const weft_choice_state *c, weft_coll *coll,
                                       weft_status (*start)(weft_coll *coll));
 

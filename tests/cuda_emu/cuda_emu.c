@@ -214,6 +214,8 @@ static struct {
   int quarantine_next;
   bool ipc_refused;    /* WEFT_CUDA_EMU_IPC=0: cuIpcOpenMemHandle answers as across GPUs without P2P */
   const char *report;  /* WEFT_CUDA_EMU_REPORT: a file the counters are appended to at exit */
+  long kernel_fault;   /* WEFT_CUDA_EMU_KERNEL_FAULT: the kernel run that faults (0: none) */
+  long kernels_run;
   weft_cuda_emu_counters counts;
 } emu = {.lock = PTHREAD_MUTEX_INITIALIZER, .nslots = 1};
 
@@ -524,7 +526,10 @@ static CUresult op_execute(const emu_stream *s, emu_op *op) {
       if (!(d = emu_span(s->ctx, op->dst, op->bytes, false))) return CUDA_ERROR_ILLEGAL_ADDRESS;
       memset(d, op->value, op->bytes);
       return CUDA_SUCCESS;
-    case OP_KERNEL: return op->kernel->run(&op->launch, op->argv);
+    case OP_KERNEL:
+      if (emu.kernel_fault && ++emu.kernels_run == emu.kernel_fault)
+        return CUDA_ERROR_ILLEGAL_ADDRESS; /* injected (WEFT_CUDA_EMU_KERNEL_FAULT) */
+      return op->kernel->run(&op->launch, op->argv);
     case OP_RECORD: /* its marker is the event's: done when retired */
     case OP_WAIT: /* its dependency held it until now */ return CUDA_SUCCESS;
   }
@@ -708,6 +713,9 @@ EMU_EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
     emu.rng = (uint64_t)emu_env_long("WEFT_CUDA_EMU_SEED", 1, 0, LONG_MAX) * 2 + 1;
     emu.ipc_refused = emu_env_long("WEFT_CUDA_EMU_IPC", 1, 0, 1) == 0;
     emu.report = getenv("WEFT_CUDA_EMU_REPORT");
+    long fault_rank = emu_env_long("WEFT_CUDA_EMU_FAULT_RANK", -1, -1, INT_MAX);
+    if (fault_rank < 0 || fault_rank == emu_env_long("WEFT_RANK", -1, -1, INT_MAX))
+      emu.kernel_fault = emu_env_long("WEFT_CUDA_EMU_KERNEL_FAULT", 0, 0, LONG_MAX);
     if (emu.report && *emu.report) atexit(emu_report);
     for (int i = 0; i < EMU_MAX_DEVICES; i++) emu.ctx[i].device = i;
     emu.init_result = emu.devices ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;

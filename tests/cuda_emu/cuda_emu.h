@@ -30,6 +30,10 @@ typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
  *                          (CUDA_ERROR_PEER_ACCESS_UNSUPPORTED), as between
  *                          GPUs that cannot reach each other
  *   WEFT_CUDA_EMU_REPORT   a file each process appends its counters to at
- *                          exit ("pid P ipc_opened N ipc_mappings M ...") */
+ *                          exit ("pid P ipc_opened N ipc_mappings M ...")
+ *   WEFT_CUDA_EMU_KERNEL_FAULT  N: the Nth kernel this process runs (from 1)
+ *                          faults with CUDA_ERROR_ILLEGAL_ADDRESS, as a kernel
+ *                          reading a bad address on a GPU; with
+ *   WEFT_CUDA_EMU_FAULT_RANK    only in the process whose WEFT_RANK is this */
 
 #endif
