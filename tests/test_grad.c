@@ -321,15 +321,22 @@ static int reduce_rank(int rank, int n, const weft_unique_id *id, void *arg) {
    * (a bucket of one tensor is reduced where it lies, whatever its size: with
    * random sizes, every small tensor can end up alone between large ones) */
   int some_staged = 0, *members = calloc((size_t)nb + 1, sizeof *members);
-  for (int i = 0; i < m.n; i++) {
+  size_t *bytes_in = calloc((size_t)nb + 1, sizeof *bytes_in);
+  for (int i = 0; i < m.n && members && bytes_in; i++) {
     int b = -1;
     size_t off;
     FAILS(weft_grad_tensor_place(g, i, &b, &off), "tensor_place");
-    if (b >= 0 && b < nb) some_staged |= ++members[b] > 1;
+    if (b < 0 || b >= nb) continue;
+    members[b]++;
+    bytes_in[b] += m.count[i] * weft_dtype_size(m.dt[i]);
+    /* a bucket of empty tensors (count 0) copies nothing either */
+    some_staged |= members[b] > 1 && bytes_in[b] > 0;
   }
   free(members);
+  free(bytes_in);
   if (!gc->owned && some_staged && !stats.bytes_copied) {
-    fprintf(stderr, "rank %d: copy mode copied nothing (is the count broken?)\n", rank);
+    fprintf(stderr, "rank %d: copy mode copied nothing (is the count broken?) (seed %llu)\n", rank,
+            (unsigned long long)base_seed);
     bad++;
   }
 out:

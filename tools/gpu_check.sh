@@ -72,7 +72,9 @@ finish() {
 }
 
 # ---- build ----------------------------------------------------------------
-build="$out/build"
+# WEFT_CHECK_BUILD: a build tree to use (configured here if it is not yet);
+# the suite shares one between this script's test and host_check.sh's
+build=${WEFT_CHECK_BUILD:-$out/build}
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   PATH="$PATH:/usr/local/cuda/bin"
   export PATH
@@ -85,8 +87,9 @@ if [ -x /opt/torch/.venv/bin/python3 ]; then
   export PATH
   tpy=/opt/torch/.venv/bin/python3
 fi
-if timeout "$(limit 120)" sh -c "meson setup '$build' --buildtype=release -Dcuda=enabled -Dtests=false \
-      -Dpython_package=disabled > '$out/build.log' 2>&1 && ninja -C '$build' >> '$out/build.log' 2>&1"; then
+if timeout "$(limit 120)" sh -c "{ [ -f '$build/build.ninja' ] || meson setup '$build' --buildtype=release \
+      -Dcuda=enabled -Dtests=false -Dpython_package=disabled; } > '$out/build.log' 2>&1 &&
+      ninja -C '$build' >> '$out/build.log' 2>&1"; then
   row build PASS "meson -Dcuda=enabled, $(grep -c 'Compiling\|Linking' "$out/build.log") steps, $(($(date +%s) - start)) s"
 else
   row build FAIL "see build.log: $(grep -m1 -i 'error' "$out/build.log" | cut -c1-150)"

@@ -71,9 +71,13 @@ finish() {
 }
 
 # ---- build ----------------------------------------------------------------
-build="$out/build"
-if timeout "$(limit 90)" sh -c "meson setup '$build' --buildtype=release -Dtests=false -Dcuda=disabled \
-      -Dpython_package=disabled > '$out/build.log' 2>&1 && ninja -C '$build' >> '$out/build.log' 2>&1"; then
+# WEFT_CHECK_BUILD: a build tree to use (configured here if it is not yet);
+# the suite shares one between this script's test and gpu_check.sh's, so the
+# CUDA kernels are built where nvcc is (auto), as gpu_check.sh builds them
+build=${WEFT_CHECK_BUILD:-$out/build}
+if timeout "$(limit 90)" sh -c "{ [ -f '$build/build.ninja' ] || meson setup '$build' --buildtype=release \
+      -Dtests=false -Dcuda=auto -Dpython_package=disabled; } > '$out/build.log' 2>&1 &&
+      ninja -C '$build' >> '$out/build.log' 2>&1"; then
   row build PASS "release, $(($(date +%s) - start)) s"
 else
   row build FAIL "see build.log: $(grep -m1 -i error "$out/build.log" | cut -c1-150)"
