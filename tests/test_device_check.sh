@@ -22,7 +22,8 @@
 # And --resnet: ResNet-50's 161 gradients as one non-blocking allreduce each,
 # issued together, over CUDA IPC (sizes that grow call by call: the device
 # scratch a call in flight uses must outlive a later call's growth), each
-# peer buffer opened once, not again every step.
+# peer buffer opened once and each own buffer's handle exported once, not
+# again every step.
 # And --fault: one rank's 5th kernel faults (the stand-in's
 # WEFT_CUDA_EMU_KERNEL_FAULT, CUDA_ERROR_ILLEGAL_ADDRESS): the call fails on
 # every rank, within WEFT_TIMEOUT, naming the driver's error.
@@ -68,9 +69,13 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
             { line="$line: FAILED (weft_$c never ran over CUDA IPC)"; rc=1; }
         done ;;
       resnet) # and each rank opened each peer buffer once (161 tensors, one flat buffer),
-        # not again every step (the shm transport's cache of mappings)
-        grep -q "resnet: 161 tensors" "$out" && [ "$opened" -le $((n * 162)) ] ||
-          { line="$line: FAILED (want a figure, at most $((n * 162)) IPC opens)"; rc=1; } ;;
+        # not again every step (the shm transport's cache of mappings), and
+        # exported each of its own once (the memory table's cache of handles)
+        exported=$(sum_of ipc_exported)
+        line="$line, exported $exported"
+        grep -q "resnet: 161 tensors" "$out" && [ "$opened" -le $((n * 162)) ] &&
+          [ "$exported" -le $((n * 162)) ] ||
+          { line="$line: FAILED (want a figure, at most $((n * 162)) IPC opens and exports)"; rc=1; } ;;
       fault) # every rank failed, and the words name the driver's error
         [ "$(grep -c 'device-check: fault: rank .*: WEFT_ERR' "$out")" -eq "$n" ] &&
           grep -q "device-check: fault: rank .*CUDA_ERROR_ILLEGAL_ADDRESS" "$out" ||

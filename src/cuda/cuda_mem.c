@@ -517,17 +517,69 @@ typedef struct cuda_ipc_body {
 } cuda_ipc_body;
 _Static_assert(sizeof(cuda_ipc_body) <= WEFT_MEM_DESC_BODY, "an IPC descriptor fits the body");
 
+/* The IPC handles this process exported, by the allocation's buffer ID: a
+ * training loop describes the same buffers every call (ResNet-50: 161 per
+ * step), and cuIpcGetMemHandle is a driver call each time where the ID, a
+ * base and a size come from the one attribute query the call makes anyway.
+ * The driver gives every allocation a new ID, so memory freed and allocated
+ * again at the same address never finds the old handle. */
+#define CUDA_EXPORTS 512
+static struct {
+  unsigned long long id; /* 0: empty */
+  CUdeviceptr base;
+  CUipcMemHandle handle;
+} cuda_exports[CUDA_EXPORTS];
+static pthread_mutex_t cuda_exports_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The allocation holding `buf`: device, buffer ID, base and size, in one
+ * query; false for anything but device memory (managed memory included). */
+static bool device_range(const void *buf, int *ordinal, unsigned long long *id, CUdeviceptr *base,
+                         size_t *size) {
+  CUpointer_attribute attrs[6] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                  CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                  CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  unsigned int type = 0, managed = 0;
+  void *data[6] = {&type, ordinal, &managed, id, base, size};
+  if (cuda->pointer_get_attributes(6, attrs, data, (CUdeviceptr)(uintptr_t)buf) == CUDA_SUCCESS)
+    return type == CU_MEMORYTYPE_DEVICE && !managed;
+  /* a driver without the range attributes: the two calls they replace */
+  *id = 0;
+  return weft_cuda_pointer_kind(buf, ordinal) == WEFT_MEMORY_DEVICE &&
+         cuda->mem_get_address_range(base, size, (CUdeviceptr)(uintptr_t)buf) == CUDA_SUCCESS;
+}
+
 static bool device_describe(const void *buf, size_t bytes, weft_mem_desc *desc) {
   int ordinal = 0;
-  if (!cuda_load() || weft_cuda_pointer_kind(buf, &ordinal) != WEFT_MEMORY_DEVICE ||
-      !enter_device(ordinal))
-    return false;
+  unsigned long long id = 0;
   CUdeviceptr base = 0;
   size_t size = 0;
+  if (!cuda_load() || !device_range(buf, &ordinal, &id, &base, &size)) return false;
   cuda_ipc_body body = {.ordinal = ordinal};
-  CUresult r = cuda->mem_get_address_range(&base, &size, (CUdeviceptr)(uintptr_t)buf);
-  if (r == CUDA_SUCCESS && (uintptr_t)buf - base + bytes > size) r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS) r = cuda->ipc_get_mem_handle(&body.handle, base);
+  CUresult r = (uintptr_t)buf - base + bytes > size ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  unsigned slot = (unsigned)(id % CUDA_EXPORTS);
+  bool known = false;
+  if (r == CUDA_SUCCESS && id) {
+    pthread_mutex_lock(&cuda_exports_lock);
+    if (cuda_exports[slot].id == id && cuda_exports[slot].base == base) {
+      body.handle = cuda_exports[slot].handle;
+      known = true;
+    }
+    pthread_mutex_unlock(&cuda_exports_lock);
+  }
+  if (r == CUDA_SUCCESS && !known) {
+    r = enter_device(ordinal) ? cuda->ipc_get_mem_handle(&body.handle, base)
+                              : CUDA_ERROR_INVALID_CONTEXT;
+    if (r == CUDA_SUCCESS && id) {
+      pthread_mutex_lock(&cuda_exports_lock);
+      cuda_exports[slot].id = id;
+      cuda_exports[slot].base = base;
+      cuda_exports[slot].handle = body.handle;
+      pthread_mutex_unlock(&cuda_exports_lock);
+    }
+  }
   if (r != CUDA_SUCCESS) {
     /* memory from another allocator (cuMemCreate, a pool) has no legacy
      * handle: the call stages instead */

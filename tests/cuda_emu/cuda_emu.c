@@ -696,8 +696,9 @@ static long emu_env_long(const char *name, long fallback, long lo, long hi) {
 static void emu_report(void) {
   FILE *f = fopen(emu.report, "a");
   if (!f) return;
-  fprintf(f, "pid %d ipc_opened %d ipc_mappings %d allocations %d host_allocations %d\n",
-          (int)getpid(), emu.counts.ipc_opened, emu.counts.ipc_mappings, emu.counts.allocations,
+  fprintf(f, "pid %d ipc_opened %d ipc_exported %d ipc_mappings %d allocations %d host_allocations %d\n",
+          (int)getpid(), emu.counts.ipc_opened, emu.counts.ipc_exported, emu.counts.ipc_mappings,
+          emu.counts.allocations,
           emu.counts.host_allocations);
   fclose(f);
 }
@@ -1447,6 +1448,7 @@ EMU_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *handle, CUdevicept
                       .size = a->size};
   memset(handle, 0, sizeof *handle);
   memcpy(handle->reserved, &h, sizeof h);
+  emu.counts.ipc_exported++;
   return emu_leave(CUDA_SUCCESS);
 }
 

@@ -17,6 +17,7 @@ typedef struct weft_cuda_emu_counters {
   int primary_refs;     /* cuDevicePrimaryCtxRetain not yet released, every device */
   int reclaimed;        /* of the above, freed by a primary context's reset, not by their owner */
   int ipc_opened;       /* cuIpcOpenMemHandle that succeeded, ever */
+  int ipc_exported;     /* cuIpcGetMemHandle that succeeded, ever */
 } weft_cuda_emu_counters;
 
 typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
