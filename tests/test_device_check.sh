@@ -10,10 +10,14 @@
 # exit (WEFT_CUDA_EMU_REPORT), so the runs also show which path ran and that
 # every IPC mapping was closed by weft_comm_destroy:
 #   - by default over shm: IPC handles opened, none left open;
-#   - WEFT_CUDA_IPC=0: none opened (staged through host memory);
+#   - WEFT_CUDA_IPC=0: none opened (staged through host memory: pinned
+#     shared memory, which the peers map, so an allreduce from
+#     WEFT_DIRECT_MIN_BYTES, 4 KiB here, is the direct one of shared buffers);
 #   - WEFT_CUDA_EMU_IPC=0 (every open refused, as between GPUs without
 #     peer access): none opened, and every result still right (the ranks
-#     stage their buffers after all and the ring runs, in the same call).
+#     stage their buffers after all, in the same call, into pinned shared
+#     memory, and the collective's host algorithm runs: the allreduce's,
+#     the direct one again, on the staged copies).
 # And staged allreduces, broadcasts and reduces in slices (WEFT_DEVICE_SLICE_BYTES=4096 over tcp, the
 # full counts: up to 64 slices a call), each slice copied off, reduced and
 # copied back on its own: every result right, and the calls said they ran so.
@@ -39,7 +43,8 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
            "2 shm resnet --resnet WEFT_TIMEOUT=60" \
            "2 shm fault --fault WEFT_CUDA_EMU_KERNEL_FAULT=5 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \
            "3 shm fault --fault WEFT_CUDA_EMU_KERNEL_FAULT=5 WEFT_CUDA_EMU_FAULT_RANK=2 WEFT_TIMEOUT=20" \
-           "2 shm noipc --quick WEFT_CUDA_IPC=0" "3 shm refused --quick WEFT_CUDA_EMU_IPC=0 WEFT_DEBUG=INFO" \
+           "2 shm noipc --quick WEFT_CUDA_IPC=0 WEFT_DIRECT_MIN_BYTES=4096 WEFT_DEBUG=INFO" \
+           "3 shm refused --quick WEFT_CUDA_EMU_IPC=0 WEFT_DIRECT_MIN_BYTES=4096 WEFT_DEBUG=INFO" \
            "2 tcp sliced WEFT_DEVICE_SLICE_BYTES=4096 WEFT_DEBUG=TRACE"; do
   set -- $run
   n=$1 tp=$2 want=$3
@@ -84,14 +89,18 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
         [ "$(grep -c 'device-check: mixed: rank .*: WEFT_ERR' "$out")" -eq "$n" ] &&
           grep -q "pass device memory on every rank or host memory on every rank" "$out" ||
           { line="$line: FAILED (want every rank to fail, naming the memory kinds)"; rc=1; } ;;
-      noipc) [ "$opened" -eq 0 ] && [ "$left" -eq 0 ] || { line="$line: FAILED (want none)"; rc=1; } ;;
+      noipc) # none opened; the staged copies in shared pinned memory, which the
+        # peers mapped (the direct allreduce of shared buffers)
+        [ "$opened" -eq 0 ] && [ "$left" -eq 0 ] && grep -q "mapped .* bytes that peer .* shares" "$out" ||
+          { line="$line: FAILED (want none opened, the staged copies mapped by peers)"; rc=1; } ;;
       sliced)
         for c in allreduce broadcast reduce; do
           grep -q "weft_$c #[0-9]*: .*in slices algorithm" "$out" ||
             { line="$line: FAILED (no weft_$c ran in slices)"; rc=1; }
         done ;;
       refused) # none opened, and the ranks said they staged after all
-        [ "$opened" -eq 0 ] && [ "$left" -eq 0 ] && grep -q "staged after all" "$out" ||
+        [ "$opened" -eq 0 ] && [ "$left" -eq 0 ] && grep -q "staged after all" "$out" &&
+          grep -q "mapped .* bytes that peer .* shares" "$out" ||
           { line="$line: FAILED (want none opened and the fallback)"; rc=1; } ;;
     esac
     echo "$line"

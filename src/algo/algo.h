@@ -149,10 +149,12 @@ struct weft_coll {
    * wrong; a phase's links write its call's, so a phase's stays unused. */
   int fail_peer;
   void *scratch; /* weft_coll_scratch's memory, freed when the call ends */
-  /* an algorithm's scratch that it handed over with the call (the direct
-   * rounds to their fall-back: sends from it may still be in flight, and
-   * the new algorithm may take scratch of its own), freed when the call ends */
-  void *handed_over_scratch;
+  /* scratch an algorithm handed over with the call (the direct rounds to
+   * their fall-back: sends from it may still be in flight, and the new
+   * algorithm may take scratch of its own), freed when the call ends; two:
+   * device buffers' rounds may fall back to a staged allreduce whose own
+   * direct question falls back to the ring */
+  void *handed_over_scratch[2];
   weft_status (*advance)(weft_coll *coll);
   void (*cleanup)(weft_coll *coll); /* releases what the algorithm holds besides scratch */
   _Alignas(max_align_t) unsigned char algo_state[WEFT_ALGO_STATE_BYTES];

@@ -194,12 +194,16 @@ static weft_status direct_reduce_device(weft_coll *coll) {
 /* Not every rank can go direct: the ring, in this same call (device
  * buffers: on host copies of them, hint.restage). */
 static weft_status direct_fall_back(weft_coll *coll) {
+  /* taken once: should the host algorithm be the direct one again (staged
+   * copies in shared memory) and fall back in turn, the ring runs */
   weft_status (*host_start)(weft_coll *) = coll->hint.host_start;
+  coll->hint.host_start = NULL;
   if (coll->hint.restage) WEFT_CHECK(coll->hint.restage(coll));
   /* the host algorithm may take scratch of its own (one per call); the
    * rounds' last sends may still read this one until the call ends */
-  if (coll->handed_over_scratch) return WEFT_ERR_INTERNAL; /* one hand-over per call */
-  coll->handed_over_scratch = coll->scratch;
+  int slot = coll->handed_over_scratch[0] ? 1 : 0;
+  if (coll->handed_over_scratch[slot]) return WEFT_ERR_INTERNAL; /* at most two fall-backs */
+  coll->handed_over_scratch[slot] = coll->scratch;
   coll->scratch = NULL;
   WEFT_CHECK(host_start ? host_start(coll) : weft_ring_allreduce_start(coll));
   return coll->advance(coll);

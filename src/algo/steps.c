@@ -36,8 +36,11 @@ void weft_coll_scratch_free(weft_coll *coll, void *scratch) {
 
 void weft_coll_scratch_release(weft_coll *coll) {
   weft_coll_scratch_free(coll, coll->scratch);
-  weft_coll_scratch_free(coll, coll->handed_over_scratch);
-  coll->scratch = coll->handed_over_scratch = NULL;
+  coll->scratch = NULL;
+  for (int i = 0; i < 2; i++) {
+    weft_coll_scratch_free(coll, coll->handed_over_scratch[i]);
+    coll->handed_over_scratch[i] = NULL;
+  }
 }
 
 void weft_chunk_range(size_t k, size_t chunk_elems, size_t count, size_t *off, size_t *cnt) {

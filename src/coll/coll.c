@@ -617,9 +617,11 @@ static weft_status allreduce_start_late(weft_coll *coll) {
   return coll->advance(coll);
 }
 
-/* An allreduce's algorithm on one slice of its staged device buffers
- * (coll_device.c): chosen for the slice's size, as a whole call would be. */
-static weft_status allreduce_slice_start(weft_coll *coll) {
+/* An allreduce's host algorithm on device buffers staged after all (the
+ * direct rounds' fall-back) or on one slice of them (coll_device.c):
+ * chosen for the size, as a whole call would be, at the head of the queue
+ * (the direct allreduce too, where the staged copies are shared memory). */
+static weft_status allreduce_host_start(weft_coll *coll) {
   weft_choice_state *c = &TASK(coll)->comm->choice;
   weft_status st = weft_choose_allreduce(c, coll);
   if (st == WEFT_CHOICE_LATE) st = weft_choose_late(c, coll, false);
@@ -663,7 +665,7 @@ static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_
    * 64-bit host buffer (avg_widen) */
   size_t n = (size_t)comm->size;
   may_map_device(task, (count + n - 1) / n + 64);
-  if (!avg_is_widened(dtype, op)) task->slice_start = allreduce_slice_start;
+  if (!avg_is_widened(dtype, op)) task->slice_start = allreduce_host_start;
   WEFT_CHECK(coll_take_seq(coll));
   if (count == 0) return coll_empty(coll);
   if (comm->size == 1) {
@@ -671,7 +673,7 @@ static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_
     return WEFT_COLL_DONE;
   }
   if (task->device_in_place)
-    return coll_start_direct(coll, weft_direct_allreduce_start, weft_ring_allreduce_start);
+    return coll_start_direct(coll, weft_direct_allreduce_start, allreduce_host_start);
   if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, true));
   WEFT_CHECK(coll_wire(coll));
   /* the hosts, should the choice take the hierarchical algorithm */

@@ -29,6 +29,7 @@
 typedef struct stage_block {
   void *ptr;
   size_t bytes;
+  bool shared; /* weft_cuda_alloc_shared_pinned's, else alloc_slots' */
   bool busy;
   weft_mem_token until; /* a call that failed left work on it: free once this is done */
 } stage_block;
@@ -36,6 +37,11 @@ typedef struct stage_block {
 /* A communicator's device state (weft_core.device). */
 struct weft_coll_device {
   int ordinal; /* the device its calls run on */
+  /* stage in pinned memory the peers can map: every rank on this host and
+   * linked by a transport that maps shared buffers (shm), so a staged
+   * allreduce may be the direct one, reading the peers' staged copies
+   * where they lie, with no copy through the transport's slots */
+  bool shared_stage;
   weft_mem_stream *stream;
   stage_block pool[STAGE_POOL];
   /* device scratch of the calls worked on in place (the direct rounds'
@@ -90,6 +96,12 @@ static weft_status device_state(weft_coll_task *task, int ordinal, struct weft_c
   if (!d) {
     if (!(d = calloc(1, sizeof *d))) return staged_fail(task, WEFT_ERR_NOMEM, "no memory");
     d->ordinal = ordinal;
+    d->shared_stage = core->size > 1 && core->hosts.nhosts == 1;
+    for (int p = 0; p < core->size && d->shared_stage; p++) {
+      int tp = p == core->rank ? 0 : core->links.peers[p].tp;
+      d->shared_stage = tp >= 0 && (p == core->rank || (core->links.tps[tp].ops->caps.map_kinds &
+                                                        WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED)));
+    }
     weft_status st = weft_cuda_stream_create(ordinal, &d->stream, &core->links.sink);
     if (st) {
       free(d);
@@ -104,6 +116,14 @@ static weft_status device_state(weft_coll_task *task, int ordinal, struct weft_c
                        d->ordinal, ordinal);
   *out = d;
   return WEFT_OK;
+}
+
+static void stage_block_free(stage_block *b) {
+  if (b->ptr && b->shared) weft_cuda_free_shared_pinned(b->ptr);
+  else if (b->ptr) weft_mem_device.free_slots(b->ptr, b->bytes);
+  b->ptr = NULL;
+  b->bytes = 0;
+  b->shared = false;
 }
 
 /* A pinned buffer of at least `bytes` from the pool: the smallest free
@@ -135,9 +155,13 @@ static void *stage_take(struct weft_coll_device *d, size_t bytes, int *block) {
   int at = empty >= 0 ? empty : smallest;
   if (at < 0) return weft_mem_device.alloc_slots(bytes); /* every block busy: one of its own */
   stage_block *b = &d->pool[at];
-  if (b->ptr) weft_mem_device.free_slots(b->ptr, b->bytes);
+  stage_block_free(b);
   size_t grown = bytes < STAGE_MIN_BYTES ? STAGE_MIN_BYTES : bytes;
-  b->ptr = weft_mem_device.alloc_slots(grown);
+  /* shared where the peers can map it; ordinary pinned memory if that fails
+   * (a full /dev/shm): the call is staged either way */
+  b->ptr = d->shared_stage ? weft_cuda_alloc_shared_pinned(grown) : NULL;
+  b->shared = b->ptr != NULL;
+  if (!b->ptr) b->ptr = weft_mem_device.alloc_slots(grown);
   b->bytes = b->ptr ? grown : 0;
   if (!b->ptr) return NULL;
   b->busy = true;
@@ -323,7 +347,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
     st->count = coll->count;
     st->host_send = send ? host_send : NULL;
     st->slice_in = calloc((size_t)st->nslices, sizeof *st->slice_in);
-    st->spent = calloc(2 * (size_t)st->nslices, sizeof *st->spent);
+    st->spent = calloc(3 * (size_t)st->nslices, sizeof *st->spent);
     if (!st->slice_in || !st->spent) rc = WEFT_ERR_NOMEM;
     for (int k = 0; !rc && send && k < st->nslices; k++) {
       size_t off = (size_t)k * per, n = elems - off < per ? elems - off : per;
@@ -383,9 +407,10 @@ static weft_status sliced_advance(weft_coll *coll) {
        * the call ends (spent) */
       if (coll->cleanup) coll->cleanup(coll);
       coll->cleanup = NULL;
-      if (coll->scratch) st->spent[st->nspent++] = coll->scratch;
-      if (coll->handed_over_scratch) st->spent[st->nspent++] = coll->handed_over_scratch;
-      coll->scratch = coll->handed_over_scratch = NULL;
+      void *held[3] = {coll->scratch, coll->handed_over_scratch[0], coll->handed_over_scratch[1]};
+      for (int i = 0; i < 3; i++)
+        if (held[i]) st->spent[st->nspent++] = held[i];
+      coll->scratch = coll->handed_over_scratch[0] = coll->handed_over_scratch[1] = NULL;
       WEFT_CHECK(task->slice_start(coll));
       st->inner = coll->advance;
       coll->advance = sliced_advance;
@@ -485,8 +510,7 @@ void weft_coll_device_free(weft_core *core) {
   if (!d) return;
   weft_cuda_stream_destroy(d->stream); /* waits for what it queued */
   weft_mem_device.free_scratch(d->scratch);
-  for (int i = 0; i < STAGE_POOL; i++)
-    if (d->pool[i].ptr) weft_mem_device.free_slots(d->pool[i].ptr, d->pool[i].bytes);
+  for (int i = 0; i < STAGE_POOL; i++) stage_block_free(&d->pool[i]);
   free(d);
   core->device = NULL;
 }

@@ -47,6 +47,8 @@ static const char *cuda_api_fill(void *handle, weft_cuda_api *api) {
   CUDA_API_SYM(mem_free, "cuMemFree_v2");
   CUDA_API_SYM(mem_host_alloc, "cuMemHostAlloc");
   CUDA_API_SYM(mem_free_host, "cuMemFreeHost");
+  CUDA_API_SYM(mem_host_register, "cuMemHostRegister_v2");
+  CUDA_API_SYM(mem_host_unregister, "cuMemHostUnregister");
   CUDA_API_SYM(memset_d8_async, "cuMemsetD8Async");
   CUDA_API_SYM(memcpy_htod_async, "cuMemcpyHtoDAsync_v2");
   CUDA_API_SYM(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2");

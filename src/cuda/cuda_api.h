@@ -47,6 +47,8 @@ typedef struct weft_cuda_api {
   CUresult (*mem_free)(CUdeviceptr ptr);                                /* cuMemFree_v2 */
   CUresult (*mem_host_alloc)(void **ptr, size_t bytes, unsigned int flags); /* cuMemHostAlloc */
   CUresult (*mem_free_host)(void *ptr);                                 /* cuMemFreeHost */
+  CUresult (*mem_host_register)(void *ptr, size_t bytes, unsigned int flags); /* cuMemHostRegister_v2 */
+  CUresult (*mem_host_unregister)(void *ptr);                           /* cuMemHostUnregister */
   CUresult (*memset_d8_async)(CUdeviceptr dst, unsigned char value, size_t n,
                               CUstream stream); /* cuMemsetD8Async */
   CUresult (*memcpy_htod_async)(CUdeviceptr dst, const void *src, size_t bytes,

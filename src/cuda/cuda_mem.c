@@ -317,6 +317,25 @@ static void *device_alloc_slots(size_t bytes) {
   return p;
 }
 
+void *weft_cuda_alloc_shared_pinned(size_t bytes) {
+  void *p = NULL;
+  if (!cuda_load() || weft_mem_alloc(bytes ? bytes : 1, &p) != WEFT_OK) return NULL;
+  CUresult r = cuda->ctx_set_current(cuda_any_ctx);
+  if (r == CUDA_SUCCESS) r = cuda->mem_host_register(p, bytes ? bytes : 1, CU_MEMHOSTREGISTER_PORTABLE);
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(NULL, r, "cuMemHostRegister (shared staging)", 0, p, bytes);
+    weft_mem_free(p);
+    return NULL;
+  }
+  return p;
+}
+
+void weft_cuda_free_shared_pinned(void *ptr) {
+  if (!ptr) return;
+  if (cuda && cuda->ctx_set_current(cuda_any_ctx) == CUDA_SUCCESS) cuda->mem_host_unregister(ptr);
+  weft_mem_free(ptr);
+}
+
 static void device_free_slots(void *ptr, size_t bytes) {
   (void)bytes;
   if (ptr && cuda && cuda->ctx_set_current(cuda_any_ctx) == CUDA_SUCCESS) cuda->mem_free_host(ptr);

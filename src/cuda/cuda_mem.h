@@ -27,6 +27,16 @@ weft_memory weft_cuda_pointer_kind(const void *ptr, int *ordinal);
 weft_status weft_cuda_stream_create(int ordinal, weft_mem_stream **stream, void *errors);
 void weft_cuda_stream_destroy(weft_mem_stream *stream);
 
+/* Pinned host memory that the ranks of this host can map: a weft_mem_alloc
+ * allocation (a memfd, WEFT_MEMORY_SHARED) page-locked for the GPUs'
+ * copies. Staged device buffers in it are read by peers where they lie
+ * (the direct allreduce of shared buffers), with no copy through the shm
+ * transport's slots: the staging between GPUs that cannot reach each
+ * other. NULL when either step fails (the caller stages in ordinary pinned
+ * memory then). */
+void *weft_cuda_alloc_shared_pinned(size_t bytes);
+void weft_cuda_free_shared_pinned(void *ptr);
+
 /* Whether the driver is loaded and has a device, with the reason in `why`
  * either way (weft-info). Loads the driver on first use. */
 bool weft_cuda_usable(char *why, size_t why_len);

@@ -83,6 +83,8 @@
   X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                        \
   X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                       \
   X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                           \
+  X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "part or all of the requested memory range is already mapped") \
+  X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "pointer does not correspond to a registered memory region") \
   X(CUDA_ERROR_UNKNOWN, "unknown error")
 
 /* ---- state ------------------------------------------------------------------ */
@@ -163,7 +165,7 @@ typedef struct emu_alloc {
 
 typedef struct emu_host {
   unsigned char *ptr;
-  size_t size, mapped;
+  size_t size, mapped; /* mapped 0: the caller's memory, registered (cuMemHostRegister) */
   struct CUctx_st *ctx;
 } emu_host;
 
@@ -624,7 +626,7 @@ static void alloc_release(emu_alloc *a) {
 }
 
 static void host_release(size_t i) {
-  munmap(emu.hosts[i].ptr, emu.hosts[i].mapped);
+  if (emu.hosts[i].mapped) munmap(emu.hosts[i].ptr, emu.hosts[i].mapped);
   emu.hosts[i] = emu.hosts[--emu.nhosts];
 }
 
@@ -1066,12 +1068,52 @@ EMU_EXPORT CUresult CUDAAPI cuMemFreeHost(void *ptr) {
   struct CUctx_st *ctx;
   if ((r = emu_need_ctx(&ctx))) return emu_leave(r);
   for (size_t i = 0; i < emu.nhosts; i++)
-    if (emu.hosts[i].ptr == ptr) {
+    if (emu.hosts[i].ptr == ptr && emu.hosts[i].mapped) {
       host_release(i);
       emu.counts.host_allocations--;
       return emu_leave(CUDA_SUCCESS);
     }
   return emu_leave(CUDA_ERROR_INVALID_VALUE);
+}
+
+/* The caller's host memory page-locked: copies may then use it as pinned
+ * memory; the memory stays the caller's (cuMemHostUnregister only forgets
+ * it). Counted with the host allocations. */
+EMU_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void *ptr, size_t bytes, unsigned int flags) {
+  CUresult r = emu_enter();
+  if (r) return r;
+  struct CUctx_st *ctx;
+  if ((r = emu_need_ctx(&ctx))) return emu_leave(r);
+  if (!ptr || !bytes || (flags & ~(unsigned)(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)))
+    return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  const unsigned char *lo = ptr;
+  for (size_t i = 0; i < emu.nhosts; i++)
+    if (lo < emu.hosts[i].ptr + emu.hosts[i].size && emu.hosts[i].ptr < lo + bytes)
+      return emu_leave(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  if (emu.nhosts == emu.host_cap) {
+    size_t cap = emu.host_cap ? emu.host_cap * 2 : 64;
+    emu_host *h = realloc(emu.hosts, cap * sizeof *h);
+    if (!h) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+    emu.hosts = h;
+    emu.host_cap = cap;
+  }
+  emu.hosts[emu.nhosts++] = (emu_host){.ptr = ptr, .size = bytes, .mapped = 0, .ctx = ctx};
+  emu.counts.host_allocations++;
+  return emu_leave(CUDA_SUCCESS);
+}
+
+EMU_EXPORT CUresult CUDAAPI cuMemHostUnregister(void *ptr) {
+  CUresult r = emu_enter();
+  if (r) return r;
+  struct CUctx_st *ctx;
+  if ((r = emu_need_ctx(&ctx))) return emu_leave(r);
+  for (size_t i = 0; i < emu.nhosts; i++)
+    if (emu.hosts[i].ptr == ptr && !emu.hosts[i].mapped) {
+      host_release(i);
+      emu.counts.host_allocations--;
+      return emu_leave(CUDA_SUCCESS);
+    }
+  return emu_leave(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
 }
 
 /* ---- streams ------------------------------------------------------------------------- */

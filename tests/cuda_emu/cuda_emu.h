@@ -8,7 +8,7 @@
 
 typedef struct weft_cuda_emu_counters {
   int allocations;      /* cuMemAlloc not yet freed */
-  int host_allocations; /* cuMemHostAlloc not yet freed */
+  int host_allocations; /* cuMemHostAlloc not yet freed, cuMemHostRegister not yet undone */
   int streams;          /* cuStreamCreate not yet destroyed */
   int events;           /* cuEventCreate not yet destroyed */
   int modules;          /* cuModuleLoadData not yet unloaded */
