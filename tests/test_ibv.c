@@ -113,6 +113,11 @@ static int expect_rank(int rank, int size, const weft_unique_id *id, void *arg) 
 }
 
 static void run_expect(const char *const *env, expect e) {
+  /* which settings a hang or a failure below belongs to */
+  printf("# case:");
+  for (int i = 0; env[i]; i++) printf(" %s", env[i]);
+  printf("\n");
+  fflush(stdout);
   harness_init();
   assert_int_equal(harness_run(2, env, 60, expect_rank, &e), 0);
 }
