@@ -62,7 +62,7 @@ weft_status weft_chunk_check(weft_error_sink *sink, int peer, weft_tag tag, weft
                         "peer %d sent data of its collective call #%u, %s, while this rank is in "
                         "call #%u, %s (a rank skipped or added a call)",
                         peer, weft_tag_seq(tag), theirs, weft_tag_seq(want), mine);
-  else if ((weft_tag_sig(tag) ^ weft_tag_sig(want)) == 1u << 15)
+  else if ((weft_tag_sig(tag) ^ weft_tag_sig(want)) == WEFT_SIG_IN_PLACE_DEVICE)
     weft_error_sink_set(sink,
                         "rank %d called %s as its call #%u, this rank %s: pass device memory on "
                         "every rank or host memory on every rank",

@@ -54,11 +54,14 @@ typedef struct weft_call_sig {
 } weft_call_sig;
 
 #define WEFT_SIG_ROOT_BITS 16
+#define WEFT_SIG_IN_PLACE_DEVICE (1u << 15) /* the in_place_device bit */
+#define WEFT_SIG_ROOT_SHIFT 16
 
 static inline uint32_t weft_sig_pack(weft_call_sig s) {
   return ((uint32_t)s.kind & 0xfu) | ((uint32_t)(s.dtype + 1) & 0xfu) << 4 |
          ((uint32_t)(s.op + 1) & 0x7u) << 8 | ((uint32_t)(s.wire + 1) & 0xfu) << 11 |
-         (uint32_t)s.in_place_device << 15 | (s.root & ((1u << WEFT_SIG_ROOT_BITS) - 1)) << 16;
+         (s.in_place_device ? WEFT_SIG_IN_PLACE_DEVICE : 0) |
+         (s.root & ((1u << WEFT_SIG_ROOT_BITS) - 1)) << WEFT_SIG_ROOT_SHIFT;
 }
 
 static inline weft_call_sig weft_sig_unpack(uint32_t sig) {
@@ -66,15 +69,16 @@ static inline weft_call_sig weft_sig_unpack(uint32_t sig) {
                          .dtype = (int)(sig >> 4 & 0xfu) - 1,
                          .op = (int)(sig >> 8 & 0x7u) - 1,
                          .wire = (int)(sig >> 11 & 0xfu) - 1,
-                         .in_place_device = sig >> 15 & 1u,
-                         .root = sig >> 16};
+                         .in_place_device = (sig & WEFT_SIG_IN_PLACE_DEVICE) != 0,
+                         .root = sig >> WEFT_SIG_ROOT_SHIFT};
 }
 
 /* The signature less a gradient bucket's step: what stays the same when a
  * training loop makes the same call on the same buffers step after step
  * (the direct rounds compare their messages with the last call's). */
 static inline uint32_t weft_sig_shape(uint32_t sig) {
-  return (sig & 0xfu) == WEFT_SIG_GRAD_BUCKET ? sig & 0xffffu : sig;
+  uint32_t below_root = (1u << WEFT_SIG_ROOT_SHIFT) - 1;
+  return weft_sig_unpack(sig).kind == WEFT_SIG_GRAD_BUCKET ? sig & below_root : sig;
 }
 
 static inline weft_tag weft_tag_make(uint32_t seq, uint32_t sig) {

@@ -90,18 +90,25 @@ static weft_status staged_fail(weft_coll_task *task, weft_status st, const char 
   return weft_core_error(task->comm, st, task->coll.call, "%s", what);
 }
 
+/* Every rank of `comm` on this host, several of them, and every peer over a
+ * transport that maps a peer's memory of `kind` (shm): alike on every rank. */
+static bool one_host_mapping(const weft_core *comm, weft_memory kind) {
+  if (comm->size < 2 || comm->hosts.nhosts != 1) return false;
+  for (int p = 0; p < comm->size; p++) {
+    if (p == comm->rank) continue;
+    int tp = comm->links.peers[p].tp;
+    if (tp < 0 || !(comm->links.tps[tp].ops->caps.map_kinds & WEFT_MEMORY_BIT(kind))) return false;
+  }
+  return true;
+}
+
 static weft_status device_state(weft_coll_task *task, int ordinal, struct weft_coll_device **out) {
   weft_core *core = task->comm;
   struct weft_coll_device *d = core->device;
   if (!d) {
     if (!(d = calloc(1, sizeof *d))) return staged_fail(task, WEFT_ERR_NOMEM, "no memory");
     d->ordinal = ordinal;
-    d->shared_stage = core->size > 1 && core->hosts.nhosts == 1;
-    for (int p = 0; p < core->size && d->shared_stage; p++) {
-      int tp = p == core->rank ? 0 : core->links.peers[p].tp;
-      d->shared_stage = tp >= 0 && (p == core->rank || (core->links.tps[tp].ops->caps.map_kinds &
-                                                        WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED)));
-    }
+    d->shared_stage = one_host_mapping(core, WEFT_MEMORY_SHARED);
     weft_status st = weft_cuda_stream_create(ordinal, &d->stream, &core->links.sink);
     if (st) {
       free(d);
@@ -169,12 +176,19 @@ static void *stage_take(struct weft_coll_device *d, size_t bytes, int *block) {
   return b->ptr;
 }
 
-static weft_status stage_wait(weft_coll_task *task, weft_mem_token token) {
-  weft_mem_stream *s = task->comm->device->stream;
-  double deadline = weft_now() + task->comm->fail.timeout_s;
-  weft_status st;
-  while ((st = weft_mem_device.poll(s, token)) == WEFT_AGAIN && weft_now() < deadline) {
+/* Polls the communicator's stream until `token` completed, at most the
+ * communicator's timeout: WEFT_AGAIN when that ran out (0: nothing to wait). */
+static weft_status token_wait(const weft_core *comm, weft_mem_token token) {
+  double deadline = weft_now() + comm->fail.timeout_s;
+  weft_status st = WEFT_OK;
+  while (token && (st = weft_mem_device.poll(comm->device->stream, token)) == WEFT_AGAIN &&
+         weft_now() < deadline) {
   }
+  return st;
+}
+
+static weft_status stage_wait(weft_coll_task *task, weft_mem_token token) {
+  weft_status st = token_wait(task->comm, token);
   if (st == WEFT_AGAIN)
     return staged_fail(task, WEFT_ERR_TIMEOUT,
                        "the copy of the device buffer did not complete in %.1f s (WEFT_TIMEOUT): "
@@ -190,18 +204,8 @@ static weft_status stage_wait(weft_coll_task *task, weft_mem_token token) {
  * whether every buffer can be mapped is the algorithm's first question,
  * and a no stages them after all (device_restage). */
 static bool device_in_place_ok(const weft_coll_task *task) {
-  const weft_core *comm = task->comm;
-  if (!task->may_map_device || !weft_settings()->cuda_ipc || comm->size < 2 ||
-      comm->hosts.nhosts != 1)
-    return false;
-  for (int p = 0; p < comm->size; p++) {
-    if (p == comm->rank) continue;
-    int tp = comm->links.peers[p].tp;
-    if (tp < 0 ||
-        !(comm->links.tps[tp].ops->caps.map_kinds & WEFT_MEMORY_BIT(WEFT_MEMORY_DEVICE)))
-      return false;
-  }
-  return true;
+  return task->may_map_device && weft_settings()->cuda_ipc &&
+         one_host_mapping(task->comm, WEFT_MEMORY_DEVICE);
 }
 
 /* The communicator's device scratch for the call whose kernels are about to
@@ -221,10 +225,7 @@ static weft_status device_scratch_take(weft_coll *coll) {
   if (d->scratch_bytes < need || !d->scratch) { /* grown once for a step's largest call */
     weft_mem_token all = 0;
     weft_status st = weft_mem_device.record(d->stream, &all);
-    double deadline = weft_now() + task->comm->fail.timeout_s;
-    if (!st) do { /* nothing queued may still use the old block */
-        st = weft_mem_device.poll(d->stream, all);
-      } while (st == WEFT_AGAIN && weft_now() < deadline);
+    if (!st) st = token_wait(task->comm, all); /* nothing queued may still use the old block */
     if (st == WEFT_AGAIN) {
       snprintf(why, sizeof why,
                "earlier work on the communicator's stream did not complete in %.1f s "
@@ -493,9 +494,7 @@ void weft_coll_stage_release(weft_coll_task *task) {
     d->pool[st->block].busy = false;
     d->pool[st->block].until = last;
   } else if (st->own) {
-    double deadline = weft_now() + task->comm->fail.timeout_s;
-    while (last && weft_mem_device.poll(d->stream, last) == WEFT_AGAIN && weft_now() < deadline) {
-    }
+    token_wait(task->comm, last);
     weft_mem_device.free_slots(st->own, st->own_bytes);
   }
   for (int i = 0; i < st->nspent; i++) weft_coll_scratch_free(&task->coll, st->spent[i]);

@@ -1037,6 +1037,17 @@ EMU_EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr ptr) {
   return emu_leave(CUDA_SUCCESS);
 }
 
+/* Room for one more host entry (cuMemHostAlloc, cuMemHostRegister). */
+static bool host_room(void) {
+  if (emu.nhosts < emu.host_cap) return true;
+  size_t cap = emu.host_cap ? emu.host_cap * 2 : 64;
+  emu_host *h = realloc(emu.hosts, cap * sizeof *h);
+  if (!h) return false;
+  emu.hosts = h;
+  emu.host_cap = cap;
+  return true;
+}
+
 EMU_EXPORT CUresult CUDAAPI cuMemHostAlloc(void **ptr, size_t bytes, unsigned int flags) {
   CUresult r = emu_enter();
   if (r) return r;
@@ -1045,13 +1056,7 @@ EMU_EXPORT CUresult CUDAAPI cuMemHostAlloc(void **ptr, size_t bytes, unsigned in
   unsigned int known =
       CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
   if (!ptr || !bytes || (flags & ~known)) return emu_leave(CUDA_ERROR_INVALID_VALUE);
-  if (emu.nhosts == emu.host_cap) {
-    size_t cap = emu.host_cap ? emu.host_cap * 2 : 64;
-    emu_host *h = realloc(emu.hosts, cap * sizeof *h);
-    if (!h) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
-    emu.hosts = h;
-    emu.host_cap = cap;
-  }
+  if (!host_room()) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
   size_t mapped = emu_page_round(bytes);
   void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
@@ -1090,13 +1095,7 @@ EMU_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void *ptr, size_t bytes, unsign
   for (size_t i = 0; i < emu.nhosts; i++)
     if (lo < emu.hosts[i].ptr + emu.hosts[i].size && emu.hosts[i].ptr < lo + bytes)
       return emu_leave(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
-  if (emu.nhosts == emu.host_cap) {
-    size_t cap = emu.host_cap ? emu.host_cap * 2 : 64;
-    emu_host *h = realloc(emu.hosts, cap * sizeof *h);
-    if (!h) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
-    emu.hosts = h;
-    emu.host_cap = cap;
-  }
+  if (!host_room()) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
   emu.hosts[emu.nhosts++] = (emu_host){.ptr = ptr, .size = bytes, .mapped = 0, .ctx = ctx};
   emu.counts.host_allocations++;
   return emu_leave(CUDA_SUCCESS);
