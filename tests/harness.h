@@ -10,6 +10,7 @@
 #define WEFT_TEST_HARNESS_H
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -87,6 +88,43 @@ static inline void harness_init(void) {
   memset(harness_shm, 0, sizeof *harness_shm);
 }
 
+/* Before a hung rank is killed: every thread's stack, from gdb where it is
+ * installed (tools/setup-debian.sh installs it), else each thread's name and
+ * kernel wait channel; so a hang that happens once in many runs says where
+ * it stood. Bounded: gdb gets 30 s. */
+static inline void harness_dump_stacks(int rank, pid_t pid) {
+  char pid_text[16];
+  snprintf(pid_text, sizeof pid_text, "%d", (int)pid);
+  fprintf(stderr, "harness: rank %d (pid %d) at the hang:\n", rank, (int)pid);
+  fflush(NULL);
+  pid_t dumper = fork();
+  if (dumper == 0) {
+    dup2(2, 1);
+    execlp("timeout", "timeout", "30", "gdb", "-p", pid_text, "-batch", "-nx", "-q", "-ex",
+           "thread apply all bt", (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  if (dumper > 0 && waitpid(dumper, &st, 0) == dumper && WIFEXITED(st) && WEXITSTATUS(st) == 0) return;
+  /* no gdb (or it failed): the threads' names and where the kernel holds them */
+  char path[300], line[128];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *tasks = opendir(path);
+  for (struct dirent *t; tasks && (t = readdir(tasks));) {
+    static const char *const parts[] = {"comm", "wchan"};
+    if (t->d_name[0] == '.') continue;
+    fprintf(stderr, "  thread %s:", t->d_name);
+    for (int i = 0; i < 2; i++) {
+      snprintf(path, sizeof path, "/proc/%d/task/%s/%s", (int)pid, t->d_name, parts[i]);
+      FILE *f = fopen(path, "r");
+      if (f && fgets(line, sizeof line, f)) fprintf(stderr, " %s=%.*s", parts[i], (int)strcspn(line, "\n"), line);
+      if (f) fclose(f);
+    }
+    fprintf(stderr, "\n");
+  }
+  if (tasks) closedir(tasks);
+}
+
 /* A rank's body: rank, size, the job's id; returns 0 on success. */
 typedef int (*harness_rank_fn)(int rank, int size, const weft_unique_id *id, void *arg);
 
@@ -126,7 +164,7 @@ static inline int harness_run(int n, const char *const *env, double timeout_s, h
     if (write(pipes[r][1], &id, sizeof id) != (ssize_t)sizeof id) perror("harness: write id");
     close(pipes[r][1]);
   }
-  int failed = 0, left = n, crashed = -1;
+  int failed = 0, left = n, crashed = -1, dumped = 0;
   double deadline = harness_now() + timeout_s;
   int done[HARNESS_MAX_RANKS] = {0};
   for (int r = 0; r < n; r++) harness_shm->ended_by[r] = 0;
@@ -161,9 +199,11 @@ static inline int harness_run(int n, const char *const *env, double timeout_s, h
           if (crashed >= 0)
             fprintf(stderr, "harness: rank %d still running %.0f s after rank %d crashed: killed\n",
                     r, HARNESS_CRASH_GRACE_S, crashed);
-          else
+          else {
             fprintf(stderr, "harness: rank %d still running after %.0f s: killed (a hang)\n", r,
                     timeout_s);
+            if (dumped++ < 4) harness_dump_stacks(r, pids[r]); /* a few say enough, and gdb is slow */
+          }
           kill(pids[r], SIGKILL);
         }
       while (left > 0) {

@@ -21,6 +21,8 @@ case ${1:-} in
   *) echo "usage: sh tools/setup-debian.sh [--torch-venv DIR]" >&2; exit 2 ;;
 esac
 packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libhwloc-plugins libcmocka-dev libibverbs-dev libssl-dev iproute2 clang libclang-rt-14-dev llvm valgrind"
+# gdb: a test rank that hangs has its threads' stacks printed before it is killed (tests/harness.h)
+packages="$packages gdb"
 # Python (issue 16): the package python/weft (cffi loads libweft), the torch backend
 # weft.torch (a C++ extension built against Debian's torch: g++, python3-dev,
 # libtorch-dev, pybind11-dev) and their tests (numpy and pytest; torch and sklearn's
