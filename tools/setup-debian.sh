@@ -9,16 +9,24 @@
 # tools/fresh-root.sh checks this list in a minimal Debian 12 root.
 #
 #   sh tools/setup-debian.sh [--torch-venv DIR]    (or WEFT_TORCH_VENV=DIR)
+#   sh tools/setup-debian.sh --pip                  (what pip install . needs, alone)
 #
+# --pip: only what `pip install .` needs to build weft's wheel (issue 44): C and
+# C++ compilers, libcrypto's and hwloc's headers (hwloc is optional: without it
+# weft builds and has no topology), pkg-config, Python's headers, venv and pip.
+# Torch comes from the user's venv, meson-python from pip; nvcc is optional
+# and not installed (a wheel builds without CUDA kernels).
 # --torch-venv DIR: also a venv at DIR with torch 2.x and numpy from PyPI, for
 # the pip test (tests/pip, issue 38); kept when it works, else
 # made anew. Downloads only when asked: the quickstart needs none of it.
 set -eu
 torch_venv=${WEFT_TORCH_VENV:-}
+pip_only=""
 case ${1:-} in
   --torch-venv) torch_venv=${2:?"setup-debian.sh: --torch-venv needs a folder"} ;;
+  --pip) pip_only=1 torch_venv="" ;;
   "") ;;
-  *) echo "usage: sh tools/setup-debian.sh [--torch-venv DIR]" >&2; exit 2 ;;
+  *) echo "usage: sh tools/setup-debian.sh [--torch-venv DIR | --pip]" >&2; exit 2 ;;
 esac
 packages="gcc libc6-dev meson ninja-build pkg-config libhwloc-dev libhwloc-plugins libcmocka-dev libibverbs-dev libssl-dev iproute2 clang libclang-rt-14-dev llvm valgrind"
 # gdb: a test rank that hangs has its threads' stacks printed before it is killed (tests/harness.h)
@@ -29,8 +37,10 @@ packages="$packages gdb"
 # digits for DDP; Open MPI for the mpirun launcher case)
 packages="$packages python3 python3-dev python3-cffi python3-numpy python3-pytest g++"
 packages="$packages python3-torch libtorch-dev pybind11-dev python3-sklearn openmpi-bin"
-# the torch venv: python3 -m venv needs ensurepip
-[ -z "$torch_venv" ] || packages="$packages python3-venv"
+# the torch venv: python3 -m venv needs ensurepip; the pip test's offline
+# install (--no-build-isolation) builds with Debian's meson-python
+[ -z "$torch_venv" ] || packages="$packages python3-venv python3-mesonpy"
+[ -z "$pip_only" ] || packages="gcc g++ libc6-dev pkg-config libssl-dev libhwloc-dev python3-dev python3-venv python3-pip"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -430,9 +430,6 @@ def main():
     except ImportError as e:
         print(f"skipped: {sys.executable}: {e}")
         return SKIP
-    if weft.torch.ProcessGroupWeft is None:
-        print(f"skipped: weft.torch's backend is not built ({weft.torch._backend_missing})")
-        return SKIP
     b = Bench(a)
     if a.what in ("grads", "ddp", "resnet", "all"):
         shapes = load_grads(a.grads, a.quick)

@@ -4,11 +4,14 @@
 // weft completes the requests. Every refusal names the call and the reason.
 #include "process_group_weft.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <pthread.h>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include <Python.h>
 
@@ -87,6 +90,26 @@ bool weftType(at::ScalarType s, weft_dtype *d) {
   }
 }
 
+// A dtype as a torch user writes it (torch.int16), not as c10 prints it (Short).
+std::string torchDtype(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kShort: return "torch.int16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kBool: return "torch.bool";
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return std::string("torch dtype ") + c10::toString(s);
+  }
+}
+
 // What weft moves for a tensor: its own element type when weft has it.
 // Calls that only move data (broadcast, gathers, send) move any other type
 // (bool, int16, complex...) as bytes; calls that reduce refuse it.
@@ -97,7 +120,7 @@ struct Wire {
 
 Wire reduceWire(const char *call, const at::Tensor &t) {
   weft_dtype d;
-  TORCH_CHECK(weftType(t.scalar_type(), &d), "weft: ", call, ": cannot reduce ", t.scalar_type(),
+  TORCH_CHECK(weftType(t.scalar_type(), &d), "weft: ", call, ": cannot reduce ", torchDtype(t.scalar_type()),
               " tensors; weft reduces float32, float64, float16, bfloat16, int8, uint8, "
               "int32 and int64");
   return {d, static_cast<size_t>(t.numel())};
@@ -137,7 +160,7 @@ weft_op weftOp(const char *call, const c10d::ReduceOp &op) {
 
 void checkSame(const char *call, const at::Tensor &a, const at::Tensor &b, const char *what) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "weft: ", call, ": ", what, " is ",
-              b.scalar_type(), " but the input is ", a.scalar_type());
+              torchDtype(b.scalar_type()), " but the input is ", torchDtype(a.scalar_type()));
   TORCH_CHECK(a.device() == b.device(), "weft: ", call, ": ", what, " is on ", b.device(),
               " but the input is on ", a.device());
   checkDevice(call, b);
@@ -293,9 +316,126 @@ void WorkWeft::complete(std::exception_ptr eptr) {
 // ---- the process group ---------------------------------------------------------------
 
 namespace {
-const char kIdKey[] = "weft_unique_id";
 std::mutex live_mu;
 std::set<ProcessGroupWeft *> live_groups;  // for shutdownAll at interpreter exit
+
+// ---- the unique id through the store, one key per init -------------------------------
+//
+// A store can outlive a group: torchrun's agent store, or rank 0's multi-tenant
+// TCPStore, keeps its keys across destroy_process_group, and torch names the
+// default group (and the new groups after it) alike after every destroy. So each
+// init has its own key: every rank counts its inits of a group of this size on
+// this store (weft_inits/SIZE/rankR, an atomic add), and the n-th init of every
+// rank is one generation, whose id rank 0 puts under weft_unique_id/SIZE/n once
+// every rank has counted it.
+//
+// The counts stay equal while inits succeed or fail everywhere: an init that
+// fails before the id was handed out takes its count back ('E' below). Where they
+// differ all the same (an init that failed part-way, a rank that skipped one),
+// rank 0 sees it, sets every count to the highest, and every rank fails at once
+// naming both inits ('A'); the next init on every rank pairs again.
+
+std::string initsKey(int size, int rank) {
+  return "weft_inits/" + std::to_string(size) + "/rank" + std::to_string(rank);
+}
+
+std::string idKey(int size, int64_t generation) {
+  return "weft_unique_id/" + std::to_string(size) + "/" + std::to_string(generation);
+}
+
+// A rank's count of inits so far (an add of 0 reads without changing it).
+int64_t initsOf(c10d::Store &store, int size, int rank) { return store.add(initsKey(size, rank), 0); }
+
+std::vector<uint8_t> bytesOf(const std::string &s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+bool pastDeadline(std::chrono::steady_clock::time_point start, std::chrono::milliseconds timeout) {
+  return timeout.count() > 0 && std::chrono::steady_clock::now() - start >= timeout;
+}
+
+void pause(std::chrono::milliseconds *wait) {
+  std::this_thread::sleep_for(*wait);
+  *wait = std::min(*wait * 2, std::chrono::milliseconds(50));
+}
+
+// Rank 0: waits until every rank has counted this init, then hands out the id
+// (or the sentence of why there is none) under this generation's key.
+void publishId(c10d::Store &store, int size, int64_t generation, std::chrono::milliseconds timeout,
+               weft_unique_id *id) {
+  std::vector<int64_t> counts(size, 0);
+  counts[0] = generation;
+  auto start = std::chrono::steady_clock::now();
+  auto wait = std::chrono::milliseconds(1);
+  for (int r = 1; r < size;) {
+    counts[r] = initsOf(store, size, r);
+    if (counts[r] >= generation) {
+      r++;
+      continue;
+    }
+    if (pastDeadline(start, timeout)) {
+      std::string why = "rank " + std::to_string(r) + " did not begin init #" + std::to_string(generation) +
+                        " of this group (it is at init #" + std::to_string(counts[r]) + ") within the timeout of " +
+                        std::to_string(timeout.count()) + " ms";
+      store.set(idKey(size, generation), bytesOf("E" + why));
+      store.add(initsKey(size, 0), -1);
+      TORCH_CHECK(false, "weft: init of rank 0 of ", size, ": ", why);
+    }
+    pause(&wait);
+  }
+  int64_t highest = *std::max_element(counts.begin(), counts.end());
+  if (highest > generation) {
+    int other = static_cast<int>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+    std::string why = "rank 0 was at its init #" + std::to_string(generation) + " of this group on this store, rank " +
+                      std::to_string(other) + " at its init #" + std::to_string(highest) +
+                      " (an earlier init_process_group failed or was skipped on some ranks); every rank's count "
+                      "is now #" + std::to_string(highest) + ", so the next init_process_group on every rank pairs "
+                      "them again";
+    // rank 0's own count last: a rank that sees it raised fails, and may init
+    // again at once, which must find its own count aligned already
+    for (int r = size - 1; r >= 0; r--) store.set(initsKey(size, r), bytesOf(std::to_string(highest)));
+    std::set<int64_t> told;
+    for (int64_t g : counts)
+      if (told.insert(g).second) store.set(idKey(size, g), bytesOf("A" + why));
+    TORCH_CHECK(false, "weft: init: ", why);
+  }
+  weft_status st = weft_get_unique_id(id);
+  if (st != WEFT_OK) {
+    std::string why = "rank 0 could not make a unique id: " + weftSentence(nullptr, st);
+    store.set(idKey(size, generation), bytesOf("E" + why));
+    store.add(initsKey(size, 0), -1);
+    TORCH_CHECK(false, "weft: init: ", why);
+  }
+  store.set(idKey(size, generation), bytesOf(std::string("I") + std::string(id->bytes, sizeof id->bytes)));
+}
+
+// Another rank: waits for this generation's id, polling, so that rank 0 found
+// at a later init fails it at once (rank 0 never writes this key then). An
+// init that fails here before an id was handed out takes its count back.
+void fetchId(c10d::Store &store, int rank, int size, int64_t generation, std::chrono::milliseconds timeout,
+             weft_unique_id *id) {
+  const std::string key = idKey(size, generation);
+  auto start = std::chrono::steady_clock::now();
+  auto wait = std::chrono::milliseconds(1);
+  while (!store.check({key})) {
+    int64_t rank0 = initsOf(store, size, 0);
+    TORCH_CHECK(rank0 <= generation, "weft: init: rank 0 is at its init #", rank0,
+                " of this group on this store, rank ", rank, " at its init #", generation,
+                " (an earlier init_process_group failed or was skipped on some ranks)");
+    if (pastDeadline(start, timeout)) {
+      store.add(initsKey(size, rank), -1);
+      TORCH_CHECK(false, "weft: init of rank ", rank, " of ", size,
+                  ": rank 0 did not publish the weft unique id of init #", generation, " (store key \"", key,
+                  "\") within the timeout of ", timeout.count(), " ms; rank 0 is at init #", rank0);
+    }
+    pause(&wait);
+  }
+  std::vector<uint8_t> value = store.get(key);
+  std::string text(value.begin() + (value.empty() ? 0 : 1), value.end());
+  if (!value.empty() && value[0] == 'E') store.add(initsKey(size, rank), -1);
+  TORCH_CHECK(!value.empty() && value[0] != 'E' && value[0] != 'A', "weft: init: ", text);
+  TORCH_CHECK(value[0] == 'I' && value.size() == 1 + sizeof id->bytes,
+              "weft: init: the store holds no weft unique id under \"", key, "\" (", value.size(), " bytes)");
+  std::memcpy(id->bytes, value.data() + 1, sizeof id->bytes);
+}
 }  // namespace
 
 ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
@@ -310,27 +450,16 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store,
   if (size == 1) {
     st = weft_comm_init_config(&cfg, &comm_);  // one rank meets nobody
   } else {
-    // like NCCL's process group: rank 0 makes the id, the store carries it.
-    // A failure on rank 0 goes into the store too, so the others fail at
-    // once with its sentence instead of waiting for the store's timeout.
+    // like NCCL's process group: rank 0 makes the id, the store carries it,
+    // under this init's own key (above). A failure on rank 0 goes into the
+    // store too, so the others fail at once with its sentence instead of
+    // waiting for the store's timeout.
     weft_unique_id id;
-    if (rank == 0) {
-      st = weft_get_unique_id(&id);
-      std::string value = st == WEFT_OK ? std::string("I") + std::string(id.bytes, sizeof id.bytes)
-                                        : std::string("E") + weftSentence(nullptr, st);
-      store->set(kIdKey, std::vector<uint8_t>(value.begin(), value.end()));
-      TORCH_CHECK(st == WEFT_OK,
-                  "weft: init: rank 0 could not make a unique id: ", weftSentence(nullptr, st));
-    } else {
-      std::vector<uint8_t> value = store->get(kIdKey);
-      TORCH_CHECK(!value.empty() && value[0] != 'E',
-                  "weft: init: rank 0 could not make a unique id: ",
-                  std::string(value.begin() + (value.empty() ? 0 : 1), value.end()));
-      TORCH_CHECK(value[0] == 'I' && value.size() == 1 + sizeof id.bytes,
-                  "weft: init: the store holds no weft unique id under \"", kIdKey, "\" (",
-                  value.size(), " bytes)");
-      std::memcpy(id.bytes, value.data() + 1, sizeof id.bytes);
-    }
+    int64_t generation = store->add(initsKey(size, rank), 1);
+    if (rank == 0)
+      publishId(*store, size, generation, timeout, &id);
+    else
+      fetchId(*store, rank, size, generation, timeout, &id);
     st = weft_comm_init_rank_config(&comm_, &id, &cfg);
   }
   TORCH_CHECK(st == WEFT_OK, "weft: init of rank ", rank, " of ", size,

@@ -10,6 +10,11 @@ a folder outside the source tree.
       under torchrun (2 ranks: ops, DDP)
       venv B: pip install --no-deps --no-index WHEEL (no cffi): import weft.torch,
       a 2-rank all_reduce under weftrun, weft.init() saying it needs cffi
+      venv A and B: weftrun, weft-bench, weft-info and python -m weft from the wheel
+      venv C: Debian's python3 -m venv --system-site-packages, pip install COPY:
+      the backend built against Debian's torch, a 2-rank all_reduce
+      offline: Debian's meson-python reads pyproject.toml, runs meson's setup and
+      writes the metadata (the offline install of docs/python.md, but its compile)
 
 weft is built once, and not with --no-build-isolation (docs/python.md describes
 it; no test runs it): a build costs about a minute on 2 cores, and pip install .
@@ -117,8 +122,6 @@ def check_installed(py, venv, cwd, want_cffi):
 import os, sys, torch, weft.torch
 import weft
 print("torch", torch.__version__, "weft.torch from", os.path.dirname(weft.torch.__file__))
-if weft.torch._backend is None:
-    sys.exit("weft.torch has no backend: %s" % weft.torch._backend_missing)
 print("extension", weft.torch._backend.__file__)
 try:
     import cffi
@@ -176,6 +179,32 @@ def with_deps(a, py, venv, whl, tmp):
              backend], cwd=tmp, limit=120)
     run([py, os.path.join(tests, "run.py"), "--launcher", "torchrun", "-n", "2",
          "--", "--parts", "ops,refusals,ddp", "--cases", "15"], cwd=tmp, limit=200)
+    # init_process_group / destroy_process_group 20 times in one process under
+    # torchrun (its agent store outlives every group), a retry after a failed
+    # init, inits that differ (issue 44)
+    for n in ("2", "3"):
+        run([py, os.path.join(tests, "run.py"), "--launcher", "torchrun", "-n", n, "--script", "reinit.py"],
+            cwd=tmp, limit=200)
+    check_tools(py, venv, tmp)
+
+
+def check_tools(py, venv, tmp):
+    """weftrun, weft-bench and weft-info from the wheel: the console scripts in
+    the venv's bin, and python -m weft run|bench|info (issue 44)."""
+    bindir = os.path.join(venv, "bin")
+    info = run([os.path.join(bindir, "weft-info")], cwd=tmp, limit=60)
+    if "transports:" not in info:
+        sys.exit("FAIL: weft-info from the wheel printed no transports line")
+    if "transports:" not in run([py, "-m", "weft", "info"], cwd=tmp, limit=60):
+        sys.exit("FAIL: python -m weft info printed no transports line")
+    bench = [os.path.join(bindir, "weftrun"), "-n", "2", "--timeout", "60", os.path.join(bindir, "weft-bench"),
+             "-b", "1024", "-e", "65536", "-n", "5"]
+    if "Out of bounds values : 0 OK" not in run(bench, cwd=tmp, limit=90):
+        sys.exit("FAIL: weftrun -n 2 weft-bench from the wheel did not check out")
+    out = run([py, "-m", "weft", "run", "-n", "2", "--timeout", "60", py, "-m", "weft", "bench",
+               "-c", "broadcast", "-b", "1024", "-e", "4096", "-n", "3"], cwd=tmp, limit=90)
+    if "Out of bounds values : 0 OK" not in out:
+        sys.exit("FAIL: python -m weft run -n 2 python -m weft bench did not check out")
 
 
 def without_deps(a, py, venv, whl, tmp):
@@ -204,6 +233,98 @@ print("rank %d: all_reduce of 2 ranks from the wheel OK (peer over %s)" % (rank,
 """], cwd=tmp, limit=120)
     if out.count("from the wheel OK") != 2:
         sys.exit("FAIL: not both ranks said OK")
+    # the tools need no cffi
+    if "transports:" not in run([py, "-m", "weft", "info"], cwd=tmp, limit=60):
+        sys.exit("FAIL: python -m weft info printed no transports line without cffi")
+
+
+SYSTEM_PY = "/usr/bin/python3"
+
+
+def system_torch_version():
+    """Debian's torch as the system Python imports it, or None."""
+    p = subprocess.run([SYSTEM_PY, "-c", "import torch; print(torch.__version__)"], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True, env=clean_env())
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def system_venv(a, tmp, name, pip_args):
+    """A venv of Debian's python3 over its system site-packages (Debian's torch),
+    weft installed into it from a copy of the source with pip_args; checks the
+    backend was built against that torch. Returns the venv's python."""
+    venv = os.path.join(tmp, name)
+    run([SYSTEM_PY, "-m", "venv", "--system-site-packages", venv], cwd=tmp, limit=120)
+    py = os.path.join(venv, "bin", "python")
+    copy = os.path.join(tmp, "src-" + name)
+    copy_source(a.source, copy)
+    run([py, "-m", "pip", "install"] + pip_args + build_args() + [copy], cwd=tmp, limit=1200)
+    shutil.rmtree(copy)
+    out = run([py, "-c", """
+import os, torch, weft.torch
+print("torch", torch.__version__, "from", os.path.dirname(torch.__file__))
+print("backend built against torch", weft.torch._backend.torch_version_built, "at", weft.torch._backend.__file__)
+"""], cwd=tmp, limit=120)
+    built = [l.split()[4] for l in out.splitlines() if l.startswith("backend built against torch")][0]
+    if not system_torch_version().startswith(built):
+        sys.exit("FAIL: the backend was built against torch %s, the venv imports %s" % (built, system_torch_version()))
+    if "transports:" not in run([py, "-m", "weft", "info"], cwd=tmp, limit=60):
+        sys.exit("FAIL: python -m weft info printed no transports line")
+    return py
+
+
+def offline(a, tmp):
+    """The offline install docs/python.md describes, --no-build-isolation with
+    Debian's own meson-python (0.12), as far as it differs from the builds
+    above: meson-python reading pyproject.toml (issue 44: 0.12 once refused it,
+    "Unknown configuration key tool.meson-python.args.dist"), meson's setup,
+    and the metadata with the three console scripts. Not the compile, which is
+    the one above (a full offline install: docs/python.md)."""
+    if subprocess.run([SYSTEM_PY, "-c", "import mesonpy"], env=clean_env(), stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL).returncode != 0:
+        log("no Debian meson-python (apt-get install python3-mesonpy): the offline install is not tried")
+        return
+    copy = os.path.join(tmp, "src-offline")
+    copy_source(a.source, copy)
+    meta = os.path.join(tmp, "offline-metadata")
+    os.makedirs(meta)
+    scripts = run([SYSTEM_PY, "-c", """
+import mesonpy, os, sys
+os.chdir(sys.argv[1])
+print("meson-python", mesonpy.__version__)
+if hasattr(mesonpy, "prepare_metadata_for_build_wheel"):
+    info = mesonpy.prepare_metadata_for_build_wheel(sys.argv[2])
+    print(open(os.path.join(sys.argv[2], info, "entry_points.txt")).read())
+else:  # 0.12 (Debian 12) has no such hook: the project as its build_wheel makes it
+    with mesonpy._project({}) as p:
+        print(p._wheel_builder.entrypoints_txt.decode())
+""", copy, meta], cwd=tmp, limit=300)
+    shutil.rmtree(copy)
+    for tool in ("weftrun", "weft-bench", "weft-info"):
+        if tool not in scripts:
+            sys.exit("FAIL: the offline metadata has no console script %s: %s" % (tool, scripts))
+
+
+def system_torch(a, tmp):
+    """pip install . in a venv that sees Debian's torch through
+    --system-site-packages (issue 44: such an install once left out the backend,
+    saying nothing): the backend must be built against that torch, and work."""
+    if not system_torch_version():
+        log("no system torch (%s cannot import torch): the --system-site-packages venv is not tried" % SYSTEM_PY)
+        return
+    py = system_venv(a, tmp, "venv-system-torch", [])
+    out = run([a.weftrun, "-n", "2", "--timeout", "60", py, "-c", """
+import torch, torch.distributed as dist
+import weft.torch
+dist.init_process_group("weft")
+rank, size = dist.get_rank(), dist.get_world_size()
+x = torch.arange(1000, dtype=torch.float64) * (rank + 1)
+dist.all_reduce(x)
+assert torch.equal(x, torch.arange(1000, dtype=torch.float64) * 3), "rank %d: all_reduce gave another sum" % rank
+dist.destroy_process_group()
+print("rank %d: all_reduce over the system torch OK" % rank)
+"""], cwd=tmp, limit=120)
+    if out.count("over the system torch OK") != 2:
+        sys.exit("FAIL: not both ranks said OK over the system torch")
 
 
 def main():
@@ -231,6 +352,10 @@ def main():
         venv_b = os.path.join(tmp, "venv-nodeps")
         py_b = make_venv(torch_py, venv_b)
         without_deps(a, py_b, venv_b, whl, tmp)
+        # venv C: Debian's python and torch, seen through --system-site-packages
+        system_torch(a, tmp)
+        # the offline install's own part: Debian's meson-python on this pyproject.toml
+        offline(a, tmp)
     finally:
         if os.environ.get("WEFT_PIP_KEEP"):
             log("kept %s (WEFT_PIP_KEEP)" % tmp)

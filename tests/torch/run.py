@@ -2,6 +2,7 @@
 
   run.py --launcher torchrun|weftrun|mpirun -n N [--weftrun PATH] [-- ranks.py args]
   run.py --launcher direct -n N --kill     (ranks started here; the last one dies)
+  run.py --script reinit.py ...            (another rank script of this folder)
 
 Exits 77 (skipped, for meson) when torch, the built backend or the launcher
 is missing, so the suite passes on machines without torch.
@@ -57,6 +58,7 @@ def main():
     ap.add_argument("--built", type=int, default=1, help="0: meson built no backend (no torch)")
     ap.add_argument("--kill", action="store_true")
     ap.add_argument("--limit", type=float, default=110)
+    ap.add_argument("--script", default="ranks.py", help="the rank script, in this folder")
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
 
@@ -73,7 +75,7 @@ def main():
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"  # ranks share two cores; torch's threads would fight
     env["PYTHONUNBUFFERED"] = "1"
-    ranks = [sys.executable, os.path.join(HERE, "ranks.py")] + a.rest
+    ranks = [sys.executable, os.path.join(HERE, a.script)] + a.rest
     n = a.n
 
     if a.launcher == "torchrun":

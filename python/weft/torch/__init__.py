@@ -9,6 +9,7 @@ docs/torch.md for what is supported and what is refused.
 """
 import atexit
 import ctypes
+import glob
 import inspect
 import os
 
@@ -54,29 +55,28 @@ def _load_backend():
     lib = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "libweft.so")
     if os.path.isfile(lib):
         ctypes.CDLL(lib)
+    built = [f for d in __path__ for f in glob.glob(os.path.join(d, "_backend*.so"))]
     try:
         from . import _backend
     except ImportError as e:
+        why = (f"{built[0]} does not load: {e}" if built else
+               f"there is no weft/torch/_backend*.so in {', '.join(__path__)}")
         raise ImportError(
-            "weft.torch: the C++ extension weft/torch/_backend is missing or does not load "
-            f"({e}); it is built by meson when a Python with torch is found "
-            "(see docs/torch.md)") from e
+            f"weft.torch: this weft has no torch.distributed backend: {why}. It is built against the "
+            "torch that the installing Python imports, so install torch first, then weft again "
+            "(pip install --force-reinstall --no-deps . from weft's source); a meson build needs "
+            "a Python with torch, its C++ headers and a C++ compiler (docs/torch.md)") from e
     return _backend
 
 
-# Without the extension (weft built without torch, say) the pure-Python DDP
-# hooks below still import; the backend then fails where it is asked for,
-# with the sentence of why it is missing.
-try:
-    _backend = _load_backend()
-    ProcessGroupWeft = _backend.ProcessGroupWeft
-except ImportError as _missing:
-    _backend, _backend_missing, ProcessGroupWeft = None, _missing, None
+# Without the extension there is nothing to register: the import fails here,
+# with the sentence of why, rather than at init_process_group("weft") with
+# torch's "Invalid backend".
+_backend = _load_backend()
+ProcessGroupWeft = _backend.ProcessGroupWeft
 
 
 def _create(store, rank, size, timeout):
-    if _backend is None:
-        raise _backend_missing
     return _backend.create(store, rank, size, timeout)
 
 
@@ -94,8 +94,6 @@ def _register():
 
 def peer_transport(peer, group=None):
     """The transport weft chose for `peer` in `group` ("shm", "tcp", "self")."""
-    if _backend is None:
-        raise _backend_missing
     pg = group if group is not None else _dist.distributed_c10d._get_default_group()
     if not isinstance(pg, ProcessGroupWeft):
         # torch 2.x wraps backends in a ProcessGroup
@@ -109,8 +107,7 @@ _register()
 # with a Python callback then needs the GIL, and Python 3.11 ends such a
 # thread mid-way once finalization began (the process aborts). Groups left
 # alive at exit (no destroy_process_group) are stopped here instead.
-if _backend is not None:
-    atexit.register(_backend.shutdown_all)
+atexit.register(_backend.shutdown_all)
 
 try:  # the DDP comm hooks (weft.torch.hooks) come with the Python package
     from .hooks import *  # noqa: F401,F403
