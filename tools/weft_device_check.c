@@ -22,7 +22,8 @@
  * device buffers, stopping at the first that fails (the stand-in's
  * WEFT_CUDA_EMU_KERNEL_FAULT makes one rank's kernel fault): prints
  * "device-check: fault: rank R: STATUS after K calls: message"; exit 0 when
- * a call failed, 1 when all returned OK. */
+ * a call failed, 1 when all returned OK. --in-flight N: N non-blocking
+ * allreduces on device buffers issued before any wait, then checked. */
 #include <time.h>
 #include <math.h>
 #include <stdint.h>
@@ -348,6 +349,64 @@ static int resnet(weft_comm *comm, const char *tsv) {
   return 0;
 }
 
+/* --in-flight N: N non-blocking allreduces (sum, f32, in place) on slices of
+ * one device buffer, all issued before any is waited for, as a backward pass
+ * issues one per gradient tensor; then every result against the reference.
+ * weft.h puts no limit on calls in flight short of memory (once, a full ring
+ * of 256 stream events crashed the 300th). */
+static int in_flight(weft_comm *comm, int n) {
+  enum { COUNT = 16 };
+  size_t bytes = (size_t)n * COUNT * sizeof(float);
+  float *host = malloc(bytes);
+  weft_request **reqs = calloc((size_t)n, sizeof *reqs);
+  if (!host || !reqs) return 1;
+  for (int c = 0; c < n; c++)
+    for (size_t i = 0; i < COUNT; i++)
+      host[(size_t)c * COUNT + i] = (float)value_of(rank, c, i, WEFT_F32, WEFT_SUM);
+  CUdeviceptr buf = dev_alloc(bytes);
+  fill_dev(buf, host, bytes);
+  weft_status st = WEFT_OK;
+  int issued = 0;
+  double t0 = now_s();
+  for (; issued < n && st == WEFT_OK; issued++) {
+    void *slice = (void *)(uintptr_t)(buf + (CUdeviceptr)issued * COUNT * sizeof(float));
+    st = weft_iallreduce(comm, slice, slice, COUNT, WEFT_F32, WEFT_SUM, &reqs[issued]);
+  }
+  double issue_s = now_s() - t0;
+  if (st) {
+    issued--;
+    printf("device-check: in-flight: rank %d: call %d of %d refused: %s\n", rank, issued, n,
+           weft_last_error(comm));
+  }
+  for (int c = 0; c < issued; c++) {
+    weft_status w = weft_wait(&reqs[c]);
+    if (w && st == WEFT_OK) {
+      st = w;
+      printf("device-check: in-flight: rank %d: call %d of %d failed: %s\n", rank, c, n,
+             weft_last_error(comm));
+    }
+  }
+  read_dev(host, buf, bytes);
+  long bad = 0;
+  for (int c = 0; c < n && st == WEFT_OK; c++)
+    for (size_t i = 0; i < COUNT; i++) {
+      double want = 0;
+      for (int r = 0; r < size; r++) want += (double)value_of(r, c, i, WEFT_F32, WEFT_SUM);
+      if ((double)host[(size_t)c * COUNT + i] != want && bad++ < 5)
+        printf("device-check: in-flight: rank %d: call %d element %zu is %g, want %g\n", rank, c, i,
+               (double)host[(size_t)c * COUNT + i], want);
+    }
+  passed += st == WEFT_OK && !bad ? n : 0;
+  failed += st != WEFT_OK || bad ? 1 : 0;
+  printf("device-check: rank %d: in flight: %d allreduces issued before any wait (%.1f us per issue, "
+         "%.2f s to the last result), %s\n",
+         rank, n, issue_s * 1e6 / n, now_s() - t0, st ? "FAILED" : bad ? "wrong results" : "all right");
+  CU_OK(cu->mem_free(buf));
+  free(host);
+  free(reqs);
+  return st || bad ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   bool quick = argc > 1 && !strcmp(argv[1], "--quick");
   const char *resnet_tsv = argc > 2 && !strcmp(argv[1], "--resnet") ? argv[2] : NULL;
@@ -381,6 +440,14 @@ int main(int argc, char **argv) {
     int rc = resnet(comm, resnet_tsv);
     weft_comm_destroy(comm);
     return rc;
+  }
+  if (argc > 2 && !strcmp(argv[1], "--in-flight")) {
+    int rc = in_flight(comm, atoi(argv[2]));
+    long all_failed = failed;
+    weft_allreduce(comm, &failed, &all_failed, 1, WEFT_I64, WEFT_SUM);
+    printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);
+    weft_comm_destroy(comm);
+    return rc || all_failed ? 1 : 0;
   }
   if (argc > 1 && !strcmp(argv[1], "--fault")) {
     /* a kernel that faults on one rank fails the call on every rank: the

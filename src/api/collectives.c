@@ -19,6 +19,7 @@ static inline weft_status coll_blocking(weft_request *r, weft_status setup) {
 
 /* A non-blocking call: queued, and the progress thread moves it. */
 static weft_status coll_issue(weft_request *r, weft_request **req, weft_status setup) {
+  setup = weft_coll_setup_verdict(&r->task, setup);
   if (setup < 0) {
     free(r);
     return setup;

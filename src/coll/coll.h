@@ -67,6 +67,18 @@ _Static_assert(offsetof(weft_coll_task, coll) == 0, "an advance finds its task f
  * one rank). */
 #define WEFT_COLL_DONE ((weft_status)2)
 
+/* What the caller of a setup acts on: OK, WEFT_COLL_DONE or an error. Any
+ * other positive status (a WEFT_AGAIN that climbed out of a memory table,
+ * say) is no success: it becomes WEFT_ERR_INTERNAL with a sentence, never a
+ * half-built call handed to the engine. */
+static inline weft_status weft_coll_setup_verdict(weft_coll_task *task, weft_status setup) {
+  if (setup <= 0 || setup == WEFT_COLL_DONE) return setup;
+  return weft_core_error(task->comm, WEFT_ERR_INTERNAL, task->coll.call ? task->coll.call : "a collective",
+                         "the call's setup answered %s (%d), neither done nor an error: a bug in "
+                         "weft, the call was not started",
+                         weft_status_name(setup), (int)setup);
+}
+
 /* Each checks its arguments against `comm` (the core of a communicator the
  * caller found live), takes the call's sequence number and starts its
  * algorithm in `coll`; `call` is the name the user called ("weft_iallreduce"). */

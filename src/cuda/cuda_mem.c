@@ -125,16 +125,24 @@ static int device_of(const void *ptr) {
 
 /* ---- a communicator's stream and its tokens ----------------------------------- */
 
-#define CUDA_EVENTS 256 /* tokens in flight per stream; a full ring answers WEFT_AGAIN */
+/* Tokens in flight per stream at first. The ring doubles when every event
+ * in it is still needed: weft.h puts no limit on calls in flight short of
+ * memory (a backward pass issues one call per gradient tensor). */
+#define CUDA_EVENTS_FIRST 256
 
 struct weft_mem_stream {
   int ordinal;
   CUdevice device;
   CUcontext ctx;
   CUstream stream;
-  CUevent events[CUDA_EVENTS]; /* token t is events[t % CUDA_EVENTS] */
-  uint64_t recorded;           /* tokens issued (the last one's number) */
-  uint64_t done;               /* every token up to this one is complete */
+  /* The tokens: recorded at issue on the caller's thread and polled on the
+   * progress thread, so the ring, which moves when it grows, is theirs under
+   * the lock (uncontended but for those two). */
+  pthread_mutex_t lock;
+  CUevent *events;   /* token t is events[t % nevents]; created on first use */
+  size_t nevents;    /* a power of two */
+  uint64_t recorded; /* tokens issued (the last one's number) */
+  uint64_t done;     /* every token up to this one is complete */
   CUevent user_before, user_after; /* the links with the user's stream */
   weft_error_sink *errors;
 };
@@ -150,7 +158,15 @@ weft_status weft_cuda_stream_create(int ordinal, weft_mem_stream **out, void *er
     return WEFT_ERR_UNSUPPORTED;
   }
   weft_mem_stream *s = calloc(1, sizeof *s);
-  if (!s) return WEFT_ERR_NOMEM;
+  CUevent *events = calloc(CUDA_EVENTS_FIRST, sizeof *events);
+  if (!s || !events) {
+    free(s);
+    free(events);
+    return WEFT_ERR_NOMEM;
+  }
+  s->events = events;
+  s->nevents = CUDA_EVENTS_FIRST;
+  pthread_mutex_init(&s->lock, NULL);
   s->ordinal = ordinal;
   s->errors = errors;
   CUresult r;
@@ -179,13 +195,15 @@ void weft_cuda_stream_destroy(weft_mem_stream *s) {
   if (s->ctx && cuda_enter(s) == CUDA_SUCCESS) {
     /* nothing of ours may run on after this: the buffers may be freed */
     if (s->stream) cuda->stream_synchronize(s->stream);
-    for (int i = 0; i < CUDA_EVENTS; i++)
+    for (size_t i = 0; i < s->nevents; i++)
       if (s->events[i]) cuda->event_destroy(s->events[i]);
     if (s->user_before) cuda->event_destroy(s->user_before);
     if (s->user_after) cuda->event_destroy(s->user_after);
     if (s->stream) cuda->stream_destroy(s->stream);
   }
   if (s->ctx) cuda->primary_ctx_release(s->device);
+  pthread_mutex_destroy(&s->lock);
+  free(s->events);
   free(s);
 }
 
@@ -237,13 +255,13 @@ fail:
   return cuda_fail(s->errors, r, call, s->ordinal, NULL, 0);
 }
 
-static weft_status device_poll(weft_mem_stream *s, weft_mem_token token) {
+static weft_status poll_locked(weft_mem_stream *s, weft_mem_token token) {
   if (token <= s->done) return WEFT_OK;
   CUresult r = cuda_enter(s);
   if (r != CUDA_SUCCESS) return cuda_fail(s->errors, r, "cuCtxSetCurrent", s->ordinal, NULL, 0);
   /* tokens complete in the order they were issued on one stream */
   while (s->done < token) {
-    r = cuda->event_query(s->events[(s->done + 1) % CUDA_EVENTS]);
+    r = cuda->event_query(s->events[(s->done + 1) % s->nevents]);
     if (r == CUDA_ERROR_NOT_READY) return WEFT_AGAIN;
     if (r != CUDA_SUCCESS)
       return cuda_fail(s->errors, r, "cuEventQuery (work of this rank's stream)", s->ordinal,
@@ -253,20 +271,63 @@ static weft_status device_poll(weft_mem_stream *s, weft_mem_token token) {
   return WEFT_OK;
 }
 
-static weft_status device_record(weft_mem_stream *s, weft_mem_token *token) {
-  if (s->recorded - s->done >= CUDA_EVENTS - 1) {
-    weft_status st = device_poll(s, s->done + 1);
-    if (st) return st; /* the oldest token is not done: its event is still needed */
+/* Doubles the ring: the tokens in flight (done+1 .. recorded) keep their
+ * events, moved to where their numbers fall in the larger ring; the idle
+ * events fill other slots, to be reused. */
+static weft_status events_grow(weft_mem_stream *s) {
+  size_t n = s->nevents * 2;
+  CUevent *grown = calloc(n, sizeof *grown);
+  if (!grown) {
+    if (s->errors)
+      weft_error_sink_set(s->errors, "no memory for %zu CUDA events (calls in flight on one stream)", n);
+    return WEFT_ERR_NOMEM;
+  }
+  for (uint64_t t = s->done + 1; t <= s->recorded; t++) {
+    grown[t % n] = s->events[t % s->nevents];
+    s->events[t % s->nevents] = NULL;
+  }
+  size_t free_slot = 0;
+  for (size_t i = 0; i < s->nevents; i++) {
+    if (!s->events[i]) continue;
+    while (grown[free_slot]) free_slot++; /* n > tokens in flight + idle events: a slot is free */
+    grown[free_slot] = s->events[i];
+  }
+  free(s->events);
+  s->events = grown;
+  s->nevents = n;
+  return WEFT_OK;
+}
+
+static weft_status device_poll(weft_mem_stream *s, weft_mem_token token) {
+  pthread_mutex_lock(&s->lock);
+  weft_status st = poll_locked(s, token);
+  pthread_mutex_unlock(&s->lock);
+  return st;
+}
+
+static weft_status record_locked(weft_mem_stream *s, weft_mem_token *token) {
+  if (s->recorded - s->done >= s->nevents - 1) {
+    weft_status st = poll_locked(s, s->done + 1);
+    if (st < 0) return st;
+    /* the oldest token is not done: its event is still needed, so the ring grows */
+    if (st == WEFT_AGAIN) WEFT_CHECK(events_grow(s));
   }
   CUresult r = cuda_enter(s);
   if (r != CUDA_SUCCESS) return cuda_fail(s->errors, r, "cuCtxSetCurrent", s->ordinal, NULL, 0);
-  CUevent *ev = &s->events[(s->recorded + 1) % CUDA_EVENTS];
+  CUevent *ev = &s->events[(s->recorded + 1) % s->nevents];
   if (!*ev && (r = cuda->event_create(ev, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
     return cuda_fail(s->errors, r, "cuEventCreate", s->ordinal, NULL, 0);
   if ((r = cuda->event_record(*ev, s->stream)) != CUDA_SUCCESS)
     return cuda_fail(s->errors, r, "cuEventRecord", s->ordinal, NULL, 0);
   *token = ++s->recorded;
   return WEFT_OK;
+}
+
+static weft_status device_record(weft_mem_stream *s, weft_mem_token *token) {
+  pthread_mutex_lock(&s->lock);
+  weft_status st = record_locked(s, token);
+  pthread_mutex_unlock(&s->lock);
+  return st;
 }
 
 static weft_status device_copy_to_host(void *host, const void *src, size_t bytes,

@@ -72,6 +72,7 @@ static inline void weft_request_coll(weft_request *req, bool on_heap) {
  * here until done, as weft_engine_call. The request lives on the caller's
  * stack. */
 static inline weft_status weft_engine_blocking(weft_request *req, weft_status setup) {
+  setup = weft_coll_setup_verdict(&req->task, setup);
   if (setup == WEFT_COLL_DONE) return WEFT_OK;
   if (setup < 0) return setup;
   weft_request_coll(req, false);

@@ -17,6 +17,7 @@
 # on weft's own progress thread, so one waiter thread per process waits for
 # the requests in issue order and completes the futures. The hook itself
 # never blocks on peers: backward goes on while buckets are reduced.
+import atexit
 import queue
 import threading
 
@@ -141,9 +142,27 @@ class _Waiter:
                 self._thread.start()
         self._queue.put((request, future, finish))
 
+    def stop(self, timeout=10.0):
+        """At interpreter exit (atexit, before Python ends daemon threads): the
+        thread finishes what it holds and returns. Python 3.11 ends a daemon
+        thread that is still inside torch's C++ (completing a future: DDP's
+        callbacks run there after its waiter woke) by a forced unwind, which
+        aborts the process ("terminate called without an active exception");
+        a hook's last bucket left it there in most runs. Bounded: a request
+        whose peer is gone ends at weft's timeout, which is not waited for."""
+        with self._lock:
+            thread = self._thread
+        if thread is None or not thread.is_alive():
+            return
+        self._queue.put(None)
+        thread.join(timeout)
+
     def _run(self):
         while True:
-            request, future, finish = self._queue.get()
+            item = self._queue.get()
+            if item is None:
+                return
+            request, future, finish = item
             try:
                 request.wait()
                 result = finish()
@@ -154,6 +173,7 @@ class _Waiter:
 
 
 _waiter = _Waiter()
+atexit.register(_waiter.stop)
 
 
 def allreduce_hook(state, bucket):
