@@ -63,6 +63,16 @@ def wait_key(store, key):
     store.wait([key], LONG)
 
 
+def init_and_check(store, rank, size):
+    """A weft group on `store` made directly (torch's creator), an allreduce
+    on it checked, the group dropped."""
+    pg = weft.torch._create(store, rank, size, LONG)
+    x = torch.ones(10) * (rank + 1)
+    pg.allreduce([x]).wait()
+    assert torch.equal(x, torch.ones(10) * size * (size + 1) / 2), x
+    del pg
+
+
 def run_retry():
     rank, size, store = side_store("retry")
     last = size - 1
@@ -79,11 +89,7 @@ def run_retry():
         store.set("weft_test_alone_failed", "1")
     else:
         wait_key(store, "weft_test_alone_failed")
-    pg = weft.torch._create(store, rank, size, LONG)
-    x = torch.ones(10) * (rank + 1)
-    pg.allreduce([x]).wait()
-    assert torch.equal(x, torch.ones(10) * size * (size + 1) / 2), x
-    del pg
+    init_and_check(store, rank, size)
     print(f"RANK {rank}: an init that timed out on rank {last} alone, then one together: OK", flush=True)
 
 
@@ -106,11 +112,7 @@ def run_mismatch():
     else:
         raise AssertionError("an init one generation ahead succeeded")
     # the counts were aligned: the next init on every rank pairs again
-    pg = weft.torch._create(store, rank, size, LONG)
-    x = torch.ones(10) * (rank + 1)
-    pg.allreduce([x]).wait()
-    assert torch.equal(x, torch.ones(10) * size * (size + 1) / 2), x
-    del pg
+    init_and_check(store, rank, size)
     print(f"RANK {rank}: the init after them: OK", flush=True)
 
 
