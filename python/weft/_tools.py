@@ -23,9 +23,6 @@ def _candidates(program):
     else:
         prefix = os.path.dirname(os.path.dirname(_install.LIBRARY))
         yield os.path.join(prefix, "bin", program)
-    tools = os.environ.get("WEFT_TOOLS_DIR")  # a build tree: its tools/ folder
-    if tools:
-        yield os.path.join(tools, program)
 
 
 def tool_path(program):
@@ -38,8 +35,8 @@ def tool_path(program):
         tried.append(path)
     raise FileNotFoundError(
         "weft: %s is not installed with this package (looked in %s); pip install weft puts it "
-        "in the wheel, a meson install in PREFIX/bin, and WEFT_TOOLS_DIR names a build tree's "
-        "tools folder" % (program, ", ".join(tried)))
+        "in the wheel, a meson install in PREFIX/bin (a build tree: build/tools/%s)"
+        % (program, ", ".join(tried), program))
 
 
 def _exec(program, args):

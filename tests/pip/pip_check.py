@@ -265,8 +265,9 @@ print("torch", torch.__version__, "from", os.path.dirname(torch.__file__))
 print("backend built against torch", weft.torch._backend.torch_version_built, "at", weft.torch._backend.__file__)
 """], cwd=tmp, limit=120)
     built = [l.split()[4] for l in out.splitlines() if l.startswith("backend built against torch")][0]
-    if not system_torch_version().startswith(built):
-        sys.exit("FAIL: the backend was built against torch %s, the venv imports %s" % (built, system_torch_version()))
+    imported = system_torch_version()
+    if not imported.startswith(built):
+        sys.exit("FAIL: the backend was built against torch %s, the venv imports %s" % (built, imported))
     if "transports:" not in run([py, "-m", "weft", "info"], cwd=tmp, limit=60):
         sys.exit("FAIL: python -m weft info printed no transports line")
     return py
