@@ -417,6 +417,10 @@ void fetchId(c10d::Store &store, int rank, int size, int64_t generation, std::ch
   auto wait = std::chrono::milliseconds(1);
   while (!store.check({key})) {
     int64_t rank0 = initsOf(store, size, 0);
+    // Rank 0 ahead: it may have written this key (the 'A' sentence) between the
+    // check above and that read, then raised its count by a new init; its words
+    // name the counts it aligned, so they win where they are there.
+    if (rank0 > generation && store.check({key})) break;
     TORCH_CHECK(rank0 <= generation, "weft: init: rank 0 is at its init #", rank0,
                 " of this group on this store, rank ", rank, " at its init #", generation,
                 " (an earlier init_process_group failed or was skipped on some ranks)");
