@@ -223,7 +223,17 @@ WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire);
  * as NCCL's are: it starts after the work queued on that stream when it is
  * issued, and work queued on the stream later waits for its result, without
  * the host thread synchronizing the stream. Blocking calls return when the
- * result is in recvbuf; a request of a weft_iNAME call completes then.
+ * result is in recvbuf; a request of a weft_iNAME call completes then. A
+ * weft_iNAME call queues that wait on the stream when it is issued (a
+ * cuStreamWaitValue32 on a word weft writes once the result is in place),
+ * so a copy of the result queued on the stream, and the stream synchronized,
+ * read the result even before weft_wait; the communicator's progress thread
+ * moves the call meanwhile. The stream is held until then: queue the work
+ * that should overlap the call on another stream (weft.torch uses a side
+ * stream per call, as PyTorch's NCCL backend does). A call that fails, and
+ * weft_comm_destroy, let the stream go on (the buffer's contents are then
+ * undefined). A call's own GPU work never waits for work queued on the
+ * stream after it was issued, so later calls' user work cannot delay it.
  * weft_comm_set_stream names the stream (a CUstream or cudaStream_t, as
  * void *) for the calls issued after it on this communicator; NULL (the
  * default) is the legacy default stream. A build without CUDA (weft-info

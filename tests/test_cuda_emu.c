@@ -338,6 +338,88 @@ static void cross_stream_waits_kept(void **state) {
   CU(api->mem_free(y));
 }
 
+/* cuStreamWaitValue32 holds its stream until the word meets the value,
+ * even where the writer is work another thread queues later (a synchronize
+ * lets go of the lock meanwhile); cuStreamWriteValue32 writes it in its
+ * stream's order. */
+typedef struct {
+  CUstream stream;
+  CUdeviceptr word;
+} value_writer;
+
+static void *write_value_later(void *arg) {
+  value_writer *w = arg;
+  usleep(50000);
+  CU(api->ctx_set_current(ctx0));
+  CU(api->stream_write_value32(w->stream, w->word, 5, CU_STREAM_WRITE_VALUE_DEFAULT));
+  return NULL;
+}
+
+static void stream_wait_value_holds_its_stream(void **state) {
+  (void)state;
+  CUstream a, b;
+  CU(api->stream_create(&a, CU_STREAM_NON_BLOCKING));
+  CU(api->stream_create(&b, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr word = dev_alloc(64), x = dev_alloc(64);
+  for (int round = 0; round < 20; round++) {
+    unsigned char out = 0;
+    CU(api->memset_d8_async(word, 0, 64, a));
+    CU(api->memset_d8_async(x, 1, 64, a));
+    CU(api->stream_synchronize(a));
+    /* GEQ with wrap-around: 4 is behind 5, 0xfffffff0 is behind 3 */
+    CU(api->stream_wait_value32(a, word, 5, CU_STREAM_WAIT_VALUE_GEQ));
+    CU(api->memcpy_dtoh_async(&out, x, 1, a));
+    for (int i = 0; i < 50; i++) assert_int_equal(api->stream_query(a), CUDA_ERROR_NOT_READY);
+    assert_int_equal(out, 0);
+    CU(api->stream_write_value32(b, word, 4, CU_STREAM_WRITE_VALUE_DEFAULT));
+    CU(api->stream_synchronize(b));
+    for (int i = 0; i < 50; i++) assert_int_equal(api->stream_query(a), CUDA_ERROR_NOT_READY);
+    CU(api->memset_d8_async(x, 9, 64, b));
+    if (round % 2) { /* the writer comes later, from another thread */
+      value_writer w = {b, word};
+      pthread_t t;
+      assert_int_equal(pthread_create(&t, NULL, write_value_later, &w), 0);
+      CU(api->stream_synchronize(a));
+      pthread_join(t, NULL);
+    } else { /* queued after the copy on b: the copy runs first */
+      CU(api->stream_write_value32(b, word, 5, CU_STREAM_WRITE_VALUE_DEFAULT));
+      CU(api->stream_synchronize(a));
+    }
+    assert_int_equal(out, 9);
+    CU(api->stream_synchronize(b));
+  }
+  /* host memory cannot be waited on unless pinned; odd addresses are refused */
+  static uint32_t pageable;
+  assert_int_equal(api->stream_wait_value32(a, (CUdeviceptr)(uintptr_t)&pageable, 1, 0),
+                   CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(api->stream_write_value32(a, word + 2, 1, 0), CUDA_ERROR_INVALID_VALUE);
+  CU(api->stream_destroy(a));
+  CU(api->stream_destroy(b));
+  CU(api->mem_free(word));
+  CU(api->mem_free(x));
+}
+
+/* A synchronize behind a wait nothing will ever satisfy aborts, naming the
+ * wait, after WEFT_CUDA_EMU_HANG_S: a test fails where a GPU would hang. */
+static int child_wait_forever(void) {
+  CUdevice dev;
+  CUcontext ctx;
+  CUstream s;
+  CUdeviceptr word;
+  if (api->device_get(&dev, 0) || api->primary_ctx_retain(&ctx, dev) || api->ctx_set_current(ctx) ||
+      api->stream_create(&s, CU_STREAM_NON_BLOCKING) || api->mem_alloc(&word, 4) ||
+      api->memset_d8_async(word, 0, 4, s) || api->stream_synchronize(s) ||
+      api->stream_wait_value32(s, word, 1, CU_STREAM_WAIT_VALUE_GEQ))
+    return 1;
+  api->stream_synchronize(s);
+  return 0; /* not reached: the stand-in aborts */
+}
+
+static void hung_synchronize_aborts(void **state) {
+  (void)state;
+  assert_int_equal(run_child("wait-forever", "", "WEFT_CUDA_EMU_HANG_S=1"), 200 + SIGABRT);
+}
+
 /* The NULL stream waits for earlier work of blocking streams (not of
  * non-blocking ones, which nothing here relies on). */
 static void legacy_stream_orders_blocking_streams(void **state) {
@@ -751,6 +833,7 @@ static int child_main(const char *mode, const char *arg) {
   if (!strcmp(mode, "ipc-write")) return child_ipc_write(arg);
   if (!strcmp(mode, "ipc-refused")) return child_ipc_refused(arg);
   if (!strcmp(mode, "two-devices")) return child_two_devices();
+  if (!strcmp(mode, "wait-forever")) return child_wait_forever();
   return 1;
 }
 
@@ -765,6 +848,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(pointers_classified, no_leftovers),
       cmocka_unit_test_teardown(copies_run_late_in_stream_order, no_leftovers),
       cmocka_unit_test_teardown(cross_stream_waits_kept, no_leftovers),
+      cmocka_unit_test_teardown(stream_wait_value_holds_its_stream, no_leftovers),
+      cmocka_unit_test_teardown(hung_synchronize_aborts, no_leftovers),
       cmocka_unit_test_teardown(legacy_stream_orders_blocking_streams, no_leftovers),
       cmocka_unit_test_teardown(events_complete_after_their_work, no_leftovers),
       cmocka_unit_test_teardown(illegal_address_is_sticky, no_leftovers),

@@ -34,6 +34,14 @@
 # half-built call: a crash or a hang). Over tcp from about 9,000 in flight
 # both ranks still wait for each other in call #1 in some runs (2 of 8 at
 # 9,000; 0 of 20 at 2,000): open, in issue 45's notes.
+# And --order: the stream order of non-blocking calls (issue 45), 20 rounds
+# over shm (IPC), over tcp (staged) and 3 ranks staged in slices through
+# shared pinned memory: a read queued on the user's stream after a
+# weft_iallreduce and synchronized before weft_wait must see the sum, and
+# weft_wait of a call must complete while the stream is held by a gate the
+# program queued after it (before the fix: stale reads in every run, and a
+# WEFT_ERR_TIMEOUT). The stand-in aborts a synchronize stuck for
+# WEFT_CUDA_EMU_HANG_S, naming the wait, instead of hanging.
 # And --fault: one rank's 5th kernel faults (the stand-in's
 # WEFT_CUDA_EMU_KERNEL_FAULT, CUDA_ERROR_ILLEGAL_ADDRESS): the call fails on
 # every rank, within WEFT_TIMEOUT, naming the driver's error.
@@ -52,7 +60,10 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
            "2 shm noipc --quick WEFT_CUDA_IPC=0 WEFT_DIRECT_MIN_BYTES=4096 WEFT_DEBUG=INFO" \
            "3 shm refused --quick WEFT_CUDA_EMU_IPC=0 WEFT_DIRECT_MIN_BYTES=4096 WEFT_DEBUG=INFO" \
            "2 tcp sliced WEFT_DEVICE_SLICE_BYTES=4096 WEFT_DEBUG=TRACE" \
-           "2 shm inflight --in-flight=10000 WEFT_TIMEOUT=60" "2 tcp inflight --in-flight=2000 WEFT_TIMEOUT=60"; do
+           "2 shm inflight --in-flight=10000 WEFT_TIMEOUT=60" "2 tcp inflight --in-flight=2000 WEFT_TIMEOUT=60" \
+           "2 shm order --order=20 WEFT_TIMEOUT=20 WEFT_CUDA_EMU_HANG_S=60" \
+           "2 tcp order --order=20 WEFT_TIMEOUT=20 WEFT_CUDA_EMU_HANG_S=60" \
+           "3 shm order --order=10,100000 WEFT_CUDA_IPC=0 WEFT_DEVICE_SLICE_BYTES=16384 WEFT_TIMEOUT=20"; do
   set -- $run
   n=$1 tp=$2 want=$3
   shift 3
@@ -61,6 +72,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
     case $a in
       --quick|--mixed|--fault) quick=$a ;;
       --in-flight=*) quick="--in-flight ${a#--in-flight=}" ;;
+      --order=*) quick="--order $(echo "${a#--order=}" | tr , ' ')" ;;
       --resnet) quick="--resnet $(dirname "$0")/../tools/data/resnet50_grads.tsv" ;;
       *=*) envs="$envs $a" ;;
     esac
@@ -71,6 +83,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
     line="$n ranks over $tp${envs:+ ($envs )}: $(grep -m1 'device-check: rank 0:' "$out" | sed 's/.*rank 0: //')"
     [ "$want" != resnet ] || line="$n ranks over $tp: $(grep -m1 'resnet:' "$out" | sed 's/.*resnet: //')"
     [ "$want" != fault ] || line="$n ranks over $tp, one rank's 5th kernel faults: $(grep -c 'device-check: fault: rank .*: WEFT_ERR' "$out") of $n ranks failed"
+    [ "$want" != order ] || line="$n ranks over $tp${envs:+ ($envs )}: $(grep -m1 'device-check: rank 0: order:' "$out" | sed 's/.*rank 0: order: //')"
     [ "$want" != inflight ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: in flight:' "$out" | sed 's/.*rank 0: in flight: //')"
     [ "$want" != mixed ] || line="$n ranks over $tp, rank 0 with host memory: $(grep -c 'device-check: mixed: rank .*: WEFT_ERR' "$out") of $n ranks failed"
     opened=$(sum_of ipc_opened) left=$(sum_of ipc_mappings)

@@ -53,7 +53,8 @@ static void async_members(void **state) {
   assert_memory_equal(out, b, sizeof b);
   assert_int_equal(m->record(s, &t), WEFT_OK);
   assert_int_equal(m->poll(s, t), WEFT_OK);
-  assert_int_equal(m->user_after_stream(NULL, s), WEFT_OK);
+  assert_int_equal(m->user_wait_signal(NULL, s, 1), WEFT_OK);
+  assert_int_equal(m->signal(s, 1), WEFT_OK);
   m->stream_destroy(s);
 }
 

@@ -23,7 +23,9 @@
  * WEFT_CUDA_EMU_KERNEL_FAULT makes one rank's kernel fault): prints
  * "device-check: fault: rank R: STATUS after K calls: message"; exit 0 when
  * a call failed, 1 when all returned OK. --in-flight N: N non-blocking
- * allreduces on device buffers issued before any wait, then checked. */
+ * allreduces on device buffers issued before any wait, then checked.
+ * --order N: the stream order of non-blocking calls, N rounds of two
+ * checks (order_check below). */
 #include <time.h>
 #include <math.h>
 #include <stdint.h>
@@ -407,6 +409,117 @@ static int in_flight(weft_comm *comm, int n) {
   return st || bad ? 1 : 0;
 }
 
+/* --order N: what weft.h promises a non-blocking call on device buffers,
+ * N rounds of two checks (issue 45), each on fresh values:
+ *  - read after: weft_iallreduce in place, then a copy of the buffer to the
+ *    host queued on the user's stream, and that stream synchronized before
+ *    weft_wait: the copy must read the sum (work queued on the stream after
+ *    the call waits for its result);
+ *  - head of line: weft_iallreduce A, then a gate on the user's stream (a
+ *    cuStreamWaitValue32 on a word only this program opens), then
+ *    weft_iallreduce B: weft_wait(A) must complete, with A's sum, while the
+ *    gate is shut (A's work never waits for user work queued after A);
+ *    then the gate opens and B completes with its sum.
+ * Without the promise the first reads stale data and the second waits
+ * until WEFT_TIMEOUT: deterministic, no timing involved. */
+static void fill_round(float *host, size_t count, int c) {
+  for (size_t i = 0; i < count; i++) host[i] = (float)value_of(rank, c, i, WEFT_F32, WEFT_SUM);
+}
+
+static long wrong_sums(const float *got, size_t count, int c, const char *what, int round) {
+  long bad = 0;
+  for (size_t i = 0; i < count; i++) {
+    double want = 0;
+    for (int r = 0; r < size; r++) want += (double)value_of(r, c, i, WEFT_F32, WEFT_SUM);
+    if ((double)got[i] != want && bad++ < 3)
+      printf("device-check: order: rank %d: round %d: %s: element %zu is %g, want %g\n", rank, round,
+             what, i, (double)got[i], want);
+  }
+  return bad;
+}
+
+static int order_check(weft_comm *comm, int rounds, size_t count) {
+  size_t bytes = count * sizeof(float);
+  /* a host buffer per device buffer: a copy from pageable memory may read
+   * it as late as when it runs (the stand-in does) */
+  float *host = malloc(bytes), *host_b = malloc(bytes), *got = malloc(bytes);
+  static const uint32_t shut = 0;
+  CUdeviceptr a = dev_alloc(bytes), b = dev_alloc(bytes), gate = dev_alloc(sizeof(uint32_t));
+  CUstream side; /* opens the gate and reads A while the user's stream is held */
+  CU_OK(cu->stream_create(&side, CU_STREAM_NON_BLOCKING));
+  long bad_read = 0, bad_hol = 0;
+  int failed_calls = 0;
+  for (int round = 0; round < rounds && !failed_calls; round++) {
+    /* read after */
+    int c = 3 * round;
+    fill_round(host, count, c);
+    fill_dev(a, host, bytes);
+    weft_request *ra = NULL, *rb = NULL;
+    void *pa = (void *)(uintptr_t)a, *pb = (void *)(uintptr_t)b;
+    weft_status st = weft_iallreduce(comm, pa, pa, count, WEFT_F32, WEFT_SUM, &ra);
+    if (!st) {
+      memset(got, 0, bytes);
+      read_dev(got, a, bytes); /* the user's stream: before weft_wait */
+      bad_read += wrong_sums(got, count, c, "read after, before weft_wait", round);
+      st = weft_wait(&ra);
+    }
+    /* head of line */
+    if (!st) {
+      fill_dev(gate, &shut, sizeof shut);
+      fill_round(host, count, c + 1);
+      fill_dev(a, host, bytes);
+      st = weft_iallreduce(comm, pa, pa, count, WEFT_F32, WEFT_SUM, &ra);
+    }
+    if (!st) {
+      CU_OK(cu->stream_wait_value32(user_stream, gate, 1, CU_STREAM_WAIT_VALUE_GEQ));
+      fill_round(host_b, count, c + 2);
+      fill_dev(b, host_b, bytes); /* behind the gate too */
+      st = weft_iallreduce(comm, pb, pb, count, WEFT_F32, WEFT_SUM, &rb);
+      weft_status wa = weft_wait(&ra); /* the gate is shut */
+      if (wa && !st) st = wa;
+      if (wa)
+        printf("device-check: order: rank %d: round %d: head of line: weft_wait(A) with the user's "
+               "stream held after A: %s: %s\n", rank, round, weft_status_name(wa), weft_last_error(comm));
+      if (!wa) {
+        memset(got, 0, bytes);
+        CU_OK(cu->memcpy_dtoh_async(got, a, bytes, side));
+        CU_OK(cu->stream_synchronize(side));
+        bad_hol += wrong_sums(got, count, c + 1, "head of line, A", round);
+      }
+      CU_OK(cu->stream_write_value32(side, gate, 1, CU_STREAM_WRITE_VALUE_DEFAULT));
+      CU_OK(cu->stream_synchronize(side));
+      weft_status wb = rb ? weft_wait(&rb) : WEFT_OK;
+      if (wb && !st) st = wb;
+      if (!wb && rb == NULL && !st) {
+        memset(got, 0, bytes);
+        read_dev(got, b, bytes);
+        bad_hol += wrong_sums(got, count, c + 2, "head of line, B", round);
+      }
+    }
+    if (st) {
+      failed_calls++;
+      printf("device-check: order: rank %d: round %d: %s: %s\n", rank, round, weft_status_name(st),
+             weft_last_error(comm));
+    }
+  }
+  CU_OK(cu->stream_synchronize(user_stream));
+  CU_OK(cu->stream_destroy(side));
+  CU_OK(cu->mem_free(a));
+  CU_OK(cu->mem_free(b));
+  CU_OK(cu->mem_free(gate));
+  free(host);
+  free(host_b);
+  free(got);
+  bool ok = !bad_read && !bad_hol && !failed_calls;
+  passed += ok ? rounds : 0;
+  failed += ok ? 0 : 1;
+  printf("device-check: rank %d: order: %d rounds of %zu floats: read after the call on its stream "
+         "before weft_wait: %s; weft_wait(A) with the stream held after A: %s%s\n",
+         rank, rounds, count, bad_read ? "STALE" : "right", bad_hol ? "WRONG" : "right",
+         failed_calls ? " (a call FAILED)" : "");
+  return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   bool quick = argc > 1 && !strcmp(argv[1], "--quick");
   const char *resnet_tsv = argc > 2 && !strcmp(argv[1], "--resnet") ? argv[2] : NULL;
@@ -443,6 +556,15 @@ int main(int argc, char **argv) {
   }
   if (argc > 2 && !strcmp(argv[1], "--in-flight")) {
     int rc = in_flight(comm, atoi(argv[2]));
+    long all_failed = failed;
+    weft_allreduce(comm, &failed, &all_failed, 1, WEFT_I64, WEFT_SUM);
+    printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);
+    weft_comm_destroy(comm);
+    return rc || all_failed ? 1 : 0;
+  }
+  if (argc > 2 && !strcmp(argv[1], "--order")) {
+    size_t count = argc > 3 ? (size_t)atol(argv[3]) : 4096;
+    int rc = order_check(comm, atoi(argv[2]), count);
     long all_failed = failed;
     weft_allreduce(comm, &failed, &all_failed, 1, WEFT_I64, WEFT_SUM);
     printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);

@@ -27,6 +27,7 @@
 // under a CUDA torch, and weft finds the driver itself.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
 #define WEFT_TORCH_CUDA 1
+#include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #endif
 
@@ -166,12 +167,25 @@ void checkSame(const char *call, const at::Tensor &a, const at::Tensor &b, const
   checkDevice(call, b);
 }
 
-// torch's current stream on the tensor's GPU, the order weft's call takes its
-// place in (as ProcessGroupNCCL's); NULL for CPU tensors
+// The stream weft's call is ordered on, for a CUDA tensor: a side stream of
+// torch's pool that waits, now, for the work queued so far on torch's
+// current stream (as ProcessGroupNCCL's own stream does); NULL for CPU
+// tensors. weft makes the stream it is given wait at issue for the call's
+// result (weft.h); given the current stream, that would hold backward's
+// next kernels until each bucket is reduced, and DDP would overlap nothing.
+// The work's wait() returns once the result is in place, so the current
+// stream needs no link back. Pool streams round-robin, so calls issued one
+// after another seldom share one (a shared one orders their inputs too).
 void *streamOf(const at::Tensor &t) {
 #ifdef WEFT_TORCH_CUDA
-  if (t.defined() && t.is_cuda())
-    return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle();
+  if (t.defined() && t.is_cuda()) {
+    const c10::impl::DeviceGuardImplInterface *impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    c10::Stream side = impl->getStreamFromGlobalPool(t.device(), false);
+    c10::Event before(c10::DeviceType::CUDA);
+    before.record(impl->getStream(t.device()));
+    before.block(side);
+    return side.native_handle();
+  }
 #else
   (void)t;
 #endif
@@ -657,7 +671,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::issueOne(const c10::intrusive_p
   std::lock_guard<std::mutex> issue(issue_mu_);
   checkLive(call);
   // CUDA tensors: the call starts after the work queued on torch's current
-  // stream now, and later work on it waits for the call (weft_comm_set_stream)
+  // stream now (through a side stream: streamOf)
   weft_comm_set_stream(comm_, streamOf(work->keep.empty() ? at::Tensor() : work->keep[0]));
   weft_request *req = nullptr;
   weft_status st = start(&req);

@@ -129,9 +129,11 @@ struct weft_coll {
   int wire_sent_to; /* 1 + the member the stage last went to (its send may still read it); 0 none */
   const weft_mem_ops *mem;
   /* device buffers the algorithm works on in place (the direct allreduce
-   * over CUDA IPC): the stream its work is queued on, and the token of the
-   * point where the user's earlier work on the buffers is done */
+   * over CUDA IPC): the stream its work is queued on, and the token (of
+   * ready_stream, another) of the point where the user's earlier work on
+   * the buffers is done */
   struct weft_mem_stream *stream;
+  struct weft_mem_stream *ready_stream;
   uint64_t ready;
   /* the caller's device scratch (the direct rounds' sums: allreduce,
    * ((count + size - 1) / size + 64) elements; reduce, count at the root;

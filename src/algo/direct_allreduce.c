@@ -232,7 +232,7 @@ static weft_status direct_advance(weft_coll *coll) {
   size_t msg = sizeof(struct weft_direct_msg);
   switch (ds->phase) {
     case INPUT_WAIT:
-      WEFT_STEP(coll->mem->poll(coll->stream, coll->ready));
+      WEFT_STEP(coll->mem->poll(coll->ready_stream, coll->ready));
       ds->phase = SEND_KEYS;
       /* fall through */
     case SEND_KEYS:

@@ -9,6 +9,7 @@
 #include "src/api/support.h"
 #include "src/base/status.h"
 #include "src/coll/coll.h"
+#include "src/coll/coll_device.h"
 #include "src/engine/engine.h"
 #include "weft.h"
 
@@ -20,6 +21,9 @@ static inline weft_status coll_blocking(weft_request *r, weft_status setup) {
 /* A non-blocking call: queued, and the progress thread moves it. */
 static weft_status coll_issue(weft_request *r, weft_request **req, weft_status setup) {
   setup = weft_coll_setup_verdict(&r->task, setup);
+  /* device buffers: the user's stream waits for the result from here on */
+  if (setup == WEFT_OK && (setup = weft_coll_device_issue(&r->task)) < 0)
+    weft_coll_release(&r->task);
   if (setup < 0) {
     free(r);
     return setup;

@@ -45,6 +45,9 @@ typedef struct weft_coll_task {
   bool may_map_device;             /* the call may run on device buffers in place (a collective
                                       the direct algorithm can take: coll_device.c) */
   bool device_in_place;            /* ... and does: CUDA IPC, no staging */
+  bool device_restaging;           /* ... and fell back to staging as it ran */
+  uint32_t device_signal;          /* a non-blocking device call's value for the user's stream
+                                      (weft_coll_device_issue); 0: none, or signalled */
   size_t device_scratch_bytes;     /* ... with this much device scratch (the reductions') */
   /* staged device buffers may run in slices (coll_device.c): how the call's
    * algorithm starts on one slice (a collective whose buffers each hold

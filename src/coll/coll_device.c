@@ -4,6 +4,7 @@
  * no call allocates pinned memory once the pool has grown to its sizes. */
 #include "src/coll/coll_device.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +32,8 @@ typedef struct stage_block {
   size_t bytes;
   bool shared; /* weft_cuda_alloc_shared_pinned's, else alloc_slots' */
   bool busy;
-  weft_mem_token until; /* a call that failed left work on it: free once this is done */
+  /* a call that failed left work on it: free once these are done */
+  weft_mem_token until_in, until_out; /* tokens of the streams `in` and `stream` */
 } stage_block;
 
 /* A communicator's device state (weft_core.device). */
@@ -42,7 +44,21 @@ struct weft_coll_device {
    * allreduce may be the direct one, reading the peers' staged copies
    * where they lie, with no copy through the transport's slots */
   bool shared_stage;
+  /* Two streams, so that no call's GPU work waits behind the user's work
+   * of calls issued after it (head-of-line). `in` takes what is queued at
+   * issue, in issue order: the wait for the user's earlier work, the copies
+   * of the inputs to the host, the token saying the input is ready. `stream`
+   * takes what is queued when the call runs, one call at a time: kernels,
+   * the copies of results back, and the signal the user's stream waits on.
+   * A call's run-time work follows its input because the host polled the
+   * input's token before queuing it, never by a wait on `stream`. */
+  weft_mem_stream *in;
   weft_mem_stream *stream;
+  /* the pool and the signal count: issue (the user's thread) and the end
+   * of a call (the driver's, maybe the progress thread) both reach them */
+  pthread_mutex_t lock;
+  uint32_t issued;   /* non-blocking calls issued: the value each one's signal carries */
+  uint32_t signaled; /* the latest value queued to `stream`'s signal */
   stage_block pool[STAGE_POOL];
   /* device scratch of the calls worked on in place (the direct rounds'
    * sums), grown as needed and kept: a cuMemAlloc and a cuMemFree per call
@@ -109,8 +125,12 @@ static weft_status device_state(weft_coll_task *task, int ordinal, struct weft_c
     if (!(d = calloc(1, sizeof *d))) return staged_fail(task, WEFT_ERR_NOMEM, "no memory");
     d->ordinal = ordinal;
     d->shared_stage = one_host_mapping(core, WEFT_MEMORY_SHARED);
-    weft_status st = weft_cuda_stream_create(ordinal, &d->stream, &core->links.sink);
+    pthread_mutex_init(&d->lock, NULL);
+    weft_status st = weft_cuda_stream_create(ordinal, &d->in, &core->links.sink);
+    if (!st) st = weft_cuda_stream_create(ordinal, &d->stream, &core->links.sink);
     if (st) {
+      weft_cuda_stream_destroy(d->in);
+      pthread_mutex_destroy(&d->lock);
       free(d);
       return weft_core_error(core, st, task->coll.call, "%s", core->links.sink.msg);
     }
@@ -136,15 +156,17 @@ static void stage_block_free(stage_block *b) {
 /* A pinned buffer of at least `bytes` from the pool: the smallest free
  * block that fits; else an empty slot gets a new block, else the smallest
  * free block is replaced by a larger one. Steps that issue the same calls
- * settle on the same blocks after the first. */
-static void *stage_take(struct weft_coll_device *d, size_t bytes, int *block) {
+ * settle on the same blocks after the first. Caller holds d->lock. */
+static void *stage_take_locked(struct weft_coll_device *d, size_t bytes, int *block) {
   int fit = -1, empty = -1, smallest = -1;
   for (int i = 0; i < STAGE_POOL; i++) {
     stage_block *b = &d->pool[i];
     if (b->busy) continue;
-    if (b->until) {
-      if (weft_mem_device.poll(d->stream, b->until) != WEFT_OK) continue;
-      b->until = 0;
+    if (b->until_in || b->until_out) {
+      if (weft_mem_device.poll(d->in, b->until_in) != WEFT_OK ||
+          weft_mem_device.poll(d->stream, b->until_out) != WEFT_OK)
+        continue;
+      b->until_in = b->until_out = 0;
     }
     if (!b->ptr) {
       if (empty < 0) empty = i;
@@ -176,19 +198,25 @@ static void *stage_take(struct weft_coll_device *d, size_t bytes, int *block) {
   return b->ptr;
 }
 
-/* Polls the communicator's stream until `token` completed, at most the
- * communicator's timeout: WEFT_AGAIN when that ran out (0: nothing to wait). */
-static weft_status token_wait(const weft_core *comm, weft_mem_token token) {
+static void *stage_take(struct weft_coll_device *d, size_t bytes, int *block) {
+  pthread_mutex_lock(&d->lock);
+  void *p = stage_take_locked(d, bytes, block);
+  pthread_mutex_unlock(&d->lock);
+  return p;
+}
+
+/* Polls `stream` until `token` completed, at most the communicator's
+ * timeout: WEFT_AGAIN when that ran out (0: nothing to wait). */
+static weft_status token_wait(const weft_core *comm, weft_mem_stream *stream, weft_mem_token token) {
   double deadline = weft_now() + comm->fail.timeout_s;
   weft_status st = WEFT_OK;
-  while (token && (st = weft_mem_device.poll(comm->device->stream, token)) == WEFT_AGAIN &&
-         weft_now() < deadline) {
+  while (token && (st = weft_mem_device.poll(stream, token)) == WEFT_AGAIN && weft_now() < deadline) {
   }
   return st;
 }
 
-static weft_status stage_wait(weft_coll_task *task, weft_mem_token token) {
-  weft_status st = token_wait(task->comm, token);
+static weft_status stage_wait(weft_coll_task *task, weft_mem_stream *stream, weft_mem_token token) {
+  weft_status st = token_wait(task->comm, stream, token);
   if (st == WEFT_AGAIN)
     return staged_fail(task, WEFT_ERR_TIMEOUT,
                        "the copy of the device buffer did not complete in %.1f s (WEFT_TIMEOUT): "
@@ -225,7 +253,7 @@ static weft_status device_scratch_take(weft_coll *coll) {
   if (d->scratch_bytes < need || !d->scratch) { /* grown once for a step's largest call */
     weft_mem_token all = 0;
     weft_status st = weft_mem_device.record(d->stream, &all);
-    if (!st) st = token_wait(task->comm, all); /* nothing queued may still use the old block */
+    if (!st) st = token_wait(task->comm, d->stream, all); /* nothing queued may still use the old block */
     if (st == WEFT_AGAIN) {
       snprintf(why, sizeof why,
                "earlier work on the communicator's stream did not complete in %.1f s "
@@ -258,8 +286,9 @@ static weft_status device_scratch_take(weft_coll *coll) {
 static weft_status device_restage(weft_coll *coll) {
   weft_coll_task *task = weft_coll_task_of(coll);
   task->may_map_device = task->device_in_place = false;
+  task->device_restaging = true; /* the input is ready: polled before the fall-back */
   coll->hint.restage = NULL;
-  coll->stream = NULL;
+  coll->stream = coll->ready_stream = NULL;
   coll->ready = 0;
   coll->device_scratch = NULL;
   coll->hint.device_scratch = NULL;
@@ -293,13 +322,15 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   WEFT_CHECK(device_state(task, send ? send_dev : recv_dev, &d));
   if (!now && device_in_place_ok(task)) {
     /* the buffers stay where they are; the algorithm starts once the
-     * user's work queued on them before this call is done */
-    weft_status rc = weft_mem_device.stream_after_user(d->stream, task->comm->user_stream);
-    if (!rc) rc = weft_mem_device.record(d->stream, &coll->ready);
+     * user's work queued on them before this call is done (the token on
+     * `in`, polled by the direct rounds before anything else) */
+    weft_status rc = weft_mem_device.stream_after_user(d->in, task->comm->user_stream);
+    if (!rc) rc = weft_mem_device.record(d->in, &coll->ready);
     if (rc) return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
     coll->device_scratch = NULL; /* taken when its kernels are queued (device_scratch_take) */
     coll->hint.device_scratch = device_scratch_take;
     coll->mem = &weft_mem_device;
+    coll->ready_stream = d->in;
     coll->stream = d->stream;
     coll->hint.restage = device_restage;
     task->device_in_place = true;
@@ -333,7 +364,12 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   st->host_recv = recv ? host_recv : NULL;
   st->recv_bytes = recv_bytes;
   task->staged = st;
-  weft_status rc = weft_mem_device.stream_after_user(d->stream, task->comm->user_stream);
+  /* a call staged after all, as it runs, waited for the user's work already
+   * (its input token); waiting again would take in the user's work queued
+   * since, which may wait for this very call's signal */
+  weft_status rc = task->device_restaging
+                       ? WEFT_OK
+                       : weft_mem_device.stream_after_user(d->in, task->comm->user_stream);
   size_t slice = weft_settings()->device_slice_bytes;
   /* slices: a collective whose buffers each hold count elements on every
    * rank where it has them (allreduce, broadcast, reduce: the setup says
@@ -353,12 +389,17 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
     for (int k = 0; !rc && send && k < st->nslices; k++) {
       size_t off = (size_t)k * per, n = elems - off < per ? elems - off : per;
       rc = weft_mem_device.copy_to_host(host_send + off * coll->elem, (const char *)send + off * coll->elem,
-                                        n * coll->elem, d->stream, &st->slice_in[k]);
+                                        n * coll->elem, d->in, &st->slice_in[k]);
     }
     st->in = st->nslices ? st->slice_in[st->nslices - 1] : 0;
   } else if (!rc && send) {
-    rc = weft_mem_device.copy_to_host(host_send, send, send_bytes, d->stream, &st->in);
+    rc = weft_mem_device.copy_to_host(host_send, send, send_bytes, d->in, &st->in);
   }
+  /* no input to copy (a broadcast's non-root): the token still marks the
+   * user's earlier work done, which the copy back of the result, queued on
+   * the other stream, must follow (the user may have written or read the
+   * buffer just before) */
+  if (!rc && !st->in) rc = weft_mem_device.record(d->in, &st->in);
   if (rc) {
     weft_coll_stage_release(task);
     return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
@@ -367,10 +408,45 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   if (recv) coll->recvbuf = host_recv;
   coll->mem = &weft_mem_host;
   if (now) {
-    rc = stage_wait(task, st->in);
+    rc = stage_wait(task, d->in, st->in);
     if (rc) weft_coll_stage_release(task);
   }
   return rc;
+}
+
+/* ---- the user's stream and the end of a call ---------------------------------- */
+
+/* Queued on `stream` once the call's last work is: the signal the user's
+ * stream waits on (weft_coll_device_issue) reaches this call's value. Once
+ * per call, on success and on failure alike (a stream left waiting would
+ * hang the user's GPU work for good); never backwards, so a later call's
+ * value, already written, stands. */
+static weft_status device_signal_end(weft_coll_task *task) {
+  uint32_t v = task->device_signal;
+  if (!v) return WEFT_OK; /* first: a p2p request's task has no communicator set */
+  struct weft_coll_device *d = task->comm->device;
+  task->device_signal = 0;
+  weft_status rc = WEFT_OK;
+  pthread_mutex_lock(&d->lock);
+  if ((int32_t)(v - d->signaled) > 0) {
+    rc = weft_mem_device.signal(d->stream, v);
+    if (!rc) d->signaled = v;
+  }
+  pthread_mutex_unlock(&d->lock);
+  return rc;
+}
+
+weft_status weft_coll_device_issue(weft_coll_task *task) {
+  struct weft_coll_device *d = task->comm->device;
+  if (!d || (!task->staged && !task->device_in_place)) return WEFT_OK;
+  pthread_mutex_lock(&d->lock);
+  uint32_t v = ++d->issued;
+  if (!v) v = ++d->issued; /* 0 means "none" in a task */
+  weft_status rc = weft_mem_device.user_wait_signal(task->comm->user_stream, d->stream, v);
+  pthread_mutex_unlock(&d->lock);
+  if (rc) return weft_core_error(task->comm, rc, task->coll.call, "%s", task->comm->links.sink.msg);
+  task->device_signal = v;
+  return WEFT_OK;
 }
 
 /* ---- in slices ---------------------------------------------------------------- */
@@ -393,11 +469,12 @@ static weft_status sliced_advance(weft_coll *coll) {
         coll->count = st->count;
         coll->sendbuf = st->host_send;
         coll->recvbuf = (char *)st->host_recv;
-        WEFT_CHECK(weft_mem_device.user_after_stream(task->comm->user_stream, s));
+        WEFT_CHECK(device_signal_end(task));
         st->out_queued = true;
         return WEFT_OK;
       }
-      if (st->host_send) WEFT_STEP(weft_mem_device.poll(s, st->slice_in[st->next]));
+      weft_mem_token input = st->host_send ? st->slice_in[st->next] : st->in;
+      WEFT_STEP(weft_mem_device.poll(task->comm->device->in, input));
       size_t off = (size_t)st->next * st->slice_elems;
       coll->count = st->count - off < st->slice_elems ? st->count - off : st->slice_elems;
       /* a buffer this rank does not have stays NULL (a broadcast's
@@ -445,7 +522,7 @@ weft_status weft_coll_stage_slices_start(weft_coll_task *task) {
 
 static weft_status staged_first_step(weft_coll *coll) {
   weft_coll_task *task = weft_coll_task_of(coll);
-  WEFT_STEP(weft_mem_device.poll(task->comm->device->stream, task->staged->in));
+  WEFT_STEP(weft_mem_device.poll(task->comm->device->in, task->staged->in));
   coll->advance = task->staged->then;
   return coll->advance(coll);
 }
@@ -463,7 +540,7 @@ static weft_status stage_queue_out(weft_coll_task *task) {
   weft_status rc = WEFT_OK;
   if (st->user_recv)
     rc = weft_mem_device.copy_from_host(st->user_recv, st->host_recv, st->recv_bytes, s, &st->out);
-  if (!rc) rc = weft_mem_device.user_after_stream(task->comm->user_stream, s);
+  if (!rc) rc = device_signal_end(task);
   if (rc) return rc;
   st->out_queued = true;
   return WEFT_OK;
@@ -479,22 +556,29 @@ weft_status weft_coll_stage_out_now(weft_coll_task *task) {
   if (!task->staged) return WEFT_OK;
   weft_status rc = stage_queue_out(task);
   if (rc) return weft_core_error(task->comm, rc, task->coll.call, "%s", task->comm->links.sink.msg);
-  return stage_wait(task, task->staged->out);
+  return stage_wait(task, task->comm->device->stream, task->staged->out);
 }
 
 void weft_coll_stage_release(weft_coll_task *task) {
   struct weft_coll_staged *st = task->staged;
+  device_signal_end(task); /* a call that failed: the user's stream goes on */
   if (!st) return;
   struct weft_coll_device *d = task->comm->device;
-  /* a call that failed may leave a copy in flight on the buffer: the pool
-   * hands it out again only once that is done */
-  weft_mem_token last = st->out_queued && st->out > st->in ? st->out : st->in;
-  if (last && weft_mem_device.poll(d->stream, last) == WEFT_OK) last = 0;
+  /* a call that failed may leave a copy in flight on the buffer (to the
+   * host on `in`, back on `stream`): the pool hands it out again only once
+   * both are done */
+  weft_mem_token in = st->in, out = st->out_queued ? st->out : 0;
+  if (in && weft_mem_device.poll(d->in, in) == WEFT_OK) in = 0;
+  if (out && weft_mem_device.poll(d->stream, out) == WEFT_OK) out = 0;
   if (st->block >= 0) {
-    d->pool[st->block].busy = false;
-    d->pool[st->block].until = last;
+    pthread_mutex_lock(&d->lock);
+    d->pool[st->block].until_in = in;
+    d->pool[st->block].until_out = out;
+    d->pool[st->block].busy = false; /* last: a taker reads the tokens after it */
+    pthread_mutex_unlock(&d->lock);
   } else if (st->own) {
-    token_wait(task->comm, last);
+    token_wait(task->comm, d->in, in);
+    token_wait(task->comm, d->stream, out);
     weft_mem_device.free_slots(st->own, st->own_bytes);
   }
   for (int i = 0; i < st->nspent; i++) weft_coll_scratch_free(&task->coll, st->spent[i]);
@@ -507,7 +591,12 @@ void weft_coll_stage_release(weft_coll_task *task) {
 void weft_coll_device_free(weft_core *core) {
   struct weft_coll_device *d = core->device;
   if (!d) return;
-  weft_cuda_stream_destroy(d->stream); /* waits for what it queued */
+  /* every call ended: a user's stream still waiting on a value (a call
+   * whose end signalled nothing, were there one) goes on */
+  if (d->signaled != d->issued) weft_mem_device.signal(d->stream, d->issued);
+  weft_cuda_stream_destroy(d->in);     /* each waits for what it queued; */
+  weft_cuda_stream_destroy(d->stream); /* this one frees the signal once the user's passed it */
+  pthread_mutex_destroy(&d->lock);
   weft_mem_device.free_scratch(d->scratch);
   for (int i = 0; i < STAGE_POOL; i++) stage_block_free(&d->pool[i]);
   free(d);
@@ -528,6 +617,10 @@ weft_status weft_coll_stage_out(weft_coll_task *task) {
   return WEFT_OK;
 }
 weft_status weft_coll_stage_out_now(weft_coll_task *task) {
+  (void)task;
+  return WEFT_OK;
+}
+weft_status weft_coll_device_issue(weft_coll_task *task) {
   (void)task;
   return WEFT_OK;
 }

@@ -28,7 +28,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
 void weft_coll_stage_wrap(weft_coll_task *task);
 
 /* Once the algorithm is done: queues the copy of the result back to the
- * user's buffer (once), makes the user's stream wait for it, and answers
+ * user's buffer (once), then the signal the user's stream waits on, and answers
  * WEFT_AGAIN until it is complete. OK at once for host buffers. */
 weft_status weft_coll_stage_out(weft_coll_task *task);
 
@@ -44,7 +44,17 @@ weft_status weft_coll_stage_out_now(weft_coll_task *task);
 bool weft_coll_stage_sliced(const weft_coll_task *task);
 weft_status weft_coll_stage_slices_start(weft_coll_task *task);
 
-/* Gives the staging buffers back (the call ended, however). */
+/* A non-blocking call on device buffers, set up and about to be handed to
+ * the engine: the user's stream waits from here on, at the point of issue,
+ * for the call's result (weft.h: work queued on the stream later waits for
+ * it), through a signal word the call's end writes on the communicator's
+ * stream (weft_coll_stage_release at the latest, failed or not). A blocking
+ * call needs none: it returns once the result is in place. Nothing for
+ * host buffers; an error (the driver refused) has its sentence written. */
+weft_status weft_coll_device_issue(weft_coll_task *task);
+
+/* Gives the staging buffers back and lets the user's stream go on past
+ * the call (the call ended, however). */
 void weft_coll_stage_release(weft_coll_task *task);
 
 /* The communicator's device state (its stream, its pool of pinned staging

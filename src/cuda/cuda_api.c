@@ -63,6 +63,8 @@ static const char *cuda_api_fill(void *handle, weft_cuda_api *api) {
   CUDA_API_SYM(event_record, "cuEventRecord");
   CUDA_API_SYM(event_query, "cuEventQuery");
   CUDA_API_SYM(event_synchronize, "cuEventSynchronize");
+  CUDA_API_SYM(stream_wait_value32, "cuStreamWaitValue32_v2");
+  CUDA_API_SYM(stream_write_value32, "cuStreamWriteValue32_v2");
   CUDA_API_SYM(module_load_data, "cuModuleLoadData");
   CUDA_API_SYM(module_unload, "cuModuleUnload");
   CUDA_API_SYM(module_get_function, "cuModuleGetFunction");

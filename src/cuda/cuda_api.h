@@ -71,6 +71,13 @@ typedef struct weft_cuda_api {
   CUresult (*event_record)(CUevent event, CUstream stream);        /* cuEventRecord */
   CUresult (*event_query)(CUevent event);                          /* cuEventQuery */
   CUresult (*event_synchronize)(CUevent event);                    /* cuEventSynchronize */
+  /* stream memory operations: the user's stream waits at issue for a value
+   * weft's stream writes once a call's result is in place (weft.h's stream
+   * order for calls in flight); 32-bit, which every device supports */
+  CUresult (*stream_wait_value32)(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                  unsigned int flags); /* cuStreamWaitValue32_v2 */
+  CUresult (*stream_write_value32)(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                   unsigned int flags); /* cuStreamWriteValue32_v2 */
 
   /* the kernels: the fatbin embedded at build time (src/cuda/kernels.cu) */
   CUresult (*module_load_data)(CUmodule *module, const void *image);  /* cuModuleLoadData */

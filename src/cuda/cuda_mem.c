@@ -12,9 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "src/base/error_sink.h"
 #include "src/base/log.h"
+#include "src/base/net.h"
 #include "src/base/status.h"
 #include "src/cuda/cuda_api.h"
 #include "src/cuda/kernels.h"
@@ -143,9 +145,21 @@ struct weft_mem_stream {
   size_t nevents;    /* a power of two */
   uint64_t recorded; /* tokens issued (the last one's number) */
   uint64_t done;     /* every token up to this one is complete */
-  CUevent user_before, user_after; /* the links with the user's stream */
+  CUevent user_before; /* the link from the user's stream (stream_after_user) */
+  /* The word the user's streams wait on (user_wait_signal), written by this
+   * stream's work (signal): device memory of its context, made on first
+   * use. The user streams that wait on it are kept, so that it is freed
+   * only once each has passed its waits. */
+  CUdeviceptr signal;
+  CUstream *waiters;
+  size_t nwaiters, waiters_cap;
   weft_error_sink *errors;
 };
+
+/* How long stream_destroy waits for the user's streams to pass their waits
+ * on the signal word before it leaves the word allocated (a stream blocked
+ * by the user's own work must not make weft_comm_destroy hang). */
+#define CUDA_SIGNAL_RELEASE_S 10.0
 
 static CUresult cuda_enter(const weft_mem_stream *s) {
   return cuda->ctx_set_current(s->ctx);
@@ -179,15 +193,47 @@ weft_status weft_cuda_stream_create(int ordinal, weft_mem_stream **out, void *er
   call = "cuStreamCreate";
   if ((r = cuda->stream_create(&s->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) goto fail;
   call = "cuEventCreate";
-  if ((r = cuda->event_create(&s->user_before, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS ||
-      (r = cuda->event_create(&s->user_after, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
-    goto fail;
+  if ((r = cuda->event_create(&s->user_before, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) goto fail;
   *out = s;
   return WEFT_OK;
 fail:;
   weft_status st = cuda_fail(errors, r, call, ordinal, NULL, 0);
   weft_cuda_stream_destroy(s);
   return st;
+}
+
+/* Every user stream that waited on the signal word has passed those waits
+ * (an event recorded on each now completes), within CUDA_SIGNAL_RELEASE_S.
+ * False when one has not, or cannot be asked (a stream the user destroyed:
+ * its queued work still runs). */
+static bool waiters_passed(weft_mem_stream *s) {
+  CUevent passed = NULL;
+  if (cuda->event_create(&passed, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return false;
+  bool ok = true;
+  for (size_t i = 0; i < s->nwaiters && ok; i++) {
+    ok = cuda->event_record(passed, s->waiters[i]) == CUDA_SUCCESS;
+    double deadline = weft_now() + CUDA_SIGNAL_RELEASE_S;
+    CUresult r = CUDA_ERROR_NOT_READY;
+    while (ok && (r = cuda->event_query(passed)) == CUDA_ERROR_NOT_READY && weft_now() < deadline)
+      usleep(100);
+    ok = ok && r == CUDA_SUCCESS;
+  }
+  cuda->event_destroy(passed);
+  return ok;
+}
+
+/* The signal word goes once nothing can read it any more; else it stays
+ * allocated (a few bytes), said at INFO, rather than read after free. */
+static void signal_free(weft_mem_stream *s) {
+  if (!s->signal) return;
+  if (waiters_passed(s))
+    cuda->mem_free(s->signal);
+  else
+    WEFT_INFO(WEFT_SUBSYS_COLL,
+              "cuda: device %d: a stream of the user's still waits for weft's signal word (or was "
+              "destroyed) after %.0f s; the word stays allocated",
+              s->ordinal, CUDA_SIGNAL_RELEASE_S);
+  s->signal = 0;
 }
 
 void weft_cuda_stream_destroy(weft_mem_stream *s) {
@@ -198,9 +244,10 @@ void weft_cuda_stream_destroy(weft_mem_stream *s) {
     for (size_t i = 0; i < s->nevents; i++)
       if (s->events[i]) cuda->event_destroy(s->events[i]);
     if (s->user_before) cuda->event_destroy(s->user_before);
-    if (s->user_after) cuda->event_destroy(s->user_after);
     if (s->stream) cuda->stream_destroy(s->stream);
+    signal_free(s);
   }
+  free(s->waiters);
   if (s->ctx) cuda->primary_ctx_release(s->device);
   pthread_mutex_destroy(&s->lock);
   free(s->events);
@@ -241,18 +288,55 @@ fail:
   return cuda_fail(s->errors, r, call, s->ordinal, NULL, 0);
 }
 
-static weft_status device_user_after_stream(void *user_stream, weft_mem_stream *s) {
+/* The user's stream waits at the point of issue for a value this stream
+ * writes later (signal): the call's work is queued only when it runs, so no
+ * event of it exists yet to wait for. GEQ compares with wrap-around, so a
+ * 32-bit count of calls never runs out. */
+static weft_status device_user_wait_signal(void *user_stream, weft_mem_stream *s, uint32_t value) {
   CUresult r;
   const char *call = "cuCtxSetCurrent";
   if ((r = cuda_enter(s)) != CUDA_SUCCESS) goto fail;
-  call = "cuEventRecord";
-  if ((r = cuda->event_record(s->user_after, s->stream)) != CUDA_SUCCESS) goto fail;
-  call = "cuStreamWaitEvent (the user's stream)";
-  if ((r = cuda->stream_wait_event((CUstream)user_stream, s->user_after, 0)) != CUDA_SUCCESS)
+  if (!s->signal) { /* the word starts at 0: every value from 1 is still to come */
+    call = "cuMemAlloc (the signal word)";
+    if ((r = cuda->mem_alloc(&s->signal, sizeof(uint32_t))) != CUDA_SUCCESS) goto fail;
+    call = "cuMemsetD8Async (the signal word)";
+    if ((r = cuda->memset_d8_async(s->signal, 0, sizeof(uint32_t), s->stream)) != CUDA_SUCCESS ||
+        (r = cuda->stream_synchronize(s->stream)) != CUDA_SUCCESS) {
+      cuda->mem_free(s->signal);
+      s->signal = 0;
+      goto fail;
+    }
+  }
+  size_t i = 0;
+  while (i < s->nwaiters && s->waiters[i] != (CUstream)user_stream) i++;
+  if (i == s->nwaiters) {
+    if (s->nwaiters == s->waiters_cap) {
+      size_t cap = s->waiters_cap ? 2 * s->waiters_cap : 4;
+      CUstream *w = realloc(s->waiters, cap * sizeof *w);
+      if (!w) return WEFT_ERR_NOMEM;
+      s->waiters = w;
+      s->waiters_cap = cap;
+    }
+    s->waiters[s->nwaiters++] = (CUstream)user_stream;
+  }
+  call = "cuStreamWaitValue32 (the user's stream)";
+  if ((r = cuda->stream_wait_value32((CUstream)user_stream, s->signal, value,
+                                     CU_STREAM_WAIT_VALUE_GEQ)) != CUDA_SUCCESS)
     goto fail;
   return WEFT_OK;
 fail:
   return cuda_fail(s->errors, r, call, s->ordinal, NULL, 0);
+}
+
+/* Queued on this stream: the signal word becomes `value` once the work
+ * before it is done. Nothing where no user stream ever waited. */
+static weft_status device_signal(weft_mem_stream *s, uint32_t value) {
+  if (!s->signal) return WEFT_OK;
+  CUresult r = cuda_enter(s);
+  if (r == CUDA_SUCCESS)
+    r = cuda->stream_write_value32(s->stream, s->signal, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (r != CUDA_SUCCESS) return cuda_fail(s->errors, r, "cuStreamWriteValue32", s->ordinal, NULL, 0);
+  return WEFT_OK;
 }
 
 static weft_status poll_locked(weft_mem_stream *s, weft_mem_token token) {
@@ -816,7 +900,8 @@ const weft_mem_ops weft_mem_device = {
     .stream_create = device_stream_create,
     .stream_destroy = device_stream_destroy,
     .stream_after_user = device_stream_after_user,
-    .user_after_stream = device_user_after_stream,
+    .user_wait_signal = device_user_wait_signal,
+    .signal = device_signal,
     .record = device_record,
     .poll = device_poll,
     .copy_async = device_copy_async,

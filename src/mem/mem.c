@@ -96,9 +96,16 @@ static weft_status host_stream_after_user(weft_mem_stream *stream, void *user_st
   return WEFT_OK;
 }
 
-static weft_status host_user_after_stream(void *user_stream, weft_mem_stream *stream) {
+static weft_status host_user_wait_signal(void *user_stream, weft_mem_stream *stream, uint32_t value) {
   (void)stream;
   (void)user_stream;
+  (void)value;
+  return WEFT_OK;
+}
+
+static weft_status host_signal(weft_mem_stream *stream, uint32_t value) {
+  (void)stream;
+  (void)value;
   return WEFT_OK;
 }
 
@@ -180,7 +187,8 @@ const weft_mem_ops weft_mem_host = {
     .stream_create = host_stream_create,
     .stream_destroy = host_stream_destroy,
     .stream_after_user = host_stream_after_user,
-    .user_after_stream = host_user_after_stream,
+    .user_wait_signal = host_user_wait_signal,
+    .signal = host_signal,
     .record = host_record,
     .poll = host_poll,
     .copy_async = host_copy_async,

@@ -51,8 +51,11 @@ _Static_assert(sizeof(weft_mem_desc) == 96, "a descriptor's size is part of the 
  *    blocking: NCCL's contract. The table therefore keeps its own stream per
  *    communicator (stream_create) and links the two with events, never with
  *    a synchronize: `stream_after_user` records an event on the user's
- *    stream and makes ours wait on it (cuStreamWaitEvent); at the end
- *    `user_after_stream` does the reverse. Host: both are no-ops.
+ *    stream and makes ours wait on it (cuStreamWaitEvent). The reverse
+ *    link is made at issue too, before the call's work exists:
+ *    `user_wait_signal` makes the user's stream wait for a value that
+ *    `signal`, queued on ours after the call's last work, writes
+ *    (cuStreamWaitValue32 / cuStreamWriteValue32). Host: no-ops.
  *
  *  - Copies and reductions on device memory are queued on our stream and
  *    return at once with a completion token (`*_async`). The engine never
@@ -142,8 +145,12 @@ typedef struct weft_mem_ops {
   /* Our stream's later work waits for what is queued on `user_stream` now
    * (the user's CUDA stream; NULL: the default stream). Never blocks. */
   weft_status (*stream_after_user)(weft_mem_stream *stream, void *user_stream);
-  /* Work queued later on `user_stream` waits for what is on ours now. */
-  weft_status (*user_after_stream)(void *user_stream, weft_mem_stream *stream);
+  /* Work queued later on `user_stream` waits until `stream`'s signal word
+   * reaches `value` (compared with wrap-around: a count of calls). */
+  weft_status (*user_wait_signal)(void *user_stream, weft_mem_stream *stream, uint32_t value);
+  /* Queued on `stream`: its signal word becomes `value` once the work
+   * queued before it is done. */
+  weft_status (*signal)(weft_mem_stream *stream, uint32_t value);
   /* A token for everything queued on `stream` so far. */
   weft_status (*record)(weft_mem_stream *stream, weft_mem_token *token);
   /* WEFT_OK when the token's work is done, WEFT_AGAIN when not yet, a

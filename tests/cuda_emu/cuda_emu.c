@@ -16,6 +16,10 @@
  *   (any ready operation of any stream, each stream in order, cross-stream
  *   waits and the legacy default stream's implicit ordering kept), all that
  *   is needed at a synchronize. Copies read their source when they run.
+ *   cuStreamWaitValue32 holds its stream until the word meets the value;
+ *   a synchronize that can run nothing lets go of the lock meanwhile (the
+ *   writer may be another thread), and aborts, naming the waits, where
+ *   nothing ran for WEFT_CUDA_EMU_HANG_S.
  * - a copy or kernel touching memory outside a live allocation (or past
  *   its end, or another device's memory from a kernel) fails when it runs
  *   with CUDA_ERROR_ILLEGAL_ADDRESS, kept by its context: every later call
@@ -107,7 +111,17 @@ struct CUctx_st {
   struct emu_stream *legacy; /* the NULL stream, CU_STREAM_LEGACY */
 };
 
-typedef enum { OP_HTOD, OP_DTOH, OP_DTOD, OP_MEMSET, OP_KERNEL, OP_RECORD, OP_WAIT } emu_op_kind;
+typedef enum {
+  OP_HTOD,
+  OP_DTOH,
+  OP_DTOD,
+  OP_MEMSET,
+  OP_KERNEL,
+  OP_RECORD,
+  OP_WAIT,
+  OP_WAIT_VALUE, /* cuStreamWaitValue32: ready once the word at dst meets value32 */
+  OP_WRITE_VALUE /* cuStreamWriteValue32 */
+} emu_op_kind;
 
 typedef struct emu_op {
   emu_op_kind kind;
@@ -120,6 +134,8 @@ typedef struct emu_op {
   bool host_pinned;     /* it was pinned when queued: it must still be when it runs */
   size_t bytes;
   unsigned char value;
+  uint32_t value32;         /* a stream memory operation's value, */
+  unsigned int value_flags; /* and its flags (CU_STREAM_WAIT_VALUE_GEQ, ...) */
   const cuda_emu_kernel *kernel;
   cuda_emu_launch launch;
   unsigned char *args; /* the parameter values, copied at launch */
@@ -217,6 +233,7 @@ static struct {
   bool ipc_refused;    /* WEFT_CUDA_EMU_IPC=0: cuIpcOpenMemHandle answers as across GPUs without P2P */
   const char *report;  /* WEFT_CUDA_EMU_REPORT: a file the counters are appended to at exit */
   long kernel_fault;   /* WEFT_CUDA_EMU_KERNEL_FAULT: the kernel run that faults (0: none) */
+  long hang_s;         /* WEFT_CUDA_EMU_HANG_S: a synchronize stuck this long aborts */
   long kernels_run;
   weft_cuda_emu_counters counts;
 } emu = {.lock = PTHREAD_MUTEX_INITIALIZER, .nslots = 1};
@@ -418,10 +435,37 @@ static void op_retire(emu_stream *s) {
   emu.counts.pending--;
 }
 
+static emu_alloc *alloc_find(CUdeviceptr ptr);
+static emu_host *host_find(const void *ptr);
+
+/* The word a stream memory operation reads or writes: device memory (at its
+ * alias) or pinned host memory; NULL when it is neither any more. */
+static volatile uint32_t *value_word(CUdeviceptr addr) {
+  emu_alloc *a = alloc_find(addr);
+  if (a) return addr - a->base <= a->size - 4 ? (volatile uint32_t *)(a->alias + (addr - a->base)) : NULL;
+  emu_host *h = host_find((const void *)(uintptr_t)addr);
+  if (h && addr - (uintptr_t)h->ptr <= h->size - 4) return (volatile uint32_t *)(uintptr_t)addr;
+  return NULL;
+}
+
+/* Whether a cuStreamWaitValue32 is met (the driver's four conditions). */
+static bool wait_value_met(const emu_op *op) {
+  volatile uint32_t *w = value_word(op->dst);
+  if (!w) return true; /* the memory is gone: op_execute fails the context */
+  uint32_t v = *w;
+  switch (op->value_flags & 0xf) {
+    case CU_STREAM_WAIT_VALUE_GEQ: return (int32_t)(v - op->value32) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ: return v == op->value32;
+    case CU_STREAM_WAIT_VALUE_AND: return (v & op->value32) != 0;
+    case CU_STREAM_WAIT_VALUE_NOR: return ~(v | op->value32) != 0;
+  }
+  return true;
+}
+
 static bool op_ready(const emu_op *op) {
   for (int i = 0; i < op->ndeps; i++)
     if (!op->deps[i]->done) return false;
-  return true;
+  return op->kind != OP_WAIT_VALUE || wait_value_met(op);
 }
 
 /* ---- memory lookups --------------------------------------------------------------- */
@@ -534,13 +578,22 @@ static CUresult op_execute(const emu_stream *s, emu_op *op) {
       return op->kernel->run(&op->launch, op->argv);
     case OP_RECORD: /* its marker is the event's: done when retired */
     case OP_WAIT: /* its dependency held it until now */ return CUDA_SUCCESS;
+    case OP_WAIT_VALUE: /* its word held it until now, or was freed meanwhile */
+      return value_word(op->dst) ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_ADDRESS;
+    case OP_WRITE_VALUE: {
+      volatile uint32_t *w = value_word(op->dst);
+      if (!w) return CUDA_ERROR_ILLEGAL_ADDRESS;
+      *w = op->value32;
+      return CUDA_SUCCESS;
+    }
   }
   return CUDA_ERROR_UNKNOWN;
 }
 
 /* Runs one ready operation of any stream, chosen at random; false when
- * nothing is queued. Something is always ready when anything is queued: an
- * operation waits only for operations queued before it. */
+ * none is ready. Something is ready whenever anything is queued, but for a
+ * cuStreamWaitValue32 whose word is not written yet: its writer may be
+ * work another thread has still to queue (emu_drive). */
 static bool emu_step(void) {
   int ready = 0;
   for (emu_stream *s = emu.streams; s; s = s->next)
@@ -559,6 +612,37 @@ static bool emu_step(void) {
   return true;
 }
 
+/* Runs work until done(arg) holds, for a synchronize. Where nothing is
+ * ready (a stream waits for a value another thread will have written), the
+ * lock is let go a while; where nothing moved for WEFT_CUDA_EMU_HANG_S
+ * seconds, the process aborts naming `call` and every stuck wait: a GPU
+ * would hang there for good, and a test must fail, not hang. */
+static void emu_drive(bool (*done)(const void *arg), const void *arg, const char *call) {
+  unsigned stalled_ms = 0;
+  while (!done(arg)) {
+    if (emu_step()) {
+      stalled_ms = 0;
+      continue;
+    }
+    if (stalled_ms >= (unsigned long)emu.hang_s * 1000) {
+      fprintf(stderr, "cuda stand-in: %s: stuck for %ld s: queued work can never run:\n", call,
+              emu.hang_s);
+      for (emu_stream *s = emu.streams; s; s = s->next)
+        if (s->head && s->head->kind == OP_WAIT_VALUE && op_ready(s->head) == false) {
+          volatile uint32_t *w = value_word(s->head->dst);
+          fprintf(stderr, "  a stream of device %d: cuStreamWaitValue32 at %#llx for %u (flags %#x); "
+                  "the word holds %u\n", s->ctx->device, (unsigned long long)s->head->dst,
+                  s->head->value32, s->head->value_flags, w ? *w : 0u);
+        }
+      abort();
+    }
+    pthread_mutex_unlock(&emu.lock);
+    usleep(1000);
+    pthread_mutex_lock(&emu.lock);
+    stalled_ms++;
+  }
+}
+
 /* What a query lets the "device" do meanwhile: 0, 1 or 2 operations. */
 static void emu_progress(void) {
   for (int n = (int)(emu_random() % 3); n > 0; n--) emu_step();
@@ -568,6 +652,20 @@ static bool ctx_idle(const struct CUctx_st *ctx) {
   for (emu_stream *s = emu.streams; s; s = s->next)
     if (s->ctx == ctx && s->head) return false;
   return true;
+}
+
+/* What the synchronizes wait for (emu_drive): done, or the context failed. */
+static bool ctx_synced(const void *arg) {
+  const struct CUctx_st *ctx = arg;
+  return ctx->sticky || ctx_idle(ctx);
+}
+static bool stream_synced(const void *arg) {
+  const emu_stream *s = arg;
+  return s->ctx->sticky || !s->head;
+}
+static bool event_synced(const void *arg) {
+  const emu_event *e = arg;
+  return e->ctx->sticky || !e->latest || e->latest->done;
 }
 
 /* ---- memory ------------------------------------------------------------------------- */
@@ -720,6 +818,7 @@ EMU_EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
     if (fault_rank < 0 || fault_rank == emu_env_long("WEFT_RANK", -1, -1, INT_MAX))
       emu.kernel_fault = emu_env_long("WEFT_CUDA_EMU_KERNEL_FAULT", 0, 0, LONG_MAX);
     if (emu.report && *emu.report) atexit(emu_report);
+    emu.hang_s = emu_env_long("WEFT_CUDA_EMU_HANG_S", 60, 1, 100000);
     for (int i = 0; i < EMU_MAX_DEVICES; i++) emu.ctx[i].device = i;
     emu.init_result = emu.devices ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
     emu.initialized = emu.devices > 0;
@@ -926,7 +1025,7 @@ EMU_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
   if (r) return r;
   struct CUctx_st *ctx;
   if ((r = emu_need_ctx(&ctx))) return emu_leave(r);
-  while (!ctx->sticky && !ctx_idle(ctx) && emu_step()) continue;
+  emu_drive(ctx_synced, ctx, "cuCtxSynchronize");
   return emu_leave(ctx->sticky);
 }
 
@@ -1182,7 +1281,7 @@ EMU_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream stream) {
   if ((r = stream_resolve(stream, &s))) return emu_leave(r);
   struct CUctx_st *ctx = s->ctx;
   /* `s` is live (a handle or a default stream): it is not freed meanwhile */
-  while (!ctx->sticky && s->head && emu_step()) continue;
+  emu_drive(stream_synced, s, "cuStreamSynchronize");
   return emu_leave(ctx->sticky);
 }
 
@@ -1259,7 +1358,7 @@ EMU_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent event) {
   if (r) return r;
   emu_event *e = handle_get(H_EVENT, (uint64_t)(uintptr_t)event);
   if (!e) return emu_leave(CUDA_ERROR_INVALID_HANDLE);
-  while (!e->ctx->sticky && e->latest && !e->latest->done && emu_step()) continue;
+  emu_drive(event_synced, e, "cuEventSynchronize");
   return emu_leave(e->ctx->sticky);
 }
 
@@ -1281,6 +1380,39 @@ EMU_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream stream, CUevent event, un
     return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
   }
   return emu_leave(op_enqueue(s, op));
+}
+
+/* ---- stream memory operations ---------------------------------------------------------- */
+
+/* A 32-bit word of device memory or of pinned (registered) host memory, as
+ * the driver requires; the stream's context must be current. */
+static CUresult value_enqueue(emu_op_kind kind, CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                              unsigned int flags) {
+  CUresult r = emu_enter();
+  if (r) return r;
+  struct CUctx_st *ctx;
+  if ((r = emu_need_ctx(&ctx))) return emu_leave(r);
+  emu_stream *s;
+  if ((r = stream_resolve(stream, &s))) return emu_leave(r);
+  unsigned int known = kind == OP_WAIT_VALUE ? 0x3u | CU_STREAM_WAIT_VALUE_FLUSH
+                                             : (unsigned int)CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
+  if ((addr & 3) || !value_word(addr) || (flags & ~known)) return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  emu_op *op = op_new(kind);
+  if (!op) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+  op->dst = addr;
+  op->value32 = value;
+  op->value_flags = flags;
+  return emu_leave(op_enqueue(s, op));
+}
+
+EMU_EXPORT CUresult CUDAAPI cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                                unsigned int flags) {
+  return value_enqueue(OP_WAIT_VALUE, stream, addr, value, flags);
+}
+
+EMU_EXPORT CUresult CUDAAPI cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                                 unsigned int flags) {
+  return value_enqueue(OP_WRITE_VALUE, stream, addr, value, flags);
 }
 
 /* ---- copies ------------------------------------------------------------------------ */

@@ -35,6 +35,10 @@ typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
  *   WEFT_CUDA_EMU_KERNEL_FAULT  N: the Nth kernel this process runs (from 1)
  *                          faults with CUDA_ERROR_ILLEGAL_ADDRESS, as a kernel
  *                          reading a bad address on a GPU; with
- *   WEFT_CUDA_EMU_FAULT_RANK    only in the process whose WEFT_RANK is this */
+ *   WEFT_CUDA_EMU_FAULT_RANK    only in the process whose WEFT_RANK is this
+ *   WEFT_CUDA_EMU_HANG_S   a synchronize that saw nothing run for this long
+ *                          (default 60 s; a cuStreamWaitValue32 whose word is
+ *                          never written) prints the stuck waits and aborts,
+ *                          where a GPU would hang for good */
 
 #endif
