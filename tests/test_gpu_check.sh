@@ -17,7 +17,7 @@ summary="$out/summary.md"
 grep -q '^| build | PASS |' "$summary" || { echo "FAIL: the build stage did not pass"; exit 1; }
 if grep -q '| FAIL |' "$summary"; then echo "FAIL: a stage failed"; exit 1; fi
 # every stage has a row: the GPU machine's table must not lose one silently
-for s in info "device 1" "device 4" tcp sanitizer bench resnet; do
+for s in info "device 1" "device 4" tcp "in flight" order sanitizer bench resnet; do
   grep -q "^| $s" "$summary" || { echo "FAIL: no row for $s"; exit 1; }
 done
 grep -q '| SKIP | no GPU: .\{10,\}' "$summary" || grep -q '^| device 1 | PASS' "$summary" ||

@@ -25,9 +25,12 @@
  * a call failed, 1 when all returned OK. --in-flight N: N non-blocking
  * allreduces on device buffers issued before any wait, then checked.
  * --order N: the stream order of non-blocking calls, N rounds of two
- * checks (order_check below). */
+ * checks (order_check below). --host-only: allreduces on host memory, and
+ * no CUDA call of this program's: weft must create no CUDA context
+ * (host_only below). */
 #include <time.h>
 #include <math.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -520,6 +523,60 @@ static int order_check(weft_comm *comm, int rounds, size_t count) {
   return ok ? 0 : 1;
 }
 
+/* --host-only: a rank that passes host memory only, on a node with GPUs
+ * (every CPU rank of a GPU node), must create no CUDA context: one would
+ * hold about 500 MB of that GPU's memory and show in nvidia-smi. 200
+ * allreduces on host buffers checked against the reference; then, where
+ * nvidia-smi runs (a GPU machine), rank 0 asks it which processes hold a
+ * context while every rank is still alive, and none may be a rank. The
+ * stand-in's count of context retains at exit (WEFT_CUDA_EMU_REPORT
+ * primary_refs) is the suite's check. */
+static int host_only(weft_comm *comm) {
+  enum { COUNT = 1000, CALLS = 200 };
+  static float buf[COUNT];
+  long bad = 0;
+  weft_status st = WEFT_OK;
+  for (int c = 0; c < CALLS && !st; c++) {
+    for (size_t i = 0; i < COUNT; i++) buf[i] = (float)value_of(rank, c, i, WEFT_F32, WEFT_SUM);
+    st = weft_allreduce(comm, buf, buf, COUNT, WEFT_F32, WEFT_SUM);
+    for (size_t i = 0; i < COUNT && !st; i++) {
+      double want = 0;
+      for (int r = 0; r < size; r++) want += (double)value_of(r, c, i, WEFT_F32, WEFT_SUM);
+      bad += (double)buf[i] != want;
+    }
+  }
+  int64_t pid = (int64_t)getpid(), *pids = calloc((size_t)size, sizeof *pids);
+  if (!st) st = weft_allgather(comm, &pid, pids, 1, WEFT_I64);
+  int listed = 0;
+  char seen[256] = "";
+  FILE *smi = rank == 0 && !st ? popen("command -v nvidia-smi >/dev/null 2>&1 || echo no-smi; "
+                                       "nvidia-smi --query-compute-apps=pid,used_memory "
+                                       "--format=csv,noheader,nounits 2>/dev/null", "r")
+                               : NULL;
+  char line[256];
+  bool no_smi = false;
+  while (smi && fgets(line, sizeof line, smi)) {
+    if (!strncmp(line, "no-smi", 6)) no_smi = true;
+    long long p = atoll(line);
+    for (int r = 0; r < size; r++)
+      if (p == pids[r] && listed++ < 4)
+        snprintf(seen + strlen(seen), sizeof seen - strlen(seen), " rank %d (pid %lld, %s MiB)", r, p,
+                 strchr(line, ',') ? strchr(line, ',') + 2 : "?");
+  }
+  if (smi) pclose(smi);
+  if (!st) st = weft_barrier(comm); /* every rank alive until nvidia-smi answered */
+  free(pids);
+  if (st) printf("device-check: host-only: rank %d: %s: %s\n", rank, weft_status_name(st), weft_last_error(comm));
+  if (rank == 0)
+    printf("device-check: rank 0: host-only: %d allreduces on host memory, %ld wrong elements; "
+           "ranks nvidia-smi lists with a CUDA context: %s\n", CALLS, bad,
+           listed ? seen : no_smi ? "none (no nvidia-smi here)" : "none");
+  bool ok = !st && !bad && !listed;
+  passed += ok ? CALLS : 0;
+  failed += ok ? 0 : 1;
+  return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   bool quick = argc > 1 && !strcmp(argv[1], "--quick");
   const char *resnet_tsv = argc > 2 && !strcmp(argv[1], "--resnet") ? argv[2] : NULL;
@@ -542,6 +599,12 @@ int main(int argc, char **argv) {
   }
   rank = weft_comm_rank(comm);
   size = weft_comm_size(comm);
+  if (argc > 1 && !strcmp(argv[1], "--host-only")) { /* before this program touches CUDA */
+    int rc = host_only(comm);
+    printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);
+    weft_comm_destroy(comm);
+    return rc;
+  }
   CUdevice dev;
   CUcontext ctx;
   CU_OK(cu->device_get(&dev, 0)); /* the ranks share device 0 */

@@ -594,11 +594,22 @@ void weft_coll_device_free(weft_core *core) {
   /* every call ended: a user's stream still waiting on a value (a call
    * whose end signalled nothing, were there one) goes on */
   if (d->signaled != d->issued) weft_mem_device.signal(d->stream, d->issued);
+  /* the buffers go while the streams still hold the device's context, once
+   * nothing queued uses them; where the GPU does not finish that within the
+   * timeout they stay (freed memory under a running copy is worse) */
+  weft_mem_token in_done = 0, run_done = 0;
+  bool idle = !weft_mem_device.record(d->in, &in_done) && !weft_mem_device.record(d->stream, &run_done) &&
+              token_wait(core, d->in, in_done) == WEFT_OK && token_wait(core, d->stream, run_done) == WEFT_OK;
+  if (idle) {
+    weft_mem_device.free_scratch(d->scratch);
+    for (int i = 0; i < STAGE_POOL; i++) stage_block_free(&d->pool[i]);
+  } else {
+    WEFT_WARN(WEFT_SUBSYS_COLL, "device work of the communicator did not finish within %.1f s at its "
+              "destroy: its staging and scratch buffers stay allocated", core->fail.timeout_s);
+  }
   weft_cuda_stream_destroy(d->in);     /* each waits for what it queued; */
   weft_cuda_stream_destroy(d->stream); /* this one frees the signal once the user's passed it */
   pthread_mutex_destroy(&d->lock);
-  weft_mem_device.free_scratch(d->scratch);
-  for (int i = 0; i < STAGE_POOL; i++) stage_block_free(&d->pool[i]);
   free(d);
   core->device = NULL;
 }

@@ -27,7 +27,10 @@ static pthread_mutex_t cuda_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int cuda_state; /* 0: not asked yet, 1: usable, -1: not */
 static const weft_cuda_api *cuda;
 static char cuda_why[512];
-static CUcontext cuda_any_ctx; /* device 0's primary context, for pinned host memory */
+/* device 0's primary context, for calls that need a context but no device in
+ * particular on a thread that has none current: retained on first such need,
+ * never at load (enter_any_context) */
+static CUcontext cuda_any_ctx;
 
 static bool cuda_load(void) {
   int state = atomic_load_explicit(&cuda_state, memory_order_acquire);
@@ -46,12 +49,14 @@ static bool cuda_load(void) {
       if (r != CUDA_SUCCESS) weft_cuda_error_words(api, r, words, sizeof words);
       snprintf(cuda_why, sizeof cuda_why, "cuda: %s loaded, but cuDeviceGetCount: %s",
                api->library, words);
-    } else if ((r = api->device_get(&dev, 0)) != CUDA_SUCCESS ||
-               (r = api->primary_ctx_retain(&cuda_any_ctx, dev)) != CUDA_SUCCESS) {
+    } else if ((r = api->device_get(&dev, 0)) != CUDA_SUCCESS) {
       char words[160];
       weft_cuda_error_words(api, r, words, sizeof words);
-      snprintf(cuda_why, sizeof cuda_why, "cuda: device 0's context: %s", words);
+      snprintf(cuda_why, sizeof cuda_why, "cuda: cuDeviceGet(0): %s", words);
     } else {
+      /* no context here: classifying a pointer needs none, and a process
+       * that passes host memory only must not hold one on any GPU (about
+       * 500 MB of its memory, and a line in nvidia-smi) */
       cuda = api;
       snprintf(cuda_why, sizeof cuda_why, "cuda: %s, %d device%s, driver for CUDA %d.%d",
                api->library, count, count > 1 ? "s" : "", api->driver_version / 1000,
@@ -85,6 +90,25 @@ weft_memory weft_cuda_pointer_kind(const void *ptr, int *ordinal) {
   if (type != CU_MEMORYTYPE_DEVICE || managed) return WEFT_MEMORY_HOST;
   if (ordinal) *ordinal = device;
   return WEFT_MEMORY_DEVICE;
+}
+
+/* A context current on this thread for a call that needs one but no device
+ * in particular (pinned host memory, PORTABLE to every context): the one
+ * current already (a communicator's stream made its device's current on the
+ * threads that use it), else device 0's primary context, retained once. */
+static bool enter_any_context(void) {
+  CUcontext ctx = NULL;
+  if (!cuda_load()) return false;
+  if (cuda->ctx_get_current(&ctx) == CUDA_SUCCESS && ctx) return true;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&cuda_lock);
+  if (!cuda_any_ctx) {
+    CUdevice dev;
+    r = cuda->device_get(&dev, 0);
+    if (r == CUDA_SUCCESS) r = cuda->primary_ctx_retain(&cuda_any_ctx, dev);
+  }
+  pthread_mutex_unlock(&cuda_lock);
+  return r == CUDA_SUCCESS && cuda->ctx_set_current(cuda_any_ctx) == CUDA_SUCCESS;
 }
 
 /* ---- errors ------------------------------------------------------------------ */
@@ -453,7 +477,7 @@ static weft_status device_copy_async(void *dst, const void *src, size_t bytes, w
 /* Pinned host memory: any device's context will do (PORTABLE). */
 static void *device_alloc_slots(size_t bytes) {
   void *p = NULL;
-  if (!cuda_load() || cuda->ctx_set_current(cuda_any_ctx) != CUDA_SUCCESS) return NULL;
+  if (!enter_any_context()) return NULL;
   CUresult r = cuda->mem_host_alloc(&p, bytes ? bytes : 1, CU_MEMHOSTALLOC_PORTABLE);
   if (r != CUDA_SUCCESS) {
     cuda_fail(NULL, r, "cuMemHostAlloc", 0, NULL, bytes);
@@ -464,9 +488,8 @@ static void *device_alloc_slots(size_t bytes) {
 
 void *weft_cuda_alloc_shared_pinned(size_t bytes) {
   void *p = NULL;
-  if (!cuda_load() || weft_mem_alloc(bytes ? bytes : 1, &p) != WEFT_OK) return NULL;
-  CUresult r = cuda->ctx_set_current(cuda_any_ctx);
-  if (r == CUDA_SUCCESS) r = cuda->mem_host_register(p, bytes ? bytes : 1, CU_MEMHOSTREGISTER_PORTABLE);
+  if (!enter_any_context() || weft_mem_alloc(bytes ? bytes : 1, &p) != WEFT_OK) return NULL;
+  CUresult r = cuda->mem_host_register(p, bytes ? bytes : 1, CU_MEMHOSTREGISTER_PORTABLE);
   if (r != CUDA_SUCCESS) {
     cuda_fail(NULL, r, "cuMemHostRegister (shared staging)", 0, p, bytes);
     weft_mem_free(p);
@@ -477,21 +500,19 @@ void *weft_cuda_alloc_shared_pinned(size_t bytes) {
 
 void weft_cuda_free_shared_pinned(void *ptr) {
   if (!ptr) return;
-  if (cuda && cuda->ctx_set_current(cuda_any_ctx) == CUDA_SUCCESS) cuda->mem_host_unregister(ptr);
+  if (cuda && enter_any_context()) cuda->mem_host_unregister(ptr);
   weft_mem_free(ptr);
 }
 
 static void device_free_slots(void *ptr, size_t bytes) {
   (void)bytes;
-  if (ptr && cuda && cuda->ctx_set_current(cuda_any_ctx) == CUDA_SUCCESS) cuda->mem_free_host(ptr);
+  if (ptr && cuda && enter_any_context()) cuda->mem_free_host(ptr);
 }
 
 /* Device memory of the calling thread's current device (device 0 if none). */
 static void *device_alloc_scratch(size_t bytes) {
   if (!cuda_load()) return NULL;
-  CUcontext ctx = NULL;
-  if (cuda->ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx)
-    if (cuda->ctx_set_current(cuda_any_ctx) != CUDA_SUCCESS) return NULL;
+  if (!enter_any_context()) return NULL;
   CUdeviceptr p = 0;
   CUresult r = cuda->mem_alloc(&p, bytes ? bytes : 1);
   if (r != CUDA_SUCCESS) {
@@ -828,9 +849,7 @@ static weft_status device_map_peer(const weft_mem_desc *desc, void **base, void 
     if (errors) weft_error_sink_set(errors, "%s", cuda_why);
     return WEFT_ERR_UNSUPPORTED;
   }
-  CUcontext ctx = NULL;
-  if ((cuda->ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) &&
-      cuda->ctx_set_current(cuda_any_ctx) != CUDA_SUCCESS)
+  if (!enter_any_context())
     return cuda_fail(errors, CUDA_ERROR_INVALID_CONTEXT, "cuCtxSetCurrent", body.ordinal, NULL, 0);
   CUdeviceptr p = 0, range_base = 0;
   size_t size = 0;

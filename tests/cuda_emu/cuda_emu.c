@@ -796,10 +796,10 @@ static long emu_env_long(const char *name, long fallback, long lo, long hi) {
 static void emu_report(void) {
   FILE *f = fopen(emu.report, "a");
   if (!f) return;
-  fprintf(f, "pid %d ipc_opened %d ipc_exported %d ipc_mappings %d allocations %d host_allocations %d\n",
+  fprintf(f, "pid %d ipc_opened %d ipc_exported %d ipc_mappings %d allocations %d host_allocations %d "
+          "primary_refs %d\n",
           (int)getpid(), emu.counts.ipc_opened, emu.counts.ipc_exported, emu.counts.ipc_mappings,
-          emu.counts.allocations,
-          emu.counts.host_allocations);
+          emu.counts.allocations, emu.counts.host_allocations, emu.counts.primary_refs);
   fclose(f);
 }
 
