@@ -19,6 +19,7 @@
 #include "harness.h"
 #include "src/base/error_sink.h"
 #include "src/base/status.h"
+#include "src/cuda/cuda_api.h"
 #include "src/cuda/cuda_mem.h"
 #include "src/mem/mem.h"
 #include "src/mem/reduce.h"
@@ -194,15 +195,67 @@ static void illegal_address_fails_the_call(void **state) {
   weft_comm_destroy(comm);
 }
 
+/* A weft call leaves the caller's current context as it found it (issue
+ * 45): a caller whose current context is device 1's makes calls on device
+ * 0's buffers (weft switches to device 0's primary context to queue them)
+ * and finds device 1's current after each: a blocking allreduce, a
+ * non-blocking one, its wait, the destroy. A caller with none current finds
+ * none. Before, device 0's context stayed current, and the caller's next
+ * allocation went to the wrong GPU. */
+static void caller_context_restored(void **state) {
+  (void)state;
+  weft_error_sink err = {0};
+  const weft_cuda_api *cu = weft_cuda_api_load(&err);
+  assert_non_null(cu);
+  int n = 0;
+  assert_int_equal(cu->device_get_count(&n), CUDA_SUCCESS);
+  if (n < 2) fail_msg("the stand-in has %d device (WEFT_CUDA_EMU_DEVICES=2 wanted)", n);
+  CUcontext c0, c1, now;
+  assert_int_equal(cu->primary_ctx_retain(&c0, 0), CUDA_SUCCESS);
+  assert_int_equal(cu->primary_ctx_retain(&c1, 1), CUDA_SUCCESS);
+  assert_int_equal(cu->ctx_set_current(c0), CUDA_SUCCESS);
+  CUdeviceptr d;
+  assert_int_equal(cu->mem_alloc(&d, 4000), CUDA_SUCCESS);
+  void *buf = (void *)(uintptr_t)d;
+  weft_unique_id id;
+  assert_int_equal(weft_get_unique_id(&id), WEFT_OK);
+  weft_comm *comm;
+  assert_int_equal(weft_comm_init_rank(&comm, &id, 0, 1), WEFT_OK);
+  for (int round = 0; round < 2; round++) {
+    CUcontext mine = round == 0 ? c1 : NULL;
+    assert_int_equal(cu->ctx_set_current(mine), CUDA_SUCCESS);
+    assert_int_equal(weft_allreduce(comm, buf, buf, 1000, WEFT_F32, WEFT_SUM), WEFT_OK);
+    assert_int_equal(cu->ctx_get_current(&now), CUDA_SUCCESS);
+    assert_ptr_equal(now, mine);
+    weft_request *req = NULL;
+    assert_int_equal(weft_iallreduce(comm, buf, buf, 1000, WEFT_F32, WEFT_SUM, &req), WEFT_OK);
+    assert_int_equal(cu->ctx_get_current(&now), CUDA_SUCCESS);
+    assert_ptr_equal(now, mine);
+    assert_int_equal(weft_wait(&req), WEFT_OK);
+    assert_int_equal(cu->ctx_get_current(&now), CUDA_SUCCESS);
+    assert_ptr_equal(now, mine);
+  }
+  assert_int_equal(cu->ctx_set_current(c1), CUDA_SUCCESS);
+  assert_int_equal(weft_comm_destroy(comm), WEFT_OK);
+  assert_int_equal(cu->ctx_get_current(&now), CUDA_SUCCESS);
+  assert_ptr_equal(now, c1);
+  assert_int_equal(cu->ctx_set_current(c0), CUDA_SUCCESS);
+  assert_int_equal(cu->mem_free(d), CUDA_SUCCESS);
+  assert_int_equal(cu->primary_ctx_release(1), CUDA_SUCCESS);
+  assert_int_equal(cu->primary_ctx_release(0), CUDA_SUCCESS);
+}
+
 int main(void) {
   if (!getenv("WEFT_CUDA_LIBRARY")) {
     printf("skipped: WEFT_CUDA_LIBRARY names no stand-in\n");
     return 77;
   }
+  setenv("WEFT_CUDA_EMU_DEVICES", "2", 0); /* read at cuInit: caller_context_restored */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(usable),
       cmocka_unit_test(kernels_equal_host),
       cmocka_unit_test(destroy_gives_back),
+      cmocka_unit_test(caller_context_restored),
       cmocka_unit_test(illegal_address_fails_the_call),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

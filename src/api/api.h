@@ -9,6 +9,7 @@
 
 #include "src/comm/comm.h"
 #include "src/engine/engine.h"
+#include "src/mem/mem.h"
 #include "weft.h"
 
 /* The refusal of a handle that is not a live communicator (NULL, destroyed,
@@ -36,6 +37,7 @@ static inline weft_status weft_api_enter(weft_comm *comm, const char *call, unsi
                            "(weft_comm_split), or wait on requests from the other threads");
   }
   *clashes_at = atomic_load_explicit(&comm->core.clashes, memory_order_relaxed);
+  weft_mem_thread_enter(); /* weft_api_leave brings the caller's CUDA context back */
   return WEFT_OK;
 }
 
@@ -43,6 +45,7 @@ static inline weft_status weft_api_leave(weft_comm *comm, const char *call, unsi
                                          weft_status st) {
   bool clashed = atomic_load_explicit(&comm->core.clashes, memory_order_relaxed) != clashes_at;
   atomic_store_explicit(&comm->core.in_call, 0, memory_order_release);
+  weft_mem_thread_restore(); /* a device buffer's context made current: the caller's back */
   if (clashed && st >= 0)
     return weft_core_error(&comm->core, WEFT_ERR_INVALID, call,
                            "another thread called on this communicator during this call, which "

@@ -38,7 +38,9 @@ static weft_status request_finish(weft_request **req) {
 WEFT_API weft_status weft_wait(weft_request **req) {
   if (!req) return weft_init_error(WEFT_ERR_INVALID, -1, "weft_wait", "req is NULL");
   if (!*req) return WEFT_OK;
+  weft_mem_thread_enter(); /* may drive device calls: the caller's context back after */
   weft_engine_wait(*req);
+  weft_mem_thread_restore();
   return request_finish(req);
 }
 
@@ -47,7 +49,10 @@ WEFT_API weft_status weft_test(weft_request **req, int *done) {
     return weft_init_error(WEFT_ERR_INVALID, -1, "weft_test", "req or done is NULL");
   *done = 1;
   if (!*req) return WEFT_OK;
-  if (!weft_engine_test(*req)) {
+  weft_mem_thread_enter();
+  bool finished = weft_engine_test(*req);
+  weft_mem_thread_restore();
+  if (!finished) {
     *done = 0;
     return WEFT_OK;
   }

@@ -915,9 +915,11 @@ WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
   if (!live_remove(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_destroy",
                            "not a live communicator (destroyed twice, or never created)");
+  weft_mem_thread_enter();
   weft_engine_stop(&comm->core);
   weft_status st = destroy_hears_failure(comm);
   comm_free(comm);
+  weft_mem_thread_restore(); /* its device streams' context made current: the caller's back */
   return st;
 }
 

@@ -92,6 +92,38 @@ weft_memory weft_cuda_pointer_kind(const void *ptr, int *ordinal) {
   return WEFT_MEMORY_DEVICE;
 }
 
+/* ---- the caller's context ------------------------------------------------------
+ *
+ * Every driver call runs in the primary context of the buffer's device, made
+ * current on the calling thread. On a user's thread the context that was
+ * current before goes back when the weft call returns (weft_cuda_thread_
+ * restore, from the API layer), so a process that drives several GPUs, or a
+ * context of its own, finds its context as it left it. The first switch of
+ * a call (after weft_cuda_thread_enter, at its entry) remembers it; the
+ * progress thread, weft's own, never restores. */
+static __thread bool caller_saved;
+static __thread CUcontext caller_ctx;
+
+static CUresult switch_context(CUcontext target) {
+  if (!caller_saved) {
+    CUcontext now = NULL;
+    if (cuda->ctx_get_current(&now) == CUDA_SUCCESS && now == target) return CUDA_SUCCESS;
+    caller_ctx = now;
+    caller_saved = true;
+  }
+  return cuda->ctx_set_current(target);
+}
+
+void weft_cuda_thread_enter(void) {
+  caller_saved = false; /* whatever was remembered belongs to no call of the user's */
+}
+
+void weft_cuda_thread_restore(void) {
+  if (!caller_saved) return;
+  caller_saved = false;
+  if (cuda) cuda->ctx_set_current(caller_ctx);
+}
+
 /* A context current on this thread for a call that needs one but no device
  * in particular (pinned host memory, PORTABLE to every context): the one
  * current already (a communicator's stream made its device's current on the
@@ -108,7 +140,7 @@ static bool enter_any_context(void) {
     if (r == CUDA_SUCCESS) r = cuda->primary_ctx_retain(&cuda_any_ctx, dev);
   }
   pthread_mutex_unlock(&cuda_lock);
-  return r == CUDA_SUCCESS && cuda->ctx_set_current(cuda_any_ctx) == CUDA_SUCCESS;
+  return r == CUDA_SUCCESS && switch_context(cuda_any_ctx) == CUDA_SUCCESS;
 }
 
 /* ---- errors ------------------------------------------------------------------ */
@@ -139,7 +171,7 @@ static bool enter_device(int ordinal) {
       cuda->primary_ctx_retain(&ctx, dev) != CUDA_SUCCESS)
     return false;
   cuda->primary_ctx_release(dev); /* a stream or the buffer keeps it alive */
-  return cuda->ctx_set_current(ctx) == CUDA_SUCCESS;
+  return switch_context(ctx) == CUDA_SUCCESS;
 }
 
 /* The device a buffer is on (0 for memory the driver does not know). */
@@ -186,7 +218,7 @@ struct weft_mem_stream {
 #define CUDA_SIGNAL_RELEASE_S 10.0
 
 static CUresult cuda_enter(const weft_mem_stream *s) {
-  return cuda->ctx_set_current(s->ctx);
+  return switch_context(s->ctx);
 }
 
 weft_status weft_cuda_stream_create(int ordinal, weft_mem_stream **out, void *errors) {

@@ -37,6 +37,14 @@ void weft_cuda_stream_destroy(weft_mem_stream *stream);
 void *weft_cuda_alloc_shared_pinned(size_t bytes);
 void weft_cuda_free_shared_pinned(void *ptr);
 
+/* The CUDA context that was current on this thread before weft switched
+ * it (to a buffer's device's primary context) goes back; nothing where
+ * weft switched none. Called as a public entry point returns. */
+void weft_cuda_thread_restore(void);
+/* As a public entry point starts: what an earlier switch outside any call
+ * remembered is forgotten, so the restore brings back this call's caller's. */
+void weft_cuda_thread_enter(void);
+
 /* Whether the driver is loaded and has a device, with the reason in `why`
  * either way (weft-info). Loads the driver on first use. */
 bool weft_cuda_usable(char *why, size_t why_len);

@@ -204,6 +204,18 @@ const weft_mem_ops weft_mem_host = {
     .unmap_peer = host_unmap_peer,
 };
 
+void weft_mem_thread_enter(void) {
+#ifdef WEFT_HAVE_CUDA
+  weft_cuda_thread_enter();
+#endif
+}
+
+void weft_mem_thread_restore(void) {
+#ifdef WEFT_HAVE_CUDA
+  weft_cuda_thread_restore();
+#endif
+}
+
 weft_memory weft_mem_kind_of(const void *ptr, int *device) {
 #ifdef WEFT_HAVE_CUDA
   return weft_cuda_pointer_kind(ptr, device);

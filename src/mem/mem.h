@@ -207,6 +207,13 @@ const weft_mem_ops *weft_mem_for(const void *ptr);
  * driver; one driver call where it has. */
 weft_memory weft_mem_kind_of(const void *ptr, int *device);
 
+/* A public entry point's bracket: at entry, enter; as it returns, restore:
+ * the caller's own CUDA context is current again on this thread where the
+ * device table switched it during the call (a flag test where it did not,
+ * or CUDA is not built). */
+void weft_mem_thread_enter(void);
+void weft_mem_thread_restore(void);
+
 /* The table of a memory kind, or NULL when this build has none for it. */
 const weft_mem_ops *weft_mem_by_kind(weft_memory kind);
 
