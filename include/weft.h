@@ -242,6 +242,29 @@ WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire);
  * a device pointer there is WEFT_ERR_UNSUPPORTED, never read. */
 WEFT_API weft_status weft_comm_set_stream(weft_comm *comm, void *cuda_stream);
 
+/* Buffers the caller keeps. Within a host a call on device buffers lends
+ * them to the peers for that call only: a peer maps one (CUDA IPC) and
+ * closes it again before the call ends on its owner, because CUDA leaves
+ * freeing memory that another process has open undefined. A buffer
+ * registered here stays mapped by the peers from one call to the next,
+ * which saves an IPC open and close per call and peer (tens to hundreds of
+ * microseconds on a GPU); in exchange the caller must not free it, nor let
+ * an allocator give it back to the driver (torch.cuda.empty_cache), until
+ * weft_comm_deregister returns. Like NCCL's ncclCommRegister. Host memory
+ * needs neither (accepted; peers map only weft_mem_alloc memory, which a
+ * mapping keeps alive). weft_comm_register is local and cheap; a range
+ * inside a registered one counts as registered; WEFT_ERR_INVALID for a NULL
+ * buf or 0 bytes. weft_comm_deregister is collective, counted among the
+ * collectives: every rank calls it the same number of times (buf: one it
+ * registered on this communicator, NULL where it has none to give back);
+ * it waits for this rank's earlier calls and returns once no peer maps buf
+ * any more (every rank closes its mappings of its peers' device memory, so
+ * other registered buffers are opened again at their next use).
+ * WEFT_ERR_INVALID, nothing done, for a buf not registered on comm; a
+ * communicator's registrations end with it. */
+WEFT_API weft_status weft_comm_register(weft_comm *comm, const void *buf, size_t bytes);
+WEFT_API weft_status weft_comm_deregister(weft_comm *comm, const void *buf);
+
 /* Releases the communicator. Not collective, does not block on peers. Calling
  * it twice, or on a pointer that is not a live communicator, returns
  * WEFT_ERR_INVALID and touches nothing. */

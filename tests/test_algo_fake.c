@@ -265,6 +265,12 @@ static weft_status fake_recv(void *ctx, int peer, weft_tag seq, size_t chunk_byt
   return WEFT_OK;
 }
 
+/* Host memory only here (weft_mem_alloc's): nothing is lent per call. */
+static void fake_release_peer_mem(void *ctx, int peer) {
+  (void)ctx;
+  (void)peer;
+}
+
 static weft_status fake_map_peer_mem(void *ctx, int peer, const weft_mem_desc *desc, void **local) {
   fake_end *e = end_of(ctx);
   if (!pipe_of(e, peer, true, "map_peer_mem")) return WEFT_ERR_INTERNAL;
@@ -310,6 +316,7 @@ static const weft_link_ops fake_ops = {
     .recv_release = fake_recv_release,
     .recv = fake_recv,
     .map_peer_mem = fake_map_peer_mem,
+    .release_peer_mem = fake_release_peer_mem,
     .progressed = fake_progressed,
     .rank_of = fake_rank_of,
     .last_error = fake_last_error,

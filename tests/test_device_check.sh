@@ -25,9 +25,14 @@
 # every rank fails, and the words say to pass one kind on every rank.
 # And --resnet: ResNet-50's 161 gradients as one non-blocking allreduce each,
 # issued together, over CUDA IPC (sizes that grow call by call: the device
-# scratch a call in flight uses must outlive a later call's growth), each
-# peer buffer opened once and each own buffer's handle exported once, not
-# again every step.
+# scratch a call in flight uses must outlive a later call's growth); the
+# buffers registered (weft_comm_register), so each peer buffer is opened
+# once and each own buffer's handle exported once, not again every step,
+# then deregistered and freed. And the same lent (not registered): each
+# call's peer buffers opened and closed again within the call. Every run
+# frees device buffers after its calls, and the stand-in aborts a cuMemFree
+# of memory another process still has open (before issue 45's fix, peers
+# kept every buffer mapped until the connection ended: every run aborted).
 # And --in-flight: 10,000 non-blocking allreduces issued before any wait
 # over shm (IPC) and over tcp (staged), every result right (issue 45: the
 # 256-event ring of the communicator's stream once made the 256th a
@@ -58,7 +63,7 @@ rc=0
 sum_of() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) s += $(i + 1)} END {print s + 0}' "$report"; }
 for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp - --quick" \
            "2 shm mixed --mixed WEFT_TIMEOUT=20" "3 shm mixed --mixed WEFT_TIMEOUT=20" \
-           "2 shm resnet --resnet WEFT_TIMEOUT=60" \
+           "2 shm resnet --resnet WEFT_TIMEOUT=60" "2 shm resnet-lent --resnet-lent WEFT_TIMEOUT=60" \
            "2 shm fault --fault WEFT_CUDA_EMU_KERNEL_FAULT=5 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \
            "3 shm fault --fault WEFT_CUDA_EMU_KERNEL_FAULT=5 WEFT_CUDA_EMU_FAULT_RANK=2 WEFT_TIMEOUT=20" \
            "2 shm noipc --quick WEFT_CUDA_IPC=0 WEFT_DIRECT_MIN_BYTES=4096 WEFT_DEBUG=INFO" \
@@ -79,6 +84,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
       --in-flight=*) quick="--in-flight ${a#--in-flight=}" ;;
       --order=*) quick="--order $(echo "${a#--order=}" | tr , ' ')" ;;
       --resnet) quick="--resnet $(dirname "$0")/../tools/data/resnet50_grads.tsv" ;;
+      --resnet-lent) quick="--resnet $(dirname "$0")/../tools/data/resnet50_grads.tsv lent" ;;
       *=*) envs="$envs $a" ;;
     esac
   done
@@ -86,6 +92,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
   if env WEFT_TRANSPORT=$tp WEFT_CUDA_EMU_REPORT="$report" $envs \
       "$weftrun" -n "$n" --timeout 240 "$check" $quick > "$out" 2>&1; then
     line="$n ranks over $tp${envs:+ ($envs )}: $(grep -m1 'device-check: rank 0:' "$out" | sed 's/.*rank 0: //')"
+    [ "$want" != resnet-lent ] || line="$n ranks over $tp: $(grep -m1 'resnet:' "$out" | sed 's/.*resnet: //')"
     [ "$want" != resnet ] || line="$n ranks over $tp: $(grep -m1 'resnet:' "$out" | sed 's/.*resnet: //')"
     [ "$want" != fault ] || line="$n ranks over $tp, one rank's 5th kernel faults: $(grep -c 'device-check: fault: rank .*: WEFT_ERR' "$out") of $n ranks failed"
     [ "$want" != hostonly ] || line="$n ranks over $tp, host memory only: $(grep -m1 'device-check: rank 0: host-only:' "$out" | sed 's/.*host-only: //'); CUDA contexts held at exit: $(sum_of primary_refs)"
@@ -109,6 +116,10 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
         grep -q "resnet: 161 tensors" "$out" && [ "$opened" -le $((n * 162)) ] &&
           [ "$exported" -le $((n * 162)) ] ||
           { line="$line: FAILED (want a figure, at most $((n * 162)) IPC opens and exports)"; rc=1; } ;;
+      resnet-lent) # not registered: each call's peer buffers opened and closed again
+        # (at least one open per tensor and step), and none left open
+        [ "$opened" -ge $((n * 161 * 20)) ] && [ "$left" -eq 0 ] ||
+          { line="$line: FAILED (want at least $((n * 161 * 20)) IPC opens, none left open)"; rc=1; } ;;
       fault) # every rank failed, and the words name the driver's error
         [ "$(grep -c 'device-check: fault: rank .*: WEFT_ERR' "$out")" -eq "$n" ] &&
           grep -q "device-check: fault: rank .*CUDA_ERROR_ILLEGAL_ADDRESS" "$out" ||

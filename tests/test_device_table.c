@@ -245,6 +245,42 @@ static void caller_context_restored(void **state) {
   assert_int_equal(cu->primary_ctx_release(0), CUDA_SUCCESS);
 }
 
+/* weft_comm_register and weft_comm_deregister refuse what they cannot
+ * take, naming it, and take host and device buffers; a buffer inside a
+ * registered one is described as kept (WEFT_MEM_DESC_KEEP), one outside not,
+ * and after the deregistration neither. */
+static void register_and_deregister(void **state) {
+  (void)state;
+  weft_unique_id id;
+  assert_int_equal(weft_get_unique_id(&id), WEFT_OK);
+  weft_comm *comm;
+  assert_int_equal(weft_comm_init_rank(&comm, &id, 0, 1), WEFT_OK);
+  char *d = weft_mem_device.alloc_scratch(4096), *other = weft_mem_device.alloc_scratch(64);
+  static char host[64];
+  assert_int_equal(weft_comm_register(comm, NULL, 64), WEFT_ERR_INVALID);
+  assert_non_null(strstr(weft_last_error(comm), "weft_comm_register"));
+  assert_int_equal(weft_comm_register(comm, d, 0), WEFT_ERR_INVALID);
+  assert_int_equal(weft_comm_deregister(comm, d), WEFT_ERR_INVALID);
+  assert_non_null(strstr(weft_last_error(comm), "was not registered"));
+  weft_mem_desc desc;
+  assert_true(weft_mem_device.describe(d + 100, 200, &desc));
+  assert_int_equal(desc.flags & WEFT_MEM_DESC_KEEP, 0);
+  assert_int_equal(weft_comm_register(comm, d, 4096), WEFT_OK);
+  assert_int_equal(weft_comm_register(comm, host, sizeof host), WEFT_OK);
+  assert_true(weft_mem_device.describe(d + 100, 200, &desc));
+  assert_int_equal(desc.flags & WEFT_MEM_DESC_KEEP, WEFT_MEM_DESC_KEEP);
+  assert_true(weft_mem_device.describe(other, 64, &desc));
+  assert_int_equal(desc.flags & WEFT_MEM_DESC_KEEP, 0);
+  assert_int_equal(weft_comm_deregister(comm, d), WEFT_OK);
+  assert_int_equal(weft_comm_deregister(comm, NULL), WEFT_OK); /* a rank with none to give back */
+  assert_true(weft_mem_device.describe(d + 100, 200, &desc));
+  assert_int_equal(desc.flags & WEFT_MEM_DESC_KEEP, 0);
+  assert_int_equal(weft_comm_deregister(comm, d), WEFT_ERR_INVALID); /* once only */
+  assert_int_equal(weft_comm_destroy(comm), WEFT_OK); /* takes the host buffer's registration */
+  weft_mem_device.free_scratch(d);
+  weft_mem_device.free_scratch(other);
+}
+
 int main(void) {
   if (!getenv("WEFT_CUDA_LIBRARY")) {
     printf("skipped: WEFT_CUDA_LIBRARY names no stand-in\n");
@@ -256,6 +292,7 @@ int main(void) {
       cmocka_unit_test(kernels_equal_host),
       cmocka_unit_test(destroy_gives_back),
       cmocka_unit_test(caller_context_restored),
+      cmocka_unit_test(register_and_deregister),
       cmocka_unit_test(illegal_address_fails_the_call),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -34,7 +34,9 @@
 #               memory) and under MPS (the daemon is started and stopped here);
 #               a 64 MiB broadcast over IPC and staged
 #   resnet      the ResNet-50 gradient set as device tensors, 2 ranks: one
-#               non-blocking allreduce per tensor, and one flat buffer
+#               non-blocking allreduce per tensor, and one flat buffer, the
+#               buffers registered (weft_comm_register); then not registered
+#               ("resnet lent": each call opens and closes the peers' IPC maps)
 #   torch cuda  weft.torch with CUDA tensors (tests/torch/ranks.py --device cuda):
 #               every op against a float64 reference, refusals, DDP on CUDA against
 #               one process; 2 ranks on one GPU
@@ -275,10 +277,23 @@ flat=$(sed -n 's/.*flat buffer: \([0-9.]*\) ms.*/\1/p' "$log" | head -1)
 if ! [ -s "$log" ]; then
   : # no time: its SKIP row is written
 elif [ -n "$per" ] && [ -n "$flat" ]; then
-  row "resnet" PASS "161 tensors, 2 ranks, one allreduce per tensor" "$per ms/step" "<= 6 ms (gloo 124)"
+  row "resnet" PASS "161 tensors, 2 ranks, one allreduce per tensor, registered" "$per ms/step" "<= 6 ms (gloo 124)"
   row "resnet" PASS "the same as one flat buffer" "$flat ms/step" "<= 3 ms (gloo 53)"
 else
   row resnet FAIL "no figure; see resnet.log: $(grep -m1 -i 'fail\|error' "$log" | cut -c1-150)"
+fi
+# the same buffers not registered: lent per call, each peer's IPC opened and
+# closed in every call (what weft.torch's CUDA tensors get): the cost of that
+log="$out/resnet-lent.log"
+if time_for "resnet lent"; then
+  timeout "$(limit 60)" "$bin/weftrun" -n 2 "$bin/weft-device-check" --resnet \
+    tools/data/resnet50_grads.tsv lent > "$log" 2>&1
+  per=$(sed -n 's/.*per tensor: \([0-9.]*\) ms.*/\1/p' "$log" | head -1)
+  if [ -n "$per" ]; then
+    row "resnet lent" PASS "161 tensors, 2 ranks, one allreduce per tensor, not registered" "$per ms/step" "(registered: above)"
+  else
+    row "resnet lent" FAIL "no figure; see resnet-lent.log: $(grep -m1 -i 'fail\|error\|stand-in' "$log" | cut -c1-150)"
+  fi
 fi
 
 # ---- weft.torch ------------------------------------------------------------------

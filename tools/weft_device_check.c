@@ -15,7 +15,8 @@
  * the gradient set TSV lists (index, name, shape, numel) as f32 device
  * tensors, one non-blocking allreduce (avg) per tensor waited for together,
  * then the same bytes as one flat buffer; prints ms per step, medians of 20
- * steps after 3 warm-ups. --mixed: rank 0 passes host memory to an allreduce,
+ * steps after 3 warm-ups; the buffers registered (weft_comm_register),
+ * or with a third argument "lent" not. --mixed: rank 0 passes host memory to an allreduce,
  * the others device memory; over shm with CUDA IPC every rank must fail
  * (prints "device-check: mixed: rank R: STATUS: message"; exit 0 when this
  * rank's call failed, 1 when it returned OK). --fault: 40 allreduces on
@@ -290,7 +291,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* The figure of --resnet: ms per step, per tensor and flat. */
-static int resnet(weft_comm *comm, const char *tsv) {
+static int resnet(weft_comm *comm, const char *tsv, bool lent) {
   FILE *f = fopen(tsv, "r");
   if (!f) {
     fprintf(stderr, "rank %d: cannot open %s\n", rank, tsv);
@@ -315,6 +316,15 @@ static int resnet(weft_comm *comm, const char *tsv) {
   }
   CU_OK(cu->memset_d8_async(flat, 0, total * 4, user_stream));
   CU_OK(cu->stream_synchronize(user_stream));
+  /* registered, as a training loop's gradient buffers would be: the peers
+   * keep them mapped from step to step (without: lent, opened and closed
+   * by the peers in every call) */
+  for (int t = 0; t < n && !lent; t++)
+    if (weft_comm_register(comm, (void *)(uintptr_t)bufs[t], counts[t] * 4) ||
+        (t == 0 && weft_comm_register(comm, (void *)(uintptr_t)flat, total * 4))) {
+      fprintf(stderr, "rank %d: weft_comm_register: %s\n", rank, weft_last_error(comm));
+      return 1;
+    }
   enum { WARM = 3, STEPS = 20 };
   double per[STEPS], whole[STEPS];
   for (int step = 0; step < WARM + STEPS; step++) {
@@ -344,9 +354,18 @@ static int resnet(weft_comm *comm, const char *tsv) {
   qsort(per, STEPS, sizeof per[0], cmp_double);
   qsort(whole, STEPS, sizeof whole[0], cmp_double);
   if (rank == 0)
-    printf("resnet: %d tensors, %.1f MB, %d ranks: per tensor: %.3f ms per step, flat buffer: "
+    printf("resnet: %d tensors, %.1f MB, %d ranks, %s: per tensor: %.3f ms per step, flat buffer: "
            "%.3f ms per step (medians of %d)\n",
-           n, total * 4 / 1e6, size, per[STEPS / 2], whole[STEPS / 2], STEPS);
+           n, total * 4 / 1e6, size, lent ? "lent per call" : "registered", per[STEPS / 2],
+           whole[STEPS / 2], STEPS);
+  /* collective, before the buffers go: then no peer maps them (the
+   * stand-in aborts a cuMemFree of memory another process has open) */
+  for (int t = 0; t < n && !lent; t++)
+    if (weft_comm_deregister(comm, (void *)(uintptr_t)bufs[t]) ||
+        (t == 0 && weft_comm_deregister(comm, (void *)(uintptr_t)flat))) {
+      fprintf(stderr, "rank %d: weft_comm_deregister: %s\n", rank, weft_last_error(comm));
+      return 1;
+    }
   for (int t = 0; t < n; t++) CU_OK(cu->mem_free(bufs[t]));
   CU_OK(cu->mem_free(flat));
   free(bufs);
@@ -580,6 +599,7 @@ static int host_only(weft_comm *comm) {
 int main(int argc, char **argv) {
   bool quick = argc > 1 && !strcmp(argv[1], "--quick");
   const char *resnet_tsv = argc > 2 && !strcmp(argv[1], "--resnet") ? argv[2] : NULL;
+  bool resnet_lent = resnet_tsv && argc > 3 && !strcmp(argv[3], "lent");
   char why[512];
   if (!weft_cuda_usable(why, sizeof why)) {
     printf("device-check: SKIP: %s\n", why);
@@ -613,7 +633,7 @@ int main(int argc, char **argv) {
   CU_OK(cu->stream_create(&user_stream, CU_STREAM_NON_BLOCKING));
   weft_comm_set_stream(comm, user_stream);
   if (resnet_tsv) {
-    int rc = resnet(comm, resnet_tsv);
+    int rc = resnet(comm, resnet_tsv, resnet_lent);
     weft_comm_destroy(comm);
     return rc;
   }

@@ -17,6 +17,11 @@ void weft_tp_no_deregister(weft_tp_ctx *ctx, weft_tp_mem *handle) {
   handle->region.kind = WEFT_MEMORY_COUNT;
 }
 
+void weft_tp_no_release(weft_tp_conn *conn, bool kept_too) {
+  (void)conn;
+  (void)kept_too;
+}
+
 weft_status weft_tp_no_map(weft_tp_conn *conn, const weft_mem_desc *desc, void **local) {
   (void)conn;
   (void)desc;

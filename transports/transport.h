@@ -287,6 +287,14 @@ typedef struct weft_transport {
    * error sink). Never blocks. */
   weft_status (*map_peer_mem)(weft_tp_conn *conn, const weft_mem_desc *desc, void **local);
 
+  /* Closes this connection's mappings (map_peer_mem) of device memory the
+   * peer lent for one call (a descriptor without WEFT_MEM_DESC_KEEP), and
+   * with `kept_too` of every device buffer of the peer (weft_comm_
+   * deregister): the caller's work on them is done, and the peer may free
+   * that memory once its call ends, which it cannot before this rank says
+   * so. Never blocks, never fails; nothing where nothing is mapped. */
+  void (*release_peer_mem)(weft_tp_conn *conn, bool kept_too);
+
   /* Non-blocking: moves pending sends forward, accepts connections.
    * Sets *progressed when anything moved. */
   weft_status (*progress)(weft_tp_ctx *ctx, bool *progressed);
@@ -330,6 +338,7 @@ weft_status weft_tp_no_register(weft_tp_ctx *ctx, const weft_mem_region *region,
                                 weft_tp_mem *handle, weft_mem_desc *desc);
 void weft_tp_no_deregister(weft_tp_ctx *ctx, weft_tp_mem *handle);
 weft_status weft_tp_no_map(weft_tp_conn *conn, const weft_mem_desc *desc, void **local);
+void weft_tp_no_release(weft_tp_conn *conn, bool kept_too);
 
 /* The transports built into this library. */
 extern const weft_transport weft_transport_shm;

@@ -216,6 +216,13 @@ static inline weft_status weft_link_map(weft_coll *coll, int peer, const weft_me
   return coll->link.ops->map_peer_mem(coll->link.ctx, peer, desc, local);
 }
 
+/* Closes the mappings of device memory member `peer` lent for this call
+ * (descriptors without WEFT_MEM_DESC_KEEP), once this rank's work on them
+ * is done and before it tells `peer` so: the peer may free them then. */
+static inline void weft_link_release(weft_coll *coll, int peer) {
+  coll->link.ops->release_peer_mem(coll->link.ctx, peer);
+}
+
 /* Scratch memory of the call's memory kind (steps.c), `bytes` long, freed
  * when the call ends; one allocation per call. WEFT_ERR_NOMEM if none. */
 weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out);

@@ -41,7 +41,9 @@
  * into every member's output. The first round waits for the user's earlier
  * work on the buffers (coll->ready), the done round for the kernels, so a
  * member's buffers are neither read before they hold the input nor left
- * while a peer's kernel may still write them. When not every member can map
+ * while a peer's kernel may still write them; and a peer's buffers it did
+ * not register (weft_comm_register) are closed here before the done round,
+ * since the peer may free them once its call ends. When not every member can map
  * every buffer (GPUs that cannot reach each other, a buffer without an IPC
  * handle), every rank stages its buffers through host memory
  * (hint.restage) and the ring takes over in the same call. */
@@ -191,9 +193,19 @@ static weft_status direct_reduce_device(weft_coll *coll) {
   return WEFT_OK;
 }
 
+/* Device buffers the peers lent for this call (no WEFT_MEM_DESC_KEEP: not
+ * registered) are closed once this rank's kernels on them are done and
+ * before the done round, after which a peer may free them. */
+static void release_lent(weft_coll *coll) {
+  if (coll->mem->kind != WEFT_MEMORY_DEVICE) return;
+  for (int p = 0; p < coll->size; p++)
+    if (p != coll->rank) weft_link_release(coll, p);
+}
+
 /* Not every rank can go direct: the ring, in this same call (device
  * buffers: on host copies of them, hint.restage). */
 static weft_status direct_fall_back(weft_coll *coll) {
+  release_lent(coll); /* what map_all opened before a verdict said no */
   /* taken once: should the host algorithm be the direct one again (staged
    * copies in shared memory) and fall back in turn, the ring runs */
   weft_status (*host_start)(weft_coll *) = coll->hint.host_start;
@@ -306,6 +318,7 @@ static weft_status direct_advance(weft_coll *coll) {
       if (coll->mem->kind == WEFT_MEMORY_DEVICE) {
         WEFT_STEP(coll->mem->poll(coll->stream, ds->reduced));
         coll->link.ops->progressed(coll->link.ctx); /* for the engine's timeout */
+        release_lent(coll);
       }
       ds->phase = SEND_DONE;
       /* fall through */

@@ -288,13 +288,13 @@ WEFT_API weft_status weft_ialltoall(weft_comm *comm, const void *sendbuf, void *
                 weft_ialltoall_body(comm, sendbuf, recvbuf, count, dtype, req));
 }
 
-static weft_status weft_barrier_body(weft_comm *comm) {
+weft_status weft_api_barrier(weft_comm *comm, const char *call) {
   weft_request r;
-  return coll_blocking(&r, weft_coll_barrier_setup(&r.task, "weft_barrier", &comm->core));
+  return coll_blocking(&r, weft_coll_barrier_setup(&r.task, call, &comm->core));
 }
 
 WEFT_API weft_status weft_barrier(weft_comm *comm) {
-  WEFT_API_CALL(comm, "weft_barrier", weft_barrier_body(comm));
+  WEFT_API_CALL(comm, "weft_barrier", weft_api_barrier(comm, "weft_barrier"));
 }
 
 static weft_status weft_ibarrier_body(weft_comm *comm, weft_request **req) {

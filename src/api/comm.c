@@ -2,11 +2,14 @@
  * caller's struct. Creation, destroy and abort live with the communicators
  * (src/comm/comm.c): they own the list of live ones. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "src/api/api.h"
+#include "src/api/support.h"
 #include "src/base/settings.h"
 #include "src/comm/comm.h"
+#include "src/mem/kept.h"
 #include "transports/transport_settings.h"
 #include "weft.h"
 #ifdef WEFT_HAVE_CUDA
@@ -55,6 +58,53 @@ WEFT_API weft_status weft_comm_set_stream(weft_comm *comm, void *cuda_stream) {
 #endif
   comm->core.user_stream = cuda_stream; /* calls read it at setup, on the caller's thread */
   return WEFT_OK;
+}
+
+static weft_status register_body(weft_comm *comm, const void *buf, size_t bytes) {
+  if (!buf || !bytes)
+    return weft_core_error(&comm->core, WEFT_ERR_INVALID, "weft_comm_register",
+                           "buf is %p and bytes %zu: a buffer of at least one byte", buf, bytes);
+  if (comm->nregistered == comm->registered_cap) {
+    size_t cap = comm->registered_cap ? 2 * comm->registered_cap : 16;
+    const void **r = realloc(comm->registered, cap * sizeof *r);
+    if (!r) return weft_core_error(&comm->core, WEFT_ERR_NOMEM, "weft_comm_register", "no memory");
+    comm->registered = r;
+    comm->registered_cap = cap;
+  }
+  weft_status st = weft_mem_keep(buf, bytes);
+  if (st) return weft_core_error(&comm->core, st, "weft_comm_register", "no memory");
+  comm->registered[comm->nregistered++] = buf;
+  return WEFT_OK;
+}
+
+WEFT_API weft_status weft_comm_register(weft_comm *comm, const void *buf, size_t bytes) {
+  WEFT_API_CALL(comm, "weft_comm_register", register_body(comm, buf, bytes));
+}
+
+/* Collective: a barrier (every earlier call of this rank complete, so none
+ * uses a mapping), every rank closes its mappings of the peers' device
+ * memory, a barrier (every rank closed them): then `buf`, here or on any
+ * rank, is mapped nowhere. Registered buffers of other ranks are opened
+ * again at their next use. */
+static weft_status deregister_body(weft_comm *comm, const void *buf) {
+  size_t i = 0;
+  while (buf && i < comm->nregistered && comm->registered[i] != buf) i++;
+  if (buf && i == comm->nregistered)
+    return weft_core_error(&comm->core, WEFT_ERR_INVALID, "weft_comm_deregister",
+                           "%p was not registered on this communicator (weft_comm_register)", buf);
+  weft_status st = weft_api_barrier(comm, "weft_comm_deregister");
+  if (st) return st;
+  weft_peer_table_release_mem(&comm->core.links, comm->core.size);
+  st = weft_api_barrier(comm, "weft_comm_deregister");
+  if (buf) { /* given back once no peer maps it: after the second barrier */
+    weft_mem_unkeep(buf);
+    comm->registered[i] = comm->registered[--comm->nregistered];
+  }
+  return st;
+}
+
+WEFT_API weft_status weft_comm_deregister(weft_comm *comm, const void *buf) {
+  WEFT_API_CALL(comm, "weft_comm_deregister", deregister_body(comm, buf));
 }
 
 WEFT_API int weft_memory_usable(weft_memory memory, const char **why) {

@@ -31,6 +31,10 @@ weft_status weft_api_ibucket_allreduce(weft_comm *comm, const void *sendbuf, voi
                                        size_t count, weft_dtype dtype, weft_op op, int wire,
                                        uint64_t step, weft_request **req);
 
+/* weft_barrier's work under another call's name, inside that call's
+ * one-thread mark (weft_comm_deregister's two barriers). */
+weft_status weft_api_barrier(weft_comm *comm, const char *call);
+
 /* A memory kind's table, opaque: copy, scale, allocate in that memory. */
 typedef struct weft_mem_ops weft_api_mem;
 /* The table for `ptr` (NULL: by `memory` alone), or NULL when this build

@@ -23,6 +23,7 @@
 
 #include "src/base/log.h"
 #include "src/mem/mem.h"
+#include "src/mem/kept.h"
 #include "src/base/net.h"
 #include "src/base/settings.h"
 #include "src/base/status.h"
@@ -157,6 +158,8 @@ static void comm_free(weft_comm *comm) {
   free((void *)comm->core.hosts.index_peers);
   weft_choice_free(&comm->core.choice);
   weft_coll_device_free(&comm->core); /* its stream, events and staging */
+  for (size_t i = 0; i < comm->nregistered; i++) weft_mem_unkeep(comm->registered[i]);
+  free(comm->registered);
   comm->magic = 0;
   free(comm);
 }

@@ -43,6 +43,10 @@ struct weft_comm {
   weft_transport_init_args tp_args; /* the transport keeps a pointer to it */
   weft_peer *peers;                 /* by rank: what each published; core.links.peers
                                        point at their addresses */
+  /* buffers registered on it (weft_comm_register), each also in the
+   * process's kept ranges (mem.h), given back at deregister or destroy */
+  const void **registered;
+  size_t nregistered, registered_cap;
 };
 
 /* A failure's sentence on a communicator is weft_core_error (core.h); this

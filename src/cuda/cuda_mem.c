@@ -20,6 +20,7 @@
 #include "src/base/status.h"
 #include "src/cuda/cuda_api.h"
 #include "src/cuda/kernels.h"
+#include "src/mem/kept.h"
 
 /* ---- the driver, once per process ----------------------------------------- */
 
@@ -809,6 +810,8 @@ static bool device_describe(const void *buf, size_t bytes, weft_mem_desc *desc) 
   desc->kind = WEFT_MEMORY_DEVICE;
   desc->body_len = (uint16_t)sizeof body;
   desc->len = bytes;
+  /* registered: the owner keeps it, the peers may keep their mappings */
+  if (weft_mem_is_kept(buf, bytes)) desc->flags |= WEFT_MEM_DESC_KEEP;
   memcpy(desc->body, &body, sizeof body);
   return true;
 }

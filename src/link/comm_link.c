@@ -102,6 +102,12 @@ static weft_status cl_map_peer_mem(void *ctx, int peer, const weft_mem_desc *des
   return peer_ops(cl->links, peer)->map_peer_mem(c, desc, local);
 }
 
+static void cl_release_peer_mem(void *ctx, int peer) {
+  weft_call_links *cl = cl_of(ctx);
+  weft_tp_conn *c = cl->links->peers[peer].conn[WEFT_TP_CHANNEL_COLL];
+  if (c) peer_ops(cl->links, peer)->release_peer_mem(c, false);
+}
+
 static void cl_progressed(void *ctx) {
   cl_of(ctx)->links->events++;
 }
@@ -130,6 +136,7 @@ const weft_link_ops weft_call_links_ops = {
     .recv_release = cl_recv_release,
     .recv = cl_recv,
     .map_peer_mem = cl_map_peer_mem,
+    .release_peer_mem = cl_release_peer_mem,
     .progressed = cl_progressed,
     .rank_of = cl_rank_of,
     .last_error = cl_last_error,

@@ -71,6 +71,16 @@ static inline weft_status weft_peer_table_conn(weft_peer_table *l, int peer, int
   return WEFT_OK;
 }
 
+/* Closes every mapping of the peers' device memory, kept or lent
+ * (weft_comm_deregister: every rank does it between two barriers). */
+static inline void weft_peer_table_release_mem(weft_peer_table *l, int size) {
+  for (int peer = 0; peer < size; peer++) {
+    weft_peer_route *p = &l->peers[peer];
+    if (p->tp >= 0 && p->conn[WEFT_TP_CHANNEL_COLL])
+      l->tps[p->tp].ops->release_peer_mem(p->conn[WEFT_TP_CHANNEL_COLL], true);
+  }
+}
+
 /* Tells every peer, through every transport, that this rank failed. */
 static inline void weft_peer_table_abort_all(weft_peer_table *l, const char *reason) {
   for (int t = 0; t < l->ntps; t++) l->tps[t].ops->abort_all(l->tps[t].ctx, reason);

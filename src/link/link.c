@@ -47,6 +47,11 @@ static weft_status group_map_peer_mem(void *ctx, int member, const weft_mem_desc
   return g->over.ops->map_peer_mem(g->over.ctx, g->members[member], desc, local);
 }
 
+static void group_release_peer_mem(void *ctx, int member) {
+  const weft_group_links *g = group_of(ctx);
+  g->over.ops->release_peer_mem(g->over.ctx, g->members[member]);
+}
+
 static void group_progressed(void *ctx) {
   const weft_group_links *g = group_of(ctx);
   g->over.ops->progressed(g->over.ctx);
@@ -75,6 +80,7 @@ const weft_link_ops weft_group_links_ops = {
     .recv_release = group_recv_release,
     .recv = group_recv,
     .map_peer_mem = group_map_peer_mem,
+    .release_peer_mem = group_release_peer_mem,
     .progressed = group_progressed,
     .rank_of = group_rank_of,
     .last_error = group_last_error,

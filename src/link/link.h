@@ -49,6 +49,10 @@ typedef struct weft_link_ops {
    * this process. A failure is not a link failure (the connection stays up,
    * the sentence is in the sink): the caller falls back. */
   weft_status (*map_peer_mem)(void *ctx, int member, const weft_mem_desc *desc, void **local);
+  /* Closes the mappings of device memory `member` lent for this call
+   * (transport.h, release_peer_mem); before the done round that lets the
+   * member's call end. */
+  void (*release_peer_mem)(void *ctx, int member);
   /* Work that no chunk shows moved (stores into peers' mapped buffers):
    * progress, so that a timeout does not count it as a wait. */
   void (*progressed)(void *ctx);

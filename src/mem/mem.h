@@ -27,14 +27,21 @@
  *    ordinal and the buffer's offset in the allocation;
  *  - WEFT_MEMORY_DMABUF: not sent; the fd is registered locally (verbs).
  * The receiver trusts none of it: it checks every field against what it
- * maps. */
+ * maps. WEFT_MEM_DESC_KEEP: the owner keeps the memory allocated until it
+ * says otherwise (weft_comm_register), so a peer may keep its mapping
+ * across calls; without it, a device buffer is lent for the call only, and
+ * the peer closes its mapping before it tells the owner the call is done
+ * (the owner may free the buffer then: CUDA leaves freeing memory another
+ * process has open undefined). SHARED memory is always kept: a mapping of
+ * a memfd outlives the owner's unmapping. */
+#define WEFT_MEM_DESC_KEEP 1u
 #define WEFT_MEM_DESC_VERSION 1
 #define WEFT_MEM_DESC_BODY 80
 typedef struct weft_mem_desc {
   uint8_t version;   /* WEFT_MEM_DESC_VERSION */
   uint8_t kind;      /* weft_memory */
   uint16_t body_len; /* bytes of body in use */
-  uint32_t reserved; /* 0 */
+  uint32_t flags;    /* WEFT_MEM_DESC_KEEP, else 0 */
   uint64_t len;      /* the buffer's length in bytes */
   uint8_t body[WEFT_MEM_DESC_BODY];
 } weft_mem_desc;

@@ -49,6 +49,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -174,6 +176,7 @@ typedef struct emu_alloc {
   uint64_t serial; /* per process: BUFFER_ID, and what an IPC handle names */
   struct CUctx_st *ctx;
   bool imported;
+  bool exported;     /* cuIpcGetMemHandle gave a handle of it */
   int opens;         /* imported: opens not yet closed */
   int32_t owner_pid; /* imported: the exporter and its serial */
   uint64_t owner_serial;
@@ -1121,6 +1124,17 @@ EMU_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytes) {
   return emu_leave(CUDA_SUCCESS);
 }
 
+/* Whether a process that opened this exported allocation still has it
+ * open: its shared lock on the memfd (taken at cuIpcOpenMemHandle, gone with
+ * the descriptor at cuIpcCloseMemHandle or its exit) keeps ours out. */
+static bool exported_still_open(emu_alloc *a) {
+  if (flock(a->fd, LOCK_EX | LOCK_NB) == 0) {
+    flock(a->fd, LOCK_UN);
+    return false;
+  }
+  return errno == EWOULDBLOCK;
+}
+
 EMU_EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr ptr) {
   CUresult r = emu_enter();
   if (r) return r;
@@ -1130,6 +1144,16 @@ EMU_EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr ptr) {
   /* an inner address, a buffer opened by IPC, or not ours */
   if (!a || a->base != ptr || a->imported) return emu_leave(CUDA_ERROR_INVALID_VALUE);
   if (a->ctx->sticky) return emu_leave(a->ctx->sticky);
+  if (a->exported && exported_still_open(a)) {
+    /* undefined on a GPU (cuIpcOpenMemHandle's documentation): the
+     * importer's kernels may read or write memory handed out again */
+    fprintf(stderr,
+            "cuda stand-in: cuMemFree: %zu bytes at %#llx, exported by cuIpcGetMemHandle, freed "
+            "while another process still has them open (cuIpcOpenMemHandle without "
+            "cuIpcCloseMemHandle): undefined behaviour on a GPU\n",
+            a->size, (unsigned long long)a->base);
+    abort();
+  }
   /* No wait for queued work: what still uses it fails when it runs. */
   emu.counts.allocations--;
   alloc_release(a);
@@ -1621,6 +1645,7 @@ EMU_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *handle, CUdevicept
                       .size = a->size};
   memset(handle, 0, sizeof *handle);
   memcpy(handle->reserved, &h, sizeof h);
+  a->exported = true;
   emu.counts.ipc_exported++;
   return emu_leave(CUDA_SUCCESS);
 }
@@ -1682,6 +1707,9 @@ EMU_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *ptr, CUipcMemHandle 
     free(a);
     return emu_leave(CUDA_ERROR_INVALID_VALUE); /* freed, or its process is gone */
   }
+  /* a shared lock on the memfd while it is open here: the exporter's
+   * cuMemFree sees it (exported_still_open) */
+  (void)flock(a->fd, LOCK_SH | LOCK_NB);
   if (!alloc_map(a) || !alloc_register(a)) {
     if (a->alias) {
       munmap((void *)(uintptr_t)a->base, a->mapped);

@@ -39,6 +39,11 @@ typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
  *   WEFT_CUDA_EMU_HANG_S   a synchronize that saw nothing run for this long
  *                          (default 60 s; a cuStreamWaitValue32 whose word is
  *                          never written) prints the stuck waits and aborts,
- *                          where a GPU would hang for good */
+ *                          where a GPU would hang for good
+ *
+ * Undefined uses abort the process naming the call: cuMemFree of memory
+ * exported with cuIpcGetMemHandle while another process still has it open
+ * (cuIpcOpenMemHandle without cuIpcCloseMemHandle yet).
+ */
 
 #endif

@@ -558,6 +558,7 @@ const weft_transport weft_transport_ibv = {
     .register_mem = weft_tp_no_register,
     .deregister_mem = weft_tp_no_deregister,
     .map_peer_mem = weft_tp_no_map, /* no shared address space with a remote peer */
+    .release_peer_mem = weft_tp_no_release,
     .progress = ibv_progress,
     .wait = ibv_wait,
     .abort_all = ibv_abort_all,

@@ -143,6 +143,7 @@ typedef struct shm_peer_map {
   uint64_t len;   /* DEVICE: the described length */
   uint8_t body[WEFT_MEM_DESC_BODY]; /* DEVICE: the descriptor it was mapped from */
   uint64_t used;  /* the connection's use counter when last looked up (LRU) */
+  bool lent;      /* DEVICE: lent for one call (no WEFT_MEM_DESC_KEEP): closed by release_peer_mem */
 } shm_peer_map;
 
 enum shm_conn_state { SHM_CONN_OPENING, SHM_CONN_UP, SHM_CONN_DEAD };
@@ -308,6 +309,7 @@ weft_status shm_register_mem(weft_tp_ctx *ctx, const weft_mem_region *region, we
                              weft_mem_desc *desc);
 void shm_deregister_mem(weft_tp_ctx *ctx, weft_tp_mem *handle);
 weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void **local);
+void shm_release_peer_mem(weft_tp_conn *conn, bool kept_too);
 
 /* shm_cma.c: single copy (process_vm_readv), its policy and its reads */
 

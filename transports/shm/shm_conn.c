@@ -703,9 +703,12 @@ static shm_peer_map *shm_map_slot(shm_conn *c) {
   return m;
 }
 
-/* A peer's device buffer (CUDA IPC), mapped by the memory table and kept
- * here until the connection ends: a training loop's buffers are mapped in
- * the first step and looked up after. */
+/* A peer's device buffer (CUDA IPC), mapped by the memory table. A buffer
+ * the peer registered (WEFT_MEM_DESC_KEEP) stays mapped here until the
+ * connection ends or the peer deregisters it: a training loop's buffers are
+ * mapped in the first step and looked up after. Any other is lent for the
+ * call: closed by release_peer_mem before this rank tells the peer its
+ * call is done, since the peer may free it then. */
 static weft_status shm_map_device(shm_conn *c, const weft_mem_desc *desc, void **local) {
   shm_peer_map *m = NULL;
   for (int i = 0; i < c->nmaps && !m; i++)
@@ -724,7 +727,8 @@ static weft_status shm_map_device(shm_conn *c, const weft_mem_desc *desc, void *
     void *base, *at;
     WEFT_STATUS_PASS(dev->map_peer(desc, &base, &at, c->ctx->args->errors));
     m = shm_map_slot(c);
-    *m = (shm_peer_map){.kind = WEFT_MEMORY_DEVICE, .base = base, .local = at, .len = desc->len};
+    *m = (shm_peer_map){.kind = WEFT_MEMORY_DEVICE, .base = base, .local = at, .len = desc->len,
+                        .lent = !(desc->flags & WEFT_MEM_DESC_KEEP)};
     memcpy(m->body, desc->body, sizeof m->body);
     WEFT_TRACE(WEFT_SUBSYS_NET, "shm: rank %d mapped %llu bytes of peer %d's device memory (CUDA IPC)",
               c->ctx->args->rank, (unsigned long long)desc->len, c->peer);
@@ -790,6 +794,19 @@ weft_status shm_register_mem(weft_tp_ctx *ctx, const weft_mem_region *region, we
 void shm_deregister_mem(weft_tp_ctx *ctx, weft_tp_mem *handle) {
   (void)ctx;
   handle->region.kind = WEFT_MEMORY_COUNT;
+}
+
+void shm_release_peer_mem(weft_tp_conn *conn, bool kept_too) {
+  shm_conn *c = shm_conn_of(conn);
+  for (int i = 0; i < c->nmaps;) {
+    shm_peer_map *m = &c->maps[i];
+    if (m->kind != WEFT_MEMORY_DEVICE || !(m->lent || kept_too)) {
+      i++;
+      continue;
+    }
+    shm_map_close(m);
+    c->maps[i] = c->maps[--c->nmaps]; /* the last entry fills the hole */
+  }
 }
 
 weft_status shm_map_peer_mem(weft_tp_conn *conn, const weft_mem_desc *desc, void **local) {

@@ -290,6 +290,7 @@ const weft_transport weft_transport_shm = {
     .register_mem = shm_register_mem,
     .deregister_mem = shm_deregister_mem,
     .map_peer_mem = shm_map_peer_mem,
+    .release_peer_mem = shm_release_peer_mem,
     .progress = shm_progress,
     .wait = shm_wait,
     .abort_all = shm_abort_all,

@@ -652,6 +652,7 @@ const weft_transport weft_transport_tcp = {
     .register_mem = weft_tp_no_register,
     .deregister_mem = weft_tp_no_deregister,
     .map_peer_mem = weft_tp_no_map,
+    .release_peer_mem = weft_tp_no_release,
     .progress = tcp_progress,
     .wait = tcp_wait,
     .abort_all = tcp_abort_all,
