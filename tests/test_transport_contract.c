@@ -480,6 +480,15 @@ static void registration_shm(void **state) {
   void *local1 = NULL;
   assert_int_equal(tp->map_peer_mem(p.rx[1], &d, &local1), WEFT_OK);
   assert_int_equal(((uint32_t *)local1)[3], 0xfeedbeef);
+  /* release_peer_mem closes device memory only: a SHARED mapping outlives
+   * its owner's unmapping, so it stays, even with kept_too */
+  tp->release_peer_mem(p.rx[0], false);
+  tp->release_peer_mem(p.rx[0], true);
+  ((uint32_t *)local)[4] = 0xabad1dea;
+  assert_int_equal(buf[20], 0xabad1dea);
+  void *again = NULL;
+  assert_int_equal(tp->map_peer_mem(p.rx[0], &d, &again), WEFT_OK);
+  assert_ptr_equal(again, local); /* still the cached mapping */
   tp->deregister_mem(p.ctx[0], &h);
   assert_int_equal(h.region.kind, WEFT_MEMORY_COUNT);
 
@@ -539,6 +548,7 @@ static void registration_refused(void **state) {
       void *local = plain;
       assert_int_equal(none[i]->map_peer_mem(NULL, &d, &local), WEFT_ERR_UNSUPPORTED);
       assert_null(local);
+      none[i]->release_peer_mem(NULL, true); /* nothing mapped: nothing to do */
     }
   }
 }
