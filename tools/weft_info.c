@@ -24,11 +24,17 @@ static void print_cuda(void) {
 #ifdef WEFT_HAVE_CUDA
   char why[512];
   bool usable = weft_cuda_usable(why, sizeof why);
-  printf("cuda: built (CUDA %d.%d headers; the driver loaded at run time), %s: %s; device "
+#ifdef WEFT_HAVE_CUDA_KERNELS
+  const char *kernels = "with kernels (nvcc)";
+#else
+  const char *kernels = "without kernels (no nvcc at build time: device buffers are always "
+                        "staged through host memory; install the CUDA toolkit and build again)";
+#endif
+  printf("cuda: built (CUDA %d.%d headers; the driver loaded at run time) %s, %s: %s; device "
          "buffers: every collective within a host through CUDA IPC (WEFT_CUDA_IPC), else staged "
          "through pinned host memory\n",
-         CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10, usable ? "usable here" : "not usable here",
-         why);
+         CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10, kernels,
+         usable ? "usable here" : "not usable here", why);
 #else
   printf("cuda: not built (no cuda.h at build time, or -Dcuda=disabled): host buffers only\n");
 #endif

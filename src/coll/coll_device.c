@@ -228,11 +228,11 @@ static weft_status stage_wait(weft_coll_task *task, weft_mem_stream *stream, wef
 
 /* Device buffers worked on where they lie (the direct allreduce over CUDA
  * IPC) rather than staged: every rank decides alike from what all share (the
- * setting, one host, shm to every peer), so they take the same algorithm;
+ * setting, the build's kernels, one host, shm to every peer), so they take the same algorithm;
  * whether every buffer can be mapped is the algorithm's first question,
  * and a no stages them after all (device_restage). */
 static bool device_in_place_ok(const weft_coll_task *task) {
-  return task->may_map_device && weft_settings()->cuda_ipc &&
+  return task->may_map_device && weft_settings()->cuda_ipc && weft_cuda_has_kernels() &&
          one_host_mapping(task->comm, WEFT_MEMORY_DEVICE);
 }
 

@@ -45,6 +45,16 @@ void weft_cuda_thread_restore(void);
  * remembered is forgotten, so the restore brings back this call's caller's. */
 void weft_cuda_thread_enter(void);
 
+/* Whether this build has its kernels (nvcc at build time): without them
+ * device buffers are always staged, reduced on the host. */
+static inline bool weft_cuda_has_kernels(void) {
+#ifdef WEFT_HAVE_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
 /* Whether the driver is loaded and has a device, with the reason in `why`
  * either way (weft-info). Loads the driver on first use. */
 bool weft_cuda_usable(char *why, size_t why_len);

@@ -195,6 +195,14 @@ def check_tools(py, venv, tmp):
     info = run([os.path.join(bindir, "weft-info")], cwd=tmp, limit=60)
     if "transports:" not in info:
         sys.exit("FAIL: weft-info from the wheel printed no transports line")
+    # pyproject builds with -Dcuda=auto: where the toolkit is, the wheel has the
+    # GPU path and its kernels (issue 45: it once had -Dcuda=disabled)
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    if os.path.exists(os.path.join(cuda_home, "include", "cuda.h")) and \
+            os.access(os.path.join(cuda_home, "bin", "nvcc"), os.X_OK):
+        if "cuda: built" not in info or "with kernels" not in info:
+            line = next((l for l in info.splitlines() if l.startswith("cuda")), "no cuda line")
+            sys.exit(f"FAIL: the CUDA toolkit is in {cuda_home}, but the wheel's weft-info says: {line}")
     if "transports:" not in run([py, "-m", "weft", "info"], cwd=tmp, limit=60):
         sys.exit("FAIL: python -m weft info printed no transports line")
     bench = [os.path.join(bindir, "weftrun"), "-n", "2", "--timeout", "60", os.path.join(bindir, "weft-bench"),
