@@ -749,20 +749,25 @@ static struct {
 } cuda_exports[CUDA_EXPORTS];
 static pthread_mutex_t cuda_exports_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* The allocation holding `buf`: device, buffer ID, base and size, in one
- * query; false for anything but device memory (managed memory included). */
+/* The allocation holding `buf`: device, buffer ID, base and size, and
+ * whether it has a legacy IPC handle, in one query; false for anything but
+ * device memory (managed memory included). */
 static bool device_range(const void *buf, int *ordinal, unsigned long long *id, CUdeviceptr *base,
-                         size_t *size) {
-  CUpointer_attribute attrs[6] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                         size_t *size, bool *legacy_ipc) {
+  CUpointer_attribute attrs[7] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                                   CU_POINTER_ATTRIBUTE_IS_MANAGED,
                                   CU_POINTER_ATTRIBUTE_BUFFER_ID,
                                   CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE};
-  unsigned int type = 0, managed = 0;
-  void *data[6] = {&type, ordinal, &managed, id, base, size};
-  if (cuda->pointer_get_attributes(6, attrs, data, (CUdeviceptr)(uintptr_t)buf) == CUDA_SUCCESS)
+                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                  CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+  unsigned int type = 0, managed = 0, capable = 1;
+  void *data[7] = {&type, ordinal, &managed, id, base, size, &capable};
+  *legacy_ipc = true;
+  if (cuda->pointer_get_attributes(7, attrs, data, (CUdeviceptr)(uintptr_t)buf) == CUDA_SUCCESS) {
+    *legacy_ipc = capable != 0;
     return type == CU_MEMORYTYPE_DEVICE && !managed;
+  }
   /* a driver without the range attributes: the two calls they replace */
   *id = 0;
   return weft_cuda_pointer_kind(buf, ordinal) == WEFT_MEMORY_DEVICE &&
@@ -774,7 +779,24 @@ static bool device_describe(const void *buf, size_t bytes, weft_mem_desc *desc) 
   unsigned long long id = 0;
   CUdeviceptr base = 0;
   size_t size = 0;
-  if (!cuda_load() || !device_range(buf, &ordinal, &id, &base, &size)) return false;
+  bool legacy_ipc = true;
+  if (!cuda_load() || !device_range(buf, &ordinal, &id, &base, &size, &legacy_ipc)) return false;
+  if (!legacy_ipc) {
+    /* cuMemCreate's memory (PyTorch's expandable segments, cudaMallocAsync
+     * pools): no handle to ask for, every call with it is staged; said once
+     * per process, then at INFO (once per call would flood a training log) */
+    static atomic_flag said = ATOMIC_FLAG_INIT;
+    if (!atomic_flag_test_and_set(&said))
+      WEFT_WARN(WEFT_SUBSYS_COLL,
+                "cuda: device %d: %zu bytes at %p have no legacy IPC handle (cuMemCreate memory: "
+                "PyTorch's expandable segments, cudaMallocAsync pools): calls on such buffers are "
+                "staged through host memory (said once)",
+                ordinal, bytes, buf);
+    else
+      WEFT_INFO(WEFT_SUBSYS_COLL, "cuda: device %d: %zu bytes at %p: no legacy IPC handle, staged",
+                ordinal, bytes, buf);
+    return false;
+  }
   cuda_ipc_body body = {.ordinal = ordinal};
   CUresult r = (uintptr_t)buf - base + bytes > size ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
   unsigned slot = (unsigned)(id % CUDA_EXPORTS);

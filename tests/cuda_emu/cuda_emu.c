@@ -234,6 +234,7 @@ static struct {
   } quarantine[EMU_QUARANTINE];
   int quarantine_next;
   bool ipc_refused;    /* WEFT_CUDA_EMU_IPC=0: cuIpcOpenMemHandle answers as across GPUs without P2P */
+  bool no_legacy_ipc;  /* WEFT_CUDA_EMU_LEGACY_IPC=0: memory as cuMemCreate's, without a legacy handle */
   const char *report;  /* WEFT_CUDA_EMU_REPORT: a file the counters are appended to at exit */
   long kernel_fault;   /* WEFT_CUDA_EMU_KERNEL_FAULT: the kernel run that faults (0: none) */
   long hang_s;         /* WEFT_CUDA_EMU_HANG_S: a synchronize stuck this long aborts */
@@ -816,6 +817,7 @@ EMU_EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
     emu.memory = (size_t)emu_env_long("WEFT_CUDA_EMU_MEMORY", 4L << 30, 1, LONG_MAX);
     emu.rng = (uint64_t)emu_env_long("WEFT_CUDA_EMU_SEED", 1, 0, LONG_MAX) * 2 + 1;
     emu.ipc_refused = emu_env_long("WEFT_CUDA_EMU_IPC", 1, 0, 1) == 0;
+    emu.no_legacy_ipc = emu_env_long("WEFT_CUDA_EMU_LEGACY_IPC", 1, 0, 1) == 0;
     emu.report = getenv("WEFT_CUDA_EMU_REPORT");
     long fault_rank = emu_env_long("WEFT_CUDA_EMU_FAULT_RANK", -1, -1, INT_MAX);
     if (fault_rank < 0 || fault_rank == emu_env_long("WEFT_RANK", -1, -1, INT_MAX))
@@ -1059,7 +1061,7 @@ EMU_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int n, CUpointer_att
       case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)d = 0; break;
       case CU_POINTER_ATTRIBUTE_MAPPED: *(unsigned int *)d = a || h; break;
       case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-        *(unsigned int *)d = a && !a->imported;
+        *(unsigned int *)d = a && !a->imported && !emu.no_legacy_ipc;
         break;
       case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)d = a ? a->serial : 0; break;
       case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
@@ -1637,6 +1639,9 @@ EMU_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *handle, CUdevicept
   emu_alloc *a = alloc_find(ptr);
   /* the base of a cuMemAlloc allocation of this process */
   if (!handle || !a || a->base != ptr || a->imported) return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  /* memory from cuMemCreate (PyTorch's expandable segments, cudaMallocAsync
+   * pools) has no legacy handle: the driver refuses */
+  if (emu.no_legacy_ipc) return emu_leave(CUDA_ERROR_NOT_SUPPORTED);
   emu_ipc_handle h = {.magic = EMU_IPC_MAGIC,
                       .pid = (int32_t)getpid(),
                       .fd = a->fd,

@@ -30,6 +30,10 @@ typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
  *   WEFT_CUDA_EMU_IPC      0: cuIpcOpenMemHandle refuses every handle
  *                          (CUDA_ERROR_PEER_ACCESS_UNSUPPORTED), as between
  *                          GPUs that cannot reach each other
+ *   WEFT_CUDA_EMU_LEGACY_IPC  0: device memory as cuMemCreate makes it
+ *                          (PyTorch's expandable segments): no legacy IPC
+ *                          handle, cuIpcGetMemHandle answers
+ *                          CUDA_ERROR_NOT_SUPPORTED
  *   WEFT_CUDA_EMU_REPORT   a file each process appends its counters to at
  *                          exit ("pid P ipc_opened N ipc_mappings M ...")
  *   WEFT_CUDA_EMU_KERNEL_FAULT  N: the Nth kernel this process runs (from 1)
