@@ -146,6 +146,96 @@ static void kernels_equal_host(void **state) {
   if (bad) fail_msg("%d results of the device kernels differ from the host kernels", bad);
 }
 
+/* Small values of dtype `dt`: sums, products and means of a few stay in
+ * range. */
+static void fill_small(unsigned char *buf, size_t count, int dt) {
+  for (size_t i = 0; i < count; i++) {
+    double x = (double)(harness_rng(&rng) % 9) - 4;
+    switch (dt) {
+      case WEFT_F32: ((float *)buf)[i] = (float)x; break;
+      case WEFT_F64: ((double *)buf)[i] = x; break;
+      case WEFT_F16: ((uint16_t *)buf)[i] = (uint16_t)(0x3800 + harness_rng(&rng) % 2048); break;
+      case WEFT_BF16: ((uint16_t *)buf)[i] = (uint16_t)(0x3f00 + harness_rng(&rng) % 256); break;
+      case WEFT_I8: ((int8_t *)buf)[i] = (int8_t)x; break;
+      case WEFT_U8: ((uint8_t *)buf)[i] = (uint8_t)(x < 0 ? -x : x); break;
+      case WEFT_I32: ((int32_t *)buf)[i] = (int32_t)harness_rng(&rng); break;
+      case WEFT_I64: ((int64_t *)buf)[i] = (int64_t)harness_rng(&rng); break;
+    }
+  }
+}
+
+/* The direct allreduce's one pass (reduce_all_async, weft_k_direct_X) gives
+ * the bits of the pairwise host steps in the same order, in every output,
+ * for every dtype and op, 2 to 8 members, 16-byte aligned buffers (the
+ * kernel's 16-byte loads, which the stand-in checks it may take) and
+ * buffers one element off (element by element), counts with a tail, and in
+ * place (member 0's output is its input). */
+static void one_pass_equals_pairwise(void **state) {
+  (void)state;
+  weft_error_sink errors = {0};
+  weft_mem_stream *s;
+  assert_int_equal(weft_cuda_stream_create(0, &s, &errors), WEFT_OK);
+  int bad = 0, runs = 0;
+  const int members[] = {2, 3, 4, 8};
+  for (int dt = 0; dt < WEFT_DTYPE_COUNT; dt++) {
+    size_t esz = weft_dtype_size((weft_dtype)dt);
+    for (int mi = 0; mi < 4; mi++) {
+      int n = members[mi];
+      for (int shift = 0; shift < 2; shift++) {
+        size_t count = 1000 + (size_t)shift * 37, bytes = (count + 1) * esz;
+        unsigned char *in[8], *want = malloc(bytes), *got = malloc(bytes);
+        void *din[8], *dout[8];
+        for (int p = 0; p < n; p++) {
+          in[p] = malloc(bytes);
+          fill_small(in[p], count + 1, dt);
+          din[p] = weft_mem_device.alloc_scratch(bytes);
+          dout[p] = p == 0 ? din[0] : weft_mem_device.alloc_scratch(bytes); /* member 0 in place */
+        }
+        for (int op = 0; op < WEFT_OP_COUNT; op++) {
+          int postdiv = op == WEFT_AVG ? n : 1;
+          /* the host's pairwise steps, as direct_reduce makes them */
+          weft_reduce_kernel(want, in[0] + shift * esz, in[1] + shift * esz, count, (weft_dtype)dt,
+                             (weft_op)op, n == 2 ? postdiv : 1);
+          for (int p = 2; p < n; p++)
+            weft_reduce_kernel(want, want, in[p] + shift * esz, count, (weft_dtype)dt, (weft_op)op,
+                               p == n - 1 ? postdiv : 1);
+          void *outs[8];
+          const void *ins[8];
+          for (int p = 0; p < n; p++) {
+            put(s, din[p], in[p], bytes);
+            ins[p] = (char *)din[p] + shift * esz;
+            outs[p] = (char *)dout[p] + shift * esz;
+          }
+          weft_mem_token t;
+          assert_int_equal(weft_mem_device.reduce_all_async(outs, ins, n, count, (weft_dtype)dt,
+                                                            (weft_op)op, postdiv, s, &t),
+                           WEFT_OK);
+          weft_status st;
+          while ((st = weft_mem_device.poll(s, t)) == WEFT_AGAIN) {
+          }
+          assert_int_equal(st, WEFT_OK);
+          for (int p = 0; p < n; p++) {
+            get(s, got, outs[p], count * esz);
+            runs++;
+            if (memcmp(want, got, count * esz) && bad++ < 8)
+              fprintf(stderr, "%s %s, %d members, %s: output %d differs from the pairwise steps\n",
+                      weft_dtype_name((weft_dtype)dt), weft_op_name((weft_op)op), n,
+                      shift ? "one element off" : "aligned", p);
+          }
+        }
+        for (int p = 0; p < n; p++) {
+          if (p) weft_mem_device.free_scratch(dout[p]);
+          weft_mem_device.free_scratch(din[p]);
+          free(in[p]);
+        }
+        free(want), free(got);
+      }
+    }
+  }
+  weft_cuda_stream_destroy(s);
+  if (bad) fail_msg("%d of %d outputs of the one pass differ from the pairwise steps", bad, runs);
+}
+
 /* One rank: a device allreduce makes the communicator's stream and its
  * events; destroy gives every one back, and the pool's pinned buffers. */
 static void destroy_gives_back(void **state) {
@@ -290,6 +380,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(usable),
       cmocka_unit_test(kernels_equal_host),
+      cmocka_unit_test(one_pass_equals_pairwise),
       cmocka_unit_test(destroy_gives_back),
       cmocka_unit_test(caller_context_restored),
       cmocka_unit_test(register_and_deregister),

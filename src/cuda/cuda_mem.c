@@ -590,6 +590,7 @@ typedef struct cuda_kernels {
   bool tried, loaded;
   CUmodule module;
   CUfunction reduce[WEFT_DTYPE_COUNT], finish[WEFT_DTYPE_COUNT], scale[WEFT_DTYPE_COUNT];
+  CUfunction direct[WEFT_DTYPE_COUNT];
   CUfunction narrow, widen, wire_reduce;
 } cuda_kernels;
 
@@ -621,6 +622,8 @@ static const cuda_kernels *kernels_for(int ordinal, weft_error_sink *errors) {
       if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->finish[d], k->module, name);
       snprintf(name, sizeof name, "weft_k_scale_%s", names[d]);
       if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->scale[d], k->module, name);
+      snprintf(name, sizeof name, "weft_k_direct_%s", names[d]);
+      if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->direct[d], k->module, name);
     }
     if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->narrow, k->module, "weft_k_wire_narrow");
     if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->widen, k->module, "weft_k_wire_widen");
@@ -720,6 +723,30 @@ static weft_status device_reduce_async(void *dst, const void *a, const void *b, 
   CUresult r = launch(k->reduce[dtype], count, s->stream, params);
   if (r != CUDA_SUCCESS)
     return cuda_fail(s->errors, r, "cuLaunchKernel (weft_k_reduce)", s->ordinal, dst, count);
+  return device_record(s, token);
+}
+
+static weft_status device_reduce_all_async(void *const *outs, const void *const *ins, int n,
+                                           size_t count, weft_dtype dtype, weft_op op, int postdiv,
+                                           weft_mem_stream *s, weft_mem_token *token) {
+  *token = 0;
+  if (!count) return WEFT_OK;
+  if ((unsigned)dtype >= WEFT_DTYPE_COUNT || n < 2 || n > WEFT_K_MEMBERS) return WEFT_ERR_UNSUPPORTED;
+  const cuda_kernels *k = kernels_for(s->ordinal, s->errors);
+  if (!k) return WEFT_ERR_UNSUPPORTED;
+  weft_k_members m = {{0}, {0}};
+  uintptr_t all = 0;
+  for (int p = 0; p < n; p++) {
+    m.in[p] = (uintptr_t)ins[p];
+    m.out[p] = (uintptr_t)outs[p];
+    all |= (uintptr_t)ins[p] | (uintptr_t)outs[p];
+  }
+  int op_i = (int)op, vec16 = (all & 15) == 0;
+  size_t threads = vec16 ? (count * weft_dtype_size(dtype) + 15) / 16 : count;
+  void *params[] = {&m, &n, &count, &op_i, &postdiv, &vec16};
+  CUresult r = launch(k->direct[dtype], threads, s->stream, params);
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(s->errors, r, "cuLaunchKernel (weft_k_direct)", s->ordinal, outs[0], count);
   return device_record(s, token);
 }
 
@@ -989,6 +1016,7 @@ const weft_mem_ops weft_mem_device = {
     .alloc_scratch = device_alloc_scratch,
     .free_scratch = device_free_scratch,
     .describe = device_describe,
+    .reduce_all_async = device_reduce_all_async,
     .map_peer = device_map_peer,
     .unmap_peer = device_unmap_peer,
 };

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/cuda/kernels.h"
 #include "src/mem/reduce_ops.h"
 
 #define WEFT_GRID_STRIDE(i, n)                                                  \
@@ -24,6 +25,50 @@
   extern "C" __global__ void weft_k_scale_##X(T *buf, size_t n, double factor) { \
     WEFT_GRID_STRIDE(i, n) buf[i] = weft_scale_##X(buf[i], factor);             \
   }
+
+// The direct allreduce's slice in one pass (kernels.h, weft_k_direct_X):
+// each element of every member's input read once, the result stored into
+// every member's output, 16 bytes at a time where all pointers allow. One
+// thread owns an element (or a 16-byte group) and reads all of it before it
+// writes, so in place (out[p] == in[p]) is safe.
+#define WEFT_DIRECT_KERNEL(X, T)                                                          \
+  extern "C" __global__ void weft_k_direct_##X(weft_k_members m, int n, size_t count,     \
+                                               int op, int postdiv, int vec16) {         \
+    const size_t lanes = 16 / sizeof(T);                                                  \
+    const size_t groups = vec16 ? count / lanes : 0;                                      \
+    WEFT_GRID_STRIDE(g, groups) {                                                         \
+      T v[WEFT_K_MEMBERS][16 / sizeof(T)];                                                \
+      for (int p = 0; p < n; p++) {                                                       \
+        uint4 w = ((const uint4 *)(uintptr_t)m.in[p])[g];                                 \
+        memcpy(v[p], &w, 16);                                                             \
+      }                                                                                   \
+      T r[16 / sizeof(T)];                                                                \
+      for (size_t l = 0; l < lanes; l++) {                                                \
+        T e[WEFT_K_MEMBERS];                                                              \
+        for (int p = 0; p < n; p++) e[p] = v[p][l];                                       \
+        r[l] = weft_op_##X##_all(e, n, op, postdiv);                                      \
+      }                                                                                   \
+      uint4 w;                                                                            \
+      memcpy(&w, r, 16);                                                                  \
+      for (int p = 0; p < n; p++) ((uint4 *)(uintptr_t)m.out[p])[g] = w;                  \
+    }                                                                                     \
+    WEFT_GRID_STRIDE(j, count - groups * lanes) {                                         \
+      size_t i = groups * lanes + j;                                                      \
+      T e[WEFT_K_MEMBERS];                                                                \
+      for (int p = 0; p < n; p++) e[p] = ((const T *)(uintptr_t)m.in[p])[i];              \
+      T r = weft_op_##X##_all(e, n, op, postdiv);                                         \
+      for (int p = 0; p < n; p++) ((T *)(uintptr_t)m.out[p])[i] = r;                      \
+    }                                                                                     \
+  }
+
+WEFT_DIRECT_KERNEL(f32, float)
+WEFT_DIRECT_KERNEL(f64, double)
+WEFT_DIRECT_KERNEL(f16, uint16_t)
+WEFT_DIRECT_KERNEL(bf16, uint16_t)
+WEFT_DIRECT_KERNEL(i8, int8_t)
+WEFT_DIRECT_KERNEL(u8, uint8_t)
+WEFT_DIRECT_KERNEL(i32, int32_t)
+WEFT_DIRECT_KERNEL(i64, int64_t)
 
 WEFT_KERNELS(f32, float)
 WEFT_KERNELS(f64, double)

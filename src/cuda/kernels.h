@@ -5,6 +5,12 @@
  *   weft_k_reduce_X  (T *dst, const T *a, const T *b, size_t n, int op, int postdiv)
  *   weft_k_finish_X  (T *dst, const T *src, size_t n, int postdiv)
  *   weft_k_scale_X   (T *buf, size_t n, double factor)
+ *   weft_k_direct_X  (weft_k_members m, int n, size_t count, int op, int postdiv,
+ *                     int vec16)
+ *       every out[p][i] = in[0][i] op ... op in[n-1][i] (weft_op_X_all), p < n
+ *       <= WEFT_K_MEMBERS: the direct allreduce's slice in one pass, read once
+ *       and stored n times; vec16: every pointer 16-byte aligned, 16-byte
+ *       loads and stores (the rest of count element by element)
  *   weft_k_wire_narrow (uint16_t *dst, const float *src, size_t n, int wire)
  *   weft_k_wire_widen  (float *dst, const uint16_t *src, size_t n, int wire)
  *   weft_k_wire_reduce (float *dst, const float *a, const uint16_t *b, size_t n,
@@ -20,6 +26,13 @@
 extern const unsigned char weft_cuda_fatbin[];
 extern const size_t weft_cuda_fatbin_len;
 #endif
+
+/* The members' buffers of a weft_k_direct_X launch, by value (device
+ * addresses; unused entries 0). */
+#define WEFT_K_MEMBERS 8
+typedef struct weft_k_members {
+  unsigned long long in[WEFT_K_MEMBERS], out[WEFT_K_MEMBERS];
+} weft_k_members;
 
 /* The short names, indexed by weft_dtype. */
 #define WEFT_CUDA_DTYPE_NAMES {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"}

@@ -109,6 +109,16 @@ static weft_status host_signal(weft_mem_stream *stream, uint32_t value) {
   return WEFT_OK;
 }
 
+/* The host's direct allreduce sums in pieces that stay in L1 (direct_
+ * allreduce.c); no one-pass form here. */
+static weft_status host_reduce_all_async(void *const *outs, const void *const *ins, int n,
+                                         size_t count, weft_dtype dtype, weft_op op, int postdiv,
+                                         weft_mem_stream *stream, weft_mem_token *token) {
+  (void)outs, (void)ins, (void)n, (void)count, (void)dtype, (void)op, (void)postdiv, (void)stream;
+  *token = 0;
+  return WEFT_ERR_UNSUPPORTED;
+}
+
 static weft_status host_record(weft_mem_stream *stream, weft_mem_token *token) {
   (void)stream;
   *token = 0;
@@ -193,6 +203,7 @@ const weft_mem_ops weft_mem_host = {
     .poll = host_poll,
     .copy_async = host_copy_async,
     .reduce_async = host_reduce_async,
+    .reduce_all_async = host_reduce_all_async,
     .copy_to_host = host_copy_between,
     .copy_from_host = host_copy_between,
     .alloc_slots = host_alloc_slots,

@@ -170,6 +170,15 @@ typedef struct weft_mem_ops {
   weft_status (*reduce_async)(void *dst, const void *a, const void *b, size_t count,
                               weft_dtype dtype, weft_op op, int postdiv, weft_mem_stream *stream,
                               weft_mem_token *token);
+  /* Every outs[p] = ins[0] op ins[1] op ... op ins[n-1], element-wise in
+   * that order (postdiv at the last step), for 2 <= n <= 8, in one pass
+   * queued on `stream` (the direct allreduce's slice: each input read once,
+   * the result stored n times); in place (outs[p] == ins[p]) is safe.
+   * WEFT_ERR_UNSUPPORTED where the table has no such pass (host, n > 8): the
+   * caller makes it from reduce_async and copy_async. */
+  weft_status (*reduce_all_async)(void *const *outs, const void *const *ins, int n, size_t count,
+                                  weft_dtype dtype, weft_op op, int postdiv,
+                                  weft_mem_stream *stream, weft_mem_token *token);
   /* Between this memory and (pinned) host memory, queued on `stream`:
    * `host` is host memory, the other side is of this kind. Host: memcpy. */
   weft_status (*copy_to_host)(void *host, const void *src, size_t bytes, weft_mem_stream *stream,

@@ -71,6 +71,14 @@ WEFT_HD double weft_op_f64_max(double x, double y) {
   /* an avg's result: v divided by postdiv (the caller asks only when > 1) */         \
   WEFT_HD T weft_op_##X##_finish(T v, int postdiv) {                                  \
     return STORE(DIV(LOAD(v), postdiv));                                              \
+  }                                                                                   \
+  /* v[0] op v[1] op ... op v[n-1], n >= 2, in that order, postdiv at the last \
+   * step: the direct allreduce's sum of one element over its n members, as   \
+   * the pairwise steps make it (fused kernel and host alike) */               \
+  WEFT_HD T weft_op_##X##_all(const T *v, int n, int op, int postdiv) {               \
+    T acc = weft_op_##X(v[0], v[1], op, n == 2 ? postdiv : 1);                        \
+    for (int p = 2; p < n; p++) acc = weft_op_##X(acc, v[p], op, p == n - 1 ? postdiv : 1); \
+    return acc;                                                                       \
   }
 
 #define WEFT_ID_(v) (v)

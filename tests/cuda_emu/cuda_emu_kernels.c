@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "src/cuda/kernels.h"
 #include "src/mem/reduce_ops.h"
 
 /* Threads along x: blockIdx.x * blockDim.x + threadIdx.x takes these values
@@ -64,6 +65,42 @@ static CUresult test_add_f32(const cuda_emu_launch *l, void **params) {
     for (size_t i = 0; i < n; i++) b[i] = weft_scale_##X(b[i], f);              \
     return CUDA_SUCCESS;                                                        \
   }
+
+/* weft_k_direct_X (kernels.h): the members' spans checked, then element by
+ * element in weft_op_X_all's order; vec16 only changes how a GPU loads, but
+ * it promises 16-byte aligned pointers, which is checked here. */
+#define EMU_DIRECT(X, T)                                                                \
+  static CUresult emu_direct_##X(const cuda_emu_launch *l, void **p) {                  \
+    const weft_k_members *m = p[0];                                                     \
+    int n = *(int *)p[1];                                                               \
+    size_t count = *(size_t *)p[2];                                                     \
+    int op = *(int *)p[3], postdiv = *(int *)p[4], vec16 = *(int *)p[5];                \
+    if (n < 2 || n > WEFT_K_MEMBERS) return CUDA_ERROR_INVALID_VALUE;                   \
+    const T *in[WEFT_K_MEMBERS];                                                        \
+    T *out[WEFT_K_MEMBERS];                                                             \
+    for (int k = 0; k < n; k++) {                                                       \
+      if (vec16 && ((m->in[k] | m->out[k]) & 15)) return CUDA_ERROR_MISALIGNED_ADDRESS; \
+      EMU_SPAN(i_, const T, (CUdeviceptr)m->in[k], count)                               \
+      EMU_SPAN(o_, T, (CUdeviceptr)m->out[k], count)                                    \
+      in[k] = i_, out[k] = o_;                                                          \
+    }                                                                                   \
+    for (size_t i = 0; i < count; i++) {                                                \
+      T e[WEFT_K_MEMBERS];                                                              \
+      for (int k = 0; k < n; k++) e[k] = in[k][i];                                      \
+      T r = weft_op_##X##_all(e, n, op, postdiv);                                       \
+      for (int k = 0; k < n; k++) out[k][i] = r;                                        \
+    }                                                                                   \
+    return CUDA_SUCCESS;                                                                \
+  }
+
+EMU_DIRECT(f32, float)
+EMU_DIRECT(f64, double)
+EMU_DIRECT(f16, uint16_t)
+EMU_DIRECT(bf16, uint16_t)
+EMU_DIRECT(i8, int8_t)
+EMU_DIRECT(u8, uint8_t)
+EMU_DIRECT(i32, int32_t)
+EMU_DIRECT(i64, int64_t)
 
 EMU_KERNELS(f32, float)
 EMU_KERNELS(f64, double)
@@ -124,7 +161,11 @@ static CUresult emu_wire_reduce(const cuda_emu_launch *l, void **p) {
                   CUDA_EMU_PARAM(int)}},                                                  \
       {.name = "weft_k_scale_" #X,                                                        \
        .run = emu_scale_##X,                                                              \
-       .params = {CUDA_EMU_PARAM(T *), CUDA_EMU_PARAM(size_t), CUDA_EMU_PARAM(double)}},
+       .params = {CUDA_EMU_PARAM(T *), CUDA_EMU_PARAM(size_t), CUDA_EMU_PARAM(double)}},  \
+      {.name = "weft_k_direct_" #X,                                                       \
+       .run = emu_direct_##X,                                                             \
+       .params = {CUDA_EMU_PARAM(weft_k_members), CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(size_t), \
+                  CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(int)}},
 
 const cuda_emu_kernel cuda_emu_kernels[] = {
     EMU_ROWS(f32, float) EMU_ROWS(f64, double) EMU_ROWS(f16, uint16_t) EMU_ROWS(bf16, uint16_t)
