@@ -50,6 +50,11 @@
 # And WEFT_CUDA_EMU_LEGACY_IPC=0: device memory without a legacy IPC handle
 # (cuMemCreate's, as PyTorch's expandable segments): every call staged,
 # every result right, and the warning once per process, not per call.
+# And --churn: 1,000 rounds of allocate, allreduce over IPC, free at once
+# (sizes that change, so addresses are handed out again): every result
+# right, and no peer has a buffer open when its owner frees it.
+# And two devices, rank r on device r % 2 (WEFT_DEVICE_CHECK_SPREAD): every
+# collective over IPC between the GPUs.
 # And --host-only: ranks that pass host memory only, with the stand-in
 # loaded, over shm and tcp: every result right, and no process holds a
 # primary context at exit (primary_refs 0: before, classifying a pointer
@@ -76,7 +81,8 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
            "2 shm order --order=20 WEFT_TIMEOUT=20 WEFT_CUDA_EMU_HANG_S=60" \
            "2 tcp order --order=20 WEFT_TIMEOUT=20 WEFT_CUDA_EMU_HANG_S=60" \
            "2 shm hostonly --host-only" "2 tcp hostonly --host-only" \
-           "2 shm nolegacy --quick WEFT_CUDA_EMU_LEGACY_IPC=0" \
+           "2 shm nolegacy --quick WEFT_CUDA_EMU_LEGACY_IPC=0" "2 shm churn --churn=1000" \
+           "2 shm spread --quick WEFT_CUDA_EMU_DEVICES=2 WEFT_DEVICE_CHECK_SPREAD=1" \
            "3 shm order --order=10,100000 WEFT_CUDA_IPC=0 WEFT_DEVICE_SLICE_BYTES=16384 WEFT_TIMEOUT=20"; do
   set -- $run
   n=$1 tp=$2 want=$3
@@ -87,6 +93,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
       --quick|--mixed|--fault|--host-only) quick=$a ;;
       --in-flight=*) quick="--in-flight ${a#--in-flight=}" ;;
       --order=*) quick="--order $(echo "${a#--order=}" | tr , ' ')" ;;
+      --churn=*) quick="--churn ${a#--churn=}" ;;
       --resnet) quick="--resnet $(dirname "$0")/../tools/data/resnet50_grads.tsv" ;;
       --resnet-lent) quick="--resnet $(dirname "$0")/../tools/data/resnet50_grads.tsv lent" ;;
       *=*) envs="$envs $a" ;;
@@ -100,6 +107,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
     [ "$want" != resnet ] || line="$n ranks over $tp: $(grep -m1 'resnet:' "$out" | sed 's/.*resnet: //')"
     [ "$want" != fault ] || line="$n ranks over $tp, one rank's 5th kernel faults: $(grep -c 'device-check: fault: rank .*: WEFT_ERR' "$out") of $n ranks failed"
     [ "$want" != hostonly ] || line="$n ranks over $tp, host memory only: $(grep -m1 'device-check: rank 0: host-only:' "$out" | sed 's/.*host-only: //'); CUDA contexts held at exit: $(sum_of primary_refs)"
+    [ "$want" != churn ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: churn:' "$out" | sed 's/.*churn: //')"
     [ "$want" != order ] || line="$n ranks over $tp${envs:+ ($envs )}: $(grep -m1 'device-check: rank 0: order:' "$out" | sed 's/.*rank 0: order: //')"
     [ "$want" != inflight ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: in flight:' "$out" | sed 's/.*rank 0: in flight: //')"
     [ "$want" != mixed ] || line="$n ranks over $tp, rank 0 with host memory: $(grep -c 'device-check: mixed: rank .*: WEFT_ERR' "$out") of $n ranks failed"

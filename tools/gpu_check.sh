@@ -25,6 +25,9 @@
 #               --order): a read queued on the user's stream after the call and
 #               synchronized before weft_wait sees the result; weft_wait(A)
 #               completes while the stream is held after A; IPC and staged
+#   churn       1,000 rounds of allocate, allreduce over CUDA IPC, free at once, 2 ranks
+#   two GPUs    every collective with rank r on GPU r % 2 (CUDA IPC between GPUs, or
+#               staged where they cannot reach each other); SKIP on a one-GPU machine
 #   host only   2 ranks passing host memory only: no rank may hold a CUDA context
 #               (nvidia-smi's compute apps, asked while the ranks are alive)
 #   sanitizer   compute-sanitizer memcheck on 2 ranks (--quick), after a probe
@@ -32,7 +35,8 @@
 #   bench       weft-bench on device buffers (-G), 8 B / 64 MiB / 256 MiB, 2 and 4
 #               ranks, plain (CUDA IPC), staged (WEFT_CUDA_IPC=0: through pinned host
 #               memory) and under MPS (the daemon is started and stopped here);
-#               a 64 MiB broadcast over IPC and staged
+#               a 64 MiB broadcast over IPC and staged; the plain rows register
+#               their buffers (weft_comm_register), the "lent" rows do not
 #   resnet      the ResNet-50 gradient set as device tensors, 2 ranks: one
 #               non-blocking allreduce per tensor, and one flat buffer, the
 #               buffers registered (weft_comm_register); then not registered
@@ -128,7 +132,7 @@ if [ "$probe" -eq 77 ]; then
   why=$(sed -n 's/^device-check: SKIP: //p' "$out/probe.log" | head -1)
   row info SKIP "no GPU: $why"
   for s in "device 1" "device 2" "device 3" "device 4" tcp "in flight" order sanitizer bench resnet \
-      "host only" "torch cuda" "torch host"; do
+      churn "two GPUs" "host only" "torch cuda" "torch expandable" "torch host"; do
     row "$s" SKIP "no GPU: $why"
   done
   finish
@@ -187,6 +191,29 @@ for tp in shm tcp; do
   fi
 done
 
+if time_for churn; then
+  log="$out/churn.log"
+  timeout "$(limit 60)" "$bin/weftrun" -n 2 "$bin/weft-device-check" --churn 1000 > "$log" 2>&1
+  rc=$?
+  line=$(grep -m1 'device-check: rank 0: churn:' "$log" | sed 's/.*churn: //')
+  if [ "$rc" -eq 0 ] && [ -n "$line" ]; then
+    row churn PASS "2 ranks: $line"
+  else
+    row churn FAIL "exit $rc: ${line:-see churn.log}"
+  fi
+fi
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
+if [ "$gpus" -lt 2 ]; then
+  row "two GPUs" SKIP "this machine has $gpus GPU(s)"
+elif time_for "two GPUs"; then
+  log="$out/two-gpus.log"
+  WEFT_DEVICE_CHECK_SPREAD=1 timeout "$(limit 60)" "$bin/weftrun" -n 2 "$bin/weft-device-check" --quick \
+    > "$log" 2>&1
+  rc=$?
+  line=$(grep -m1 'device-check: rank 0' "$log" | sed 's/.*rank 0: //')
+  [ "$rc" -eq 0 ] && row "two GPUs" PASS "2 ranks on GPUs 0 and 1: $line" ||
+    row "two GPUs" FAIL "exit $rc: $(grep -m1 'FAIL' "$log" | cut -c1-150)"
+fi
 if time_for "host only"; then
   log="$out/host-only.log"
   timeout "$(limit 60)" "$bin/weftrun" -n 2 "$bin/weft-device-check" --host-only > "$log" 2>&1
@@ -229,7 +256,7 @@ bench() { # LABEL RANKS SIZE TARGET_US (bench_coll: another collective than allr
   time_for "bench $1" || return 0
   log="$out/bench-$1-$2-$3.log"
   env ${bench_env:-} timeout "$(limit 40)" "$bin/weftrun" -n "$2" "$bin/weft-bench" -G -b "$3" -e "$3" \
-    -C "${bench_coll:-allreduce}" -n 20 -w 5 > "$log" 2>&1
+    -C "${bench_coll:-allreduce}" -n 20 -w 5 ${bench_extra:-} > "$log" 2>&1
   # rank 0's row: [0] size count type redop root time(us) algbw busbw #wrong ...
   us=$(awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ {print $7; exit}' "$log")
   if [ -z "$us" ]; then
@@ -242,6 +269,11 @@ bench plain 2 8 "(MPS: <= 100 us)"
 bench plain 2 67108864 "<= 500 us"
 bench plain 2 268435456 "<= 1000 us"
 bench plain 4 67108864 ""
+# the buffers not registered (-R 0): each call opens and closes the peer's IPC
+# mapping (what an unregistered buffer costs; the plain rows register)
+bench_extra="-R 0" bench lent 2 8 "(plain: registered)"
+bench_extra="-R 0" bench lent 2 67108864 "(plain: registered)"
+bench_extra=
 # the same through pinned host memory instead of CUDA IPC: what IPC buys
 bench_env=WEFT_CUDA_IPC=0 bench staged 2 67108864 "(plain: IPC)"
 # and staged in one piece: what the slices' overlap buys
@@ -305,6 +337,7 @@ torch_env="PYTHONPATH=$PWD/python WEFT_TORCH_EXT_DIR=$build/python/csrc OMP_NUM_
 if [ -z "$ext" ]; then
   why="weft.torch was not built: $(grep -m1 'weft.torch' "$out/build.log" | cut -c1-150)"
   row "torch cuda" SKIP "$why"
+  row "torch expandable" SKIP "$why"
   row "torch host" SKIP "$why"
   finish
 fi
@@ -319,6 +352,20 @@ case $rc in
   77) row "torch cuda" SKIP "$(tail -1 "$log" | cut -c1-150)" ;;
   124) row "torch cuda" FAIL "timed out; see torch-cuda.log" ;;
   *) row "torch cuda" FAIL "$(grep -m1 'Error\|FAIL' "$log" | cut -c1-160)" ;;
+esac
+# the same with PyTorch's expandable segments: cuMemCreate memory, which has
+# no legacy IPC handle (staged, said once: docs/gpu.md)
+log="$out/torch-expandable.log"
+rc=125
+time_for "torch expandable" && { env $torch_env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+  timeout "$(limit 90)" "$tpy" tests/torch/run.py --built=1 --launcher weftrun -n 2 \
+  --weftrun "$bin/weftrun" -- --parts ops,ddp --device cuda --cases 15 > "$log" 2>&1; rc=$?; }
+case $rc in
+  125) ;;
+  0) row "torch expandable" PASS "2 ranks, expandable_segments:True: every op, $(grep -m1 'DDP on cuda' "$log" | sed 's/^.*DDP on cuda //' | cut -c1-60); warnings: $(grep -c 'no legacy IPC handle' "$log")" ;;
+  77) row "torch expandable" SKIP "$(tail -1 "$log" | cut -c1-150)" ;;
+  124) row "torch expandable" FAIL "timed out; see torch-expandable.log" ;;
+  *) row "torch expandable" FAIL "$(grep -m1 'Error\|FAIL' "$log" | cut -c1-160)" ;;
 esac
 # DDP's exposed communication on CPU tensors, weft against gloo: the targets
 # of issue 16 (>= 5x over shm, >= 2x over tcp), judged where ranks have cores

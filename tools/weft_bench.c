@@ -507,6 +507,11 @@ static double want_output(int kind, const struct opts *o, size_t i, size_t whole
  * the check fills and reads host copies, moved with synchronous copies
  * outside the timed runs. Built only with CUDA. */
 static int device_mode;
+/* -R: the device buffers registered (weft_comm_register), so the peers keep
+ * them mapped from call to call, as a training loop registers its gradient
+ * buffers and NCCL maps its own; 0: lent per call (an IPC open and close per
+ * call and peer, what an unregistered buffer costs) */
+static int register_buffers = 1;
 #ifdef WEFT_HAVE_CUDA
 static const weft_cuda_api *dev_api;
 static CUdeviceptr dev_send, dev_recv;
@@ -697,6 +702,8 @@ static void nccl_usage(FILE *f) {
           "  --bind: pin each rank to one CPU by local rank (as mpirun does)\n"
           "  --shared: buffers from weft_mem_alloc (ranks of one host reach them directly)\n"
           "  -G: device buffers (CUDA device 0, shared by the ranks); exit 77 without one\n"
+          "  -R 0|1: -G's buffers registered (weft_comm_register, default 1: the peers keep\n"
+          "          them mapped); 0: lent per call (an IPC open and close per call and peer)\n"
           "Run one process per rank: weftrun -n 4 weft-bench, or under mpirun/srun/torchrun.\n");
 }
 
@@ -704,9 +711,10 @@ static int nccl_mode(int argc, char **argv) {
   struct opts o = {8, 64u << 20, 2, 20, 5, 1, 0, WEFT_F32, WEFT_SUM};
   unsigned which = 1u << COLL_ALLREDUCE;
   int c;
-  while ((c = getopt(argc, argv, "b:e:f:n:w:c:d:o:r:C:Gh")) != -1) {
+  while ((c = getopt(argc, argv, "b:e:f:n:w:c:d:o:r:C:GR:h")) != -1) {
     switch (c) {
       case 'G': device_mode = 1; break;
+      case 'R': register_buffers = atoi(optarg); break;
       case 'b': o.minb = parse_size(optarg); break;
       case 'e': o.maxb = parse_size(optarg); break;
       case 'f': o.factor = atoi(optarg); break;
@@ -765,6 +773,9 @@ static int nccl_mode(int argc, char **argv) {
   void *send = alloc_prefaulted(o.maxb), *recv = alloc_prefaulted(o.maxb);
   if (!send || !recv) die(comm, WEFT_ERR_NOMEM, "buffers");
   if (device_mode) device_setup(o.maxb);
+  if (device_mode && register_buffers && o.maxb &&
+      ((st = weft_comm_register(comm, DEV_SEND, o.maxb)) || (st = weft_comm_register(comm, DEV_RECV, o.maxb))))
+    die(comm, st, "weft_comm_register");
   print_transports(comm);
   long wrong = 0;
   for (int kind = 0; kind < COLL_COUNT; kind++)

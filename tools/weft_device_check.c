@@ -26,7 +26,8 @@
  * a call failed, 1 when all returned OK. --in-flight N: N non-blocking
  * allreduces on device buffers issued before any wait, then checked.
  * --order N: the stream order of non-blocking calls, N rounds of two
- * checks (order_check below). --host-only: allreduces on host memory, and
+ * checks (order_check below). --churn N: N rounds of allocate, allreduce,
+ * free (churn below). --host-only: allreduces on host memory, and
  * no CUDA call of this program's: weft must create no CUDA context
  * (host_only below). */
 #include <time.h>
@@ -542,6 +543,47 @@ static int order_check(weft_comm *comm, int rounds, size_t count) {
   return ok ? 0 : 1;
 }
 
+/* --churn N: N rounds of cuMemAlloc, a non-blocking allreduce in place on
+ * the new buffer (waited for, then checked), cuMemFree at once, sizes that
+ * change round to round so the allocator hands addresses out again: a
+ * training loop whose allocator frees and reuses memory (PyTorch's
+ * empty_cache, an out-of-memory retry). A peer that kept a buffer mapped
+ * past its call would make the free undefined (the stand-in aborts), and a
+ * stale mapping of a reused address would read the old buffer. */
+static int churn(weft_comm *comm, int rounds) {
+  long bad = 0;
+  weft_status st = WEFT_OK;
+  float host[4096];
+  for (int c = 0; c < rounds && !st; c++) {
+    size_t count = 256 + (size_t)(c * 37 % 16) * 240; /* 256 .. 3856 floats */
+    for (size_t i = 0; i < count; i++) host[i] = (float)value_of(rank, c, i, WEFT_F32, WEFT_SUM);
+    CUdeviceptr buf = dev_alloc(count * sizeof(float));
+    fill_dev(buf, host, count * sizeof(float));
+    weft_request *req = NULL;
+    st = weft_iallreduce(comm, (void *)(uintptr_t)buf, (void *)(uintptr_t)buf, count, WEFT_F32,
+                         WEFT_SUM, &req);
+    if (!st) st = weft_wait(&req);
+    if (!st) {
+      read_dev(host, buf, count * sizeof(float));
+      for (size_t i = 0; i < count; i++) {
+        double want = 0;
+        for (int r = 0; r < size; r++) want += (double)value_of(r, c, i, WEFT_F32, WEFT_SUM);
+        if ((double)host[i] != want && bad++ < 3)
+          printf("device-check: churn: rank %d: round %d element %zu is %g, want %g\n", rank, c, i,
+                 (double)host[i], want);
+      }
+    }
+    CU_OK(cu->mem_free(buf)); /* at once: no peer may still have it open */
+  }
+  if (st) printf("device-check: churn: rank %d: %s: %s\n", rank, weft_status_name(st), weft_last_error(comm));
+  bool ok = !st && !bad;
+  passed += ok ? rounds : 0;
+  failed += ok ? 0 : 1;
+  printf("device-check: rank %d: churn: %d rounds of allocate, allreduce, free: %s\n", rank, rounds,
+         st ? "FAILED" : bad ? "wrong results" : "all right");
+  return ok ? 0 : 1;
+}
+
 /* --host-only: a rank that passes host memory only, on a node with GPUs
  * (every CPU rank of a GPU node), must create no CUDA context: one would
  * hold about 500 MB of that GPU's memory and show in nvidia-smi. 200
@@ -627,7 +669,13 @@ int main(int argc, char **argv) {
   }
   CUdevice dev;
   CUcontext ctx;
-  CU_OK(cu->device_get(&dev, 0)); /* the ranks share device 0 */
+  /* the ranks share device 0; WEFT_DEVICE_CHECK_SPREAD=1: rank r takes
+   * device r % count (gpu_check.sh's two-GPU stage: IPC between GPUs) */
+  int ndev = 1, ordinal = 0;
+  CU_OK(cu->device_get_count(&ndev));
+  const char *spread = getenv("WEFT_DEVICE_CHECK_SPREAD");
+  if (spread && !strcmp(spread, "1") && ndev > 0) ordinal = rank % ndev;
+  CU_OK(cu->device_get(&dev, ordinal));
   CU_OK(cu->primary_ctx_retain(&ctx, dev));
   CU_OK(cu->ctx_set_current(ctx));
   CU_OK(cu->stream_create(&user_stream, CU_STREAM_NON_BLOCKING));
@@ -639,6 +687,14 @@ int main(int argc, char **argv) {
   }
   if (argc > 2 && !strcmp(argv[1], "--in-flight")) {
     int rc = in_flight(comm, atoi(argv[2]));
+    long all_failed = failed;
+    weft_allreduce(comm, &failed, &all_failed, 1, WEFT_I64, WEFT_SUM);
+    printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);
+    weft_comm_destroy(comm);
+    return rc || all_failed ? 1 : 0;
+  }
+  if (argc > 2 && !strcmp(argv[1], "--churn")) {
+    int rc = churn(comm, atoi(argv[2]));
     long all_failed = failed;
     weft_allreduce(comm, &failed, &all_failed, 1, WEFT_I64, WEFT_SUM);
     printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);
