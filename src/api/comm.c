@@ -94,7 +94,7 @@ static weft_status deregister_body(weft_comm *comm, const void *buf) {
                            "%p was not registered on this communicator (weft_comm_register)", buf);
   weft_status st = weft_api_barrier(comm, "weft_comm_deregister");
   if (st) return st;
-  weft_peer_table_release_mem(&comm->core.links, comm->core.size);
+  weft_peer_table_release_mem(&comm->core.links, comm->core.size, true);
   st = weft_api_barrier(comm, "weft_comm_deregister");
   if (buf) { /* given back once no peer maps it: after the second barrier */
     weft_mem_unkeep(buf);

@@ -562,6 +562,10 @@ weft_status weft_coll_stage_out_now(weft_coll_task *task) {
 void weft_coll_stage_release(weft_coll_task *task) {
   struct weft_coll_staged *st = task->staged;
   device_signal_end(task); /* a call that failed: the user's stream goes on */
+  /* a call over IPC that failed part-way may still map the peers' lent
+   * buffers (the done round closes them on success): closed here, as the
+   * call ends, not at the next call or the destroy */
+  if (task->device_in_place) weft_peer_table_release_mem(&task->comm->links, task->comm->size, false);
   if (!st) return;
   struct weft_coll_device *d = task->comm->device;
   /* a call that failed may leave a copy in flight on the buffer (to the

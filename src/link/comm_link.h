@@ -71,13 +71,14 @@ static inline weft_status weft_peer_table_conn(weft_peer_table *l, int peer, int
   return WEFT_OK;
 }
 
-/* Closes every mapping of the peers' device memory, kept or lent
- * (weft_comm_deregister: every rank does it between two barriers). */
-static inline void weft_peer_table_release_mem(weft_peer_table *l, int size) {
+/* Closes the mappings of the peers' device memory lent for a call, and
+ * with `kept_too` the registered ones as well (weft_comm_deregister: every
+ * rank does it between two barriers). */
+static inline void weft_peer_table_release_mem(weft_peer_table *l, int size, bool kept_too) {
   for (int peer = 0; peer < size; peer++) {
     weft_peer_route *p = &l->peers[peer];
     if (p->tp >= 0 && p->conn[WEFT_TP_CHANNEL_COLL])
-      l->tps[p->tp].ops->release_peer_mem(p->conn[WEFT_TP_CHANNEL_COLL], true);
+      l->tps[p->tp].ops->release_peer_mem(p->conn[WEFT_TP_CHANNEL_COLL], kept_too);
   }
 }
 
