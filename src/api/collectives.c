@@ -73,15 +73,10 @@ weft_status weft_api_ibucket_allreduce(weft_comm *comm, const void *sendbuf, voi
                                        uint64_t step, weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_iallreduce", req, &r));
-  /* the setup reads the attributes on this thread; the call keeps its own */
-  weft_dtype keep = comm->core.wire;
-  if (wire >= 0) comm->core.wire = (weft_dtype)wire;
-  comm->core.bucket_step_plus1 = step + 1;
-  weft_status st = weft_coll_allreduce_setup(&r->task, "weft_iallreduce", &comm->core, sendbuf,
-                                             recvbuf, count, dtype, op);
-  comm->core.bucket_step_plus1 = 0;
-  comm->core.wire = keep;
-  return coll_issue(r, req, st);
+  /* the set's wire dtype and step go with the call, not through the communicator */
+  return coll_issue(r, req,
+                    weft_coll_bucket_allreduce_setup(&r->task, "weft_iallreduce", &comm->core,
+                                                     sendbuf, recvbuf, count, dtype, op, wire, step));
 }
 
 static weft_status weft_broadcast_body(weft_comm *comm, const void *sendbuf, void *recvbuf,

@@ -159,7 +159,7 @@ static weft_dtype coll_user_dtype(const weft_coll *coll) {
  * bucket carries its step where an allreduce has no root. */
 static void coll_sign(weft_coll *coll) {
   const coll_kind *k = coll_kind_of(coll);
-  uint64_t step = TASK(coll)->comm->bucket_step_plus1;
+  uint64_t step = TASK(coll)->step_plus1;
   bool bucket = step && TASK(coll)->kind == KIND_ALLREDUCE;
   weft_call_sig s = {.kind = bucket ? WEFT_SIG_GRAD_BUCKET
                                     : (enum weft_sig_kind)(WEFT_SIG_BARRIER + TASK(coll)->kind),
@@ -167,7 +167,7 @@ static void coll_sign(weft_coll *coll) {
                      .op = k->has_op ? (int)coll->op : -1,
                      .wire = weft_wire_on(coll) ? (int)coll->wire : -1,
                      .root = bucket ? (uint32_t)(step - 1) : k->has_root ? (uint32_t)coll->root : 0,
-                     .in_place_device = TASK(coll)->device_in_place};
+                     .in_place_device = TASK(coll)->route == WEFT_ROUTE_IN_PLACE};
   coll->sig = weft_sig_pack(s);
 }
 
@@ -500,7 +500,8 @@ static weft_status coll_begin(weft_core *comm, weft_coll_task *task, const char 
                                     .fail_peer = -1},
                            .comm = comm,
                            .kind = (uint8_t)kind,
-                           .waiting_peer = -1};
+                           .waiting_peer = -1,
+                           .wire_dtype = -1};
   weft_coll *coll = &task->coll;
   /* the public entry point checked that the handle is live (src/api) */
   coll->rank = comm->rank;
@@ -587,10 +588,12 @@ static weft_status coll_empty(weft_coll *coll) {
  * attribute (weft.h asks every rank to set it alike; WEFT_CHECK compares it). */
 static weft_status coll_wire(weft_coll *coll) {
   weft_core *comm = TASK(coll)->comm;
-  if ((comm->wire != WEFT_BF16 && comm->wire != WEFT_F16) || coll->dtype != WEFT_F32 ||
+  /* the call's own (a gradient set's option), else the communicator's */
+  weft_dtype wire = TASK(coll)->wire_dtype >= 0 ? (weft_dtype)TASK(coll)->wire_dtype : comm->wire;
+  if ((wire != WEFT_BF16 && wire != WEFT_F16) || coll->dtype != WEFT_F32 ||
       (coll->op != WEFT_SUM && coll->op != WEFT_AVG) || comm->hosts.nhosts < 2)
     return WEFT_OK;
-  coll->wire = comm->wire;
+  coll->wire = wire;
   coll_sign(coll); /* the wire dtype is part of it */
   size_t bytes = weft_wire_stage_bytes(coll);
   coll->wire_stage = coll->mem->alloc_scratch(bytes);
@@ -654,35 +657,6 @@ static weft_status coll_start_direct(weft_coll *coll, weft_status (*direct)(weft
   return coll_start(coll, weft_choose_direct_device(&TASK(coll)->comm->choice, coll, direct));
 }
 
-static weft_status allreduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                   const void *sendbuf, void *recvbuf, size_t count,
-                                   weft_dtype dtype, weft_op op) {
-  weft_coll *coll = &task->coll;
-  WEFT_CHECK(coll_begin(comm, task, call, KIND_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0));
-  WEFT_CHECK(check_buffers(coll, (weft_coll_span){count, count, 0, 0, SAME_POINTER}));
-  /* device buffers may be reduced where they lie (CUDA IPC), or staged in
-   * slices when large (coll_device.c); not an integer avg, which sums in a
-   * 64-bit host buffer (avg_widen) */
-  size_t n = (size_t)comm->size;
-  may_map_device(task, (count + n - 1) / n + 64);
-  if (!avg_is_widened(dtype, op)) task->slice_start = allreduce_host_start;
-  WEFT_CHECK(coll_take_seq(coll));
-  if (count == 0) return coll_empty(coll);
-  if (comm->size == 1) {
-    coll->mem->finish(coll->recvbuf, coll->sendbuf, count, dtype, op, 1);
-    return WEFT_COLL_DONE;
-  }
-  if (task->device_in_place)
-    return coll_start_direct(coll, weft_direct_allreduce_start, allreduce_host_start);
-  if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, true));
-  WEFT_CHECK(coll_wire(coll));
-  /* the hosts, should the choice take the hierarchical algorithm */
-  coll->hosts = comm->hosts;
-  if (weft_coll_stage_sliced(task)) return coll_start(coll, weft_coll_stage_slices_start(task));
-  weft_status st = weft_choose_allreduce(&comm->choice, coll);
-  return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
-}
-
 static weft_status broadcast_host_start(weft_coll *coll) {
   weft_choice_state *c = &TASK(coll)->comm->choice;
   int fanout = weft_choose_bcast_fanout(c, coll->count * coll->elem, coll->size, coll->chunk_bytes);
@@ -691,167 +665,198 @@ static weft_status broadcast_host_start(weft_coll *coll) {
   return weft_confirmed_broadcast_start(coll, fanout);
 }
 
-static weft_status broadcast_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                   const void *sendbuf, void *recvbuf, size_t count,
-                                   weft_dtype dtype, int root) {
-  weft_coll *coll = &task->coll;
-  WEFT_CHECK(
-      coll_begin(comm, task, call, KIND_BROADCAST, sendbuf, recvbuf, count, dtype, WEFT_SUM, root));
-  bool at_root = comm->rank == root;
-  WEFT_CHECK(check_buffers(coll, (weft_coll_span){at_root ? count : 0, count, 0, 0, SAME_POINTER}));
-  may_map_device(task, 0);
-  task->slice_start = broadcast_host_start; /* staged device buffers: in slices when large */
-  WEFT_CHECK(coll_take_seq(coll));
-  if (count == 0) return coll_empty(coll);
-  if (comm->size == 1) {
-    coll->mem->copy(coll->recvbuf, coll->sendbuf, count * coll->elem);
-    return WEFT_COLL_DONE;
-  }
-  if (task->device_in_place)
-    return coll_start_direct(coll, weft_direct_broadcast_start, broadcast_host_start);
-  if (weft_coll_stage_sliced(task)) return coll_start(coll, weft_coll_stage_slices_start(task));
-  return coll_start(coll, broadcast_host_start(coll));
-}
-
 static weft_status reduce_host_start(weft_coll *coll) {
   int fanout = weft_choose_reduce_fanout(&TASK(coll)->comm->choice, coll->count * coll->elem);
   return weft_tree_reduce_start(coll, fanout);
-}
-
-static weft_status reduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                const void *sendbuf, void *recvbuf, size_t count, weft_dtype dtype,
-                                weft_op op, int root) {
-  weft_coll *coll = &task->coll;
-  WEFT_CHECK(coll_begin(comm, task, call, KIND_REDUCE, sendbuf, recvbuf, count, dtype, op, root));
-  bool at_root = comm->rank == root;
-  WEFT_CHECK(check_buffers(coll, (weft_coll_span){count, at_root ? count : 0, 0, 0, SAME_POINTER}));
-  may_map_device(task, at_root ? count : 0);
-  if (!avg_is_widened(dtype, op)) task->slice_start = reduce_host_start;
-  WEFT_CHECK(coll_take_seq(coll));
-  if (count == 0) return coll_empty(coll);
-  if (comm->size == 1) {
-    coll->mem->finish(coll->recvbuf, coll->sendbuf, count, dtype, op, 1);
-    return WEFT_COLL_DONE;
-  }
-  if (task->device_in_place)
-    return coll_start_direct(coll, weft_direct_reduce_start, reduce_host_start);
-  if (avg_is_widened(dtype, op)) WEFT_CHECK(avg_widen(coll, count, 0, count, at_root));
-  WEFT_CHECK(coll_wire(coll));
-  if (weft_coll_stage_sliced(task)) return coll_start(coll, weft_coll_stage_slices_start(task));
-  return coll_start(coll, reduce_host_start(coll));
 }
 
 static weft_status allgather_host_start(weft_coll *coll) {
   return weft_choose_allgather(&TASK(coll)->comm->choice, coll);
 }
 
-static weft_status allgather_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                   const void *sendbuf, void *recvbuf, size_t sendcount,
-                                   weft_dtype dtype) {
-  weft_coll *coll = &task->coll;
-  WEFT_CHECK(coll_begin(comm, task, call, KIND_ALLGATHER, sendbuf, recvbuf, sendcount, dtype,
-                        WEFT_SUM, 0));
-  size_t n = (size_t)comm->size, r = (size_t)comm->rank;
-  WEFT_CHECK(check_buffers(
-      coll, (weft_coll_span){sendcount, n * sendcount, 0, r * sendcount,
-                             "in place needs sendbuf == recvbuf + rank*sendcount elements"}));
-  may_map_device(task, 0);
-  WEFT_CHECK(coll_take_seq(coll));
-  if (sendcount == 0) return coll_empty(coll);
-  if (n == 1) return coll_copy_alone(coll);
-  if (task->device_in_place)
-    return coll_start_direct(coll, weft_direct_allgather_start, allgather_host_start);
-  return coll_start(coll, allgather_host_start(coll));
-}
-
 static weft_status reduce_scatter_host_start(weft_coll *coll) {
   return weft_choose_reduce_scatter(&TASK(coll)->comm->choice, coll);
 }
 
-static weft_status reduce_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                        const void *sendbuf, void *recvbuf, size_t recvcount,
-                                        weft_dtype dtype, weft_op op) {
-  weft_coll *coll = &task->coll;
-  WEFT_CHECK(
-      coll_begin(comm, task, call, KIND_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0));
-  size_t n = (size_t)comm->size, r = (size_t)comm->rank;
-  WEFT_CHECK(check_buffers(
-      coll, (weft_coll_span){n * recvcount, recvcount, r * recvcount, 0,
-                             "in place needs recvbuf == sendbuf + rank*recvcount elements"}));
-  may_map_device(task, recvcount);
-  WEFT_CHECK(coll_take_seq(coll));
-  if (recvcount == 0) return coll_empty(coll);
-  if (n == 1) {
-    coll->mem->finish(coll->recvbuf, coll->sendbuf, recvcount, dtype, op, 1);
-    return WEFT_COLL_DONE;
-  }
-  if (task->device_in_place)
-    return coll_start_direct(coll, weft_direct_reduce_scatter_start, reduce_scatter_host_start);
-  if (avg_is_widened(dtype, op))
-    WEFT_CHECK(avg_widen(coll, n * recvcount, r * recvcount, recvcount, true));
-  WEFT_CHECK(coll_wire(coll));
-  return coll_start(coll, reduce_scatter_host_start(coll));
+/* ---- one setup for the eight collectives, driven by a table ----------------
+ *
+ * Every collective is set up in the same steps (coll_setup): the common
+ * checks, its span, the sequence number, the route of its buffers, which
+ * the memory classification decides once (weft_coll_stage_in: host, staged,
+ * in slices, or in place over CUDA IPC), then the start that route takes.
+ * What differs between collectives is data, one row each of coll_descs. */
+
+/* What one call asks, as its entry point passed it. */
+typedef struct coll_args {
+  const void *sendbuf;
+  void *recvbuf;
+  size_t count; /* the kind's count_name: count, sendcount or recvcount */
+  weft_dtype dtype;
+  weft_op op;
+  int root;
+  int wire;            /* this call's wire dtype (a gradient set's own); -1: the communicator's */
+  uint64_t step_plus1; /* a gradient set's bucket: its step + 1; 0: an ordinary call */
+} coll_args;
+
+/* Where an integer avg's 64-bit sums live for one call (avg_widen). */
+typedef struct coll_wide {
+  size_t elems, result_at, result_elems;
+  bool gets_result;
+} coll_wide;
+
+typedef enum { ALONE_FINISH, ALONE_COPY, ALONE_COPY_BLOCK } coll_alone;
+
+typedef struct coll_desc {
+  /* what the call touches on this rank: n ranks, this one r */
+  weft_coll_span (*span)(size_t count, size_t n, size_t r, bool at_root);
+  /* elements of device scratch the direct form's reductions need (0: copies only) */
+  size_t (*device_scratch)(size_t count, size_t n, bool at_root);
+  /* an integer avg's sums (NULL: the collective has no op) */
+  coll_wide (*wide)(size_t count, size_t n, size_t r, bool at_root);
+  /* staged device buffers may run in slices: each buffer holds count elements */
+  bool sliceable;
+  /* f32 sum and avg may travel as bf16/f16 between hosts (weft_comm_set_wire_dtype) */
+  bool wire;
+  /* the algorithm may be chosen when the call starts, with the hosts known (allreduce) */
+  bool late;
+  coll_alone alone; /* what one rank does: finish (its avg), copy the buffer, copy its block */
+  weft_status (*host_start)(weft_coll *coll);
+  weft_status (*direct_start)(weft_coll *coll);
+} coll_desc;
+
+#define IN_PLACE_BLOCK(who) "in place needs sendbuf == recvbuf + " who " elements"
+
+static weft_coll_span span_allreduce(size_t c, size_t n, size_t r, bool at_root) {
+  (void)n, (void)r, (void)at_root;
+  return (weft_coll_span){c, c, 0, 0, SAME_POINTER};
+}
+static weft_coll_span span_broadcast(size_t c, size_t n, size_t r, bool at_root) {
+  (void)n, (void)r;
+  return (weft_coll_span){at_root ? c : 0, c, 0, 0, SAME_POINTER};
+}
+static weft_coll_span span_reduce(size_t c, size_t n, size_t r, bool at_root) {
+  (void)n, (void)r;
+  return (weft_coll_span){c, at_root ? c : 0, 0, 0, SAME_POINTER};
+}
+static weft_coll_span span_allgather(size_t c, size_t n, size_t r, bool at_root) {
+  (void)at_root;
+  return (weft_coll_span){c, n * c, 0, r * c, IN_PLACE_BLOCK("rank*sendcount")};
+}
+static weft_coll_span span_reduce_scatter(size_t c, size_t n, size_t r, bool at_root) {
+  (void)at_root;
+  return (weft_coll_span){n * c, c, r * c, 0,
+                          "in place needs recvbuf == sendbuf + rank*recvcount elements"};
+}
+/* gather and scatter: `r` is the root, whose block in place puts it */
+static weft_coll_span span_gather(size_t c, size_t n, size_t root, bool at_root) {
+  return (weft_coll_span){c, at_root ? n * c : 0, 0, root * c, IN_PLACE_BLOCK("root*sendcount")};
+}
+static weft_coll_span span_scatter(size_t c, size_t n, size_t root, bool at_root) {
+  return (weft_coll_span){at_root ? n * c : 0, c, root * c, 0,
+                          "in place needs recvbuf == sendbuf + root*recvcount elements"};
+}
+static weft_coll_span span_alltoall(size_t c, size_t n, size_t r, bool at_root) {
+  (void)r, (void)at_root;
+  return (weft_coll_span){n * c, n * c, 0, 0, NULL};
 }
 
-static weft_status gather_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                const void *sendbuf, void *recvbuf, size_t sendcount,
-                                weft_dtype dtype, int root) {
-  weft_coll *coll = &task->coll;
-  WEFT_CHECK(coll_begin(comm, task, call, KIND_GATHER, sendbuf, recvbuf, sendcount, dtype, WEFT_SUM,
-                        root));
-  size_t n = (size_t)comm->size;
-  bool at_root = comm->rank == root;
-  WEFT_CHECK(check_buffers(
-      coll, (weft_coll_span){sendcount, at_root ? n * sendcount : 0, 0, (size_t)root * sendcount,
-                             "in place needs sendbuf == recvbuf + root*sendcount elements"}));
-  may_map_device(task, 0);
-  WEFT_CHECK(coll_take_seq(coll));
-  if (sendcount == 0) return coll_empty(coll);
-  if (n == 1) return coll_copy_alone(coll);
-  if (task->device_in_place)
-    return coll_start_direct(coll, weft_direct_gather_start, weft_flat_gather_start);
-  return coll_start(coll, weft_flat_gather_start(coll));
+static size_t scratch_none(size_t c, size_t n, bool at_root) {
+  (void)c, (void)n, (void)at_root;
+  return 0;
+}
+static size_t scratch_allreduce(size_t c, size_t n, bool at_root) { /* a slice, and room */
+  (void)at_root;
+  return (c + n - 1) / n + 64;
+}
+static size_t scratch_reduce(size_t c, size_t n, bool at_root) {
+  (void)n;
+  return at_root ? c : 0;
+}
+static size_t scratch_reduce_scatter(size_t c, size_t n, bool at_root) {
+  (void)n, (void)at_root;
+  return c;
 }
 
-static weft_status scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                 const void *sendbuf, void *recvbuf, size_t recvcount,
-                                 weft_dtype dtype, int root) {
-  weft_coll *coll = &task->coll;
-  WEFT_CHECK(coll_begin(comm, task, call, KIND_SCATTER, sendbuf, recvbuf, recvcount, dtype,
-                        WEFT_SUM, root));
-  size_t n = (size_t)comm->size;
-  bool at_root = comm->rank == root;
-  WEFT_CHECK(check_buffers(
-      coll, (weft_coll_span){at_root ? n * recvcount : 0, recvcount, (size_t)root * recvcount, 0,
-                             "in place needs recvbuf == sendbuf + root*recvcount elements"}));
-  may_map_device(task, 0);
-  WEFT_CHECK(coll_take_seq(coll));
-  if (recvcount == 0) return coll_empty(coll);
-  if (n == 1) return coll_copy_alone(coll);
-  if (task->device_in_place)
-    return coll_start_direct(coll, weft_direct_scatter_start, weft_flat_scatter_start);
-  return coll_start(coll, weft_flat_scatter_start(coll));
+static coll_wide wide_whole(size_t c, size_t n, size_t r, bool at_root) {
+  (void)n, (void)r, (void)at_root;
+  return (coll_wide){c, 0, c, true};
+}
+static coll_wide wide_reduce(size_t c, size_t n, size_t r, bool at_root) {
+  (void)n, (void)r;
+  return (coll_wide){c, 0, c, at_root};
+}
+static coll_wide wide_reduce_scatter(size_t c, size_t n, size_t r, bool at_root) {
+  (void)at_root;
+  return (coll_wide){n * c, r * c, c, true};
 }
 
-static weft_status alltoall_setup(weft_coll_task *task, const char *call, weft_core *comm,
-                                  const void *sendbuf, void *recvbuf, size_t count,
-                                  weft_dtype dtype) {
+static const coll_desc coll_descs[] = {
+    [KIND_ALLREDUCE] = {span_allreduce, scratch_allreduce, wide_whole, true, true, true,
+                        ALONE_FINISH, allreduce_host_start, weft_direct_allreduce_start},
+    [KIND_BROADCAST] = {span_broadcast, scratch_none, NULL, true, false, false, ALONE_COPY,
+                        broadcast_host_start, weft_direct_broadcast_start},
+    [KIND_REDUCE] = {span_reduce, scratch_reduce, wide_reduce, true, true, false, ALONE_FINISH,
+                     reduce_host_start, weft_direct_reduce_start},
+    [KIND_ALLGATHER] = {span_allgather, scratch_none, NULL, false, false, false, ALONE_COPY_BLOCK,
+                        allgather_host_start, weft_direct_allgather_start},
+    [KIND_REDUCE_SCATTER] = {span_reduce_scatter, scratch_reduce_scatter, wide_reduce_scatter,
+                             false, true, false, ALONE_FINISH, reduce_scatter_host_start,
+                             weft_direct_reduce_scatter_start},
+    [KIND_GATHER] = {span_gather, scratch_none, NULL, false, false, false, ALONE_COPY_BLOCK,
+                     weft_flat_gather_start, weft_direct_gather_start},
+    [KIND_SCATTER] = {span_scatter, scratch_none, NULL, false, false, false, ALONE_COPY_BLOCK,
+                      weft_flat_scatter_start, weft_direct_scatter_start},
+    [KIND_ALLTOALL] = {span_alltoall, scratch_none, NULL, false, false, false, ALONE_COPY_BLOCK,
+                       weft_pairwise_alltoall_start, weft_direct_alltoall_start},
+};
+
+static weft_status coll_setup(weft_coll_task *task, const char *call, weft_core *comm,
+                              enum coll_kind_id kind, const coll_args *a) {
+  const coll_desc *d = &coll_descs[kind];
   weft_coll *coll = &task->coll;
-  WEFT_CHECK(
-      coll_begin(comm, task, call, KIND_ALLTOALL, sendbuf, recvbuf, count, dtype, WEFT_SUM, 0));
-  if (count && sendbuf && sendbuf == recvbuf)
+  WEFT_CHECK(coll_begin(comm, task, call, kind, a->sendbuf, a->recvbuf, a->count, a->dtype, a->op,
+                        a->root));
+  task->wire_dtype = a->wire; /* before the sequence number: the signature carries both */
+  task->step_plus1 = a->step_plus1;
+  if (kind == KIND_ALLTOALL && a->count && a->sendbuf && a->sendbuf == a->recvbuf)
     return weft_core_error(comm, WEFT_ERR_INVALID, call,
                            "sendbuf == recvbuf, but alltoall cannot run in place (a block would be "
                            "overwritten before it is sent); pass two separate buffers");
-  size_t n = (size_t)comm->size;
-  WEFT_CHECK(check_buffers(coll, (weft_coll_span){n * count, n * count, 0, 0, NULL}));
-  may_map_device(task, 0);
-  WEFT_CHECK(coll_take_seq(coll));
+  size_t n = (size_t)comm->size, r = (size_t)comm->rank, count = a->count;
+  bool at_root = comm->rank == a->root;
+  /* the block in place takes: the root's for gather and scatter, else this rank's */
+  size_t block = kind == KIND_GATHER || kind == KIND_SCATTER ? (size_t)a->root : r;
+  WEFT_CHECK(check_buffers(coll, d->span(count, n, block, at_root)));
+  /* device buffers may be worked on where they lie (CUDA IPC), or staged
+   * in slices when large (coll_device.c); not an integer avg, which sums
+   * in a 64-bit host buffer (avg_widen) */
+  may_map_device(task, d->device_scratch(count, n, at_root));
+  bool widened = d->wide && avg_is_widened(a->dtype, a->op);
+  if (d->sliceable && !widened) task->slice_start = d->host_start;
+  WEFT_CHECK(coll_take_seq(coll)); /* classifies the buffers: the route is decided here */
   if (count == 0) return coll_empty(coll);
-  if (n == 1) return coll_copy_alone(coll);
-  if (task->device_in_place)
-    return coll_start_direct(coll, weft_direct_alltoall_start, weft_pairwise_alltoall_start);
-  return coll_start(coll, weft_pairwise_alltoall_start(coll));
+  if (n == 1) {
+    if (d->alone == ALONE_COPY_BLOCK) return coll_copy_alone(coll);
+    if (d->alone == ALONE_COPY)
+      coll->mem->copy(coll->recvbuf, coll->sendbuf, count * coll->elem);
+    else
+      coll->mem->finish(coll->recvbuf, coll->sendbuf, count, a->dtype, a->op, 1);
+    return WEFT_COLL_DONE;
+  }
+  if (task->route == WEFT_ROUTE_IN_PLACE)
+    return coll_start_direct(coll, d->direct_start, d->host_start);
+  if (widened) {
+    coll_wide w = d->wide(count, n, r, at_root);
+    WEFT_CHECK(avg_widen(coll, w.elems, w.result_at, w.result_elems, w.gets_result));
+  }
+  if (d->wire) WEFT_CHECK(coll_wire(coll));
+  /* the hosts, should the choice take the hierarchical algorithm (for the
+   * whole call, or for each slice) */
+  if (d->late) coll->hosts = comm->hosts;
+  if (task->route == WEFT_ROUTE_SLICED) return coll_start(coll, weft_coll_stage_slices_start(task));
+  if (!d->late) return coll_start(coll, d->host_start(coll));
+  weft_status st = weft_choose_allreduce(&comm->choice, coll);
+  return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }
 
 static weft_status barrier_setup(weft_coll_task *task, const char *call, weft_core *comm) {
@@ -870,59 +875,71 @@ static weft_status barrier_setup(weft_coll_task *task, const char *call, weft_co
 
 /* ---- what the public setups return ----------------------------------------- */
 
+/* an ordinary call: the communicator's wire dtype, no step */
+#define COLL_ARGS(...) (&(coll_args){__VA_ARGS__, -1, 0})
+
 weft_status weft_coll_allreduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, weft_op op) {
-  return coll_setup_ended(task,
-                          allreduce_setup(task, call, comm, sendbuf, recvbuf, count, dtype, op));
+  return coll_setup_ended(task, coll_setup(task, call, comm, KIND_ALLREDUCE,
+                                           COLL_ARGS(sendbuf, recvbuf, count, dtype, op, 0)));
+}
+
+weft_status weft_coll_bucket_allreduce_setup(weft_coll_task *task, const char *call,
+                                             weft_core *comm, const void *sendbuf, void *recvbuf,
+                                             size_t count, weft_dtype dtype, weft_op op, int wire,
+                                             uint64_t step) {
+  coll_args a = {sendbuf, recvbuf, count, dtype, op, 0, wire, step + 1};
+  return coll_setup_ended(task, coll_setup(task, call, comm, KIND_ALLREDUCE, &a));
 }
 
 weft_status weft_coll_broadcast_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, int root) {
-  return coll_setup_ended(task,
-                          broadcast_setup(task, call, comm, sendbuf, recvbuf, count, dtype, root));
+  return coll_setup_ended(task, coll_setup(task, call, comm, KIND_BROADCAST,
+                                           COLL_ARGS(sendbuf, recvbuf, count, dtype, WEFT_SUM, root)));
 }
 
 weft_status weft_coll_reduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                    const void *sendbuf, void *recvbuf, size_t count,
                                    weft_dtype dtype, weft_op op, int root) {
-  return coll_setup_ended(task,
-                          reduce_setup(task, call, comm, sendbuf, recvbuf, count, dtype, op, root));
+  return coll_setup_ended(task, coll_setup(task, call, comm, KIND_REDUCE,
+                                           COLL_ARGS(sendbuf, recvbuf, count, dtype, op, root)));
 }
 
 weft_status weft_coll_allgather_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t sendcount,
                                       weft_dtype dtype) {
-  return coll_setup_ended(task,
-                          allgather_setup(task, call, comm, sendbuf, recvbuf, sendcount, dtype));
+  return coll_setup_ended(task, coll_setup(task, call, comm, KIND_ALLGATHER,
+                                           COLL_ARGS(sendbuf, recvbuf, sendcount, dtype, WEFT_SUM, 0)));
 }
 
 weft_status weft_coll_reduce_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                            const void *sendbuf, void *recvbuf, size_t recvcount,
                                            weft_dtype dtype, weft_op op) {
-  return coll_setup_ended(
-      task, reduce_scatter_setup(task, call, comm, sendbuf, recvbuf, recvcount, dtype, op));
+  return coll_setup_ended(task, coll_setup(task, call, comm, KIND_REDUCE_SCATTER,
+                                           COLL_ARGS(sendbuf, recvbuf, recvcount, dtype, op, 0)));
 }
 
 weft_status weft_coll_gather_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                    const void *sendbuf, void *recvbuf, size_t sendcount,
                                    weft_dtype dtype, int root) {
-  return coll_setup_ended(task,
-                          gather_setup(task, call, comm, sendbuf, recvbuf, sendcount, dtype, root));
+  return coll_setup_ended(task, coll_setup(task, call, comm, KIND_GATHER,
+                                           COLL_ARGS(sendbuf, recvbuf, sendcount, dtype, WEFT_SUM, root)));
 }
 
 weft_status weft_coll_scatter_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                     const void *sendbuf, void *recvbuf, size_t recvcount,
                                     weft_dtype dtype, int root) {
-  return coll_setup_ended(
-      task, scatter_setup(task, call, comm, sendbuf, recvbuf, recvcount, dtype, root));
+  return coll_setup_ended(task, coll_setup(task, call, comm, KIND_SCATTER,
+                                           COLL_ARGS(sendbuf, recvbuf, recvcount, dtype, WEFT_SUM, root)));
 }
 
 weft_status weft_coll_alltoall_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                      const void *sendbuf, void *recvbuf, size_t count,
                                      weft_dtype dtype) {
-  return coll_setup_ended(task, alltoall_setup(task, call, comm, sendbuf, recvbuf, count, dtype));
+  return coll_setup_ended(task, coll_setup(task, call, comm, KIND_ALLTOALL,
+                                           COLL_ARGS(sendbuf, recvbuf, count, dtype, WEFT_SUM, 0)));
 }
 
 weft_status weft_coll_barrier_setup(weft_coll_task *task, const char *call, weft_core *comm) {

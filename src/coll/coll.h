@@ -23,6 +23,17 @@ typedef struct weft_coll_span {
 
 struct weft_coll_staged;
 
+/* How a call's buffers are reached: decided once per call, where its
+ * buffers are classified (weft_coll_stage_in), and the setup takes the
+ * start that route needs. */
+typedef enum weft_coll_route {
+  WEFT_ROUTE_HOST,     /* host memory: the algorithm works on the buffers */
+  WEFT_ROUTE_STAGED,   /* device buffers copied through pinned host memory, whole */
+  WEFT_ROUTE_SLICED,   /* ... in slices, each copied back once its algorithm is done */
+  WEFT_ROUTE_IN_PLACE, /* device buffers where they lie, over CUDA IPC (the direct rounds);
+                          STAGED after all where a rank cannot map one (device_restage) */
+} weft_coll_route;
+
 /* One collective call as its caller holds it: set up here, driven by the
  * engine, read by the recorder and the timeout. `coll` is all the
  * algorithm sees (algo.h: its inputs and state); the rest is the caller's. */
@@ -44,8 +55,11 @@ typedef struct weft_coll_task {
   struct weft_coll_staged *staged; /* device buffers staged through host memory (coll_device.c) */
   bool may_map_device;             /* the call may run on device buffers in place (a collective
                                       the direct algorithm can take: coll_device.c) */
-  bool device_in_place;            /* ... and does: CUDA IPC, no staging */
-  bool device_restaging;           /* ... and fell back to staging as it ran */
+  weft_coll_route route;           /* how its buffers are reached, decided once (coll_device.c) */
+  bool device_restaging;           /* in place fell back to staging as it ran */
+  int wire_dtype;                  /* the call's own wire dtype (a gradient set's); -1: the
+                                      communicator's (weft_comm_set_wire_dtype) */
+  uint64_t step_plus1;             /* a gradient set's bucket: its step + 1, in its signature */
   uint32_t device_signal;          /* a non-blocking device call's value for the user's stream
                                       (weft_coll_device_issue); 0: none, or signalled */
   size_t device_scratch_bytes;     /* ... with this much device scratch (the reductions') */
@@ -88,6 +102,12 @@ static inline weft_status weft_coll_setup_verdict(weft_coll_task *task, weft_sta
 weft_status weft_coll_allreduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, weft_op op);
+/* A gradient set's bucket: an allreduce whose signature carries the set's
+ * `step`, with the set's own `wire` dtype (-1: the communicator's). */
+weft_status weft_coll_bucket_allreduce_setup(weft_coll_task *task, const char *call,
+                                             weft_core *comm, const void *sendbuf, void *recvbuf,
+                                             size_t count, weft_dtype dtype, weft_op op, int wire,
+                                             uint64_t step);
 weft_status weft_coll_broadcast_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, int root);

@@ -285,8 +285,9 @@ static weft_status device_scratch_take(weft_coll *coll) {
  * here, and the ring runs on them. */
 static weft_status device_restage(weft_coll *coll) {
   weft_coll_task *task = weft_coll_task_of(coll);
-  task->may_map_device = task->device_in_place = false;
-  task->device_restaging = true; /* the input is ready: polled before the fall-back */
+  task->may_map_device = false;
+  task->route = WEFT_ROUTE_STAGED; /* set again by the staging below */
+  task->device_restaging = true;   /* the input is ready: polled before the fall-back */
   coll->hint.restage = NULL;
   coll->stream = coll->ready_stream = NULL;
   coll->ready = 0;
@@ -333,7 +334,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
     coll->ready_stream = d->in;
     coll->stream = d->stream;
     coll->hint.restage = device_restage;
-    task->device_in_place = true;
+    task->route = WEFT_ROUTE_IN_PLACE;
     return WEFT_OK;
   }
   size_t send_bytes = span->send_elems * coll->elem, recv_bytes = span->recv_elems * coll->elem;
@@ -407,6 +408,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   if (send) coll->sendbuf = host_send;
   if (recv) coll->recvbuf = host_recv;
   coll->mem = &weft_mem_host;
+  task->route = st->nslices ? WEFT_ROUTE_SLICED : WEFT_ROUTE_STAGED;
   if (now) {
     rc = stage_wait(task, d->in, st->in);
     if (rc) weft_coll_stage_release(task);
@@ -438,7 +440,7 @@ static weft_status device_signal_end(weft_coll_task *task) {
 
 weft_status weft_coll_device_issue(weft_coll_task *task) {
   struct weft_coll_device *d = task->comm->device;
-  if (!d || (!task->staged && !task->device_in_place)) return WEFT_OK;
+  if (!d || task->route == WEFT_ROUTE_HOST) return WEFT_OK;
   pthread_mutex_lock(&d->lock);
   uint32_t v = ++d->issued;
   if (!v) v = ++d->issued; /* 0 means "none" in a task */
@@ -510,10 +512,6 @@ static weft_status sliced_advance(weft_coll *coll) {
   }
 }
 
-bool weft_coll_stage_sliced(const weft_coll_task *task) {
-  return task->staged && task->staged->nslices > 0;
-}
-
 weft_status weft_coll_stage_slices_start(weft_coll_task *task) {
   task->coll.advance = sliced_advance;
   task->coll.algo = "in slices";
@@ -565,7 +563,8 @@ void weft_coll_stage_release(weft_coll_task *task) {
   /* a call over IPC that failed part-way may still map the peers' lent
    * buffers (the done round closes them on success): closed here, as the
    * call ends, not at the next call or the destroy */
-  if (task->device_in_place) weft_peer_table_release_mem(&task->comm->links, task->comm->size, false);
+  if (task->route == WEFT_ROUTE_IN_PLACE)
+    weft_peer_table_release_mem(&task->comm->links, task->comm->size, false);
   if (!st) return;
   struct weft_coll_device *d = task->comm->device;
   /* a call that failed may leave a copy in flight on the buffer (to the
@@ -641,10 +640,6 @@ weft_status weft_coll_device_issue(weft_coll_task *task) {
 }
 void weft_coll_stage_release(weft_coll_task *task) {
   (void)task;
-}
-bool weft_coll_stage_sliced(const weft_coll_task *task) {
-  (void)task;
-  return false;
 }
 weft_status weft_coll_stage_slices_start(weft_coll_task *task) {
   (void)task;

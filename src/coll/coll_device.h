@@ -13,8 +13,9 @@
 
 #include "src/coll/coll.h"
 
-/* What the buffers are, once the call's checks passed: host buffers leave
- * the call as it is (WEFT_OK, one flag test where the driver is absent).
+/* What the buffers are, once the call's checks passed, which decides the
+ * call's route (task->route, coll.h) once: host buffers leave the call as
+ * it is (WEFT_ROUTE_HOST; one flag test where the driver is absent).
  * Device buffers: refused (WEFT_ERR_INVALID, sentence written) when the two
  * are of different kinds or devices; else staged: the call's sendbuf and
  * recvbuf become pinned host buffers, the copy of the send span is queued,
@@ -35,13 +36,13 @@ weft_status weft_coll_stage_out(weft_coll_task *task);
 /* The same, waited for here (a call that completes in its setup). */
 weft_status weft_coll_stage_out_now(weft_coll_task *task);
 
-/* Staged in slices (an allreduce, broadcast or reduce of at least twice
- * WEFT_DEVICE_SLICE_BYTES whose setup set task->slice_start: each buffer a
- * rank has holds count elements): stage_in queued one copy per slice,
- * and the call's advance becomes the slices' (slices_start), which starts
- * the algorithm on each slice with task->slice_start once its copy is done
- * and copies each slice's result back as soon as it is done. */
-bool weft_coll_stage_sliced(const weft_coll_task *task);
+/* Staged in slices (route WEFT_ROUTE_SLICED: an allreduce, broadcast or
+ * reduce of at least twice WEFT_DEVICE_SLICE_BYTES whose setup set
+ * task->slice_start: each buffer a rank has holds count elements):
+ * stage_in queued one copy per slice, and the call's advance becomes the
+ * slices' (slices_start), which starts the algorithm on each slice with
+ * task->slice_start once its copy is done and copies each slice's result
+ * back as soon as it is done. */
 weft_status weft_coll_stage_slices_start(weft_coll_task *task);
 
 /* A non-blocking call on device buffers, set up and about to be handed to

@@ -44,10 +44,6 @@ typedef struct weft_core {
    * WEFT_F32: exact): WEFT_WIRE_DTYPE, or weft_comm_set_wire_dtype; coll.c
    * decides per call (weft_coll.wire) */
   weft_dtype wire;
-  /* While a gradient set issues a bucket's allreduce (weft_api_ibucket_allreduce):
-   * its step + 1, which the call's signature carries (call_tag.h), so a rank
-   * a step ahead of the others fails every rank in that step; 0 otherwise. */
-  uint64_t bucket_step_plus1;
   weft_choice_state choice; /* algorithm choice: its settings and memory */
   weft_recorder recorder;   /* the last calls, for the flight recorder */
   /* device buffers (coll_device.c): the stream and staging of this
