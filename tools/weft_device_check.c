@@ -638,6 +638,16 @@ static int host_only(weft_comm *comm) {
   return ok ? 0 : 1;
 }
 
+/* The end of a checking mode: every rank learns whether any failed (so
+ * all exit alike), says its counts, and the communicator goes. */
+static int mode_end(weft_comm *comm, int rc) {
+  long all_failed = failed;
+  weft_allreduce(comm, &failed, &all_failed, 1, WEFT_I64, WEFT_SUM);
+  printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);
+  weft_comm_destroy(comm);
+  return rc || all_failed ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   bool quick = argc > 1 && !strcmp(argv[1], "--quick");
   const char *resnet_tsv = argc > 2 && !strcmp(argv[1], "--resnet") ? argv[2] : NULL;
@@ -685,31 +695,10 @@ int main(int argc, char **argv) {
     weft_comm_destroy(comm);
     return rc;
   }
-  if (argc > 2 && !strcmp(argv[1], "--in-flight")) {
-    int rc = in_flight(comm, atoi(argv[2]));
-    long all_failed = failed;
-    weft_allreduce(comm, &failed, &all_failed, 1, WEFT_I64, WEFT_SUM);
-    printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);
-    weft_comm_destroy(comm);
-    return rc || all_failed ? 1 : 0;
-  }
-  if (argc > 2 && !strcmp(argv[1], "--churn")) {
-    int rc = churn(comm, atoi(argv[2]));
-    long all_failed = failed;
-    weft_allreduce(comm, &failed, &all_failed, 1, WEFT_I64, WEFT_SUM);
-    printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);
-    weft_comm_destroy(comm);
-    return rc || all_failed ? 1 : 0;
-  }
-  if (argc > 2 && !strcmp(argv[1], "--order")) {
-    size_t count = argc > 3 ? (size_t)atol(argv[3]) : 4096;
-    int rc = order_check(comm, atoi(argv[2]), count);
-    long all_failed = failed;
-    weft_allreduce(comm, &failed, &all_failed, 1, WEFT_I64, WEFT_SUM);
-    printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);
-    weft_comm_destroy(comm);
-    return rc || all_failed ? 1 : 0;
-  }
+  if (argc > 2 && !strcmp(argv[1], "--in-flight")) return mode_end(comm, in_flight(comm, atoi(argv[2])));
+  if (argc > 2 && !strcmp(argv[1], "--churn")) return mode_end(comm, churn(comm, atoi(argv[2])));
+  if (argc > 2 && !strcmp(argv[1], "--order"))
+    return mode_end(comm, order_check(comm, atoi(argv[2]), argc > 3 ? (size_t)atol(argv[3]) : 4096));
   if (argc > 1 && !strcmp(argv[1], "--fault")) {
     /* a kernel that faults on one rank fails the call on every rank: the
      * faulting rank from its stream's error, the others from its notice,
