@@ -5,6 +5,8 @@
 #include "cuda_emu_kernels.h"
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "src/cuda/kernels.h"
 #include "src/mem/reduce_ops.h"
@@ -66,6 +68,21 @@ static CUresult test_add_f32(const cuda_emu_launch *l, void **params) {
     return CUDA_SUCCESS;                                                        \
   }
 
+/* The direct kernels' running sum, kept from launch to launch (a fresh
+ * buffer per launch costs its page faults, as much as the sum itself):
+ * kernels run one at a time, under the stand-in's lock. */
+static void *emu_direct_acc(size_t bytes) {
+  static void *acc;
+  static size_t acc_bytes;
+  if (bytes > acc_bytes) {
+    void *grown = realloc(acc, bytes);
+    if (!grown) return NULL;
+    acc = grown;
+    acc_bytes = bytes;
+  }
+  return acc;
+}
+
 /* weft_k_direct_X (kernels.h): the members' spans checked, then element by
  * element in weft_op_X_all's order; vec16 only changes how a GPU loads, but
  * it promises 16-byte aligned pointers, which is checked here. */
@@ -84,12 +101,17 @@ static CUresult test_add_f32(const cuda_emu_launch *l, void **params) {
       EMU_SPAN(o_, T, (CUdeviceptr)m->out[k], count)                                    \
       in[k] = i_, out[k] = o_;                                                          \
     }                                                                                   \
-    for (size_t i = 0; i < count; i++) {                                                \
-      T e[WEFT_K_MEMBERS];                                                              \
-      for (int k = 0; k < n; k++) e[k] = in[k][i];                                      \
-      T r = weft_op_##X##_all(e, n, op, postdiv);                                       \
-      for (int k = 0; k < n; k++) out[k][i] = r;                                        \
-    }                                                                                   \
+    /* weft_op_X_all's steps, one member at a time into a buffer of its own  \
+     * (as fast on a CPU as the pairwise kernels and copies it replaces), then \
+     * stored into every output: the same bits, whatever aliases what */       \
+    T *acc = emu_direct_acc(count * sizeof(T));                                         \
+    if (count && !acc) return CUDA_ERROR_OUT_OF_MEMORY;                                 \
+    for (size_t i = 0; i < count; i++)                                                  \
+      acc[i] = weft_op_##X(in[0][i], in[1][i], op, n == 2 ? postdiv : 1);               \
+    for (int k = 2; k < n; k++)                                                         \
+      for (size_t i = 0; i < count; i++)                                                \
+        acc[i] = weft_op_##X(acc[i], in[k][i], op, k == n - 1 ? postdiv : 1);           \
+    for (int k = 0; k < n; k++) memcpy(out[k], acc, count * sizeof(T));                 \
     return CUDA_SUCCESS;                                                                \
   }
 
