@@ -45,7 +45,11 @@
 # weft_iallreduce and synchronized before weft_wait must see the sum, and
 # weft_wait of a call must complete while the stream is held by a gate the
 # program queued after it (before the fix: stale reads in every run, and a
-# WEFT_ERR_TIMEOUT). The stand-in aborts a synchronize stuck for
+# WEFT_ERR_TIMEOUT); and with every IPC open refused, so each call is staged
+# after all as it runs: its copies then go on the run stream, as the stream
+# of issue-time work holds later calls' waits for the user's stream, which
+# wait for this call (there, weft_wait(A) timed out before the fix; and
+# 2,000 such calls in flight). The stand-in aborts a synchronize stuck for
 # WEFT_CUDA_EMU_HANG_S, naming the wait, instead of hanging.
 # And WEFT_CUDA_EMU_LEGACY_IPC=0: device memory without a legacy IPC handle
 # (cuMemCreate's, as PyTorch's expandable segments): every call staged,
@@ -83,7 +87,9 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
            "2 shm hostonly --host-only" "2 tcp hostonly --host-only" \
            "2 shm nolegacy --quick WEFT_CUDA_EMU_LEGACY_IPC=0 WEFT_DEBUG=WARN" "2 shm churn --churn=1000" \
            "2 shm spread --quick WEFT_CUDA_EMU_DEVICES=2 WEFT_DEVICE_CHECK_SPREAD=1" \
-           "3 shm order --order=10,100000 WEFT_CUDA_IPC=0 WEFT_DEVICE_SLICE_BYTES=16384 WEFT_TIMEOUT=20"; do
+           "3 shm order --order=10,100000 WEFT_CUDA_IPC=0 WEFT_DEVICE_SLICE_BYTES=16384 WEFT_TIMEOUT=20" \
+           "2 shm order --order=10 WEFT_CUDA_EMU_IPC=0 WEFT_TIMEOUT=20" \
+           "2 shm inflight --in-flight=2000 WEFT_CUDA_EMU_IPC=0 WEFT_TIMEOUT=60"; do
   set -- $run
   n=$1 tp=$2 want=$3
   shift 3

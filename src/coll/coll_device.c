@@ -33,7 +33,8 @@ typedef struct stage_block {
   bool shared; /* weft_cuda_alloc_shared_pinned's, else alloc_slots' */
   bool busy;
   /* a call that failed left work on it: free once these are done */
-  weft_mem_token until_in, until_out; /* tokens of the streams `in` and `stream` */
+  weft_mem_token until_in, until_out; /* tokens of until_in_on and of `stream` */
+  struct weft_mem_stream *until_in_on;
 } stage_block;
 
 /* A communicator's device state (weft_core.device). */
@@ -77,6 +78,10 @@ struct weft_coll_staged {
   void *own;         /* that buffer */
   size_t own_bytes;
   weft_mem_token in, out;
+  /* the stream of `in` and slice_in: the device state's `in`, or its run
+   * stream for a call staged after all as it runs: `in` may hold the waits
+   * of calls issued later for the user's stream, which wait for this call */
+  struct weft_mem_stream *in_on;
   bool out_queued;
   weft_status (*then)(weft_coll *coll); /* the algorithm's advance, once the input is here */
   /* in slices (stage_slices): slice k's copy to the host completes with
@@ -163,8 +168,8 @@ static void *stage_take_locked(struct weft_coll_device *d, size_t bytes, int *bl
     stage_block *b = &d->pool[i];
     if (b->busy) continue;
     if (b->until_in || b->until_out) {
-      if (weft_mem_device.poll(d->in, b->until_in) != WEFT_OK ||
-          weft_mem_device.poll(d->stream, b->until_out) != WEFT_OK)
+      if ((b->until_in && weft_mem_device.poll(b->until_in_on, b->until_in) != WEFT_OK) ||
+          (b->until_out && weft_mem_device.poll(d->stream, b->until_out) != WEFT_OK))
         continue;
       b->until_in = b->until_out = 0;
     }
@@ -365,6 +370,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   st->host_recv = recv ? host_recv : NULL;
   st->recv_bytes = recv_bytes;
   task->staged = st;
+  st->in_on = task->device_restaging ? d->stream : d->in;
   /* a call staged after all, as it runs, waited for the user's work already
    * (its input token); waiting again would take in the user's work queued
    * since, which may wait for this very call's signal */
@@ -390,17 +396,17 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
     for (int k = 0; !rc && send && k < st->nslices; k++) {
       size_t off = (size_t)k * per, n = elems - off < per ? elems - off : per;
       rc = weft_mem_device.copy_to_host(host_send + off * coll->elem, (const char *)send + off * coll->elem,
-                                        n * coll->elem, d->in, &st->slice_in[k]);
+                                        n * coll->elem, st->in_on, &st->slice_in[k]);
     }
     st->in = st->nslices ? st->slice_in[st->nslices - 1] : 0;
   } else if (!rc && send) {
-    rc = weft_mem_device.copy_to_host(host_send, send, send_bytes, d->in, &st->in);
+    rc = weft_mem_device.copy_to_host(host_send, send, send_bytes, st->in_on, &st->in);
   }
   /* no input to copy (a broadcast's non-root): the token still marks the
    * user's earlier work done, which the copy back of the result, queued on
    * the other stream, must follow (the user may have written or read the
    * buffer just before) */
-  if (!rc && !st->in) rc = weft_mem_device.record(d->in, &st->in);
+  if (!rc && !st->in) rc = weft_mem_device.record(st->in_on, &st->in);
   if (rc) {
     weft_coll_stage_release(task);
     return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
@@ -410,7 +416,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   coll->mem = &weft_mem_host;
   task->route = st->nslices ? WEFT_ROUTE_SLICED : WEFT_ROUTE_STAGED;
   if (now) {
-    rc = stage_wait(task, d->in, st->in);
+    rc = stage_wait(task, st->in_on, st->in);
     if (rc) weft_coll_stage_release(task);
   }
   return rc;
@@ -476,7 +482,7 @@ static weft_status sliced_advance(weft_coll *coll) {
         return WEFT_OK;
       }
       weft_mem_token input = st->host_send ? st->slice_in[st->next] : st->in;
-      WEFT_STEP(weft_mem_device.poll(task->comm->device->in, input));
+      WEFT_STEP(weft_mem_device.poll(st->in_on, input));
       size_t off = (size_t)st->next * st->slice_elems;
       coll->count = st->count - off < st->slice_elems ? st->count - off : st->slice_elems;
       /* a buffer this rank does not have stays NULL (a broadcast's
@@ -520,7 +526,7 @@ weft_status weft_coll_stage_slices_start(weft_coll_task *task) {
 
 static weft_status staged_first_step(weft_coll *coll) {
   weft_coll_task *task = weft_coll_task_of(coll);
-  WEFT_STEP(weft_mem_device.poll(task->comm->device->in, task->staged->in));
+  WEFT_STEP(weft_mem_device.poll(task->staged->in_on, task->staged->in));
   coll->advance = task->staged->then;
   return coll->advance(coll);
 }
@@ -571,16 +577,17 @@ void weft_coll_stage_release(weft_coll_task *task) {
    * host on `in`, back on `stream`): the pool hands it out again only once
    * both are done */
   weft_mem_token in = st->in, out = st->out_queued ? st->out : 0;
-  if (in && weft_mem_device.poll(d->in, in) == WEFT_OK) in = 0;
+  if (in && weft_mem_device.poll(st->in_on, in) == WEFT_OK) in = 0;
   if (out && weft_mem_device.poll(d->stream, out) == WEFT_OK) out = 0;
   if (st->block >= 0) {
     pthread_mutex_lock(&d->lock);
     d->pool[st->block].until_in = in;
+    d->pool[st->block].until_in_on = st->in_on;
     d->pool[st->block].until_out = out;
     d->pool[st->block].busy = false; /* last: a taker reads the tokens after it */
     pthread_mutex_unlock(&d->lock);
   } else if (st->own) {
-    token_wait(task->comm, d->in, in);
+    token_wait(task->comm, st->in_on, in);
     token_wait(task->comm, d->stream, out);
     weft_mem_device.free_slots(st->own, st->own_bytes);
   }
