@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -397,6 +398,48 @@ static void stream_wait_value_holds_its_stream(void **state) {
   CU(api->stream_destroy(b));
   CU(api->mem_free(word));
   CU(api->mem_free(x));
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The test-only spin kernel holds its stream for the seconds it is given,
+ * as a long kernel does, while other streams go on: the work queued behind
+ * it runs no sooner, so a test can show head-of-line blocking as time. */
+static void spin_kernel_holds_its_stream(void **state) {
+  (void)state;
+  CUmodule m;
+  CUfunction spin;
+  CU(api->module_load_data(&m, fake_fatbin));
+  CU(api->module_get_function(&spin, m, "weft_emu_test_spin"));
+  CUstream a, b;
+  CU(api->stream_create(&a, CU_STREAM_NON_BLOCKING));
+  CU(api->stream_create(&b, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr x = dev_alloc(64), y = dev_alloc(64);
+  unsigned char out_a = 0, out_b = 0;
+  double seconds = 0.2, t0 = now_s();
+  void *params[] = {&seconds};
+  CU(api->launch_kernel(spin, 1, 1, 1, 1, 1, 1, 0, a, params, NULL));
+  seconds = 5; /* copied at launch: the kernel holds for 0.2 s */
+  CU(api->memset_d8_async(x, 7, 64, a));
+  CU(api->memcpy_dtoh_async(&out_a, x, 1, a));
+  CU(api->memset_d8_async(y, 9, 64, b));
+  CU(api->memcpy_dtoh_async(&out_b, y, 1, b));
+  CU(api->stream_synchronize(b)); /* the other stream is not held (a GPU would overlap them) */
+  assert_int_equal(out_b, 9);
+  CU(api->stream_synchronize(a));
+  double took = now_s() - t0;
+  assert_int_equal(out_a, 7);
+  if (took < 0.19) fail_msg("the spin kernel held its stream %.3f s, not 0.2", took);
+  if (took > 4) fail_msg("the spin kernel held its stream %.3f s: its parameter changed after launch", took);
+  CU(api->stream_destroy(a));
+  CU(api->stream_destroy(b));
+  CU(api->mem_free(x));
+  CU(api->mem_free(y));
+  CU(api->module_unload(m));
 }
 
 /* A synchronize behind a wait nothing will ever satisfy aborts, naming the
@@ -850,6 +893,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(cross_stream_waits_kept, no_leftovers),
       cmocka_unit_test_teardown(stream_wait_value_holds_its_stream, no_leftovers),
       cmocka_unit_test_teardown(hung_synchronize_aborts, no_leftovers),
+      cmocka_unit_test_teardown(spin_kernel_holds_its_stream, no_leftovers),
       cmocka_unit_test_teardown(legacy_stream_orders_blocking_streams, no_leftovers),
       cmocka_unit_test_teardown(events_complete_after_their_work, no_leftovers),
       cmocka_unit_test_teardown(illegal_address_is_sticky, no_leftovers),

@@ -53,6 +53,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -139,6 +140,7 @@ typedef struct emu_op {
   uint32_t value32;         /* a stream memory operation's value, */
   unsigned int value_flags; /* and its flags (CU_STREAM_WAIT_VALUE_GEQ, ...) */
   const cuda_emu_kernel *kernel;
+  double held_since; /* a kernel that holds its stream (holds): when it reached the head */
   cuda_emu_launch launch;
   unsigned char *args; /* the parameter values, copied at launch */
   void *argv[CUDA_EMU_MAX_PARAMS];
@@ -466,9 +468,22 @@ static bool wait_value_met(const emu_op *op) {
   return true;
 }
 
-static bool op_ready(const emu_op *op) {
+static double emu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Asked of the head of a stream only: a holding kernel's time starts the
+ * first time it is asked with its dependencies done. */
+static bool op_ready(emu_op *op) {
   for (int i = 0; i < op->ndeps; i++)
     if (!op->deps[i]->done) return false;
+  if (op->kind == OP_KERNEL && op->kernel->holds) {
+    double now = emu_now();
+    if (!op->held_since) op->held_since = now;
+    return now - op->held_since >= *(double *)op->argv[0];
+  }
   return op->kind != OP_WAIT_VALUE || wait_value_met(op);
 }
 

@@ -45,6 +45,10 @@ typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
  *                          never written) prints the stuck waits and aborts,
  *                          where a GPU would hang for good
  *
+ * Test-only kernels (by name from any module): weft_emu_test_add_f32, and
+ * weft_emu_test_spin(double seconds), which holds its stream that long once
+ * it reaches the head, as a long kernel does, while other streams go on.
+ *
  * Undefined uses abort the process naming the call: cuMemFree of memory
  * exported with cuIpcGetMemHandle while another process still has it open
  * (cuIpcOpenMemHandle without cuIpcCloseMemHandle yet).

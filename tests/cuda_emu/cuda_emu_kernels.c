@@ -35,6 +35,13 @@ static CUresult test_add_f32(const cuda_emu_launch *l, void **params) {
   return CUDA_SUCCESS;
 }
 
+/* weft_emu_test_spin(double seconds): does nothing, for that long (the
+ * stand-in holds its stream: cuda_emu_kernel.holds) */
+static CUresult test_spin(const cuda_emu_launch *l, void **params) {
+  (void)l, (void)params;
+  return CUDA_SUCCESS;
+}
+
 /* ---- weft's kernels (src/cuda/kernels.cu): grid-stride loops over n, so
  * every element is covered whatever the grid; the same element steps ---- */
 
@@ -205,6 +212,7 @@ const cuda_emu_kernel cuda_emu_kernels[] = {
      .params = {CUDA_EMU_PARAM(float *), CUDA_EMU_PARAM(const float *),
                 CUDA_EMU_PARAM(const uint16_t *), CUDA_EMU_PARAM(size_t), CUDA_EMU_PARAM(int),
                 CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(uint16_t *)}},
+    {.name = "weft_emu_test_spin", .run = test_spin, .params = {CUDA_EMU_PARAM(double)}, .holds = true},
     {.name = "weft_emu_test_add_f32",
      .run = test_add_f32,
      .params = {CUDA_EMU_PARAM(float *), CUDA_EMU_PARAM(const float *),

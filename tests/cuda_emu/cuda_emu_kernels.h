@@ -10,6 +10,7 @@
 #define WEFT_CUDA_EMU_KERNELS_H
 
 #include <cuda.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #define CUDA_EMU_MAX_PARAMS 16
@@ -43,6 +44,10 @@ typedef struct cuda_emu_kernel {
   const char *name; /* the kernel's (extern "C") name in the fatbin */
   /* params[i] points to a copy of the i-th parameter's value, made at launch */
   CUresult (*run)(const cuda_emu_launch *launch, void **params);
+  /* a test-only kernel that holds its stream: its first parameter, a
+   * double, is how many seconds it runs once it reaches the head of its
+   * stream (other streams go on meanwhile), as a long kernel does */
+  bool holds;
   cuda_emu_param params[CUDA_EMU_MAX_PARAMS];
 } cuda_emu_kernel;
 
