@@ -396,11 +396,16 @@ static weft_status culprit_fail(weft_core *comm, weft_request *head, bool trigge
   char verdict[384];
   /* Ranks that wait on each other in calls that differ (roots that differ,
    * so that no rank sends first: no chunk ever shows it) disagree; the
-   * calls name it better than any chain of waits. */
+   * calls name it better than any chain of waits. Only at the same call
+   * number: a peer in a later call may simply have finished this one (its
+   * data came before a link was cut) and one in an earlier call not yet
+   * reached it; the chain of waits says those (once, a cut rail made every
+   * rank report a mismatch). */
   weft_tag mine = weft_coll_tag(coll);
   int other = -1;
   for (int r = 0; r < n && other < 0; r++)
-    if (r != comm->rank && tags[r] && tags[r] != mine) other = r;
+    if (r != comm->rank && tags[r] && weft_tag_seq(tags[r]) == weft_tag_seq(mine) && tags[r] != mine)
+      other = r;
   weft_status st = WEFT_ERR_TIMEOUT;
   if (other >= 0) {
     char theirs[96], ours[96];
