@@ -169,6 +169,15 @@ static void direct_reduce(weft_coll *coll) {
   coll->link.ops->progressed(coll->link.ctx); /* for the engine's timeout */
 }
 
+/* The caller's device scratch for this call's kernels, taken right before
+ * they are queued (hint.device_scratch: its rule); only where a form sums
+ * through it, as taking it may grow it, waiting for everything queued. */
+static weft_status take_device_scratch(weft_coll *coll, direct_state *ds) {
+  if (coll->hint.device_scratch) WEFT_CHECK(coll->hint.device_scratch(coll));
+  ds->dev_acc = coll->device_scratch;
+  return WEFT_OK;
+}
+
 /* The device form: kernels queued on the call's stream, the slice summed
  * in the same fixed order as the host form, then stored into every
  * member's output; ds->reduced completes when all are done. */
@@ -194,6 +203,7 @@ static weft_status direct_reduce_device(weft_coll *coll) {
     }
   }
   if (cnt) {
+    WEFT_CHECK(take_device_scratch(coll, ds)); /* past 8 members: the sum goes through it */
     WEFT_CHECK(mem->reduce_async(ds->dev_acc, ds->ins[0] + at, ds->ins[1] + at, cnt, coll->dtype,
                                  coll->op, n == 2 ? coll->avg_div : 1, coll->stream, &t));
     for (int p = 2; p < n; p++)
@@ -313,10 +323,9 @@ static weft_status direct_advance(weft_coll *coll) {
       /* fall through */
     case REDUCE:
     reduce:
-      if (coll->mem->kind == WEFT_MEMORY_DEVICE && coll->hint.device_scratch) {
-        WEFT_CHECK(coll->hint.device_scratch(coll)); /* now, not at issue: its rule */
-        ds->dev_acc = coll->device_scratch;
-      }
+      /* a plan's reductions sum through device scratch; the allreduce's one
+       * pass needs none (direct_reduce_device takes it past 8 members) */
+      if (coll->mem->kind == WEFT_MEMORY_DEVICE && ds->plan) WEFT_CHECK(take_device_scratch(coll, ds));
       if (ds->plan) {
         ds->reduced = 0;
         WEFT_CHECK(ds->plan->work(coll, ds->ins, &ds->reduced));

@@ -239,6 +239,7 @@ struct shm_conn {
   uint32_t peer_pid;
   shm_peer_map maps[SHM_PEER_MAPS]; /* the peer's shared buffers, mapped on first use */
   int nmaps;
+  int nlent; /* of those, device buffers lent for one call: release_peer_mem's work */
   uint64_t map_uses;
 };
 

@@ -699,6 +699,7 @@ static shm_peer_map *shm_map_slot(shm_conn *c) {
   shm_peer_map *m = &c->maps[0];
   for (int i = 1; i < c->nmaps; i++)
     if (c->maps[i].used < m->used) m = &c->maps[i];
+  if (m->kind == WEFT_MEMORY_DEVICE && m->lent) c->nlent--;
   shm_map_close(m);
   return m;
 }
@@ -729,6 +730,7 @@ static weft_status shm_map_device(shm_conn *c, const weft_mem_desc *desc, void *
     m = shm_map_slot(c);
     *m = (shm_peer_map){.kind = WEFT_MEMORY_DEVICE, .base = base, .local = at, .len = desc->len,
                         .lent = !(desc->flags & WEFT_MEM_DESC_KEEP)};
+    c->nlent += m->lent;
     memcpy(m->body, desc->body, sizeof m->body);
     WEFT_TRACE(WEFT_SUBSYS_NET, "shm: rank %d mapped %llu bytes of peer %d's device memory (CUDA IPC)",
               c->ctx->args->rank, (unsigned long long)desc->len, c->peer);
@@ -798,12 +800,16 @@ void shm_deregister_mem(weft_tp_ctx *ctx, weft_tp_mem *handle) {
 
 void shm_release_peer_mem(weft_tp_conn *conn, bool kept_too) {
   shm_conn *c = shm_conn_of(conn);
+  /* every call over IPC asks, twice on success (its done round, its end):
+   * nothing to look through where nothing is lent */
+  if (!kept_too && !c->nlent) return;
   for (int i = 0; i < c->nmaps;) {
     shm_peer_map *m = &c->maps[i];
     if (m->kind != WEFT_MEMORY_DEVICE || !(m->lent || kept_too)) {
       i++;
       continue;
     }
+    c->nlent -= m->lent;
     shm_map_close(m);
     c->maps[i] = c->maps[--c->nmaps]; /* the last entry fills the hole */
   }
