@@ -133,30 +133,94 @@ Wire moveWire(const at::Tensor &t) {
   return {WEFT_U8, static_cast<size_t>(t.numel()) * t.element_size()};
 }
 
-weft_op weftOp(const char *call, const c10d::ReduceOp &op) {
-  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
-    case c10d::ReduceOp::SUM: return WEFT_SUM;
-    case c10d::ReduceOp::PRODUCT: return WEFT_PROD;
-    case c10d::ReduceOp::MIN: return WEFT_MIN;
-    case c10d::ReduceOp::MAX: return WEFT_MAX;
-    case c10d::ReduceOp::AVG: return WEFT_AVG;
-    case c10d::ReduceOp::BAND:
-      TORCH_CHECK(false, "weft: ", call,
-                  ": ReduceOp.BAND is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
-    case c10d::ReduceOp::BOR:
-      TORCH_CHECK(false, "weft: ", call,
-                  ": ReduceOp.BOR is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
-    case c10d::ReduceOp::BXOR:
-      TORCH_CHECK(false, "weft: ", call,
-                  ": ReduceOp.BXOR is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
-    case c10d::ReduceOp::PREMUL_SUM:
-      TORCH_CHECK(false, "weft: ", call,
-                  ": ReduceOp.PREMUL_SUM is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
-    default: break;
+// A reduction as weft runs it: weft's op, and for PREMUL_SUM the factor each
+// rank's tensor is multiplied by before the sum. weft has no such op; the
+// multiply is one torch pass on this rank's data (in place for an allreduce,
+// into the staging buffer where the call packs one anyway), queued before the
+// call on the tensor's stream. Every rank then sums the same way, so the result
+// is the same bits on every rank, as it is for SUM.
+struct Reduction {
+  weft_op op = WEFT_SUM;
+  bool premul = false;
+  double factor = 1;
+  at::Tensor factor_tensor;  // a 1-element CUDA tensor for CUDA data: no host sync
+
+  // t *= factor
+  void scale_(at::Tensor &t) const {
+    if (!premul) return;
+    if (factor_tensor.defined())
+      t.mul_(factor_tensor);
+    else
+      t.mul_(factor);
   }
-  TORCH_CHECK(false, "weft: ", call, ": reduce op ",
-              static_cast<int>(static_cast<c10d::ReduceOp::RedOpType>(op)),
-              " is not supported (weft has SUM, PRODUCT, MIN, MAX, AVG)");
+  // out = in * factor (out may be a slice of a staging buffer: one pass)
+  void scaleInto(at::Tensor out, const at::Tensor &in) const {
+    if (!premul)
+      out.copy_(in);
+    else if (factor_tensor.defined())
+      at::mul_out(out, in, factor_tensor);
+    else
+      at::mul_out(out, in, at::scalar_tensor(factor, at::TensorOptions().dtype(at::kDouble)));
+  }
+  // a scaled copy of in (the input of a call that must not change it)
+  at::Tensor scaled(const at::Tensor &in) const {
+    at::Tensor out = at::empty_like(in, at::MemoryFormat::Contiguous);
+    scaleInto(out, in);
+    return out;
+  }
+};
+
+const char *kOps = "weft has SUM, PRODUCT, MIN, MAX, AVG, and PREMUL_SUM for floating tensors";
+
+// `like`: a tensor of the call (PREMUL_SUM checks its dtype and device)
+Reduction reductionOf(const char *call, const c10d::ReduceOp &op, const at::Tensor &like) {
+  Reduction r;
+  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+    case c10d::ReduceOp::SUM: r.op = WEFT_SUM; return r;
+    case c10d::ReduceOp::PRODUCT: r.op = WEFT_PROD; return r;
+    case c10d::ReduceOp::MIN: r.op = WEFT_MIN; return r;
+    case c10d::ReduceOp::MAX: r.op = WEFT_MAX; return r;
+    case c10d::ReduceOp::AVG: r.op = WEFT_AVG; return r;
+    case c10d::ReduceOp::BAND:
+      TORCH_CHECK(false, "weft: ", call, ": ReduceOp.BAND is not supported (", kOps, ")");
+    case c10d::ReduceOp::BOR:
+      TORCH_CHECK(false, "weft: ", call, ": ReduceOp.BOR is not supported (", kOps, ")");
+    case c10d::ReduceOp::BXOR:
+      TORCH_CHECK(false, "weft: ", call, ": ReduceOp.BXOR is not supported (", kOps, ")");
+    case c10d::ReduceOp::PREMUL_SUM: break;
+    default:
+      TORCH_CHECK(false, "weft: ", call, ": reduce op ",
+                  static_cast<int>(static_cast<c10d::ReduceOp::RedOpType>(op)), " is not supported (",
+                  kOps, ")");
+  }
+  TORCH_CHECK(at::isFloatingType(like.scalar_type()), "weft: ", call, ": ReduceOp.PREMUL_SUM takes floating "
+              "tensors (float32, float64, float16, bfloat16), not ", torchDtype(like.scalar_type()));
+  // torch makes PREMUL_SUM with this supplement and no other (as NCCL reads it)
+  const auto *supplement = static_cast<const c10d::NCCLPreMulSumSupplement *>(op.supplement_.get());
+  TORCH_CHECK(supplement != nullptr, "weft: ", call,
+              ": ReduceOp.PREMUL_SUM without its factor (make it with "
+              "torch.distributed._make_nccl_premul_sum(factor))");
+  r.op = WEFT_SUM;
+  r.premul = true;
+  r.factor = supplement->double_factor;
+#if TORCH_VERSION_MAJOR >= 2
+  at::Tensor f = supplement->tensor_factor;
+#else
+  at::Tensor f = supplement->tensor_factors.empty() ? at::Tensor() : supplement->tensor_factors[0];
+#endif
+  if (f.defined()) {
+    TORCH_CHECK(f.numel() == 1, "weft: ", call, ": the PREMUL_SUM factor has ", f.numel(),
+                " elements; it must be a scalar or a tensor of one element");
+    TORCH_CHECK(!f.is_complex() && f.scalar_type() != at::kBool, "weft: ", call,
+                ": the PREMUL_SUM factor is ", torchDtype(f.scalar_type()), "; it must be real");
+    // a factor on the data's GPU stays there, read by the multiply in stream
+    // order; one on the CPU (or data on the CPU) is read now
+    if (f.is_cuda() && like.is_cuda() && f.device() == like.device())
+      r.factor_tensor = f.reshape({});
+    else
+      r.factor = f.item<double>();
+  }
+  return r;
 }
 
 void checkSame(const char *call, const at::Tensor &a, const at::Tensor &b, const char *what) {
@@ -219,6 +283,22 @@ at::Tensor stack(const char *call, const std::vector<at::Tensor> &list, const at
     flat.push_back(t.reshape({-1}));
   }
   return at::cat(flat);
+}
+
+// The same, each tensor multiplied by a PREMUL_SUM's factor on its way in.
+at::Tensor stack(const char *call, const std::vector<at::Tensor> &list, const at::Tensor &like,
+                 const char *what, const Reduction &red) {
+  if (!red.premul) return stack(call, list, like, what);
+  for (const auto &t : list) {
+    checkSame(call, like, t, what);
+    TORCH_CHECK(t.numel() == like.numel(), "weft: ", call, ": every tensor of ", what,
+                " must have ", like.numel(), " elements; one has ", t.numel());
+  }
+  const int64_t n = like.numel();
+  at::Tensor flat = at::empty({static_cast<int64_t>(list.size()) * n}, like.options());
+  for (size_t i = 0; i < list.size(); i++)
+    red.scaleInto(flat.narrow(0, static_cast<int64_t>(i) * n, n), list[i].reshape({-1}));
+  return flat;
 }
 
 // weft's sentence for the last failure (it names rank, call, peer and the
@@ -696,43 +776,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::broadcast(std::vector<at::Tenso
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce(std::vector<at::Tensor> &tensors,
-                                                           const c10d::AllreduceOptions &opts) {
-  const char *call = "allreduce";
-  const at::Tensor &t = single(call, tensors);
-  Wire w = reduceWire(call, t);
-  weft_op op = weftOp(call, opts.reduceOp);
-  auto work = newWork(c10d::OpType::ALLREDUCE, call, tensors);
-  work->keep = {t};
-  return issueOne(work, call, false, [&](weft_request **req) {
-    shareIfReused(t);
-    return weft_iallreduce(comm_, t.data_ptr(), t.data_ptr(), w.count, w.dtype, op, req);
-  });
-}
-
-// One weft allreduce per tensor, no packing: weft's own small-message path
-// is cheaper than a copy in and out, and mixed dtypes just work.
-c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce_coalesced(
-    std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts) {
-  const char *call = "allreduce_coalesced";
-  std::vector<Wire> wires;
-  for (const auto &t : tensors) {
-    checkTensor(call, t);
-    wires.push_back(reduceWire(call, t));
-  }
-  weft_op op = weftOp(call, opts.reduceOp);
-  auto work = newWork(c10d::OpType::ALLREDUCE_COALESCED, call, tensors);
-  work->keep = tensors;
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::issueMany(
+    const c10::intrusive_ptr<WorkWeft> &work, const char *call, const at::Tensor &ordered_after,
+    const std::vector<std::function<weft_status(weft_request **)>> &starts) {
   std::lock_guard<std::mutex> issue(issue_mu_);
   checkLive(call);
-  for (const auto &t : tensors)
-    TORCH_CHECK(t.device() == tensors[0].device(), "weft: ", call, ": tensors on ",
-                tensors[0].device(), " and ", t.device(), " in one call");
-  weft_comm_set_stream(comm_, tensors.empty() ? nullptr : streamOf(tensors[0]));
-  for (size_t i = 0; i < tensors.size(); i++) {
+  weft_comm_set_stream(comm_, streamOf(ordered_after));
+  for (const auto &start : starts) {
     weft_request *req = nullptr;
-    void *p = tensors[i].data_ptr();
-    weft_status st = weft_iallreduce(comm_, p, p, wires[i].count, wires[i].dtype, op, &req);
+    weft_status st = start(&req);
     if (st != WEFT_OK) {
       enqueue(work, false);  // the ones started are still waited for (and freed)
       failIssue(call, st);
@@ -743,19 +795,73 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce_coalesced(
   return work;
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce(std::vector<at::Tensor> &tensors,
+                                                           const c10d::AllreduceOptions &opts) {
+  const char *call = "allreduce";
+  at::Tensor t = single(call, tensors);
+  Wire w = reduceWire(call, t);
+  Reduction red = reductionOf(call, opts.reduceOp, t);
+  auto work = newWork(c10d::OpType::ALLREDUCE, call, tensors);
+  work->keep = {t};
+  {
+    at::NoGradGuard no_grad;
+    red.scale_(t);  // PREMUL_SUM: the tensor is the result anyway
+  }
+  return issueOne(work, call, false, [&](weft_request **req) {
+    shareIfReused(t);
+    return weft_iallreduce(comm_, t.data_ptr(), t.data_ptr(), w.count, w.dtype, red.op, req);
+  });
+}
+
+// One weft allreduce per tensor, no packing: weft's own small-message path
+// is cheaper than a copy in and out, and mixed dtypes just work.
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce_coalesced(
+    std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts) {
+  const char *call = "allreduce_coalesced";
+  std::vector<Wire> wires;
+  std::vector<Reduction> reds;
+  for (const auto &t : tensors) {
+    checkTensor(call, t);
+    TORCH_CHECK(t.device() == tensors[0].device(), "weft: ", call, ": tensors on ", tensors[0].device(), " and ",
+                t.device(), " in one call");
+    wires.push_back(reduceWire(call, t));
+    reds.push_back(reductionOf(call, opts.reduceOp, t));
+  }
+  auto work = newWork(c10d::OpType::ALLREDUCE_COALESCED, call, tensors);
+  work->keep = tensors;
+  std::vector<std::function<weft_status(weft_request **)>> starts;
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < tensors.size(); i++) {
+    at::Tensor t = tensors[i];
+    reds[i].scale_(t);
+    Wire w = wires[i];
+    weft_op op = reds[i].op;
+    starts.push_back([this, t, w, op](weft_request **req) {
+      return weft_iallreduce(comm_, t.data_ptr(), t.data_ptr(), w.count, w.dtype, op, req);
+    });
+  }
+  return issueMany(work, call, tensors.empty() ? at::Tensor() : tensors[0], starts);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce(std::vector<at::Tensor> &tensors,
                                                         const c10d::ReduceOptions &opts) {
   const char *call = "reduce";
   const at::Tensor &t = single(call, tensors);
   TORCH_CHECK(opts.rootTensor == 0, "weft: ", call, ": root_tensor must be 0");
   Wire w = reduceWire(call, t);
-  weft_op op = weftOp(call, opts.reduceOp);
+  Reduction red = reductionOf(call, opts.reduceOp, t);
   const int root = static_cast<int>(opts.rootRank);
   auto work = newWork(c10d::OpType::REDUCE, call, tensors);
-  work->keep = {t};
-  void *p = t.data_ptr();
+  // PREMUL_SUM: a scaled copy is sent (a rank that is not the root keeps its tensor)
+  at::Tensor in = t;
+  if (red.premul) {
+    at::NoGradGuard no_grad;
+    in = red.scaled(t);
+  }
+  work->keep = {t, in};
   return issueOne(work, call, false, [&](weft_request **req) {
-    return weft_ireduce(comm_, p, getRank() == root ? p : nullptr, w.count, w.dtype, op, root, req);
+    return weft_ireduce(comm_, in.data_ptr(), getRank() == root ? t.data_ptr() : nullptr, w.count, w.dtype,
+                        red.op, root, req);
   });
 }
 
@@ -880,15 +986,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce_scatter(
   const char *call = "reduce_scatter";
   const at::Tensor &out = single(call, outputs);
   Wire w = reduceWire(call, out);
-  weft_op op = weftOp(call, opts.reduceOp);
+  Reduction red = reductionOf(call, opts.reduceOp, out);
   TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), "weft: ", call,
               ": needs one list of ", getSize(), " input tensors");
   at::NoGradGuard no_grad;
-  at::Tensor flat = stack(call, inputs[0], out, "the input list");
+  at::Tensor flat = stack(call, inputs[0], out, "the input list", red);
   auto work = newWork(c10d::OpType::REDUCE_SCATTER, call, outputs);
   work->keep = {out, flat};
   return issueOne(work, call, false, [&](weft_request **req) {
-    return weft_ireduce_scatter(comm_, flat.data_ptr(), out.data_ptr(), w.count, w.dtype, op, req);
+    return weft_ireduce_scatter(comm_, flat.data_ptr(), out.data_ptr(), w.count, w.dtype, red.op, req);
   });
 }
 
@@ -899,17 +1005,185 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_reduce_scatter_base(
   checkTensor(call, output);
   checkSame(call, input, output, "the output");
   Wire w = reduceWire(call, output);
-  weft_op op = weftOp(call, opts.reduceOp);
+  Reduction red = reductionOf(call, opts.reduceOp, output);
   TORCH_CHECK(input.numel() == getSize() * output.numel(), "weft: ", call, ": the input has ",
               input.numel(), " elements; it must have ranks (", getSize(), ") x output (",
               output.numel(), ")");
   auto work = newWork(c10d::OpType::_REDUCE_SCATTER_BASE, call, {output});
-  work->keep = {input, output};
+  at::Tensor in = input;
+  if (red.premul) {  // the input stays as it is: the scaled copy is sent
+    at::NoGradGuard no_grad;
+    in = red.scaled(input);
+  }
+  work->keep = {in, output};
   return issueOne(work, call, false, [&](weft_request **req) {
-    return weft_ireduce_scatter(comm_, input.data_ptr(), output.data_ptr(), w.count, w.dtype, op,
-                                req);
+    return weft_ireduce_scatter(comm_, in.data_ptr(), output.data_ptr(), w.count, w.dtype, red.op, req);
   });
 }
+
+#if WEFT_TORCH_COALESCED_TENSORS
+namespace {
+
+// A tensor of this many bytes or more goes as a call of its own, straight
+// between its input and output; smaller ones share one call, packed: a copy in
+// and out costs less than a call of their own (a few microseconds each over
+// shared memory, more over tcp), and FSDP2 and DTensor send many small ones.
+constexpr size_t kOwnCallBytes = size_t{64} << 10;
+
+// One pair of a coalesced call, checked: index, input, output.
+struct Pair {
+  size_t index;
+  at::Tensor in, out;
+};
+
+// The checks both coalesced calls make: as many outputs as inputs, each pair
+// alike (dtype, device) and every pair on one device; `outPerIn`: the output's
+// elements over the input's (ranks for allgather; its inverse for
+// reduce-scatter is given as inPerOut).
+std::vector<Pair> pairsOf(const char *call, std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+                          int64_t outPerIn, int64_t inPerOut) {
+  TORCH_CHECK(outputs.size() == inputs.size(), "weft: ", call, ": ", inputs.size(), " inputs but ",
+              outputs.size(), " outputs");
+  std::vector<Pair> pairs;
+  for (size_t i = 0; i < inputs.size(); i++) {
+    const at::Tensor &in = inputs[i], &out = outputs[i];
+    checkTensor(call, in);
+    checkTensor(call, out);
+    checkSame(call, in, out, "the output");
+    TORCH_CHECK(in.device() == inputs[0].device(), "weft: ", call, ": tensors on ", inputs[0].device(), " and ",
+                in.device(), " in one call");
+    TORCH_CHECK(out.numel() * inPerOut == in.numel() * outPerIn, "weft: ", call, ": output ", i, " has ",
+                out.numel(), " elements and input ", i, " ", in.numel(), "; ",
+                outPerIn > 1 ? "the output must have ranks (" : "the input must have ranks (",
+                std::max(outPerIn, inPerOut), outPerIn > 1 ? ") x input" : ") x output");
+    pairs.push_back({i, in, out});
+  }
+  return pairs;
+}
+
+}  // namespace
+
+// Each small pair's bytes packed into one buffer, gathered once, and copied
+// out of it; each large pair gathered on its own, straight into its output.
+// The packed call moves bytes, so pairs of any dtypes share it.
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs, const c10d::AllgatherOptions &) {
+  const char *call = "allgather_into_tensor_coalesced";
+  const int64_t size = getSize();
+  std::vector<Pair> pairs = pairsOf(call, outputs, inputs, size, 1);
+  auto work = newWork(c10d::OpType::COALESCED, call, outputs);
+  std::vector<std::function<weft_status(weft_request **)>> starts;
+  std::vector<Pair> packed;
+  int64_t packed_bytes = 0;
+  for (const Pair &p : pairs) {
+    if (p.in.nbytes() == 0) continue;
+    if (p.in.nbytes() >= kOwnCallBytes) {
+      Wire w = moveWire(p.in);
+      at::Tensor in = p.in, out = p.out;
+      work->keep.insert(work->keep.end(), {in, out});
+      starts.push_back([this, in, out, w](weft_request **req) {
+        return weft_iallgather(comm_, in.data_ptr(), out.data_ptr(), w.count, w.dtype, req);
+      });
+    } else {
+      packed.push_back(p);
+      packed_bytes += static_cast<int64_t>(p.in.nbytes());
+    }
+  }
+  if (!packed.empty()) {
+    at::NoGradGuard no_grad;
+    auto bytes = at::TensorOptions().dtype(at::kByte).device(packed[0].in.device());
+    at::Tensor send = at::empty({packed_bytes}, bytes);
+    at::Tensor recv = at::empty({size, packed_bytes}, bytes);
+    std::vector<std::pair<at::Tensor, int64_t>> outs;  // output, offset in a rank's block
+    int64_t off = 0;
+    for (const Pair &p : packed) {
+      const int64_t n = static_cast<int64_t>(p.in.nbytes());
+      send.narrow(0, off, n).copy_(p.in.reshape({-1}).view(at::kByte));
+      outs.emplace_back(p.out, off);
+      off += n;
+    }
+    work->keep.insert(work->keep.end(), {send, recv});
+    work->after = [recv, outs, size]() mutable {
+      for (auto &o : outs) {
+        const int64_t n = static_cast<int64_t>(o.first.nbytes()) / size;
+        o.first.reshape({-1}).view(at::kByte).view({size, n}).copy_(recv.narrow(1, o.second, n));
+      }
+    };
+    starts.push_back([this, send, recv, packed_bytes](weft_request **req) {
+      return weft_iallgather(comm_, send.data_ptr(), recv.data_ptr(), static_cast<size_t>(packed_bytes), WEFT_U8,
+                             req);
+    });
+  }
+  return issueMany(work, call, inputs.empty() ? at::Tensor() : inputs[0], starts);
+}
+
+// Small pairs of one dtype share one call: each rank's block of every input
+// packed side by side (PREMUL_SUM's multiply in the same pass), reduced and
+// scattered once, and copied out; large pairs go on their own.
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs, const c10d::ReduceScatterOptions &opts) {
+  const char *call = "reduce_scatter_tensor_coalesced";
+  const int64_t size = getSize();
+  std::vector<Pair> pairs = pairsOf(call, outputs, inputs, 1, size);
+  std::vector<Reduction> reds;
+  for (const Pair &p : pairs) {
+    reduceWire(call, p.in);
+    reds.push_back(reductionOf(call, opts.reduceOp, p.in));
+  }
+  auto work = newWork(c10d::OpType::COALESCED, call, outputs);
+  std::vector<std::function<weft_status(weft_request **)>> starts;
+  at::NoGradGuard no_grad;
+  // packed groups by dtype, in the order their first pair comes (the same on every rank)
+  std::vector<std::vector<size_t>> groups;
+  for (size_t i = 0; i < pairs.size(); i++) {
+    const Pair &p = pairs[i];
+    if (p.out.numel() == 0) continue;
+    Wire w = reduceWire(call, p.out);
+    if (p.in.nbytes() >= kOwnCallBytes) {
+      at::Tensor in = reds[i].premul ? reds[i].scaled(p.in) : p.in, out = p.out;
+      weft_op op = reds[i].op;
+      work->keep.insert(work->keep.end(), {in, out});
+      starts.push_back([this, in, out, w, op](weft_request **req) {
+        return weft_ireduce_scatter(comm_, in.data_ptr(), out.data_ptr(), w.count, w.dtype, op, req);
+      });
+      continue;
+    }
+    auto g = std::find_if(groups.begin(), groups.end(),
+                          [&](const std::vector<size_t> &g) { return pairs[g[0]].in.scalar_type() == p.in.scalar_type(); });
+    if (g == groups.end())
+      groups.push_back({i});
+    else
+      g->push_back(i);
+  }
+  for (const auto &g : groups) {
+    int64_t total = 0;
+    for (size_t i : g) total += pairs[i].out.numel();
+    const at::Tensor &like = pairs[g[0]].in;
+    at::Tensor send = at::empty({size, total}, like.options());
+    at::Tensor recv = at::empty({total}, like.options());
+    std::vector<std::pair<at::Tensor, int64_t>> outs;
+    int64_t off = 0;
+    for (size_t i : g) {
+      const int64_t n = pairs[i].out.numel();
+      reds[i].scaleInto(send.narrow(1, off, n), pairs[i].in.reshape({size, n}));
+      outs.emplace_back(pairs[i].out, off);
+      off += n;
+    }
+    Wire w = reduceWire(call, recv);
+    weft_op op = reds[g[0]].op;
+    work->keep.insert(work->keep.end(), {send, recv});
+    auto before = work->after;
+    work->after = [before, recv, outs]() mutable {
+      if (before) before();
+      for (auto &o : outs) o.first.view({-1}).copy_(recv.narrow(0, o.second, o.first.numel()));
+    };
+    starts.push_back([this, send, recv, w, op](weft_request **req) {
+      return weft_ireduce_scatter(comm_, send.data_ptr(), recv.data_ptr(), w.count, w.dtype, op, req);
+    });
+  }
+  return issueMany(work, call, inputs.empty() ? at::Tensor() : inputs[0], starts);
+}
+#endif
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall_base(at::Tensor &output,
                                                                at::Tensor &input,

@@ -37,6 +37,13 @@ using BackendBase = c10d::Backend;
 using BackendBase = c10d::ProcessGroup;
 #endif
 
+// The coalesced tensor calls of c10d::Backend (torch 2.1 on)
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define WEFT_TORCH_COALESCED_TENSORS 1
+#else
+#define WEFT_TORCH_COALESCED_TENSORS 0
+#endif
+
 class ProcessGroupWeft;
 
 // One torch call: weft requests, the tensors they use (kept alive until
@@ -96,6 +103,16 @@ class ProcessGroupWeft : public BackendBase {
                                                 const c10d::ReduceScatterOptions &opts) override;
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor &output, at::Tensor &input, const c10d::ReduceScatterOptions &opts) override;
+#if WEFT_TORCH_COALESCED_TENSORS
+  // FSDP2's state dicts, DTensor's full_tensor and redistribute, the functional
+  // collectives and _coalescing_manager: torch sends even one tensor here
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+      const c10d::AllgatherOptions &opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+      const c10d::ReduceScatterOptions &opts) override;
+#endif
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
                                                std::vector<int64_t> &outputSplits,
                                                std::vector<int64_t> &inputSplits,
@@ -130,6 +147,11 @@ class ProcessGroupWeft : public BackendBase {
   [[noreturn]] void failIssue(const char *call, weft_status st) const;
   // Starts the one weft request of `work` under issue_mu_ (start(&req) is the
   // weft_i* call, which reads comm_ there) and hands the work to a completer.
+  // The same for several requests in order (one work): where one fails to
+  // start, those started are still waited for, then the call is refused.
+  c10::intrusive_ptr<c10d::Work> issueMany(const c10::intrusive_ptr<WorkWeft> &work, const char *call,
+                                           const at::Tensor &ordered_after,
+                                           const std::vector<std::function<weft_status(weft_request **)>> &starts);
   template <typename Start>
   c10::intrusive_ptr<c10d::Work> issueOne(const c10::intrusive_ptr<WorkWeft> &work,
                                           const char *call, bool p2p, Start start);
