@@ -7,7 +7,9 @@ a folder outside the source tree.
       pip wheel --no-deps COPY with build isolation (meson-python from PyPI), once;
       venv A: pip install WHEEL (cffi from PyPI); the torch tests: without_cffi.py,
       hooks_without_cffi.py (2 ranks, weft and gloo default groups), ranks.py
-      under torchrun (2 ranks: ops, DDP)
+      under torchrun (2 ranks: ops, DDP), reinit.py, frameworks.py (FSDP2,
+      DTensor, FSDP1, DCP, ZeRO, PREMUL_SUM, the coalesced calls); Lightning
+      and accelerate from PyPI, launchers.py
       venv B: pip install --no-deps --no-index WHEEL (no cffi): import weft.torch,
       a 2-rank all_reduce under weftrun, weft.init() saying it needs cffi
       venv A and B: weftrun, weft-bench, weft-info and python -m weft from the wheel
@@ -185,7 +187,21 @@ def with_deps(a, py, venv, whl, tmp):
     for n in ("2", "3"):
         run([py, os.path.join(tests, "run.py"), "--launcher", "torchrun", "-n", n, "--script", "reinit.py"],
             cwd=tmp, limit=200)
+    # issue 50: the coalesced calls, PREMUL_SUM, DTensor, FSDP2, FSDP1, DCP and
+    # ZeRO, each of which this torch has, against gloo and one process
+    run([py, os.path.join(tests, "run.py"), "--launcher", "torchrun", "-n", "2", "--script", "frameworks.py",
+         "--", "--require", "premul,batch_p2p,coalesced,dtensor,fsdp2,fsdp1,dcp,zero"], cwd=tmp, limit=200)
+    launchers(py, tests, tmp)
     check_tools(py, venv, tmp)
+
+
+def launchers(py, tests, tmp):
+    """Lightning (ddp, ddp_spawn) and accelerate from PyPI into this venv, as
+    a user installs them, then each started as docs/torch.md says (issue 50)."""
+    run([py, "-m", "pip", "install", "-q", "lightning", "accelerate"], cwd=tmp, limit=300)
+    out = run([py, os.path.join(tests, "launchers.py"), "check"], cwd=tmp, limit=400)
+    if "launchers: OK" not in out:
+        sys.exit("FAIL: launchers.py check did not end OK")
 
 
 def check_tools(py, venv, tmp):

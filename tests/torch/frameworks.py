@@ -10,6 +10,7 @@ the end, and a line per part with what it compared. Any failure raises.
               reduce_scatter, float32/64, bfloat16, float16, against float64;
               the result the same bits on every rank; refusals (an integer
               tensor), after which the group still works
+  batch_p2p   batch_isend_irecv around a ring, both ways at once
   coalesced   _coalescing_manager around all_gather_into_tensor and around
               reduce_scatter_tensor (small and large tensors, mixed dtypes,
               SUM/AVG/MAX), the functional all_gather_tensor and
@@ -163,6 +164,24 @@ def part_premul(rank, size):
     dist.all_reduce(x)
     assert torch.equal(x, torch.full((10,), size * (size + 1) / 2.0)), "all_reduce after the refusals"
     log(rank, f"premul: {checked} PREMUL_SUM calls against float64, same bits on every rank; refusals")
+
+
+# ---- batch_p2p --------------------------------------------------------------------------
+
+def part_batch_p2p(rank, size):
+    """batch_isend_irecv around a ring, both ways at once, three dtypes."""
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for dtype in (torch.float32, torch.int64, torch.bool):
+        mine = [rand(300 + 10 * rank + k, 1000 + k, torch.float64) for k in range(2)]
+        conv = (lambda t: t > 0) if dtype == torch.bool else (lambda t: (t * 1000).to(dtype))
+        got = [torch.empty(1000, dtype=dtype), torch.empty(1001, dtype=dtype)]
+        ops = [dist.P2POp(dist.isend, conv(mine[0]), right), dist.P2POp(dist.isend, conv(mine[1]), left),
+               dist.P2POp(dist.irecv, got[0], left), dist.P2POp(dist.irecv, got[1], right)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        assert torch.equal(got[0], conv(rand(300 + 10 * left, 1000, torch.float64))), f"from the left, {dtype}"
+        assert torch.equal(got[1], conv(rand(300 + 10 * right + 1, 1001, torch.float64))), f"from the right, {dtype}"
+    log(rank, "batch_p2p: batch_isend_irecv both ways around the ring, float32, int64, bool")
 
 
 # ---- coalesced -------------------------------------------------------------------------
@@ -437,7 +456,7 @@ def part_zero(rank, size, gloo, steps=10):
 
 
 PARTS = {  # name: (oldest torch, needs the gloo group)
-    "premul": ((1, 13), False), "coalesced": ((2, 1), False), "dtensor": ((2, 4), False),
+    "premul": ((1, 13), False), "batch_p2p": ((1, 13), False), "coalesced": ((2, 1), False), "dtensor": ((2, 4), False),
     "fsdp2": ((2, 6), True), "fsdp1": ((2, 0), True), "dcp": ((2, 6), True), "zero": ((1, 13), True),
 }
 
