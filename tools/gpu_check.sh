@@ -44,6 +44,9 @@
 #   torch cuda  weft.torch with CUDA tensors (tests/torch/ranks.py --device cuda):
 #               every op against a float64 reference, refusals, DDP on CUDA against
 #               one process; 2 ranks on one GPU
+#   torch premul  tests/torch/frameworks.py --device cuda: PREMUL_SUM (a factor
+#               tensor on the GPU read in stream order) and the coalesced calls
+#               on CUDA tensors against float64, the same bits on every rank
 #   torch host  tools/torch_bench.py on CPU tensors, DDP's exposed communication
 #               against gloo, 2 and 4 ranks over shm and tcp, as time allows
 # The torch stages use /opt/torch/.venv/bin/python3 where it exists (else the
@@ -132,7 +135,7 @@ if [ "$probe" -eq 77 ]; then
   why=$(sed -n 's/^device-check: SKIP: //p' "$out/probe.log" | head -1)
   row info SKIP "no GPU: $why"
   for s in "device 1" "device 2" "device 3" "device 4" tcp "in flight" order sanitizer bench resnet \
-      churn "two GPUs" "host only" "torch cuda" "torch expandable" "torch host"; do
+      churn "two GPUs" "host only" "torch cuda" "torch premul" "torch expandable" "torch host"; do
     row "$s" SKIP "no GPU: $why"
   done
   finish
@@ -337,6 +340,7 @@ torch_env="PYTHONPATH=$PWD/python WEFT_TORCH_EXT_DIR=$build/python/csrc OMP_NUM_
 if [ -z "$ext" ]; then
   why="weft.torch was not built: $(grep -m1 'weft.torch' "$out/build.log" | cut -c1-150)"
   row "torch cuda" SKIP "$why"
+  row "torch premul" SKIP "$why"
   row "torch expandable" SKIP "$why"
   row "torch host" SKIP "$why"
   finish
@@ -352,6 +356,20 @@ case $rc in
   77) row "torch cuda" SKIP "$(tail -1 "$log" | cut -c1-150)" ;;
   124) row "torch cuda" FAIL "timed out; see torch-cuda.log" ;;
   *) row "torch cuda" FAIL "$(grep -m1 'Error\|FAIL' "$log" | cut -c1-160)" ;;
+esac
+# PREMUL_SUM and the coalesced calls on CUDA tensors (issue 50): the multiply
+# is queued on torch's stream before weft's call, the packing copies too
+log="$out/torch-premul.log"
+rc=125
+time_for "torch premul" && { env $torch_env timeout "$(limit 60)" "$tpy" tests/torch/run.py --built=1 \
+  --launcher weftrun -n 2 --weftrun "$bin/weftrun" --script frameworks.py -- --parts premul,coalesced \
+  --device cuda > "$log" 2>&1; rc=$?; }
+case $rc in
+  125) ;;
+  0) row "torch premul" PASS "2 ranks on one GPU: $(grep -m1 'RANK 0: premul' "$log" | sed 's/^.*premul: //' | cut -c1-90)" ;;
+  77) row "torch premul" SKIP "$(tail -1 "$log" | cut -c1-150)" ;;
+  124) row "torch premul" FAIL "timed out; see torch-premul.log" ;;
+  *) row "torch premul" FAIL "$(grep -m1 'Error\|FAIL' "$log" | cut -c1-160)" ;;
 esac
 # the same with PyTorch's expandable segments: cuMemCreate memory, which has
 # no legacy IPC handle (staged, said once: docs/gpu.md)

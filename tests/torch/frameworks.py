@@ -43,6 +43,7 @@ import torch.nn as nn
 import weft.torch  # noqa: F401  registers the backend "weft"
 
 TIMEOUT = datetime.timedelta(seconds=60)
+DEVICE = torch.device("cpu")  # --device cuda: premul and coalesced on CUDA tensors (the GPU machine)
 VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # relative error a dtype's rounding allows, against a float64 reference
@@ -71,9 +72,9 @@ def close(got, want, dtype, what, magnitude=None):
 
 def same_bits_everywhere(t, what, group=None):
     """Every rank holds these exact bytes."""
-    b = t.contiguous().view(-1).view(torch.uint8) if t.numel() else torch.zeros(0, dtype=torch.uint8)
+    b = t.contiguous().view(-1).view(torch.uint8) if t.numel() else torch.zeros(0, dtype=torch.uint8, device=t.device)
     size = dist.get_world_size(group)
-    out = torch.empty(size * b.numel(), dtype=torch.uint8)
+    out = torch.empty(size * b.numel(), dtype=torch.uint8, device=b.device)
     dist.all_gather_into_tensor(out, b, group=group)
     for r in range(size):
         assert torch.equal(out[r * b.numel():(r + 1) * b.numel()], b), f"{what}: rank {r} holds other bits"
@@ -105,7 +106,9 @@ def part_premul(rank, size):
     n = 1000 * size + 7 * size  # not a multiple of anything packing might assume
     checked = 0
     for salt, dtype in enumerate(FLOATS):
-        for factor in (0.125 / size, 1.0 / 3.0, torch.tensor(0.7, dtype=torch.float64), torch.tensor(-1.5)):
+        # a float, a 0-d tensor on the data's device (read there, in stream order), one on the CPU
+        for factor in (0.125 / size, 1.0 / 3.0, torch.tensor(0.7, dtype=torch.float64, device=DEVICE),
+                       torch.tensor(-1.5)):
             f = float(factor)
             seed = 5000 + 100 * salt + (0 if isinstance(factor, float) else 50) + int(abs(f) * 8)
             data = [rand(seed + r, n, dtype) for r in range(size)]
@@ -113,25 +116,28 @@ def part_premul(rank, size):
             want = sum(d.double() * f for d in data)
             mag = sum((d.double() * f).abs() for d in data)
 
-            x = data[rank].clone()
+            x = data[rank].to(DEVICE, copy=True)
             dist.all_reduce(x, op=premul_op(factor))
+            x = x.cpu()
             close(x, want, dtype, f"all_reduce PREMUL_SUM({f}) {dtype}", mag)
             same_bits_everywhere(x, f"all_reduce PREMUL_SUM {dtype}")
 
             block = n // size
-            inp = data[rank].clone()
-            out = torch.empty(block, dtype=dtype)
+            inp = data[rank].to(DEVICE, copy=True)
+            out = torch.empty(block, dtype=dtype, device=DEVICE)
             dist.reduce_scatter_tensor(out, inp, op=premul_op(factor))
-            assert torch.equal(inp, data[rank]), "reduce_scatter_tensor PREMUL_SUM changed its input"
+            assert torch.equal(inp.cpu(), data[rank]), "reduce_scatter_tensor PREMUL_SUM changed its input"
+            out = out.cpu()
             close(out, want[rank * block:(rank + 1) * block], dtype, f"reduce_scatter_tensor PREMUL_SUM {dtype}",
                   mag[rank * block:(rank + 1) * block])
 
-            outl = torch.empty(block, dtype=dtype)
-            dist.reduce_scatter(outl, list(data[rank].clone().chunk(size)), op=premul_op(factor))
-            assert torch.equal(outl, out), f"reduce_scatter (list) PREMUL_SUM {dtype} differs from the tensor form"
+            outl = torch.empty(block, dtype=dtype, device=DEVICE)
+            dist.reduce_scatter(outl, list(data[rank].to(DEVICE, copy=True).chunk(size)), op=premul_op(factor))
+            assert torch.equal(outl.cpu(), out), f"reduce_scatter (list) PREMUL_SUM {dtype} differs from the tensor form"
 
-            y = data[rank].clone()
+            y = data[rank].to(DEVICE, copy=True)
             dist.reduce(y, dst=size - 1, op=premul_op(factor))
+            y = y.cpu()
             if rank == size - 1:
                 close(y, want, dtype, f"reduce PREMUL_SUM {dtype}", mag)
             else:
@@ -142,10 +148,12 @@ def part_premul(rank, size):
                 small, large = n // 4 // size * size, 40000 * size  # packed, and a call of its own
                 ins = [rand(seed + 10 * r + 1, small, dtype) for r in range(size)]
                 inl = [rand(seed + 10 * r + 2, large, dtype) for r in range(size)]
-                outs = [torch.empty(small // size, dtype=dtype), torch.empty(large // size, dtype=dtype)]
+                outs = [torch.empty(small // size, dtype=dtype, device=DEVICE),
+                        torch.empty(large // size, dtype=dtype, device=DEVICE)]
                 with _coalescing_manager():
-                    dist.reduce_scatter_tensor(outs[0], ins[rank], op=premul_op(factor))
-                    dist.reduce_scatter_tensor(outs[1], inl[rank], op=premul_op(factor))
+                    dist.reduce_scatter_tensor(outs[0], ins[rank].to(DEVICE, copy=True), op=premul_op(factor))
+                    dist.reduce_scatter_tensor(outs[1], inl[rank].to(DEVICE, copy=True), op=premul_op(factor))
+                outs = [o.cpu() for o in outs]
                 for o, src, what in ((outs[0], ins, "small"), (outs[1], inl, "large")):
                     b = o.numel()
                     mine = slice(rank * b, (rank + 1) * b)
@@ -154,11 +162,11 @@ def part_premul(rank, size):
                           sum((d.double() * f).abs() for d in src)[mine])
                 checked += 1
     # refusals: an integer tensor, a factor of two elements; the group goes on
-    t = torch.ones(8, dtype=torch.int32)
+    t = torch.ones(8, dtype=torch.int32, device=DEVICE)
     refused(lambda: dist.all_reduce(t, op=premul_op(2.0)), "allreduce", "PREMUL_SUM takes floating tensors",
             "torch.int32")
     # torch 2.x refuses a factor of two elements itself, as it makes the op
-    refused(lambda: dist.all_reduce(torch.ones(4), op=premul_op(torch.ones(2))),
+    refused(lambda: dist.all_reduce(torch.ones(4, device=DEVICE), op=premul_op(torch.ones(2))),
             "one element" if VERSION < (2, 0) else "numel")
     x = torch.full((10,), float(rank + 1))
     dist.all_reduce(x)
@@ -199,12 +207,13 @@ def part_coalesced(rank, size):
             conv = (lambda p: (p > 0)) if dtype == torch.bool else (lambda p: (p * 1000).to(dtype))
             ins.append(conv(parts[rank]))
             wants.append(torch.cat([conv(p) for p in parts]))
-        outs = [torch.empty(size * t.numel(), dtype=t.dtype) for t in ins]
+        outs = [torch.empty(size * t.numel(), dtype=t.dtype, device=DEVICE) for t in ins]
         with _coalescing_manager(async_ops=(rnd == 1)) as cm:
             for o, t in zip(outs, ins):
-                dist.all_gather_into_tensor(o, t)
+                dist.all_gather_into_tensor(o, t.to(DEVICE, copy=True))
         if rnd == 1:
             cm.wait()
+        outs = [o.cpu() for o in outs]
         for i, (o, w) in enumerate(zip(outs, wants)):
             assert torch.equal(o, w), f"coalesced all_gather_into_tensor: tensor {i} {shapes[i]} differs"
     # reduce_scatter_tensor: mixed sizes and dtypes, each op
@@ -226,10 +235,11 @@ def part_coalesced(rank, size):
             b = n // size
             mag = stacked.abs().sum(0) / (size if ref == "avg" else 1)
             wants.append((full[rank * b:(rank + 1) * b], mag[rank * b:(rank + 1) * b]))
-        outs = [torch.empty(t.numel() // size, dtype=t.dtype) for t in ins]
+        outs = [torch.empty(t.numel() // size, dtype=t.dtype, device=DEVICE) for t in ins]
         with _coalescing_manager():
             for o, t in zip(outs, ins):
-                dist.reduce_scatter_tensor(o, t, op=op)
+                dist.reduce_scatter_tensor(o, t.to(DEVICE, copy=True), op=op)
+        outs = [o.cpu() for o in outs]
         for i, (o, (w, mag)) in enumerate(zip(outs, wants)):
             if specs[i][1] in (torch.int64,) or ref == "max":
                 assert torch.equal(o.double(), w), f"coalesced reduce_scatter_tensor {ref}: tensor {i} differs"
@@ -465,7 +475,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--require", default="", help="parts that must run (no skip for the torch version)")
+    ap.add_argument("--device", default="cpu", help="cuda: premul and coalesced on CUDA tensors (the other parts stay on the CPU)")
     a = ap.parse_args()
+    global DEVICE
+    if a.device != "cpu":
+        if not torch.cuda.is_available():
+            print(f"SKIP: --device cuda, but torch {torch.__version__} sees no GPU here")
+            return 77
+        DEVICE = torch.device(a.device, int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(DEVICE)
     parts = [p for p in a.parts.split(",") if p]
     required = [p for p in a.require.split(",") if p]
     dist.init_process_group("weft", timeout=TIMEOUT)
