@@ -880,6 +880,81 @@ static int child_main(const char *mode, const char *arg) {
   return 1;
 }
 
+/* cuMemCreate memory as PyTorch's expandable segments use it: mapped into a
+ * reserved range, no legacy IPC handle (the attribute says 0 and
+ * cuIpcGetMemHandle refuses), not cuMemFree's to free, and once unmapped its
+ * address holds nothing until another handle is mapped there, whose
+ * memory is other memory (issue 45: "a freed block handed out again at the
+ * same address"). */
+static void vmm_memory_has_no_legacy_handle(void **state) {
+  (void)state;
+  const char *lib = getenv("WEFT_CUDA_LIBRARY");
+  void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+  assert_non_null(h);
+  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*release)(CUmemGenericAllocationHandle);
+  CUresult (*address_free)(CUdeviceptr, size_t);
+  CUresult (*granularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+  *(void **)&reserve = dlsym(h, "cuMemAddressReserve");
+  *(void **)&create = dlsym(h, "cuMemCreate");
+  *(void **)&map = dlsym(h, "cuMemMap");
+  *(void **)&set_access = dlsym(h, "cuMemSetAccess");
+  *(void **)&unmap = dlsym(h, "cuMemUnmap");
+  *(void **)&release = dlsym(h, "cuMemRelease");
+  *(void **)&address_free = dlsym(h, "cuMemAddressFree");
+  *(void **)&granularity = dlsym(h, "cuMemGetAllocationGranularity");
+  assert_true(reserve && create && map && set_access && unmap && release && address_free && granularity);
+  CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                              .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+  size_t grain = 0;
+  CU(granularity(&grain, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  assert_true(grain > 0);
+  CUdeviceptr range = 0;
+  CU(reserve(&range, 4 * grain, grain, 0, 0));
+  CUmemGenericAllocationHandle a, b;
+  CU(create(&a, grain, &prop, 0));
+  CU(map(range + grain, grain, 0, a, 0));
+  CUmemAccessDesc rw = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CU(set_access(range + grain, grain, &rw, 1));
+  /* a second mapping over the first is refused */
+  assert_int_equal(map(range + grain, grain, 0, a, 0), CUDA_ERROR_INVALID_VALUE);
+  CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+  unsigned int type = 0, legacy = 1;
+  void *data[2] = {&type, &legacy};
+  CU(api->pointer_get_attributes(2, attrs, data, range + grain + 8));
+  assert_int_equal(type, CU_MEMORYTYPE_DEVICE);
+  assert_int_equal(legacy, 0);
+  CUipcMemHandle ipc;
+  assert_int_equal(api->ipc_get_mem_handle(&ipc, range + grain), CUDA_ERROR_NOT_SUPPORTED);
+  assert_int_equal(api->mem_free(range + grain), CUDA_ERROR_INVALID_VALUE);
+  /* it holds what is written to it */
+  uint32_t v = 0xabcd1234, got = 0;
+  CU(api->memcpy_htod_async(range + grain, &v, 4, NULL));
+  CU(api->memcpy_dtoh_async(&got, range + grain, 4, NULL));
+  CU(api->stream_synchronize(NULL));
+  assert_int_equal(got, v);
+  /* unmapped: nothing there; mapped again to other memory (zeroed) */
+  CU(unmap(range + grain, grain));
+  type = 1;
+  CU(api->pointer_get_attributes(1, attrs, data, range + grain));
+  assert_int_equal(type, 0);
+  CU(create(&b, grain, &prop, 0));
+  CU(map(range + grain, grain, 0, b, 0));
+  CU(api->memcpy_dtoh_async(&got, range + grain, 4, NULL));
+  CU(api->stream_synchronize(NULL));
+  assert_int_equal(got, 0);
+  /* the range goes only once nothing is mapped in it */
+  assert_int_equal(address_free(range, 4 * grain), CUDA_ERROR_INVALID_VALUE);
+  CU(unmap(range + grain, grain));
+  CU(release(a));
+  CU(release(b));
+  CU(address_free(range, 4 * grain));
+}
+
 int main(int argc, char **argv) {
   if (argc >= 3 && !strcmp(argv[1], "--child")) return child_main(argv[2], argv[3]);
   /* argv[0] rather than /proc/self/exe: under valgrind that is valgrind */
@@ -901,6 +976,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(ipc_across_processes, no_leftovers),
       cmocka_unit_test_teardown(forked_child_cannot_use_the_driver, no_leftovers),
       cmocka_unit_test_teardown(counters_follow_handles, no_leftovers),
+      cmocka_unit_test_teardown(vmm_memory_has_no_legacy_handle, no_leftovers),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -51,9 +51,16 @@
 # wait for this call (there, weft_wait(A) timed out before the fix; and
 # 2,000 such calls in flight). The stand-in aborts a synchronize stuck for
 # WEFT_CUDA_EMU_HANG_S, naming the wait, instead of hanging.
-# And WEFT_CUDA_EMU_LEGACY_IPC=0: device memory without a legacy IPC handle
-# (cuMemCreate's, as PyTorch's expandable segments): every call staged,
-# every result right, and the warning once per process, not per call.
+# And WEFT_CUDA_EMU_LEGACY_IPC=0: no device memory has a legacy IPC handle,
+# weft's own neither: every call staged after all, every result right, and
+# the warning once per process, not per call.
+# And WEFT_DEVICE_CHECK_VMM=1: the program's buffers from cuMemCreate and
+# cuMemMap, as PyTorch's expandable segments make them (no legacy IPC
+# handle; freed addresses mapped again to new memory): each call copies its
+# input into weft's device memory, which the peers map, runs over IPC
+# there and copies the result back, device to device (issue 45, item 6:
+# before, staged through host memory and unsliced); with the checks of
+# --quick, --order (3 ranks), --churn and 2,000 calls in flight.
 # And --churn: 1,000 rounds of allocate, allreduce over IPC, free at once
 # (sizes that change, so addresses are handed out again): every result
 # right, and no peer has a buffer open when its owner frees it.
@@ -89,7 +96,11 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
            "2 shm spread --quick WEFT_CUDA_EMU_DEVICES=2 WEFT_DEVICE_CHECK_SPREAD=1" \
            "3 shm order --order=10,100000 WEFT_CUDA_IPC=0 WEFT_DEVICE_SLICE_BYTES=16384 WEFT_TIMEOUT=20" \
            "2 shm order --order=10 WEFT_CUDA_EMU_IPC=0 WEFT_TIMEOUT=20" \
-           "2 shm inflight --in-flight=2000 WEFT_CUDA_EMU_IPC=0 WEFT_TIMEOUT=60"; do
+           "2 shm inflight --in-flight=2000 WEFT_CUDA_EMU_IPC=0 WEFT_TIMEOUT=60" \
+           "2 shm vmm --quick WEFT_DEVICE_CHECK_VMM=1 WEFT_DEBUG=TRACE" \
+           "3 shm order --order=10,100000 WEFT_DEVICE_CHECK_VMM=1 WEFT_TIMEOUT=20" \
+           "2 shm churn --churn=300 WEFT_DEVICE_CHECK_VMM=1" \
+           "2 shm inflight --in-flight=2000 WEFT_DEVICE_CHECK_VMM=1 WEFT_TIMEOUT=60"; do
   set -- $run
   n=$1 tp=$2 want=$3
   shift 3
@@ -156,6 +167,15 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
         line="$line; the warning said $said times"
         [ "$opened" -eq 0 ] && [ "$said" -ge 1 ] && [ "$said" -le "$n" ] ||
           { line="$line: FAILED (want none opened, the warning said, at most once per rank)"; rc=1; } ;;
+      vmm) # cuMemCreate memory: no handle of its own, so each call works on a copy
+        # in memory the peers can map (opened, none left), said once; never
+        # staged through the host, never the staging warning
+        said=$(grep -c 'no legacy IPC handle' "$out")
+        [ "$opened" -gt 0 ] && [ "$left" -eq 0 ] && [ "$said" -eq 0 ] &&
+          grep -q "copied into device memory the peers can map" "$out" &&
+          grep -q "weft_allreduce #[0-9]*: .*direct, cuda ipc algorithm" "$out" &&
+          ! grep -q "staged after all" "$out" ||
+          { line="$line: FAILED (want the calls over IPC on copies, none staged)"; rc=1; } ;;
       hostonly) [ "$(sum_of primary_refs)" -eq 0 ] ||
           { line="$line: FAILED (want no context held by a rank that passed host memory only)"; rc=1; } ;;
       sliced)

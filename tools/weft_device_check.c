@@ -29,9 +29,12 @@
  * checks (order_check below). --churn N: N rounds of allocate, allreduce,
  * free (churn below). --host-only: allreduces on host memory, and
  * no CUDA call of this program's: weft must create no CUDA context
- * (host_only below). */
+ * (host_only below). WEFT_DEVICE_CHECK_VMM=1: every device buffer from
+ * cuMemCreate and cuMemMap, as PyTorch's expandable segments make them (no
+ * legacy IPC handle; addresses mapped again to new memory once freed). */
 #include <time.h>
 #include <math.h>
+#include <dlfcn.h>
 #include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -130,10 +133,117 @@ static double reduced(int c, size_t i, weft_dtype dt, weft_op op) {
 /* Device buffers: filled from and read into host memory through the
  * user's stream, so the call is ordered behind the fill and the read
  * behind the call, with no synchronize of weft's stream. */
+/* WEFT_DEVICE_CHECK_VMM=1: device buffers as PyTorch's expandable segments
+ * make them (cuMemCreate memory mapped into one reserved range, which has no
+ * legacy IPC handle), freed chunks mapped again at the same addresses to
+ * new memory; else cuMemAlloc's. The calls come from the library weft
+ * loaded (cu->library), by name: weft itself needs none of them. */
+static struct {
+  bool on;
+  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*release)(CUmemGenericAllocationHandle);
+  CUresult (*granularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+  CUmemAllocationProp prop;
+  size_t grain;
+  CUdeviceptr arena;
+  size_t arena_bytes;
+  /* the arena's chunks, in address order: first fit, freed ones merged */
+  struct vmm_chunk {
+    size_t at, bytes;
+    bool used;
+    CUmemGenericAllocationHandle handle;
+  } chunks[4096];
+  int nchunks;
+} vmm;
+
+static void vmm_init(int ordinal) {
+  const char *want = getenv("WEFT_DEVICE_CHECK_VMM");
+  if (!want || strcmp(want, "1")) return;
+  void *lib = dlopen(cu->library, RTLD_NOW | RTLD_NOLOAD);
+  if (!lib) lib = dlopen(cu->library, RTLD_NOW);
+  if (!lib) {
+    fprintf(stderr, "device-check: WEFT_DEVICE_CHECK_VMM: cannot open %s\n", cu->library);
+    exit(1);
+  }
+#define VMM_SYM(field, name)                                                          \
+  if (!(*(void **)&vmm.field = dlsym(lib, name))) {                                   \
+    fprintf(stderr, "device-check: WEFT_DEVICE_CHECK_VMM: %s has no %s\n", cu->library, name); \
+    exit(1);                                                                          \
+  }
+  VMM_SYM(reserve, "cuMemAddressReserve");
+  VMM_SYM(create, "cuMemCreate");
+  VMM_SYM(map, "cuMemMap");
+  VMM_SYM(set_access, "cuMemSetAccess");
+  VMM_SYM(unmap, "cuMemUnmap");
+  VMM_SYM(release, "cuMemRelease");
+  VMM_SYM(granularity, "cuMemGetAllocationGranularity");
+#undef VMM_SYM
+  vmm.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  vmm.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  vmm.prop.location.id = ordinal;
+  CU_OK(vmm.granularity(&vmm.grain, &vmm.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  vmm.arena_bytes = (size_t)1 << 30;
+  CU_OK(vmm.reserve(&vmm.arena, vmm.arena_bytes, vmm.grain, 0, 0));
+  vmm.chunks[0] = (struct vmm_chunk){.at = 0, .bytes = vmm.arena_bytes};
+  vmm.nchunks = 1;
+  vmm.on = true;
+}
+
 static CUdeviceptr dev_alloc(size_t bytes) {
   CUdeviceptr p;
-  CU_OK(cu->mem_alloc(&p, bytes ? bytes : 1));
-  return p;
+  if (!vmm.on) {
+    CU_OK(cu->mem_alloc(&p, bytes ? bytes : 1));
+    return p;
+  }
+  size_t need = ((bytes ? bytes : 1) + vmm.grain - 1) / vmm.grain * vmm.grain;
+  for (int i = 0; i < vmm.nchunks; i++) {
+    struct vmm_chunk *c = &vmm.chunks[i];
+    if (c->used || c->bytes < need) continue;
+    if (c->bytes > need) { /* split: the rest stays free after it */
+      if (vmm.nchunks == (int)(sizeof vmm.chunks / sizeof vmm.chunks[0])) break;
+      memmove(c + 2, c + 1, (size_t)(vmm.nchunks - i - 1) * sizeof *c);
+      c[1] = (struct vmm_chunk){.at = c->at + need, .bytes = c->bytes - need};
+      c->bytes = need;
+      vmm.nchunks++;
+    }
+    p = vmm.arena + c->at;
+    CU_OK(vmm.create(&c->handle, need, &vmm.prop, 0));
+    CU_OK(vmm.map(p, need, 0, c->handle, 0));
+    CUmemAccessDesc access = {.location = vmm.prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CU_OK(vmm.set_access(p, need, &access, 1));
+    c->used = true;
+    return p;
+  }
+  fprintf(stderr, "device-check: WEFT_DEVICE_CHECK_VMM: the 1 GiB arena has no %zu bytes free\n", need);
+  exit(1);
+}
+
+static CUresult dev_free(CUdeviceptr p) {
+  if (!vmm.on) return cu->mem_free(p);
+  for (int i = 0; i < vmm.nchunks; i++) {
+    struct vmm_chunk *c = &vmm.chunks[i];
+    if (!c->used || vmm.arena + c->at != p) continue;
+    CUresult r = vmm.unmap(p, c->bytes);
+    if (r == CUDA_SUCCESS) r = vmm.release(c->handle);
+    c->used = false;
+    /* merged with free neighbours, so the addresses are handed out again */
+    if (i + 1 < vmm.nchunks && !c[1].used) {
+      c->bytes += c[1].bytes;
+      memmove(c + 1, c + 2, (size_t)(vmm.nchunks - i - 2) * sizeof *c);
+      vmm.nchunks--;
+    }
+    if (i > 0 && !c[-1].used) {
+      c[-1].bytes += c->bytes;
+      memmove(c, c + 1, (size_t)(vmm.nchunks - i - 1) * sizeof *c);
+      vmm.nchunks--;
+    }
+    return r;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
 }
 
 static void fill_dev(CUdeviceptr dst, const void *host, size_t bytes) {
@@ -274,8 +384,8 @@ static void one_call(weft_comm *comm, coll_id id, int c, weft_dtype dt, weft_op 
         }
       break;
   }
-  CU_OK(cu->mem_free(dsend));
-  if (!in_place) CU_OK(cu->mem_free(drecv));
+  CU_OK(dev_free(dsend));
+  if (!in_place) CU_OK(dev_free(drecv));
   free(in);
   free(out);
 }
@@ -367,8 +477,8 @@ static int resnet(weft_comm *comm, const char *tsv, bool lent) {
       fprintf(stderr, "rank %d: weft_comm_deregister: %s\n", rank, weft_last_error(comm));
       return 1;
     }
-  for (int t = 0; t < n; t++) CU_OK(cu->mem_free(bufs[t]));
-  CU_OK(cu->mem_free(flat));
+  for (int t = 0; t < n; t++) CU_OK(dev_free(bufs[t]));
+  CU_OK(dev_free(flat));
   free(bufs);
   free(reqs);
   return 0;
@@ -426,7 +536,7 @@ static int in_flight(weft_comm *comm, int n) {
   printf("device-check: rank %d: in flight: %d allreduces issued before any wait (%.1f us per issue, "
          "%.2f s to the last result), %s\n",
          rank, n, issue_s * 1e6 / n, now_s() - t0, st ? "FAILED" : bad ? "wrong results" : "all right");
-  CU_OK(cu->mem_free(buf));
+  CU_OK(dev_free(buf));
   free(host);
   free(reqs);
   return st || bad ? 1 : 0;
@@ -527,9 +637,9 @@ static int order_check(weft_comm *comm, int rounds, size_t count) {
   }
   CU_OK(cu->stream_synchronize(user_stream));
   CU_OK(cu->stream_destroy(side));
-  CU_OK(cu->mem_free(a));
-  CU_OK(cu->mem_free(b));
-  CU_OK(cu->mem_free(gate));
+  CU_OK(dev_free(a));
+  CU_OK(dev_free(b));
+  CU_OK(dev_free(gate));
   free(host);
   free(host_b);
   free(got);
@@ -573,7 +683,7 @@ static int churn(weft_comm *comm, int rounds) {
                  (double)host[i], want);
       }
     }
-    CU_OK(cu->mem_free(buf)); /* at once: no peer may still have it open */
+    CU_OK(dev_free(buf)); /* at once: no peer may still have it open */
   }
   if (st) printf("device-check: churn: rank %d: %s: %s\n", rank, weft_status_name(st), weft_last_error(comm));
   bool ok = !st && !bad;
@@ -690,6 +800,7 @@ int main(int argc, char **argv) {
   CU_OK(cu->ctx_set_current(ctx));
   CU_OK(cu->stream_create(&user_stream, CU_STREAM_NON_BLOCKING));
   weft_comm_set_stream(comm, user_stream);
+  vmm_init(ordinal);
   if (resnet_tsv) {
     int rc = resnet(comm, resnet_tsv, resnet_lent);
     weft_comm_destroy(comm);
@@ -727,8 +838,8 @@ int main(int argc, char **argv) {
     if (got == WEFT_OK) got = weft_barrier(comm); /* a rank that only sent hears it here */
     printf("device-check: mixed: rank %d: %s: %s\n", rank, weft_status_name(got),
            got ? weft_last_error(comm) : "returned OK");
-    cu->mem_free(din);
-    cu->mem_free(dout);
+    dev_free(din);
+    dev_free(dout);
     weft_comm_destroy(comm);
     return got == WEFT_OK ? 1 : 0;
   }

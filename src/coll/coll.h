@@ -30,8 +30,10 @@ typedef enum weft_coll_route {
   WEFT_ROUTE_HOST,     /* host memory: the algorithm works on the buffers */
   WEFT_ROUTE_STAGED,   /* device buffers copied through pinned host memory, whole */
   WEFT_ROUTE_SLICED,   /* ... in slices, each copied back once its algorithm is done */
-  WEFT_ROUTE_IN_PLACE, /* device buffers where they lie, over CUDA IPC (the direct rounds);
-                          STAGED after all where a rank cannot map one (device_restage) */
+  WEFT_ROUTE_IN_PLACE, /* device buffers where they lie, over CUDA IPC (the direct rounds), or a
+                          copy of them in weft's device memory where peers cannot map them
+                          (bounced: no legacy IPC handle); STAGED after all where a rank
+                          cannot map one (device_restage) */
 } weft_coll_route;
 
 /* One collective call as its caller holds it: set up here, driven by the
@@ -52,7 +54,8 @@ typedef struct weft_coll_task {
   void *check;        /* WEFT_CHECK's fingerprint phase, an integer avg's buffer (coll.c) */
   uint8_t token;      /* weft_barrier's one byte */
   weft_coll_span span;             /* what the call touches on this rank (coll.c's checks) */
-  struct weft_coll_staged *staged; /* device buffers staged through host memory (coll_device.c) */
+  struct weft_coll_staged *staged; /* device buffers staged through host memory, or bounced
+                                      through weft's device memory (coll_device.c) */
   bool may_map_device;             /* the call may run on device buffers in place (a collective
                                       the direct algorithm can take: coll_device.c) */
   weft_coll_route route;           /* how its buffers are reached, decided once (coll_device.c) */

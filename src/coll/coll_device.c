@@ -5,6 +5,7 @@
 #include "src/coll/coll_device.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +31,7 @@
 typedef struct stage_block {
   void *ptr;
   size_t bytes;
-  bool shared; /* weft_cuda_alloc_shared_pinned's, else alloc_slots' */
+  bool shared; /* weft_cuda_alloc_shared_pinned's, else alloc_slots' (the bounce pool: device memory) */
   bool busy;
   /* a call that failed left work on it: free once these are done */
   weft_mem_token until_in, until_out; /* tokens of until_in_on and of `stream` */
@@ -67,12 +68,23 @@ struct weft_coll_device {
    * its kernels (device_scratch_take): calls run one at a time. */
   void *scratch;
   size_t scratch_bytes;
+  /* device memory peers can map (cuMemAlloc's), for the calls whose buffers
+   * they cannot (cuMemCreate's: no legacy IPC handle): such a call works on
+   * a copy here, in place over IPC, and its result is copied back (bounced,
+   * device to device at the GPU's own speed) instead of being staged
+   * through host memory. One block per call in flight, as the pinned pool. */
+  stage_block bounce[STAGE_POOL];
 };
 
 /* A staged call's part (weft_coll_task.staged). */
 struct weft_coll_staged {
   void *user_recv;   /* the device buffer the result goes back to (NULL: none here) */
-  void *host_recv;   /* where the algorithm writes it */
+  void *host_recv;   /* where the algorithm writes it (bounced: device memory) */
+  /* bounced: the copy is in the device bounce pool, not pinned host memory,
+   * and the call runs in place over IPC on it; user_send: the input it was
+   * copied from, for a fall-back to staging */
+  bool bounced;
+  const void *user_send;
   size_t recv_bytes;
   int block;         /* index in the pool, or -1: a buffer of its own */
   void *own;         /* that buffer */
@@ -158,14 +170,18 @@ static void stage_block_free(stage_block *b) {
   b->shared = false;
 }
 
-/* A pinned buffer of at least `bytes` from the pool: the smallest free
- * block that fits; else an empty slot gets a new block, else the smallest
- * free block is replaced by a larger one. Steps that issue the same calls
- * settle on the same blocks after the first. Caller holds d->lock. */
-static void *stage_take_locked(struct weft_coll_device *d, size_t bytes, int *block) {
-  int fit = -1, empty = -1, smallest = -1;
+/* The blocks of `pool` a taker of `bytes` may use: the smallest free one
+ * that fits, an empty slot, and the smallest free one that does not fit;
+ * -1 where there is none. A block a failed call left work on is free once
+ * that work is done. Caller holds d->lock. */
+typedef struct pool_pick {
+  int fit, empty, smallest;
+} pool_pick;
+
+static pool_pick pool_pick_locked(struct weft_coll_device *d, stage_block *pool, size_t bytes) {
+  pool_pick k = {-1, -1, -1};
   for (int i = 0; i < STAGE_POOL; i++) {
-    stage_block *b = &d->pool[i];
+    stage_block *b = &pool[i];
     if (b->busy) continue;
     if (b->until_in || b->until_out) {
       if ((b->until_in && weft_mem_device.poll(b->until_in_on, b->until_in) != WEFT_OK) ||
@@ -174,13 +190,23 @@ static void *stage_take_locked(struct weft_coll_device *d, size_t bytes, int *bl
       b->until_in = b->until_out = 0;
     }
     if (!b->ptr) {
-      if (empty < 0) empty = i;
+      if (k.empty < 0) k.empty = i;
     } else if (b->bytes >= bytes) {
-      if (fit < 0 || b->bytes < d->pool[fit].bytes) fit = i;
-    } else if (smallest < 0 || b->bytes < d->pool[smallest].bytes) {
-      smallest = i;
+      if (k.fit < 0 || b->bytes < pool[k.fit].bytes) k.fit = i;
+    } else if (k.smallest < 0 || b->bytes < pool[k.smallest].bytes) {
+      k.smallest = i;
     }
   }
+  return k;
+}
+
+/* A pinned buffer of at least `bytes` from the pool: the smallest free
+ * block that fits; else an empty slot gets a new block, else the smallest
+ * free block is replaced by a larger one. Steps that issue the same calls
+ * settle on the same blocks after the first. Caller holds d->lock. */
+static void *stage_take_locked(struct weft_coll_device *d, size_t bytes, int *block) {
+  pool_pick k = pool_pick_locked(d, d->pool, bytes);
+  int fit = k.fit, empty = k.empty, smallest = k.smallest;
   *block = fit;
   if (fit >= 0) {
     d->pool[fit].busy = true;
@@ -206,6 +232,37 @@ static void *stage_take_locked(struct weft_coll_device *d, size_t bytes, int *bl
 static void *stage_take(struct weft_coll_device *d, size_t bytes, int *block) {
   pthread_mutex_lock(&d->lock);
   void *p = stage_take_locked(d, bytes, block);
+  pthread_mutex_unlock(&d->lock);
+  return p;
+}
+
+static void bounce_block_free(stage_block *b) {
+  if (b->ptr) weft_mem_device.free_scratch(b->ptr);
+  b->ptr = NULL;
+  b->bytes = 0;
+}
+
+/* A block of the bounce pool of at least `bytes`, chosen as stage_take
+ * chooses; -1 in *block: one of its own (every block busy). */
+static void *bounce_take(struct weft_coll_device *d, size_t bytes, int *block) {
+  pthread_mutex_lock(&d->lock);
+  pool_pick k = pool_pick_locked(d, d->bounce, bytes);
+  int fit = k.fit, at = fit >= 0 ? fit : k.empty >= 0 ? k.empty : k.smallest;
+  *block = at;
+  void *p = NULL;
+  if (at < 0) {
+    p = weft_cuda_alloc_on(d->ordinal, bytes);
+  } else {
+    stage_block *b = &d->bounce[at];
+    if (fit < 0) { /* a new block, or a larger one in place of the smallest free */
+      bounce_block_free(b);
+      size_t grown = bytes < STAGE_MIN_BYTES ? STAGE_MIN_BYTES : bytes;
+      b->ptr = weft_cuda_alloc_on(d->ordinal, grown);
+      b->bytes = b->ptr ? grown : 0;
+    }
+    p = b->ptr;
+    b->busy = p != NULL;
+  }
   pthread_mutex_unlock(&d->lock);
   return p;
 }
@@ -290,6 +347,14 @@ static weft_status device_scratch_take(weft_coll *coll) {
  * here, and the ring runs on them. */
 static weft_status device_restage(weft_coll *coll) {
   weft_coll_task *task = weft_coll_task_of(coll);
+  struct weft_coll_staged *st = task->staged;
+  if (st && st->bounced) {
+    /* staged from the user's own buffers, not from the bounce copy (whose
+     * copy in is done: the rounds polled it before they began) */
+    if (st->user_send) coll->sendbuf = st->user_send;
+    if (st->user_recv) coll->recvbuf = st->user_recv;
+    weft_coll_stage_release_copy(task);
+  }
   task->may_map_device = false;
   task->route = WEFT_ROUTE_STAGED; /* set again by the staging below */
   task->device_restaging = true;   /* the input is ready: polled before the fall-back */
@@ -305,6 +370,81 @@ static weft_status device_restage(weft_coll *coll) {
 
 static const char *kind_words(weft_memory kind) {
   return kind == WEFT_MEMORY_DEVICE ? "device memory" : "host memory";
+}
+
+/* The region a call's staged or bounced copy holds: in place, the spans
+ * overlap and one region covering both keeps the offset between them; else
+ * the two one after the other (the recv part at a 64-byte boundary). */
+typedef struct stage_layout {
+  size_t whole, send_at, recv_at;
+  bool joined;
+} stage_layout;
+
+static stage_layout layout_of(const void *send, size_t send_bytes, const void *recv, size_t recv_bytes) {
+  uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+  bool joined = send && recv && s < r + recv_bytes && r < s + send_bytes;
+  stage_layout l = {.joined = joined};
+  if (joined) {
+    uintptr_t base = s < r ? s : r;
+    l.whole = (s + send_bytes > r + recv_bytes ? s + send_bytes : r + recv_bytes) - base;
+    l.send_at = s - base;
+    l.recv_at = r - base;
+  } else {
+    l.send_at = 0;
+    l.recv_at = (send_bytes + 63) & ~(size_t)63;
+    l.whole = l.recv_at + recv_bytes;
+  }
+  return l;
+}
+
+/* The call's buffers have no legacy IPC handle (cuMemCreate's): its input
+ * is copied, device to device on `in` after the user's earlier work, into
+ * a block of the bounce pool, which peers can map; the call runs in place
+ * over IPC on that block, and stage_queue_out copies the result back to
+ * the user's buffer on the run stream. coll->ready is the copy's token. */
+static weft_status bounce_in(weft_coll_task *task, struct weft_coll_device *d, const weft_coll_span *span,
+                             const void *send, void *recv) {
+  weft_coll *coll = &task->coll;
+  size_t send_bytes = span->send_elems * coll->elem, recv_bytes = span->recv_elems * coll->elem;
+  stage_layout l = layout_of(send, send_bytes, recv, recv_bytes);
+  struct weft_coll_staged *st = calloc(1, sizeof *st);
+  int block = -1;
+  char *copy = st ? bounce_take(d, l.whole, &block) : NULL;
+  if (!copy) {
+    free(st);
+    return staged_fail(task, WEFT_ERR_NOMEM, "no device memory for a %zu-byte copy of buffers without a legacy "
+                       "IPC handle", l.whole);
+  }
+  {
+    static atomic_flag said = ATOMIC_FLAG_INIT;
+    if (!atomic_flag_test_and_set(&said))
+      WEFT_INFO(WEFT_SUBSYS_COLL, "%s #%u: device buffers without a legacy IPC handle (cuMemCreate memory: "
+                "PyTorch's expandable segments, cudaMallocAsync pools) are copied into device memory "
+                "the peers can map, worked on there, and copied back (said once)", coll->call, coll->seq);
+  }
+  st->bounced = true;
+  st->block = block;
+  if (block < 0) {
+    st->own = copy;
+    st->own_bytes = l.whole;
+  }
+  st->user_send = send;
+  st->user_recv = recv;
+  st->host_recv = recv ? copy + l.recv_at : NULL;
+  st->recv_bytes = recv_bytes;
+  st->in_on = d->in;
+  task->staged = st;
+  weft_status rc = send ? weft_mem_device.copy_async(copy + l.send_at, send, send_bytes, d->in, &st->in)
+                        : WEFT_OK;
+  if (!rc && !st->in) rc = weft_mem_device.record(d->in, &st->in);
+  if (rc) {
+    weft_coll_stage_release_copy(task);
+    return rc;
+  }
+  coll->ready = st->in;
+  if (send) coll->sendbuf = copy + l.send_at;
+  if (recv) coll->recvbuf = copy + l.recv_at;
+  return WEFT_OK;
 }
 
 weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span, bool now) {
@@ -329,9 +469,13 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   if (!now && device_in_place_ok(task)) {
     /* the buffers stay where they are; the algorithm starts once the
      * user's work queued on them before this call is done (the token on
-     * `in`, polled by the direct rounds before anything else) */
+     * `in`, polled by the direct rounds before anything else); buffers the
+     * peers cannot map are bounced: the call works on a copy they can */
     weft_status rc = weft_mem_device.stream_after_user(d->in, task->comm->user_stream);
-    if (!rc) rc = weft_mem_device.record(d->in, &coll->ready);
+    if (!rc && ((send && !weft_cuda_ipc_exportable(send)) || (recv && !weft_cuda_ipc_exportable(recv))))
+      rc = bounce_in(task, d, span, send, recv);
+    else if (!rc)
+      rc = weft_mem_device.record(d->in, &coll->ready);
     if (rc) return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
     coll->device_scratch = NULL; /* taken when its kernels are queued (device_scratch_take) */
     coll->hint.device_scratch = device_scratch_take;
@@ -343,14 +487,8 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
     return WEFT_OK;
   }
   size_t send_bytes = span->send_elems * coll->elem, recv_bytes = span->recv_elems * coll->elem;
-  /* In place, the spans overlap: one region covering both keeps the offset
-   * between them; else the two one after the other. */
-  uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
-  bool joined = send && recv && s < r + recv_bytes && r < s + send_bytes;
-  uintptr_t base = joined ? (s < r ? s : r) : 0;
-  size_t whole = joined ? ((s + send_bytes > r + recv_bytes ? s + send_bytes : r + recv_bytes) -
-                           base)
-                        : ((send_bytes + 63) & ~(size_t)63) + recv_bytes;
+  stage_layout l = layout_of(send, send_bytes, recv, recv_bytes);
+  size_t whole = l.whole;
   struct weft_coll_staged *st = calloc(1, sizeof *st);
   int block = -1;
   void *host = st ? stage_take(d, whole, &block) : NULL;
@@ -364,8 +502,8 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
     st->own = host;
     st->own_bytes = whole;
   }
-  char *host_send = joined ? (char *)host + (s - base) : host;
-  char *host_recv = joined ? (char *)host + (r - base) : (char *)host + ((send_bytes + 63) & ~(size_t)63);
+  char *host_send = (char *)host + l.send_at;
+  char *host_recv = (char *)host + l.recv_at;
   st->user_recv = recv;
   st->host_recv = recv ? host_recv : NULL;
   st->recv_bytes = recv_bytes;
@@ -381,7 +519,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   /* slices: a collective whose buffers each hold count elements on every
    * rank where it has them (allreduce, broadcast, reduce: the setup says
    * so with slice_start), so every rank cuts alike from the count alone */
-  if (!rc && !now && task->slice_start && (!joined || s == r) && slice &&
+  if (!rc && !now && task->slice_start && (!l.joined || l.send_at == l.recv_at) && slice &&
       coll->count * coll->elem >= 2 * slice) {
     /* at most 64 slices, each a whole number of elements */
     size_t elems = coll->count, per = (slice + coll->elem - 1) / coll->elem;
@@ -542,7 +680,9 @@ static weft_status stage_queue_out(weft_coll_task *task) {
   weft_mem_stream *s = task->comm->device->stream;
   if (st->out_queued) return WEFT_OK;
   weft_status rc = WEFT_OK;
-  if (st->user_recv)
+  if (st->user_recv && st->bounced)
+    rc = weft_mem_device.copy_async(st->user_recv, st->host_recv, st->recv_bytes, s, &st->out);
+  else if (st->user_recv)
     rc = weft_mem_device.copy_from_host(st->user_recv, st->host_recv, st->recv_bytes, s, &st->out);
   if (!rc) rc = device_signal_end(task);
   if (rc) return rc;
@@ -564,15 +704,20 @@ weft_status weft_coll_stage_out_now(weft_coll_task *task) {
 }
 
 void weft_coll_stage_release(weft_coll_task *task) {
-  struct weft_coll_staged *st = task->staged;
   device_signal_end(task); /* a call that failed: the user's stream goes on */
   /* a call over IPC that failed part-way may still map the peers' lent
    * buffers (the done round closes them on success): closed here, as the
    * call ends, not at the next call or the destroy */
   if (task->route == WEFT_ROUTE_IN_PLACE)
     weft_peer_table_release_mem(&task->comm->links, task->comm->size, false);
+  weft_coll_stage_release_copy(task);
+}
+
+void weft_coll_stage_release_copy(weft_coll_task *task) {
+  struct weft_coll_staged *st = task->staged;
   if (!st) return;
   struct weft_coll_device *d = task->comm->device;
+  stage_block *pool = st->bounced ? d->bounce : d->pool;
   /* a call that failed may leave a copy in flight on the buffer (to the
    * host on `in`, back on `stream`): the pool hands it out again only once
    * both are done */
@@ -581,15 +726,18 @@ void weft_coll_stage_release(weft_coll_task *task) {
   if (out && weft_mem_device.poll(d->stream, out) == WEFT_OK) out = 0;
   if (st->block >= 0) {
     pthread_mutex_lock(&d->lock);
-    d->pool[st->block].until_in = in;
-    d->pool[st->block].until_in_on = st->in_on;
-    d->pool[st->block].until_out = out;
-    d->pool[st->block].busy = false; /* last: a taker reads the tokens after it */
+    pool[st->block].until_in = in;
+    pool[st->block].until_in_on = st->in_on;
+    pool[st->block].until_out = out;
+    pool[st->block].busy = false; /* last: a taker reads the tokens after it */
     pthread_mutex_unlock(&d->lock);
   } else if (st->own) {
     token_wait(task->comm, st->in_on, in);
     token_wait(task->comm, d->stream, out);
-    weft_mem_device.free_slots(st->own, st->own_bytes);
+    if (st->bounced)
+      weft_mem_device.free_scratch(st->own);
+    else
+      weft_mem_device.free_slots(st->own, st->own_bytes);
   }
   for (int i = 0; i < st->nspent; i++) weft_coll_scratch_free(&task->coll, st->spent[i]);
   free(st->spent);
@@ -613,6 +761,7 @@ void weft_coll_device_free(weft_core *core) {
   if (idle) {
     weft_mem_device.free_scratch(d->scratch);
     for (int i = 0; i < STAGE_POOL; i++) stage_block_free(&d->pool[i]);
+    for (int i = 0; i < STAGE_POOL; i++) bounce_block_free(&d->bounce[i]);
   } else {
     WEFT_WARN(WEFT_SUBSYS_COLL, "device work of the communicator did not finish within %.1f s at its "
               "destroy: its staging and scratch buffers stay allocated", core->fail.timeout_s);
@@ -646,6 +795,9 @@ weft_status weft_coll_device_issue(weft_coll_task *task) {
   return WEFT_OK;
 }
 void weft_coll_stage_release(weft_coll_task *task) {
+  (void)task;
+}
+void weft_coll_stage_release_copy(weft_coll_task *task) {
   (void)task;
 }
 weft_status weft_coll_stage_slices_start(weft_coll_task *task) {

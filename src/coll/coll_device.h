@@ -57,6 +57,10 @@ weft_status weft_coll_device_issue(weft_coll_task *task);
 /* Gives the staging buffers back and lets the user's stream go on past
  * the call (the call ended, however). */
 void weft_coll_stage_release(weft_coll_task *task);
+/* Its copy alone (the pinned or bounce block, back to its pool once the
+ * copies queued on it are done): a bounced call that falls back to staging
+ * lets it go before it stages the user's buffers. */
+void weft_coll_stage_release_copy(weft_coll_task *task);
 
 /* The communicator's device state (its stream, its pool of pinned staging
  * buffers): freed at weft_comm_destroy, after every call ended. */

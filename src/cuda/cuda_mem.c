@@ -559,6 +559,17 @@ static void device_free_scratch(void *ptr) {
   if (ptr && cuda && enter_device(device_of(ptr))) cuda->mem_free((CUdeviceptr)(uintptr_t)ptr);
 }
 
+void *weft_cuda_alloc_on(int ordinal, size_t bytes) {
+  if (!cuda_load() || !enter_device(ordinal)) return NULL;
+  CUdeviceptr p = 0;
+  CUresult r = cuda->mem_alloc(&p, bytes ? bytes : 1);
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(NULL, r, "cuMemAlloc", ordinal, NULL, bytes);
+    return NULL;
+  }
+  return (void *)(uintptr_t)p;
+}
+
 static void *device_alloc(size_t bytes) {
   void *p = device_alloc_scratch(bytes);
   if (!p) return NULL;
@@ -799,6 +810,16 @@ static bool device_range(const void *buf, int *ordinal, unsigned long long *id, 
   *id = 0;
   return weft_cuda_pointer_kind(buf, ordinal) == WEFT_MEMORY_DEVICE &&
          cuda->mem_get_address_range(base, size, (CUdeviceptr)(uintptr_t)buf) == CUDA_SUCCESS;
+}
+
+bool weft_cuda_ipc_exportable(const void *buf) {
+  int ordinal = 0;
+  unsigned long long id = 0;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  bool legacy_ipc = true;
+  if (!cuda_load() || !device_range(buf, &ordinal, &id, &base, &size, &legacy_ipc)) return true;
+  return legacy_ipc;
 }
 
 static bool device_describe(const void *buf, size_t bytes, weft_mem_desc *desc) {

@@ -37,6 +37,17 @@ void weft_cuda_stream_destroy(weft_mem_stream *stream);
 void *weft_cuda_alloc_shared_pinned(size_t bytes);
 void weft_cuda_free_shared_pinned(void *ptr);
 
+/* Whether peers can map `buf` by a legacy IPC handle: false for device
+ * memory from cuMemCreate (PyTorch's expandable segments, cudaMallocAsync
+ * pools), true for cuMemAlloc's and for anything that is not device memory.
+ * One driver call. */
+bool weft_cuda_ipc_exportable(const void *buf);
+
+/* Device memory on GPU `ordinal` (cuMemAlloc: peers can map it by its IPC
+ * handle), whatever context is current; NULL with the reason logged.
+ * Freed with weft_mem_device.free_scratch. */
+void *weft_cuda_alloc_on(int ordinal, size_t bytes);
+
 /* The CUDA context that was current on this thread before weft switched
  * it (to a buffer's device's primary context) goes back; nothing where
  * weft switched none. Called as a public entry point returns. */

@@ -179,6 +179,7 @@ typedef struct emu_alloc {
   struct CUctx_st *ctx;
   bool imported;
   bool exported;     /* cuIpcGetMemHandle gave a handle of it */
+  bool vmm;          /* cuMemMap's: a mapping of a cuMemCreate handle, no legacy IPC handle */
   int opens;         /* imported: opens not yet closed */
   int32_t owner_pid; /* imported: the exporter and its serial */
   uint64_t owner_serial;
@@ -780,7 +781,7 @@ static void ctx_reset(struct CUctx_st *ctx) {
   }
   for (size_t i = emu.nallocs; i-- > 0;) {
     emu_alloc *a = emu.allocs[i];
-    if (a->ctx != ctx) continue;
+    if (a->ctx != ctx || a->vmm) continue; /* cuMemMap's mappings belong to no context */
     emu.counts.reclaimed++;
     if (a->imported)
       emu.counts.ipc_mappings -= a->opens;
@@ -1076,7 +1077,7 @@ EMU_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int n, CUpointer_att
       case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)d = 0; break;
       case CU_POINTER_ATTRIBUTE_MAPPED: *(unsigned int *)d = a || h; break;
       case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-        *(unsigned int *)d = a && !a->imported && !emu.no_legacy_ipc;
+        *(unsigned int *)d = a && !a->imported && !a->vmm && !emu.no_legacy_ipc;
         break;
       case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)d = a ? a->serial : 0; break;
       case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
@@ -1159,7 +1160,7 @@ EMU_EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr ptr) {
   if ((r = emu_need_ctx(&ctx))) return emu_leave(r);
   emu_alloc *a = alloc_find(ptr);
   /* an inner address, a buffer opened by IPC, or not ours */
-  if (!a || a->base != ptr || a->imported) return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  if (!a || a->base != ptr || a->imported || a->vmm) return emu_leave(CUDA_ERROR_INVALID_VALUE);
   if (a->ctx->sticky) return emu_leave(a->ctx->sticky);
   if (a->exported && exported_still_open(a)) {
     /* undefined on a GPU (cuIpcOpenMemHandle's documentation): the
@@ -1174,6 +1175,183 @@ EMU_EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr ptr) {
   /* No wait for queued work: what still uses it fails when it runs. */
   emu.counts.allocations--;
   alloc_release(a);
+  return emu_leave(CUDA_SUCCESS);
+}
+
+/* ---- virtual memory management (cuMemCreate and cuMemMap) --------------------------------
+ *
+ * What PyTorch's expandable segments and cudaMallocAsync pools use: a range
+ * of addresses reserved, physical memory created apart (a handle), mapped
+ * into the range, access granted. Such memory has no legacy IPC handle
+ * (IS_LEGACY_CUDA_IPC_CAPABLE 0, cuIpcGetMemHandle refuses), and its
+ * addresses are handed out again when a chunk is unmapped and another
+ * mapped in its place. A reservation is a PROT_NONE mapping; a handle a
+ * memfd; each cuMemMap an allocation of its own (alloc_find's), at the
+ * reserved address. */
+
+#define EMU_VMM_MAX 256
+static struct {
+  uintptr_t base;
+  size_t size;
+} emu_reservations[EMU_VMM_MAX];
+
+typedef struct emu_vmm_handle {
+  int fd;
+  size_t size;
+  int device;
+  uint64_t serial;
+} emu_vmm_handle;
+
+static bool vmm_reserved(uintptr_t p, size_t size) {
+  for (int i = 0; i < EMU_VMM_MAX; i++)
+    if (emu_reservations[i].size && p >= emu_reservations[i].base &&
+        p + size <= emu_reservations[i].base + emu_reservations[i].size && p + size >= p)
+      return true;
+  return false;
+}
+
+EMU_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                                          CUmemAllocationGranularity_flags option) {
+  (void)option;
+  if (!granularity || !prop) return CUDA_ERROR_INVALID_VALUE;
+  *granularity = (size_t)sysconf(_SC_PAGESIZE);
+  return CUDA_SUCCESS;
+}
+
+EMU_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                                unsigned long long flags) {
+  (void)alignment, (void)addr, (void)flags;
+  CUresult r = emu_enter();
+  if (r) return r;
+  if (!ptr || !size || size % (size_t)sysconf(_SC_PAGESIZE)) return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  int slot = -1;
+  for (int i = 0; i < EMU_VMM_MAX && slot < 0; i++)
+    if (!emu_reservations[i].size) slot = i;
+  if (slot < 0) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+  void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+  emu_reservations[slot].base = (uintptr_t)p;
+  emu_reservations[slot].size = size;
+  *ptr = (CUdeviceptr)(uintptr_t)p;
+  return emu_leave(CUDA_SUCCESS);
+}
+
+EMU_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  CUresult r = emu_enter();
+  if (r) return r;
+  for (int i = 0; i < EMU_VMM_MAX; i++)
+    if (emu_reservations[i].size && emu_reservations[i].base == ptr && emu_reservations[i].size == size) {
+      for (size_t k = 0; k < emu.nallocs; k++)
+        if (emu.allocs[k]->vmm && vmm_reserved(emu.allocs[k]->base, emu.allocs[k]->size) &&
+            emu.allocs[k]->base >= ptr && emu.allocs[k]->base < ptr + size)
+          return emu_leave(CUDA_ERROR_INVALID_VALUE); /* still mapped: cuMemUnmap first */
+      munmap((void *)(uintptr_t)ptr, size);
+      emu_reservations[i].size = 0;
+      return emu_leave(CUDA_SUCCESS);
+    }
+  return emu_leave(CUDA_ERROR_INVALID_VALUE);
+}
+
+EMU_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                        const CUmemAllocationProp *prop, unsigned long long flags) {
+  (void)flags;
+  CUresult r = emu_enter();
+  if (r) return r;
+  if (!handle || !prop || !size || size % (size_t)sysconf(_SC_PAGESIZE) ||
+      prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      prop->location.id < 0 || prop->location.id >= emu.devices)
+    return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  int device = prop->location.id;
+  if (size > emu.memory - emu.used[device]) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+  emu_vmm_handle *h = calloc(1, sizeof *h);
+  if (!h) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+  h->serial = ++emu.serial;
+  char name[64];
+  snprintf(name, sizeof name, "weft-cuda-emu-vmm:%d:%llu", (int)getpid(), (unsigned long long)h->serial);
+  h->fd = memfd_create(name, MFD_CLOEXEC);
+  if (h->fd < 0 || ftruncate(h->fd, (off_t)size) != 0) {
+    if (h->fd >= 0) close(h->fd);
+    free(h);
+    return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  h->size = size;
+  h->device = device;
+  emu.used[device] += size;
+  *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+  return emu_leave(CUDA_SUCCESS);
+}
+
+/* The physical memory goes once its handle is released and no mapping of
+ * it is left (the mappings hold the memfd open themselves). */
+EMU_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
+  CUresult r = emu_enter();
+  if (r) return r;
+  emu_vmm_handle *h = (emu_vmm_handle *)(uintptr_t)handle;
+  if (!h) return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  emu.used[h->device] -= h->size;
+  close(h->fd);
+  free(h);
+  return emu_leave(CUDA_SUCCESS);
+}
+
+EMU_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                     CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  (void)flags;
+  CUresult r = emu_enter();
+  if (r) return r;
+  emu_vmm_handle *h = (emu_vmm_handle *)(uintptr_t)handle;
+  if (!h || !size || offset + size > h->size || offset % (size_t)sysconf(_SC_PAGESIZE) ||
+      !vmm_reserved(ptr, size) || alloc_find(ptr) || alloc_find(ptr + size - 1))
+    return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  emu_alloc *a = calloc(1, sizeof *a);
+  if (!a) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+  a->fd = dup(h->fd);
+  void *dev = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t)offset);
+  void *alias = dev == MAP_FAILED ? MAP_FAILED
+                                  : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, (off_t)offset);
+  if (a->fd < 0 || dev == MAP_FAILED || alias == MAP_FAILED || !alloc_register(a)) {
+    if (dev != MAP_FAILED)
+      mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    if (alias != MAP_FAILED) munmap(alias, size);
+    if (a->fd >= 0) close(a->fd);
+    free(a);
+    return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  a->base = ptr;
+  a->alias = alias;
+  a->size = a->mapped = size;
+  a->ctx = &emu.ctx[h->device];
+  a->serial = ++emu.serial;
+  a->vmm = true;
+  return emu_leave(CUDA_SUCCESS);
+}
+
+/* Access is granted per range; the stand-in's kernels reach a device's own
+ * memory either way, so this only checks its arguments. */
+EMU_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+  CUresult r = emu_enter();
+  if (r) return r;
+  if (!desc || !count || !vmm_reserved(ptr, size)) return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  return emu_leave(CUDA_SUCCESS);
+}
+
+/* The range goes back to reserved addresses at once (a later cuMemMap may
+ * put other memory at the same address, as PyTorch's allocator does): what
+ * still uses it fails when it runs, as with cuMemFree. */
+EMU_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  CUresult r = emu_enter();
+  if (r) return r;
+  emu_alloc *a = alloc_find(ptr);
+  if (!a || !a->vmm || a->base != ptr || a->size != size) return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  for (size_t i = 0; i < emu.nallocs; i++)
+    if (emu.allocs[i] == a) {
+      emu.allocs[i] = emu.allocs[--emu.nallocs];
+      break;
+    }
+  mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  munmap(a->alias, size);
+  close(a->fd);
+  free(a);
   return emu_leave(CUDA_SUCCESS);
 }
 
@@ -1656,7 +1834,7 @@ EMU_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *handle, CUdevicept
   if (!handle || !a || a->base != ptr || a->imported) return emu_leave(CUDA_ERROR_INVALID_VALUE);
   /* memory from cuMemCreate (PyTorch's expandable segments, cudaMallocAsync
    * pools) has no legacy handle: the driver refuses */
-  if (emu.no_legacy_ipc) return emu_leave(CUDA_ERROR_NOT_SUPPORTED);
+  if (emu.no_legacy_ipc || a->vmm) return emu_leave(CUDA_ERROR_NOT_SUPPORTED);
   emu_ipc_handle h = {.magic = EMU_IPC_MAGIC,
                       .pid = (int32_t)getpid(),
                       .fd = a->fd,

@@ -49,6 +49,12 @@ typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
  * weft_emu_test_spin(double seconds), which holds its stream that long once
  * it reaches the head, as a long kernel does, while other streams go on.
  *
+ * Virtual memory management, as PyTorch's expandable segments use it:
+ * cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap,
+ * cuMemRelease, cuMemAddressFree, cuMemGetAllocationGranularity (a page).
+ * Mapped memory has no legacy IPC handle, and an address unmapped may be
+ * mapped again to other memory.
+ *
  * Undefined uses abort the process naming the call: cuMemFree of memory
  * exported with cuIpcGetMemHandle while another process still has it open
  * (cuIpcOpenMemHandle without cuIpcCloseMemHandle yet).
