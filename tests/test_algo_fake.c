@@ -793,6 +793,12 @@ static int run_one(const run_case *c, uint64_t sched_seed) {
           }
         if (m->done) continue;
         weft_status st = m->coll.advance(&m->coll);
+        /* the direct rounds' fall-back (algo.h): its caller's part, as coll.c
+         * plays it for host buffers: the ring allreduce in the same call */
+        if (st == WEFT_ALGO_FALL_BACK) {
+          st = weft_ring_allreduce_start(&m->coll);
+          if (st == WEFT_OK) st = m->coll.advance(&m->coll);
+        }
         if (st == WEFT_OK) {
           m->done = true;
           left--;

@@ -69,19 +69,22 @@ typedef struct weft_algo_hint {
   void *const *direct_agreed;
   size_t rd_max_bytes;       /* hier: recursive doubling among the leaders up to this size */
   size_t bcast_chain_bytes;  /* hier: chains (fan-out 1) from this size, binary trees below */
-  /* direct on device buffers: when not every member can map every buffer,
-   * makes the call's buffers host copies (staging, coll_device.c) so that
-   * the ring can take over; NULL for host buffers */
-  weft_status (*restage)(weft_coll *coll);
-  /* direct on device buffers, after restage: starts the collective's host
-   * algorithm on the staged buffers (NULL: the ring allreduce) */
-  weft_status (*host_start)(weft_coll *coll);
-  /* direct on device buffers: sets coll->device_scratch, right before the
-   * call queues the kernels that use it (the caller keeps one for every
-   * call, grown when a call needs more: a pointer taken at issue could be
-   * freed by a later call's growth). Errors are worded in the link's sink. */
-  weft_status (*device_scratch)(weft_coll *coll);
 } weft_algo_hint;
+
+/* An algorithm's answers besides OK, WEFT_AGAIN and errors, which its
+ * caller acts on and then advances it again; an algorithm never calls up
+ * into its caller (the caller's part: src/coll/coll.c, direct_guard).
+ *  - WEFT_ALGO_NEED_SCRATCH: the direct rounds on device buffers are about
+ *    to queue kernels that sum through coll->device_scratch, which is NULL:
+ *    the caller sets it (taken only now: taking it may grow it, which waits
+ *    for everything queued) and advances again, at the same point.
+ *  - WEFT_ALGO_FALL_BACK: the direct rounds found a buffer some member
+ *    cannot map; every member answers so at the same round, having closed
+ *    what it mapped and handed over its scratch. The caller runs the
+ *    collective's host algorithm in the same call (on staged copies of
+ *    device buffers), which advances from its start. */
+#define WEFT_ALGO_NEED_SCRATCH ((weft_status)4)
+#define WEFT_ALGO_FALL_BACK ((weft_status)5)
 
 /* What a call found out that later calls choose by. Algorithms write it,
  * never the communicator; the caller keeps it when the call ends (coll.c). */
@@ -137,8 +140,8 @@ struct weft_coll {
   uint64_t ready;
   /* the caller's device scratch (the direct rounds' sums: allreduce,
    * ((count + size - 1) / size + 64) elements; reduce, count at the root;
-   * reduce-scatter, count), set by hint.device_scratch when the call's
-   * kernels are queued, never sooner */
+   * reduce-scatter, count), set by the caller when the rounds ask for it
+   * (WEFT_ALGO_NEED_SCRATCH) right before their kernels are queued */
   void *device_scratch;
   uint32_t seq; /* the call's number on its communicator */
   uint32_t sig; /* the call's signature (call_tag.h): with seq, every chunk's tag */
@@ -350,13 +353,16 @@ weft_status weft_pairwise_alltoall_start(weft_coll *coll);
 weft_status weft_pairwise_allgather_start(weft_coll *coll);
 weft_status weft_hier_allreduce_start(weft_coll *coll);
 weft_status weft_direct_allreduce_start(weft_coll *coll);
+/* Whether the algorithm running on `coll` is the direct rounds (a choice
+ * may have started them): their caller then acts on their answers. */
+bool weft_direct_running(const weft_coll *coll);
 /* The other collectives on device buffers of ranks on one host, over CUDA
  * IPC (direct_device.c): the direct allreduce's rounds, each rank reading
  * straight from its peers' sendbufs what its recvbuf needs. Where a rank
- * cannot map a buffer, every rank stages (hint.restage) and the
- * collective's host algorithm runs (hint.host_start), in the same call.
- * coll->device_scratch (hint.device_scratch): reduce, count elements at the
- * root; reduce-scatter, count; none for the others. */
+ * cannot map a buffer, every rank answers WEFT_ALGO_FALL_BACK and its
+ * caller runs the collective's host algorithm on staged copies, in the same
+ * call. coll->device_scratch (asked by WEFT_ALGO_NEED_SCRATCH): reduce,
+ * count elements at the root; reduce-scatter, count; none for the others. */
 weft_status weft_direct_broadcast_start(weft_coll *coll);
 weft_status weft_direct_reduce_start(weft_coll *coll);
 weft_status weft_direct_allgather_start(weft_coll *coll);

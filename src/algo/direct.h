@@ -22,6 +22,9 @@ typedef struct weft_direct_plan {
    * collective's setup asked for); *last is the token of the last work
    * queued (0: none) */
   weft_status (*work)(weft_coll *coll, char *const *ins, uint64_t *last);
+  /* whether this rank's work sums through coll->device_scratch (asked of
+   * the caller first: WEFT_ALGO_NEED_SCRATCH); NULL: it only copies */
+  bool (*sums)(const weft_coll *coll);
 } weft_direct_plan;
 
 /* Starts the rounds for `plan` on device buffers (coll->mem the device

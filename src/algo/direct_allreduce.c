@@ -45,8 +45,9 @@
  * not register (weft_comm_register) are closed here before the done round,
  * since the peer may free them once its call ends. When not every member can map
  * every buffer (GPUs that cannot reach each other, a buffer without an IPC
- * handle), every rank stages its buffers through host memory
- * (hint.restage) and the ring takes over in the same call. */
+ * handle), every rank answers WEFT_ALGO_FALL_BACK (algo.h) and its caller
+ * stages the buffers through host memory and runs the host algorithm in
+ * the same call. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,11 +170,12 @@ static void direct_reduce(weft_coll *coll) {
   coll->link.ops->progressed(coll->link.ctx); /* for the engine's timeout */
 }
 
-/* The caller's device scratch for this call's kernels, taken right before
- * they are queued (hint.device_scratch: its rule); only where a form sums
- * through it, as taking it may grow it, waiting for everything queued. */
+/* The caller's device scratch for this call's kernels, asked for right
+ * before they are queued (WEFT_ALGO_NEED_SCRATCH: the caller sets it and
+ * advances again, at the same point); only where a form sums through it,
+ * as taking it may grow it, waiting for everything queued. */
 static weft_status take_device_scratch(weft_coll *coll, direct_state *ds) {
-  if (coll->hint.device_scratch) WEFT_CHECK(coll->hint.device_scratch(coll));
+  if (!coll->device_scratch) return WEFT_ALGO_NEED_SCRATCH;
   ds->dev_acc = coll->device_scratch;
   return WEFT_OK;
 }
@@ -203,7 +205,9 @@ static weft_status direct_reduce_device(weft_coll *coll) {
     }
   }
   if (cnt) {
-    WEFT_CHECK(take_device_scratch(coll, ds)); /* past 8 members: the sum goes through it */
+    /* past 8 members: the sum goes through it (asked for before anything
+     * is queued, so the call comes back here) */
+    WEFT_STEP(take_device_scratch(coll, ds));
     WEFT_CHECK(mem->reduce_async(ds->dev_acc, ds->ins[0] + at, ds->ins[1] + at, cnt, coll->dtype,
                                  coll->op, n == 2 ? coll->avg_div : 1, coll->stream, &t));
     for (int p = 2; p < n; p++)
@@ -225,23 +229,18 @@ static void release_lent(weft_coll *coll) {
     if (p != coll->rank) weft_link_release(coll, p);
 }
 
-/* Not every rank can go direct: the ring, in this same call (device
- * buffers: on host copies of them, hint.restage). */
+/* Not every rank can go direct: every rank answers WEFT_ALGO_FALL_BACK at
+ * this same round, and its caller runs the host algorithm in this same call
+ * (device buffers: on host copies of them). */
 static weft_status direct_fall_back(weft_coll *coll) {
   release_lent(coll); /* what map_all opened before a verdict said no */
-  /* taken once: should the host algorithm be the direct one again (staged
-   * copies in shared memory) and fall back in turn, the ring runs */
-  weft_status (*host_start)(weft_coll *) = coll->hint.host_start;
-  coll->hint.host_start = NULL;
-  if (coll->hint.restage) WEFT_CHECK(coll->hint.restage(coll));
   /* the host algorithm may take scratch of its own (one per call); the
    * rounds' last sends may still read this one until the call ends */
   int slot = coll->handed_over_scratch[0] ? 1 : 0;
   if (coll->handed_over_scratch[slot]) return WEFT_ERR_INTERNAL; /* at most two fall-backs */
   coll->handed_over_scratch[slot] = coll->scratch;
   coll->scratch = NULL;
-  WEFT_CHECK(host_start ? host_start(coll) : weft_ring_allreduce_start(coll));
-  return coll->advance(coll);
+  return WEFT_ALGO_FALL_BACK;
 }
 
 /* The rounds' messages lie in host scratch whatever the buffers are (device
@@ -325,12 +324,13 @@ static weft_status direct_advance(weft_coll *coll) {
     reduce:
       /* a plan's reductions sum through device scratch; the allreduce's one
        * pass needs none (direct_reduce_device takes it past 8 members) */
-      if (coll->mem->kind == WEFT_MEMORY_DEVICE && ds->plan) WEFT_CHECK(take_device_scratch(coll, ds));
+      if (coll->mem->kind == WEFT_MEMORY_DEVICE && ds->plan && ds->plan->sums && ds->plan->sums(coll))
+        WEFT_STEP(take_device_scratch(coll, ds));
       if (ds->plan) {
         ds->reduced = 0;
         WEFT_CHECK(ds->plan->work(coll, ds->ins, &ds->reduced));
       } else if (coll->mem->kind == WEFT_MEMORY_DEVICE) {
-        WEFT_CHECK(direct_reduce_device(coll));
+        WEFT_STEP(direct_reduce_device(coll)); /* may ask for scratch first */
       } else {
         direct_reduce(coll);
       }
@@ -392,12 +392,15 @@ static weft_status direct_begin(weft_coll *coll, const weft_direct_plan *plan) {
   return WEFT_OK;
 }
 
+bool weft_direct_running(const weft_coll *coll) {
+  return coll->advance == direct_advance;
+}
+
 weft_status weft_direct_allreduce_start(weft_coll *coll) {
   direct_state *ds = WEFT_ALGO_STATE(coll, direct_state);
   WEFT_CHECK(direct_begin(coll, NULL));
   coll->algo = "direct";
   if (coll->mem->kind == WEFT_MEMORY_DEVICE) {
-    if (!coll->hint.device_scratch) return WEFT_ERR_INTERNAL; /* the slice's sum */
     coll->algo = "direct, cuda ipc";
     ds->phase = INPUT_WAIT;
   }

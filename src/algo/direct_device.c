@@ -117,20 +117,28 @@ static weft_status scatter_work(weft_coll *coll, char *const *ins, uint64_t *las
 
 /* ---- the plans ------------------------------------------------------------------------ */
 
+/* the root sums every member's block; the others send only */
+static bool root_sums(const weft_coll *coll) {
+  return coll->rank == coll->root && coll->count;
+}
+static bool every_rank_sums(const weft_coll *coll) {
+  return coll->count != 0;
+}
+
 static const weft_direct_plan broadcast_plan = {
-    "direct, cuda ipc", root_one_block, reads_root, broadcast_work};
+    "direct, cuda ipc", root_one_block, reads_root, broadcast_work, NULL};
 static const weft_direct_plan reduce_plan = {
-    "direct, cuda ipc", one_block, root_reads_all, reduce_work};
+    "direct, cuda ipc", one_block, root_reads_all, reduce_work, root_sums};
 static const weft_direct_plan allgather_plan = {
-    "direct, cuda ipc", one_block, reads_all, allgather_work};
+    "direct, cuda ipc", one_block, reads_all, allgather_work, NULL};
 static const weft_direct_plan reduce_scatter_plan = {
-    "direct, cuda ipc", all_blocks, reads_all, reduce_scatter_work};
+    "direct, cuda ipc", all_blocks, reads_all, reduce_scatter_work, every_rank_sums};
 static const weft_direct_plan gather_plan = {
-    "direct, cuda ipc", one_block, root_reads_all, gather_work};
+    "direct, cuda ipc", one_block, root_reads_all, gather_work, NULL};
 static const weft_direct_plan scatter_plan = {
-    "direct, cuda ipc", root_all_blocks, reads_root, scatter_work};
+    "direct, cuda ipc", root_all_blocks, reads_root, scatter_work, NULL};
 static const weft_direct_plan alltoall_plan = {
-    "direct, cuda ipc", all_blocks, reads_all, alltoall_work};
+    "direct, cuda ipc", all_blocks, reads_all, alltoall_work, NULL};
 
 weft_status weft_direct_broadcast_start(weft_coll *coll) {
   return weft_direct_plan_start(coll, &broadcast_plan);

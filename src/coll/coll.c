@@ -609,11 +609,52 @@ static weft_status coll_copy_alone(weft_coll *coll) {
   return WEFT_COLL_DONE;
 }
 
+/* The direct rounds' answers (algo.h), acted on here so that no algorithm
+ * calls up into its caller: device scratch taken right before their
+ * kernels are queued, then on at the same point; a fall-back (some rank
+ * cannot map a buffer: every rank answers so at the same round) runs the
+ * collective's host algorithm in the same call, on staged copies where the
+ * buffers are device memory. That host algorithm may be the direct one
+ * again (staged copies in shared memory), guarded in turn, and falls back
+ * to the ring. */
+static weft_status direct_guard(weft_coll *coll) {
+  weft_coll_task *task = TASK(coll);
+  for (;;) {
+    weft_status st = task->direct_advance(coll);
+    if (st == WEFT_ALGO_NEED_SCRATCH) {
+      WEFT_CHECK(weft_coll_device_scratch(task));
+      continue;
+    }
+    if (st != WEFT_ALGO_FALL_BACK) return st;
+    weft_status (*host)(weft_coll *) = task->direct_host_start;
+    task->direct_host_start = NULL;
+    task->direct_advance = NULL;
+    if (task->route == WEFT_ROUTE_IN_PLACE) WEFT_CHECK(weft_coll_device_restage(task));
+    WEFT_CHECK(host ? host(coll) : weft_ring_allreduce_start(coll));
+    return coll->advance(coll);
+  }
+}
+
+/* The direct rounds just started on `coll` run guarded from now on;
+ * `host_start` is the collective's host algorithm (NULL: the ring allreduce). */
+static void guard_direct(weft_coll *coll, weft_status (*host_start)(weft_coll *coll)) {
+  TASK(coll)->direct_advance = coll->advance;
+  TASK(coll)->direct_host_start = host_start;
+  coll->advance = direct_guard;
+}
+
+/* What a choice of the allreduce's algorithm started: the direct rounds on
+ * shared host buffers (or staged copies) run guarded, falling back to the ring. */
+static weft_status guard_if_direct(weft_coll *coll, weft_status st) {
+  if (st == WEFT_OK && weft_direct_running(coll)) guard_direct(coll, NULL);
+  return st;
+}
+
 /* The call's algorithm, chosen now that it reaches the head of the queue
  * (choose.c says why then). */
 static weft_status allreduce_start_late(weft_coll *coll) {
-  weft_status st =
-      weft_choose_late(&TASK(coll)->comm->choice, coll, TASK(coll)->kind != KIND_ALLREDUCE);
+  weft_status st = guard_if_direct(
+      coll, weft_choose_late(&TASK(coll)->comm->choice, coll, TASK(coll)->kind != KIND_ALLREDUCE));
   if (st < 0) return coll_start_failed(coll, st);
   WEFT_TRACE(WEFT_SUBSYS_COLL, "%s #%u: %s algorithm, chosen at its start", coll->call, coll->seq,
              coll->algo);
@@ -628,7 +669,7 @@ static weft_status allreduce_host_start(weft_coll *coll) {
   weft_choice_state *c = &TASK(coll)->comm->choice;
   weft_status st = weft_choose_allreduce(c, coll);
   if (st == WEFT_CHOICE_LATE) st = weft_choose_late(c, coll, false);
-  return st;
+  return guard_if_direct(coll, st);
 }
 
 /* A call whose algorithm is chosen when it starts (allreduce_start_late). */
@@ -653,8 +694,9 @@ static void may_map_device(weft_coll_task *task, size_t scratch_elems) {
  * staged, and every rank does the same). */
 static weft_status coll_start_direct(weft_coll *coll, weft_status (*direct)(weft_coll *coll),
                                      weft_status (*host)(weft_coll *coll)) {
-  coll->hint.host_start = host;
-  return coll_start(coll, weft_choose_direct_device(&TASK(coll)->comm->choice, coll, direct));
+  weft_status st = weft_choose_direct_device(&TASK(coll)->comm->choice, coll, direct);
+  if (st == WEFT_OK) guard_direct(coll, host);
+  return coll_start(coll, st);
 }
 
 static weft_status broadcast_host_start(weft_coll *coll) {
@@ -855,7 +897,7 @@ static weft_status coll_setup(weft_coll_task *task, const char *call, weft_core 
   if (d->late) coll->hosts = comm->hosts;
   if (task->route == WEFT_ROUTE_SLICED) return coll_start(coll, weft_coll_stage_slices_start(task));
   if (!d->late) return coll_start(coll, d->host_start(coll));
-  weft_status st = weft_choose_allreduce(&comm->choice, coll);
+  weft_status st = guard_if_direct(coll, weft_choose_allreduce(&comm->choice, coll));
   return st == WEFT_CHOICE_LATE ? coll_start_late(coll) : coll_start(coll, st);
 }
 

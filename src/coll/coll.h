@@ -33,7 +33,7 @@ typedef enum weft_coll_route {
   WEFT_ROUTE_IN_PLACE, /* device buffers where they lie, over CUDA IPC (the direct rounds), or a
                           copy of them in weft's device memory where peers cannot map them
                           (bounced: no legacy IPC handle); STAGED after all where a rank
-                          cannot map one (device_restage) */
+                          cannot map one (weft_coll_device_restage) */
 } weft_coll_route;
 
 /* One collective call as its caller holds it: set up here, driven by the
@@ -70,6 +70,11 @@ typedef struct weft_coll_task {
    * algorithm starts on one slice (a collective whose buffers each hold
    * count elements: allreduce, broadcast, reduce); NULL: in one piece */
   weft_status (*slice_start)(weft_coll *coll);
+  /* the direct rounds as coll runs them (direct_guard): their advance, and
+   * the collective's host algorithm should they fall back (NULL: the ring
+   * allreduce) */
+  weft_status (*direct_advance)(weft_coll *coll);
+  weft_status (*direct_host_start)(weft_coll *coll);
   /* room for the context of its links (a weft_call_links) */
   _Alignas(max_align_t) unsigned char link_ctx[WEFT_LINK_CTX_BYTES];
 } weft_coll_task;

@@ -65,7 +65,7 @@ struct weft_coll_device {
   /* device scratch of the calls worked on in place (the direct rounds'
    * sums), grown as needed and kept: a cuMemAlloc and a cuMemFree per call
    * would cost more than the kernels. Taken by a call only when it queues
-   * its kernels (device_scratch_take): calls run one at a time. */
+   * its kernels (weft_coll_device_scratch): calls run one at a time. */
   void *scratch;
   size_t scratch_bytes;
   /* device memory peers can map (cuMemAlloc's), for the calls whose buffers
@@ -292,26 +292,26 @@ static weft_status stage_wait(weft_coll_task *task, weft_mem_stream *stream, wef
  * IPC) rather than staged: every rank decides alike from what all share (the
  * setting, the build's kernels, one host, shm to every peer), so they take the same algorithm;
  * whether every buffer can be mapped is the algorithm's first question,
- * and a no stages them after all (device_restage). */
+ * and a no stages them after all (weft_coll_device_restage). */
 static bool device_in_place_ok(const weft_coll_task *task) {
   return task->may_map_device && weft_settings()->cuda_ipc && weft_cuda_has_kernels() &&
          one_host_mapping(task->comm, WEFT_MEMORY_DEVICE);
 }
 
 /* The communicator's device scratch for the call whose kernels are about to
- * be queued, grown when it needs more (hint.device_scratch). Taken then, by
+ * be queued, grown when it needs more (WEFT_ALGO_NEED_SCRATCH). Taken then, by
  * the driver at the head of the queue, never at issue: calls run one at a
  * time and the direct rounds wait for their kernels before they end, so
  * only a failed call's work may still use the old block, and the growth
  * waits for everything queued before it frees it. (Taken at issue, a
  * pointer held by a call in flight was freed by a larger call issued after
  * it: gpu_check.sh's ResNet stage found it on the stand-in.) */
-static weft_status device_scratch_take(weft_coll *coll) {
-  weft_coll_task *task = weft_coll_task_of(coll);
+weft_status weft_coll_device_scratch(weft_coll_task *task) {
+  weft_coll *coll = &task->coll;
   struct weft_coll_device *d = task->comm->device;
   size_t need = task->device_scratch_bytes;
   char why[256];
-  if (!need) return WEFT_OK; /* a copy only (broadcast, gather, ...; a reduce's non-root) */
+  if (!need) return WEFT_ERR_INTERNAL; /* asked by a call whose setup said it sums nothing */
   if (d->scratch_bytes < need || !d->scratch) { /* grown once for a step's largest call */
     weft_mem_token all = 0;
     weft_status st = weft_mem_device.record(d->stream, &all);
@@ -344,9 +344,9 @@ static weft_status device_scratch_take(weft_coll *coll) {
 
 /* The direct algorithm found a buffer some rank cannot map: this rank's go
  * through host memory after all (every rank does the same), waited for
- * here, and the ring runs on them. */
-static weft_status device_restage(weft_coll *coll) {
-  weft_coll_task *task = weft_coll_task_of(coll);
+ * here, and the host algorithm runs on them (coll.c, direct_guard). */
+weft_status weft_coll_device_restage(weft_coll_task *task) {
+  weft_coll *coll = &task->coll;
   struct weft_coll_staged *st = task->staged;
   if (st && st->bounced) {
     /* staged from the user's own buffers, not from the bounce copy (whose
@@ -358,11 +358,9 @@ static weft_status device_restage(weft_coll *coll) {
   task->may_map_device = false;
   task->route = WEFT_ROUTE_STAGED; /* set again by the staging below */
   task->device_restaging = true;   /* the input is ready: polled before the fall-back */
-  coll->hint.restage = NULL;
   coll->stream = coll->ready_stream = NULL;
   coll->ready = 0;
   coll->device_scratch = NULL;
-  coll->hint.device_scratch = NULL;
   WEFT_INFO(WEFT_SUBSYS_COLL, "%s #%u: device buffers staged after all: a rank cannot map them",
             coll->call, coll->seq);
   return weft_coll_stage_in(task, &task->span, true);
@@ -477,12 +475,10 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
     else if (!rc)
       rc = weft_mem_device.record(d->in, &coll->ready);
     if (rc) return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
-    coll->device_scratch = NULL; /* taken when its kernels are queued (device_scratch_take) */
-    coll->hint.device_scratch = device_scratch_take;
+    coll->device_scratch = NULL; /* taken when its kernels are queued (weft_coll_device_scratch) */
     coll->mem = &weft_mem_device;
     coll->ready_stream = d->in;
     coll->stream = d->stream;
-    coll->hint.restage = device_restage;
     task->route = WEFT_ROUTE_IN_PLACE;
     return WEFT_OK;
   }
@@ -799,6 +795,14 @@ void weft_coll_stage_release(weft_coll_task *task) {
 }
 void weft_coll_stage_release_copy(weft_coll_task *task) {
   (void)task;
+}
+weft_status weft_coll_device_scratch(weft_coll_task *task) {
+  (void)task;
+  return WEFT_ERR_INTERNAL;
+}
+weft_status weft_coll_device_restage(weft_coll_task *task) {
+  (void)task;
+  return WEFT_ERR_INTERNAL;
 }
 weft_status weft_coll_stage_slices_start(weft_coll_task *task) {
   (void)task;

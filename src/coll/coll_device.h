@@ -62,6 +62,16 @@ void weft_coll_stage_release(weft_coll_task *task);
  * lets it go before it stages the user's buffers. */
 void weft_coll_stage_release_copy(weft_coll_task *task);
 
+/* For a call in place over IPC (coll.c's direct_guard acts on the rounds'
+ * answers, algo.h): the communicator's device scratch, right before the
+ * call's kernels are queued (coll->device_scratch; grown, waiting for what
+ * is queued, where the call needs more), its error worded in the link's
+ * sink; and, where a rank cannot map a buffer, this rank's buffers staged
+ * through host memory after all (a bounced call's copy given back first),
+ * waited for here. */
+weft_status weft_coll_device_scratch(weft_coll_task *task);
+weft_status weft_coll_device_restage(weft_coll_task *task);
+
 /* The communicator's device state (its stream, its pool of pinned staging
  * buffers): freed at weft_comm_destroy, after every call ended. */
 void weft_coll_device_free(weft_core *core);
