@@ -236,8 +236,14 @@ WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire);
  * stream after it was issued, so later calls' user work cannot delay it.
  * weft_comm_set_stream names the stream (a CUstream or cudaStream_t, as
  * void *) for the calls issued after it on this communicator; NULL (the
- * default) is the legacy default stream. A build without CUDA (weft-info
- * says which) refuses a stream other than NULL with WEFT_ERR_UNSUPPORTED.
+ * default) is the legacy default stream of the device's primary context
+ * (the runtime API's and PyTorch's context, the one weft works in). A call
+ * with a NULL stream issued while the thread's current context is another
+ * one of the process's own (cuCtxCreate) is WEFT_ERR_INVALID, saying so:
+ * that context's NULL stream is another stream, which weft cannot order
+ * after; a stream of such a context is refused by the driver (a CUDA error
+ * naming cuEventRecord). A build without CUDA (weft-info says which)
+ * refuses a stream other than NULL with WEFT_ERR_UNSUPPORTED.
  * Point-to-point messages and gradient sets take host memory only for now:
  * a device pointer there is WEFT_ERR_UNSUPPORTED, never read. */
 WEFT_API weft_status weft_comm_set_stream(weft_comm *comm, void *cuda_stream);

@@ -880,6 +880,40 @@ static int child_main(const char *mode, const char *arg) {
   return 1;
 }
 
+/* A context of the process's own (cuCtxCreate): current once made, its
+ * own NULL stream, an event of the primary context refused on its streams,
+ * and gone with cuCtxDestroy (the primary context unchanged). */
+static void created_context_is_apart(void **state) {
+  (void)state;
+  const char *lib = getenv("WEFT_CUDA_LIBRARY");
+  void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+  CUresult (*create)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+  CUresult (*destroy)(CUcontext);
+  *(void **)&create = dlsym(h, "cuCtxCreate_v4");
+  *(void **)&destroy = dlsym(h, "cuCtxDestroy_v2");
+  assert_true(create && destroy);
+  CUevent primary_event;
+  CU(api->event_create(&primary_event, CU_EVENT_DISABLE_TIMING));
+  CUcontext own = NULL, cur = NULL;
+  CU(create(&own, NULL, 0, 0));
+  CU(api->ctx_get_current(&cur));
+  assert_ptr_equal(cur, own);
+  assert_ptr_not_equal(own, ctx0);
+  /* the primary context's event on this context's NULL stream: refused */
+  assert_int_equal(api->event_record(primary_event, NULL), CUDA_ERROR_INVALID_HANDLE);
+  CUevent own_event;
+  CU(api->event_create(&own_event, CU_EVENT_DISABLE_TIMING));
+  CU(api->event_record(own_event, NULL));
+  CU(api->event_synchronize(own_event));
+  CU(api->event_destroy(own_event));
+  CU(destroy(own));
+  assert_int_equal(api->ctx_set_current(own), CUDA_ERROR_INVALID_CONTEXT);
+  CU(api->ctx_set_current(ctx0));
+  CU(api->event_record(primary_event, NULL));
+  CU(api->event_synchronize(primary_event));
+  CU(api->event_destroy(primary_event));
+}
+
 /* cuMemCreate memory as PyTorch's expandable segments use it: mapped into a
  * reserved range, no legacy IPC handle (the attribute says 0 and
  * cuIpcGetMemHandle refuses), not cuMemFree's to free, and once unmapped its
@@ -977,6 +1011,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(forked_child_cannot_use_the_driver, no_leftovers),
       cmocka_unit_test_teardown(counters_follow_handles, no_leftovers),
       cmocka_unit_test_teardown(vmm_memory_has_no_legacy_handle, no_leftovers),
+      cmocka_unit_test_teardown(created_context_is_apart, no_leftovers),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }

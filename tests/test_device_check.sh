@@ -54,6 +54,10 @@
 # And WEFT_CUDA_EMU_LEGACY_IPC=0: no device memory has a legacy IPC handle,
 # weft's own neither: every call staged after all, every result right, and
 # the warning once per process, not per call.
+# And --foreign-ctx: a NULL stream while a context the program made
+# (cuCtxCreate) is current: refused on every rank, naming the rule (its NULL
+# stream is not the primary context's, which weft orders after), the
+# caller's context current again after; then in the primary context, right.
 # And WEFT_DEVICE_CHECK_VMM=1: the program's buffers from cuMemCreate and
 # cuMemMap, as PyTorch's expandable segments make them (no legacy IPC
 # handle; freed addresses mapped again to new memory): each call copies its
@@ -100,14 +104,15 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
            "2 shm vmm --quick WEFT_DEVICE_CHECK_VMM=1 WEFT_DEBUG=TRACE" \
            "3 shm order --order=10,100000 WEFT_DEVICE_CHECK_VMM=1 WEFT_TIMEOUT=20" \
            "2 shm churn --churn=300 WEFT_DEVICE_CHECK_VMM=1" \
-           "2 shm inflight --in-flight=2000 WEFT_DEVICE_CHECK_VMM=1 WEFT_TIMEOUT=60"; do
+           "2 shm inflight --in-flight=2000 WEFT_DEVICE_CHECK_VMM=1 WEFT_TIMEOUT=60" \
+           "2 shm foreignctx --foreign-ctx WEFT_TIMEOUT=20"; do
   set -- $run
   n=$1 tp=$2 want=$3
   shift 3
   quick= envs=
   for a in "$@"; do
     case $a in
-      --quick|--mixed|--fault|--host-only) quick=$a ;;
+      --quick|--mixed|--fault|--host-only|--foreign-ctx) quick=$a ;;
       --in-flight=*) quick="--in-flight ${a#--in-flight=}" ;;
       --order=*) quick="--order $(echo "${a#--order=}" | tr , ' ')" ;;
       --churn=*) quick="--churn ${a#--churn=}" ;;
@@ -127,6 +132,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
     [ "$want" != churn ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: churn:' "$out" | sed 's/.*churn: //')"
     [ "$want" != order ] || line="$n ranks over $tp${envs:+ ($envs )}: $(grep -m1 'device-check: rank 0: order:' "$out" | sed 's/.*rank 0: order: //')"
     [ "$want" != inflight ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: in flight:' "$out" | sed 's/.*rank 0: in flight: //')"
+    [ "$want" != foreignctx ] || line="$n ranks over $tp, a NULL stream under a context of the program's own: $(grep -c 'foreign ctx: rank .*WEFT_ERR_INVALID' "$out") of $n ranks refused, $(grep -c 'primary context again: right' "$out") right after"
     [ "$want" != mixed ] || line="$n ranks over $tp, rank 0 with host memory: $(grep -c 'device-check: mixed: rank .*: WEFT_ERR' "$out") of $n ranks failed"
     opened=$(sum_of ipc_opened) left=$(sum_of ipc_mappings)
     line="$line; IPC handles opened $opened, left open $left"
@@ -167,6 +173,11 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
         line="$line; the warning said $said times"
         [ "$opened" -eq 0 ] && [ "$said" -ge 1 ] && [ "$said" -le "$n" ] ||
           { line="$line: FAILED (want none opened, the warning said, at most once per rank)"; rc=1; } ;;
+      foreignctx) # a NULL stream under a context of the program's own: refused on every
+        # rank naming the rule, the caller's context left current; then right
+        [ "$(grep -c 'foreign ctx: rank .*: WEFT_ERR_INVALID: .*not GPU 0.s primary context.*context restored: yes' "$out")" -eq "$n" ] &&
+          [ "$(grep -c 'foreign ctx: rank .*primary context again: right' "$out")" -eq "$n" ] ||
+          { line="$line: FAILED (want every rank to refuse, naming the context, then a right sum)"; rc=1; } ;;
       vmm) # cuMemCreate memory: no handle of its own, so each call works on a copy
         # in memory the peers can map (opened, none left), said once; never
         # staged through the host, never the staging warning

@@ -826,6 +826,45 @@ int main(int argc, char **argv) {
     weft_comm_destroy(comm);
     return got == WEFT_OK ? 1 : 0;
   }
+  if (argc > 1 && !strcmp(argv[1], "--foreign-ctx")) {
+    /* a NULL stream while a context of the program's own (cuCtxCreate) is
+     * current: refused on every rank at issue, naming the rule; then, the
+     * primary context current again, the same call works */
+    enum { N = 4096 };
+    CUdeviceptr din = dev_alloc(N * 4), dout = dev_alloc(N * 4);
+    weft_comm_set_stream(comm, NULL);
+    CUresult (*ctx_create)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+    CUresult (*ctx_destroy)(CUcontext);
+    void *lib = dlopen(cu->library, RTLD_NOW);
+    *(void **)&ctx_create = lib ? dlsym(lib, "cuCtxCreate_v4") : NULL;
+    *(void **)&ctx_destroy = lib ? dlsym(lib, "cuCtxDestroy_v2") : NULL;
+    if (!ctx_create || !ctx_destroy) {
+      printf("device-check: foreign ctx: rank %d: %s has no cuCtxCreate_v4\n", rank, cu->library);
+      return 1;
+    }
+    CUcontext own;
+    CU_OK(ctx_create(&own, NULL, 0, dev));
+    weft_status got = weft_allreduce(comm, (void *)(uintptr_t)din, (void *)(uintptr_t)dout, N, WEFT_F32, WEFT_SUM);
+    CUcontext after = NULL;
+    CU_OK(cu->ctx_get_current(&after));
+    printf("device-check: foreign ctx: rank %d: %s: %s; context restored: %s\n", rank, weft_status_name(got),
+           got ? weft_last_error(comm) : "returned OK", after == own ? "yes" : "no");
+    CU_OK(cu->ctx_set_current(ctx));
+    static float host[N];
+    for (int i = 0; i < N; i++) host[i] = (float)(rank + 1);
+    fill_dev(din, host, N * 4);
+    weft_status again = weft_allreduce(comm, (void *)(uintptr_t)din, (void *)(uintptr_t)dout, N, WEFT_F32, WEFT_SUM);
+    read_dev(host, dout, N * 4);
+    bool right = again == WEFT_OK && host[0] == (float)(size * (size + 1) / 2) && host[N - 1] == host[0];
+    printf("device-check: foreign ctx: rank %d: in the primary context again: %s\n", rank,
+           right ? "right" : again ? weft_last_error(comm) : "a wrong sum");
+    CU_OK(ctx_destroy(own));
+    CU_OK(cu->ctx_set_current(ctx));
+    dev_free(din);
+    dev_free(dout);
+    weft_comm_destroy(comm);
+    return got == WEFT_ERR_INVALID && after == own && right ? 0 : 1;
+  }
   if (argc > 1 && !strcmp(argv[1], "--mixed")) {
     /* one rank's buffers of the other kind: a bad call that must fail on
      * every rank, bounded by WEFT_TIMEOUT, never a silent result */

@@ -462,8 +462,21 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
   if (send && recv && send_dev != recv_dev)
     return staged_fail(task, WEFT_ERR_INVALID, "sendbuf is on GPU %d and recvbuf on GPU %d",
                        send_dev, recv_dev);
+  int ordinal = send ? send_dev : recv_dev;
+  /* weft.h: a NULL stream is the legacy stream of the device's primary
+   * context; in a context of the caller's own it would be another stream,
+   * which nothing here orders the call after (checked only then: a stream
+   * of such a context is refused by the driver when weft records on it) */
+  if (!task->comm->user_stream && weft_cuda_caller_context_foreign(ordinal))
+    return staged_fail(task, WEFT_ERR_INVALID,
+                       "the calling thread's current CUDA context is not GPU %d's primary context "
+                       "(one made with cuCtxCreate?) and the communicator's stream is NULL: weft orders "
+                       "its work after the primary context's streams (the runtime API's, PyTorch's); make "
+                       "the primary context current (cuDevicePrimaryCtxRetain, cuCtxSetCurrent), or pass "
+                       "a stream of it with weft_comm_set_stream",
+                       ordinal);
   struct weft_coll_device *d = NULL;
-  WEFT_CHECK(device_state(task, send ? send_dev : recv_dev, &d));
+  WEFT_CHECK(device_state(task, ordinal, &d));
   if (!now && device_in_place_ok(task)) {
     /* the buffers stay where they are; the algorithm starts once the
      * user's work queued on them before this call is done (the token on

@@ -175,6 +175,22 @@ static bool enter_device(int ordinal) {
   return switch_context(ctx) == CUDA_SUCCESS;
 }
 
+bool weft_cuda_caller_context_foreign(int ordinal) {
+  if (!cuda) return false;
+  CUcontext caller = NULL;
+  if (caller_saved)
+    caller = caller_ctx;
+  else if (cuda->ctx_get_current(&caller) != CUDA_SUCCESS)
+    return false;
+  if (!caller) return false;
+  CUdevice dev;
+  CUcontext primary;
+  if (cuda->device_get(&dev, ordinal) != CUDA_SUCCESS || cuda->primary_ctx_retain(&primary, dev) != CUDA_SUCCESS)
+    return false;
+  cuda->primary_ctx_release(dev);
+  return caller != primary;
+}
+
 /* The device a buffer is on (0 for memory the driver does not know). */
 static int device_of(const void *ptr) {
   int ordinal = 0;

@@ -1028,16 +1028,69 @@ EMU_EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) {
   return emu_leave(CUDA_SUCCESS);
 }
 
+/* Contexts of the process's own (cuCtxCreate), beside the primary ones: a
+ * legacy stream each, their own streams, events and memory. weft works in
+ * primary contexts (the runtime API's, PyTorch's) and must never take one
+ * of these for a device's. */
+#define EMU_CREATED_CTX 16
+static struct CUctx_st *emu_created[EMU_CREATED_CTX];
+
+static bool ctx_known(const struct CUctx_st *ctx) {
+  for (int i = 0; i < emu.devices; i++)
+    if (ctx == &emu.ctx[i]) return true;
+  for (int i = 0; i < EMU_CREATED_CTX; i++)
+    if (ctx == emu_created[i]) return true;
+  return false;
+}
+
 EMU_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
   CUresult r = emu_enter();
   if (r) return r;
-  if (ctx) {
-    bool known = false;
-    for (int i = 0; i < emu.devices; i++) known |= ctx == &emu.ctx[i];
-    if (!known || !ctx->active) return emu_leave(CUDA_ERROR_INVALID_CONTEXT);
-  }
+  if (ctx && (!ctx_known(ctx) || !ctx->active)) return emu_leave(CUDA_ERROR_INVALID_CONTEXT);
   emu_current = ctx;
   return emu_leave(CUDA_SUCCESS);
+}
+
+/* CUDA 13's cuCtxCreate (cuCtxCreate_v4): a new context on `dev`, made
+ * current on this thread. */
+EMU_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                                           CUdevice dev) {
+  (void)params, (void)flags;
+  CUresult r = emu_enter();
+  if (r) return r;
+  if (!pctx) return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  if (!emu_device_valid(dev)) return emu_leave(CUDA_ERROR_INVALID_DEVICE);
+  int slot = -1;
+  for (int i = 0; i < EMU_CREATED_CTX && slot < 0; i++)
+    if (!emu_created[i]) slot = i;
+  struct CUctx_st *c = slot < 0 ? NULL : calloc(1, sizeof *c);
+  if (!c) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+  c->device = dev;
+  c->refs = 1;
+  if (!(c->legacy = stream_new(c, CU_STREAM_DEFAULT, true))) {
+    free(c);
+    return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  c->active = true;
+  emu_created[slot] = c;
+  emu_current = c;
+  *pctx = c;
+  return emu_leave(CUDA_SUCCESS);
+}
+
+/* Its work dropped and what it owns freed, as a primary context's last release. */
+EMU_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
+  CUresult r = emu_enter();
+  if (r) return r;
+  for (int i = 0; i < EMU_CREATED_CTX; i++)
+    if (ctx && emu_created[i] == ctx) {
+      ctx_reset(ctx);
+      emu_created[i] = NULL;
+      if (emu_current == ctx) emu_current = NULL;
+      free(ctx);
+      return emu_leave(CUDA_SUCCESS);
+    }
+  return emu_leave(CUDA_ERROR_INVALID_CONTEXT);
 }
 
 /* Not in weft's table; for tests: all work of the current context. */

@@ -49,6 +49,10 @@ typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
  * weft_emu_test_spin(double seconds), which holds its stream that long once
  * it reaches the head, as a long kernel does, while other streams go on.
  *
+ * Contexts of a process's own: cuCtxCreate (CUDA 13's cuCtxCreate_v4) and
+ * cuCtxDestroy, each with its own legacy (NULL) stream; an event recorded
+ * on a stream of another context is refused (CUDA_ERROR_INVALID_HANDLE).
+ *
  * Virtual memory management, as PyTorch's expandable segments use it:
  * cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap,
  * cuMemRelease, cuMemAddressFree, cuMemGetAllocationGranularity (a page).
