@@ -236,9 +236,9 @@ WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire);
  * stream after it was issued, so later calls' user work cannot delay it.
  * weft_comm_set_stream names the stream (a CUstream or cudaStream_t, as
  * void *) for the calls issued after it on this communicator; NULL (the
- * default) is the legacy default stream of the device's primary context
- * (the runtime API's and PyTorch's context, the one weft works in). A call
- * with a NULL stream issued while the thread's current context is another
+ * default) is the legacy default stream of the buffers' device's primary
+ * context (the runtime API's and PyTorch's context, the one weft works in).
+ * A call with a NULL stream issued while the thread's current context is
  * one of the process's own (cuCtxCreate) is WEFT_ERR_INVALID, saying so:
  * that context's NULL stream is another stream, which weft cannot order
  * after; a stream of such a context is refused by the driver (a CUDA error

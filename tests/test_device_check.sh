@@ -175,7 +175,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
           { line="$line: FAILED (want none opened, the warning said, at most once per rank)"; rc=1; } ;;
       foreignctx) # a NULL stream under a context of the program's own: refused on every
         # rank naming the rule, the caller's context left current; then right
-        [ "$(grep -c 'foreign ctx: rank .*: WEFT_ERR_INVALID: .*not GPU 0.s primary context.*context restored: yes' "$out")" -eq "$n" ] &&
+        [ "$(grep -c 'foreign ctx: rank .*: WEFT_ERR_INVALID: .*no device.s primary context.*context restored: yes' "$out")" -eq "$n" ] &&
           [ "$(grep -c 'foreign ctx: rank .*primary context again: right' "$out")" -eq "$n" ] ||
           { line="$line: FAILED (want every rank to refuse, naming the context, then a right sum)"; rc=1; } ;;
       vmm) # cuMemCreate memory: no handle of its own, so each call works on a copy

@@ -469,12 +469,12 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
    * of such a context is refused by the driver when weft records on it) */
   if (!task->comm->user_stream && weft_cuda_caller_context_foreign(ordinal))
     return staged_fail(task, WEFT_ERR_INVALID,
-                       "the calling thread's current CUDA context is not GPU %d's primary context "
+                       "the calling thread's current CUDA context is no device's primary context "
                        "(one made with cuCtxCreate?) and the communicator's stream is NULL: weft orders "
-                       "its work after the primary context's streams (the runtime API's, PyTorch's); make "
-                       "the primary context current (cuDevicePrimaryCtxRetain, cuCtxSetCurrent), or pass "
-                       "a stream of it with weft_comm_set_stream",
-                       ordinal);
+                       "its work after the legacy stream of GPU %d's primary context (the runtime API's, "
+                       "PyTorch's); make a primary context current (cuDevicePrimaryCtxRetain, "
+                       "cuCtxSetCurrent), or pass a stream of GPU %d's with weft_comm_set_stream",
+                       ordinal, ordinal);
   struct weft_coll_device *d = NULL;
   WEFT_CHECK(device_state(task, ordinal, &d));
   if (!now && device_in_place_ok(task)) {

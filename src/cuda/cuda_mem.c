@@ -183,12 +183,21 @@ bool weft_cuda_caller_context_foreign(int ordinal) {
   else if (cuda->ctx_get_current(&caller) != CUDA_SUCCESS)
     return false;
   if (!caller) return false;
-  CUdevice dev;
-  CUcontext primary;
-  if (cuda->device_get(&dev, ordinal) != CUDA_SUCCESS || cuda->primary_ctx_retain(&primary, dev) != CUDA_SUCCESS)
-    return false;
-  cuda->primary_ctx_release(dev);
-  return caller != primary;
+  /* the buffer's device's first (the usual case), then the others': a
+   * process driving several GPUs may have another device's current */
+  int n = 0;
+  if (cuda->device_get_count(&n) != CUDA_SUCCESS) return false;
+  for (int k = -1; k < n; k++) {
+    int o = k < 0 ? ordinal : k;
+    if (k == ordinal) continue;
+    CUdevice dev;
+    CUcontext primary;
+    if (cuda->device_get(&dev, o) != CUDA_SUCCESS || cuda->primary_ctx_retain(&primary, dev) != CUDA_SUCCESS)
+      continue;
+    cuda->primary_ctx_release(dev);
+    if (caller == primary) return false;
+  }
+  return true;
 }
 
 /* The device a buffer is on (0 for memory the driver does not know). */

@@ -39,9 +39,9 @@ void weft_cuda_free_shared_pinned(void *ptr);
 
 /* Whether the calling thread's CUDA context, as the current weft call
  * found it, is one of the process's own (cuCtxCreate's) rather than none or
- * GPU `ordinal`'s primary context, which weft works in (the runtime API's
- * and PyTorch's): a NULL stream there is that context's legacy stream, which
- * weft cannot order its work after. */
+ * a device's primary context (GPU `ordinal`'s is asked first), the kind
+ * weft works in (the runtime API's and PyTorch's): a NULL stream there is
+ * that context's legacy stream, which weft cannot order its work after. */
 bool weft_cuda_caller_context_foreign(int ordinal);
 
 /* Whether peers can map `buf` by a legacy IPC handle: false for device
