@@ -244,8 +244,9 @@ WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire);
  * after; a stream of such a context is refused by the driver (a CUDA error
  * naming cuEventRecord). A build without CUDA (weft-info says which)
  * refuses a stream other than NULL with WEFT_ERR_UNSUPPORTED.
- * Point-to-point messages and gradient sets take host memory only for now:
- * a device pointer there is WEFT_ERR_UNSUPPORTED, never read. */
+ * Point-to-point messages take host memory only for now: a device pointer
+ * there is WEFT_ERR_UNSUPPORTED, never read. Gradient sets take device
+ * tensors with owned storage (below). */
 WEFT_API weft_status weft_comm_set_stream(weft_comm *comm, void *cuda_stream);
 
 /* Buffers the caller keeps. Within a host a call on device buffers lends
@@ -490,6 +491,17 @@ WEFT_API weft_status weft_mem_free(void *ptr);
  *              weft_grad_wait(g) before the optimizer step: gradients reduced in place.
  *
  * Rules:
+ *  - A set holds tensors of one memory kind (else WEFT_ERR_INVALID). A set
+ *    of device tensors (WEFT_MEMORY_DEVICE) needs owned storage for now
+ *    (its buckets are device memory, the gradients views of them) and no
+ *    prediv, else WEFT_ERR_UNSUPPORTED; its parameter and buffer lists take
+ *    host tensors. Its buckets are reduced in the communicator's stream
+ *    order (weft_comm_set_stream): a bucket's allreduce starts after the
+ *    work queued on that stream when its last tensor is marked ready, so
+ *    weft_grad_ready may be called as soon as the kernel that makes the
+ *    gradient is queued, and the framework's writes to a gradient are
+ *    queued on that stream; weft_grad_wait returns once every bucket's
+ *    result is in place.
  *  - Buckets hold tensors of one dtype and one memory kind. They are filled
  *    in the reverse of registration order (the order backward produces
  *    gradients) unless weft_grad_set_order gives another order; a bucket

@@ -750,6 +750,184 @@ static int host_only(weft_comm *comm) {
 
 /* The end of a checking mode: every rank learns whether any failed (so
  * all exit alike), says its counts, and the communicator goes. */
+/* --grad N: N gradient sets of random shape on device memory (owned
+ * storage: the gradients are views of weft's device buckets), 10 to 60
+ * tensors of one float dtype each, random caps, sum or avg, two steps, each
+ * rank marking its tensors ready in an order of its own right after it
+ * queued their fill on its stream; and the same set on host memory. Every
+ * reduced element is checked against the reference (small integers: exact
+ * in any order, so device and host must agree bit for bit too). Prints
+ * "grad: K sets, T tensors, ..."; counts into passed and failed. */
+static uint64_t grad_rng(uint64_t *x) {
+  *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+  return *x;
+}
+
+static int grad_check(weft_comm *comm, int nsets) {
+  static const weft_dtype dts[] = {WEFT_F32, WEFT_F64, WEFT_BF16, WEFT_F16};
+  long tensors = 0, buckets = 0;
+  for (int k = 0; k < nsets; k++) {
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)(k + 1) * 0x100000001b3ull; /* alike on every rank */
+    int n = 10 + (int)(grad_rng(&x) % 51);
+    weft_dtype dt = dts[grad_rng(&x) % 4];
+    weft_op op = grad_rng(&x) % 2 ? WEFT_AVG : WEFT_SUM;
+    size_t cap = (size_t)256 << (grad_rng(&x) % 10), first = (size_t)64 << (grad_rng(&x) % 6);
+    size_t *counts = malloc(sizeof *counts * (size_t)n);
+    for (int i = 0; i < n; i++) counts[i] = 1 + grad_rng(&x) % 700;
+    size_t esz = weft_dtype_size(dt);
+    double *got[2] = {NULL, NULL};
+    for (int kind = 0; kind < 2; kind++) { /* device, then host */
+      weft_grad_options o;
+      weft_grad_options_init(&o);
+      o.owned_storage = 1;
+      o.op = op;
+      o.bucket_cap_bytes = cap;
+      o.first_bucket_cap_bytes = first;
+      weft_grad *g = NULL;
+      if (weft_grad_create(comm, &o, &g)) {
+        printf("device-check: grad: rank %d: set %d: weft_grad_create: %s\n", rank, k, weft_last_error(comm));
+        failed++;
+        break;
+      }
+      for (int i = 0; i < n; i++) {
+        weft_tensor t = {NULL, counts[i], dt, kind == 0 ? WEFT_MEMORY_DEVICE : WEFT_MEMORY_HOST};
+        if (weft_grad_register(g, &t, NULL)) {
+          printf("device-check: grad: rank %d: set %d: register: %s\n", rank, k, weft_last_error(comm));
+          failed++;
+        }
+      }
+      if (weft_grad_finalize(g)) {
+        printf("device-check: grad: rank %d: set %d: finalize: %s\n", rank, k, weft_last_error(comm));
+        failed++;
+        weft_grad_destroy(g);
+        break;
+      }
+      size_t total = 0;
+      for (int i = 0; i < n; i++) total += counts[i];
+      got[kind] = calloc(total, sizeof(double));
+      for (int step = 0; step < 2; step++) {
+        /* this rank's order: its own shuffle */
+        int *order = malloc(sizeof *order * (size_t)n);
+        uint64_t y = x ^ (uint64_t)(rank + 1) * 0x2545f4914f6cdd1dull ^ (uint64_t)step;
+        for (int i = 0; i < n; i++) order[i] = n - 1 - i;
+        for (int i = n - 1; i > 0; i--) {
+          int j = (int)(grad_rng(&y) % (uint64_t)(i + 1)), tmp = order[i];
+          order[i] = order[j], order[j] = tmp;
+        }
+        /* the fills are queued on the user's stream and not waited for: a
+         * bucket's allreduce that read its tensors before their fill ran
+         * (the stand-in runs queued work late, at random) would be wrong */
+        char **fills = calloc((size_t)n, sizeof *fills);
+        for (int q = 0; q < n; q++) {
+          int i = order[q];
+          void *view = NULL;
+          weft_grad_tensor_ptr(g, i, &view);
+          char *host = fills[i] = malloc(counts[i] * esz);
+          for (size_t e = 0; e < counts[i]; e++)
+            store(host, e, dt, (double)((rank * 3 + i + (int)e * 5 + step * 7 + k) % 9));
+          if (kind == 0)
+            fill_dev((CUdeviceptr)(uintptr_t)view, host, counts[i] * esz);
+          else
+            memcpy(view, host, counts[i] * esz);
+          if (weft_grad_ready(g, i)) {
+            printf("device-check: grad: rank %d: set %d: ready(%d): %s\n", rank, k, i, weft_last_error(comm));
+            failed++;
+          }
+        }
+        free(order);
+        weft_status waited = weft_grad_wait(g);
+        CU_OK(cu->stream_synchronize(user_stream)); /* the fills read their host buffers until then */
+        for (int i = 0; i < n; i++) free(fills[i]);
+        free(fills);
+        if (waited) {
+          printf("device-check: grad: rank %d: set %d step %d: wait: %s\n", rank, k, step, weft_last_error(comm));
+          failed++;
+          break;
+        }
+        size_t at = 0;
+        for (int i = 0; i < n; i++) {
+          void *view = NULL;
+          weft_grad_tensor_ptr(g, i, &view);
+          char *host = malloc(counts[i] * esz);
+          if (kind == 0)
+            read_dev(host, (CUdeviceptr)(uintptr_t)view, counts[i] * esz);
+          else
+            memcpy(host, view, counts[i] * esz);
+          for (size_t e = 0; e < counts[i]; e++, at++) {
+            double sum = 0;
+            for (int r = 0; r < size; r++) sum += (double)((r * 3 + i + (int)e * 5 + step * 7 + k) % 9);
+            char one[8];
+            store(one, 0, dt, op == WEFT_AVG ? sum / size : sum);
+            double want = load(one, 0, dt), v = load(host, e, dt);
+            got[kind][at] = v;
+            bool ok = v == want;
+            passed += ok;
+            failed += !ok;
+            if (!ok && failed <= 10)
+              printf("device-check: grad: rank %d: set %d (%s %s, %s) step %d tensor %d element %zu: %g, want %g\n",
+                     rank, k, kind == 0 ? "device" : "host", weft_dtype_name(dt), weft_op_name(op), step, i, e,
+                     v, want);
+          }
+          free(host);
+        }
+      }
+      if (kind == 0) {
+        weft_grad_stats st;
+        if (!weft_grad_get_stats(g, &st)) buckets += (long)st.buckets_launched / 2;
+        tensors += n;
+      }
+      weft_grad_destroy(g);
+    }
+    if (got[0] && got[1]) {
+      size_t total = 0;
+      for (int i = 0; i < n; i++) total += counts[i];
+      bool same = !memcmp(got[0], got[1], total * sizeof(double));
+      passed += same;
+      failed += !same;
+      if (!same) printf("device-check: grad: rank %d: set %d: device and host results differ\n", rank, k);
+    }
+    free(got[0]);
+    free(got[1]);
+    free(counts);
+  }
+  /* what device sets refuse for now, each named, before anything is sent */
+  struct {
+    int owned;
+    double prediv;
+    bool mixed;
+    weft_status want;
+    const char *words;
+  } refusals[] = {{0, 0, false, WEFT_ERR_UNSUPPORTED, "owned storage"},
+                  {1, 4, false, WEFT_ERR_UNSUPPORTED, "prediv"},
+                  {1, 0, true, WEFT_ERR_INVALID, "one memory kind"}};
+  for (int q = 0; q < 3; q++) {
+    weft_grad_options o;
+    weft_grad_options_init(&o);
+    o.owned_storage = refusals[q].owned;
+    o.prediv = refusals[q].prediv;
+    weft_grad *g = NULL;
+    weft_status st = weft_grad_create(comm, &o, &g);
+    static float host_grad[8];
+    CUdeviceptr d = dev_alloc(32);
+    weft_tensor host_t = {host_grad, 8, WEFT_F32, WEFT_MEMORY_HOST};
+    weft_tensor dev_t = {(void *)(uintptr_t)d, 8, WEFT_F32, WEFT_MEMORY_DEVICE};
+    if (!st && refusals[q].mixed) st = weft_grad_register(g, &host_t, NULL);
+    if (!st) st = weft_grad_register(g, &dev_t, NULL);
+    bool ok = st == refusals[q].want && strstr(weft_last_error(comm), refusals[q].words);
+    passed += ok;
+    failed += !ok;
+    if (!ok)
+      printf("device-check: grad: rank %d: refusal %d: %s (%s), want %s naming \"%s\"\n", rank, q,
+             weft_status_name(st), weft_last_error(comm), weft_status_name(refusals[q].want), refusals[q].words);
+    weft_grad_destroy(g);
+    dev_free(d);
+  }
+  printf("device-check: rank %d: grad: %d sets, %ld tensors in %ld buckets on device memory, 2 steps each, "
+         "equal to the reference and to the same sets on host memory; copies, prediv and mixed kinds refused\n",
+         rank, nsets, tensors, buckets);
+  return 0;
+}
+
 static int mode_end(weft_comm *comm, int rc) {
   long all_failed = failed;
   weft_allreduce(comm, &failed, &all_failed, 1, WEFT_I64, WEFT_SUM);
@@ -808,6 +986,7 @@ int main(int argc, char **argv) {
   }
   if (argc > 2 && !strcmp(argv[1], "--in-flight")) return mode_end(comm, in_flight(comm, atoi(argv[2])));
   if (argc > 2 && !strcmp(argv[1], "--churn")) return mode_end(comm, churn(comm, atoi(argv[2])));
+  if (argc > 2 && !strcmp(argv[1], "--grad")) return mode_end(comm, grad_check(comm, atoi(argv[2])));
   if (argc > 2 && !strcmp(argv[1], "--order"))
     return mode_end(comm, order_check(comm, atoi(argv[2]), argc > 3 ? (size_t)atol(argv[3]) : 4096));
   if (argc > 1 && !strcmp(argv[1], "--fault")) {

@@ -38,9 +38,9 @@ bool weft_api_one_host(const weft_comm *comm) {
 /* Gradient sets take host memory only for now: a device tensor (declared,
  * or a device pointer declared as host) has no table here. */
 const weft_api_mem *weft_api_mem_of(const void *ptr, weft_memory memory) {
-  if (memory != WEFT_MEMORY_HOST) return NULL;
-  if (ptr && weft_mem_kind_of(ptr, NULL) != WEFT_MEMORY_HOST) return NULL;
-  return weft_mem_by_kind(WEFT_MEMORY_HOST);
+  if (memory != WEFT_MEMORY_HOST && memory != WEFT_MEMORY_DEVICE) return NULL;
+  if (ptr && weft_mem_kind_of(ptr, NULL) != memory) return NULL;
+  return weft_mem_by_kind(memory);
 }
 
 bool weft_api_mem_is_host(const weft_api_mem *mem) {

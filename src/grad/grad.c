@@ -421,10 +421,12 @@ static weft_status check_list(weft_comm *comm, const char *call, const weft_tens
   for (int i = 0; i < n; i++) {
     if (tensor_invalid(&t[i], 1, why, sizeof why))
       return weft_api_error(comm, WEFT_ERR_INVALID, call, "tensor %d: %s", i, why);
-    if (t[i].count && !mem_of(&t[i]))
+    /* packed into messages with copies in host order: device tensors would
+     * need those copies in stream order, not built */
+    if (t[i].count && (t[i].memory != WEFT_MEMORY_HOST || !mem_of(&t[i])))
       return weft_api_error(
           comm, WEFT_ERR_UNSUPPORTED, call,
-          "tensor %d: %s memory: gradient sets take host memory for now (the "
+          "tensor %d: %s memory: parameter and buffer lists take host memory for now (the "
           "collectives take device buffers)",
           i, t[i].memory == WEFT_MEMORY_HOST && t[i].ptr ? "device" : memory_name(t[i].memory));
   }
@@ -601,10 +603,36 @@ WEFT_API weft_status weft_grad_register(weft_grad *g, const weft_tensor *t, int 
   char why[128];
   if (tensor_invalid(t, !g->opts.owned_storage, why, sizeof why))
     return weft_api_error(g->comm, WEFT_ERR_INVALID, call, "tensor %d: %s", g->ntensors, why);
-  if (t->memory != WEFT_MEMORY_HOST)
-    return weft_api_error(g->comm, WEFT_ERR_UNSUPPORTED, call,
-                          "tensor %d: %s memory needs a build with it", g->ntensors,
+  if (t->memory != WEFT_MEMORY_HOST && t->memory != WEFT_MEMORY_DEVICE)
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "tensor %d: %s memory: a gradient set takes host or device tensors", g->ntensors,
                           memory_name(t->memory));
+  const char *why_not = NULL;
+  if (t->memory == WEFT_MEMORY_DEVICE && !weft_memory_usable(WEFT_MEMORY_DEVICE, &why_not))
+    return weft_api_error(g->comm, WEFT_ERR_UNSUPPORTED, call, "tensor %d: device memory: %s", g->ntensors,
+                          why_not);
+  /* one kind per set: its buckets, its stream order and its copies are all of one kind */
+  if (g->ntensors && t->memory != g->regs[0].memory)
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "tensor %d is %s memory but tensor 0 is %s memory: a gradient set holds one "
+                          "memory kind (make one set per kind)",
+                          g->ntensors, memory_name(t->memory), memory_name(g->regs[0].memory));
+  /* Device sets, for now: owned storage (the framework's gradients are views
+   * of weft's device buckets, reduced in place, in the stream order of the
+   * communicator's stream) without prediv. Copies in and out, and prediv's
+   * scaling, must be queued on that stream, after the kernels that make the
+   * gradients, which is not built: refused rather than done out of order. */
+  if (t->memory == WEFT_MEMORY_DEVICE && !g->opts.owned_storage)
+    return weft_api_error(g->comm, WEFT_ERR_UNSUPPORTED, call,
+                          "tensor %d: device memory takes owned storage for now (weft_grad_options."
+                          "owned_storage = 1: the gradients are views of weft's device buckets); copies of "
+                          "device tensors in stream order are not built",
+                          g->ntensors);
+  if (t->memory == WEFT_MEMORY_DEVICE && g->opts.prediv > 1)
+    return weft_api_error(g->comm, WEFT_ERR_UNSUPPORTED, call,
+                          "tensor %d: device memory with prediv %g: its scaling in stream order is not "
+                          "built (use prediv 0 or 1)",
+                          g->ntensors, g->opts.prediv);
   if (g->ntensors == g->cap_tensors) {
     int cap = g->cap_tensors ? 2 * g->cap_tensors : 64;
     weft_tensor *regs = realloc(g->regs, sizeof *regs * (size_t)cap);
@@ -742,7 +770,7 @@ static weft_status place_buckets(weft_grad *g) {
   for (int b = 0; b < g->nbuckets; b++) {
     grad_bucket *bk = &g->buckets[b];
     const weft_tensor *first = &g->regs[bk->members[0]];
-    bk->mem = g->opts.owned_storage ? weft_api_mem_of(NULL, WEFT_MEMORY_HOST) : mem_of(first);
+    bk->mem = g->opts.owned_storage ? weft_api_mem_of(NULL, first->memory) : mem_of(first);
     if (!bk->mem) return WEFT_ERR_UNSUPPORTED;
     bk->pending = bk->nmembers;
     bk->staged = !g->opts.owned_storage && bk->nmembers > 1;
