@@ -405,23 +405,32 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* The figure of --resnet: ms per step, per tensor and flat. */
-static int resnet(weft_comm *comm, const char *tsv, bool lent) {
+/* The tensors' element counts of a gradient-set TSV (index, name, shape,
+ * numel; tools/data/resnet50_grads.tsv), at most `max`; -1 when it cannot
+ * be opened (said on stderr). */
+static int read_grad_tsv(const char *tsv, size_t *counts, int max) {
   FILE *f = fopen(tsv, "r");
   if (!f) {
     fprintf(stderr, "rank %d: cannot open %s\n", rank, tsv);
-    return 1;
+    return -1;
   }
-  size_t counts[1024], total = 0;
   int n = 0;
   char line[512];
-  while (fgets(line, sizeof line, f) && n < 1024) {
+  while (fgets(line, sizeof line, f) && n < max) {
     char name[256], shape[128];
     int index;
     size_t numel;
-    if (sscanf(line, "%d %255s %127s %zu", &index, name, shape, &numel) == 4 && numel)
-      counts[n++] = numel, total += numel;
+    if (sscanf(line, "%d %255s %127s %zu", &index, name, shape, &numel) == 4 && numel) counts[n++] = numel;
   }
   fclose(f);
+  return n;
+}
+
+static int resnet(weft_comm *comm, const char *tsv, bool lent) {
+  size_t counts[1024], total = 0;
+  int n = read_grad_tsv(tsv, counts, 1024);
+  if (n < 0) return 1;
+  for (int t = 0; t < n; t++) total += counts[t];
   CUdeviceptr *bufs = calloc((size_t)n, sizeof *bufs), flat = dev_alloc(total * 4);
   weft_request **reqs = calloc((size_t)n, sizeof *reqs);
   for (int t = 0; t < n; t++) {
@@ -938,21 +947,9 @@ static int grad_check(weft_comm *comm, int nsets) {
  * step, medians of 20 steps after 3 (issue 46: the per-step overhead of 161
  * tensors before any GPU run). No check: --grad checks. */
 static int grad_resnet(weft_comm *comm, const char *tsv) {
-  FILE *f = fopen(tsv, "r");
-  if (!f) {
-    fprintf(stderr, "rank %d: cannot open %s\n", rank, tsv);
-    return 1;
-  }
   size_t counts[1024];
-  int n = 0;
-  char line[512];
-  while (fgets(line, sizeof line, f) && n < 1024) {
-    char name[256], shape[128];
-    int index;
-    size_t numel;
-    if (sscanf(line, "%d %255s %127s %zu", &index, name, shape, &numel) == 4 && numel) counts[n++] = numel;
-  }
-  fclose(f);
+  int n = read_grad_tsv(tsv, counts, 1024);
+  if (n < 0) return 1;
   weft_grad_options o;
   weft_grad_options_init(&o);
   o.owned_storage = 1;

@@ -1125,9 +1125,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce_scatter_tensor_coalesced
   const char *call = "reduce_scatter_tensor_coalesced";
   const int64_t size = getSize();
   std::vector<Pair> pairs = pairsOf(call, outputs, inputs, 1, size);
+  std::vector<Wire> wires;  // each output's; refuses a dtype weft cannot reduce, before any work
   std::vector<Reduction> reds;
   for (const Pair &p : pairs) {
-    reduceWire(call, p.in);
+    wires.push_back(reduceWire(call, p.out));
     reds.push_back(reductionOf(call, opts.reduceOp, p.in));
   }
   auto work = newWork(c10d::OpType::COALESCED, call, outputs);
@@ -1138,7 +1139,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::reduce_scatter_tensor_coalesced
   for (size_t i = 0; i < pairs.size(); i++) {
     const Pair &p = pairs[i];
     if (p.out.numel() == 0) continue;
-    Wire w = reduceWire(call, p.out);
+    Wire w = wires[i];
     if (p.in.nbytes() >= kOwnCallBytes) {
       at::Tensor in = reds[i].premul ? reds[i].scaled(p.in) : p.in, out = p.out;
       weft_op op = reds[i].op;

@@ -13,6 +13,7 @@ The group each ran on must have been weft's.
   launchers.py accelerate --out FILE       (one rank, under torchrun)
 """
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -147,7 +148,7 @@ def accelerate(out):
 # ---- the check -------------------------------------------------------------------------
 
 def check(only):
-    missing = [m for m in ("lightning", "accelerate") if not __import__("importlib.util").util.find_spec(m)]
+    missing = [m for m in ("lightning", "accelerate") if not importlib.util.find_spec(m)]
     if missing:
         print(f"skipped: {', '.join(missing)} not installed here ({sys.executable}); "
               "pip install lightning accelerate")
