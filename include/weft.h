@@ -491,17 +491,34 @@ WEFT_API weft_status weft_mem_free(void *ptr);
  *              weft_grad_wait(g) before the optimizer step: gradients reduced in place.
  *
  * Rules:
- *  - A set holds tensors of one memory kind (else WEFT_ERR_INVALID). A set
- *    of device tensors (WEFT_MEMORY_DEVICE) needs owned storage for now
- *    (its buckets are device memory, the gradients views of them) and no
- *    prediv, else WEFT_ERR_UNSUPPORTED; its parameter and buffer lists take
- *    host tensors. Its buckets are reduced in the communicator's stream
- *    order (weft_comm_set_stream): a bucket's allreduce starts after the
- *    work queued on that stream when its last tensor is marked ready, so
- *    weft_grad_ready may be called as soon as the kernel that makes the
- *    gradient is queued, and the framework's writes to a gradient are
- *    queued on that stream; weft_grad_wait returns once every bucket's
- *    result is in place.
+ *  - A set holds tensors of one memory kind (else WEFT_ERR_INVALID); its
+ *    parameter and buffer lists take host tensors.
+ *  - Device sets (WEFT_MEMORY_DEVICE tensors) are stream-ordered, as NCCL's
+ *    calls are. The set's stream is the communicator's (weft_comm_set_stream)
+ *    unless weft_grad_set_stream names one. weft_grad_ready(g, i) means:
+ *    gradient i is final once the work queued on the set's stream so far
+ *    completes, so it may be called as soon as the kernel that makes the
+ *    gradient is queued, never after it ran; the framework queues its writes
+ *    to gradients on that stream (or orders them before it). When a bucket
+ *    is complete, its pack (copy mode: one kernel for the bucket, prediv's
+ *    scaling fused in) is queued on the set's stream and its allreduce
+ *    starts on the GPU after it, through an event: the host does not wait,
+ *    and the set's stream does NOT wait for the allreduce, so the backward
+ *    kernels queued after it overlap the transfer. The results reach the
+ *    gradients in one of two ways:
+ *      weft_grad_wait(g): the host waits, queues the unpacks (one kernel per
+ *        bucket, the avg/prediv scaling fused in) on the set's stream and
+ *        waits for them too: on return the gradients hold the result and may
+ *        be read from any stream or copied to the host;
+ *      weft_grad_wait_stream(g, s): the host does not wait. Work queued on s
+ *        afterwards runs after every bucket's result is in place (the unpacks
+ *        are queued on s), so the optimizer's kernels follow the reduction
+ *        on the GPU alone. The step's failure, if any, is returned by a later
+ *        call on the set (the next launch of a bucket, weft_grad_wait,
+ *        weft_grad_bucket_test, or weft_grad_destroy), naming the bucket and
+ *        its step; s still goes on (its gradients are then not reduced).
+ *    Gradients marked ready must not be written until the step's wait (host
+ *    form) returns; after the stream form, only by work ordered after s.
  *  - Buckets hold tensors of one dtype and one memory kind. They are filled
  *    in the reverse of registration order (the order backward produces
  *    gradients) unless weft_grad_set_order gives another order; a bucket
@@ -643,6 +660,28 @@ WEFT_API weft_status weft_grad_ready(weft_grad *grad, int index);
  * mean or sum over ranks. Bounded by the communicator's timeout. On an error
  * every bucket is still waited for; weft_last_error names the bucket. */
 WEFT_API weft_status weft_grad_wait(weft_grad *grad);
+
+/* The stream form of weft_grad_wait for a device set (the rules above):
+ * launches what is left, makes `stream` (a CUstream or cudaStream_t; NULL:
+ * the legacy default stream) wait on the GPU for every bucket's result,
+ * queues the unpacks and scalings on it, and returns without waiting. The
+ * next step's work that writes the gradients (its backward) must be ordered
+ * after `stream` (queued on it, or on a stream made to wait for an event
+ * recorded there), as the optimizer's reads are. A host set: the same as
+ * weft_grad_wait. */
+WEFT_API weft_status weft_grad_wait_stream(weft_grad *grad, void *stream);
+
+/* Names the CUDA stream a device set's work is ordered on (its packs, its
+ * buckets' start, the host form's unpacks), instead of the communicator's;
+ * between steps. Every rank may pass its own. */
+WEFT_API weft_status weft_grad_set_stream(weft_grad *grad, void *stream);
+
+/* Does not block: *done = 1 once bucket `bucket`'s allreduce of the current
+ * step has completed (its result is in the bucket: owned storage's views
+ * hold it, before any post-scaling); 0 while it runs or before it is
+ * launched. For frameworks that start work per bucket, and for tests. An
+ * error names the bucket and leaves the set failed. */
+WEFT_API weft_status weft_grad_bucket_test(weft_grad *grad, int bucket, int *done);
 
 /* Gradient accumulation (DDP's no_sync): sync = 0 makes the following steps
  * local (weft_grad_ready records, weft_grad_wait returns at once, gradients

@@ -55,12 +55,23 @@
 # weft's own neither: every call staged after all, every result right, and
 # the warning once per process, not per call.
 # And --grad N (issue 46): N gradient sets of random shape on device memory
-# (owned storage), each rank marking its tensors ready in its own order
-# right after queuing their fill on its stream, not waited for: every
+# (10-150 tensors, 4 float dtypes, owned storage or copies, prediv 0/2/4,
+# the communicator's stream or the set's own), each rank marking its
+# tensors ready in its own order right after queuing their fill, not waited
+# for; one step ended by weft_grad_wait, one by weft_grad_wait_stream: every
 # element equal to the reference and to the same set on host memory, 1 to 4
-# ranks, shm (IPC) and tcp (staged); with the ordering taken out of the
-# device path, 200,000 of 825,000 elements were wrong. And what device sets
-# refuse for now (copy mode, prediv, mixed kinds), named.
+# ranks, shm (IPC), tcp (staged) and cuMemCreate memory (bounced); a set run
+# twice leaves the stand-in's allocation and event counts alone; mixed kinds
+# refused. Taken out, each of these failed it: the stream form's link
+# (455,171 of 2,259,174 wrong), the host form's wait for its unpacks (9,199),
+# the unpack's scaling (98,840), the pack's stream order (80,822).
+# And --grad-overlap: the set's stream goes on while every bucket is in
+# flight (with each bucket linked into it at issue, as an ordinary call is,
+# it was held 2.5 s, until the peers woke), and bucket 0 is reduced while a
+# 1.5 s kernel still holds back the last gradient.
+# And --grad-fault: one rank's N-th kernel faults (a pack, unpack or
+# reduction): every rank's step fails naming a bucket; --grad-skip: one rank
+# skips a step's reduction: every rank fails naming both steps.
 # And --foreign-ctx: a NULL stream while a context the program made
 # (cuCtxCreate) is current: refused on every rank, naming the rule (its NULL
 # stream is not the primary context's, which weft orders after), the
@@ -113,14 +124,19 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
            "2 shm churn --churn=300 WEFT_DEVICE_CHECK_VMM=1" \
            "2 shm inflight --in-flight=2000 WEFT_DEVICE_CHECK_VMM=1 WEFT_TIMEOUT=60" \
            "2 shm foreignctx --foreign-ctx WEFT_TIMEOUT=20" \
-           "1 shm grad --grad=10" "2 shm grad --grad=20" "3 tcp grad --grad=20" "4 shm grad --grad=10"; do
+           "1 shm grad --grad=10" "2 shm grad --grad=20" "3 tcp grad --grad=20" "4 shm grad --grad=10" \
+           "2 shm grad --grad=10 WEFT_DEVICE_CHECK_VMM=1" \
+           "2 shm gradoverlap --grad-overlap" "2 tcp gradoverlap --grad-overlap" \
+           "3 shm gradfault --grad-fault WEFT_CUDA_EMU_KERNEL_FAULT=6 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \
+           "3 tcp gradfault --grad-fault WEFT_CUDA_EMU_KERNEL_FAULT=8 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \
+           "2 shm gradskip --grad-skip WEFT_TIMEOUT=20" "3 tcp gradskip --grad-skip WEFT_TIMEOUT=20"; do
   set -- $run
   n=$1 tp=$2 want=$3
   shift 3
   quick= envs=
   for a in "$@"; do
     case $a in
-      --quick|--mixed|--fault|--host-only|--foreign-ctx) quick=$a ;;
+      --quick|--mixed|--fault|--host-only|--foreign-ctx|--grad-overlap|--grad-fault|--grad-skip) quick=$a ;;
       --in-flight=*) quick="--in-flight ${a#--in-flight=}" ;;
       --order=*) quick="--order $(echo "${a#--order=}" | tr , ' ')" ;;
       --churn=*) quick="--churn ${a#--churn=}" ;;
@@ -142,6 +158,10 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
     [ "$want" != order ] || line="$n ranks over $tp${envs:+ ($envs )}: $(grep -m1 'device-check: rank 0: order:' "$out" | sed 's/.*rank 0: order: //')"
     [ "$want" != inflight ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: in flight:' "$out" | sed 's/.*rank 0: in flight: //')"
     [ "$want" != grad ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: grad:' "$out" | sed 's/.*rank 0: grad: //')"
+    [ "$want" != gradoverlap ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: grad-overlap:' "$out" | sed 's/.*grad-overlap: //')"
+    case $want in gradfault|gradskip)
+      line="$n ranks over $tp${envs:+ ($envs )}: $(grep -c 'device-check: grad-fault: rank .*: WEFT_ERR' "$out") of $n ranks failed: $(grep -m1 'device-check: grad-fault: rank 0:' "$out" | cut -c1-160 | sed 's/.*grad-fault: //')..." ;;
+    esac
     [ "$want" != foreignctx ] || line="$n ranks over $tp, a NULL stream under a context of the program's own: $(grep -c 'foreign ctx: rank .*WEFT_ERR_INVALID' "$out") of $n ranks refused, $(grep -c 'primary context again: right' "$out") right after"
     [ "$want" != mixed ] || line="$n ranks over $tp, rank 0 with host memory: $(grep -c 'device-check: mixed: rank .*: WEFT_ERR' "$out") of $n ranks failed"
     opened=$(sum_of ipc_opened) left=$(sum_of ipc_mappings)
@@ -197,6 +217,12 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
           grep -q "weft_allreduce #[0-9]*: .*direct, cuda ipc algorithm" "$out" &&
           ! grep -q "staged after all" "$out" ||
           { line="$line: FAILED (want the calls over IPC on copies, none staged)"; rc=1; } ;;
+      gradfault|gradskip) # every rank failed, each naming the bucket (the steps)
+        [ "$(grep -c 'device-check: grad-fault: rank .*: WEFT_ERR' "$out")" -eq "$n" ] &&
+          ! grep -q 'device-check: grad-fault: .*(want' "$out" ||
+          { line="$line: FAILED (want every rank to fail, saying where)"; rc=1; } ;;
+      gradoverlap) grep -q 'grad-overlap: A: .*still running); B: .*(not made yet)' "$out" ||
+          { line="$line: FAILED (want the stream to go on and bucket 0 reduced before the last gradient)"; rc=1; } ;;
       hostonly) [ "$(sum_of primary_refs)" -eq 0 ] ||
           { line="$line: FAILED (want no context held by a rank that passed host memory only)"; rc=1; } ;;
       sliced)

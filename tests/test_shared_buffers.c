@@ -162,7 +162,7 @@ static int auto_rank(int rank, int n, const weft_unique_id *id, void *arg) {
   for (uint64_t step = 0; step < 3; step++) {
     weft_request *req = NULL;
     fill_rank(in, 400000, rank, &(call_of){WEFT_F32, WEFT_SUM, 20 + (int)step});
-    weft_status st = weft_api_ibucket_allreduce(comm, in, in, 400000, WEFT_F32, WEFT_SUM, -1, step,
+    weft_status st = weft_api_ibucket_allreduce(comm, in, in, 400000, WEFT_F32, WEFT_SUM, -1, step, NULL,
                                                 &req);
     if (!st) st = weft_wait(&req);
     if (st) return setup_close(&r, report(comm, rank, "bucket allreduce", st));

@@ -42,6 +42,13 @@
 #               buffers registered (weft_comm_register); then not registered
 #               ("resnet lent": each call opens and closes the peers' IPC maps;
 #               "resnet vmm": in cuMemCreate memory, bounced through weft's own)
+#   grad resnet ResNet-50's set as one device gradient set (weft_grad_*), 2
+#               ranks, every gradient ready at once: the host's wait per step
+#               (<= 3 ms); "grad backward": a simulated backward (each
+#               gradient's memset queued, then marked ready): from the last
+#               ready to the end of the wait (<= 1 ms), host and stream forms;
+#               "grad mps": at once under MPS; "grad tcp": over tcp (staged)
+#               against the same set on host memory (within 10%)
 #   torch cuda  weft.torch with CUDA tensors (tests/torch/ranks.py --device cuda):
 #               every op against a float64 reference, refusals, DDP on CUDA against
 #               one process; 2 ranks on one GPU
@@ -79,6 +86,27 @@ time_for() { # STAGE
   [ "$left" -ge 10 ] && return 0
   row "$1" SKIP "no time left in the 5 minutes"
   return 1
+}
+
+# grad_resnet STAGE MODE WHAT: ResNet-50's gradient set as one device set
+# (weft-device-check --grad-resnet TSV MODE), 2 ranks: the host's wait per
+# step with every gradient ready at once (target <= 3 ms), or, with a
+# simulated backward, from the last ready to the end of the wait (<= 1 ms)
+grad_resnet() {
+  log="$out/$(echo "$1" | tr ' ' -).log"
+  time_for "$1" || return 0
+  timeout "$(limit 60)" "$bin/weftrun" -n 2 "$bin/weft-device-check" --grad-resnet \
+    tools/data/resnet50_grads.tsv $2 > "$log" 2>&1
+  if [ "$2" = backward ]; then
+    fig=$(sed -n 's/.* \([0-9.]*\) ms from the last ready to the end of weft_grad_wait.*/\1/p' "$log" | head -1)
+    sfig=$(sed -n 's/.* \([0-9.]*\) ms from the last ready to the end of the stream.s work.*/\1/p' "$log" | head -1)
+    [ -n "$fig" ] && row "$1" PASS "$3" "$fig ms (stream form: ${sfig:-?} ms)" "<= 1 ms" && return 0
+  else
+    fig=$(sed -n 's/.* \([0-9.]*\) ms per weft_grad_wait.*/\1/p' "$log" | head -1)
+    per=$(sed -n 's/.* \([0-9.]*\) us per weft_grad_ready.*/\1/p' "$log" | head -1)
+    [ -n "$fig" ] && row "$1" PASS "$3" "$fig ms per wait, $per us per ready" "<= 3 ms" && return 0
+  fi
+  row "$1" FAIL "no figure; see $(basename "$log"): $(grep -m1 -i 'fail\|error\|rank' "$log" | cut -c1-150)"
 }
 
 finish() {
@@ -294,6 +322,7 @@ if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
     bench mps 2 8 "<= 100 us"
     bench mps 2 67108864 "<= 250 us"
     bench mps 4 67108864 ""
+    grad_resnet "grad mps" "" "ResNet-50 as one device gradient set, 2 ranks under MPS, all ready at once"
     echo quit | nvidia-cuda-mps-control >> "$out/mps.log" 2>&1
   else
     row "bench mps" FAIL "nvidia-cuda-mps-control -d: $(head -c 150 "$out/mps.log")"
@@ -344,6 +373,25 @@ if time_for "resnet vmm"; then
     row "resnet vmm" PASS "the same in cuMemCreate memory: bounced through weft's device memory" "$per ms/step" "near resnet lent"
   else
     row "resnet vmm" FAIL "no figure, or staged; see resnet-vmm.log: $(grep -m1 -i 'fail\|error\|legacy' "$log" | cut -c1-150)"
+  fi
+fi
+
+# ResNet-50's gradient set as one device gradient set (issue 46)
+grad_resnet "grad resnet" "" "ResNet-50 as one device gradient set, 2 ranks, all ready at once"
+grad_resnet "grad backward" backward "the same with a simulated backward (each gradient's memset queued, then marked ready)"
+# over tcp, staged through pinned host memory: against the same set on host memory
+log="$out/grad-tcp.log"
+if time_for "grad tcp"; then
+  WEFT_TRANSPORT=tcp timeout "$(limit 60)" "$bin/weftrun" -n 2 "$bin/weft-device-check" --grad-resnet \
+    tools/data/resnet50_grads.tsv > "$log" 2>&1
+  WEFT_TRANSPORT=tcp timeout "$(limit 60)" "$bin/weftrun" -n 2 "$bin/weft-device-check" --grad-resnet \
+    tools/data/resnet50_grads.tsv host >> "$log" 2>&1
+  dev=$(sed -n 's/.*on device memory.* \([0-9.]*\) ms per weft_grad_wait.*/\1/p' "$log" | head -1)
+  host=$(sed -n 's/.*on host memory.* \([0-9.]*\) ms per weft_grad_wait.*/\1/p' "$log" | head -1)
+  if [ -n "$dev" ] && [ -n "$host" ]; then
+    row "grad tcp" PASS "the set over tcp, 2 ranks: device (staged) against host memory" "$dev / $host ms per wait" "device within 10% of host"
+  else
+    row "grad tcp" FAIL "no figure; see grad-tcp.log: $(grep -m1 -i 'fail\|error\|rank' "$log" | cut -c1-150)"
   fi
 fi
 

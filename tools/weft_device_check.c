@@ -31,8 +31,10 @@
  * no CUDA call of this program's: weft must create no CUDA context
  * (host_only below). --grad N: N random gradient sets on device memory
  * against the same sets on host memory (grad_check below). --grad-resnet
- * TSV: the host's cost per weft_grad_ready and weft_grad_wait of the set as
- * one device gradient set, a figure, no check. WEFT_DEVICE_CHECK_VMM=1: every device buffer from
+ * TSV [backward] [host]: the host's cost per weft_grad_ready and weft_grad_wait
+ * of the set as one device gradient set, a figure, no check; --grad-overlap,
+ * --grad-fault, --grad-skip: a device set's stream order, its overlap with
+ * backward, its failures (below). WEFT_DEVICE_CHECK_VMM=1: every device buffer from
  * cuMemCreate and cuMemMap, as PyTorch's expandable segments make them (no
  * legacy IPC handle; addresses mapped again to new memory once freed). */
 #include <time.h>
@@ -762,181 +764,462 @@ static int host_only(weft_comm *comm) {
 
 /* The end of a checking mode: every rank learns whether any failed (so
  * all exit alike), says its counts, and the communicator goes. */
-/* --grad N: N gradient sets of random shape on device memory (owned
- * storage: the gradients are views of weft's device buckets), 10 to 60
- * tensors of one float dtype each, random caps, sum or avg, two steps, each
- * rank marking its tensors ready in an order of its own right after it
- * queued their fill on its stream; and the same set on host memory. Every
- * reduced element is checked against the reference (small integers: exact
- * in any order, so device and host must agree bit for bit too). Prints
- * "grad: K sets, T tensors, ..."; counts into passed and failed. */
+/* --grad N: N gradient sets of random shape on device memory, 10 to 150
+ * tensors of one float dtype each, random caps, sum or avg, owned storage
+ * (the gradients are views of weft's device buckets) or copies (one pack
+ * and one unpack kernel per bucket), prediv 0, 2 or 4, the communicator's
+ * stream or one of the set's own (weft_grad_set_stream); two steps, the
+ * first ended by weft_grad_wait and the second by weft_grad_wait_stream on
+ * the program's stream, each rank marking its tensors ready in an order of
+ * its own right after it queued their fill on the set's stream (never
+ * waited: the stand-in runs queued work late, at random, so a bucket read
+ * before its fill ran, or a result read before it was in place, is
+ * wrong); and the same set on host memory. Every reduced element is
+ * checked against the reference (small integers: exact in any order, so
+ * device and host must agree bit for bit too). Prints "grad: K sets, T
+ * tensors, ..."; counts into passed and failed. */
 static uint64_t grad_rng(uint64_t *x) {
   *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
   return *x;
 }
 
-static int grad_check(weft_comm *comm, int nsets) {
+/* The stand-in's counters (cuda_emu.h), where WEFT_CUDA_LIBRARY is it;
+ * false on a real driver. */
+typedef struct emu_counts {
+  int allocations, host_allocations, streams, events, modules, ipc_mappings, pending, primary_refs, reclaimed,
+      ipc_opened, ipc_exported;
+} emu_counts;
+static bool emu_counts_now(emu_counts *c) {
+  static void (*fn)(emu_counts *);
+  static bool looked;
+  if (!looked) {
+    looked = true;
+    void *lib = dlopen(cu->library, RTLD_NOW | RTLD_NOLOAD);
+    if (lib) *(void **)&fn = dlsym(lib, "weft_cuda_emu_counts");
+  }
+  if (!fn) return false;
+  fn(c);
+  return true;
+}
+
+typedef struct grad_shape {
+  int n;
+  size_t *counts;
+  weft_dtype dt;
+  weft_op op;
+  size_t cap, first, inplace_min;
+  int owned;
+  double prediv;
+  bool own_stream;
+} grad_shape;
+
+static grad_shape grad_shape_of(int k) {
   static const weft_dtype dts[] = {WEFT_F32, WEFT_F64, WEFT_BF16, WEFT_F16};
-  long tensors = 0, buckets = 0;
-  for (int k = 0; k < nsets; k++) {
-    uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)(k + 1) * 0x100000001b3ull; /* alike on every rank */
-    int n = 10 + (int)(grad_rng(&x) % 51);
-    weft_dtype dt = dts[grad_rng(&x) % 4];
-    weft_op op = grad_rng(&x) % 2 ? WEFT_AVG : WEFT_SUM;
-    size_t cap = (size_t)256 << (grad_rng(&x) % 10), first = (size_t)64 << (grad_rng(&x) % 6);
-    size_t *counts = malloc(sizeof *counts * (size_t)n);
-    for (int i = 0; i < n; i++) counts[i] = 1 + grad_rng(&x) % 700;
-    size_t esz = weft_dtype_size(dt);
-    double *got[2] = {NULL, NULL};
-    for (int kind = 0; kind < 2; kind++) { /* device, then host */
-      weft_grad_options o;
-      weft_grad_options_init(&o);
-      o.owned_storage = 1;
-      o.op = op;
-      o.bucket_cap_bytes = cap;
-      o.first_bucket_cap_bytes = first;
-      weft_grad *g = NULL;
-      if (weft_grad_create(comm, &o, &g)) {
-        printf("device-check: grad: rank %d: set %d: weft_grad_create: %s\n", rank, k, weft_last_error(comm));
-        failed++;
-        break;
-      }
-      for (int i = 0; i < n; i++) {
-        weft_tensor t = {NULL, counts[i], dt, kind == 0 ? WEFT_MEMORY_DEVICE : WEFT_MEMORY_HOST};
-        if (weft_grad_register(g, &t, NULL)) {
-          printf("device-check: grad: rank %d: set %d: register: %s\n", rank, k, weft_last_error(comm));
-          failed++;
-        }
-      }
-      if (weft_grad_finalize(g)) {
-        printf("device-check: grad: rank %d: set %d: finalize: %s\n", rank, k, weft_last_error(comm));
-        failed++;
-        weft_grad_destroy(g);
-        break;
-      }
-      size_t total = 0;
-      for (int i = 0; i < n; i++) total += counts[i];
-      got[kind] = calloc(total, sizeof(double));
-      for (int step = 0; step < 2; step++) {
-        /* this rank's order: its own shuffle */
-        int *order = malloc(sizeof *order * (size_t)n);
-        uint64_t y = x ^ (uint64_t)(rank + 1) * 0x2545f4914f6cdd1dull ^ (uint64_t)step;
-        for (int i = 0; i < n; i++) order[i] = n - 1 - i;
-        for (int i = n - 1; i > 0; i--) {
-          int j = (int)(grad_rng(&y) % (uint64_t)(i + 1)), tmp = order[i];
-          order[i] = order[j], order[j] = tmp;
-        }
-        /* the fills are queued on the user's stream and not waited for: a
-         * bucket's allreduce that read its tensors before their fill ran
-         * (the stand-in runs queued work late, at random) would be wrong */
-        char **fills = calloc((size_t)n, sizeof *fills);
-        for (int q = 0; q < n; q++) {
-          int i = order[q];
-          void *view = NULL;
-          weft_grad_tensor_ptr(g, i, &view);
-          char *host = fills[i] = malloc(counts[i] * esz);
-          for (size_t e = 0; e < counts[i]; e++)
-            store(host, e, dt, (double)((rank * 3 + i + (int)e * 5 + step * 7 + k) % 9));
-          if (kind == 0)
-            fill_dev((CUdeviceptr)(uintptr_t)view, host, counts[i] * esz);
-          else
-            memcpy(view, host, counts[i] * esz);
-          if (weft_grad_ready(g, i)) {
-            printf("device-check: grad: rank %d: set %d: ready(%d): %s\n", rank, k, i, weft_last_error(comm));
-            failed++;
-          }
-        }
-        free(order);
-        weft_status waited = weft_grad_wait(g);
-        CU_OK(cu->stream_synchronize(user_stream)); /* the fills read their host buffers until then */
-        for (int i = 0; i < n; i++) free(fills[i]);
-        free(fills);
-        if (waited) {
-          printf("device-check: grad: rank %d: set %d step %d: wait: %s\n", rank, k, step, weft_last_error(comm));
-          failed++;
-          break;
-        }
-        size_t at = 0;
-        for (int i = 0; i < n; i++) {
-          void *view = NULL;
-          weft_grad_tensor_ptr(g, i, &view);
-          char *host = malloc(counts[i] * esz);
-          if (kind == 0)
-            read_dev(host, (CUdeviceptr)(uintptr_t)view, counts[i] * esz);
-          else
-            memcpy(host, view, counts[i] * esz);
-          for (size_t e = 0; e < counts[i]; e++, at++) {
-            double sum = 0;
-            for (int r = 0; r < size; r++) sum += (double)((r * 3 + i + (int)e * 5 + step * 7 + k) % 9);
-            char one[8];
-            store(one, 0, dt, op == WEFT_AVG ? sum / size : sum);
-            double want = load(one, 0, dt), v = load(host, e, dt);
-            got[kind][at] = v;
-            bool ok = v == want;
-            passed += ok;
-            failed += !ok;
-            if (!ok && failed <= 10)
-              printf("device-check: grad: rank %d: set %d (%s %s, %s) step %d tensor %d element %zu: %g, want %g\n",
-                     rank, k, kind == 0 ? "device" : "host", weft_dtype_name(dt), weft_op_name(op), step, i, e,
-                     v, want);
-          }
-          free(host);
-        }
-      }
-      if (kind == 0) {
-        weft_grad_stats st;
-        if (!weft_grad_get_stats(g, &st)) buckets += (long)st.buckets_launched / 2;
-        tensors += n;
-      }
-      weft_grad_destroy(g);
+  static const double prediv[] = {0, 2, 4};
+  grad_shape sh;
+  uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)(k + 1) * 0x100000001b3ull; /* alike on every rank */
+  sh.n = 10 + (int)(grad_rng(&x) % 141);
+  sh.dt = dts[grad_rng(&x) % 4];
+  sh.op = grad_rng(&x) % 2 ? WEFT_AVG : WEFT_SUM;
+  sh.cap = (size_t)256 << (grad_rng(&x) % 10);
+  sh.first = (size_t)64 << (grad_rng(&x) % 6);
+  sh.owned = (int)(grad_rng(&x) % 2);
+  sh.inplace_min = grad_rng(&x) % 2 ? 1024 : 0;
+  sh.prediv = prediv[grad_rng(&x) % 3];
+  sh.own_stream = grad_rng(&x) % 2;
+  sh.counts = malloc(sizeof *sh.counts * (size_t)sh.n);
+  for (int i = 0; i < sh.n; i++) sh.counts[i] = 1 + grad_rng(&x) % 700;
+  return sh;
+}
+
+/* One set of shape `sh`, set `k`, on device (kind 0) or host (1) memory,
+ * two steps; every element against the reference into got (when not
+ * NULL). The set's stream for its fills: `fill_on`. 0, or 1 where
+ * something failed early. */
+static int grad_run(weft_comm *comm, const grad_shape *sh, int k, int kind, CUstream set_on, double *got,
+                    long *buckets) {
+  size_t esz = weft_dtype_size(sh->dt);
+  int n = sh->n;
+  weft_grad_options o;
+  weft_grad_options_init(&o);
+  o.owned_storage = sh->owned;
+  o.op = sh->op;
+  o.bucket_cap_bytes = sh->cap;
+  o.first_bucket_cap_bytes = sh->first;
+  o.inplace_min_bytes = sh->inplace_min;
+  o.prediv = sh->prediv;
+  weft_grad *g = NULL;
+  if (weft_grad_create(comm, &o, &g)) {
+    printf("device-check: grad: rank %d: set %d: weft_grad_create: %s\n", rank, k, weft_last_error(comm));
+    failed++;
+    return 1;
+  }
+  CUstream fill_on = kind == 0 && sh->own_stream ? set_on : user_stream;
+  if (kind == 0 && sh->own_stream && weft_grad_set_stream(g, set_on)) {
+    printf("device-check: grad: rank %d: set %d: weft_grad_set_stream: %s\n", rank, k, weft_last_error(comm));
+    failed++;
+  }
+  void **mine = calloc((size_t)n, sizeof *mine); /* copy mode: the program's own gradients */
+  for (int i = 0; i < n; i++) {
+    if (!sh->owned)
+      mine[i] = kind == 0 ? (void *)(uintptr_t)dev_alloc(sh->counts[i] * esz) : malloc(sh->counts[i] * esz);
+    weft_tensor t = {mine[i], sh->counts[i], sh->dt, kind == 0 ? WEFT_MEMORY_DEVICE : WEFT_MEMORY_HOST};
+    if (weft_grad_register(g, &t, NULL)) {
+      printf("device-check: grad: rank %d: set %d: register: %s\n", rank, k, weft_last_error(comm));
+      failed++;
     }
-    if (got[0] && got[1]) {
-      size_t total = 0;
-      for (int i = 0; i < n; i++) total += counts[i];
-      bool same = !memcmp(got[0], got[1], total * sizeof(double));
+  }
+  int rc = 0;
+  if (weft_grad_finalize(g)) {
+    printf("device-check: grad: rank %d: set %d: finalize: %s\n", rank, k, weft_last_error(comm));
+    failed++;
+    rc = 1;
+  }
+  size_t at = 0;
+  for (int step = 0; step < 2 && !rc; step++) {
+    /* this rank's order: its own shuffle */
+    int *order = malloc(sizeof *order * (size_t)n);
+    uint64_t y = (uint64_t)(k + 7) * 0x9e3779b97f4a7c15ull ^ (uint64_t)(rank + 1) * 0x2545f4914f6cdd1dull ^
+                 (uint64_t)step;
+    for (int i = 0; i < n; i++) order[i] = n - 1 - i;
+    for (int i = n - 1; i > 0; i--) {
+      int j = (int)(grad_rng(&y) % (uint64_t)(i + 1)), tmp = order[i];
+      order[i] = order[j], order[j] = tmp;
+    }
+    char **fills = calloc((size_t)n, sizeof *fills);
+    for (int q = 0; q < n; q++) {
+      int i = order[q];
+      void *view = mine[i];
+      if (sh->owned) weft_grad_tensor_ptr(g, i, &view);
+      char *host = fills[i] = malloc(sh->counts[i] * esz);
+      for (size_t e = 0; e < sh->counts[i]; e++)
+        store(host, e, sh->dt, (double)((rank * 3 + i + (int)e * 5 + step * 7 + k) % 9));
+      if (kind == 0)
+        CU_OK(cu->memcpy_htod_async((CUdeviceptr)(uintptr_t)view, host, sh->counts[i] * esz, fill_on));
+      else
+        memcpy(view, host, sh->counts[i] * esz);
+      if (weft_grad_ready(g, i)) {
+        printf("device-check: grad: rank %d: set %d: ready(%d): %s\n", rank, k, i, weft_last_error(comm));
+        failed++;
+      }
+    }
+    free(order);
+    /* step 0: the host waits; step 1: the program's stream does */
+    weft_status waited = step == 0 ? weft_grad_wait(g) : weft_grad_wait_stream(g, user_stream);
+    if (waited) {
+      printf("device-check: grad: rank %d: set %d step %d: %s: %s\n", rank, k, step,
+             step == 0 ? "wait" : "wait_stream", weft_last_error(comm));
+      failed++;
+      rc = 1;
+      if (kind == 0) CU_OK(cu->stream_synchronize(fill_on));
+      for (int i = 0; i < n; i++) free(fills[i]);
+      free(fills);
+      break;
+    }
+    for (int i = 0; i < n; i++) {
+      void *view = mine[i];
+      if (sh->owned) weft_grad_tensor_ptr(g, i, &view);
+      char *host = malloc(sh->counts[i] * esz);
+      if (kind == 0)
+        read_dev(host, (CUdeviceptr)(uintptr_t)view, sh->counts[i] * esz); /* on the program's stream */
+      else
+        memcpy(host, view, sh->counts[i] * esz);
+      for (size_t e = 0; e < sh->counts[i]; e++, at++) {
+        double sum = 0;
+        for (int r = 0; r < size; r++) sum += (double)((r * 3 + i + (int)e * 5 + step * 7 + k) % 9);
+        char one[8];
+        store(one, 0, sh->dt, sh->op == WEFT_AVG ? sum / size : sum);
+        double want = load(one, 0, sh->dt), v = load(host, e, sh->dt);
+        if (got) got[at] = v;
+        bool ok = v == want;
+        passed += ok;
+        failed += !ok;
+        if (!ok && failed <= 10)
+          printf("device-check: grad: rank %d: set %d (%s %s %s, %s, prediv %g%s) step %d tensor %d element %zu: "
+                 "%g, want %g\n",
+                 rank, k, kind == 0 ? "device" : "host", sh->owned ? "owned" : "copies", weft_dtype_name(sh->dt),
+                 weft_op_name(sh->op), sh->prediv, sh->own_stream ? ", own stream" : "", step, i, e, v, want);
+      }
+      free(host);
+    }
+    /* the fills read their host buffers until they ran: the set's stream is
+     * synchronized only now, after the results were read on the program's
+     * stream, so a result that needed it to be is not hidden by it */
+    if (kind == 0) CU_OK(cu->stream_synchronize(fill_on));
+    for (int i = 0; i < n; i++) free(fills[i]);
+    free(fills);
+  }
+  if (kind == 0 && buckets) {
+    weft_grad_stats st;
+    if (!weft_grad_get_stats(g, &st)) *buckets += (long)st.buckets_launched / 2;
+  }
+  weft_grad_destroy(g);
+  for (int i = 0; i < n; i++) {
+    if (!mine[i]) continue;
+    if (kind == 0)
+      CU_OK(dev_free((CUdeviceptr)(uintptr_t)mine[i]));
+    else
+      free(mine[i]);
+  }
+  free(mine);
+  return rc;
+}
+
+static int grad_check(weft_comm *comm, int nsets) {
+  long tensors = 0, buckets = 0;
+  int kinds[2][2] = {{0}}; /* [owned][prediv > 1] of the device sets run */
+  CUstream set_on;
+  CU_OK(cu->stream_create(&set_on, CU_STREAM_NON_BLOCKING));
+  for (int k = 0; k < nsets; k++) {
+    grad_shape sh = grad_shape_of(k);
+    size_t total = 0;
+    for (int i = 0; i < sh.n; i++) total += sh.counts[i];
+    double *got[2] = {calloc(2 * total, sizeof(double)), calloc(2 * total, sizeof(double))};
+    int bad = 0;
+    for (int kind = 0; kind < 2 && !bad; kind++) /* device, then host */
+      bad = grad_run(comm, &sh, k, kind, set_on, got[kind], kind == 0 ? &buckets : NULL);
+    if (!bad) {
+      bool same = !memcmp(got[0], got[1], 2 * total * sizeof(double));
       passed += same;
       failed += !same;
       if (!same) printf("device-check: grad: rank %d: set %d: device and host results differ\n", rank, k);
+      tensors += sh.n;
+      kinds[sh.owned][sh.prediv > 1]++;
     }
     free(got[0]);
     free(got[1]);
-    free(counts);
+    free(sh.counts);
   }
-  /* what device sets refuse for now, each named, before anything is sent */
-  struct {
-    int owned;
-    double prediv;
-    bool mixed;
-    weft_status want;
-    const char *words;
-  } refusals[] = {{0, 0, false, WEFT_ERR_UNSUPPORTED, "owned storage"},
-                  {1, 4, false, WEFT_ERR_UNSUPPORTED, "prediv"},
-                  {1, 0, true, WEFT_ERR_INVALID, "one memory kind"}};
-  for (int q = 0; q < 3; q++) {
-    weft_grad_options o;
-    weft_grad_options_init(&o);
-    o.owned_storage = refusals[q].owned;
-    o.prediv = refusals[q].prediv;
+  /* weft_grad_destroy gives back every allocation and event the set took:
+   * the same set run twice leaves the stand-in's counts where the first
+   * run left them (the communicator's own pools settle in the first) */
+  emu_counts c0, c1, c2;
+  const char *release = "not counted (a real driver)";
+  if (emu_counts_now(&c0)) {
+    grad_shape sh = grad_shape_of(3);
+    sh.owned = 0, sh.prediv = 2, sh.own_stream = true;
+    grad_run(comm, &sh, 3, 0, set_on, NULL, NULL);
+    emu_counts_now(&c1);
+    grad_run(comm, &sh, 3, 0, set_on, NULL, NULL);
+    emu_counts_now(&c2);
+    bool ok = c2.allocations == c1.allocations && c2.events == c1.events &&
+              c2.host_allocations == c1.host_allocations && c2.streams == c1.streams;
+    passed += ok;
+    failed += !ok;
+    release = ok ? "all given back at destroy" : "LEAKED";
+    if (!ok)
+      printf("device-check: grad: rank %d: a set's run and destroy changed the counts: allocations %d -> %d, events "
+             "%d -> %d, pinned %d -> %d, streams %d -> %d\n",
+             rank, c1.allocations, c2.allocations, c1.events, c2.events, c1.host_allocations, c2.host_allocations,
+             c1.streams, c2.streams);
+    free(sh.counts);
+  }
+  CU_OK(cu->stream_destroy(set_on));
+  /* a set that mixes memory kinds is refused, named, before anything is sent */
+  {
     weft_grad *g = NULL;
-    weft_status st = weft_grad_create(comm, &o, &g);
+    weft_status st = weft_grad_create(comm, NULL, &g);
     static float host_grad[8];
     CUdeviceptr d = dev_alloc(32);
     weft_tensor host_t = {host_grad, 8, WEFT_F32, WEFT_MEMORY_HOST};
     weft_tensor dev_t = {(void *)(uintptr_t)d, 8, WEFT_F32, WEFT_MEMORY_DEVICE};
-    if (!st && refusals[q].mixed) st = weft_grad_register(g, &host_t, NULL);
+    if (!st) st = weft_grad_register(g, &host_t, NULL);
     if (!st) st = weft_grad_register(g, &dev_t, NULL);
-    bool ok = st == refusals[q].want && strstr(weft_last_error(comm), refusals[q].words);
+    bool ok = st == WEFT_ERR_INVALID && strstr(weft_last_error(comm), "one memory kind");
     passed += ok;
     failed += !ok;
     if (!ok)
-      printf("device-check: grad: rank %d: refusal %d: %s (%s), want %s naming \"%s\"\n", rank, q,
-             weft_status_name(st), weft_last_error(comm), weft_status_name(refusals[q].want), refusals[q].words);
+      printf("device-check: grad: rank %d: mixed kinds: %s (%s), want WEFT_ERR_INVALID naming one memory kind\n",
+             rank, weft_status_name(st), weft_last_error(comm));
     weft_grad_destroy(g);
     dev_free(d);
   }
-  printf("device-check: rank %d: grad: %d sets, %ld tensors in %ld buckets on device memory, 2 steps each, "
-         "equal to the reference and to the same sets on host memory; copies, prediv and mixed kinds refused\n",
-         rank, nsets, tensors, buckets);
+  printf("device-check: rank %d: grad: %d sets (owned %d, owned+prediv %d, copies %d, copies+prediv %d), %ld "
+         "tensors in %ld buckets on device memory, 2 steps each (host wait, stream wait), equal to the reference "
+         "and to the same sets on host memory; events and allocations %s; mixed kinds refused\n",
+         rank, nsets, kinds[1][0], kinds[1][1], kinds[0][0], kinds[0][1], tensors, buckets, release);
+  return 0;
+}
+
+/* --grad-overlap: what stream order buys a device set, on the stand-in
+ * (its spin kernel; "skipped" on a real driver). 8 tensors, owned storage,
+ * buckets of one or two tensors.
+ * A: the set's stream is not held by the buckets in flight. Rank 0 marks
+ *    every gradient ready and records an event E on the set's stream after
+ *    them while the other ranks sleep 3 s, so no bucket can complete: E
+ *    must complete within 2.5 s anyway (backward's later kernels would
+ *    wait behind the buckets otherwise) and bucket 0 must still be running.
+ * B: reducing while backward runs. Every rank queues the fills of every
+ *    tensor but the last due, a 1.5 s kernel, then the last fill, marking
+ *    each ready as it queues it: bucket 0's allreduce must complete while
+ *    that kernel still holds the stream (the last gradient not made yet).
+ * Both steps' results against the reference. */
+static int grad_overlap(weft_comm *comm) {
+  static const uint32_t fake_fatbin[4] = {0xBA55ED50u, 0, 0, 0}; /* the stand-in's magic */
+  CUmodule m;
+  CUfunction spin;
+  emu_counts c;
+  if (!emu_counts_now(&c) || cu->module_load_data(&m, fake_fatbin) != CUDA_SUCCESS ||
+      cu->module_get_function(&spin, m, "weft_emu_test_spin") != CUDA_SUCCESS) {
+    printf("device-check: rank %d: grad-overlap: skipped (needs the stand-in's spin kernel)\n", rank);
+    return 0;
+  }
+  enum { N = 8, COUNT = 1000 };
+  weft_grad_options o;
+  weft_grad_options_init(&o);
+  o.owned_storage = 1;
+  o.op = WEFT_SUM;
+  o.first_bucket_cap_bytes = 4096;
+  o.bucket_cap_bytes = 8192;
+  weft_grad *g = NULL;
+  if (weft_grad_create(comm, &o, &g)) return 1;
+  for (int i = 0; i < N; i++) {
+    weft_tensor t = {NULL, COUNT, WEFT_F32, WEFT_MEMORY_DEVICE};
+    if (weft_grad_register(g, &t, NULL)) return 1;
+  }
+  if (weft_grad_finalize(g)) {
+    printf("device-check: grad-overlap: rank %d: finalize: %s\n", rank, weft_last_error(comm));
+    return 1;
+  }
+  float host[N][COUNT];
+  CUevent e;
+  CU_OK(cu->event_create(&e, CU_EVENT_DISABLE_TIMING));
+  double e_after = -1, bucket0_after = -1;
+  int bucket0_done_at_e = -1, last_made_at_bucket0 = -1;
+  for (int step = 0; step < 2; step++) {
+    weft_barrier(comm);
+    double t0 = now_s();
+    if (step == 0 && rank != 0) usleep(3000000);
+    /* the fill order: the reverse of registration, as the buckets' */
+    for (int q = 0; q < N; q++) {
+      int i = N - 1 - q;
+      void *view = NULL;
+      weft_grad_tensor_ptr(g, i, &view);
+      for (int k = 0; k < COUNT; k++) host[i][k] = (float)((rank + 1) * (i + 1) + k % 7 + step);
+      if (step == 1 && q == N - 1) {
+        double seconds = 1.5;
+        void *params[] = {&seconds};
+        CU_OK(cu->launch_kernel(spin, 1, 1, 1, 1, 1, 1, 0, user_stream, params, NULL));
+      }
+      CU_OK(cu->memcpy_htod_async((CUdeviceptr)(uintptr_t)view, host[i], sizeof host[i], user_stream));
+      if (step == 1 && q == N - 1) CU_OK(cu->event_record(e, user_stream));
+      if (weft_grad_ready(g, i)) {
+        printf("device-check: grad-overlap: rank %d: ready(%d): %s\n", rank, i, weft_last_error(comm));
+        failed++;
+      }
+    }
+    if (step == 0 && rank == 0) {
+      CU_OK(cu->event_record(e, user_stream));
+      CUresult r;
+      while ((r = cu->event_query(e)) == CUDA_ERROR_NOT_READY && now_s() - t0 < 2.5) usleep(200);
+      e_after = now_s() - t0;
+      int done = 0;
+      weft_grad_bucket_test(g, 0, &done);
+      bucket0_done_at_e = done;
+      bool ok = r == CUDA_SUCCESS && e_after < 2.5 && !done;
+      passed += ok;
+      failed += !ok;
+      if (!ok)
+        printf("device-check: grad-overlap: rank 0: the set's stream %s after %.3f s with the peers asleep (bucket 0 "
+               "%s): the buckets in flight held it\n",
+               r == CUDA_SUCCESS ? "went on" : "was still held", e_after, done ? "done" : "running");
+    }
+    if (step == 1) {
+      int done = 0;
+      while (!weft_grad_bucket_test(g, 0, &done) && !done && now_s() - t0 < 10) usleep(200);
+      bucket0_after = now_s() - t0;
+      CUresult r = cu->event_query(e);
+      last_made_at_bucket0 = r == CUDA_SUCCESS;
+      bool ok = done && r == CUDA_ERROR_NOT_READY;
+      passed += ok;
+      failed += !ok;
+      if (!ok)
+        printf("device-check: grad-overlap: rank %d: bucket 0 %s after %.3f s, the last gradient %s: not reduced "
+               "while backward ran\n",
+               rank, done ? "reduced" : "not reduced", bucket0_after, r == CUDA_SUCCESS ? "already made" : "not made");
+    }
+    if (weft_grad_wait(g)) {
+      printf("device-check: grad-overlap: rank %d: step %d: wait: %s\n", rank, step, weft_last_error(comm));
+      failed++;
+      break;
+    }
+    for (int i = 0; i < N; i++) {
+      void *view = NULL;
+      weft_grad_tensor_ptr(g, i, &view);
+      float got[COUNT];
+      read_dev(got, (CUdeviceptr)(uintptr_t)view, sizeof got);
+      for (int k = 0; k < COUNT; k++) {
+        double want = 0;
+        for (int r = 0; r < size; r++) want += (float)((r + 1) * (i + 1) + k % 7 + step);
+        bool ok = got[k] == (float)want;
+        passed += ok;
+        failed += !ok;
+      }
+    }
+  }
+  CU_OK(cu->event_destroy(e));
+  weft_grad_destroy(g);
+  if (rank == 0)
+    printf("device-check: rank 0: grad-overlap: A: the set's stream went on after %.3f s with every bucket in flight "
+           "and the peers asleep (bucket 0 %s); B: bucket 0 reduced %.3f s into the step while a 1.5 s kernel still "
+           "held back the last gradient (%s)\n",
+           e_after, bucket0_done_at_e ? "done: WRONG" : "still running", bucket0_after,
+           last_made_at_bucket0 ? "made: WRONG" : "not made yet");
+  return 0;
+}
+
+/* --grad-fault and --grad-skip: a device set (copies, prediv 2, 12
+ * tensors) fails on every rank, never hangs, and says where.
+ * --grad-fault, run with WEFT_CUDA_EMU_KERNEL_FAULT=N and
+ * WEFT_CUDA_EMU_FAULT_RANK=R: rank R's N-th kernel faults (a pack, an
+ * unpack or a reduction), as a kernel reading a bad address does; every
+ * rank's step must fail naming a bucket. --grad-skip: rank 1 skips the
+ * second step's reduction (weft_grad_set_sync(0)) while the others reduce;
+ * every rank must fail naming both steps (WEFT_ERR_MISMATCH where it was
+ * seen, a peer's notice quoting it elsewhere). Prints
+ * "grad-fault: rank R: STATUS: sentence" per rank. */
+static int grad_fault(weft_comm *comm, bool skip) {
+  enum { N = 12, COUNT = 300 };
+  weft_grad_options o;
+  weft_grad_options_init(&o);
+  o.prediv = 2;
+  o.inplace_min_bytes = 0;
+  o.first_bucket_cap_bytes = 2048;
+  o.bucket_cap_bytes = 4096;
+  weft_grad *g = NULL;
+  if (weft_grad_create(comm, &o, &g)) return 1;
+  CUdeviceptr mine[N];
+  for (int i = 0; i < N; i++) {
+    mine[i] = dev_alloc(COUNT * sizeof(float));
+    weft_tensor t = {(void *)(uintptr_t)mine[i], COUNT, WEFT_F32, WEFT_MEMORY_DEVICE};
+    if (weft_grad_register(g, &t, NULL)) return 1;
+  }
+  weft_status st = weft_grad_finalize(g);
+  static float host[COUNT]; /* read by copies queued until the stream is done */
+  for (int k = 0; k < COUNT; k++) host[k] = (float)(rank + k % 5);
+  for (int step = 0; step < 4 && !st; step++) {
+    if (skip) weft_grad_set_sync(g, !(step == 1 && rank == 1));
+    for (int i = N - 1; i >= 0 && !st; i--) {
+      /* not CU_OK: after the fault this rank's context answers every call with it */
+      cu->memcpy_htod_async(mine[i], host, sizeof host, user_stream);
+      st = weft_grad_ready(g, i);
+    }
+    if (!st) st = weft_grad_wait(g);
+  }
+  const char *msg = weft_last_error(comm);
+  /* a rank that saw the mismatch says WEFT_ERR_MISMATCH; one that heard of
+   * it from that rank's notice says WEFT_ERR_PEER_LOST with its words: both
+   * name the two steps */
+  bool ok = st != WEFT_OK && (skip ? strstr(msg, "step 1") && strstr(msg, "step 2") : strstr(msg, "bucket") != NULL);
+  passed += ok;
+  failed += !ok;
+  printf("device-check: grad-fault: rank %d: %s: %s%s\n", rank, weft_status_name(st), msg,
+         ok ? "" : skip ? " (want a failure naming steps 1 and 2)" : " (want a failure naming the bucket)");
+  weft_grad_destroy(g);
+  cu->stream_synchronize(user_stream);
+  /* the gradients stay: a peer whose call failed part-way may still map
+   * them over CUDA IPC, and freeing memory another process has open is
+   * undefined (the stand-in aborts); they go with the process */
   return 0;
 }
 
@@ -945,8 +1228,13 @@ static int grad_check(weft_comm *comm, int nsets) {
  * MiB); every step marks all tensors ready in backward's order, then waits.
  * Prints the host's time per weft_grad_ready and per weft_grad_wait, and the
  * step, medians of 20 steps after 3 (issue 46: the per-step overhead of 161
- * tensors before any GPU run). No check: --grad checks. */
-static int grad_resnet(weft_comm *comm, const char *tsv) {
+ * tensors before any GPU run). "backward": a simulated backward, each
+ * gradient's "kernel" (a memset of its size) queued on the stream and the
+ * gradient marked ready at once, in reverse order; the time from the last
+ * ready to the end of weft_grad_wait, and on every other step to the end
+ * of the stream's work after weft_grad_wait_stream. "host": the same set on
+ * host memory (the comparison over tcp). No check: --grad checks. */
+static int grad_resnet(weft_comm *comm, const char *tsv, bool backward, bool on_host) {
   size_t counts[1024];
   int n = read_grad_tsv(tsv, counts, 1024);
   if (n < 0) return 1;
@@ -955,8 +1243,9 @@ static int grad_resnet(weft_comm *comm, const char *tsv) {
   o.owned_storage = 1;
   weft_grad *g = NULL;
   if (weft_grad_create(comm, &o, &g)) return 1;
+  weft_memory kind = on_host ? WEFT_MEMORY_HOST : WEFT_MEMORY_DEVICE;
   for (int i = 0; i < n; i++) {
-    weft_tensor t = {NULL, counts[i], WEFT_F32, WEFT_MEMORY_DEVICE};
+    weft_tensor t = {NULL, counts[i], WEFT_F32, kind};
     if (weft_grad_register(g, &t, NULL)) {
       fprintf(stderr, "rank %d: register: %s\n", rank, weft_last_error(comm));
       return 1;
@@ -966,38 +1255,76 @@ static int grad_resnet(weft_comm *comm, const char *tsv) {
     fprintf(stderr, "rank %d: finalize: %s\n", rank, weft_last_error(comm));
     return 1;
   }
+  void **view = malloc(sizeof *view * (size_t)n);
+  for (int i = 0; i < n; i++) weft_grad_tensor_ptr(g, i, &view[i]);
   enum { WARM = 3, STEPS = 20 };
-  double ready_us[STEPS], wait_us[STEPS], step_ms[STEPS];
+  double ready_us[STEPS], wait_us[STEPS], step_ms[STEPS], stream_ms[STEPS];
   for (int step = 0; step < WARM + STEPS; step++) {
+    /* odd steps of the backward mode end with the stream form: the
+     * program's stream waits, the host only to read the clock */
+    bool stream_form = backward && !on_host && step % 2;
     weft_barrier(comm);
     double t0 = now_s();
-    for (int i = n - 1; i >= 0; i--)
+    for (int i = n - 1; i >= 0; i--) {
+      /* backward: the "kernel" making gradient i (a memset of its size) is
+       * queued, then it is marked ready at once */
+      if (backward && on_host)
+        memset(view[i], 0, counts[i] * 4);
+      else if (backward)
+        CU_OK(cu->memset_d8_async((CUdeviceptr)(uintptr_t)view[i], 0, counts[i] * 4, user_stream));
       if (weft_grad_ready(g, i)) {
         fprintf(stderr, "rank %d: ready: %s\n", rank, weft_last_error(comm));
         return 1;
       }
+    }
     double t1 = now_s();
-    if (weft_grad_wait(g)) {
+    if (stream_form ? weft_grad_wait_stream(g, user_stream) : weft_grad_wait(g)) {
       fprintf(stderr, "rank %d: wait: %s\n", rank, weft_last_error(comm));
       return 1;
     }
+    if (stream_form) CU_OK(cu->stream_synchronize(user_stream));
     double t2 = now_s();
     if (step >= WARM) {
-      ready_us[step - WARM] = (t1 - t0) * 1e6 / n;
-      wait_us[step - WARM] = (t2 - t1) * 1e6;
-      step_ms[step - WARM] = (t2 - t0) * 1e3;
+      int k = step - WARM;
+      ready_us[k] = (t1 - t0) * 1e6 / n;
+      (stream_form ? stream_ms : wait_us)[k] = stream_form ? (t2 - t1) * 1e3 : (t2 - t1) * 1e6;
+      step_ms[k] = (t2 - t0) * 1e3;
     }
   }
+  /* the steps of each form: packed to the front, then sorted */
+  int nwait = 0, nstream = 0;
+  for (int k = 0; k < STEPS; k++) {
+    bool sf = backward && !on_host && (k + WARM) % 2;
+    if (sf)
+      stream_ms[nstream++] = stream_ms[k];
+    else
+      wait_us[nwait++] = wait_us[k];
+  }
   qsort(ready_us, STEPS, sizeof ready_us[0], cmp_double);
-  qsort(wait_us, STEPS, sizeof wait_us[0], cmp_double);
+  qsort(wait_us, (size_t)nwait, sizeof wait_us[0], cmp_double);
+  qsort(stream_ms, (size_t)nstream, sizeof stream_ms[0], cmp_double);
   qsort(step_ms, STEPS, sizeof step_ms[0], cmp_double);
   weft_grad_stats st;
   weft_grad_get_stats(g, &st);
-  if (rank == 0)
-    printf("grad-resnet: %d tensors in %llu buckets on device memory, %d ranks: %.2f us per weft_grad_ready "
+  const char *where = on_host ? "host memory" : "device memory";
+  if (rank == 0 && !backward)
+    printf("grad-resnet: %d tensors in %llu buckets on %s, %d ranks: %.2f us per weft_grad_ready "
            "(all marked at once), %.3f ms per weft_grad_wait, %.3f ms a step (medians of %d)\n",
-           n, (unsigned long long)(st.buckets_launched / (WARM + STEPS)), size, ready_us[STEPS / 2],
-           wait_us[STEPS / 2] / 1e3, step_ms[STEPS / 2], STEPS);
+           n, (unsigned long long)(st.buckets_launched / (WARM + STEPS)), where, size, ready_us[STEPS / 2],
+           wait_us[nwait / 2] / 1e3, step_ms[STEPS / 2], STEPS);
+  if (rank == 0 && backward) {
+    printf("grad-resnet backward: %d tensors in %llu buckets on %s, %d ranks, each gradient's memset queued "
+           "then marked ready: %.2f us per weft_grad_ready, %.3f ms from the last ready to the end of "
+           "weft_grad_wait (median of %d)",
+           n, (unsigned long long)(st.buckets_launched / (WARM + STEPS)), where, size, ready_us[STEPS / 2],
+           wait_us[nwait / 2] / 1e3, nwait);
+    if (nstream)
+      printf(", %.3f ms from the last ready to the end of the stream's work after weft_grad_wait_stream "
+             "(median of %d)",
+             stream_ms[nstream / 2], nstream);
+    printf("\n");
+  }
+  free(view);
   weft_grad_destroy(g);
   weft_comm_destroy(comm);
   return 0;
@@ -1054,7 +1381,14 @@ int main(int argc, char **argv) {
   CU_OK(cu->stream_create(&user_stream, CU_STREAM_NON_BLOCKING));
   weft_comm_set_stream(comm, user_stream);
   vmm_init(ordinal);
-  if (argc > 2 && !strcmp(argv[1], "--grad-resnet")) return grad_resnet(comm, argv[2]);
+  if (argc > 2 && !strcmp(argv[1], "--grad-resnet")) {
+    bool backward = false, on_host = false;
+    for (int a = 3; a < argc; a++) {
+      backward |= !strcmp(argv[a], "backward");
+      on_host |= !strcmp(argv[a], "host");
+    }
+    return grad_resnet(comm, argv[2], backward, on_host);
+  }
   if (resnet_tsv) {
     int rc = resnet(comm, resnet_tsv, resnet_lent);
     weft_comm_destroy(comm);
@@ -1063,6 +1397,13 @@ int main(int argc, char **argv) {
   if (argc > 2 && !strcmp(argv[1], "--in-flight")) return mode_end(comm, in_flight(comm, atoi(argv[2])));
   if (argc > 2 && !strcmp(argv[1], "--churn")) return mode_end(comm, churn(comm, atoi(argv[2])));
   if (argc > 2 && !strcmp(argv[1], "--grad")) return mode_end(comm, grad_check(comm, atoi(argv[2])));
+  if (argc > 1 && !strcmp(argv[1], "--grad-overlap")) return mode_end(comm, grad_overlap(comm));
+  if (argc > 1 && (!strcmp(argv[1], "--grad-fault") || !strcmp(argv[1], "--grad-skip"))) {
+    int rc = grad_fault(comm, !strcmp(argv[1], "--grad-skip"));
+    printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);
+    weft_comm_destroy(comm);
+    return rc || failed ? 1 : 0;
+  }
   if (argc > 2 && !strcmp(argv[1], "--order"))
     return mode_end(comm, order_check(comm, atoi(argv[2]), argc > 3 ? (size_t)atol(argv[3]) : 4096));
   if (argc > 1 && !strcmp(argv[1], "--fault")) {

@@ -18,8 +18,11 @@ static inline weft_status coll_blocking(weft_request *r, weft_status setup) {
   return weft_engine_blocking(r, setup);
 }
 
-/* A non-blocking call: queued, and the progress thread moves it. */
-static weft_status coll_issue(weft_request *r, weft_request **req, weft_status setup) {
+/* A non-blocking call: queued, and the progress thread moves it. *signal,
+ * where asked: the value of its end on the device's signal word (0: none),
+ * taken before the engine may end it. */
+static weft_status coll_issue_signal(weft_request *r, weft_request **req, weft_status setup,
+                                     uint32_t *signal) {
   setup = weft_coll_setup_verdict(&r->task, setup);
   /* device buffers: the user's stream waits for the result from here on */
   if (setup == WEFT_OK && (setup = weft_coll_device_issue(&r->task)) < 0)
@@ -28,6 +31,7 @@ static weft_status coll_issue(weft_request *r, weft_request **req, weft_status s
     free(r);
     return setup;
   }
+  if (signal) *signal = r->task.device_signal;
   weft_request_coll(r, true);
   if (setup == WEFT_COLL_DONE) {
     atomic_store(&r->done, 1);
@@ -36,6 +40,10 @@ static weft_status coll_issue(weft_request *r, weft_request **req, weft_status s
   }
   *req = r;
   return WEFT_OK;
+}
+
+static weft_status coll_issue(weft_request *r, weft_request **req, weft_status setup) {
+  return coll_issue_signal(r, req, setup, NULL);
 }
 
 static weft_status weft_allreduce_body(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -70,13 +78,23 @@ WEFT_API weft_status weft_iallreduce(weft_comm *comm, const void *sendbuf, void 
 
 weft_status weft_api_ibucket_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                        size_t count, weft_dtype dtype, weft_op op, int wire,
-                                       uint64_t step, weft_request **req) {
+                                       uint64_t step, weft_api_bucket_stream *stream,
+                                       weft_request **req) {
   weft_request *r = NULL;
   WEFT_CHECK(weft_api_request_new(comm, "weft_iallreduce", req, &r));
-  /* the set's wire dtype and step go with the call, not through the communicator */
-  return coll_issue(r, req,
-                    weft_coll_bucket_allreduce_setup(&r->task, "weft_iallreduce", &comm->core,
-                                                     sendbuf, recvbuf, count, dtype, op, wire, step));
+  /* the set's wire dtype, step and stream go with the call, not through the communicator */
+  uint32_t signal = 0;
+  weft_status st = coll_issue_signal(
+      r, req,
+      weft_coll_bucket_allreduce_setup(&r->task, "weft_iallreduce", &comm->core, sendbuf, recvbuf, count,
+                                       dtype, op, wire, step, stream != NULL, stream ? stream->stream : NULL),
+      &signal);
+  if (stream) stream->signal = st ? 0 : signal;
+  return st;
+}
+
+weft_status weft_api_stream_after_buckets(weft_comm *comm, void *stream, uint32_t signal) {
+  return weft_coll_device_stream_wait(&comm->core, stream, signal);
 }
 
 static weft_status weft_broadcast_body(weft_comm *comm, const void *sendbuf, void *recvbuf,

@@ -26,10 +26,26 @@ bool weft_api_one_host(const weft_comm *comm);
 /* weft_iallreduce of a gradient set's bucket in step `step`, which its
  * chunks' signature carries (call_tag.h), with `wire` for this call only
  * (weft_comm_set_wire_dtype's values; -1: the communicator's), the set's
- * own option. */
+ * own option. `stream` NULL: ordered on the communicator's stream as any
+ * call. A device set passes its own: the call starts after the work queued
+ * on stream->stream now, that stream is NOT made to wait for the result
+ * (the backward kernels queued after it go on), and stream->signal gets the
+ * value weft_api_stream_after_buckets takes to link it later (0: none). */
+typedef struct weft_api_bucket_stream {
+  void *stream;    /* a CUstream; NULL: the legacy default stream */
+  uint32_t signal; /* out */
+} weft_api_bucket_stream;
 weft_status weft_api_ibucket_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf,
                                        size_t count, weft_dtype dtype, weft_op op, int wire,
-                                       uint64_t step, weft_request **req);
+                                       uint64_t step, weft_api_bucket_stream *stream,
+                                       weft_request **req);
+/* Work queued on `stream` (a CUstream) from now on waits until every
+ * bucket issued up to the one whose signal this is has its result in
+ * place. Never blocks; 0: nothing to wait for. */
+weft_status weft_api_stream_after_buckets(weft_comm *comm, void *stream, uint32_t signal);
+/* The communicator's stream (weft_comm_set_stream) and timeout in seconds. */
+void *weft_api_comm_stream(const weft_comm *comm);
+double weft_api_comm_timeout(const weft_comm *comm);
 
 /* weft_barrier's work under another call's name, inside that call's
  * one-thread mark (weft_comm_deregister's two barriers). */
@@ -49,5 +65,36 @@ void weft_api_mem_scale(const weft_api_mem *mem, void *buf, size_t count, weft_d
 /* `bytes` of zeroed memory of this kind, or NULL; weft_api_mem_release frees it. */
 void *weft_api_mem_alloc(const weft_api_mem *mem, size_t bytes);
 void weft_api_mem_release(const weft_api_mem *mem, void *ptr);
+
+/* ---- a device gradient set's work on a stream (mem.h says what each does) ----
+ * Queued on `stream` (a CUstream; NULL: the legacy stream), never blocking;
+ * a refusal is recorded on `comm` naming `call` and `what`, and returned.
+ * On host memory each is done at once (marks are always reached). The
+ * caller's CUDA context is current again when each returns. */
+/* One tensor of a packed bucket: `count` elements at `tensor`, at element
+ * `offset` of the bucket. */
+typedef struct weft_api_piece {
+  void *tensor;
+  size_t offset, count;
+} weft_api_piece;
+void *weft_api_pieces_create(const weft_api_mem *mem, const void *bucket, const weft_api_piece *pieces,
+                             int n);
+void weft_api_pieces_destroy(const weft_api_mem *mem, void *table);
+weft_status weft_api_pieces_move(weft_comm *comm, const char *call, const char *what,
+                                 const weft_api_mem *mem, void *bucket, const void *table, int n,
+                                 size_t most, weft_dtype dtype, double factor, bool to_bucket,
+                                 void *stream);
+weft_status weft_api_scale_on(weft_comm *comm, const char *call, const char *what,
+                              const weft_api_mem *mem, void *buf, size_t count, weft_dtype dtype,
+                              double factor, void *stream);
+weft_status weft_api_mark_create(weft_comm *comm, const char *call, const weft_api_mem *mem,
+                                 const void *near, void **mark);
+void weft_api_mark_destroy(const weft_api_mem *mem, void *mark);
+weft_status weft_api_mark_record(weft_comm *comm, const char *call, const weft_api_mem *mem, void *mark,
+                                 void *stream);
+/* The host waits until the work before the mark is done, at most the
+ * communicator's timeout (WEFT_ERR_TIMEOUT, naming `what`). */
+weft_status weft_api_mark_wait(weft_comm *comm, const char *call, const char *what,
+                               const weft_api_mem *mem, void *mark);
 
 #endif

@@ -501,7 +501,8 @@ static weft_status coll_begin(weft_core *comm, weft_coll_task *task, const char 
                            .comm = comm,
                            .kind = (uint8_t)kind,
                            .waiting_peer = -1,
-                           .wire_dtype = -1};
+                           .wire_dtype = -1,
+                           .user_stream = comm->user_stream};
   weft_coll *coll = &task->coll;
   /* the public entry point checked that the handle is live (src/api) */
   coll->rank = comm->rank;
@@ -738,6 +739,12 @@ typedef struct coll_args {
   int root;
   int wire;            /* this call's wire dtype (a gradient set's own); -1: the communicator's */
   uint64_t step_plus1; /* a gradient set's bucket: its step + 1; 0: an ordinary call */
+  /* a gradient set's bucket on device memory: the set's stream instead of
+   * the communicator's, and that stream not made to wait for the result at
+   * issue (weft_coll_bucket_allreduce_setup) */
+  bool own_stream;
+  void *stream;
+  bool defer_user_link;
 } coll_args;
 
 /* Where an integer avg's 64-bit sums live for one call (avg_widen). */
@@ -860,6 +867,8 @@ static weft_status coll_setup(weft_coll_task *task, const char *call, weft_core 
                         a->root));
   task->wire_dtype = a->wire; /* before the sequence number: the signature carries both */
   task->step_plus1 = a->step_plus1;
+  if (a->own_stream) task->user_stream = a->stream;
+  task->defer_user_link = a->defer_user_link;
   if (kind == KIND_ALLTOALL && a->count && a->sendbuf && a->sendbuf == a->recvbuf)
     return weft_core_error(comm, WEFT_ERR_INVALID, call,
                            "sendbuf == recvbuf, but alltoall cannot run in place (a block would be "
@@ -918,7 +927,7 @@ static weft_status barrier_setup(weft_coll_task *task, const char *call, weft_co
 /* ---- what the public setups return ----------------------------------------- */
 
 /* an ordinary call: the communicator's wire dtype, no step */
-#define COLL_ARGS(...) (&(coll_args){__VA_ARGS__, -1, 0})
+#define COLL_ARGS(...) (&(coll_args){__VA_ARGS__, -1, 0, false, NULL, false})
 
 weft_status weft_coll_allreduce_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
@@ -930,8 +939,8 @@ weft_status weft_coll_allreduce_setup(weft_coll_task *task, const char *call, we
 weft_status weft_coll_bucket_allreduce_setup(weft_coll_task *task, const char *call,
                                              weft_core *comm, const void *sendbuf, void *recvbuf,
                                              size_t count, weft_dtype dtype, weft_op op, int wire,
-                                             uint64_t step) {
-  coll_args a = {sendbuf, recvbuf, count, dtype, op, 0, wire, step + 1};
+                                             uint64_t step, bool own_stream, void *stream) {
+  coll_args a = {sendbuf, recvbuf, count, dtype, op, 0, wire, step + 1, own_stream, stream, own_stream};
   return coll_setup_ended(task, coll_setup(task, call, comm, KIND_ALLREDUCE, &a));
 }
 

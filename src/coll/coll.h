@@ -65,6 +65,11 @@ typedef struct weft_coll_task {
   uint64_t step_plus1;             /* a gradient set's bucket: its step + 1, in its signature */
   uint32_t device_signal;          /* a non-blocking device call's value for the user's stream
                                       (weft_coll_device_issue); 0: none, or signalled */
+  void *user_stream;               /* the CUDA stream the call is ordered after: the
+                                      communicator's (weft_comm_set_stream), or a gradient
+                                      set's own */
+  bool defer_user_link;            /* that stream is not made to wait for the result at issue
+                                      (a gradient set's bucket: the set links it at its wait) */
   size_t device_scratch_bytes;     /* ... with this much device scratch (the reductions') */
   /* staged device buffers may run in slices (coll_device.c): how the call's
    * algorithm starts on one slice (a collective whose buffers each hold
@@ -111,11 +116,15 @@ weft_status weft_coll_allreduce_setup(weft_coll_task *task, const char *call, we
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, weft_op op);
 /* A gradient set's bucket: an allreduce whose signature carries the set's
- * `step`, with the set's own `wire` dtype (-1: the communicator's). */
+ * `step`, with the set's own `wire` dtype (-1: the communicator's). With
+ * own_stream (a device set), ordered after `stream` instead of the
+ * communicator's, and that stream is not made to wait for the result at
+ * issue: the set links it later, at its wait (weft_coll_device_stream_wait),
+ * so the backward kernels queued after the bucket are not held behind it. */
 weft_status weft_coll_bucket_allreduce_setup(weft_coll_task *task, const char *call,
                                              weft_core *comm, const void *sendbuf, void *recvbuf,
                                              size_t count, weft_dtype dtype, weft_op op, int wire,
-                                             uint64_t step);
+                                             uint64_t step, bool own_stream, void *stream);
 weft_status weft_coll_broadcast_setup(weft_coll_task *task, const char *call, weft_core *comm,
                                       const void *sendbuf, void *recvbuf, size_t count,
                                       weft_dtype dtype, int root);

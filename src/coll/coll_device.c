@@ -467,7 +467,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
    * context; in a context of the caller's own it would be another stream,
    * which nothing here orders the call after (checked only then: a stream
    * of such a context is refused by the driver when weft records on it) */
-  if (!task->comm->user_stream && weft_cuda_caller_context_foreign(ordinal))
+  if (!task->user_stream && weft_cuda_caller_context_foreign(ordinal))
     return staged_fail(task, WEFT_ERR_INVALID,
                        "the calling thread's current CUDA context is no device's primary context "
                        "(one made with cuCtxCreate?) and the communicator's stream is NULL: weft orders "
@@ -482,7 +482,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
      * user's work queued on them before this call is done (the token on
      * `in`, polled by the direct rounds before anything else); buffers the
      * peers cannot map are bounced: the call works on a copy they can */
-    weft_status rc = weft_mem_device.stream_after_user(d->in, task->comm->user_stream);
+    weft_status rc = weft_mem_device.stream_after_user(d->in, task->user_stream);
     if (!rc && ((send && !weft_cuda_ipc_exportable(send)) || (recv && !weft_cuda_ipc_exportable(recv))))
       rc = bounce_in(task, d, span, send, recv);
     else if (!rc)
@@ -523,7 +523,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
    * since, which may wait for this very call's signal */
   weft_status rc = task->device_restaging
                        ? WEFT_OK
-                       : weft_mem_device.stream_after_user(d->in, task->comm->user_stream);
+                       : weft_mem_device.stream_after_user(d->in, task->user_stream);
   size_t slice = weft_settings()->device_slice_bytes;
   /* slices: a collective whose buffers each hold count elements on every
    * rank where it has them (allreduce, broadcast, reduce: the setup says
@@ -597,10 +597,24 @@ weft_status weft_coll_device_issue(weft_coll_task *task) {
   pthread_mutex_lock(&d->lock);
   uint32_t v = ++d->issued;
   if (!v) v = ++d->issued; /* 0 means "none" in a task */
-  weft_status rc = weft_mem_device.user_wait_signal(task->comm->user_stream, d->stream, v);
+  /* deferred (a gradient set's bucket): the user's stream waits later, at
+   * the set's wait, for this value or a later one; the word must exist
+   * before this call's signal is queued, or the signal writes nothing */
+  weft_status rc = task->defer_user_link ? weft_cuda_signal_prepare(d->stream)
+                                         : weft_mem_device.user_wait_signal(task->user_stream, d->stream, v);
   pthread_mutex_unlock(&d->lock);
   if (rc) return weft_core_error(task->comm, rc, task->coll.call, "%s", task->comm->links.sink.msg);
   task->device_signal = v;
+  return WEFT_OK;
+}
+
+weft_status weft_coll_device_stream_wait(weft_core *core, void *stream, uint32_t signal) {
+  struct weft_coll_device *d = core->device;
+  if (!d || !signal) return WEFT_OK; /* no device call issued: nothing to wait for */
+  pthread_mutex_lock(&d->lock);
+  weft_status rc = weft_mem_device.user_wait_signal(stream, d->stream, signal);
+  pthread_mutex_unlock(&d->lock);
+  if (rc) return weft_core_error(core, rc, "a stream's wait for device calls", "%s", core->links.sink.msg);
   return WEFT_OK;
 }
 
@@ -823,6 +837,10 @@ weft_status weft_coll_stage_slices_start(weft_coll_task *task) {
 }
 void weft_coll_device_free(weft_core *core) {
   (void)core;
+}
+weft_status weft_coll_device_stream_wait(weft_core *core, void *stream, uint32_t signal) {
+  (void)core, (void)stream, (void)signal;
+  return WEFT_OK;
 }
 
 #endif

@@ -54,6 +54,13 @@ weft_status weft_coll_stage_slices_start(weft_coll_task *task);
  * host buffers; an error (the driver refused) has its sentence written. */
 weft_status weft_coll_device_issue(weft_coll_task *task);
 
+/* A deferred link's other half (task->defer_user_link, a gradient set's
+ * buckets): work queued on `stream` later waits until the calls issued up
+ * to the one whose value is `signal` (task->device_signal at issue) have
+ * ended; signals are written in issue order, so one wait covers all of
+ * them. Never blocks. 0, or no device call yet: nothing to wait for. */
+weft_status weft_coll_device_stream_wait(weft_core *core, void *stream, uint32_t signal);
+
 /* Gives the staging buffers back and lets the user's stream go on past
  * the call (the call ended, however). */
 void weft_coll_stage_release(weft_coll_task *task);

@@ -374,21 +374,34 @@ fail:
  * writes later (signal): the call's work is queued only when it runs, so no
  * event of it exists yet to wait for. GEQ compares with wrap-around, so a
  * 32-bit count of calls never runs out. */
+/* The signal word, made on first use: it starts at 0, so every value from
+ * 1 is still to come. The caller entered the stream's context. */
+static CUresult signal_word(weft_mem_stream *s, const char **call) {
+  if (s->signal) return CUDA_SUCCESS;
+  CUresult r;
+  *call = "cuMemAlloc (the signal word)";
+  if ((r = cuda->mem_alloc(&s->signal, sizeof(uint32_t))) != CUDA_SUCCESS) return r;
+  *call = "cuMemsetD8Async (the signal word)";
+  if ((r = cuda->memset_d8_async(s->signal, 0, sizeof(uint32_t), s->stream)) != CUDA_SUCCESS ||
+      (r = cuda->stream_synchronize(s->stream)) != CUDA_SUCCESS) {
+    cuda->mem_free(s->signal);
+    s->signal = 0;
+  }
+  return r;
+}
+
+weft_status weft_cuda_signal_prepare(weft_mem_stream *s) {
+  const char *call = "cuCtxSetCurrent";
+  CUresult r = cuda_enter(s);
+  if (r == CUDA_SUCCESS) r = signal_word(s, &call);
+  return r == CUDA_SUCCESS ? WEFT_OK : cuda_fail(s->errors, r, call, s->ordinal, NULL, 0);
+}
+
 static weft_status device_user_wait_signal(void *user_stream, weft_mem_stream *s, uint32_t value) {
   CUresult r;
   const char *call = "cuCtxSetCurrent";
   if ((r = cuda_enter(s)) != CUDA_SUCCESS) goto fail;
-  if (!s->signal) { /* the word starts at 0: every value from 1 is still to come */
-    call = "cuMemAlloc (the signal word)";
-    if ((r = cuda->mem_alloc(&s->signal, sizeof(uint32_t))) != CUDA_SUCCESS) goto fail;
-    call = "cuMemsetD8Async (the signal word)";
-    if ((r = cuda->memset_d8_async(s->signal, 0, sizeof(uint32_t), s->stream)) != CUDA_SUCCESS ||
-        (r = cuda->stream_synchronize(s->stream)) != CUDA_SUCCESS) {
-      cuda->mem_free(s->signal);
-      s->signal = 0;
-      goto fail;
-    }
-  }
+  if ((r = signal_word(s, &call)) != CUDA_SUCCESS) goto fail;
   size_t i = 0;
   while (i < s->nwaiters && s->waiters[i] != (CUstream)user_stream) i++;
   if (i == s->nwaiters) {
@@ -626,7 +639,7 @@ typedef struct cuda_kernels {
   bool tried, loaded;
   CUmodule module;
   CUfunction reduce[WEFT_DTYPE_COUNT], finish[WEFT_DTYPE_COUNT], scale[WEFT_DTYPE_COUNT];
-  CUfunction direct[WEFT_DTYPE_COUNT];
+  CUfunction direct[WEFT_DTYPE_COUNT], pieces[WEFT_DTYPE_COUNT];
   CUfunction narrow, widen, wire_reduce;
 } cuda_kernels;
 
@@ -660,6 +673,8 @@ static const cuda_kernels *kernels_for(int ordinal, weft_error_sink *errors) {
       if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->scale[d], k->module, name);
       snprintf(name, sizeof name, "weft_k_direct_%s", names[d]);
       if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->direct[d], k->module, name);
+      snprintf(name, sizeof name, "weft_k_pieces_%s", names[d]);
+      if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->pieces[d], k->module, name);
     }
     if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->narrow, k->module, "weft_k_wire_narrow");
     if (r == CUDA_SUCCESS) r = cuda->module_get_function(&k->widen, k->module, "weft_k_wire_widen");
@@ -1030,6 +1045,112 @@ static void device_unmap_peer(void *base) {
   if (r != CUDA_SUCCESS) cuda_fail(NULL, r, "cuIpcCloseMemHandle", device_of(base), base, 0);
 }
 
+/* ---- a gradient set's work on the user's stream (mem.h) ----------------------- */
+
+static void *device_pieces_create(const void *bucket, const weft_mem_piece *pieces, int n) {
+  int ordinal = device_of(bucket);
+  if (n <= 0 || !cuda_load() || !enter_device(ordinal)) return NULL;
+  weft_k_piece *host = malloc(sizeof *host * (size_t)n);
+  if (!host) return NULL;
+  for (int i = 0; i < n; i++)
+    host[i] = (weft_k_piece){(unsigned long long)(uintptr_t)pieces[i].tensor, pieces[i].offset,
+                             pieces[i].count};
+  size_t bytes = sizeof *host * (size_t)n;
+  CUdeviceptr table = 0;
+  /* written once, at the set's finalize: a wait here costs nothing per step */
+  CUresult r = cuda->mem_alloc(&table, bytes);
+  if (r == CUDA_SUCCESS) r = cuda->memcpy_htod_async(table, host, bytes, NULL);
+  if (r == CUDA_SUCCESS) r = cuda->stream_synchronize(NULL);
+  free(host);
+  if (r != CUDA_SUCCESS) {
+    cuda_fail(NULL, r, "a gradient bucket's piece table (cuMemAlloc, cuMemcpyHtoDAsync)", ordinal, NULL, bytes);
+    if (table) cuda->mem_free(table);
+    return NULL;
+  }
+  return (void *)(uintptr_t)table;
+}
+
+static void device_pieces_destroy(void *table) {
+  device_free_scratch(table);
+}
+
+static weft_status device_pieces_move(void *bucket, const void *table, int n, size_t most,
+                                      weft_dtype dtype, double factor, bool to_bucket,
+                                      void *user_stream, void *errors) {
+  if (n <= 0 || !most) return WEFT_OK;
+  int ordinal = device_of(bucket);
+  const cuda_kernels *k = (unsigned)dtype < WEFT_DTYPE_COUNT ? kernels_for(ordinal, errors) : NULL;
+  if (!k) return WEFT_ERR_UNSUPPORTED;
+  size_t blocks = (most + 255) / 256;
+  if (blocks > 1024) blocks = 1024; /* grid-stride loops take the rest */
+  unsigned gy = n < 65535 ? (unsigned)n : 65535u;
+  int to = to_bucket;
+  void *params[] = {&bucket, &table, &n, &factor, &to};
+  CUresult r = cuda->launch_kernel(k->pieces[dtype], (unsigned)blocks, gy, 1, 256, 1, 1, 0,
+                                   (CUstream)user_stream, params, NULL);
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(errors, r, to_bucket ? "cuLaunchKernel (weft_k_pieces, a bucket's pack)"
+                                          : "cuLaunchKernel (weft_k_pieces, a bucket's unpack)",
+                     ordinal, bucket, most);
+  return WEFT_OK;
+}
+
+static weft_status device_scale_on(void *buf, size_t count, weft_dtype dtype, double factor,
+                                   void *user_stream, void *errors) {
+  if (!count) return WEFT_OK;
+  int ordinal = device_of(buf);
+  const cuda_kernels *k = (unsigned)dtype < WEFT_DTYPE_COUNT ? kernels_for(ordinal, errors) : NULL;
+  if (!k) return WEFT_ERR_UNSUPPORTED;
+  void *params[] = {&buf, &count, &factor};
+  CUresult r = launch(k->scale[dtype], count, (CUstream)user_stream, params);
+  if (r != CUDA_SUCCESS) return cuda_fail(errors, r, "cuLaunchKernel (weft_k_scale)", ordinal, buf, count);
+  return WEFT_OK;
+}
+
+/* A mark: an event of one device's primary context. */
+typedef struct cuda_mark {
+  CUevent event;
+  int ordinal;
+} cuda_mark;
+
+static weft_status device_mark_create(const void *near, void **out, void *errors) {
+  *out = NULL;
+  cuda_mark *m = calloc(1, sizeof *m);
+  if (!m) return WEFT_ERR_NOMEM;
+  m->ordinal = device_of(near);
+  CUresult r = cuda_load() && enter_device(m->ordinal) ? cuda->event_create(&m->event, CU_EVENT_DISABLE_TIMING)
+                                                       : CUDA_ERROR_INVALID_CONTEXT;
+  if (r != CUDA_SUCCESS) {
+    free(m);
+    return cuda_fail(errors, r, "cuEventCreate (a gradient set's mark)", device_of(near), NULL, 0);
+  }
+  *out = m;
+  return WEFT_OK;
+}
+
+static void device_mark_destroy(void *mark) {
+  cuda_mark *m = mark;
+  if (!m) return;
+  if (m->event && enter_device(m->ordinal)) cuda->event_destroy(m->event);
+  free(m);
+}
+
+static weft_status device_mark_record(void *mark, void *user_stream, void *errors) {
+  cuda_mark *m = mark;
+  CUresult r = enter_device(m->ordinal) ? cuda->event_record(m->event, (CUstream)user_stream)
+                                        : CUDA_ERROR_INVALID_CONTEXT;
+  return r == CUDA_SUCCESS ? WEFT_OK
+                           : cuda_fail(errors, r, "cuEventRecord (the gradient set's stream)", m->ordinal, NULL, 0);
+}
+
+static weft_status device_mark_poll(void *mark, void *errors) {
+  cuda_mark *m = mark;
+  CUresult r = enter_device(m->ordinal) ? cuda->event_query(m->event) : CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_ERROR_NOT_READY) return WEFT_AGAIN;
+  return r == CUDA_SUCCESS ? WEFT_OK
+                           : cuda_fail(errors, r, "cuEventQuery (work of the gradient set's stream)", m->ordinal, NULL, 0);
+}
+
 static void device_stream_destroy(weft_mem_stream *s) {
   weft_cuda_stream_destroy(s);
 }
@@ -1065,4 +1186,12 @@ const weft_mem_ops weft_mem_device = {
     .reduce_all_async = device_reduce_all_async,
     .map_peer = device_map_peer,
     .unmap_peer = device_unmap_peer,
+    .pieces_create = device_pieces_create,
+    .pieces_destroy = device_pieces_destroy,
+    .pieces_move = device_pieces_move,
+    .scale_on = device_scale_on,
+    .mark_create = device_mark_create,
+    .mark_destroy = device_mark_destroy,
+    .mark_record = device_mark_record,
+    .mark_poll = device_mark_poll,
 };

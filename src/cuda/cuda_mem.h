@@ -26,6 +26,10 @@ weft_memory weft_cuda_pointer_kind(const void *ptr, int *ordinal);
  * Errors of its work are worded into `errors` (a weft_error_sink). */
 weft_status weft_cuda_stream_create(int ordinal, weft_mem_stream **stream, void *errors);
 void weft_cuda_stream_destroy(weft_mem_stream *stream);
+/* Makes the stream's signal word now (user_wait_signal makes it on first
+ * use), so that the signals of calls whose user streams wait only later
+ * (a gradient set's buckets) are written from the first. */
+weft_status weft_cuda_signal_prepare(weft_mem_stream *stream);
 
 /* Pinned host memory that the ranks of this host can map: a weft_mem_alloc
  * allocation (a memfd, WEFT_MEMORY_SHARED) page-locked for the GPUs'

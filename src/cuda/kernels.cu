@@ -61,6 +61,35 @@
     }                                                                                     \
   }
 
+// A bucket's pack or unpack (kernels.h, weft_k_pieces_X): blocks along y
+// take pieces, along x elements; factor 1.0 moves the bits as they are (a
+// NaN's payload too), as the host's memcpy does.
+#define WEFT_PIECES_KERNEL(X, T)                                                          \
+  extern "C" __global__ void weft_k_pieces_##X(T *bucket, const weft_k_piece *pieces,     \
+                                               int n, double factor, int to_bucket) {     \
+    for (int p = blockIdx.y; p < n; p += gridDim.y) {                                     \
+      T *t = (T *)(uintptr_t)pieces[p].tensor;                                            \
+      T *b = bucket + pieces[p].offset;                                                   \
+      T *dst = to_bucket ? b : t;                                                         \
+      const T *src = to_bucket ? t : b;                                                   \
+      size_t count = pieces[p].count;                                                     \
+      if (factor == 1.0) {                                                                \
+        WEFT_GRID_STRIDE(i, count) dst[i] = src[i];                                       \
+      } else {                                                                            \
+        WEFT_GRID_STRIDE(i, count) dst[i] = weft_scale_##X(src[i], factor);               \
+      }                                                                                   \
+    }                                                                                     \
+  }
+
+WEFT_PIECES_KERNEL(f32, float)
+WEFT_PIECES_KERNEL(f64, double)
+WEFT_PIECES_KERNEL(f16, uint16_t)
+WEFT_PIECES_KERNEL(bf16, uint16_t)
+WEFT_PIECES_KERNEL(i8, int8_t)
+WEFT_PIECES_KERNEL(u8, uint8_t)
+WEFT_PIECES_KERNEL(i32, int32_t)
+WEFT_PIECES_KERNEL(i64, int64_t)
+
 WEFT_DIRECT_KERNEL(f32, float)
 WEFT_DIRECT_KERNEL(f64, double)
 WEFT_DIRECT_KERNEL(f16, uint16_t)

@@ -11,6 +11,12 @@
  *       <= WEFT_K_MEMBERS: the direct allreduce's slice in one pass, read once
  *       and stored n times; vec16: every pointer 16-byte aligned, 16-byte
  *       loads and stores (the rest of count element by element)
+ *   weft_k_pieces_X  (T *bucket, const weft_k_piece *pieces, int n, double factor,
+ *                     int to_bucket)
+ *       a gradient bucket's pack (to_bucket: bucket[offset + i] = tensor[i]
+ *       * factor) or unpack (tensor[i] = bucket[offset + i] * factor) of
+ *       every piece in one launch: blockIdx.y walks the pieces, x the
+ *       elements; factor 1.0 copies bit for bit
  *   weft_k_wire_narrow (uint16_t *dst, const float *src, size_t n, int wire)
  *   weft_k_wire_widen  (float *dst, const uint16_t *src, size_t n, int wire)
  *   weft_k_wire_reduce (float *dst, const float *a, const uint16_t *b, size_t n,
@@ -33,6 +39,12 @@ extern const size_t weft_cuda_fatbin_len;
 typedef struct weft_k_members {
   unsigned long long in[WEFT_K_MEMBERS], out[WEFT_K_MEMBERS];
 } weft_k_members;
+
+/* One piece of a weft_k_pieces_X launch, in device memory: a tensor's
+ * address, its element offset in the bucket and its element count. */
+typedef struct weft_k_piece {
+  unsigned long long tensor, offset, count;
+} weft_k_piece;
 
 /* The short names, indexed by weft_dtype. */
 #define WEFT_CUDA_DTYPE_NAMES {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"}

@@ -40,7 +40,13 @@ typedef struct grad_bucket {
   int shared;   /* ... by weft_mem_alloc: peers of this host reach it (direct allreduce) */
   int pending;  /* members not ready yet in this step */
   int launched;
-  weft_request *req;
+  weft_request *req; /* may outlive its step: a step ended by weft_grad_wait_stream leaves it
+                        for the next launch of this bucket (reap) to free */
+  uint64_t req_step; /* the step req belongs to */
+  /* device copy mode: the members as the pack/unpack kernel reads them */
+  void *pieces;
+  size_t most;     /* the largest member's count */
+  uint32_t signal; /* its allreduce's value for streams that wait on it (device sets) */
 } grad_bucket;
 
 struct weft_grad {
@@ -62,6 +68,16 @@ struct weft_grad {
   int nbuckets;
   int finalized;
   weft_status broken; /* sticky: a mismatch or a communicator failure */
+
+  /* a set of device tensors: its work is queued on `stream` (named with
+   * weft_grad_set_stream; else the communicator's at each launch) */
+  int device;
+  int stream_named;
+  void *stream;
+  const weft_api_mem *mem; /* the set's memory table (its mark) */
+  void *drained;           /* the host form's wait for its unpacks */
+  int unpacks_on_stream;   /* the last step ended with weft_grad_wait_stream: its unpacks,
+                              queued on the program's stream, end at `drained` */
 
   uint64_t step;    /* steps completed */
   int in_step;      /* a weft_grad_ready came since the last wait */
@@ -617,22 +633,6 @@ WEFT_API weft_status weft_grad_register(weft_grad *g, const weft_tensor *t, int 
                           "tensor %d is %s memory but tensor 0 is %s memory: a gradient set holds one "
                           "memory kind (make one set per kind)",
                           g->ntensors, memory_name(t->memory), memory_name(g->regs[0].memory));
-  /* Device sets, for now: owned storage (the framework's gradients are views
-   * of weft's device buckets, reduced in place, in the stream order of the
-   * communicator's stream) without prediv. Copies in and out, and prediv's
-   * scaling, must be queued on that stream, after the kernels that make the
-   * gradients, which is not built: refused rather than done out of order. */
-  if (t->memory == WEFT_MEMORY_DEVICE && !g->opts.owned_storage)
-    return weft_api_error(g->comm, WEFT_ERR_UNSUPPORTED, call,
-                          "tensor %d: device memory takes owned storage for now (weft_grad_options."
-                          "owned_storage = 1: the gradients are views of weft's device buckets); copies of "
-                          "device tensors in stream order are not built",
-                          g->ntensors);
-  if (t->memory == WEFT_MEMORY_DEVICE && g->opts.prediv > 1)
-    return weft_api_error(g->comm, WEFT_ERR_UNSUPPORTED, call,
-                          "tensor %d: device memory with prediv %g: its scaling in stream order is not "
-                          "built (use prediv 0 or 1)",
-                          g->ntensors, g->opts.prediv);
   if (g->ntensors == g->cap_tensors) {
     int cap = g->cap_tensors ? 2 * g->cap_tensors : 64;
     weft_tensor *regs = realloc(g->regs, sizeof *regs * (size_t)cap);
@@ -792,6 +792,24 @@ static weft_status place_buckets(weft_grad *g) {
         int i = bk->members[k];
         g->regs[i].ptr = (char *)bk->flat + g->offset_of[i] * weft_dtype_size(bk->dtype);
       }
+    if (bk->staged && !weft_api_mem_is_host(bk->mem)) {
+      /* device copy mode: one kernel packs every member, one unpacks */
+      weft_api_piece *pc = malloc(sizeof *pc * (size_t)bk->nmembers);
+      if (!pc) return WEFT_ERR_NOMEM;
+      for (int k = 0; k < bk->nmembers; k++) {
+        int i = bk->members[k];
+        pc[k] = (weft_api_piece){g->regs[i].ptr, g->offset_of[i], g->regs[i].count};
+        if (g->regs[i].count > bk->most) bk->most = g->regs[i].count;
+      }
+      bk->pieces = weft_api_pieces_create(bk->mem, bk->flat, pc, bk->nmembers);
+      free(pc);
+      if (!bk->pieces) return WEFT_ERR_NOMEM;
+    }
+  }
+  if (g->device) {
+    g->mem = g->buckets[0].mem;
+    if (weft_api_mark_create(g->comm, "weft_grad_finalize", g->mem, g->buckets[0].flat, &g->drained))
+      return WEFT_ERR_SYSTEM;
   }
   return WEFT_OK;
 }
@@ -836,16 +854,39 @@ static void grad_fill_spec(const weft_grad *g, agree_spec *s, const char *call) 
   }
 }
 
+/* A set that failed keeps its device buckets allocated: a peer whose call
+ * failed part-way may still have one open over CUDA IPC (its context may be
+ * unable to close it after a kernel fault), and freeing memory another
+ * process has open is undefined. They go with the process. */
 static void free_buckets(weft_grad *g) {
+  int kept = 0;
+  /* the unpacks the last weft_grad_wait_stream queued read the buckets and
+   * their piece tables: they go once that work is done (bounded) */
+  if (g->mem && g->unpacks_on_stream)
+    weft_api_mark_wait(g->comm, "weft_grad_destroy", "the last step's unpacking", g->mem, g->drained);
+  g->unpacks_on_stream = 0;
   for (int b = 0; g->buckets && b < g->nbuckets; b++) {
     grad_bucket *bk = &g->buckets[b];
     if (bk->req) weft_wait(&bk->req);
+    weft_api_pieces_destroy(bk->mem, bk->pieces);
     if (bk->owned && bk->shared)
       weft_mem_free(bk->flat);
+    else if (bk->owned && bk->mem && g->device && g->broken)
+      kept++;
     else if (bk->owned && bk->mem)
       weft_api_mem_release(bk->mem, bk->flat);
     free(bk->members);
   }
+  if (g->mem) {
+    weft_api_mark_destroy(g->mem, g->drained);
+  }
+  g->drained = NULL;
+  g->mem = NULL;
+  if (kept)
+    WEFT_INFO(WEFT_SUBSYS_GRAD,
+              "%d device buckets of a set that failed stay allocated (a peer may still map them) until the "
+              "process ends",
+              kept);
   free(g->buckets);
   free(g->bucket_of);
   free(g->offset_of);
@@ -862,6 +903,7 @@ WEFT_API weft_status weft_grad_finalize(weft_grad *g) {
   if (!grad_ok(g)) return bad_handle(call);
   if (g->finalized)
     return weft_api_error(g->comm, WEFT_ERR_INVALID, call, "the set is already finalized");
+  g->device = g->ntensors && g->regs[0].memory == WEFT_MEMORY_DEVICE;
   weft_status local = form_buckets(g);
   if (!local) local = place_buckets(g);
   if (local)
@@ -911,28 +953,80 @@ static weft_status step_begin(weft_grad *g, const char *call) {
   return WEFT_OK;
 }
 
+/* "bucket 3 of 7 (4096 f32 elements, 5 tensors from tensor 12) in step 9" */
+static void bucket_words(const weft_grad *g, int b, uint64_t step, char *buf, size_t len) {
+  const grad_bucket *bk = &g->buckets[b];
+  snprintf(buf, len, "bucket %d of %d (%zu %s elements, %d tensors from tensor %d) in step %llu", b,
+           g->nbuckets, bk->count, weft_dtype_name(bk->dtype), bk->nmembers, bk->members[0],
+           (unsigned long long)step);
+}
+
+/* The stream a device set's work is queued on. */
+static void *set_stream(const weft_grad *g) {
+  return g->stream_named ? g->stream : weft_api_comm_stream(g->comm);
+}
+
+/* Frees bucket b's request of an earlier step (one weft_grad_wait_stream
+ * ended without the host waiting): its result was linked into a stream, so
+ * it is over on the GPU once that stream passed it; the host hears how it
+ * ended here, at the latest when the bucket leaves again. */
+static weft_status reap(weft_grad *g, int b, const char *call) {
+  grad_bucket *bk = &g->buckets[b];
+  if (!bk->req) return WEFT_OK;
+  uint64_t step = bk->req_step;
+  weft_status st = weft_wait(&bk->req);
+  if (!st) return WEFT_OK;
+  char ctx[220];
+  bucket_words(g, b, step, ctx, sizeof ctx);
+  g->broken = st;
+  return wrap_error(g->comm, st, call, ctx);
+}
+
 static weft_status launch(weft_grad *g, int b, const char *call) {
   grad_bucket *bk = &g->buckets[b];
   weft_op op = g->opts.op;
   size_t bytes = bk->count * weft_dtype_size(bk->dtype);
-  if (g->opts.prediv > 1) {
-    weft_api_mem_scale(bk->mem, bk->flat, bk->count, bk->dtype, 1.0 / g->opts.prediv);
+  WEFT_CHECK(reap(g, b, call));
+  double pre = g->opts.prediv > 1 ? 1.0 / g->opts.prediv : 1.0;
+  if (pre != 1.0) op = WEFT_SUM;
+  weft_api_bucket_stream on = {set_stream(g), 0};
+  weft_status st = WEFT_OK;
+  char ctx[220];
+  bucket_words(g, b, g->step, ctx, sizeof ctx);
+  if (g->device) {
+    /* stream order: after the kernels that made the gradients, queued
+     * before the last ready (and, weft.h's rule, after the work of the
+     * stream the last weft_grad_wait_stream linked: its unpacks) */
+    if (bk->staged) {
+      st = weft_api_pieces_move(g->comm, call, ctx, bk->mem, bk->flat, bk->pieces, bk->nmembers,
+                                bk->most, bk->dtype, pre, true, on.stream);
+      for (int k = 0; k < bk->nmembers; k++)
+        g->stats.bytes_copied += g->regs[bk->members[k]].count * weft_dtype_size(bk->dtype);
+    } else if (pre != 1.0) {
+      st = weft_api_scale_on(g->comm, call, ctx, bk->mem, bk->flat, bk->count, bk->dtype, pre, on.stream);
+    }
+    if (st) return g->broken = st;
+    if (pre != 1.0) g->stats.bytes_scaled += bytes;
+  } else if (pre != 1.0) {
+    weft_api_mem_scale(bk->mem, bk->flat, bk->count, bk->dtype, pre);
     g->stats.bytes_scaled += bytes;
-    op = WEFT_SUM;
   }
   bk->launched = 1;
   WEFT_TRACE(WEFT_SUBSYS_GRAD, "step %llu: bucket %d launched (%zu %s)",
              (unsigned long long)g->step, b, bk->count, weft_dtype_name(bk->dtype));
-  weft_status st = weft_api_ibucket_allreduce(g->comm, bk->flat, bk->flat, bk->count, bk->dtype,
-                                              op, g->opts.wire_dtype, g->step, &bk->req);
+  /* a device set's bucket is ordered after the set's stream without making
+   * that stream wait for it: the backward kernels queued after it go on */
+  st = weft_api_ibucket_allreduce(g->comm, bk->flat, bk->flat, bk->count, bk->dtype, op,
+                                  g->opts.wire_dtype, g->step, g->device ? &on : NULL, &bk->req);
+  bk->signal = on.signal;
+  bk->req_step = g->step;
   g->stats.buckets_launched++;
   g->stats.bytes_reduced += bytes;
   if (st) {
-    char ctx[160];
-    snprintf(ctx, sizeof ctx, "launching bucket %d (%zu %s elements) in step %llu", b, bk->count,
-             weft_dtype_name(bk->dtype), (unsigned long long)g->step);
+    char launching[260];
+    snprintf(launching, sizeof launching, "launching %s", ctx);
     g->broken = st;
-    return wrap_error(g->comm, st, call, ctx);
+    return wrap_error(g->comm, st, call, launching);
   }
   return WEFT_OK;
 }
@@ -945,9 +1039,11 @@ static weft_status launch_in_order(weft_grad *g, const char *call) {
   return WEFT_OK;
 }
 
+/* A host set's copy into its bucket, at ready; a device set packs the whole
+ * bucket with one kernel as it launches. */
 static void copy_in(weft_grad *g, int i) {
   grad_bucket *bk = &g->buckets[g->bucket_of[i]];
-  if (!bk->staged) return;
+  if (!bk->staged || g->device) return;
   size_t esz = weft_dtype_size(bk->dtype), bytes = g->regs[i].count * esz;
   weft_api_mem_copy(bk->mem, (char *)bk->flat + g->offset_of[i] * esz, g->regs[i].ptr, bytes);
   g->stats.bytes_copied += bytes;
@@ -996,22 +1092,80 @@ static void step_reset(weft_grad *g) {
   g->step++;
 }
 
-/* After a bucket's allreduce: undo the pre-division, hand results back. */
-static void bucket_finish(weft_grad *g, grad_bucket *bk) {
+/* The factor a bucket's result is multiplied by after its allreduce: the
+ * pre-division undone (avg: and the mean taken). 1: none. */
+static double post_factor(const weft_grad *g) {
+  if (!(g->opts.prediv > 1)) return 1.0;
+  return g->opts.op == WEFT_AVG ? g->opts.prediv / weft_comm_size(g->comm) : g->opts.prediv;
+}
+
+/* After a bucket's allreduce: undo the pre-division, hand results back. A
+ * device set queues both on `stream` as one kernel per bucket (the unpack
+ * with the factor fused in, or the scaling of a bucket that is reduced
+ * where it lies); a host set does them now. */
+static weft_status bucket_finish(weft_grad *g, int b, void *stream, const char *call) {
+  grad_bucket *bk = &g->buckets[b];
   size_t esz = weft_dtype_size(bk->dtype);
-  if (g->opts.prediv > 1) {
-    double post =
-        g->opts.op == WEFT_AVG ? g->opts.prediv / weft_comm_size(g->comm) : g->opts.prediv;
+  double post = post_factor(g);
+  if (g->device) {
+    char ctx[220];
+    bucket_words(g, b, g->step, ctx, sizeof ctx);
+    weft_status st = WEFT_OK;
+    if (bk->staged)
+      st = weft_api_pieces_move(g->comm, call, ctx, bk->mem, bk->flat, bk->pieces, bk->nmembers, bk->most,
+                                bk->dtype, post, false, stream);
+    else if (post != 1.0)
+      st = weft_api_scale_on(g->comm, call, ctx, bk->mem, bk->flat, bk->count, bk->dtype, post, stream);
+    if (st) return g->broken = st;
+    if (post != 1.0) g->stats.bytes_scaled += bk->count * esz;
+    for (int k = 0; bk->staged && k < bk->nmembers; k++)
+      g->stats.bytes_copied += g->regs[bk->members[k]].count * esz;
+    return WEFT_OK;
+  }
+  if (post != 1.0) {
     weft_api_mem_scale(bk->mem, bk->flat, bk->count, bk->dtype, post);
     g->stats.bytes_scaled += bk->count * esz;
   }
-  if (!bk->staged) return;
+  if (!bk->staged) return WEFT_OK;
   for (int k = 0; k < bk->nmembers; k++) {
     int i = bk->members[k];
     size_t bytes = g->regs[i].count * esz;
     weft_api_mem_copy(bk->mem, g->regs[i].ptr, (char *)bk->flat + g->offset_of[i] * esz, bytes);
     g->stats.bytes_copied += bytes;
   }
+  return WEFT_OK;
+}
+
+/* Launches what the step has not: tensors never marked ready go in as they
+ * are. */
+static weft_status flush(weft_grad *g, const char *call) {
+  weft_status st = WEFT_OK;
+  for (int b = g->next_launch; b < g->nbuckets && !st; b++) {
+    grad_bucket *bk = &g->buckets[b];
+    for (int k = 0; k < bk->nmembers && bk->pending; k++) {
+      int i = bk->members[k];
+      if (g->ready_stamp[i] == g->step + 1) continue;
+      copy_in(g, i);
+      bk->pending--;
+    }
+    st = launch_in_order(g, call);
+  }
+  return st;
+}
+
+/* The end of a step that reduced (or did not): counters, and the parameter
+ * broadcast every bcast_period synchronised steps. */
+static weft_status step_end(weft_grad *g, int synced) {
+  g->stats.steps++;
+  if (!synced) return WEFT_OK;
+  g->stats.synced_steps++;
+  if (g->nparams && g->opts.bcast_period > 0 &&
+      g->stats.synced_steps % (uint64_t)g->opts.bcast_period == 0) {
+    weft_status st = weft_params_broadcast(g->comm, g->params, g->nparams, g->opts.bcast_root);
+    if (st) return g->broken = st;
+    g->stats.params_broadcasts++;
+  }
+  return WEFT_OK;
 }
 
 WEFT_API weft_status weft_grad_wait(weft_grad *g) {
@@ -1024,20 +1178,8 @@ WEFT_API weft_status weft_grad_wait(weft_grad *g) {
     return st;
   }
   st = step_begin(g, call);
-  if (!st && g->sync) {
-    /* flush: tensors never marked ready go in as they are */
-    for (int b = g->next_launch; b < g->nbuckets && !st; b++) {
-      grad_bucket *bk = &g->buckets[b];
-      for (int k = 0; k < bk->nmembers && bk->pending; k++) {
-        int i = bk->members[k];
-        if (g->ready_stamp[i] == g->step + 1) continue;
-        copy_in(g, i);
-        bk->pending--;
-      }
-      st = launch_in_order(g, call);
-    }
-  }
-  int failed_bucket = -1;
+  if (!st && g->sync) st = flush(g, call);
+  int failed_bucket = -1, finished = 0;
   weft_status first = WEFT_OK;
   for (int b = 0; b < g->nbuckets; b++) {
     grad_bucket *bk = &g->buckets[b];
@@ -1047,31 +1189,89 @@ WEFT_API weft_status weft_grad_wait(weft_grad *g) {
       first = s;
       failed_bucket = b;
     }
-    if (!s && !first && !st) bucket_finish(g, bk);
+    if (!s && !first && !st) {
+      st = bucket_finish(g, b, set_stream(g), call);
+      finished++;
+    }
   }
   if (first && !st) {
-    grad_bucket *bk = &g->buckets[failed_bucket];
-    char ctx[200];
-    snprintf(ctx, sizeof ctx,
-             "bucket %d of %d (%zu %s elements, %d tensors from tensor %d) in "
-             "step %llu",
-             failed_bucket, g->nbuckets, bk->count, weft_dtype_name(bk->dtype), bk->nmembers,
-             bk->members[0], (unsigned long long)g->step);
+    char ctx[220];
+    bucket_words(g, failed_bucket, g->step, ctx, sizeof ctx);
     st = g->broken = wrap_error(g->comm, first, call, ctx);
+  }
+  /* a device set's unpacks and scalings were queued on its stream: the
+   * host form returns once they are done, so the gradients may be read
+   * from any stream or copied to the host */
+  if (!st && g->device && finished && (post_factor(g) != 1.0 || !g->opts.owned_storage)) {
+    st = weft_api_mark_record(g->comm, call, g->mem, g->drained, set_stream(g));
+    char what[160];
+    snprintf(what, sizeof what, "the unpack and scaling kernels of buckets 0 to %d (of %d) in step %llu",
+             g->nbuckets - 1, g->nbuckets, (unsigned long long)g->step);
+    if (!st) st = weft_api_mark_wait(g->comm, call, what, g->mem, g->drained);
+    if (st) g->broken = st;
   }
   int synced = g->sync;
   step_reset(g);
   if (st) return st;
-  g->stats.steps++;
-  if (!synced) return WEFT_OK;
-  g->stats.synced_steps++;
-  if (g->nparams && g->opts.bcast_period > 0 &&
-      g->stats.synced_steps % (uint64_t)g->opts.bcast_period == 0) {
-    st = weft_params_broadcast(g->comm, g->params, g->nparams, g->opts.bcast_root);
-    if (st) return g->broken = st;
-    g->stats.params_broadcasts++;
+  return step_end(g, synced);
+}
+
+WEFT_API weft_status weft_grad_wait_stream(weft_grad *g, void *stream) {
+  static const char call[] = "weft_grad_wait_stream";
+  if (grad_ok(g) && g->finalized && !g->device) return weft_grad_wait(g); /* host memory has no stream */
+  WEFT_CHECK(usable(g, call));
+  weft_status st = step_begin(g, call);
+  if (!st && g->sync) st = flush(g, call);
+  /* the buckets' signals are written in issue order: waiting for the last
+   * launched covers them all */
+  uint32_t last = 0;
+  for (int b = 0; b < g->nbuckets; b++)
+    if (g->buckets[b].launched && g->buckets[b].signal) last = g->buckets[b].signal;
+  if (!st && last) st = weft_api_stream_after_buckets(g->comm, stream, last);
+  for (int b = 0; b < g->nbuckets && !st; b++)
+    if (g->buckets[b].launched) st = bucket_finish(g, b, stream, call);
+  if (!st && g->sync) {
+    st = weft_api_mark_record(g->comm, call, g->mem, g->drained, stream);
+    g->unpacks_on_stream = !st;
   }
+  if (st) g->broken = st;
+  int synced = g->sync;
+  step_reset(g);
+  if (st) return st;
+  return step_end(g, synced);
+}
+
+WEFT_API weft_status weft_grad_set_stream(weft_grad *g, void *stream) {
+  static const char call[] = "weft_grad_set_stream";
+  if (!grad_ok(g)) return bad_handle(call);
+  if (g->in_step)
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call,
+                          "called in the middle of step %llu (between steps only)",
+                          (unsigned long long)g->step);
+  g->stream = stream;
+  g->stream_named = 1;
   return WEFT_OK;
+}
+
+WEFT_API weft_status weft_grad_bucket_test(weft_grad *g, int bucket, int *done) {
+  static const char call[] = "weft_grad_bucket_test";
+  if (done) *done = 0;
+  WEFT_CHECK(usable(g, call));
+  if (!done || bucket < 0 || bucket >= g->nbuckets)
+    return weft_api_error(g->comm, WEFT_ERR_INVALID, call, "bucket %d (%d buckets), done %p", bucket,
+                          g->nbuckets, (void *)done);
+  grad_bucket *bk = &g->buckets[bucket];
+  if (!bk->launched) return WEFT_OK;
+  if (!bk->req) {
+    *done = 1;
+    return WEFT_OK;
+  }
+  weft_status st = weft_test(&bk->req, done);
+  if (!st) return WEFT_OK;
+  char ctx[220];
+  bucket_words(g, bucket, g->step, ctx, sizeof ctx);
+  g->broken = st;
+  return wrap_error(g->comm, st, call, ctx);
 }
 
 WEFT_API weft_status weft_grad_set_sync(weft_grad *g, int sync) {

@@ -182,6 +182,57 @@ static void host_unmap_peer(void *base) {
   (void)base;
 }
 
+/* ---- a gradient set's work: done at once on host memory ---- */
+
+static void *host_pieces_create(const void *bucket, const weft_mem_piece *pieces, int n) {
+  (void)bucket;
+  weft_mem_piece *t = malloc(sizeof *t * (size_t)(n > 0 ? n : 1));
+  if (t && n > 0) memcpy(t, pieces, sizeof *t * (size_t)n);
+  return t;
+}
+
+static void host_pieces_destroy(void *table) { free(table); }
+
+static weft_status host_pieces_move(void *bucket, const void *table, int n, size_t most,
+                                    weft_dtype dtype, double factor, bool to_bucket, void *user_stream,
+                                    void *errors) {
+  (void)most, (void)user_stream, (void)errors;
+  const weft_mem_piece *p = table;
+  size_t esz = weft_dtype_size(dtype);
+  for (int i = 0; i < n; i++) {
+    char *in_bucket = (char *)bucket + p[i].offset * esz;
+    void *dst = to_bucket ? in_bucket : p[i].tensor;
+    memcpy(dst, to_bucket ? p[i].tensor : in_bucket, p[i].count * esz);
+    if (factor != 1.0) host_scale(dst, p[i].count, dtype, factor);
+  }
+  return WEFT_OK;
+}
+
+static weft_status host_scale_on(void *buf, size_t count, weft_dtype dtype, double factor,
+                                 void *user_stream, void *errors) {
+  (void)user_stream, (void)errors;
+  host_scale(buf, count, dtype, factor);
+  return WEFT_OK;
+}
+
+static weft_status host_mark_create(const void *near, void **mark, void *errors) {
+  (void)near, (void)errors;
+  *mark = NULL;
+  return WEFT_OK;
+}
+
+static void host_mark_destroy(void *mark) { (void)mark; }
+
+static weft_status host_mark_record(void *mark, void *user_stream, void *errors) {
+  (void)mark, (void)user_stream, (void)errors;
+  return WEFT_OK;
+}
+
+static weft_status host_mark_poll(void *mark, void *errors) {
+  (void)mark, (void)errors;
+  return WEFT_OK;
+}
+
 const weft_mem_ops weft_mem_host = {
     .kind = WEFT_MEMORY_HOST,
     .name = "host",
@@ -213,6 +264,14 @@ const weft_mem_ops weft_mem_host = {
     .describe = weft_shared_mem_describe,
     .map_peer = host_map_peer,
     .unmap_peer = host_unmap_peer,
+    .pieces_create = host_pieces_create,
+    .pieces_destroy = host_pieces_destroy,
+    .pieces_move = host_pieces_move,
+    .scale_on = host_scale_on,
+    .mark_create = host_mark_create,
+    .mark_destroy = host_mark_destroy,
+    .mark_record = host_mark_record,
+    .mark_poll = host_mark_poll,
 };
 
 void weft_mem_thread_enter(void) {

@@ -101,6 +101,13 @@ _Static_assert(sizeof(weft_mem_desc) == 96, "a descriptor's size is part of the 
  * the algorithms keep calling the synchronous members (copy, reduce) on the
  * host path until issue 15 moves the chunk pipeline onto tokens. */
 
+/* One tensor of a gradient bucket that is packed (src/grad's copy mode):
+ * `count` elements at `tensor`, at element `offset` of the bucket. */
+typedef struct weft_mem_piece {
+  void *tensor;
+  size_t offset, count;
+} weft_mem_piece;
+
 /* The table's stream for one communicator: opaque (CUDA: a CUstream and its
  * event ring). The host table's is NULL: work happens at once. */
 typedef struct weft_mem_stream weft_mem_stream;
@@ -212,6 +219,34 @@ typedef struct weft_mem_ops {
    * maps SHARED itself): WEFT_ERR_UNSUPPORTED. */
   weft_status (*map_peer)(const weft_mem_desc *desc, void **base, void **local, void *errors);
   void (*unmap_peer)(void *base);
+
+  /* ---- a gradient set's work on the user's stream (src/grad) ----
+   * A device set's packing, scaling and links run where its gradients are
+   * made: queued on `user_stream` (a CUstream; NULL: the legacy default
+   * stream of the buffer's device), after the kernels that made them, never
+   * blocking the host. Errors are worded into `errors` (a weft_error_sink).
+   * The host table does the work at once; its marks are always reached. */
+  /* The pieces of one bucket where its kernel reads them (device memory,
+   * written once, on the bucket's device); NULL when there is no memory. */
+  void *(*pieces_create)(const void *bucket, const weft_mem_piece *pieces, int n);
+  void (*pieces_destroy)(void *table);
+  /* Every piece of `table` in one launch: to_bucket, bucket[offset + i] =
+   * tensor[i] * factor (the pack); else tensor[i] = bucket[offset + i] *
+   * factor (the unpack). factor 1: a copy, bit for bit; else scale's
+   * rounding. `most`: the largest piece's count (the launch's width). */
+  weft_status (*pieces_move)(void *bucket, const void *table, int n, size_t most, weft_dtype dtype,
+                             double factor, bool to_bucket, void *user_stream, void *errors);
+  /* buf[i] *= factor, as scale, queued on `user_stream`. */
+  weft_status (*scale_on)(void *buf, size_t count, weft_dtype dtype, double factor,
+                          void *user_stream, void *errors);
+  /* A mark (an event of the device holding `near`): recorded on a stream
+   * and polled by the host (WEFT_OK once the
+   * work before it is done, WEFT_AGAIN before, a negative status when that
+   * work failed). A mark never recorded is reached. */
+  weft_status (*mark_create)(const void *near, void **mark, void *errors);
+  void (*mark_destroy)(void *mark);
+  weft_status (*mark_record)(void *mark, void *user_stream, void *errors);
+  weft_status (*mark_poll)(void *mark, void *errors);
 } weft_mem_ops;
 
 /* The table for the memory holding `ptr`: the device table for a GPU's

@@ -140,6 +140,41 @@ EMU_KERNELS(u8, uint8_t)
 EMU_KERNELS(i32, int32_t)
 EMU_KERNELS(i64, int64_t)
 
+/* weft_k_pieces_X (kernels.h): the piece table read from device memory,
+ * then each piece's span on both sides; blockIdx.y and x loop, so every
+ * piece and element is covered whatever the grid. */
+#define EMU_PIECES(X, T)                                                                \
+  static CUresult emu_pieces_##X(const cuda_emu_launch *l, void **p) {                  \
+    CUdeviceptr bucket = *(CUdeviceptr *)p[0], table = *(CUdeviceptr *)p[1];            \
+    int n = *(int *)p[2], to_bucket = *(int *)p[4];                                     \
+    double factor = *(double *)p[3];                                                    \
+    if (n <= 0) return CUDA_SUCCESS;                                                    \
+    if (!l->grid[1]) return CUDA_ERROR_INVALID_VALUE;                                   \
+    const weft_k_piece *pc = cuda_emu_span(l, table, (size_t)n * sizeof(weft_k_piece)); \
+    if (!pc) return CUDA_ERROR_ILLEGAL_ADDRESS;                                         \
+    for (int k = 0; k < n; k++) {                                                       \
+      size_t count = pc[k].count;                                                       \
+      EMU_SPAN(t, T, (CUdeviceptr)pc[k].tensor, count)                                  \
+      EMU_SPAN(b, T, bucket + pc[k].offset * sizeof(T), count)                          \
+      T *dst = to_bucket ? b : t;                                                       \
+      const T *src = to_bucket ? t : b;                                                 \
+      if (factor == 1.0)                                                                \
+        memmove(dst, src, count * sizeof(T));                                           \
+      else                                                                              \
+        for (size_t i = 0; i < count; i++) dst[i] = weft_scale_##X(src[i], factor);     \
+    }                                                                                   \
+    return CUDA_SUCCESS;                                                                \
+  }
+
+EMU_PIECES(f32, float)
+EMU_PIECES(f64, double)
+EMU_PIECES(f16, uint16_t)
+EMU_PIECES(bf16, uint16_t)
+EMU_PIECES(i8, int8_t)
+EMU_PIECES(u8, uint8_t)
+EMU_PIECES(i32, int32_t)
+EMU_PIECES(i64, int64_t)
+
 static CUresult emu_wire_narrow(const cuda_emu_launch *l, void **p) {
   size_t n = *(size_t *)p[2];
   EMU_SPAN(d, uint16_t, *(CUdeviceptr *)p[0], n)
@@ -194,7 +229,11 @@ static CUresult emu_wire_reduce(const cuda_emu_launch *l, void **p) {
       {.name = "weft_k_direct_" #X,                                                       \
        .run = emu_direct_##X,                                                             \
        .params = {CUDA_EMU_PARAM(weft_k_members), CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(size_t), \
-                  CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(int)}},
+                  CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(int), CUDA_EMU_PARAM(int)}},              \
+      {.name = "weft_k_pieces_" #X,                                                       \
+       .run = emu_pieces_##X,                                                             \
+       .params = {CUDA_EMU_PARAM(T *), CUDA_EMU_PARAM(const weft_k_piece *), CUDA_EMU_PARAM(int), \
+                  CUDA_EMU_PARAM(double), CUDA_EMU_PARAM(int)}},
 
 const cuda_emu_kernel cuda_emu_kernels[] = {
     EMU_ROWS(f32, float) EMU_ROWS(f64, double) EMU_ROWS(f16, uint16_t) EMU_ROWS(bf16, uint16_t)
