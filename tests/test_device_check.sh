@@ -71,7 +71,10 @@
 # 1.5 s kernel still holds back the last gradient.
 # And --grad-fault: one rank's N-th kernel faults (a pack, unpack or
 # reduction): every rank's step fails naming a bucket; --grad-skip: one rank
-# skips a step's reduction: every rank fails naming both steps.
+# skips a step's reduction: every rank fails naming both steps. Both: a rank
+# whose own kernels did not fault has a usable GPU after the set's destroy
+# (before the fix, the destroy freed a piece table that a pack queued for a
+# bucket whose call failed to start still read: the context faulted).
 # And --foreign-ctx: a NULL stream while a context the program made
 # (cuCtxCreate) is current: refused on every rank, naming the rule (its NULL
 # stream is not the primary context's, which weft orders after), the

@@ -1216,7 +1216,23 @@ static int grad_fault(weft_comm *comm, bool skip) {
   printf("device-check: grad-fault: rank %d: %s: %s%s\n", rank, weft_status_name(st), msg,
          ok ? "" : skip ? " (want a failure naming steps 1 and 2)" : " (want a failure naming the bucket)");
   weft_grad_destroy(g);
-  cu->stream_synchronize(user_stream);
+  /* the set's failure must leave this rank's GPU usable where no kernel of
+   * its own faulted: nothing weft queued may run on memory it freed (a
+   * pack queued for a bucket whose call then failed to start read its
+   * piece table after the destroy freed it, faulting the context) */
+  const char *fault_rank = getenv("WEFT_CUDA_EMU_FAULT_RANK");
+  bool own_fault = !skip && (!fault_rank || atoi(fault_rank) == rank);
+  CUresult after = cu->stream_synchronize(user_stream);
+  if (!own_fault) {
+    bool usable = after == CUDA_SUCCESS;
+    passed += usable;
+    failed += !usable;
+    if (!usable) {
+      char w[160];
+      weft_cuda_error_words(cu, after, w, sizeof w);
+      printf("device-check: grad-fault: rank %d: the GPU is unusable after the set's destroy: %s\n", rank, w);
+    }
+  }
   /* the gradients stay: a peer whose call failed part-way may still map
    * them over CUDA IPC, and freeing memory another process has open is
    * undefined (the stand-in aborts); they go with the process */

@@ -854,39 +854,55 @@ static void grad_fill_spec(const weft_grad *g, agree_spec *s, const char *call) 
   }
 }
 
+/* The stream a device set's work is queued on. */
+static void *set_stream(const weft_grad *g) {
+  return g->stream_named ? g->stream : weft_api_comm_stream(g->comm);
+}
+
+/* The device work a set queued that may still read its buckets and piece
+ * tables: the unpacks the last weft_grad_wait_stream queued on the
+ * program's stream, and the packs on the set's stream (a bucket whose call
+ * then failed to start has its pack still queued). True once both are done,
+ * within the communicator's timeout; false (the memory must stay) when not. */
+static bool device_idle(weft_grad *g) {
+  static const char call[] = "weft_grad_destroy";
+  if (!g->mem || !g->drained) return true;
+  if (g->unpacks_on_stream &&
+      weft_api_mark_wait(g->comm, call, "the last step's unpack kernels", g->mem, g->drained))
+    return false;
+  g->unpacks_on_stream = 0;
+  return !weft_api_mark_record(g->comm, call, g->mem, g->drained, set_stream(g)) &&
+         !weft_api_mark_wait(g->comm, call, "the work queued on the set's stream", g->mem, g->drained);
+}
+
 /* A set that failed keeps its device buckets allocated: a peer whose call
  * failed part-way may still have one open over CUDA IPC (its context may be
  * unable to close it after a kernel fault), and freeing memory another
- * process has open is undefined. They go with the process. */
+ * process has open is undefined. So does a set whose queued kernels did not
+ * finish (they read the buckets and the piece tables). They go with the
+ * process. */
 static void free_buckets(weft_grad *g) {
   int kept = 0;
-  /* the unpacks the last weft_grad_wait_stream queued read the buckets and
-   * their piece tables: they go once that work is done (bounded) */
-  if (g->mem && g->unpacks_on_stream)
-    weft_api_mark_wait(g->comm, "weft_grad_destroy", "the last step's unpacking", g->mem, g->drained);
-  g->unpacks_on_stream = 0;
+  bool idle = !g->device || device_idle(g);
   for (int b = 0; g->buckets && b < g->nbuckets; b++) {
     grad_bucket *bk = &g->buckets[b];
     if (bk->req) weft_wait(&bk->req);
-    weft_api_pieces_destroy(bk->mem, bk->pieces);
+    if (idle) weft_api_pieces_destroy(bk->mem, bk->pieces);
     if (bk->owned && bk->shared)
       weft_mem_free(bk->flat);
-    else if (bk->owned && bk->mem && g->device && g->broken)
+    else if (bk->owned && bk->mem && g->device && (g->broken || !idle))
       kept++;
     else if (bk->owned && bk->mem)
       weft_api_mem_release(bk->mem, bk->flat);
     free(bk->members);
   }
-  if (g->mem) {
-    weft_api_mark_destroy(g->mem, g->drained);
-  }
+  if (g->mem && idle) weft_api_mark_destroy(g->mem, g->drained);
   g->drained = NULL;
   g->mem = NULL;
   if (kept)
     WEFT_INFO(WEFT_SUBSYS_GRAD,
-              "%d device buckets of a set that failed stay allocated (a peer may still map them) until the "
-              "process ends",
-              kept);
+              "%d device buckets of a set that %s stay allocated until the process ends", kept,
+              idle ? "failed (a peer may still map them)" : "has kernels still queued");
   free(g->buckets);
   free(g->bucket_of);
   free(g->offset_of);
@@ -959,11 +975,6 @@ static void bucket_words(const weft_grad *g, int b, uint64_t step, char *buf, si
   snprintf(buf, len, "bucket %d of %d (%zu %s elements, %d tensors from tensor %d) in step %llu", b,
            g->nbuckets, bk->count, weft_dtype_name(bk->dtype), bk->nmembers, bk->members[0],
            (unsigned long long)step);
-}
-
-/* The stream a device set's work is queued on. */
-static void *set_stream(const weft_grad *g) {
-  return g->stream_named ? g->stream : weft_api_comm_stream(g->comm);
 }
 
 /* Frees bucket b's request of an earlier step (one weft_grad_wait_stream
