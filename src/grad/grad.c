@@ -896,7 +896,9 @@ static void free_buckets(weft_grad *g) {
       weft_api_mem_release(bk->mem, bk->flat);
     free(bk->members);
   }
-  if (g->mem && idle) weft_api_mark_destroy(g->mem, g->drained);
+  /* an event may go while work it was recorded after is pending (CUDA
+   * releases it once that completes) */
+  if (g->mem) weft_api_mark_destroy(g->mem, g->drained);
   g->drained = NULL;
   g->mem = NULL;
   if (kept)
