@@ -18,13 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mlp.h"
 #include "weft.h"
-
-enum { D = 16, H = 32, K = 4, MAX_LOCAL = 1024 };
-
-/* Parameters in declaration order: W1 b1 W2 b2. */
-enum { P_W1, P_B1, P_W2, P_B2, NPARAMS };
-static const size_t param_count[NPARAMS] = {H * D, H, K *H, K};
 
 typedef struct options {
   int steps, batch, accum, bcast_period;
@@ -33,91 +28,25 @@ typedef struct options {
   const char *out;
 } options;
 
-static uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-/* uniform in [-1, 1), a pure function of (stream, index) */
-static double unit(uint64_t stream, uint64_t i) {
-  return (double)(mix(mix(stream) ^ i) >> 11) * 0x1.0p-52 - 1.0;
+#define CHECK(expr) MLP_CHECK("dp_train", expr) /* a failed call ends the program */
+
+/* weft_grad_ready for a layer's gradients, as the backward pass makes them */
+typedef struct ready_ctx {
+  weft_grad *set;
+  weft_comm *comm;
+} ready_ctx;
+
+static void layer_ready(void *ctx, int bias, int weight) {
+  ready_ctx *r = ctx;
+  weft_comm *comm = r->comm;
+  CHECK(weft_grad_ready(r->set, bias));
+  CHECK(weft_grad_ready(r->set, weight));
 }
 
-/* Sample `s` of the endless data set: x and its teacher label. */
-static void sample(uint64_t s, float *x, int *y) {
-  double best = -1e300;
-  for (int d = 0; d < D; d++) x[d] = (float)unit(1, s * D + (uint64_t)d);
-  for (int k = 0; k < K; k++) {
-    double z = 0;
-    for (int d = 0; d < D; d++) z += unit(2, (uint64_t)(k * D + d)) * x[d];
-    if (z > best) {
-      best = z;
-      *y = k;
-    }
-  }
-}
-
-static void die(weft_comm *comm, weft_status st, const char *what) {
-  fprintf(stderr, "dp_train: %s: %s: %s\n", what, weft_strerror(st), weft_last_error(comm));
-  exit(1);
-}
-#define CHECK(expr)                 \
-  do {                              \
-    weft_status st_ = (expr);       \
-    if (st_) die(comm, st_, #expr); \
-  } while (0)
-
-/* Forward and backward over samples [first, first+n) of the data set, adding
- * scale * d(loss)/d(param) into g; marks each layer's gradients ready as soon
- * as they are final. Returns the summed loss; counts correct predictions. */
 static double backward(weft_grad *set, float *const *p, float *const *g, uint64_t first, int n,
                        float scale, int *correct, weft_comm *comm) {
-  static float x[MAX_LOCAL][D], h[MAX_LOCAL][H], dz[MAX_LOCAL][K];
-  double loss = 0;
-  for (int i = 0; i < n; i++) {
-    int y = 0;
-    sample(first + (uint64_t)i, x[i], &y);
-    for (int j = 0; j < H; j++) {
-      float a = p[P_B1][j];
-      for (int d = 0; d < D; d++) a += p[P_W1][j * D + d] * x[i][d];
-      h[i][j] = tanhf(a);
-    }
-    float z[K], zmax = -1e30f, sum = 0;
-    for (int k = 0; k < K; k++) {
-      z[k] = p[P_B2][k];
-      for (int j = 0; j < H; j++) z[k] += p[P_W2][k * H + j] * h[i][j];
-      if (z[k] > zmax) zmax = z[k];
-    }
-    for (int k = 0; k < K; k++) sum += expf(z[k] - zmax);
-    int arg = 0;
-    for (int k = 0; k < K; k++) {
-      float pk = expf(z[k] - zmax) / sum;
-      dz[i][k] = (pk - (k == y)) * scale;
-      if (z[k] > z[arg]) arg = k;
-    }
-    loss += -(z[y] - zmax - logf(sum));
-    *correct += arg == y;
-  }
-  /* layer 2 first: its gradients are final before layer 1's are computed */
-  for (int i = 0; i < n; i++)
-    for (int k = 0; k < K; k++) {
-      g[P_B2][k] += dz[i][k];
-      for (int j = 0; j < H; j++) g[P_W2][k * H + j] += dz[i][k] * h[i][j];
-    }
-  CHECK(weft_grad_ready(set, P_B2));
-  CHECK(weft_grad_ready(set, P_W2));
-  for (int i = 0; i < n; i++)
-    for (int j = 0; j < H; j++) {
-      float dh = 0;
-      for (int k = 0; k < K; k++) dh += p[P_W2][k * H + j] * dz[i][k];
-      float da = dh * (1 - h[i][j] * h[i][j]);
-      g[P_B1][j] += da;
-      for (int d = 0; d < D; d++) g[P_W1][j * D + d] += da * x[i][d];
-    }
-  CHECK(weft_grad_ready(set, P_B1));
-  CHECK(weft_grad_ready(set, P_W1));
-  return loss;
+  ready_ctx r = {set, comm};
+  return mlp_backward(p, g, first, n, scale, correct, layer_ready, &r);
 }
 
 static int parse(int argc, char **argv, options *o) {
@@ -161,7 +90,7 @@ int main(int argc, char **argv) {
   }
   weft_comm *comm = NULL;
   weft_status st = weft_comm_init_env(&comm);
-  if (st) die(NULL, st, "weft_comm_init_env");
+  if (st) mlp_die("dp_train", NULL, st, "weft_comm_init_env");
   int rank = weft_comm_rank(comm), size = weft_comm_size(comm);
   int local = o.batch / size;
   if (o.batch % size || local % o.accum || local > MAX_LOCAL) {
@@ -170,17 +99,13 @@ int main(int argc, char **argv) {
     return 2;
   }
 
-  /* Rank 0's initial values are the model's; the others start elsewhere on
-   * purpose: the broadcast at finalize must make them equal. */
   float *p[NPARAMS], *g[NPARAMS];
   weft_tensor params[NPARAMS];
   for (int k = 0; k < NPARAMS; k++) {
     p[k] = malloc(param_count[k] * sizeof(float));
-    double fan_in = k <= P_B1 ? D : H;
-    for (size_t i = 0; i < param_count[k]; i++)
-      p[k][i] = rank == 0 ? (float)(unit(10 + (uint64_t)k, i) / sqrt(fan_in)) : (float)rank;
     params[k] = (weft_tensor){p[k], param_count[k], WEFT_F32, WEFT_MEMORY_HOST};
   }
+  mlp_init(p, rank);
 
   weft_grad_options go;
   weft_grad_options_init(&go);

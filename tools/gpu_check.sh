@@ -48,7 +48,8 @@
 #               gradient's memset queued, then marked ready): from the last
 #               ready to the end of the wait (<= 1 ms), host and stream forms;
 #               "grad mps": at once under MPS; "grad tcp": over tcp (staged)
-#               against the same set on host memory (within 10%)
+#               against the same set on host memory (within 10%); "grad
+#               example": examples/grad_device.c, 2 ranks, against the host run
 #   torch cuda  weft.torch with CUDA tensors (tests/torch/ranks.py --device cuda):
 #               every op against a float64 reference, refusals, DDP on CUDA against
 #               one process; 2 ranks on one GPU
@@ -392,6 +393,18 @@ if time_for "grad tcp"; then
     row "grad tcp" PASS "the set over tcp, 2 ranks: device (staged) against host memory" "$dev / $host ms per wait" "device within 10% of host"
   else
     row "grad tcp" FAIL "no figure; see grad-tcp.log: $(grep -m1 -i 'fail\|error\|rank' "$log" | cut -c1-150)"
+  fi
+fi
+# examples/grad_device.c: the model trained with its gradients in a device
+# set (the stream form), 2 ranks, against the host run of every batch
+log="$out/grad-example.log"
+if time_for "grad example"; then
+  timeout "$(limit 60)" "$bin/weftrun" -n 2 "$build/examples/weft-grad-device" --steps 40 --check > "$log" 2>&1
+  if [ "$(grep -c 'parameters against the host run.*(right)' "$log")" -eq 2 ]; then
+    row "grad example" PASS "examples/grad_device.c, 2 ranks, 40 steps: parameters against the host run" \
+      "$(sed -n 's/.*largest difference \([^ ]*\) .*/\1/p' "$log" | head -1)" "<= 1e-5"
+  else
+    row "grad example" FAIL "see grad-example.log: $(grep -m1 -i 'fail\|error\|skipped' "$log" | cut -c1-150)"
   fi
 fi
 
