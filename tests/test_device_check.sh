@@ -69,6 +69,11 @@
 # flight (with each bucket linked into it at issue, as an ordinary call is,
 # it was held 2.5 s, until the peers woke), and bucket 0 is reduced while a
 # 1.5 s kernel still holds back the last gradient.
+# And --p2p N: messages between device buffers (weft_send/weft_recv, both
+# forms), staged through pinned host memory, around the ring and to itself,
+# random sizes and dtypes; the send buffer's fill and a memset of the
+# receive buffer queued right before and never waited for (with either
+# ordering taken out, 150,000 to 494,000 of 5,260,164 elements were wrong).
 # And --grad-fault: one rank's N-th kernel faults (a pack, unpack or
 # reduction): every rank's step fails naming a bucket; --grad-skip: one rank
 # skips a step's reduction: every rank fails naming both steps. Both: a rank
@@ -132,7 +137,8 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
            "2 shm gradoverlap --grad-overlap" "2 tcp gradoverlap --grad-overlap" \
            "3 shm gradfault --grad-fault WEFT_CUDA_EMU_KERNEL_FAULT=6 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \
            "3 tcp gradfault --grad-fault WEFT_CUDA_EMU_KERNEL_FAULT=8 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \
-           "2 shm gradskip --grad-skip WEFT_TIMEOUT=20" "3 tcp gradskip --grad-skip WEFT_TIMEOUT=20"; do
+           "2 shm gradskip --grad-skip WEFT_TIMEOUT=20" "3 tcp gradskip --grad-skip WEFT_TIMEOUT=20" \
+           "1 shm p2p --p2p=20" "2 shm p2p --p2p=30" "3 tcp p2p --p2p=30"; do
   set -- $run
   n=$1 tp=$2 want=$3
   shift 3
@@ -144,6 +150,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
       --order=*) quick="--order $(echo "${a#--order=}" | tr , ' ')" ;;
       --churn=*) quick="--churn ${a#--churn=}" ;;
       --grad=*) quick="--grad ${a#--grad=}" ;;
+      --p2p=*) quick="--p2p ${a#--p2p=}" ;;
       --resnet) quick="--resnet $(dirname "$0")/../tools/data/resnet50_grads.tsv" ;;
       --resnet-lent) quick="--resnet $(dirname "$0")/../tools/data/resnet50_grads.tsv lent" ;;
       *=*) envs="$envs $a" ;;
@@ -161,6 +168,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
     [ "$want" != order ] || line="$n ranks over $tp${envs:+ ($envs )}: $(grep -m1 'device-check: rank 0: order:' "$out" | sed 's/.*rank 0: order: //')"
     [ "$want" != inflight ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: in flight:' "$out" | sed 's/.*rank 0: in flight: //')"
     [ "$want" != grad ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: grad:' "$out" | sed 's/.*rank 0: grad: //')"
+    [ "$want" != p2p ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: p2p:' "$out" | sed 's/.*rank 0: p2p: //')"
     [ "$want" != gradoverlap ] || line="$n ranks over $tp: $(grep -m1 'device-check: rank 0: grad-overlap:' "$out" | sed 's/.*grad-overlap: //')"
     case $want in gradfault|gradskip)
       line="$n ranks over $tp${envs:+ ($envs )}: $(grep -c 'device-check: grad-fault: rank .*: WEFT_ERR' "$out") of $n ranks failed: $(grep -m1 'device-check: grad-fault: rank 0:' "$out" | cut -c1-160 | sed 's/.*grad-fault: //')..." ;;

@@ -50,6 +50,7 @@
 #               "grad mps": at once under MPS; "grad tcp": over tcp (staged)
 #               against the same set on host memory (within 10%); "grad
 #               example": examples/grad_device.c, 2 ranks, against the host run
+#   p2p         weft_send/weft_recv of device buffers, both forms, 2 ranks
 #   torch cuda  weft.torch with CUDA tensors (tests/torch/ranks.py --device cuda):
 #               every op against a float64 reference, refusals, DDP on CUDA against
 #               one process; 2 ranks on one GPU
@@ -395,6 +396,17 @@ if time_for "grad tcp"; then
     row "grad tcp" FAIL "no figure; see grad-tcp.log: $(grep -m1 -i 'fail\|error\|rank' "$log" | cut -c1-150)"
   fi
 fi
+# messages between device buffers (staged through pinned memory), 2 ranks
+log="$out/p2p.log"
+if time_for "p2p"; then
+  timeout "$(limit 60)" "$bin/weftrun" -n 2 "$bin/weft-device-check" --p2p 30 > "$log" 2>&1
+  if grep -q 'rank 0: 0 failed\|rank 0: [0-9]* passed, 0 failed' "$log" && grep -q 'p2p: .* received right' "$log"; then
+    row "p2p" PASS "weft_send/weft_recv of device buffers, both forms, 2 ranks, 30 rounds" "$(grep -m1 'rank 0: [0-9]* passed' "$log" | sed 's/.*rank 0: //')" "all right"
+  else
+    row "p2p" FAIL "see p2p.log: $(grep -m1 -i 'wrong\|fail\|error' "$log" | cut -c1-150)"
+  fi
+fi
+
 # examples/grad_device.c: the model trained with its gradients in a device
 # set (the stream form), 2 ranks, against the host run of every batch
 log="$out/grad-example.log"

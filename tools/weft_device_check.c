@@ -1239,6 +1239,99 @@ static int grad_fault(weft_comm *comm, bool skip) {
   return 0;
 }
 
+/* --p2p N: N rounds of messages between device buffers (weft_send /
+ * weft_recv and their non-blocking forms), staged through pinned host
+ * memory: each rank sends to the next and receives from the previous around
+ * the ring, and to itself, random sizes (0 to 300,000 elements) and dtypes.
+ * The send buffer's fill and a memset of the receive buffer are queued on
+ * the stream right before the calls and never waited for: the message must
+ * carry the fill, and the received data must land after the memset (weft
+ * orders both after the stream's earlier work). Every element checked. */
+static int p2p_check(weft_comm *comm, int rounds) {
+  long msgs = 0, bytes_total = 0;
+  for (int k = 0; k < rounds; k++) {
+    uint64_t x = 0x51ed270b2f7e4c3dull ^ (uint64_t)(k + 1) * 0x9e3779b97f4a7c15ull; /* alike on every rank */
+    weft_dtype dt = (weft_dtype)(grad_rng(&x) % WEFT_DTYPE_COUNT);
+    size_t count = grad_rng(&x) % 3 == 0 ? grad_rng(&x) % 16 : grad_rng(&x) % 300000;
+    bool blocking = grad_rng(&x) % 2;
+    size_t esz = weft_dtype_size(dt), bytes = count * esz;
+    int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    CUdeviceptr sbuf = dev_alloc(bytes), rbuf = dev_alloc(bytes), self_s = dev_alloc(bytes), self_r = dev_alloc(bytes);
+    char *host = malloc(bytes + 1), *host_self = malloc(bytes + 1), *got = malloc(bytes + 1);
+    for (size_t e = 0; e < count; e++) {
+      store(host, e, dt, (double)((rank * 7 + (int)e + k) % 11));
+      store(host_self, e, dt, (double)((rank * 5 + (int)e * 3 + k) % 13));
+    }
+    /* queued, not waited: the calls must come after them */
+    fill_dev(sbuf, host, bytes);
+    fill_dev(self_s, host_self, bytes);
+    if (bytes) {
+      CU_OK(cu->memset_d8_async(rbuf, 0xee, bytes, user_stream));
+      CU_OK(cu->memset_d8_async(self_r, 0xee, bytes, user_stream));
+    }
+    weft_status st = WEFT_OK;
+    void *sp = (void *)(uintptr_t)sbuf, *rp = (void *)(uintptr_t)rbuf;
+    void *ssp = (void *)(uintptr_t)self_s, *srp = (void *)(uintptr_t)self_r;
+    if (blocking) {
+      /* even ranks send first, odd ranks receive first: no cycle of waits */
+      if (size > 1 && rank % 2 == 0) {
+        st = weft_send(comm, sp, count, dt, next, k);
+        if (!st) st = weft_recv(comm, rp, count, dt, prev, k);
+      } else if (size > 1) {
+        st = weft_recv(comm, rp, count, dt, prev, k);
+        if (!st) st = weft_send(comm, sp, count, dt, next, k);
+      }
+      if (!st) st = weft_send(comm, ssp, count, dt, rank, 1000000 + k);
+      if (!st) st = weft_recv(comm, srp, count, dt, rank, 1000000 + k);
+    } else {
+      weft_request *req[4] = {NULL, NULL, NULL, NULL};
+      if (size > 1) st = weft_irecv(comm, rp, count, dt, prev, k, &req[0]);
+      if (!st && size > 1) st = weft_isend(comm, sp, count, dt, next, k, &req[1]);
+      if (!st) st = weft_isend(comm, ssp, count, dt, rank, 1000000 + k, &req[2]);
+      if (!st) st = weft_irecv(comm, srp, count, dt, rank, 1000000 + k, &req[3]);
+      weft_status w = weft_wait_all(req, 4);
+      if (!st) st = w;
+    }
+    if (st) {
+      printf("device-check: p2p: rank %d: round %d (%zu %s, %s): %s: %s\n", rank, k, count, weft_dtype_name(dt),
+             blocking ? "blocking" : "non-blocking", weft_status_name(st), weft_last_error(comm));
+      failed++;
+    } else {
+      for (int which = 0; which < 2; which++) {
+        if (which == 0 && size == 1) continue;
+        read_dev(got, which == 0 ? rbuf : self_r, bytes);
+        int from = which == 0 ? prev : rank;
+        size_t bad = 0;
+        for (size_t e = 0; e < count; e++) {
+          double want = which == 0 ? (double)((from * 7 + (int)e + k) % 11) : (double)((from * 5 + (int)e * 3 + k) % 13);
+          char one[8];
+          store(one, 0, dt, want);
+          if (load(got, e, dt) != load(one, 0, dt)) bad++;
+        }
+        passed += count - bad;
+        failed += bad;
+        if (bad)
+          printf("device-check: p2p: rank %d: round %d (%zu %s, %s) from %s: %zu elements wrong\n", rank, k, count,
+                 weft_dtype_name(dt), blocking ? "blocking" : "non-blocking", which ? "itself" : "the previous rank", bad);
+        msgs++;
+        bytes_total += (long)bytes;
+      }
+    }
+    CU_OK(cu->stream_synchronize(user_stream)); /* the fills read their host buffers until then */
+    free(host);
+    free(host_self);
+    free(got);
+    CU_OK(dev_free(sbuf));
+    CU_OK(dev_free(rbuf));
+    CU_OK(dev_free(self_s));
+    CU_OK(dev_free(self_r));
+  }
+  printf("device-check: rank %d: p2p: %ld messages (%ld bytes) between device buffers received right, blocking and "
+         "non-blocking, from the previous rank and from itself, ordered after the stream's earlier work\n",
+         rank, msgs, bytes_total);
+  return 0;
+}
+
 /* --grad-resnet TSV: the ResNet-50 gradient set (TSV as --resnet) as one
  * device gradient set with owned storage and DDP's caps (25 MiB, first 1
  * MiB); every step marks all tensors ready in backward's order, then waits.
@@ -1414,6 +1507,7 @@ int main(int argc, char **argv) {
   if (argc > 2 && !strcmp(argv[1], "--churn")) return mode_end(comm, churn(comm, atoi(argv[2])));
   if (argc > 2 && !strcmp(argv[1], "--grad")) return mode_end(comm, grad_check(comm, atoi(argv[2])));
   if (argc > 1 && !strcmp(argv[1], "--grad-overlap")) return mode_end(comm, grad_overlap(comm));
+  if (argc > 2 && !strcmp(argv[1], "--p2p")) return mode_end(comm, p2p_check(comm, atoi(argv[2])));
   if (argc > 1 && (!strcmp(argv[1], "--grad-fault") || !strcmp(argv[1], "--grad-skip"))) {
     int rc = grad_fault(comm, !strcmp(argv[1], "--grad-skip"));
     printf("device-check: rank %d: %ld passed, %ld failed\n", rank, passed, failed);

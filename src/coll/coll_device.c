@@ -135,11 +135,11 @@ static bool one_host_mapping(const weft_core *comm, weft_memory kind) {
   return true;
 }
 
-static weft_status device_state(weft_coll_task *task, int ordinal, struct weft_coll_device **out) {
-  weft_core *core = task->comm;
+static weft_status device_state_of(weft_core *core, const char *call, int ordinal,
+                                   struct weft_coll_device **out) {
   struct weft_coll_device *d = core->device;
   if (!d) {
-    if (!(d = calloc(1, sizeof *d))) return staged_fail(task, WEFT_ERR_NOMEM, "no memory");
+    if (!(d = calloc(1, sizeof *d))) return weft_core_error(core, WEFT_ERR_NOMEM, call, "no memory");
     d->ordinal = ordinal;
     d->shared_stage = one_host_mapping(core, WEFT_MEMORY_SHARED);
     pthread_mutex_init(&d->lock, NULL);
@@ -149,17 +149,21 @@ static weft_status device_state(weft_coll_task *task, int ordinal, struct weft_c
       weft_cuda_stream_destroy(d->in);
       pthread_mutex_destroy(&d->lock);
       free(d);
-      return weft_core_error(core, st, task->coll.call, "%s", core->links.sink.msg);
+      return weft_core_error(core, st, call, "%s", core->links.sink.msg);
     }
     core->device = d;
   }
   if (d->ordinal != ordinal)
-    return staged_fail(task, WEFT_ERR_INVALID,
-                       "this communicator's device buffers are on GPU %d; this one is on GPU %d "
-                       "(one device per communicator, as NCCL: split one per device)",
-                       d->ordinal, ordinal);
+    return weft_core_error(core, WEFT_ERR_INVALID, call,
+                           "this communicator's device buffers are on GPU %d; this one is on GPU %d "
+                           "(one device per communicator, as NCCL: split one per device)",
+                           d->ordinal, ordinal);
   *out = d;
   return WEFT_OK;
+}
+
+static weft_status device_state(weft_coll_task *task, int ordinal, struct weft_coll_device **out) {
+  return device_state_of(task->comm, task->coll.call, ordinal, out);
 }
 
 static void stage_block_free(stage_block *b) {
@@ -618,6 +622,108 @@ weft_status weft_coll_device_stream_wait(weft_core *core, void *stream, uint32_t
   return WEFT_OK;
 }
 
+/* ---- a message's device buffer (p2p.c) ------------------------------------------ */
+
+/* A send's or receive's device buffer, staged through a block of the
+ * communicator's pinned pool (coll_device.h). */
+struct weft_device_msg {
+  void *user;     /* the device buffer */
+  void *host;     /* its staged copy */
+  size_t bytes;
+  bool is_send;
+  int block;      /* in the pool, or -1: `own` */
+  void *own;
+  weft_mem_token in, out;
+  bool out_queued;
+};
+
+weft_status weft_coll_device_msg_begin(weft_core *core, const char *call, const void *buf, size_t bytes,
+                                       bool is_send, bool now, weft_device_msg **out) {
+  *out = NULL;
+  int ordinal = 0;
+  weft_mem_kind_of(buf, &ordinal);
+  if (!core->user_stream && weft_cuda_caller_context_foreign(ordinal))
+    return weft_core_error(core, WEFT_ERR_INVALID, call,
+                           "the calling thread's current CUDA context is no device's primary context and "
+                           "the communicator's stream is NULL: weft orders its work after the legacy "
+                           "stream of GPU %d's primary context (weft_comm_set_stream)",
+                           ordinal);
+  struct weft_coll_device *d;
+  WEFT_CHECK(device_state_of(core, call, ordinal, &d));
+  weft_device_msg *m = calloc(1, sizeof *m);
+  if (!m) return weft_core_error(core, WEFT_ERR_NOMEM, call, "no memory");
+  *m = (weft_device_msg){.user = (void *)buf, .bytes = bytes, .is_send = is_send, .block = -1};
+  m->host = stage_take(d, bytes, &m->block);
+  if (!m->host) {
+    free(m);
+    return weft_core_error(core, WEFT_ERR_NOMEM, call, "no pinned host memory for staging %zu bytes of a "
+                           "device buffer", bytes);
+  }
+  if (m->block < 0) m->own = m->host;
+  /* after the work queued on the stream so far: a send copies the buffer
+   * out then; a receive writes it back only after it (the token) */
+  weft_status rc = weft_mem_device.stream_after_user(d->in, core->user_stream);
+  if (!rc && is_send) rc = weft_mem_device.copy_to_host(m->host, buf, bytes, d->in, &m->in);
+  if (!rc && !m->in) rc = weft_mem_device.record(d->in, &m->in);
+  if (!rc && now && (rc = token_wait(core, d->in, m->in)) == WEFT_AGAIN)
+    rc = WEFT_ERR_TIMEOUT;
+  *out = m; /* weft_coll_device_msg_end gives it back, failed or not */
+  if (rc == WEFT_ERR_TIMEOUT)
+    return weft_core_error(core, rc, call, "the stream's earlier work did not complete in %.1f s (WEFT_TIMEOUT)",
+                           core->fail.timeout_s);
+  if (rc) return weft_core_error(core, rc, call, "%s", core->links.sink.msg);
+  return WEFT_OK;
+}
+
+void *weft_coll_device_msg_host(const weft_device_msg *m) {
+  return m->host;
+}
+
+weft_status weft_coll_device_msg_ready(weft_core *core, weft_device_msg *m) {
+  return weft_mem_device.poll(core->device->in, m->in);
+}
+
+weft_status weft_coll_device_msg_finish(weft_core *core, const char *call, weft_device_msg *m) {
+  struct weft_coll_device *d = core->device;
+  if (m->is_send) return WEFT_OK;
+  /* the stream's earlier work first (the buffer may be read there), then
+   * the copy back, waited for: the receive completes with it in place */
+  weft_status rc = token_wait(core, d->in, m->in);
+  if (!rc && !m->out_queued) {
+    rc = weft_mem_device.copy_from_host(m->user, m->host, m->bytes, d->stream, &m->out);
+    m->out_queued = rc == WEFT_OK;
+  }
+  if (!rc) rc = token_wait(core, d->stream, m->out);
+  if (rc == WEFT_AGAIN)
+    return weft_core_error(core, WEFT_ERR_TIMEOUT, call,
+                           "the copy of the message into the device buffer did not complete in %.1f s "
+                           "(WEFT_TIMEOUT)",
+                           core->fail.timeout_s);
+  if (rc) return weft_core_error(core, rc, call, "%s", core->links.sink.msg);
+  return WEFT_OK;
+}
+
+void weft_coll_device_msg_end(weft_core *core, weft_device_msg *m) {
+  if (!m) return;
+  struct weft_coll_device *d = core->device;
+  weft_mem_token in = m->in, out = m->out_queued ? m->out : 0;
+  if (in && weft_mem_device.poll(d->in, in) == WEFT_OK) in = 0;
+  if (out && weft_mem_device.poll(d->stream, out) == WEFT_OK) out = 0;
+  if (m->block >= 0) {
+    pthread_mutex_lock(&d->lock);
+    d->pool[m->block].until_in = in;
+    d->pool[m->block].until_in_on = d->in;
+    d->pool[m->block].until_out = out;
+    d->pool[m->block].busy = false;
+    pthread_mutex_unlock(&d->lock);
+  } else {
+    token_wait(core, d->in, in);
+    token_wait(core, d->stream, out);
+    weft_mem_device.free_slots(m->own, m->bytes);
+  }
+  free(m);
+}
+
 /* ---- in slices ---------------------------------------------------------------- */
 
 /* The call's advance while it runs in slices: slice k starts once its copy
@@ -841,6 +947,27 @@ void weft_coll_device_free(weft_core *core) {
 weft_status weft_coll_device_stream_wait(weft_core *core, void *stream, uint32_t signal) {
   (void)core, (void)stream, (void)signal;
   return WEFT_OK;
+}
+weft_status weft_coll_device_msg_begin(weft_core *core, const char *call, const void *buf, size_t bytes,
+                                       bool is_send, bool now, weft_device_msg **out) {
+  (void)buf, (void)bytes, (void)is_send, (void)now;
+  *out = NULL;
+  return weft_core_error(core, WEFT_ERR_INTERNAL, call, "device memory in a build without CUDA");
+}
+void *weft_coll_device_msg_host(const weft_device_msg *m) {
+  (void)m;
+  return NULL;
+}
+weft_status weft_coll_device_msg_ready(weft_core *core, weft_device_msg *m) {
+  (void)core, (void)m;
+  return WEFT_OK;
+}
+weft_status weft_coll_device_msg_finish(weft_core *core, const char *call, weft_device_msg *m) {
+  (void)core, (void)call, (void)m;
+  return WEFT_OK;
+}
+void weft_coll_device_msg_end(weft_core *core, weft_device_msg *m) {
+  (void)core, (void)m;
 }
 
 #endif

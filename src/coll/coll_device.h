@@ -61,6 +61,24 @@ weft_status weft_coll_device_issue(weft_coll_task *task);
  * them. Never blocks. 0, or no device call yet: nothing to wait for. */
 weft_status weft_coll_device_stream_wait(weft_core *core, void *stream, uint32_t signal);
 
+/* A message's device buffer (weft_send / weft_recv, src/engine/p2p.c),
+ * staged through a block of the communicator's pinned pool: begin orders it
+ * after the work queued on the communicator's stream (a send's copy to the
+ * host is queued then; with `now`, waited for); the lane sends from, or
+ * receives into, weft_coll_device_msg_host; a send's data may leave once
+ * msg_ready answers WEFT_OK (WEFT_AGAIN before); a receive's finish copies
+ * the data back and waits for it, bounded by the timeout, so the message
+ * completes with its result in place (the stream is not made to wait: the
+ * host's weft_wait says it is there). end gives the block back, failed or
+ * not (once begin set *msg). */
+typedef struct weft_device_msg weft_device_msg;
+weft_status weft_coll_device_msg_begin(weft_core *core, const char *call, const void *buf, size_t bytes,
+                                       bool is_send, bool now, weft_device_msg **msg);
+void *weft_coll_device_msg_host(const weft_device_msg *msg);
+weft_status weft_coll_device_msg_ready(weft_core *core, weft_device_msg *msg);
+weft_status weft_coll_device_msg_finish(weft_core *core, const char *call, weft_device_msg *msg);
+void weft_coll_device_msg_end(weft_core *core, weft_device_msg *msg);
+
 /* Gives the staging buffers back and lets the user's stream go on past
  * the call (the call ended, however). */
 void weft_coll_stage_release(weft_coll_task *task);

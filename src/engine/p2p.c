@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/coll/coll_device.h"
 #include "src/engine/engine.h"
 #include "src/mem/mem.h"
 #include "src/base/status.h"
@@ -98,7 +99,16 @@ void weft_p2p_lane_free(weft_core *comm) {
 
 static void complete(weft_core *comm, weft_request *r, weft_status st) {
   atomic_fetch_sub(&comm->engine->lane->outstanding, 1);
+  weft_coll_device_msg_end(comm, r->p2p.dev); /* a device buffer's staging block goes back */
+  r->p2p.dev = NULL;
   weft_request_complete(r, st);
+}
+
+/* A receive whose data is all in its buffer: a device buffer's staged copy
+ * goes back to it first (waited for: the receive completes with it there). */
+static void recv_complete(weft_core *comm, weft_request *r) {
+  weft_status st = r->p2p.dev ? weft_coll_device_msg_finish(comm, r->p2p.call, r->p2p.dev) : WEFT_OK;
+  complete(comm, r, st);
 }
 
 /* A failure of the lane worded by p2p itself (a mismatch, a malformed
@@ -155,7 +165,7 @@ static weft_status ux_deliver(weft_core *comm, p2p_peer *pp, weft_p2p_unexpected
   *at = u->next;
   if (pp->ux_tail == u) pp->ux_tail = prev;
   free(u);
-  complete(comm, r, WEFT_OK);
+  recv_complete(comm, r);
   return WEFT_OK;
 }
 
@@ -185,7 +195,7 @@ static weft_status post_self_send(weft_core *comm, weft_request *r) {
     *at = rr->next;
     if (pp->recvs_tail == rr) pp->recvs_tail = prev;
     if (o->bytes) weft_mem_for(rr->p2p.recv_buf)->copy(rr->p2p.recv_buf, o->send_buf, o->bytes);
-    complete(comm, rr, WEFT_OK);
+    recv_complete(comm, rr);
     complete(comm, r, WEFT_OK);
     return WEFT_OK;
   }
@@ -307,6 +317,8 @@ static weft_status push_sends(weft_core *comm, int peer) {
     uint32_t msg = pp->sent_msgs;
     const weft_mem_ops *mem = o->send_buf ? weft_mem_for(o->send_buf) : &weft_mem_host;
     if (!o->header_moved) {
+      /* a device buffer: its copy to the host must be done first */
+      if (o->dev) WEFT_STATUS_PASS(weft_coll_device_msg_ready(comm, o->dev));
       WEFT_STATUS_PASS(lane_send(comm, peer, msg, o->header, sizeof o->header, mem));
       o->header_moved = true;
     }
@@ -390,7 +402,7 @@ static weft_status pull_recvs(weft_core *comm, int peer) {
     pp->in_busy = false;
     pp->recvd_msgs++;
     if (pp->in_req) {
-      complete(comm, pp->in_req, WEFT_OK);
+      recv_complete(comm, pp->in_req);
     } else {
       pp->in_ux->complete = true;
       if (pp->in_ux->taker) WEFT_CHECK(ux_deliver(comm, pp, pp->in_ux, pp->in_ux->taker));
@@ -564,12 +576,6 @@ weft_status weft_p2p_setup(weft_request *r, weft_core *comm, const char *call, b
     return weft_core_error(comm, WEFT_ERR_INVALID, call, "count %zu is too large", count);
   if (count && !buf)
     return weft_core_error(comm, WEFT_ERR_INVALID, call, "buf is NULL but count is %zu", count);
-  int device = -1;
-  if (count && weft_mem_kind_of(buf, &device) == WEFT_MEMORY_DEVICE)
-    return weft_core_error(comm, WEFT_ERR_UNSUPPORTED, call,
-                           "buf is device memory (GPU %d): messages take host memory for now; "
-                           "the collectives take device buffers",
-                           device);
   if (!l)
     return weft_core_error(comm, WEFT_ERR_INTERNAL, call, "this communicator has no p2p lane");
   *r = (weft_request){.comm = comm, .kind = is_send ? WEFT_REQ_SEND : WEFT_REQ_RECV};
@@ -589,6 +595,22 @@ weft_status weft_p2p_setup(weft_request *r, weft_core *comm, const char *call, b
     memcpy(o->header + 8, &bytes, 8);
   } else {
     o->recv_buf = (void *)buf;
+  }
+  /* a device buffer: staged through pinned host memory, in the order of the
+   * communicator's stream (a send to this rank itself is matched at once,
+   * so its copy to the host is waited for here) */
+  if (count && weft_mem_kind_of(buf, NULL) == WEFT_MEMORY_DEVICE) {
+    weft_status st = weft_coll_device_msg_begin(comm, call, buf, o->bytes, is_send,
+                                                is_send && peer == comm->rank, &o->dev);
+    if (st) {
+      weft_coll_device_msg_end(comm, o->dev);
+      o->dev = NULL;
+      return st;
+    }
+    if (is_send)
+      o->send_buf = weft_coll_device_msg_host(o->dev);
+    else
+      o->recv_buf = weft_coll_device_msg_host(o->dev);
   }
   return WEFT_OK;
 }

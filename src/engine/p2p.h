@@ -23,6 +23,7 @@
 typedef struct weft_core weft_core;
 typedef struct weft_request weft_request;
 typedef struct weft_p2p_unexpected weft_p2p_unexpected;
+typedef struct weft_device_msg weft_device_msg;
 
 #define WEFT_P2P_HEADER_BYTES 16
 
@@ -37,6 +38,9 @@ typedef struct weft_p2p_op {
   size_t moved; /* bytes of data sent or received so far */
   bool header_moved;
   uint8_t header[WEFT_P2P_HEADER_BYTES]; /* send: what goes first */
+  /* a device buffer: staged through pinned host memory (coll_device.h),
+   * send_buf / recv_buf being the staged copy */
+  weft_device_msg *dev;
 } weft_p2p_op;
 
 /* The lane's state, one per communicator (p2p.c), in comm->engine->lane.
