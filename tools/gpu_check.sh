@@ -57,6 +57,8 @@
 #   torch premul  tests/torch/frameworks.py --device cuda: PREMUL_SUM (a factor
 #               tensor on the GPU read in stream order) and the coalesced calls
 #               on CUDA tensors against float64, the same bits on every rank
+#   torch grad  tests/torch/grad_reducer.py --device cuda: weft.torch.GradReducer
+#               (device gradient buckets, the stream form) against one process
 #   torch host  tools/torch_bench.py on CPU tensors, DDP's exposed communication
 #               against gloo, 2 and 4 ranks over shm and tcp, as time allows
 # The torch stages use /opt/torch/.venv/bin/python3 where it exists (else the
@@ -166,7 +168,8 @@ if [ "$probe" -eq 77 ]; then
   why=$(sed -n 's/^device-check: SKIP: //p' "$out/probe.log" | head -1)
   row info SKIP "no GPU: $why"
   for s in "device 1" "device 2" "device 3" "device 4" tcp "in flight" order sanitizer bench resnet \
-      churn "two GPUs" "host only" "resnet lent" "resnet vmm" "torch cuda" "torch premul" "torch expandable" "torch host"; do
+      churn "two GPUs" "host only" "resnet lent" "resnet vmm" "grad resnet" "grad backward" "grad tcp" p2p \
+      "grad example" "torch cuda" "torch premul" "torch grad" "torch expandable" "torch host"; do
     row "$s" SKIP "no GPU: $why"
   done
   finish
@@ -430,6 +433,7 @@ if [ -z "$ext" ]; then
   why="weft.torch was not built: $(grep -m1 'weft.torch' "$out/build.log" | cut -c1-150)"
   row "torch cuda" SKIP "$why"
   row "torch premul" SKIP "$why"
+  row "torch grad" SKIP "$why"
   row "torch expandable" SKIP "$why"
   row "torch host" SKIP "$why"
   finish
@@ -459,6 +463,19 @@ case $rc in
   77) row "torch premul" SKIP "$(tail -1 "$log" | cut -c1-150)" ;;
   124) row "torch premul" FAIL "timed out; see torch-premul.log" ;;
   *) row "torch premul" FAIL "$(grep -m1 'Error\|FAIL' "$log" | cut -c1-160)" ;;
+esac
+# weft.torch.GradReducer on CUDA parameters (issue 46): device buckets, each
+# reduced without holding backward's stream, wait() a stream wait
+log="$out/torch-grad.log"
+rc=125
+time_for "torch grad" && { env $torch_env timeout "$(limit 60)" "$tpy" tests/torch/run.py --built=1 \
+  --launcher weftrun -n 2 --weftrun "$bin/weftrun" --script grad_reducer.py -- --device cuda > "$log" 2>&1; rc=$?; }
+case $rc in
+  125) ;;
+  0) row "torch grad" PASS "2 ranks on one GPU: $(grep -m1 'RANK 0: GradReducer' "$log" | sed 's/^.*GradReducer, //' | cut -c1-110)" ;;
+  77) row "torch grad" SKIP "$(tail -1 "$log" | cut -c1-150)" ;;
+  124) row "torch grad" FAIL "timed out; see torch-grad.log" ;;
+  *) row "torch grad" FAIL "$(grep -m1 'Error\|FAIL' "$log" | cut -c1-160)" ;;
 esac
 # the same with PyTorch's expandable segments: cuMemCreate memory, which has
 # no legacy IPC handle (staged, said once: docs/gpu.md)

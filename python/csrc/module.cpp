@@ -4,6 +4,7 @@
 #include <pybind11/chrono.h>
 #include <torch/python.h>
 
+#include "grad_set.hpp"
 #include "process_group_weft.hpp"
 
 namespace py = pybind11;
@@ -33,6 +34,19 @@ PYBIND11_MODULE(_backend, m) {
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
       py::call_guard<py::gil_scoped_release>());
+  // weft.torch.GradReducer's set (grad_set.hpp); the calls that reach peers
+  // or wait release the GIL
+  py::class_<weft_torch::GradSet, std::shared_ptr<weft_torch::GradSet>>(m, "GradSet")
+      .def(py::init<const c10::intrusive_ptr<weft_torch::ProcessGroupWeft> &, const std::vector<at::Tensor> &,
+                    const std::string &, int64_t, int64_t, double>(),
+           py::arg("group"), py::arg("params"), py::arg("op"), py::arg("bucket_cap_bytes"),
+           py::arg("first_bucket_cap_bytes"), py::arg("prediv"), py::call_guard<py::gil_scoped_release>())
+      .def("views", &weft_torch::GradSet::views, "each parameter's gradient as a view of weft's bucket")
+      .def("ready", &weft_torch::GradSet::ready, py::arg("index"), py::call_guard<py::gil_scoped_release>())
+      .def("wait", &weft_torch::GradSet::wait, py::call_guard<py::gil_scoped_release>())
+      .def("set_sync", &weft_torch::GradSet::setSync, py::arg("sync"))
+      .def("bucket_count", &weft_torch::GradSet::bucketCount)
+      .def_property_readonly("cuda", &weft_torch::GradSet::onCuda);
   m.def("shutdown_all", &weft_torch::ProcessGroupWeft::shutdownAll,
         "stops every weft process group's threads (weft.torch runs it at exit)",
         py::call_guard<py::gil_scoped_release>());

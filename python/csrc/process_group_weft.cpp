@@ -33,6 +33,40 @@
 
 namespace weft_torch {
 
+bool weftType(at::ScalarType s, weft_dtype *d) {
+  switch (s) {
+    case at::kFloat: *d = WEFT_F32; return true;
+    case at::kDouble: *d = WEFT_F64; return true;
+    case at::kHalf: *d = WEFT_F16; return true;
+    case at::kBFloat16: *d = WEFT_BF16; return true;
+    case at::kChar: *d = WEFT_I8; return true;
+    case at::kByte: *d = WEFT_U8; return true;
+    case at::kInt: *d = WEFT_I32; return true;
+    case at::kLong: *d = WEFT_I64; return true;
+    default: return false;
+  }
+}
+
+// A dtype as a torch user writes it (torch.int16), not as c10 prints it (Short).
+std::string torchDtype(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kShort: return "torch.int16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kBool: return "torch.bool";
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return std::string("torch dtype ") + c10::toString(s);
+  }
+}
+
 namespace {
 
 // ---- checks and conversions --------------------------------------------------------
@@ -75,40 +109,6 @@ const at::Tensor &single(const char *call, std::vector<at::Tensor> &tensors) {
               tensors.size());
   checkTensor(call, tensors[0]);
   return tensors[0];
-}
-
-bool weftType(at::ScalarType s, weft_dtype *d) {
-  switch (s) {
-    case at::kFloat: *d = WEFT_F32; return true;
-    case at::kDouble: *d = WEFT_F64; return true;
-    case at::kHalf: *d = WEFT_F16; return true;
-    case at::kBFloat16: *d = WEFT_BF16; return true;
-    case at::kChar: *d = WEFT_I8; return true;
-    case at::kByte: *d = WEFT_U8; return true;
-    case at::kInt: *d = WEFT_I32; return true;
-    case at::kLong: *d = WEFT_I64; return true;
-    default: return false;
-  }
-}
-
-// A dtype as a torch user writes it (torch.int16), not as c10 prints it (Short).
-std::string torchDtype(at::ScalarType s) {
-  switch (s) {
-    case at::kFloat: return "torch.float32";
-    case at::kDouble: return "torch.float64";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kChar: return "torch.int8";
-    case at::kByte: return "torch.uint8";
-    case at::kShort: return "torch.int16";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    case at::kBool: return "torch.bool";
-    case at::kComplexHalf: return "torch.complex32";
-    case at::kComplexFloat: return "torch.complex64";
-    case at::kComplexDouble: return "torch.complex128";
-    default: return std::string("torch dtype ") + c10::toString(s);
-  }
 }
 
 // What weft moves for a tensor: its own element type when weft has it.
@@ -611,6 +611,16 @@ void ProcessGroupWeft::shutdownAll() {
   // held throughout: a group's destructor waits here before it goes
   std::lock_guard<std::mutex> lock(live_mu);
   for (auto *pg : live_groups) pg->shutdown();
+}
+
+weft_comm *ProcessGroupWeft::splitForGradients(const char *call) {
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive(call);
+  weft_comm *out = nullptr;
+  weft_status st = weft_comm_split(comm_, 0, getRank(), &out);
+  TORCH_CHECK(st == WEFT_OK, "weft: ", call, ": a communicator of its own for the gradients: ",
+              weftSentence(comm_, st));
+  return out;
 }
 
 void ProcessGroupWeft::checkLive(const char *call) const {

@@ -46,6 +46,11 @@ using BackendBase = c10d::ProcessGroup;
 
 class ProcessGroupWeft;
 
+// weft's dtype for a torch dtype (false: weft has none), and a torch dtype
+// as a user writes it (torch.int16), for messages.
+bool weftType(at::ScalarType s, weft_dtype *d);
+std::string torchDtype(at::ScalarType s);
+
 // One torch call: weft requests, the tensors they use (kept alive until
 // weft is done with them), and what to do after success (copies out of a
 // staging buffer). Completed by the process group's completer threads, which
@@ -129,6 +134,11 @@ class ProcessGroupWeft : public BackendBase {
 
   // The transport weft chose for `peer` ("shm", "tcp", ...), for tests and logs.
   std::string peerTransport(int peer) const;
+
+  // A communicator of the same ranks for a gradient set (weft_comm_split):
+  // its buckets leave at moments that differ between ranks, which must not
+  // interleave with this group's calls. Collective; the caller destroys it.
+  weft_comm *splitForGradients(const char *call);
 
   // Stops the completer threads and destroys the communicator (aborting it
   // when works are still running); later calls are refused. Idempotent.

@@ -8,7 +8,8 @@ a folder outside the source tree.
       venv A: pip install WHEEL (cffi from PyPI); the torch tests: without_cffi.py,
       hooks_without_cffi.py (2 ranks, weft and gloo default groups), ranks.py
       under torchrun (2 ranks: ops, DDP), reinit.py, frameworks.py (FSDP2,
-      DTensor, FSDP1, DCP, ZeRO, PREMUL_SUM, the coalesced calls); Lightning
+      DTensor, FSDP1, DCP, ZeRO, PREMUL_SUM, the coalesced calls),
+      grad_reducer.py (weft.torch.GradReducer); Lightning
       and accelerate from PyPI, launchers.py
       venv B: pip install --no-deps --no-index WHEEL (no cffi): import weft.torch,
       a 2-rank all_reduce under weftrun, weft.init() saying it needs cffi
@@ -191,6 +192,9 @@ def with_deps(a, py, venv, whl, tmp):
     # ZeRO, each of which this torch has, against gloo and one process
     run([py, os.path.join(tests, "run.py"), "--launcher", "torchrun", "-n", "2", "--script", "frameworks.py",
          "--", "--require", "premul,batch_p2p,coalesced,dtensor,fsdp2,fsdp1,dcp,zero"], cwd=tmp, limit=200)
+    # issue 46: weft.torch.GradReducer (the gradient sets, from the installed wheel)
+    run([py, os.path.join(tests, "run.py"), "--launcher", "torchrun", "-n", "2", "--script", "grad_reducer.py"],
+        cwd=tmp, limit=200)
     launchers(py, tests, tmp)
     check_tools(py, venv, tmp)
 

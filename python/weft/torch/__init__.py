@@ -109,6 +109,10 @@ _register()
 # alive at exit (no destroy_process_group) are stopped here instead.
 atexit.register(_backend.shutdown_all)
 
+from .grad import GradReducer  # noqa: E402 (after the backend it needs loads)
+
+__all__ += ["GradReducer"]
+
 try:  # the DDP comm hooks (weft.torch.hooks) come with the Python package
     from .hooks import *  # noqa: F401,F403
     from . import hooks as _hooks
