@@ -71,8 +71,8 @@ namespace {
 
 // ---- checks and conversions --------------------------------------------------------
 
-// CUDA tensors: torch 2.2 or later (WEFT_TORCH_CUDA), collectives only
-// (weft's messages take host memory); anything else not on the CPU is refused.
+// CUDA tensors: torch 2.2 or later (WEFT_TORCH_CUDA), collectives and
+// messages; anything else not on the CPU is refused.
 void checkDevice(const char *call, const at::Tensor &t) {
 #ifdef WEFT_TORCH_CUDA
   if (t.is_cuda()) {
@@ -1268,9 +1268,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::send(std::vector<at::Tensor> &tensors, int dstRank,
                                                       int tag) {
   const char *call = "send";
+  // CUDA tensors too (torch 2.2 on): weft stages the message through pinned
+  // memory after the work queued on torch's stream; the work completes with
+  // the data in place (weft.h)
   const at::Tensor &t = single(call, tensors);
-  TORCH_CHECK(!t.is_cuda(), "weft: ", call, ": the tensor is on ", t.device(),
-              "; weft's messages take host memory: send a CPU copy, or use a collective");
   TORCH_CHECK(tag >= 0, "weft: ", call, ": tag ", tag, " is negative");
   Wire w = moveWire(t);
   auto work = newWork(c10d::OpType::SEND, call, tensors);
@@ -1283,9 +1284,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::send(std::vector<at::Tensor> &t
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recv(std::vector<at::Tensor> &tensors, int srcRank,
                                                       int tag) {
   const char *call = "recv";
+  // CUDA tensors too (torch 2.2 on): weft stages the message through pinned
+  // memory after the work queued on torch's stream; the work completes with
+  // the data in place (weft.h)
   const at::Tensor &t = single(call, tensors);
-  TORCH_CHECK(!t.is_cuda(), "weft: ", call, ": the tensor is on ", t.device(),
-              "; weft's messages take host memory: send a CPU copy, or use a collective");
   TORCH_CHECK(tag >= 0, "weft: ", call, ": tag ", tag, " is negative");
   Wire w = moveWire(t);
   auto work = newWork(c10d::OpType::RECV, call, tensors);

@@ -9,7 +9,7 @@ float64 / int64. Prints "RANK r OK" at the end; any failure raises.
   ddp        a digits MLP trained one epoch with DDP on backend "weft": its
              parameters must equal a 1-process run within 1e-6
 
-  --device cuda: the ops (but send/recv: weft's messages take host memory)
+  --device cuda: the ops, send/recv included (the GPU machine)
              and DDP on CUDA tensors, every rank on cuda:0 (several ranks on
              one GPU, which NCCL refuses); the references are computed on the
              CPU as always. The GPU machine runs it (tools/gpu_check.sh).
@@ -212,7 +212,7 @@ def run_ops(seed, cases):
                          ([zeros(0, dtype=dtype)] * size if rank == root else None), src=root)
             check(out, full[rank * n:(rank + 1) * n], dtype, what)
         elif kind == "send_recv":
-            if size == 1 or DEV != "cpu":  # weft's messages take host memory
+            if size == 1:
                 continue
             n = random_count(rng)
             tag = rng.randrange(1000)
@@ -386,12 +386,9 @@ def run_refusals():
         expect_refusal(lambda: dist.all_reduce(meta), "allreduce", "CPU")
     expect_refusal(lambda: dist.recv(torch.zeros(3)), "any source")
     if torch.cuda.is_available() and size > 1:  # the GPU machine
-        if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 2):
+        if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 2):  # else they take CUDA tensors
             expect_refusal(lambda: dist.all_reduce(torch.zeros(3, device="cuda")), "allreduce",
                            "torch 2.2 or later")
-        else:  # collectives take CUDA tensors; messages take host memory
-            expect_refusal(lambda: dist.send(torch.zeros(3, device="cuda"), dst=(dist.get_rank() + 1) % size),
-                           "send", "host memory")
     if size > 1:
         splits = [2] + [1] * (size - 1)
         expect_refusal(lambda: dist.all_to_all_single(torch.zeros(size + 1), torch.zeros(size + 1), splits, splits),
