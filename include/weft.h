@@ -495,8 +495,11 @@ WEFT_API weft_status weft_mem_free(void *ptr);
  *              weft_grad_wait(g) before the optimizer step: gradients reduced in place.
  *
  * Rules:
- *  - A set holds tensors of one memory kind (else WEFT_ERR_INVALID); its
- *    parameter and buffer lists take host tensors.
+ *  - A set holds tensors of one memory kind (else WEFT_ERR_INVALID). Its
+ *    parameters (weft_grad_set_params), and the lists of weft_params_broadcast
+ *    and weft_buffers_sync, take host or device tensors: device ones move
+ *    one call each, ordered on the communicator's stream, and are in place
+ *    when the call returns.
  *  - Device sets (WEFT_MEMORY_DEVICE tensors) are stream-ordered, as NCCL's
  *    calls are. The set's stream is the communicator's (weft_comm_set_stream)
  *    unless weft_grad_set_stream names one. weft_grad_ready(g, i) means:
@@ -523,6 +526,9 @@ WEFT_API weft_status weft_mem_free(void *ptr);
  *        its step; s still goes on (its gradients are then not reduced).
  *    Gradients marked ready must not be written until the step's wait (host
  *    form) returns; after the stream form, only by work ordered after s.
+ *    In a step with synchronisation off (weft_grad_set_sync) both forms
+ *    return at once and queue nothing: the gradients are the framework's
+ *    own writes, in the order of the stream it queued them on.
  *  - Buckets hold tensors of one dtype and one memory kind. They are filled
  *    in the reverse of registration order (the order backward produces
  *    gradients) unless weft_grad_set_order gives another order; a bucket

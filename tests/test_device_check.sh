@@ -56,15 +56,18 @@
 # the warning once per process, not per call.
 # And --grad N (issue 46): N gradient sets of random shape on device memory
 # (10-150 tensors, 4 float dtypes, owned storage or copies, prediv 0/2/4,
-# the communicator's stream or the set's own), each rank marking its
-# tensors ready in its own order right after queuing their fill, not waited
-# for; one step ended by weft_grad_wait, one by weft_grad_wait_stream: every
+# the communicator's stream or the set's own, check_every_step, device
+# parameters broadcast every step), each rank marking its tensors ready in
+# its own order right after queuing their fill, not waited for; three steps,
+# the second a no_sync one in half the sets, the third ended by
+# weft_grad_wait_stream: every
 # element equal to the reference and to the same set on host memory, 1 to 4
 # ranks, shm (IPC), tcp (staged) and cuMemCreate memory (bounced); a set run
 # twice leaves the stand-in's allocation and event counts alone; mixed kinds
 # refused. Taken out, each of these failed it: the stream form's link
 # (455,171 of 2,259,174 wrong), the host form's wait for its unpacks (9,199),
-# the unpack's scaling (98,840), the pack's stream order (80,822).
+# the unpack's scaling (98,840), the pack's stream order (80,822), the
+# device parameters' broadcast (68,310).
 # And --grad-overlap: the set's stream goes on while every bucket is in
 # flight (with each bucket linked into it at issue, as an ordinary call is,
 # it was held 2.5 s, until the peers woke), and bucket 0 is reduced while a

@@ -811,6 +811,9 @@ typedef struct grad_shape {
   int owned;
   double prediv;
   bool own_stream;
+  bool accum;         /* step 1 is a no_sync step (weft_grad_set_sync(0)): gradients stay local */
+  bool check;         /* check_every_step */
+  bool params;        /* three parameters broadcast from the last rank after every synced step */
 } grad_shape;
 
 static grad_shape grad_shape_of(int k) {
@@ -827,6 +830,9 @@ static grad_shape grad_shape_of(int k) {
   sh.inplace_min = grad_rng(&x) % 2 ? 1024 : 0;
   sh.prediv = prediv[grad_rng(&x) % 3];
   sh.own_stream = grad_rng(&x) % 2;
+  sh.accum = grad_rng(&x) % 2;
+  sh.check = grad_rng(&x) % 3 == 0;
+  sh.params = grad_rng(&x) % 2;
   sh.counts = malloc(sizeof *sh.counts * (size_t)sh.n);
   for (int i = 0; i < sh.n; i++) sh.counts[i] = 1 + grad_rng(&x) % 700;
   return sh;
@@ -848,6 +854,9 @@ static int grad_run(weft_comm *comm, const grad_shape *sh, int k, int kind, CUst
   o.first_bucket_cap_bytes = sh->first;
   o.inplace_min_bytes = sh->inplace_min;
   o.prediv = sh->prediv;
+  o.check_every_step = sh->check;
+  o.bcast_period = sh->params ? 1 : -1;
+  o.bcast_root = size - 1;
   weft_grad *g = NULL;
   if (weft_grad_create(comm, &o, &g)) {
     printf("device-check: grad: rank %d: set %d: weft_grad_create: %s\n", rank, k, weft_last_error(comm));
@@ -869,6 +878,23 @@ static int grad_run(weft_comm *comm, const grad_shape *sh, int k, int kind, CUst
       failed++;
     }
   }
+  /* parameters in the set's memory kind, each rank writing its own values
+   * before every step: after a synced step they hold the last rank's */
+  enum { NPARAM = 3 };
+  static const size_t param_count[NPARAM] = {5, 100, 3000};
+  void *param[NPARAM] = {NULL, NULL, NULL};
+  float *param_host = malloc(sizeof(float) * 3000);
+  if (sh->params) {
+    weft_tensor pt[NPARAM];
+    for (int j = 0; j < NPARAM; j++) {
+      param[j] = kind == 0 ? (void *)(uintptr_t)dev_alloc(param_count[j] * 4) : malloc(param_count[j] * 4);
+      pt[j] = (weft_tensor){param[j], param_count[j], WEFT_F32, kind == 0 ? WEFT_MEMORY_DEVICE : WEFT_MEMORY_HOST};
+    }
+    if (weft_grad_set_params(g, pt, NPARAM)) {
+      printf("device-check: grad: rank %d: set %d: set_params: %s\n", rank, k, weft_last_error(comm));
+      failed++;
+    }
+  }
   int rc = 0;
   if (weft_grad_finalize(g)) {
     printf("device-check: grad: rank %d: set %d: finalize: %s\n", rank, k, weft_last_error(comm));
@@ -876,7 +902,21 @@ static int grad_run(weft_comm *comm, const grad_shape *sh, int k, int kind, CUst
     rc = 1;
   }
   size_t at = 0;
-  for (int step = 0; step < 2 && !rc; step++) {
+  for (int step = 0; step < 3 && !rc; step++) {
+    bool synced = !(step == 1 && sh->accum);
+    if (weft_grad_set_sync(g, synced)) {
+      printf("device-check: grad: rank %d: set %d: set_sync: %s\n", rank, k, weft_last_error(comm));
+      failed++;
+    }
+    for (int j = 0; sh->params && j < NPARAM; j++) { /* this rank's own values, queued */
+      float *own = kind == 0 ? malloc(param_count[j] * 4) : param[j];
+      for (size_t e = 0; e < param_count[j]; e++) own[e] = (float)((rank + 1) * 1000 + j * 10 + (int)e % 7 + step);
+      if (kind == 0) {
+        fill_dev((CUdeviceptr)(uintptr_t)param[j], own, param_count[j] * 4);
+        CU_OK(cu->stream_synchronize(user_stream));
+        free(own);
+      }
+    }
     /* this rank's order: its own shuffle */
     int *order = malloc(sizeof *order * (size_t)n);
     uint64_t y = (uint64_t)(k + 7) * 0x9e3779b97f4a7c15ull ^ (uint64_t)(rank + 1) * 0x2545f4914f6cdd1dull ^
@@ -904,11 +944,11 @@ static int grad_run(weft_comm *comm, const grad_shape *sh, int k, int kind, CUst
       }
     }
     free(order);
-    /* step 0: the host waits; step 1: the program's stream does */
-    weft_status waited = step == 0 ? weft_grad_wait(g) : weft_grad_wait_stream(g, user_stream);
+    /* steps 0 and 1: the host waits; step 2: the program's stream does */
+    weft_status waited = step < 2 ? weft_grad_wait(g) : weft_grad_wait_stream(g, user_stream);
     if (waited) {
       printf("device-check: grad: rank %d: set %d step %d: %s: %s\n", rank, k, step,
-             step == 0 ? "wait" : "wait_stream", weft_last_error(comm));
+             step < 2 ? "wait" : "wait_stream", weft_last_error(comm));
       failed++;
       rc = 1;
       if (kind == 0) CU_OK(cu->stream_synchronize(fill_on));
@@ -916,6 +956,9 @@ static int grad_run(weft_comm *comm, const grad_shape *sh, int k, int kind, CUst
       free(fills);
       break;
     }
+    /* a no_sync step's wait does nothing: the gradients are this rank's own
+     * writes, in the order of the stream they were queued on */
+    if (!synced && kind == 0) CU_OK(cu->stream_synchronize(fill_on));
     for (int i = 0; i < n; i++) {
       void *view = mine[i];
       if (sh->owned) weft_grad_tensor_ptr(g, i, &view);
@@ -928,19 +971,37 @@ static int grad_run(weft_comm *comm, const grad_shape *sh, int k, int kind, CUst
         double sum = 0;
         for (int r = 0; r < size; r++) sum += (double)((r * 3 + i + (int)e * 5 + step * 7 + k) % 9);
         char one[8];
-        store(one, 0, sh->dt, sh->op == WEFT_AVG ? sum / size : sum);
+        /* a no_sync step leaves this rank's own gradient as it was */
+        double local = (double)((rank * 3 + i + (int)e * 5 + step * 7 + k) % 9);
+        store(one, 0, sh->dt, !synced ? local : sh->op == WEFT_AVG ? sum / size : sum);
         double want = load(one, 0, sh->dt), v = load(host, e, sh->dt);
         if (got) got[at] = v;
         bool ok = v == want;
         passed += ok;
         failed += !ok;
         if (!ok && failed <= 10)
-          printf("device-check: grad: rank %d: set %d (%s %s %s, %s, prediv %g%s) step %d tensor %d element %zu: "
+          printf("device-check: grad: rank %d: set %d (%s %s %s, %s, prediv %g%s%s) step %d tensor %d element %zu: "
                  "%g, want %g\n",
                  rank, k, kind == 0 ? "device" : "host", sh->owned ? "owned" : "copies", weft_dtype_name(sh->dt),
-                 weft_op_name(sh->op), sh->prediv, sh->own_stream ? ", own stream" : "", step, i, e, v, want);
+                 weft_op_name(sh->op), sh->prediv, sh->own_stream ? ", own stream" : "", synced ? "" : ", no_sync",
+                 step, i, e, v, want);
       }
       free(host);
+    }
+    for (int j = 0; sh->params && j < NPARAM; j++) {
+      if (kind == 0)
+        read_dev(param_host, (CUdeviceptr)(uintptr_t)param[j], param_count[j] * 4);
+      else
+        memcpy(param_host, param[j], param_count[j] * 4);
+      int from = synced ? size - 1 : rank; /* broadcast after every synced step */
+      size_t bad = 0;
+      for (size_t e = 0; e < param_count[j]; e++)
+        bad += param_host[e] != (float)((from + 1) * 1000 + j * 10 + (int)e % 7 + step);
+      passed += param_count[j] - bad;
+      failed += bad;
+      if (bad)
+        printf("device-check: grad: rank %d: set %d step %d: parameter %d: %zu elements are not rank %d's\n", rank,
+               k, step, j, bad, from);
     }
     /* the fills read their host buffers until they ran: the set's stream is
      * synchronized only now, after the results were read on the program's
@@ -954,6 +1015,13 @@ static int grad_run(weft_comm *comm, const grad_shape *sh, int k, int kind, CUst
     if (!weft_grad_get_stats(g, &st)) *buckets += (long)st.buckets_launched / 2;
   }
   weft_grad_destroy(g);
+  for (int j = 0; sh->params && j < NPARAM; j++) {
+    if (kind == 0)
+      CU_OK(dev_free((CUdeviceptr)(uintptr_t)param[j]));
+    else
+      free(param[j]);
+  }
+  free(param_host);
   for (int i = 0; i < n; i++) {
     if (!mine[i]) continue;
     if (kind == 0)
@@ -968,23 +1036,25 @@ static int grad_run(weft_comm *comm, const grad_shape *sh, int k, int kind, CUst
 static int grad_check(weft_comm *comm, int nsets) {
   long tensors = 0, buckets = 0;
   int kinds[2][2] = {{0}}; /* [owned][prediv > 1] of the device sets run */
+  int with_accum = 0, with_check = 0, with_params = 0;
   CUstream set_on;
   CU_OK(cu->stream_create(&set_on, CU_STREAM_NON_BLOCKING));
   for (int k = 0; k < nsets; k++) {
     grad_shape sh = grad_shape_of(k);
     size_t total = 0;
     for (int i = 0; i < sh.n; i++) total += sh.counts[i];
-    double *got[2] = {calloc(2 * total, sizeof(double)), calloc(2 * total, sizeof(double))};
+    double *got[2] = {calloc(3 * total, sizeof(double)), calloc(3 * total, sizeof(double))};
     int bad = 0;
     for (int kind = 0; kind < 2 && !bad; kind++) /* device, then host */
       bad = grad_run(comm, &sh, k, kind, set_on, got[kind], kind == 0 ? &buckets : NULL);
     if (!bad) {
-      bool same = !memcmp(got[0], got[1], 2 * total * sizeof(double));
+      bool same = !memcmp(got[0], got[1], 3 * total * sizeof(double));
       passed += same;
       failed += !same;
       if (!same) printf("device-check: grad: rank %d: set %d: device and host results differ\n", rank, k);
       tensors += sh.n;
       kinds[sh.owned][sh.prediv > 1]++;
+      with_accum += sh.accum, with_check += sh.check, with_params += sh.params;
     }
     free(got[0]);
     free(got[1]);
@@ -997,7 +1067,7 @@ static int grad_check(weft_comm *comm, int nsets) {
   const char *release = "not counted (a real driver)";
   if (emu_counts_now(&c0)) {
     grad_shape sh = grad_shape_of(3);
-    sh.owned = 0, sh.prediv = 2, sh.own_stream = true;
+    sh.owned = 0, sh.prediv = 2, sh.own_stream = true, sh.params = true, sh.accum = true;
     grad_run(comm, &sh, 3, 0, set_on, NULL, NULL);
     emu_counts_now(&c1);
     grad_run(comm, &sh, 3, 0, set_on, NULL, NULL);
@@ -1034,10 +1104,12 @@ static int grad_check(weft_comm *comm, int nsets) {
     weft_grad_destroy(g);
     dev_free(d);
   }
-  printf("device-check: rank %d: grad: %d sets (owned %d, owned+prediv %d, copies %d, copies+prediv %d), %ld "
-         "tensors in %ld buckets on device memory, 2 steps each (host wait, stream wait), equal to the reference "
-         "and to the same sets on host memory; events and allocations %s; mixed kinds refused\n",
-         rank, nsets, kinds[1][0], kinds[1][1], kinds[0][0], kinds[0][1], tensors, buckets, release);
+  printf("device-check: rank %d: grad: %d sets (owned %d, owned+prediv %d, copies %d, copies+prediv %d; %d with a "
+         "no_sync step, %d checked every step, %d with parameters broadcast every step), %ld tensors in %ld buckets "
+         "on device memory, 3 steps each (host waits, the last a stream wait), equal to the reference and to the "
+         "same sets on host memory; events and allocations %s; mixed kinds refused\n",
+         rank, nsets, kinds[1][0], kinds[1][1], kinds[0][0], kinds[0][1], with_accum, with_check, with_params, tensors,
+         buckets, release);
   return 0;
 }
 

@@ -365,7 +365,10 @@ static weft_status fuse_run(weft_comm *comm, const char *call, const weft_tensor
     size_t bytes = t[i].count * weft_dtype_size(t[i].dtype);
     weft_dtype dt = kind[i] == FUSE_AVG ? t[i].dtype : WEFT_U8;
     int *slot = &open[kind[i]][dt][t[i].memory];
-    if (bytes >= PACK_INPLACE_BYTES) {
+    /* device tensors are never packed: each is its own call, ordered on
+     * the communicator's stream, and done when waited for (a packing copy
+     * would have to be queued on that stream too) */
+    if (bytes >= PACK_INPLACE_BYTES || t[i].memory == WEFT_MEMORY_DEVICE) {
       msgs[nmsgs] = (fuse_msg){t[i].ptr, mem_of(&t[i]), bytes, dt, 0, kind[i] == FUSE_AVG, NULL};
       msg_of[i] = nmsgs++;
       off[i] = 0;
@@ -437,14 +440,16 @@ static weft_status check_list(weft_comm *comm, const char *call, const weft_tens
   for (int i = 0; i < n; i++) {
     if (tensor_invalid(&t[i], 1, why, sizeof why))
       return weft_api_error(comm, WEFT_ERR_INVALID, call, "tensor %d: %s", i, why);
-    /* packed into messages with copies in host order: device tensors would
-     * need those copies in stream order, not built */
-    if (t[i].count && (t[i].memory != WEFT_MEMORY_HOST || !mem_of(&t[i])))
+    /* host or device memory, as declared (device tensors move one call each) */
+    if (t[i].count && ((t[i].memory != WEFT_MEMORY_HOST && t[i].memory != WEFT_MEMORY_DEVICE) ||
+                       !mem_of(&t[i])))
       return weft_api_error(
-          comm, WEFT_ERR_UNSUPPORTED, call,
-          "tensor %d: %s memory: parameter and buffer lists take host memory for now (the "
-          "collectives take device buffers)",
-          i, t[i].memory == WEFT_MEMORY_HOST && t[i].ptr ? "device" : memory_name(t[i].memory));
+          comm, t[i].memory == WEFT_MEMORY_DEVICE ? WEFT_ERR_UNSUPPORTED : WEFT_ERR_INVALID, call,
+          "tensor %d: declared %s memory, but %s", i, memory_name(t[i].memory),
+          t[i].memory == WEFT_MEMORY_HOST ? "the pointer is device memory"
+          : t[i].memory == WEFT_MEMORY_DEVICE ? "this build or machine has no usable GPU, or the pointer "
+                                                "is host memory"
+                                              : "parameter and buffer lists take host or device tensors");
   }
   return WEFT_OK;
 }
