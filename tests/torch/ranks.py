@@ -218,10 +218,19 @@ def run_ops(seed, cases):
             tag = rng.randrange(1000)
             right, left = (rank + 1) % size, (rank - 1) % size
             out = zeros(n, dtype=dtype)
-            # receive posted first on every rank: the sends never wait for a receive
-            reqs = [dist.irecv(out, src=left, tag=tag), dist.isend(gen(seed, case, rank, dtype, n), dst=right, tag=tag)]
-            for q in reqs[::-1]:
-                q.wait()
+            mine = gen(seed, case, rank, dtype, n)
+            if case % 2:  # the blocking forms: even ranks send first, odd ranks receive first
+                if rank % 2 == 0:
+                    dist.send(mine, dst=right, tag=tag)
+                    dist.recv(out, src=left, tag=tag)
+                else:
+                    dist.recv(out, src=left, tag=tag)
+                    dist.send(mine, dst=right, tag=tag)
+            else:
+                # receive posted first on every rank: the sends never wait for a receive
+                reqs = [dist.irecv(out, src=left, tag=tag), dist.isend(mine, dst=right, tag=tag)]
+                for q in reqs[::-1]:
+                    q.wait()
             check(out, gen(seed, case, left, dtype, n), dtype, what)
         elif kind == "barrier":
             dist.barrier()
