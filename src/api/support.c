@@ -47,8 +47,9 @@ double weft_api_comm_timeout(const weft_comm *comm) {
   return comm->core.fail.timeout_s;
 }
 
-/* Gradient sets take host memory only for now: a device tensor (declared,
- * or a device pointer declared as host) has no table here. */
+/* Host or device memory, as declared: a pointer of the other kind (a device
+ * pointer declared as host, say), or device memory in a build or on a
+ * machine without CUDA, has no table here. */
 const weft_api_mem *weft_api_mem_of(const void *ptr, weft_memory memory) {
   if (memory != WEFT_MEMORY_HOST && memory != WEFT_MEMORY_DEVICE) return NULL;
   if (ptr && weft_mem_kind_of(ptr, NULL) != memory) return NULL;
