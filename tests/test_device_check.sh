@@ -62,7 +62,9 @@
 # the second a no_sync one in half the sets, the third ended by
 # weft_grad_wait_stream: every
 # element equal to the reference and to the same set on host memory, 1 to 4
-# ranks, shm (IPC), tcp (staged) and cuMemCreate memory (bounced); a set run
+# ranks, shm (IPC), tcp (staged), cuMemCreate memory (bounced), and 4 ranks
+# as 2 pretend hosts (WEFT_DEVICE_CHECK_HOSTS: shm within, tcp across, the
+# sets' random wire dtype f32/bf16/f16 applied between them); a set run
 # twice leaves the stand-in's allocation and event counts alone; mixed kinds
 # refused. Taken out, each of these failed it: the stream form's link
 # (455,171 of 2,259,174 wrong), the host form's wait for its unpacks (9,199),
@@ -136,7 +138,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
            "2 shm inflight --in-flight=2000 WEFT_DEVICE_CHECK_VMM=1 WEFT_TIMEOUT=60" \
            "2 shm foreignctx --foreign-ctx WEFT_TIMEOUT=20" \
            "1 shm grad --grad=10" "2 shm grad --grad=20" "3 tcp grad --grad=20" "4 shm grad --grad=10" \
-           "2 shm grad --grad=10 WEFT_DEVICE_CHECK_VMM=1" \
+           "2 shm grad --grad=10 WEFT_DEVICE_CHECK_VMM=1" "4 auto grad --grad=10 WEFT_DEVICE_CHECK_HOSTS=2" \
            "2 shm gradoverlap --grad-overlap" "2 tcp gradoverlap --grad-overlap" \
            "3 shm gradfault --grad-fault WEFT_CUDA_EMU_KERNEL_FAULT=6 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \
            "3 tcp gradfault --grad-fault WEFT_CUDA_EMU_KERNEL_FAULT=8 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \

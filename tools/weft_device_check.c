@@ -36,7 +36,8 @@
  * --grad-fault, --grad-skip: a device set's stream order, its overlap with
  * backward, its failures (below). WEFT_DEVICE_CHECK_VMM=1: every device buffer from
  * cuMemCreate and cuMemMap, as PyTorch's expandable segments make them (no
- * legacy IPC handle; addresses mapped again to new memory once freed). */
+ * legacy IPC handle; addresses mapped again to new memory once freed).
+ * WEFT_DEVICE_CHECK_HOSTS=H: the ranks as H pretend hosts (WEFT_HOST_ID). */
 #include <time.h>
 #include <math.h>
 #include <dlfcn.h>
@@ -814,6 +815,7 @@ typedef struct grad_shape {
   bool accum;         /* step 1 is a no_sync step (weft_grad_set_sync(0)): gradients stay local */
   bool check;         /* check_every_step */
   bool params;        /* three parameters broadcast from the last rank after every synced step */
+  int wire;           /* wire_dtype (-1: the communicator's): what f32 buckets cross hosts as */
 } grad_shape;
 
 static grad_shape grad_shape_of(int k) {
@@ -833,6 +835,10 @@ static grad_shape grad_shape_of(int k) {
   sh.accum = grad_rng(&x) % 2;
   sh.check = grad_rng(&x) % 3 == 0;
   sh.params = grad_rng(&x) % 2;
+  {
+    static const int wires[] = {-1, WEFT_F32, WEFT_BF16, WEFT_F16};
+    sh.wire = wires[grad_rng(&x) % 4];
+  }
   sh.counts = malloc(sizeof *sh.counts * (size_t)sh.n);
   for (int i = 0; i < sh.n; i++) sh.counts[i] = 1 + grad_rng(&x) % 700;
   return sh;
@@ -855,6 +861,7 @@ static int grad_run(weft_comm *comm, const grad_shape *sh, int k, int kind, CUst
   o.inplace_min_bytes = sh->inplace_min;
   o.prediv = sh->prediv;
   o.check_every_step = sh->check;
+  o.wire_dtype = sh->wire; /* the small integers here are exact in bf16 and f16 */
   o.bcast_period = sh->params ? 1 : -1;
   o.bcast_root = size - 1;
   weft_grad *g = NULL;
@@ -1534,6 +1541,15 @@ int main(int argc, char **argv) {
   }
   weft_error_sink err = {0};
   cu = weft_cuda_api_load(&err);
+  /* WEFT_DEVICE_CHECK_HOSTS=H: the ranks as H pretend hosts (WEFT_HOST_ID,
+   * rank r on host r % H), so device calls cross hosts: staged, over tcp,
+   * the f32 wire dtype applied between them */
+  const char *hosts = getenv("WEFT_DEVICE_CHECK_HOSTS"), *my_rank = getenv("WEFT_RANK");
+  if (hosts && atoi(hosts) > 1 && my_rank) {
+    char id[64];
+    snprintf(id, sizeof id, "device-check-host-%d", atoi(my_rank) % atoi(hosts));
+    setenv("WEFT_HOST_ID", id, 1);
+  }
   weft_comm *comm;
   weft_status st = weft_comm_init_env(&comm);
   if (st) {
