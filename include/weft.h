@@ -244,13 +244,18 @@ WEFT_API weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire);
  * after; a stream of such a context is refused by the driver (a CUDA error
  * naming cuEventRecord). A build without CUDA (weft-info says which)
  * refuses a stream other than NULL with WEFT_ERR_UNSUPPORTED.
- * Point-to-point messages take device buffers too, staged through pinned
- * host memory: a send reads its buffer, and a receive writes its buffer,
- * after the work queued on the stream when the call is issued; unlike the
- * collectives, the stream is not made to wait for them: weft_send and
- * weft_recv return, and weft_wait of weft_isend / weft_irecv returns, once
- * the message is done (the receive's buffer holds the data), and work
- * queued after that sees it. Gradient sets take device tensors (below). */
+ * Point-to-point messages take device buffers too: a send reads its
+ * buffer, and a receive writes its buffer, after the work queued on the
+ * stream when the call is issued; unlike the collectives, the stream is not
+ * made to wait for them: weft_send and weft_recv return, and weft_wait of
+ * weft_isend / weft_irecv returns, once the message is done (the receive's
+ * buffer holds the data), and work queued after that sees it. Within a
+ * host (shm) a message of 16 chunks or more (4 MiB by default) is lent to
+ * the receiver over CUDA IPC, which copies out of the sender's buffer: its
+ * send completes only once the receive is posted and done, as NCCL's do
+ * (post receives first, or use the non-blocking forms); other messages are
+ * staged through pinned host memory. Gradient sets take device tensors
+ * (below). */
 WEFT_API weft_status weft_comm_set_stream(weft_comm *comm, void *cuda_stream);
 
 /* Buffers the caller keeps. Within a host a call on device buffers lends

@@ -225,6 +225,15 @@ typedef struct weft_transport {
    * WEFT_AGAIN otherwise. Drives the sends forward. */
   weft_status (*send_idle)(weft_tp_conn *conn);
 
+  /* Optional (NULL where the transport cannot tell): WEFT_OK once the peer
+   * has released (recv_release) every chunk posted on this connection,
+   * WEFT_AGAIN before. Stronger than send_idle, which a copy into a slot
+   * satisfies: a sender that lent memory in a chunk's descriptor (a device
+   * buffer over CUDA IPC, src/engine/p2p.c) learns here that the receiver,
+   * which releases that chunk only after its copy out of the buffer, is
+   * done with it. shm: the receiver's released count. */
+  weft_status (*send_released)(weft_tp_conn *conn);
+
   /* The oldest received chunk, in place: it must be tagged `tag` and be
    * `bytes` long, else WEFT_ERR_MISMATCH. `*data` (host memory) stays valid
    * until recv_release. WEFT_AGAIN when it has not (completely) arrived.

@@ -628,9 +628,10 @@ weft_status weft_coll_device_stream_wait(weft_core *core, void *stream, uint32_t
  * communicator's pinned pool (coll_device.h). */
 struct weft_device_msg {
   void *user;     /* the device buffer */
-  void *host;     /* its staged copy */
+  void *host;     /* its staged copy (NULL: a send lent over IPC, never staged) */
   size_t bytes;
   bool is_send;
+  bool direct;    /* a receive whose data came straight from the peer's buffer (IPC) */
   int block;      /* in the pool, or -1: `own` */
   void *own;
   weft_mem_token in, out;
@@ -638,7 +639,7 @@ struct weft_device_msg {
 };
 
 weft_status weft_coll_device_msg_begin(weft_core *core, const char *call, const void *buf, size_t bytes,
-                                       bool is_send, bool now, weft_device_msg **out) {
+                                       bool is_send, bool now, bool lend, weft_device_msg **out) {
   *out = NULL;
   int ordinal = 0;
   weft_mem_kind_of(buf, &ordinal);
@@ -653,8 +654,8 @@ weft_status weft_coll_device_msg_begin(weft_core *core, const char *call, const 
   weft_device_msg *m = calloc(1, sizeof *m);
   if (!m) return weft_core_error(core, WEFT_ERR_NOMEM, call, "no memory");
   *m = (weft_device_msg){.user = (void *)buf, .bytes = bytes, .is_send = is_send, .block = -1};
-  m->host = stage_take(d, bytes, &m->block);
-  if (!m->host) {
+  m->host = lend ? NULL : stage_take(d, bytes, &m->block); /* a lent send is never staged */
+  if (!m->host && !lend) {
     free(m);
     return weft_core_error(core, WEFT_ERR_NOMEM, call, "no pinned host memory for staging %zu bytes of a "
                            "device buffer", bytes);
@@ -663,7 +664,7 @@ weft_status weft_coll_device_msg_begin(weft_core *core, const char *call, const 
   /* after the work queued on the stream so far: a send copies the buffer
    * out then; a receive writes it back only after it (the token) */
   weft_status rc = weft_mem_device.stream_after_user(d->in, core->user_stream);
-  if (!rc && is_send) rc = weft_mem_device.copy_to_host(m->host, buf, bytes, d->in, &m->in);
+  if (!rc && is_send && !lend) rc = weft_mem_device.copy_to_host(m->host, buf, bytes, d->in, &m->in);
   if (!rc && !m->in) rc = weft_mem_device.record(d->in, &m->in);
   if (!rc && now && (rc = token_wait(core, d->in, m->in)) == WEFT_AGAIN)
     rc = WEFT_ERR_TIMEOUT;
@@ -683,9 +684,50 @@ weft_status weft_coll_device_msg_ready(weft_core *core, weft_device_msg *m) {
   return weft_mem_device.poll(core->device->in, m->in);
 }
 
+bool weft_coll_device_msg_lendable(const weft_core *core, int peer, const void *buf, size_t bytes) {
+  /* a transport that maps a peer's device memory joins ranks of one host
+   * only (shm); it must also say when the peer released a chunk */
+  if (!weft_settings()->cuda_ipc || peer == core->rank || bytes < WEFT_DEVICE_MSG_LEND_CHUNKS * core->chunk_bytes)
+    return false;
+  int tp = core->links.peers[peer].tp;
+  if (tp < 0) return false;
+  const weft_transport *ops = core->links.tps[tp].ops;
+  return (ops->caps.map_kinds & WEFT_MEMORY_BIT(WEFT_MEMORY_DEVICE)) && ops->send_released &&
+         weft_cuda_ipc_exportable(buf);
+}
+
+bool weft_coll_device_msg_describe(const weft_device_msg *m, weft_mem_desc *desc) {
+  return weft_mem_device.describe(m->user, m->bytes, desc);
+}
+
+weft_status weft_coll_device_msg_take(weft_core *core, const char *call, weft_device_msg *m, void *dst,
+                                      const void *peer_buf, size_t bytes) {
+  int ordinal = 0;
+  weft_mem_kind_of(peer_buf, &ordinal);
+  struct weft_coll_device *d;
+  WEFT_CHECK(device_state_of(core, call, ordinal, &d));
+  weft_mem_token t = 0;
+  weft_status rc = WEFT_OK;
+  if (m) {
+    /* into the receive's device buffer, after the stream's earlier work on it */
+    rc = token_wait(core, d->in, m->in);
+    if (!rc) rc = weft_mem_device.copy_async(m->user, peer_buf, bytes, d->stream, &t);
+  } else { /* into host memory: an unexpected message's buffer, a host receive */
+    rc = weft_mem_device.copy_to_host(dst, peer_buf, bytes, d->stream, &t);
+  }
+  if (!rc) rc = token_wait(core, d->stream, t);
+  if (!rc && m) m->direct = true;
+  if (rc == WEFT_AGAIN)
+    return weft_core_error(core, WEFT_ERR_TIMEOUT, call,
+                           "the copy out of the peer's device buffer did not complete in %.1f s (WEFT_TIMEOUT)",
+                           core->fail.timeout_s);
+  if (rc) return weft_core_error(core, rc, call, "%s", core->links.sink.msg);
+  return WEFT_OK;
+}
+
 weft_status weft_coll_device_msg_finish(weft_core *core, const char *call, weft_device_msg *m) {
   struct weft_coll_device *d = core->device;
-  if (m->is_send) return WEFT_OK;
+  if (m->is_send || m->direct) return WEFT_OK; /* a direct receive's data is in place already */
   /* the stream's earlier work first (the buffer may be read there), then
    * the copy back, waited for: the receive completes with it in place */
   weft_status rc = token_wait(core, d->in, m->in);
@@ -716,7 +758,7 @@ void weft_coll_device_msg_end(weft_core *core, weft_device_msg *m) {
     d->pool[m->block].until_out = out;
     d->pool[m->block].busy = false;
     pthread_mutex_unlock(&d->lock);
-  } else {
+  } else if (m->own) {
     token_wait(core, d->in, in);
     token_wait(core, d->stream, out);
     weft_mem_device.free_slots(m->own, m->bytes);
@@ -949,8 +991,8 @@ weft_status weft_coll_device_stream_wait(weft_core *core, void *stream, uint32_t
   return WEFT_OK;
 }
 weft_status weft_coll_device_msg_begin(weft_core *core, const char *call, const void *buf, size_t bytes,
-                                       bool is_send, bool now, weft_device_msg **out) {
-  (void)buf, (void)bytes, (void)is_send, (void)now;
+                                       bool is_send, bool now, bool lend, weft_device_msg **out) {
+  (void)buf, (void)bytes, (void)is_send, (void)now, (void)lend;
   *out = NULL;
   return weft_core_error(core, WEFT_ERR_INTERNAL, call, "device memory in a build without CUDA");
 }
@@ -968,6 +1010,19 @@ weft_status weft_coll_device_msg_finish(weft_core *core, const char *call, weft_
 }
 void weft_coll_device_msg_end(weft_core *core, weft_device_msg *m) {
   (void)core, (void)m;
+}
+bool weft_coll_device_msg_lendable(const weft_core *core, int peer, const void *buf, size_t bytes) {
+  (void)core, (void)peer, (void)buf, (void)bytes;
+  return false;
+}
+bool weft_coll_device_msg_describe(const weft_device_msg *m, weft_mem_desc *desc) {
+  (void)m, (void)desc;
+  return false;
+}
+weft_status weft_coll_device_msg_take(weft_core *core, const char *call, weft_device_msg *m, void *dst,
+                                      const void *peer_buf, size_t bytes) {
+  (void)m, (void)dst, (void)peer_buf, (void)bytes;
+  return weft_core_error(core, WEFT_ERR_INTERNAL, call, "device memory in a build without CUDA");
 }
 
 #endif

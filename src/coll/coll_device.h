@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "src/coll/coll.h"
+#include "src/mem/mem.h"
 
 /* What the buffers are, once the call's checks passed, which decides the
  * call's route (task->route, coll.h) once: host buffers leave the call as
@@ -73,7 +74,27 @@ weft_status weft_coll_device_stream_wait(weft_core *core, void *stream, uint32_t
  * not (once begin set *msg). */
 typedef struct weft_device_msg weft_device_msg;
 weft_status weft_coll_device_msg_begin(weft_core *core, const char *call, const void *buf, size_t bytes,
-                                       bool is_send, bool now, weft_device_msg **msg);
+                                       bool is_send, bool now, bool lend, weft_device_msg **msg);
+/* Within a host a large send lends its device buffer instead (`lend` to
+ * msg_begin: nothing staged): the lane sends its descriptor, the peer maps
+ * it over CUDA IPC, copies out of it (msg_take) and only then releases the
+ * descriptor's chunk, which the sender waits for (the transport's
+ * send_released). lendable: CUDA IPC on (WEFT_CUDA_IPC), the peer's
+ * transport maps device memory and says when a chunk is released (shm),
+ * the buffer has a legacy IPC handle, and the message is at least
+ * WEFT_DEVICE_MSG_LEND_CHUNKS chunks: a smaller one stays staged, so that
+ * it still completes before its receive is posted where the slots hold
+ * it (a lent one completes once received, as NCCL's sends do). */
+#define WEFT_DEVICE_MSG_LEND_CHUNKS 16
+bool weft_coll_device_msg_lendable(const weft_core *core, int peer, const void *buf, size_t bytes);
+bool weft_coll_device_msg_describe(const weft_device_msg *msg, weft_mem_desc *desc);
+/* The receiving side: `bytes` out of a peer's mapped device buffer into a
+ * receive's device buffer (`msg`, after the stream's earlier work on it;
+ * its finish then copies nothing more) or, msg NULL, into host memory `dst`
+ * (an unexpected message, a receive into host memory). Waited for, bounded
+ * by the timeout. */
+weft_status weft_coll_device_msg_take(weft_core *core, const char *call, weft_device_msg *msg, void *dst,
+                                      const void *peer_buf, size_t bytes);
 void *weft_coll_device_msg_host(const weft_device_msg *msg);
 weft_status weft_coll_device_msg_ready(weft_core *core, weft_device_msg *msg);
 weft_status weft_coll_device_msg_finish(weft_core *core, const char *call, weft_device_msg *msg);

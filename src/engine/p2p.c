@@ -22,7 +22,9 @@
 #include "src/mem/mem.h"
 #include "src/base/status.h"
 
-#define HEADER_MAGIC 0x57503250u /* "WP2P" */
+#define HEADER_MAGIC 0x57503250u      /* "WP2P" */
+#define HEADER_MAGIC_LENT 0x4c503250u /* "WP2L": a device buffer lent over CUDA IPC; its
+                                         descriptor (a weft_mem_desc) is the only chunk after */
 
 struct weft_p2p_unexpected {
   weft_p2p_unexpected *next;
@@ -43,6 +45,7 @@ typedef struct p2p_peer {
   int in_tag;
   weft_dtype in_dtype;
   size_t in_bytes, in_moved;
+  bool in_lent; /* its data is in the sender's device buffer, described in the next chunk */
   weft_request *in_req; /* its receive, or NULL: into in_ux */
   weft_p2p_unexpected *in_ux;
   weft_p2p_unexpected *ux, *ux_tail; /* unexpected messages, in arrival order */
@@ -279,6 +282,47 @@ static weft_status lane_send_idle(weft_core *comm, int peer) {
   return ops->send_idle(c);
 }
 
+/* WEFT_OK once the peer released every chunk sent to it (a lent buffer's
+ * descriptor: after its copy out of the buffer). */
+static weft_status lane_send_released(weft_core *comm, int peer) {
+  const weft_transport *ops;
+  weft_tp_conn *c;
+  WEFT_CHECK(lane_conn(comm, peer, &ops, &c));
+  if (!ops->send_released) return WEFT_ERR_INTERNAL; /* lendable() asked for it */
+  return ops->send_released(c);
+}
+
+/* The chunk after a lent message's header: the sender's device buffer,
+ * mapped over CUDA IPC, copied into the receive (its device buffer, or host
+ * memory: a host receive, an unexpected message's buffer), the mapping
+ * closed, and only then the chunk released (the sender waits for that). */
+static weft_status take_lent(weft_core *comm, int peer, p2p_peer *pp) {
+  const weft_transport *ops;
+  weft_tp_conn *c;
+  WEFT_CHECK(lane_conn(comm, peer, &ops, &c));
+  const void *slot;
+  WEFT_STATUS_PASS(ops->recv_peek(c, pp->recvd_msgs, sizeof(weft_mem_desc), &slot));
+  weft_mem_desc desc;
+  memcpy(&desc, slot, sizeof desc);
+  void *local = NULL;
+  weft_status st = desc.len == pp->in_bytes ? ops->map_peer_mem(c, &desc, &local) : WEFT_ERR_PROTOCOL;
+  if (st)
+    return lane_fail(comm, st < 0 ? st : WEFT_ERR_PROTOCOL, "weft_recv",
+                     "peer %d lent a device buffer of %zu bytes over CUDA IPC (message #%u), which this rank "
+                     "cannot map: %s (WEFT_CUDA_IPC=0 on every rank stages messages instead)",
+                     peer, pp->in_bytes, pp->recvd_msgs, comm->links.sink.msg);
+  weft_request *r = pp->in_req;
+  if (pp->in_bytes)
+    st = r && r->p2p.dev ? weft_coll_device_msg_take(comm, "weft_recv", r->p2p.dev, NULL, local, pp->in_bytes)
+                         : weft_coll_device_msg_take(comm, "weft_recv", NULL, r ? r->p2p.recv_buf : pp->in_ux->data,
+                                                     local, pp->in_bytes);
+  ops->release_peer_mem(c, false); /* before the release: the sender may free it then */
+  if (st) return lane_fail(comm, st, "weft_recv", "%s", comm->fail.last_error);
+  st = ops->recv_release(c);
+  if (st == WEFT_OK) lane_moved(comm);
+  return st;
+}
+
 /* Copies the next chunk of message `msg` (`bytes` long) out of the link. */
 static weft_status lane_recv_copy(weft_core *comm, int peer, uint32_t msg, size_t bytes,
                                   void *dst) {
@@ -317,18 +361,25 @@ static weft_status push_sends(weft_core *comm, int peer) {
     uint32_t msg = pp->sent_msgs;
     const weft_mem_ops *mem = o->send_buf ? weft_mem_for(o->send_buf) : &weft_mem_host;
     if (!o->header_moved) {
-      /* a device buffer: its copy to the host must be done first */
+      /* a device buffer: its copy to the host (or, lent, the stream's work
+       * on it) must be done first */
       if (o->dev) WEFT_STATUS_PASS(weft_coll_device_msg_ready(comm, o->dev));
-      WEFT_STATUS_PASS(lane_send(comm, peer, msg, o->header, sizeof o->header, mem));
+      WEFT_STATUS_PASS(lane_send(comm, peer, msg, o->header, sizeof o->header, &weft_mem_host));
       o->header_moved = true;
+    }
+    if (o->lent && !o->desc_moved) {
+      WEFT_STATUS_PASS(lane_send(comm, peer, msg, &o->desc, sizeof o->desc, &weft_mem_host));
+      o->desc_moved = true;
     }
     while (o->moved < o->bytes) {
       size_t n = o->bytes - o->moved < comm->chunk_bytes ? o->bytes - o->moved : comm->chunk_bytes;
       WEFT_STATUS_PASS(lane_send(comm, peer, msg, (const char *)o->send_buf + o->moved, n, mem));
       o->moved += n;
     }
-    /* complete only when the buffer may be reused: every chunk is out */
+    /* complete only when the buffer may be reused: every chunk is out; a
+     * lent buffer, once the peer released its descriptor, after its copy */
     WEFT_STATUS_PASS(lane_send_idle(comm, peer));
+    if (o->lent) WEFT_STATUS_PASS(lane_send_released(comm, peer));
     pp->sends = r->next;
     if (!pp->sends) pp->sends_tail = NULL;
     pp->sent_msgs++;
@@ -349,7 +400,7 @@ static weft_status take_header(weft_core *comm, int peer) {
   memcpy(&bytes, h + 8, 8);
   dtype = tag >> 24;
   tag &= 0xFFFFFF;
-  if (magic != HEADER_MAGIC || dtype >= WEFT_DTYPE_COUNT || bytes > SIZE_MAX / 2 ||
+  if ((magic != HEADER_MAGIC && magic != HEADER_MAGIC_LENT) || dtype >= WEFT_DTYPE_COUNT || bytes > SIZE_MAX / 2 ||
       bytes % weft_dtype_size((weft_dtype)dtype))
     return lane_fail(comm, WEFT_ERR_PROTOCOL, "weft_recv",
                      "peer %d sent a malformed message header (message #%u)", peer, pp->recvd_msgs);
@@ -358,6 +409,7 @@ static weft_status take_header(weft_core *comm, int peer) {
   pp->in_dtype = (weft_dtype)dtype;
   pp->in_bytes = (size_t)bytes;
   pp->in_moved = 0;
+  pp->in_lent = magic == HEADER_MAGIC_LENT;
   pp->in_req = NULL;
   pp->in_ux = NULL;
   weft_request **at = &pp->recvs, *prev = NULL;
@@ -393,6 +445,11 @@ static weft_status pull_recvs(weft_core *comm, int peer) {
     if (!pp->in_busy) WEFT_STATUS_PASS(take_header(comm, peer));
     unsigned char *dst = pp->in_req ? pp->in_req->p2p.recv_buf : pp->in_ux->data;
     const weft_mem_ops *mem = pp->in_req ? weft_mem_for(dst) : &weft_mem_host;
+    if (pp->in_lent) {
+      WEFT_STATUS_PASS(take_lent(comm, peer, pp));
+      pp->in_lent = false;
+      pp->in_moved = pp->in_bytes;
+    }
     while (pp->in_moved < pp->in_bytes) {
       size_t left = pp->in_bytes - pp->in_moved;
       size_t n = left < comm->chunk_bytes ? left : comm->chunk_bytes;
@@ -600,17 +657,36 @@ weft_status weft_p2p_setup(weft_request *r, weft_core *comm, const char *call, b
    * communicator's stream (a send to this rank itself is matched at once,
    * so its copy to the host is waited for here) */
   if (count && weft_mem_kind_of(buf, NULL) == WEFT_MEMORY_DEVICE) {
-    weft_status st = weft_coll_device_msg_begin(comm, call, buf, o->bytes, is_send,
-                                                is_send && peer == comm->rank, &o->dev);
-    if (st) {
-      weft_coll_device_msg_end(comm, o->dev);
-      o->dev = NULL;
-      return st;
+    /* within a host a large send lends its buffer over CUDA IPC instead
+     * (coll_device.h); where its descriptor cannot be made, it is staged */
+    bool lend = is_send && weft_coll_device_msg_lendable(comm, peer, buf, o->bytes);
+    for (;;) {
+      weft_status st = weft_coll_device_msg_begin(comm, call, buf, o->bytes, is_send,
+                                                  is_send && peer == comm->rank, lend, &o->dev);
+      if (!st && lend && !weft_coll_device_msg_describe(o->dev, &o->desc)) st = WEFT_AGAIN;
+      if (st == WEFT_AGAIN) { /* no IPC handle after all: staged */
+        weft_coll_device_msg_end(comm, o->dev);
+        o->dev = NULL;
+        lend = false;
+        continue;
+      }
+      if (st) {
+        weft_coll_device_msg_end(comm, o->dev);
+        o->dev = NULL;
+        return st;
+      }
+      break;
     }
-    if (is_send)
+    if (lend) {
+      o->lent = true;
+      uint32_t magic = HEADER_MAGIC_LENT;
+      memcpy(o->header, &magic, 4);
+      o->moved = o->bytes; /* no data chunks: the descriptor stands for them */
+    } else if (is_send) {
       o->send_buf = weft_coll_device_msg_host(o->dev);
-    else
+    } else {
       o->recv_buf = weft_coll_device_msg_host(o->dev);
+    }
   }
   return WEFT_OK;
 }

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/mem/mem.h"
 #include "weft.h"
 
 typedef struct weft_core weft_core;
@@ -39,8 +40,11 @@ typedef struct weft_p2p_op {
   bool header_moved;
   uint8_t header[WEFT_P2P_HEADER_BYTES]; /* send: what goes first */
   /* a device buffer: staged through pinned host memory (coll_device.h),
-   * send_buf / recv_buf being the staged copy */
+   * send_buf / recv_buf being the staged copy; or, a send `lent` within a
+   * host, its descriptor sent instead of its data (p2p.c) */
   weft_device_msg *dev;
+  bool lent, desc_moved;
+  weft_mem_desc desc;
 } weft_p2p_op;
 
 /* The lane's state, one per communicator (p2p.c), in comm->engine->lane.

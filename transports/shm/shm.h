@@ -302,6 +302,7 @@ weft_status shm_send_ready(weft_tp_conn *conn);
 weft_status shm_send(weft_tp_conn *conn, const void *src, size_t bytes, weft_tag tag,
                      const struct weft_mem_ops *mem, unsigned flags);
 weft_status shm_send_idle(weft_tp_conn *conn);
+weft_status shm_send_released(weft_tp_conn *conn);
 weft_status shm_recv_peek(weft_tp_conn *conn, weft_tag tag, size_t bytes, const void **data);
 weft_status shm_recv_release(weft_tp_conn *conn);
 weft_status shm_recv(weft_tp_conn *conn, weft_tag tag, size_t chunk_bytes, size_t bytes, void *dst,

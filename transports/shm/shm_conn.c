@@ -526,6 +526,20 @@ weft_status shm_send_idle(weft_tp_conn *conn) {
   return WEFT_OK;
 }
 
+/* Every cell posted here released by the peer: its released count (tail)
+ * caught up with what was posted (head). */
+weft_status shm_send_released(weft_tp_conn *conn) {
+  shm_conn *c = shm_conn_of(conn);
+  if (c->state == SHM_CONN_DEAD) return c->dead_status;
+  c->tx_tail_seen = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
+  if ((int32_t)(c->tx_tail_seen - c->tx_head) >= 0) return WEFT_OK;
+  if (atomic_load_explicit(&c->rx->aborted, memory_order_acquire)) return shm_peer_gone(c);
+  if (c->peer_ended) return shm_peer_ended(c, "it to take what this rank lent");
+  c->ctx->want_conn = c;
+  c->ctx->want = SHM_WANT_IDLE;
+  return WEFT_AGAIN;
+}
+
 /* ---- receiving ----------------------------------------------------------------- */
 
 /* The oldest chunk's cell once it has arrived, its tag checked (peeked). */

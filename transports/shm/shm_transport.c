@@ -284,6 +284,7 @@ const weft_transport weft_transport_shm = {
     .send_ready = shm_send_ready,
     .send = shm_send,
     .send_idle = shm_send_idle,
+    .send_released = shm_send_released,
     .recv_peek = shm_recv_peek,
     .recv_release = shm_recv_release,
     .recv = shm_recv,
