@@ -452,6 +452,48 @@ static void credits_ibv(void **state) {
 }
 #endif
 
+/* send_released (optional): AGAIN while a chunk posted is not released,
+ * however long the sender drives (send_idle may say OK long before: a copy
+ * into a slot satisfies it), and while the receiver holds it peeked; OK once
+ * every chunk is released. Where a transport leaves it NULL (tcp, ibv), a
+ * sender that lends memory cannot learn when the peer is done with it, so
+ * p2p.c never lends over it. */
+static void released_shm(void **state) {
+  (void)state;
+  const weft_transport *tp = &weft_transport_shm;
+  assert_non_null(tp->send_released);
+  assert_null(weft_transport_tcp.send_released);
+  pair p;
+  if (!pair_open(&p, tp)) {
+    skip();
+    return;
+  }
+  static unsigned char buf[2][CHUNK];
+  send_one(&p, 1, 0, 96, buf[0]);
+  send_one(&p, 1, 1, 4096, buf[1]);
+  for (int k = 0; k < 50; k++) drive(&p);
+  assert_int_equal(tp->send_released(p.tx[1]), WEFT_AGAIN);
+  const void *data = NULL;
+  double deadline = harness_now() + 5;
+  weft_status st;
+  while ((st = tp->recv_peek(p.rx[1], 0, 96, &data)) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
+  assert_int_equal(st, WEFT_OK);
+  for (int k = 0; k < 50; k++) drive(&p);
+  assert_int_equal(tp->send_released(p.tx[1]), WEFT_AGAIN); /* peeked, held */
+  assert_int_equal(tp->recv_release(p.rx[1]), WEFT_OK);
+  assert_int_equal(tp->send_released(p.tx[1]), WEFT_AGAIN); /* the second is not taken */
+  recv_one(&p, 1, 1, 4096, false);
+  while ((st = tp->send_released(p.tx[1])) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
+  assert_int_equal(st, WEFT_OK);
+  pair_close(&p);
+}
+#ifdef WEFT_HAVE_IBV
+static void released_ibv_absent(void **state) {
+  (void)state;
+  assert_null(weft_transport_ibv.send_released);
+}
+#endif
+
 /* shm maps what a peer registered as SHARED, from the descriptor alone, and
  * refuses what it cannot map with a status that says which refusal. */
 static void registration_shm(void **state) {
@@ -559,9 +601,11 @@ int main(void) {
       cmocka_unit_test(channels_shm),
       cmocka_unit_test(channels_tcp),
       cmocka_unit_test(credits_shm),
+      cmocka_unit_test(released_shm),
 #ifdef WEFT_HAVE_IBV
       cmocka_unit_test(channels_ibv),
       cmocka_unit_test(credits_ibv),
+      cmocka_unit_test(released_ibv_absent),
 #endif
       cmocka_unit_test(registration_shm),
       cmocka_unit_test(registration_refused),
