@@ -75,7 +75,7 @@
 # it was held 2.5 s, until the peers woke), and bucket 0 is reduced while a
 # 1.5 s kernel still holds back the last gradient.
 # And --p2p N: messages between device buffers (weft_send/weft_recv, both
-# forms), around the ring and to itself, random sizes (up to 12 MiB) and
+# forms), around the ring and to itself, random sizes (up to 6 MiB) and
 # dtypes: within a host the large ones lent over CUDA IPC (the receiver
 # copies out of the sender's buffer), the rest staged through pinned host
 # memory; the send buffer's fill and a memset of the receive buffer queued
@@ -148,7 +148,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
            "3 shm gradfault --grad-fault WEFT_CUDA_EMU_KERNEL_FAULT=6 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \
            "3 tcp gradfault --grad-fault WEFT_CUDA_EMU_KERNEL_FAULT=8 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \
            "2 shm gradskip --grad-skip WEFT_TIMEOUT=20" "3 tcp gradskip --grad-skip WEFT_TIMEOUT=20" \
-           "1 shm p2p --p2p=20" "2 shm p2p --p2p=30" "3 shm p2p --p2p=20" "3 tcp p2p --p2p=30"; do
+           "1 shm p2p --p2p=12" "2 shm p2p --p2p=24" "3 shm p2p --p2p=12" "3 tcp p2p --p2p=24"; do
   set -- $run
   n=$1 tp=$2 want=$3
   shift 3

@@ -1321,7 +1321,7 @@ static int grad_fault(weft_comm *comm, bool skip) {
 /* --p2p N: N rounds of messages between device buffers (weft_send /
  * weft_recv and their non-blocking forms), staged through pinned host
  * memory: each rank sends to the next and receives from the previous around
- * the ring, and to itself, random sizes (up to 12 MiB: within a host the
+ * the ring, and to itself, random sizes (up to 6 MiB: within a host the
  * large ones are lent over CUDA IPC, the rest staged) and dtypes.
  * The send buffer's fill and a memset of the receive buffer are queued on
  * the stream right before the calls and never waited for: the message must
@@ -1332,12 +1332,12 @@ static int p2p_check(weft_comm *comm, int rounds) {
   for (int k = 0; k < rounds; k++) {
     uint64_t x = 0x51ed270b2f7e4c3dull ^ (uint64_t)(k + 1) * 0x9e3779b97f4a7c15ull; /* alike on every rank */
     weft_dtype dt = (weft_dtype)(grad_rng(&x) % WEFT_DTYPE_COUNT);
-    /* small, medium, and large: 5 to 12 MiB, which a send within a host
+    /* small, medium, and large: 4.5 to 6 MiB, which a send within a host
      * lends over CUDA IPC (16 chunks or more) instead of staging */
     uint64_t pick = grad_rng(&x) % 3;
     size_t count = pick == 0   ? grad_rng(&x) % 16
                    : pick == 1 ? grad_rng(&x) % 300000
-                               : ((size_t)5 << 20) + grad_rng(&x) % ((size_t)7 << 20);
+                               : ((size_t)9 << 19) + grad_rng(&x) % ((size_t)3 << 19);
     if (pick == 2) count /= weft_dtype_size(dt);
     bool blocking = grad_rng(&x) % 2;
     size_t esz = weft_dtype_size(dt), bytes = count * esz;
