@@ -39,8 +39,11 @@ packages="$packages python3 python3-dev python3-cffi python3-numpy python3-pytes
 packages="$packages python3-torch libtorch-dev pybind11-dev python3-sklearn openmpi-bin"
 # the torch venv: python3 -m venv needs ensurepip; the pip test's offline
 # install (--no-build-isolation) builds with Debian's meson-python
-[ -z "$torch_venv" ] || packages="$packages python3-venv python3-mesonpy"
-[ -z "$pip_only" ] || packages="gcc g++ libc6-dev pkg-config libssl-dev libhwloc-dev python3-dev python3-venv python3-pip"
+# ca-certificates: pip reaches PyPI over TLS; a minimal Debian 12 (debootstrap
+# minbase, tools/fresh-root.sh) has no CA certificates, and every download
+# then fails certificate verification (the pip test skipped there before)
+[ -z "$torch_venv" ] || packages="$packages python3-venv python3-mesonpy ca-certificates"
+[ -z "$pip_only" ] || packages="gcc g++ libc6-dev pkg-config libssl-dev libhwloc-dev python3-dev python3-venv python3-pip ca-certificates"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
