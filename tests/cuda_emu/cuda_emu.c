@@ -35,6 +35,37 @@
  * allocation's serial number; another process opens /proc/<pid>/fd/<fd>,
  * checks the memfd's name (pid and serial) and size, and maps it.
  *
+ * dma-buf export (GPUDirect RDMA, cuMemGetHandleForAddressRange with
+ * CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD): the descriptor handed out is a fresh
+ * open (O_RDWR | O_CLOEXEC) of the allocation's memfd through
+ * /proc/self/fd, so its byte 0 is the allocation's base; mmap it (as the
+ * verbs stand-in's ibv_reg_dmabuf_mr does) to see the device memory. Limits,
+ * narrower than a GPU's:
+ * - dptr must be the base of a live cuMemAlloc allocation of this process
+ *   (each allocation is a memfd of its own, whose byte 0 is the base); an
+ *   address inside one, memory opened by IPC or anything else:
+ *   CUDA_ERROR_INVALID_VALUE. size: a nonzero multiple of the host page
+ *   size, at most the allocation's size rounded up to whole pages; flags 0
+ *   (CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE is refused, as where no
+ *   BAR1 mapping exists); another handle type: CUDA_ERROR_INVALID_VALUE.
+ * - memory mapped by cuMemMap (cuMemCreate's) and cuMemHostAlloc's pinned
+ *   host memory are not exported: CUDA_ERROR_NOT_SUPPORTED (a GPU needs the
+ *   cuMemCreate allocation made gpuDirectRDMACapable;
+ *   CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED and
+ *   CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED say 0).
+ * - WEFT_CUDA_EMU_DMABUF=0: every dma-buf export answers
+ *   CUDA_ERROR_NOT_SUPPORTED and CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED says
+ *   0, as a driver or kernel without dma-buf.
+ * - no cuFlushGPUDirectRDMAWrites (FLUSH_WRITES_OPTIONS 0, WRITES_ORDERING
+ *   NONE): what a NIC writes becomes visible through an RDMA read flush,
+ *   which the verbs stand-in enforces.
+ * - cuMemFree (or a context's reset) while an exported descriptor is still
+ *   open is allowed, as on a GPU where the dma-buf holds a reference: the
+ *   memfd lives on through the descriptor, so whoever mapped it keeps the
+ *   memory; only the device address goes (it faults, as any freed one).
+ * The counters dmabuf_exported and dmabuf_open (cuda_emu.h) tell how many
+ * were handed out and how many of those descriptors are still open.
+ *
  * Kernels: cuModuleLoadData takes any fatbin (checked by magic only) and
  * cuModuleGetFunction finds kernels in cuda_emu_kernels.c by name.
  * Settings and the test-only counters: cuda_emu.h.
@@ -205,6 +236,14 @@ enum { H_STREAM = 0x5a, H_EVENT = 0x5e, H_MODULE = 0x3d, H_FUNCTION = 0xf5 };
 #define H_SLOT_BITS 20
 #define H_GEN_MASK 0xffffffu
 
+/* A dma-buf descriptor handed out, and the file it was: still open only
+ * while fstat finds the same file behind the number. */
+typedef struct emu_dmabuf {
+  int fd;
+  dev_t dev;
+  ino_t ino;
+} emu_dmabuf;
+
 typedef struct emu_slot {
   uint32_t gen;
   uint8_t kind;
@@ -238,6 +277,9 @@ static struct {
   int quarantine_next;
   bool ipc_refused;    /* WEFT_CUDA_EMU_IPC=0: cuIpcOpenMemHandle answers as across GPUs without P2P */
   bool no_legacy_ipc;  /* WEFT_CUDA_EMU_LEGACY_IPC=0: memory as cuMemCreate's, without a legacy handle */
+  bool no_dmabuf;      /* WEFT_CUDA_EMU_DMABUF=0: no dma-buf export, as a driver or kernel without it */
+  emu_dmabuf *dmabufs; /* descriptors cuMemGetHandleForAddressRange handed out, maybe closed since */
+  size_t ndmabufs, dmabuf_cap;
   const char *report;  /* WEFT_CUDA_EMU_REPORT: a file the counters are appended to at exit */
   long kernel_fault;   /* WEFT_CUDA_EMU_KERNEL_FAULT: the kernel run that faults (0: none) */
   long hang_s;         /* WEFT_CUDA_EMU_HANG_S: a synchronize stuck this long aborts */
@@ -811,15 +853,54 @@ static long emu_env_long(const char *name, long fallback, long lo, long hi) {
   return n > hi ? hi : n;
 }
 
+/* ---- dma-buf descriptors handed out ------------------------------------------------------ */
+
+static bool dmabuf_still_open(const emu_dmabuf *d) {
+  struct stat st;
+  return fstat(d->fd, &st) == 0 && st.st_dev == d->dev && st.st_ino == d->ino;
+}
+
+/* Forgets the descriptors closed since (a number reused for another file
+ * is not the same one); how many are left open. */
+static int dmabuf_count_open(void) {
+  size_t n = 0;
+  for (size_t i = 0; i < emu.ndmabufs; i++)
+    if (dmabuf_still_open(&emu.dmabufs[i])) emu.dmabufs[n++] = emu.dmabufs[i];
+  emu.ndmabufs = n;
+  return (int)n;
+}
+
+/* Remembers `fd` (just opened, of file `st`); false when out of memory. An
+ * entry of the same number is stale: that descriptor was closed, or the
+ * number could not have been handed out again. */
+static bool dmabuf_track(int fd, const struct stat *st) {
+  size_t n = 0;
+  for (size_t i = 0; i < emu.ndmabufs; i++)
+    if (emu.dmabufs[i].fd != fd && dmabuf_still_open(&emu.dmabufs[i]))
+      emu.dmabufs[n++] = emu.dmabufs[i];
+  emu.ndmabufs = n;
+  if (emu.ndmabufs == emu.dmabuf_cap) {
+    size_t cap = emu.dmabuf_cap ? emu.dmabuf_cap * 2 : 16;
+    emu_dmabuf *p = realloc(emu.dmabufs, cap * sizeof *p);
+    if (!p) return false;
+    emu.dmabufs = p;
+    emu.dmabuf_cap = cap;
+  }
+  emu.dmabufs[emu.ndmabufs++] = (emu_dmabuf){.fd = fd, .dev = st->st_dev, .ino = st->st_ino};
+  return true;
+}
+
 /* At exit: one line of this process's counters (WEFT_CUDA_EMU_REPORT), so a
  * script can see which path ran and what was left open. */
 static void emu_report(void) {
   FILE *f = fopen(emu.report, "a");
   if (!f) return;
+  emu.counts.dmabuf_open = dmabuf_count_open();
   fprintf(f, "pid %d ipc_opened %d ipc_exported %d ipc_mappings %d allocations %d host_allocations %d "
-          "primary_refs %d\n",
+          "primary_refs %d dmabuf_exported %d dmabuf_open %d\n",
           (int)getpid(), emu.counts.ipc_opened, emu.counts.ipc_exported, emu.counts.ipc_mappings,
-          emu.counts.allocations, emu.counts.host_allocations, emu.counts.primary_refs);
+          emu.counts.allocations, emu.counts.host_allocations, emu.counts.primary_refs,
+          emu.counts.dmabuf_exported, emu.counts.dmabuf_open);
   fclose(f);
 }
 
@@ -834,6 +915,7 @@ EMU_EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
     emu.rng = (uint64_t)emu_env_long("WEFT_CUDA_EMU_SEED", 1, 0, LONG_MAX) * 2 + 1;
     emu.ipc_refused = emu_env_long("WEFT_CUDA_EMU_IPC", 1, 0, 1) == 0;
     emu.no_legacy_ipc = emu_env_long("WEFT_CUDA_EMU_LEGACY_IPC", 1, 0, 1) == 0;
+    emu.no_dmabuf = emu_env_long("WEFT_CUDA_EMU_DMABUF", 1, 0, 1) == 0;
     emu.report = getenv("WEFT_CUDA_EMU_REPORT");
     long fault_rank = emu_env_long("WEFT_CUDA_EMU_FAULT_RANK", -1, -1, INT_MAX);
     if (fault_rank < 0 || fault_rank == emu_env_long("WEFT_RANK", -1, -1, INT_MAX))
@@ -955,8 +1037,21 @@ static bool emu_attribute(CUdevice_attribute attr, CUdevice dev, int *value) {
     case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: *value = 0; return true;
     case CU_DEVICE_ATTRIBUTE_TCC_DRIVER: *value = 0; return true;
     case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: *value = 0; return true;
+    /* GPUDirect RDMA: cuMemAlloc memory exported as a dma-buf (not with
+     * WEFT_CUDA_EMU_DMABUF=0); no cuFlushGPUDirectRDMAWrites, and remote
+     * writes are not promised in order to the owner (ORDERING_NONE): a NIC's
+     * writes are seen after an RDMA read flush. Not cuMemCreate memory, not
+     * pinned host memory. */
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: *value = 1; return true;
+    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: *value = !emu.no_dmabuf; return true;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: *value = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING:
+      *value = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE;
+      return true;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: *value = 0; return true;
+    case CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED: *value = 0; return true;
     /* not emulated: managed memory, pageable access, VMM, memory pools,
-     * priorities, GPUDirect RDMA */
+     * priorities */
     case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: *value = 0; return true;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: *value = 0; return true;
     case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: *value = 0; return true;
@@ -964,7 +1059,6 @@ static bool emu_attribute(CUdevice_attribute attr, CUdevice dev, int *value) {
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *value = 0; return true;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *value = 0; return true;
     case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: *value = 0; return true;
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: *value = 0; return true;
     case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: *value = 0; return true;
     default: return false;
   }
@@ -1228,6 +1322,45 @@ EMU_EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr ptr) {
   /* No wait for queued work: what still uses it fails when it runs. */
   emu.counts.allocations--;
   alloc_release(a);
+  return emu_leave(CUDA_SUCCESS);
+}
+
+/* A dma-buf of device memory, for a NIC to reach it (GPUDirect RDMA): a
+ * fresh open of the allocation's memfd, whose byte 0 is `dptr`. The
+ * stand-in's limits (the header comment): the base of a cuMemAlloc
+ * allocation only, whole pages, flags 0; cuMemCreate memory and pinned host
+ * memory are not exported (CUDA_ERROR_NOT_SUPPORTED), nor anything with
+ * WEFT_CUDA_EMU_DMABUF=0. */
+EMU_EXPORT CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
+                                                          CUmemRangeHandleType handleType,
+                                                          unsigned long long flags) {
+  CUresult r = emu_enter();
+  if (r) return r;
+  struct CUctx_st *ctx;
+  if ((r = emu_need_ctx(&ctx))) return emu_leave(r);
+  if (!handle || handleType != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)
+    return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  if (emu.no_dmabuf) return emu_leave(CUDA_ERROR_NOT_SUPPORTED);
+  emu_alloc *a = alloc_find(dptr);
+  if (a && a->vmm) return emu_leave(CUDA_ERROR_NOT_SUPPORTED); /* not made gpuDirectRDMACapable */
+  if (!a) {
+    emu_host *h = host_find((const void *)(uintptr_t)dptr);
+    if (h && h->mapped) return emu_leave(CUDA_ERROR_NOT_SUPPORTED); /* HOST_ALLOC_DMA_BUF_SUPPORTED 0 */
+  }
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (!a || a->imported || a->base != dptr || flags || !size || size % page || size > a->mapped)
+    return emu_leave(CUDA_ERROR_INVALID_VALUE);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", a->fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return emu_leave(CUDA_ERROR_OUT_OF_MEMORY); /* out of descriptors */
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !dmabuf_track(fd, &st)) {
+    close(fd);
+    return emu_leave(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  *(int *)handle = fd;
+  emu.counts.dmabuf_exported++;
   return emu_leave(CUDA_SUCCESS);
 }
 
@@ -1992,6 +2125,7 @@ EMU_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr ptr) {
 
 EMU_EXPORT void weft_cuda_emu_counts(weft_cuda_emu_counters *out) {
   pthread_mutex_lock(&emu.lock);
+  emu.counts.dmabuf_open = dmabuf_count_open();
   *out = emu.counts;
   pthread_mutex_unlock(&emu.lock);
 }

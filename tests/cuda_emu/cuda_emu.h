@@ -1,7 +1,7 @@
 /* cuda_emu.h - what the CUDA stand-in (libweft_cuda_emu.so, tests only)
  * reports about this process, so tests can check that weft gives back every
- * buffer, stream, event and IPC mapping it took (at weft_comm_destroy, after
- * a failure). Look it up with dlsym("weft_cuda_emu_counts") in the library
+ * buffer, stream, event, IPC mapping and dma-buf descriptor it took (at
+ * weft_comm_destroy, after a failure). Look it up with dlsym("weft_cuda_emu_counts") in the library
  * WEFT_CUDA_LIBRARY names. */
 #ifndef WEFT_CUDA_EMU_H
 #define WEFT_CUDA_EMU_H
@@ -18,6 +18,9 @@ typedef struct weft_cuda_emu_counters {
   int reclaimed;        /* of the above, freed by a primary context's reset, not by their owner */
   int ipc_opened;       /* cuIpcOpenMemHandle that succeeded, ever */
   int ipc_exported;     /* cuIpcGetMemHandle that succeeded, ever */
+  int dmabuf_exported;  /* cuMemGetHandleForAddressRange (a dma-buf) that succeeded, ever */
+  int dmabuf_open;      /* of those descriptors, how many are still open in this process
+                           (the same file behind the number, checked when counted) */
 } weft_cuda_emu_counters;
 
 typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
@@ -34,8 +37,15 @@ typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
  *                          (PyTorch's expandable segments): no legacy IPC
  *                          handle, cuIpcGetMemHandle answers
  *                          CUDA_ERROR_NOT_SUPPORTED
+ *   WEFT_CUDA_EMU_DMABUF   0: no dma-buf export (a driver or kernel without
+ *                          it): cuMemGetHandleForAddressRange answers
+ *                          CUDA_ERROR_NOT_SUPPORTED for every
+ *                          CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, and
+ *                          CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED says 0
  *   WEFT_CUDA_EMU_REPORT   a file each process appends its counters to at
- *                          exit ("pid P ipc_opened N ipc_mappings M ...")
+ *                          exit ("pid P ipc_opened N ipc_exported N
+ *                          ipc_mappings M allocations A host_allocations H
+ *                          primary_refs R dmabuf_exported D dmabuf_open O")
  *   WEFT_CUDA_EMU_KERNEL_FAULT  N: the Nth kernel this process runs (from 1)
  *                          faults with CUDA_ERROR_ILLEGAL_ADDRESS, as a kernel
  *                          reading a bad address on a GPU; with
@@ -58,6 +68,20 @@ typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);
  * cuMemRelease, cuMemAddressFree, cuMemGetAllocationGranularity (a page).
  * Mapped memory has no legacy IPC handle, and an address unmapped may be
  * mapped again to other memory.
+ *
+ * GPUDirect RDMA: cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)
+ * gives a new descriptor (O_RDWR | O_CLOEXEC) of the allocation's memory,
+ * byte 0 at dptr, which must be the base of a live cuMemAlloc allocation;
+ * size a nonzero multiple of the host page size, at most the allocation
+ * rounded up to whole pages; flags 0 (else CUDA_ERROR_INVALID_VALUE, as for
+ * an inner address or another handle type). cuMemMap'd memory and pinned
+ * host memory: CUDA_ERROR_NOT_SUPPORTED. Attributes: GPU_DIRECT_RDMA_SUPPORTED
+ * 1, DMA_BUF_SUPPORTED 1 (0 with WEFT_CUDA_EMU_DMABUF=0),
+ * GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS 0 (no cuFlushGPUDirectRDMAWrites),
+ * GPU_DIRECT_RDMA_WRITES_ORDERING 0 (NONE), GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+ * 0, HOST_ALLOC_DMA_BUF_SUPPORTED 0. cuMemFree with such a descriptor still
+ * open is allowed (the memory lives on behind the descriptor, as a dma-buf
+ * holds a reference); only the device address goes.
  *
  * Undefined uses abort the process naming the call: cuMemFree of memory
  * exported with cuIpcGetMemHandle while another process still has it open
