@@ -4,11 +4,13 @@
  * order with cross-stream waits kept, events complete only after their
  * work, an illegal address sticks to its context, kernels come from the
  * module table, IPC crosses processes and refuses freed buffers, pointers
- * are classified, and every handle is counted. Loads the stand-in through
+ * are classified, device memory is exported as a dma-buf (GPUDirect RDMA)
+ * within the stand-in's limits, and every handle is counted. Loads the stand-in through
  * weft's own driver table (WEFT_CUDA_LIBRARY, src/cuda/cuda_api.c). Cases
  * that need a fresh process (other device counts, the IPC importer) run
  * this program again as a child: CUDA does not survive fork. */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -708,6 +711,229 @@ static void forked_child_cannot_use_the_driver(void **state) {
   assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* ---- dma-buf (GPUDirect RDMA) ----------------------------------------------------------- */
+
+typedef CUresult (*handle_for_range_fn)(void *, CUdeviceptr, size_t, CUmemRangeHandleType,
+                                        unsigned long long);
+
+/* A symbol of the stand-in that weft's table does not hold. */
+static void *emu_sym(const char *name) {
+  void *h = dlopen(getenv("WEFT_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+  return h ? dlsym(h, name) : NULL;
+}
+
+static size_t page_size(void) {
+  return (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* The descriptor is the allocation's memory from its base: what a copy
+ * wrote is in its mapping, what is written there a copy reads; several may
+ * be open; each is counted while open, and a number closed and reused for
+ * another file is not; the memory outlives cuMemFree behind a descriptor. */
+static void dmabuf_export_shares_device_memory(void **state) {
+  (void)state;
+  handle_for_range_fn export_range;
+  *(void **)&export_range = emu_sym("cuMemGetHandleForAddressRange");
+  assert_non_null(export_range);
+  size_t page = page_size(), bytes = 2 * page + 100, whole = 3 * page;
+  weft_cuda_emu_counters before = counts();
+  CUdeviceptr d = dev_alloc(bytes);
+  unsigned char *v = malloc(bytes), *got = malloc(bytes);
+  assert_true(v && got);
+  for (size_t i = 0; i < bytes; i++) v[i] = (unsigned char)(i * 7 + 1);
+  CU(api->memcpy_htod_async(d, v, bytes, NULL));
+  CU(api->stream_synchronize(NULL));
+  int fd = -1;
+  CU(export_range(&fd, d, whole, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+  assert_true(fd >= 0);
+  assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+  assert_int_equal(fcntl(fd, F_GETFL) & O_ACCMODE, O_RDWR);
+  weft_cuda_emu_counters c = counts();
+  assert_int_equal(c.dmabuf_exported, before.dmabuf_exported + 1);
+  assert_int_equal(c.dmabuf_open, before.dmabuf_open + 1);
+  unsigned char *m = mmap(NULL, whole, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  assert_true(m != MAP_FAILED);
+  assert_memory_equal(m, v, bytes); /* byte 0 is the base */
+  /* written through the mapping (a NIC's write): a copy reads it */
+  for (size_t i = 0; i < bytes; i++) m[i] = (unsigned char)(255 - v[i]);
+  CU(api->memcpy_dtoh_async(got, d, bytes, NULL));
+  CU(api->stream_synchronize(NULL));
+  for (size_t i = 0; i < bytes; i++) assert_int_equal(got[i], (unsigned char)(255 - v[i]));
+  /* a second descriptor, of the first page only: both open, both counted */
+  int fd2 = -1;
+  CU(export_range(&fd2, d, page, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+  assert_true(fd2 >= 0 && fd2 != fd);
+  c = counts();
+  assert_int_equal(c.dmabuf_exported, before.dmabuf_exported + 2);
+  assert_int_equal(c.dmabuf_open, before.dmabuf_open + 2);
+  /* closed: no longer open, though still exported once */
+  assert_int_equal(close(fd2), 0);
+  c = counts();
+  assert_int_equal(c.dmabuf_exported, before.dmabuf_exported + 2);
+  assert_int_equal(c.dmabuf_open, before.dmabuf_open + 1);
+  /* freed while a descriptor is open: allowed, the memory lives on behind it */
+  CU(api->mem_free(d));
+  assert_int_equal(counts().allocations, before.allocations);
+  assert_int_equal(counts().dmabuf_open, before.dmabuf_open + 1);
+  assert_int_equal(m[0], (unsigned char)(255 - v[0]));
+  assert_int_equal(munmap(m, whole), 0);
+  /* the number closed and taken by another file: not counted */
+  assert_int_equal(close(fd), 0);
+  int other = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  assert_true(other >= 0);
+  if (other != fd) {
+    assert_int_equal(dup2(other, fd), fd);
+    close(other);
+  }
+  assert_int_equal(counts().dmabuf_open, before.dmabuf_open);
+  close(fd);
+  free(v);
+  free(got);
+}
+
+static void *export_without_context(void *arg) {
+  handle_for_range_fn export_range = *(handle_for_range_fn *)arg;
+  int fd = -1;
+  CUresult r = export_range(&fd, 0, page_size(), CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+  return (void *)(intptr_t)(r == CUDA_ERROR_INVALID_CONTEXT && fd == -1);
+}
+
+/* What the stand-in does not export: an inner address, a size not whole
+ * pages or past the allocation, flags, another handle type, freed memory
+ * (CUDA_ERROR_INVALID_VALUE); cuMemMap'd and pinned host memory
+ * (CUDA_ERROR_NOT_SUPPORTED); nothing without a context. No descriptor
+ * comes out of a refusal. WEFT_CUDA_EMU_DMABUF=0 in a child: cuInit reads it. */
+static void dmabuf_export_refusals(void **state) {
+  (void)state;
+  handle_for_range_fn export_range;
+  *(void **)&export_range = emu_sym("cuMemGetHandleForAddressRange");
+  assert_non_null(export_range);
+  size_t page = page_size();
+  weft_cuda_emu_counters before = counts();
+  CUdeviceptr d = dev_alloc(2 * page);
+  const CUmemRangeHandleType dmabuf = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD;
+  int fd = -1;
+  assert_int_equal(export_range(&fd, d + page, page, dmabuf, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(export_range(&fd, d + 4, page, dmabuf, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(export_range(&fd, d, page + 1, dmabuf, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(export_range(&fd, d, page / 2, dmabuf, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(export_range(&fd, d, 0, dmabuf, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(export_range(&fd, d, 3 * page, dmabuf, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(export_range(&fd, d, page, dmabuf, CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE),
+                   CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(export_range(&fd, d, page, (CUmemRangeHandleType)2, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(export_range(NULL, d, page, dmabuf, 0), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(fd, -1);
+  /* the whole allocation is fine (the control), then freed: refused */
+  CU(export_range(&fd, d, 2 * page, dmabuf, 0));
+  assert_int_equal(close(fd), 0);
+  fd = -1;
+  CU(api->mem_free(d));
+  assert_int_equal(export_range(&fd, d, page, dmabuf, 0), CUDA_ERROR_INVALID_VALUE);
+  /* pinned host memory: not exported (HOST_ALLOC_DMA_BUF_SUPPORTED 0) */
+  void *pinned;
+  CU(api->mem_host_alloc(&pinned, page, 0));
+  assert_int_equal(export_range(&fd, (CUdeviceptr)(uintptr_t)pinned, page, dmabuf, 0),
+                   CUDA_ERROR_NOT_SUPPORTED);
+  CU(api->mem_free_host(pinned));
+  /* cuMemMap'd memory: not exported (not made gpuDirectRDMACapable) */
+  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*release)(CUmemGenericAllocationHandle);
+  CUresult (*address_free)(CUdeviceptr, size_t);
+  *(void **)&reserve = emu_sym("cuMemAddressReserve");
+  *(void **)&create = emu_sym("cuMemCreate");
+  *(void **)&map = emu_sym("cuMemMap");
+  *(void **)&unmap = emu_sym("cuMemUnmap");
+  *(void **)&release = emu_sym("cuMemRelease");
+  *(void **)&address_free = emu_sym("cuMemAddressFree");
+  assert_true(reserve && create && map && unmap && release && address_free);
+  CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                              .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+  CUdeviceptr range = 0;
+  CUmemGenericAllocationHandle mh;
+  CU(reserve(&range, 2 * page, page, 0, 0));
+  CU(create(&mh, 2 * page, &prop, 0));
+  CU(map(range, 2 * page, 0, mh, 0));
+  assert_int_equal(export_range(&fd, range, 2 * page, dmabuf, 0), CUDA_ERROR_NOT_SUPPORTED);
+  assert_int_equal(export_range(&fd, range, page, dmabuf, 0), CUDA_ERROR_NOT_SUPPORTED);
+  CU(unmap(range, 2 * page));
+  CU(release(mh));
+  CU(address_free(range, 2 * page));
+  assert_int_equal(fd, -1);
+  /* a thread without a current context */
+  pthread_t t;
+  void *ok;
+  assert_int_equal(pthread_create(&t, NULL, export_without_context, &export_range), 0);
+  pthread_join(t, &ok);
+  assert_true((intptr_t)ok);
+  weft_cuda_emu_counters c = counts();
+  assert_int_equal(c.dmabuf_exported, before.dmabuf_exported + 1); /* the control only */
+  assert_int_equal(c.dmabuf_open, before.dmabuf_open);
+  /* a driver or kernel without dma-buf */
+  assert_int_equal(run_child("dmabuf-off", NULL, "WEFT_CUDA_EMU_DMABUF=0"), 0);
+}
+
+/* What a GPUDirect RDMA user asks first: dma-buf and GPUDirect RDMA
+ * supported, no cuFlushGPUDirectRDMAWrites, remote writes not ordered for
+ * the owner, neither cuMemCreate nor host memory exported. */
+static void gpudirect_rdma_attributes(void **state) {
+  (void)state;
+  const struct {
+    CUdevice_attribute attr;
+    int value;
+  } want[] = {
+      {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 1},
+      {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS, 0},
+      {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING, CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE},
+      {CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0},
+      {CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED, 0},
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    int v = -1;
+    CU(api->device_get_attribute(&v, want[i].attr, 0));
+    assert_int_equal(v, want[i].value);
+  }
+  int v = -1;
+  assert_int_equal(api->device_get_attribute(&v, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 1),
+                   CUDA_ERROR_INVALID_DEVICE);
+}
+
+/* The report line at exit (WEFT_CUDA_EMU_REPORT) ends with the dma-buf
+ * counters: a child exports twice, closes one, frees the memory, exits. */
+static void dmabuf_counters_in_the_report(void **state) {
+  (void)state;
+  char path[] = "/tmp/weft-cuda-emu-report-XXXXXX";
+  int rfd = mkstemp(path);
+  assert_true(rfd >= 0);
+  close(rfd);
+  char env[sizeof path + 32];
+  snprintf(env, sizeof env, "WEFT_CUDA_EMU_REPORT=%s", path);
+  int status = run_child("dmabuf-report", NULL, env);
+  FILE *f = fopen(path, "r");
+  char line[512] = "";
+  bool read = f && fgets(line, sizeof line, f);
+  if (f) fclose(f);
+  unlink(path);
+  assert_int_equal(status, 0);
+  assert_true(read);
+  int pid, ipc_opened, ipc_exported, ipc_mappings, allocations, host_allocations, primary_refs;
+  int exported = -1, open_now = -1, end = 0;
+  assert_int_equal(sscanf(line,
+                          "pid %d ipc_opened %d ipc_exported %d ipc_mappings %d allocations %d "
+                          "host_allocations %d primary_refs %d dmabuf_exported %d dmabuf_open %d%n",
+                          &pid, &ipc_opened, &ipc_exported, &ipc_mappings, &allocations,
+                          &host_allocations, &primary_refs, &exported, &open_now, &end),
+                   9);
+  assert_string_equal(line + end, "\n");
+  assert_int_equal(allocations, 0);
+  assert_int_equal(exported, 2);
+  assert_int_equal(open_now, 1);
+}
+
 /* ---- counters -------------------------------------------------------------------------- */
 
 static void counters_follow_handles(void **state) {
@@ -752,12 +978,12 @@ static int no_leftovers(void **state) {
   (void)state;
   weft_cuda_emu_counters c = counts();
   if (c.allocations || c.host_allocations || c.streams || c.events || c.modules || c.ipc_mappings ||
-      c.pending) {
+      c.pending || c.dmabuf_open) {
     fprintf(stderr,
             "left: %d allocations, %d pinned, %d streams, %d events, %d modules, "
-            "%d IPC mappings, %d queued\n",
+            "%d IPC mappings, %d queued, %d dma-buf descriptors\n",
             c.allocations, c.host_allocations, c.streams, c.events, c.modules, c.ipc_mappings,
-            c.pending);
+            c.pending, c.dmabuf_open);
     return -1;
   }
   return 0;
@@ -866,6 +1092,48 @@ static int child_two_devices(void) {
   return 0;
 }
 
+/* WEFT_CUDA_EMU_DMABUF=0: no dma-buf (the attribute says 0, every export
+ * is refused), GPUDirect RDMA still said to be there. */
+static int child_dmabuf_off(void) {
+  handle_for_range_fn export_range;
+  *(void **)&export_range = emu_sym("cuMemGetHandleForAddressRange");
+  CUcontext ctx;
+  int v = -1, fd = -1;
+  if (!export_range) return 2;
+  if (api->primary_ctx_retain(&ctx, 0) || api->ctx_set_current(ctx)) return 3;
+  if (api->device_get_attribute(&v, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 0) || v != 0) return 4;
+  if (api->device_get_attribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0) || v != 1)
+    return 5;
+  CUdeviceptr d;
+  size_t page = page_size();
+  if (api->mem_alloc(&d, page)) return 6;
+  if (export_range(&fd, d, page, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) != CUDA_ERROR_NOT_SUPPORTED ||
+      fd != -1)
+    return 7;
+  if (counts().dmabuf_exported != 0 || counts().dmabuf_open != 0) return 8;
+  if (api->mem_free(d)) return 9;
+  return 0;
+}
+
+/* Two exports, one closed, the memory freed with the other open: the
+ * report line at exit says 2 exported, 1 open, no allocation. */
+static int child_dmabuf_report(void) {
+  handle_for_range_fn export_range;
+  *(void **)&export_range = emu_sym("cuMemGetHandleForAddressRange");
+  CUcontext ctx;
+  int fd1 = -1, fd2 = -1;
+  if (!export_range) return 2;
+  if (api->primary_ctx_retain(&ctx, 0) || api->ctx_set_current(ctx)) return 3;
+  CUdeviceptr d;
+  size_t page = page_size();
+  if (api->mem_alloc(&d, page)) return 4;
+  if (export_range(&fd1, d, page, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) ||
+      export_range(&fd2, d, page, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0))
+    return 5;
+  if (close(fd1) || api->mem_free(d)) return 6;
+  return 0;
+}
+
 static int child_main(const char *mode, const char *arg) {
   if (!strcmp(mode, "no-device")) return child_no_device();
   weft_error_sink err = {0};
@@ -877,6 +1145,8 @@ static int child_main(const char *mode, const char *arg) {
   if (!strcmp(mode, "ipc-refused")) return child_ipc_refused(arg);
   if (!strcmp(mode, "two-devices")) return child_two_devices();
   if (!strcmp(mode, "wait-forever")) return child_wait_forever();
+  if (!strcmp(mode, "dmabuf-off")) return child_dmabuf_off();
+  if (!strcmp(mode, "dmabuf-report")) return child_dmabuf_report();
   return 1;
 }
 
@@ -1012,6 +1282,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(counters_follow_handles, no_leftovers),
       cmocka_unit_test_teardown(vmm_memory_has_no_legacy_handle, no_leftovers),
       cmocka_unit_test_teardown(created_context_is_apart, no_leftovers),
+      cmocka_unit_test_teardown(gpudirect_rdma_attributes, no_leftovers),
+      cmocka_unit_test_teardown(dmabuf_export_shares_device_memory, no_leftovers),
+      cmocka_unit_test_teardown(dmabuf_export_refusals, no_leftovers),
+      cmocka_unit_test_teardown(dmabuf_counters_in_the_report, no_leftovers),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }
