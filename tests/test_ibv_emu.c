@@ -3,8 +3,13 @@
  * emulator: the QP state machine and its attribute masks, keys, ranges and
  * access flags, write with immediate, receiver-not-ready, retries, unsignaled
  * sends, CQ overrun, flushing after an error, inline limits, order within a
- * QP under delay and reordering, and a write that crosses processes. Loads
- * the emulator the way weft does (WEFT_IB_LIBRARY, dlvsym by version). */
+ * QP under delay and reordering, and a write that crosses processes. Then
+ * what GPUDirect RDMA needs: RDMA READ (within a process, on a QP connected
+ * to itself, across processes, refused without read access), and dma-buf
+ * MRs (ibv_reg_dmabuf_mr over a memfd playing the GPU's memory, at device
+ * addresses the host cannot touch), whose incoming writes the "GPU" sees
+ * only after a flush. Loads the emulator the way weft does (WEFT_IB_LIBRARY,
+ * dlvsym by version). */
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -16,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,6 +39,8 @@ static struct {
   int (*query_gid)(struct ibv_context *, uint8_t, int, union ibv_gid *);
   struct ibv_pd *(*alloc_pd)(struct ibv_context *);
   struct ibv_mr *(*reg_mr)(struct ibv_pd *, void *, size_t, int);
+  struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
+  int (*dereg_mr)(struct ibv_mr *);
   struct ibv_cq *(*create_cq)(struct ibv_context *, int, void *, struct ibv_comp_channel *, int);
   struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
   int (*destroy_qp)(struct ibv_qp *);
@@ -60,13 +68,15 @@ static int setup(void **state) {
   LOAD(query_gid, "ibv_query_gid", "IBVERBS_1.1");
   LOAD(alloc_pd, "ibv_alloc_pd", "IBVERBS_1.1");
   LOAD(reg_mr, "ibv_reg_mr", "IBVERBS_1.1");
+  LOAD(reg_dmabuf_mr, "ibv_reg_dmabuf_mr", "IBVERBS_1.12");
+  LOAD(dereg_mr, "ibv_dereg_mr", "IBVERBS_1.1");
   LOAD(create_cq, "ibv_create_cq", "IBVERBS_1.1");
   LOAD(create_qp, "ibv_create_qp", "IBVERBS_1.1");
   LOAD(destroy_qp, "ibv_destroy_qp", "IBVERBS_1.1");
   LOAD(modify_qp, "ibv_modify_qp", "IBVERBS_1.1");
   LOAD(get_async_event, "ibv_get_async_event", "IBVERBS_1.1");
   *(void **)&V.stats = dlsym(h, "ibv_emu_stats");
-  if (!V.get_device_list || !V.modify_qp || !V.stats) return -1;
+  if (!V.get_device_list || !V.modify_qp || !V.stats || !V.reg_dmabuf_mr || !V.dereg_mr) return -1;
   int n = 0;
   struct ibv_device **list = V.get_device_list(&n);
   if (!list || n < 1) return -1;
@@ -139,13 +149,24 @@ static int to_rts(struct ibv_qp *qp, int retry, int rnr_retry) {
                          IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
-static void connect_pair(end *a, end *b, int rnr_retry) {
-  assert_int_equal(to_init(a->qp, IBV_ACCESS_REMOTE_WRITE), 0);
-  assert_int_equal(to_init(b->qp, IBV_ACCESS_REMOTE_WRITE), 0);
+static void connect_pair_access(end *a, end *b, int rnr_retry, int access) {
+  assert_int_equal(to_init(a->qp, access), 0);
+  assert_int_equal(to_init(b->qp, access), 0);
   assert_int_equal(to_rtr(a->qp, b->qp->qp_num, (uint32_t)getpid()), 0);
   assert_int_equal(to_rtr(b->qp, a->qp->qp_num, (uint32_t)getpid()), 0);
   assert_int_equal(to_rts(a->qp, 1, rnr_retry), 0);
   assert_int_equal(to_rts(b->qp, 1, rnr_retry), 0);
+}
+
+static void connect_pair(end *a, end *b, int rnr_retry) {
+  connect_pair_access(a, b, rnr_retry, IBV_ACCESS_REMOTE_WRITE);
+}
+
+/* A QP whose peer is itself, as NCCL's GPUDirect flush QP is. */
+static void connect_self(end *e, int access) {
+  assert_int_equal(to_init(e->qp, access), 0);
+  assert_int_equal(to_rtr(e->qp, e->qp->qp_num, (uint32_t)getpid()), 0);
+  assert_int_equal(to_rts(e->qp, 1, 7), 0);
 }
 
 static int post_write(struct ibv_qp *qp, struct ibv_mr *lmr, void *src, uint32_t len,
@@ -157,6 +178,20 @@ static int post_write(struct ibv_qp *qp, struct ibv_mr *lmr, void *src, uint32_t
                            .opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
                            .send_flags = (unsigned)flags,
                            .imm_data = htonl(imm_value)},
+                     *bad;
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  return qp->context->ops.post_send(qp, &wr, &bad);
+}
+
+static int post_read(struct ibv_qp *qp, uint32_t lkey, void *dst, uint32_t len, uint64_t raddr,
+                     uint32_t rkey, uint64_t id, int flags) {
+  struct ibv_sge sge = {.addr = (uintptr_t)dst, .length = len, .lkey = lkey};
+  struct ibv_send_wr wr = {.wr_id = id,
+                           .sg_list = &sge,
+                           .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_READ,
+                           .send_flags = (unsigned)flags},
                      *bad;
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
@@ -493,6 +528,473 @@ static void across_processes_with_reordering(void **state) {
   printf("# 80 writes from pid %u: %d switches between the two QPs\n", theirs.pid, interleaved);
 }
 
+/* ---- RDMA READ and GPUDirect (dma-buf MRs) ------------------------------------------ */
+
+#define RD_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+
+static uint8_t pat(int seed, size_t i) {
+  return (uint8_t)(seed * 31 + i * 7 + (i >> 8));
+}
+
+/* A memfd playing a GPU's dma-buf: `view` is the host's window on what the
+ * GPU sees (for the checks only); `iova` a PROT_NONE reservation standing
+ * for the device addresses, which the emulator must never touch (it would
+ * crash this test). */
+typedef struct gpu_buf {
+  int fd;
+  uint8_t *view;
+  size_t size;
+  uint64_t iova;
+} gpu_buf;
+
+static gpu_buf make_gpu_buf(size_t size, uint8_t fill) {
+  gpu_buf g = {.size = size};
+  g.fd = memfd_create("fake-dmabuf", MFD_CLOEXEC);
+  assert_true(g.fd >= 0);
+  assert_int_equal(ftruncate(g.fd, (off_t)size), 0);
+  g.view = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, 0);
+  assert_true(g.view != MAP_FAILED);
+  memset(g.view, fill, size);
+  void *dev = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(dev != MAP_FAILED);
+  g.iova = (uintptr_t)dev;
+  return g;
+}
+
+static void free_gpu_buf(gpu_buf *g) {
+  munmap(g->view, g->size);
+  munmap((void *)(uintptr_t)g->iova, g->size);
+  close(g->fd);
+}
+
+/* NCCL's flush: a one-byte read of the MR through a QP connected to itself. */
+static void flush_read(end *f, struct ibv_mr *fmr, uint64_t raddr, uint32_t rkey) {
+  assert_int_equal(post_read(f->qp, fmr->lkey, fmr->addr, 1, raddr, rkey, 99, IBV_SEND_SIGNALED), 0);
+  struct ibv_wc wc;
+  assert_int_equal(poll_n(f->cq, &wc, 1), 1);
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  assert_int_equal(wc.opcode, IBV_WC_RDMA_READ);
+}
+
+static end make_flusher(struct ibv_mr **fmr) {
+  static uint8_t flushbuf[64];
+  end f = make_end(4, 1, 8, 0);
+  connect_self(&f, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  *fmr = V.reg_mr(pd, flushbuf, sizeof flushbuf, IBV_ACCESS_LOCAL_WRITE);
+  assert_non_null(*fmr);
+  return f;
+}
+
+static void rdma_read_rules(void **state) {
+  (void)state;
+  static uint8_t src[4096], dst[4096];
+  for (size_t i = 0; i < sizeof src; i++) src[i] = pat(1, i);
+  memset(dst, 0, sizeof dst);
+  struct ibv_mr *smr = V.reg_mr(pd, src, sizeof src, IBV_ACCESS_REMOTE_READ);
+  struct ibv_mr *dmr = V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_LOCAL_WRITE);
+  assert_non_null(smr);
+  assert_non_null(dmr);
+  end a = make_end(8, 8, 32, 0), b = make_end(8, 8, 32, 0);
+  connect_pair_access(&a, &b, 7, RD_ACCESS);
+  assert_int_equal(post_recv(b.qp, 5), 0);
+  /* remote bytes scattered into two local pieces */
+  struct ibv_sge sge[2] = {{(uintptr_t)dst, 1000, dmr->lkey},
+                           {(uintptr_t)dst + 2000, 2000, dmr->lkey}};
+  struct ibv_send_wr wr = {.wr_id = 42,
+                           .sg_list = sge,
+                           .num_sge = 2,
+                           .opcode = IBV_WR_RDMA_READ,
+                           .send_flags = IBV_SEND_SIGNALED},
+                     *bad;
+  wr.wr.rdma.remote_addr = (uintptr_t)src + 96;
+  wr.wr.rdma.rkey = smr->rkey;
+  assert_int_equal(a.qp->context->ops.post_send(a.qp, &wr, &bad), 0);
+  struct ibv_wc wc[2];
+  assert_int_equal(poll_n(a.cq, wc, 1), 1);
+  assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+  assert_int_equal(wc[0].opcode, IBV_WC_RDMA_READ);
+  assert_int_equal(wc[0].wr_id, 42);
+  assert_memory_equal(dst, src + 96, 1000);
+  assert_memory_equal(dst + 2000, src + 1096, 2000);
+  assert_int_equal(dst[1000], 0);
+  assert_int_equal(dst[1999], 0);
+  usleep(2000);
+  assert_int_equal(b.cq->context->ops.poll_cq(b.cq, 2, wc), 0); /* no receive consumed */
+  /* nothing to inline in a read */
+  assert_int_equal(post_read(a.qp, dmr->lkey, dst, 8, (uintptr_t)src, smr->rkey, 1,
+                             IBV_SEND_INLINE | IBV_SEND_SIGNALED),
+                   EINVAL);
+
+  /* a QP connected to itself writes and reads its own process */
+  static uint8_t mine[256], back[128];
+  for (int i = 0; i < 128; i++) mine[i] = pat(2, (size_t)i);
+  memset(mine + 128, 0, 128);
+  memset(back, 0, sizeof back);
+  struct ibv_mr *mmr = V.reg_mr(pd, mine, sizeof mine, RD_ACCESS);
+  struct ibv_mr *bmr = V.reg_mr(pd, back, sizeof back, IBV_ACCESS_LOCAL_WRITE);
+  end self = make_end(8, 8, 32, 0);
+  connect_self(&self, RD_ACCESS);
+  assert_int_equal(post_write(self.qp, mmr, mine, 128, (uintptr_t)mine + 128, mmr->rkey, 0, 0,
+                              IBV_SEND_SIGNALED),
+                   0);
+  assert_int_equal(post_read(self.qp, bmr->lkey, back, 128, (uintptr_t)mine + 128, mmr->rkey, 2,
+                             IBV_SEND_SIGNALED),
+                   0);
+  assert_int_equal(poll_n(self.cq, wc, 2), 2);
+  assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+  assert_int_equal(wc[0].opcode, IBV_WC_RDMA_WRITE);
+  assert_int_equal(wc[1].status, IBV_WC_SUCCESS);
+  assert_int_equal(wc[1].opcode, IBV_WC_RDMA_READ);
+  assert_memory_equal(back, mine, 128);
+
+  /* refused: responder QP or MR without read access (both ends to ERR), a
+   * local MR that may not be written */
+  struct ibv_mr *wonly =
+      V.reg_mr(pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_mr *ronly = V.reg_mr(pd, dst, sizeof dst, IBV_ACCESS_REMOTE_READ);
+  struct {
+    int qp_access;
+    uint32_t lkey, rkey;
+    enum ibv_wc_status want;
+  } cases[] = {
+      {IBV_ACCESS_REMOTE_WRITE, dmr->lkey, smr->rkey, IBV_WC_REM_ACCESS_ERR},
+      {RD_ACCESS, dmr->lkey, wonly->rkey, IBV_WC_REM_ACCESS_ERR},
+      {RD_ACCESS, ronly->lkey, smr->rkey, IBV_WC_LOC_PROT_ERR},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    end x = make_end(8, 8, 32, 0), y = make_end(8, 8, 32, 0);
+    connect_pair_access(&x, &y, 7, cases[c].qp_access);
+    assert_int_equal(post_recv(y.qp, 7), 0);
+    assert_int_equal(post_read(x.qp, cases[c].lkey, dst, 64, (uintptr_t)src, cases[c].rkey, 1, 0),
+                     0);
+    assert_int_equal(post_read(x.qp, dmr->lkey, dst, 64, (uintptr_t)src, smr->rkey, 2, 0), 0);
+    assert_int_equal(poll_n(x.cq, wc, 2), 2);
+    assert_int_equal(wc[0].status, cases[c].want);
+    assert_int_equal(wc[1].status, IBV_WC_WR_FLUSH_ERR);
+    if (cases[c].want == IBV_WC_REM_ACCESS_ERR) { /* the responder's receive is flushed */
+      assert_int_equal(poll_n(y.cq, wc, 1), 1);
+      assert_int_equal(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+    } else { /* a local error leaves the responder alone */
+      assert_int_equal(y.cq->context->ops.poll_cq(y.cq, 1, wc), 0);
+    }
+  }
+}
+
+/* The receiving process owns GPU memory (a dma-buf MR at an offset off the
+ * page grid); another process writes into it with immediates and reads
+ * host memory. The completion comes at once, the bytes reach the "GPU" only
+ * after a flush: first the receiver's own (loopback QP, same process), then
+ * the writer's read of the MR (executed in the writer, applied in the
+ * receiver's memory from outside). */
+static void gpudirect_write_visible_after_flush_across_processes(void **state) {
+  (void)state;
+  enum { LEN = 4096, OFF = 100 };
+  int to_child[2], to_parent[2];
+  assert_int_equal(pipe(to_child), 0);
+  assert_int_equal(pipe(to_parent), 0);
+  struct msg {
+    uint32_t pid, qpn, gpu_rkey, host_rkey;
+    uint64_t iova, host;
+  } mine, theirs;
+  static uint8_t host[LEN];
+  for (size_t i = 0; i < LEN; i++) host[i] = pat(3, i);
+  gpu_buf g = make_gpu_buf(OFF + 2 * LEN, 0xee);
+  pid_t child = fork();
+  if (child == 0) { /* the writer */
+    int n;
+    ctx = V.open_device(V.get_device_list(&n)[0]); /* a fresh region for this process */
+    pd = V.alloc_pd(ctx);
+    end q = make_end(16, 4, 64, 0);
+    mine = (struct msg){.pid = (uint32_t)getpid(), .qpn = q.qp->qp_num};
+    if (write(to_parent[1], &mine, sizeof mine) != sizeof mine ||
+        read(to_child[0], &theirs, sizeof theirs) != sizeof theirs)
+      _exit(2);
+    if (to_init(q.qp, RD_ACCESS) || to_rtr(q.qp, theirs.qpn, theirs.pid) || to_rts(q.qp, 7, 7))
+      _exit(3);
+    static uint8_t src[2 * LEN], got[LEN];
+    for (size_t i = 0; i < LEN; i++) src[i] = pat(4, i), src[LEN + i] = pat(5, i);
+    struct ibv_mr *smr = V.reg_mr(pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_mr *gmr = V.reg_mr(pd, got, sizeof got, IBV_ACCESS_LOCAL_WRITE);
+    struct ibv_wc wc;
+    /* a read of another process's host memory */
+    if (post_read(q.qp, gmr->lkey, got, LEN, theirs.host, theirs.host_rkey, 1, IBV_SEND_SIGNALED) ||
+        poll_n(q.cq, &wc, 1) != 1 || wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RDMA_READ)
+      _exit(4);
+    for (size_t i = 0; i < LEN; i++)
+      if (got[i] != pat(3, i)) _exit(5);
+    /* round 1: A into the GPU's memory; the receiver flushes */
+    if (post_write(q.qp, smr, src, LEN, theirs.iova, theirs.gpu_rkey, 1, 1, IBV_SEND_SIGNALED) ||
+        poll_n(q.cq, &wc, 1) != 1 || wc.status != IBV_WC_SUCCESS)
+      _exit(6);
+    char go;
+    if (read(to_child[0], &go, 1) != 1) _exit(7);
+    /* round 2: B over A's second half and beyond; this process's read is the flush */
+    ibv_emu_counters before, after;
+    V.stats(&before);
+    if (post_write(q.qp, smr, src + LEN, LEN, theirs.iova + LEN / 2, theirs.gpu_rkey, 1, 2,
+                   IBV_SEND_SIGNALED) ||
+        poll_n(q.cq, &wc, 1) != 1 || wc.status != IBV_WC_SUCCESS)
+      _exit(8);
+    memset(got, 0, sizeof got);
+    if (post_read(q.qp, gmr->lkey, got, LEN, theirs.iova + LEN / 2, theirs.gpu_rkey, 3,
+                  IBV_SEND_SIGNALED) ||
+        poll_n(q.cq, &wc, 1) != 1 || wc.status != IBV_WC_SUCCESS)
+      _exit(9);
+    for (size_t i = 0; i < LEN; i++)
+      if (got[i] != pat(5, i)) _exit(10);
+    V.stats(&after);
+    if (after.flushes - before.flushes != 1 ||
+        after.pending_applied_bytes - before.pending_applied_bytes != LEN)
+      _exit(11);
+    _exit(0);
+  }
+  if (read(to_parent[0], &theirs, sizeof theirs) != sizeof theirs) fail();
+  struct ibv_mr *gmr = V.reg_dmabuf_mr(pd, OFF, 2 * LEN, g.iova, g.fd, RD_ACCESS);
+  assert_non_null(gmr);
+  struct ibv_mr *hmr = V.reg_mr(pd, host, LEN, IBV_ACCESS_REMOTE_READ);
+  end p = make_end(8, 8, 32, 0);
+  assert_int_equal(to_init(p.qp, RD_ACCESS), 0);
+  assert_int_equal(post_recv(p.qp, 1), 0);
+  assert_int_equal(post_recv(p.qp, 2), 0);
+  assert_int_equal(to_rtr(p.qp, theirs.qpn, theirs.pid), 0);
+  assert_int_equal(to_rts(p.qp, 7, 7), 0);
+  struct ibv_mr *fmr;
+  end f = make_flusher(&fmr);
+  mine = (struct msg){(uint32_t)getpid(), p.qp->qp_num, gmr->rkey, hmr->rkey, g.iova,
+                      (uintptr_t)host};
+  assert_int_equal(write(to_child[1], &mine, sizeof mine), sizeof mine);
+  struct ibv_wc wc;
+  assert_int_equal(poll_n(p.cq, &wc, 1), 1);
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  assert_int_equal(wc.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  assert_int_equal(ntohl(wc.imm_data), 1);
+  /* the CPU has the completion; the GPU does not have the bytes */
+  static uint8_t want[OFF + 2 * LEN];
+  memset(want, 0xee, sizeof want);
+  assert_memory_equal(g.view, want, sizeof want);
+  ibv_emu_counters before, after;
+  V.stats(&before);
+  flush_read(&f, fmr, g.iova, gmr->rkey);
+  for (size_t i = 0; i < LEN; i++) want[OFF + i] = pat(4, i);
+  assert_memory_equal(g.view, want, sizeof want);
+  assert_int_equal(((uint8_t *)fmr->addr)[0], pat(4, 0));
+  V.stats(&after);
+  assert_int_equal(after.flushes - before.flushes, 1);
+  assert_int_equal(after.pending_applied_bytes - before.pending_applied_bytes, LEN);
+  /* a read of a dma-buf MR with nothing pending is no flush */
+  flush_read(&f, fmr, g.iova, gmr->rkey);
+  V.stats(&before);
+  assert_int_equal(before.flushes, after.flushes);
+
+  assert_int_equal(write(to_child[1], "g", 1), 1);
+  assert_int_equal(poll_n(p.cq, &wc, 1), 1);
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  assert_int_equal(ntohl(wc.imm_data), 2);
+  int st;
+  assert_int_equal(waitpid(child, &st, 0), child);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  /* the writer's read was the flush, applied in this process's memory */
+  for (size_t i = 0; i < LEN; i++) want[OFF + LEN / 2 + i] = pat(5, i);
+  assert_memory_equal(g.view, want, sizeof want);
+  V.stats(&after);
+  assert_int_equal(after.flushes, before.flushes); /* counted where it was executed */
+  assert_int_equal(V.dereg_mr(gmr), 0);
+  free_gpu_buf(&g);
+}
+
+/* The GPU's memory as a write's source and as a read's destination (through
+ * the dma-buf, never the device addresses), and the NIC reading what it wrote. */
+static void gpudirect_source_and_read_destination(void **state) {
+  (void)state;
+  enum { OFF = 4000, LEN = 6000 }; /* off the page grid, across pages */
+  gpu_buf g = make_gpu_buf(3 * 4096, 0);
+  for (size_t i = 0; i < g.size; i++) g.view[i] = pat(6, i);
+  struct ibv_mr *gmr = V.reg_dmabuf_mr(pd, OFF, LEN, g.iova, g.fd, RD_ACCESS);
+  assert_non_null(gmr);
+  end a = make_end(8, 8, 32, 0), b = make_end(8, 8, 32, 0);
+  connect_pair_access(&a, &b, 7, RD_ACCESS);
+  static uint8_t dst[LEN], src[512];
+  memset(dst, 0, sizeof dst);
+  for (size_t i = 0; i < sizeof src; i++) src[i] = pat(7, i);
+  struct ibv_mr *dmr = V.reg_mr(pd, dst, sizeof dst, RD_ACCESS);
+  struct ibv_mr *smr = V.reg_mr(pd, src, sizeof src, RD_ACCESS);
+  struct ibv_wc wc;
+  /* a write from the GPU's memory sends the dma-buf's bytes */
+  assert_int_equal(post_write(a.qp, gmr, (void *)(uintptr_t)(g.iova + 10), 5000, (uintptr_t)dst,
+                              dmr->rkey, 0, 0, IBV_SEND_SIGNALED),
+                   0);
+  assert_int_equal(poll_n(a.cq, &wc, 1), 1);
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  assert_memory_equal(dst, g.view + OFF + 10, 5000);
+  /* a read into the GPU's memory lands in the dma-buf */
+  assert_int_equal(post_read(a.qp, gmr->lkey, (void *)(uintptr_t)(g.iova + 100), 512,
+                             (uintptr_t)src, smr->rkey, 1, IBV_SEND_SIGNALED),
+                   0);
+  assert_int_equal(poll_n(a.cq, &wc, 1), 1);
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  assert_memory_equal(g.view + OFF + 100, src, 512);
+  /* a write into it is not seen by the GPU, but the NIC's own read of it
+   * as a source sees it */
+  assert_int_equal(post_write(a.qp, smr, src, 64, g.iova + 2000, gmr->rkey, 0, 0,
+                              IBV_SEND_SIGNALED),
+                   0);
+  assert_int_equal(poll_n(a.cq, &wc, 1), 1);
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  assert_int_equal(g.view[OFF + 2000], pat(6, OFF + 2000));
+  assert_int_equal(post_write(a.qp, gmr, (void *)(uintptr_t)(g.iova + 2000), 64, (uintptr_t)dst,
+                              dmr->rkey, 0, 0, IBV_SEND_SIGNALED),
+                   0);
+  assert_int_equal(poll_n(a.cq, &wc, 1), 1);
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  assert_memory_equal(dst, src, 64);
+  /* past the MR's end is a local protection error, as for host memory */
+  assert_int_equal(post_write(b.qp, gmr, (void *)(uintptr_t)(g.iova + LEN - 8), 16,
+                              (uintptr_t)dst, dmr->rkey, 0, 0, 0),
+                   0);
+  assert_int_equal(poll_n(b.cq, &wc, 1), 1);
+  assert_int_equal(wc.status, IBV_WC_LOC_PROT_ERR);
+  assert_int_equal(V.dereg_mr(gmr), 0);
+  free_gpu_buf(&g);
+}
+
+static void dmabuf_registration_failures(void **state) {
+  (void)state;
+  ibv_emu_counters before, after;
+  V.stats(&before);
+  gpu_buf g = make_gpu_buf(4096, 0);
+  errno = 0;
+  assert_null(V.reg_dmabuf_mr(pd, 0, 4096, g.iova, -1, IBV_ACCESS_LOCAL_WRITE));
+  assert_int_equal(errno, EBADF);
+  errno = 0; /* past the buffer's end */
+  assert_null(V.reg_dmabuf_mr(pd, 100, 4096, g.iova, g.fd, IBV_ACCESS_LOCAL_WRITE));
+  assert_int_equal(errno, EINVAL);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", g.fd);
+  int ro = open(path, O_RDONLY | O_CLOEXEC); /* mmap says no to a writable shared mapping */
+  assert_true(ro >= 0);
+  errno = 0;
+  assert_null(V.reg_dmabuf_mr(pd, 0, 4096, g.iova, ro, IBV_ACCESS_LOCAL_WRITE));
+  assert_int_equal(errno, EACCES);
+  close(ro);
+  V.stats(&after);
+  assert_int_equal(after.mrs_live, before.mrs_live);
+  assert_int_equal(after.dmabuf_registered, before.dmabuf_registered);
+  /* a NIC or kernel without dma-buf support, in a process configured so */
+  pid_t child = fork();
+  if (child == 0) {
+    setenv("IBV_EMU_CONFIG", "no_dmabuf", 1);
+    int n;
+    ctx = V.open_device(V.get_device_list(&n)[0]);
+    pd = V.alloc_pd(ctx);
+    errno = 0;
+    if (V.reg_dmabuf_mr(pd, 0, 4096, g.iova, g.fd, IBV_ACCESS_LOCAL_WRITE) || errno != EOPNOTSUPP)
+      _exit(2);
+    static char buf[64];
+    if (!V.reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE)) _exit(3); /* host memory still */
+    _exit(0);
+  }
+  int st;
+  assert_int_equal(waitpid(child, &st, 0), child);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  struct ibv_mr *mr = V.reg_dmabuf_mr(pd, 0, 4096, g.iova, g.fd, IBV_ACCESS_LOCAL_WRITE);
+  assert_non_null(mr); /* here, the same succeeds */
+  assert_int_equal(V.dereg_mr(mr), 0);
+  free_gpu_buf(&g);
+}
+
+static void mr_counters_and_dereg(void **state) {
+  (void)state;
+  ibv_emu_counters before, mid, after;
+  V.stats(&before);
+  static uint8_t buf[64];
+  memset(buf, 'x', sizeof buf);
+  gpu_buf g = make_gpu_buf(8192, 0);
+  struct ibv_mr *hmr = V.reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_mr *gmr = V.reg_dmabuf_mr(pd, 0, 8192, g.iova, g.fd, RD_ACCESS);
+  assert_non_null(hmr);
+  assert_non_null(gmr);
+  V.stats(&mid);
+  assert_int_equal(mid.mrs_live - before.mrs_live, 2);
+  assert_int_equal(mid.dmabuf_mrs_live - before.dmabuf_mrs_live, 1);
+  assert_int_equal(mid.dmabuf_registered - before.dmabuf_registered, 1);
+  /* what the NIC wrote and nobody flushed still reaches the GPU in the end */
+  end a = make_end(8, 8, 32, 0), b = make_end(8, 8, 32, 0);
+  connect_pair_access(&a, &b, 7, RD_ACCESS);
+  assert_int_equal(
+      post_write(a.qp, hmr, buf, 64, g.iova + 8, gmr->rkey, 0, 0, IBV_SEND_SIGNALED), 0);
+  struct ibv_wc wc;
+  assert_int_equal(poll_n(a.cq, &wc, 1), 1);
+  assert_int_equal(wc.status, IBV_WC_SUCCESS);
+  assert_int_equal(g.view[8], 0);
+  assert_int_equal(V.dereg_mr(gmr), 0);
+  assert_memory_equal(g.view + 8, buf, 64);
+  assert_int_equal(V.dereg_mr(hmr), 0);
+  V.stats(&after);
+  assert_int_equal(after.mrs_live, before.mrs_live);
+  assert_int_equal(after.dmabuf_mrs_live, before.dmabuf_mrs_live);
+  assert_int_equal(after.dmabuf_registered - before.dmabuf_registered, 1);
+  assert_int_equal(after.pending_applied_bytes - before.pending_applied_bytes, 64);
+  assert_int_equal(after.flushes, before.flushes);
+  free_gpu_buf(&g);
+}
+
+/* Adjacent writes make one pending range; writes to many distinct places
+ * overflow the list (the oldest become visible early); after a flush every
+ * byte is right and nothing else changed. */
+static void pending_overflow_keeps_bytes_right(void **state) {
+  (void)state;
+  enum { SIZE = 16384 };
+  gpu_buf g = make_gpu_buf(SIZE, 0xee);
+  struct ibv_mr *gmr = V.reg_dmabuf_mr(pd, 0, SIZE, g.iova, g.fd, RD_ACCESS);
+  assert_non_null(gmr);
+  static uint8_t src[SIZE], want[SIZE];
+  for (size_t i = 0; i < SIZE; i++) src[i] = pat(8, i);
+  memset(want, 0xee, sizeof want);
+  struct ibv_mr *smr = V.reg_mr(pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
+  end a = make_end(8, 8, 32, 0), b = make_end(8, 8, 32, 0);
+  connect_pair_access(&a, &b, 7, RD_ACCESS);
+  struct ibv_mr *fmr;
+  end f = make_flusher(&fmr);
+  ibv_emu_counters before, mid;
+  V.stats(&before);
+  struct ibv_wc wc;
+  for (size_t k = 0; k < 64; k++) {
+    assert_int_equal(post_write(a.qp, smr, src + 16 * k, 16, g.iova + 16 * k, gmr->rkey, 0, 0,
+                                IBV_SEND_SIGNALED),
+                     0);
+    assert_int_equal(poll_n(a.cq, &wc, 1), 1);
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    memcpy(want + 16 * k, src + 16 * k, 16);
+  }
+  V.stats(&mid);
+  assert_int_equal(mid.pending_applied_bytes, before.pending_applied_bytes);
+  assert_memory_equal(g.view, want + 1024, 1024); /* 0xee there, as everywhere unwritten */
+  size_t last = 0;
+  for (size_t k = 0; k < 40; k++) {
+    size_t at = 2048 + 256 * k + (k % 5);
+    assert_int_equal(post_write(a.qp, smr, src + at, 8, g.iova + at, gmr->rkey, 0, 0,
+                                IBV_SEND_SIGNALED),
+                     0);
+    assert_int_equal(poll_n(a.cq, &wc, 1), 1);
+    assert_int_equal(wc.status, IBV_WC_SUCCESS);
+    memcpy(want + at, src + at, 8);
+    last = at;
+  }
+  V.stats(&mid);
+  assert_true(mid.pending_applied_bytes > before.pending_applied_bytes);
+  assert_memory_equal(g.view, src, 1024); /* the oldest range went early */
+  assert_int_equal(g.view[last], 0xee);   /* the newest waits for the flush */
+  flush_read(&f, fmr, g.iova + SIZE - 1, gmr->rkey); /* any byte of the MR flushes all of it */
+  assert_memory_equal(g.view, want, SIZE);
+  V.stats(&mid);
+  assert_int_equal(mid.pending_applied_bytes - before.pending_applied_bytes, 1024 + 40 * 8);
+  assert_int_equal(mid.flushes - before.flushes, 1);
+  assert_int_equal(V.dereg_mr(gmr), 0);
+  free_gpu_buf(&g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(state_machine_masks),
@@ -504,6 +1006,12 @@ int main(void) {
       cmocka_unit_test(cq_overrun_detected),
       cmocka_unit_test(order_within_a_qp_only),
       cmocka_unit_test(across_processes_with_reordering),
+      cmocka_unit_test(rdma_read_rules),
+      cmocka_unit_test(gpudirect_write_visible_after_flush_across_processes),
+      cmocka_unit_test(gpudirect_source_and_read_destination),
+      cmocka_unit_test(dmabuf_registration_failures),
+      cmocka_unit_test(mr_counters_and_dereg),
+      cmocka_unit_test(pending_overflow_keeps_bytes_right),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -18,7 +18,30 @@
  * IBV_WC_RETRY_EXC_ERR; unsignaled sends make no completion and hold their
  * send-queue slot until a later signaled completion is polled; CQ overrun;
  * an error moves the QP to ERR and flushes everything after it; send-queue
- * depth and inline limits; order only within a QP.
+ * depth and inline limits; order only within a QP. RDMA READ: the responder
+ * QP needs IBV_ACCESS_REMOTE_READ and the rkey's MR REMOTE_READ (else a remote
+ * access error, both ends to ERR), the local MR LOCAL_WRITE; it consumes no
+ * receive. A QP may be connected to a QP of its own process, or to itself
+ * (NCCL's flush QP): the same rules, with plain copies.
+ *
+ * GPUDirect RDMA: ibv_reg_dmabuf_mr registers device addresses [iova,
+ * iova+length) that the host cannot touch (in weft's CUDA stand-in they are
+ * PROT_NONE). The owner maps the dma-buf fd (its memory is what the GPU sees)
+ * and keeps that alias's address in the shared MR record, so whichever
+ * process executes a work request reaches the bytes by the owner's pid at
+ * alias addresses, never at iova. Real hardware does not make the NIC's
+ * writes into GPU memory visible to the GPU until a flush (a read through
+ * the NIC; NCCL posts one on a loopback QP before the GPU consumes a
+ * receive), and the emulator keeps that rule so a missing flush shows: an
+ * RDMA write or a send landing in a dma-buf MR goes to the MR's pending
+ * buffer (anonymous memory in the owner), its range recorded in a short list
+ * in the shared record (merged when overlapping or adjacent; when full, the
+ * oldest is applied early: visible early is allowed, stale after a flush
+ * never). An RDMA READ whose rkey is a dma-buf MR applies all of that MR's
+ * pending ranges first; so does any other use of the MR by the NIC (its
+ * reads see its own writes) and deregistration (the bytes arrive in the
+ * end). The receive completion of a write with immediate comes at once: the
+ * CPU sees it before the GPU sees the data.
  *
  * Threads: like libibverbs, every call is safe from any thread, and different
  * contexts are driven by different threads at once (weft runs one progress
@@ -32,7 +55,9 @@
  * max_inline=BYTES, delay_us=N (a send executes N us after posting),
  * reorder (queue pairs are served in random order), fail_wr=N (the N-th
  * executed work request of this process fails), fail_status=N (its
- * ibv_wc_status, default retry exceeded), retry_ms=N (pause between retries). */
+ * ibv_wc_status, default retry exceeded), retry_ms=N (pause between retries),
+ * no_dmabuf (ibv_reg_dmabuf_mr fails with EOPNOTSUPP, as on a NIC or kernel
+ * without dma-buf support, so callers can test their fall-back). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -48,6 +73,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -73,6 +99,7 @@
 #define EMU_MAX_DEVICES 4
 #define EMU_MAX_REMOTES 128
 #define EMU_GIDS_ETH 4
+#define EMU_MAX_DIRTY 8 /* pending ranges a dma-buf MR records before applying early */
 
 /* ---- the shared region: what peers may read and change ------------------------ */
 
@@ -113,11 +140,22 @@ typedef struct emu_cq_sh {
   struct ibv_wc wc[EMU_MAX_CQE];
 } emu_cq_sh;
 
+typedef struct emu_range {
+  uint64_t off, len; /* from the MR's start */
+} emu_range;
+
 typedef struct emu_mr_sh {
   int in_use;
   uint32_t key, pd_id;
-  uint64_t addr, length;
+  uint64_t addr, length; /* a dma-buf MR: the device addresses, never touched */
   int access;
+  /* a dma-buf MR: the owner's addresses of its bytes, for whichever process
+   * executes; the dirty list under the region lock, oldest first */
+  int dmabuf;
+  uint64_t alias;   /* the dma-buf's memory (what the GPU sees) at addr's place */
+  uint64_t pending; /* what the NIC wrote and the GPU does not see yet */
+  uint32_t ndirty;
+  emu_range dirty[EMU_MAX_DIRTY];
 } emu_mr_sh;
 
 typedef struct emu_event {
@@ -173,6 +211,13 @@ typedef struct emu_qp {
   double next_try;
 } emu_qp;
 
+typedef struct emu_mr {
+  struct ibv_mr mr; /* first: the library hands out &mr */
+  void *map;        /* a dma-buf MR: the fd mapped from the page floor of its offset */
+  size_t map_len;
+  void *pending; /* and its pending buffer, mr.length bytes */
+} emu_mr;
+
 typedef struct emu_cq {
   struct ibv_cq cq;
   int idx;
@@ -191,6 +236,7 @@ typedef struct emu_ctx {
 
 typedef struct emu_config {
   int devices, enosys, link_ib, mtu, max_inline, delay_us, reorder, fail_wr, fail_status, retry_ms;
+  int no_dmabuf;
 } emu_config;
 
 static struct {
@@ -224,6 +270,7 @@ static pthread_mutex_t emu_remote_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Counters are bumped by every thread. */
 #define EMU_COUNT(field, n) __atomic_fetch_add(&emu.stats.field, (n), __ATOMIC_RELAXED)
+#define EMU_UNCOUNT(field, n) __atomic_fetch_sub(&emu.stats.field, (n), __ATOMIC_RELAXED)
 
 static double emu_now(void) {
   struct timespec ts;
@@ -270,6 +317,8 @@ static void emu_read_config(void) {
       c.fail_status = v;
     else if (!strcmp(tok, "retry_ms"))
       c.retry_ms = v;
+    else if (!strcmp(tok, "no_dmabuf"))
+      c.no_dmabuf = 1;
   }
   emu.cfg = c;
 }
@@ -531,55 +580,138 @@ EMU_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
 
 /* ---- memory regions ---------------------------------------------------------------- */
 
+/* Puts `rec` in a free slot of this process's table; the key, or NULL
+ * (errno set) when the table is full. */
+static struct ibv_mr *emu_mr_add(struct ibv_pd *pd, emu_mr *em, emu_mr_sh rec) {
+  emu_region *r = emu.region;
+  emu_lock(r);
+  int i = 0;
+  while (i < EMU_MAX_MR && r->mr[i].in_use) i++;
+  if (i == EMU_MAX_MR) {
+    emu_unlock(r);
+    errno = ENOMEM;
+    return NULL;
+  }
+  uint32_t key = ((++r->generation & 0x3fffff) << 10) | (uint32_t)i;
+  rec.in_use = 1;
+  rec.key = key;
+  rec.pd_id = ((emu_pd *)pd)->id;
+  r->mr[i] = rec;
+  emu_unlock(r);
+  struct ibv_mr *mr = &em->mr;
+  mr->context = pd->context;
+  mr->pd = pd;
+  mr->handle = (uint32_t)i;
+  mr->lkey = mr->rkey = key;
+  pthread_mutex_lock(&emu_local_lock);
+  emu.mrs[i] = mr;
+  pthread_mutex_unlock(&emu_local_lock);
+  EMU_COUNT(mrs_live, 1);
+  return mr;
+}
+
 EMU_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
   if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
       !(access & IBV_ACCESS_LOCAL_WRITE)) {
     errno = EINVAL; /* as ibv_reg_mr(3) requires */
     return NULL;
   }
-  emu_region *r = emu.region;
-  struct ibv_mr *mr = calloc(1, sizeof *mr);
-  if (!mr) return NULL;
-  emu_lock(r);
-  int i = 0;
-  while (i < EMU_MAX_MR && r->mr[i].in_use) i++;
-  if (i == EMU_MAX_MR) {
-    emu_unlock(r);
-    free(mr);
-    errno = ENOMEM;
+  emu_mr *em = calloc(1, sizeof *em);
+  if (!em) return NULL;
+  em->mr.addr = addr;
+  em->mr.length = length;
+  emu_mr_sh rec = {.addr = (uint64_t)(uintptr_t)addr, .length = length, .access = access};
+  if (!emu_mr_add(pd, em, rec)) {
+    free(em);
     return NULL;
   }
-  uint32_t key = ((++r->generation & 0x3fffff) << 10) | (uint32_t)i;
-  r->mr[i] = (emu_mr_sh){.in_use = 1,
-                         .key = key,
-                         .pd_id = ((emu_pd *)pd)->id,
-                         .addr = (uint64_t)(uintptr_t)addr,
-                         .length = length,
-                         .access = access};
-  emu_unlock(r);
-  mr->context = pd->context;
-  mr->pd = pd;
-  mr->addr = addr;
-  mr->length = length;
-  mr->handle = (uint32_t)i;
-  mr->lkey = mr->rkey = key;
-  pthread_mutex_lock(&emu_local_lock);
-  emu.mrs[i] = mr;
-  pthread_mutex_unlock(&emu_local_lock);
-  return mr;
+  return &em->mr;
 }
 
+/* GPU memory exported as a dma-buf. Mapping the fd is how the emulator
+ * reaches what the GPU sees, since the device addresses (iova) are not host
+ * memory; a real NIC would fail on an fd that is no dma-buf where mmap fails
+ * here (EBADF, ENODEV, EACCES). */
+EMU_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+                                            uint64_t iova, int fd, int access) {
+  if (emu.cfg.no_dmabuf) {
+    errno = EOPNOTSUPP;
+    return NULL;
+  }
+  if (((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+       !(access & IBV_ACCESS_LOCAL_WRITE)) ||
+      length == 0 || iova + length < iova || offset + length < offset) {
+    errno = EINVAL;
+    return NULL;
+  }
+  struct stat st;
+  if (fstat(fd, &st)) return NULL;
+  if ((uint64_t)st.st_size < offset + length) { /* past the buffer: a SIGBUS when touched */
+    errno = EINVAL;
+    return NULL;
+  }
+  uint64_t floor = offset & ~(uint64_t)(sysconf(_SC_PAGESIZE) - 1);
+  size_t map_len = (size_t)(offset - floor + length);
+  void *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)floor);
+  if (map == MAP_FAILED) return NULL;
+  void *pending = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  emu_mr *em = pending == MAP_FAILED ? NULL : calloc(1, sizeof *em);
+  if (!em) {
+    int e = errno;
+    munmap(map, map_len);
+    if (pending != MAP_FAILED) munmap(pending, length);
+    errno = e;
+    return NULL;
+  }
+  em->map = map;
+  em->map_len = map_len;
+  em->pending = pending;
+  em->mr.addr = (void *)(uintptr_t)offset; /* as libibverbs sets it: work requests name iova */
+  em->mr.length = length;
+  emu_mr_sh rec = {.addr = iova,
+                   .length = length,
+                   .access = access,
+                   .dmabuf = 1,
+                   .alias = (uint64_t)(uintptr_t)map + (offset - floor),
+                   .pending = (uint64_t)(uintptr_t)pending};
+  if (!emu_mr_add(pd, em, rec)) {
+    int e = errno;
+    munmap(map, map_len);
+    munmap(pending, length);
+    free(em);
+    errno = e;
+    return NULL;
+  }
+  EMU_COUNT(dmabuf_mrs_live, 1);
+  EMU_COUNT(dmabuf_registered, 1);
+  return &em->mr;
+}
+
+static int64_t emu_mr_flush(const emu_region *r, emu_mr_sh *m);
+
 EMU_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) {
+  emu_mr *em = (emu_mr *)mr;
   emu_region *r = emu.region;
+  bool live = false;
   pthread_mutex_lock(&emu_local_lock);
   emu_lock(r);
   if (mr->handle < EMU_MAX_MR && r->mr[mr->handle].key == mr->lkey) {
-    r->mr[mr->handle].in_use = 0;
+    emu_mr_sh *m = &r->mr[mr->handle];
+    if (m->in_use && m->dmabuf) emu_mr_flush(r, m); /* what the NIC wrote arrives in the end */
+    live = m->in_use;
+    m->in_use = 0;
+    m->ndirty = 0;
     if (emu.mrs[mr->handle] == mr) emu.mrs[mr->handle] = NULL;
   }
   emu_unlock(r);
   pthread_mutex_unlock(&emu_local_lock);
-  free(mr);
+  if (live) {
+    EMU_UNCOUNT(mrs_live, 1);
+    if (em->map) EMU_UNCOUNT(dmabuf_mrs_live, 1);
+  }
+  if (em->map) munmap(em->map, em->map_len);
+  if (em->pending) munmap(em->pending, mr->length);
+  free(em);
   return 0;
 }
 
@@ -594,10 +726,84 @@ static int emu_mr_check(const emu_region *r, uint32_t key, uint32_t pd_id, uint6
   return 0;
 }
 
+/* Host memory, not checked for a dma-buf MR (its addresses are the device's
+ * and its alias stays mapped until deregistration). */
 static int emu_mr_unmapped(const emu_region *r, uint32_t key) {
   const emu_mr_sh *m = &r->mr[key & 1023];
+  if (m->dmabuf) return 0;
   uintptr_t start = (uintptr_t)m->addr & ~(uintptr_t)4095;
   return msync((void *)start, m->addr + m->length - start, MS_ASYNC) != 0 && errno == ENOMEM;
+}
+
+/* With `r` locked: pending bytes [off, off+len) of dma-buf MR `m` (of r's
+ * process) copied into its alias, where the GPU sees them. A peer's bytes go
+ * through a bounce buffer here: process_vm_* copy between two processes
+ * only. 0, or -1 with errno (ESRCH: the owner is gone). */
+static int emu_mr_apply(const emu_region *r, const emu_mr_sh *m, uint64_t off, uint64_t len) {
+  if (r->pid == (uint32_t)getpid()) {
+    memcpy((void *)(uintptr_t)(m->alias + off), (void *)(uintptr_t)(m->pending + off), len);
+  } else {
+    size_t cap = len < (1u << 20) ? (size_t)len : (1u << 20);
+    char *bounce = malloc(cap ? cap : 1);
+    if (!bounce) return -1;
+    for (uint64_t done = 0; done < len;) {
+      size_t take = len - done < cap ? (size_t)(len - done) : cap;
+      struct iovec b = {bounce, take};
+      struct iovec from = {(void *)(uintptr_t)(m->pending + off + done), take};
+      struct iovec to = {(void *)(uintptr_t)(m->alias + off + done), take};
+      if (process_vm_readv((pid_t)r->pid, &b, 1, &from, 1, 0) != (ssize_t)take ||
+          process_vm_writev((pid_t)r->pid, &b, 1, &to, 1, 0) != (ssize_t)take) {
+        int e = errno;
+        free(bounce);
+        errno = e;
+        return -1;
+      }
+      done += take;
+    }
+    free(bounce);
+  }
+  EMU_COUNT(pending_applied_bytes, len);
+  return 0;
+}
+
+/* With `r` locked: every pending range of `m` applied, oldest first; the
+ * bytes applied, or -1 with errno. */
+static int64_t emu_mr_flush(const emu_region *r, emu_mr_sh *m) {
+  int64_t total = 0;
+  while (m->ndirty) {
+    emu_range d = m->dirty[0];
+    if (emu_mr_apply(r, m, d.off, d.len)) return -1;
+    m->ndirty--;
+    memmove(m->dirty, m->dirty + 1, m->ndirty * sizeof d);
+    total += (int64_t)d.len;
+  }
+  return total;
+}
+
+/* With `r` locked: the NIC wrote [off, off+len) of `m` into its pending
+ * buffer. One range for what overlaps or touches, kept as the newest; with
+ * the list full the oldest is applied now (early is allowed; if the owner
+ * is gone, so is the memory). */
+static void emu_mr_dirty(const emu_region *r, emu_mr_sh *m, uint64_t off, uint64_t len) {
+  if (!len) return;
+  uint64_t end = off + len;
+  for (uint32_t k = 0; k < m->ndirty;) {
+    emu_range *d = &m->dirty[k];
+    if (end >= d->off && off <= d->off + d->len) {
+      if (d->off < off) off = d->off;
+      if (d->off + d->len > end) end = d->off + d->len;
+      m->ndirty--;
+      memmove(d, d + 1, (m->ndirty - k) * sizeof *d);
+    } else {
+      k++;
+    }
+  }
+  if (m->ndirty == EMU_MAX_DIRTY) {
+    emu_mr_apply(r, m, m->dirty[0].off, m->dirty[0].len);
+    m->ndirty--;
+    memmove(m->dirty, m->dirty + 1, m->ndirty * sizeof m->dirty[0]);
+  }
+  m->dirty[m->ndirty++] = (emu_range){off, end - off};
 }
 
 /* ---- completion queues --------------------------------------------------------------- */
@@ -897,6 +1103,30 @@ static int emu_data_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct 
 
 enum emu_outcome { EMU_DONE, EMU_RNR, EMU_UNREACHABLE, EMU_FAILED };
 
+/* Same process: the bytes of `src` into `dst` in order, as process_vm_writev
+ * would move them; how many. */
+static ssize_t emu_copy(const struct iovec *dst, int nd, const struct iovec *src, int ns) {
+  ssize_t n = 0;
+  size_t doff = 0, soff = 0;
+  for (int i = 0, j = 0; i < ns && j < nd;) {
+    size_t a = src[i].iov_len - soff, room = dst[j].iov_len - doff;
+    size_t take = a < room ? a : room;
+    if (take) memcpy((char *)dst[j].iov_base + doff, (char *)src[i].iov_base + soff, take);
+    n += (ssize_t)take;
+    soff += take;
+    doff += take;
+    if (soff == src[i].iov_len) i++, soff = 0;
+    if (doff == dst[j].iov_len) j++, doff = 0;
+  }
+  return n;
+}
+
+/* Bytes [off, off+len) of a dma-buf MR written into its pending buffer. */
+typedef struct emu_landing {
+  emu_mr_sh *m;
+  uint64_t off, len;
+} emu_landing;
+
 /* Executes one work request against its target. */
 static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *status) {
   emu_region *me = emu.region;
@@ -912,6 +1142,7 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
   s.dest_qpn = sh->dest_qpn;
   s.qpn = sh->qpn;
   emu_unlock(me);
+  bool read = w->opcode == IBV_WR_RDMA_READ;
   struct iovec local[EMU_MAX_SGE];
   int nl = 0;
   uint64_t len = 0;
@@ -921,16 +1152,24 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
   } else {
     emu_lock(me);
     for (int i = 0; i < w->num_sge; i++) {
-      /* a registration whose pages were unmapped since would read stale
-       * pinned pages on a NIC: refuse it */
-      if (w->sge[i].length &&
-          (emu_mr_check(me, w->sge[i].lkey, s.pd_id, w->sge[i].addr, w->sge[i].length, 0) ||
-           emu_mr_unmapped(me, w->sge[i].lkey))) {
-        emu_unlock(me);
-        *status = IBV_WC_LOC_PROT_ERR;
-        return EMU_FAILED;
+      uint64_t at = w->sge[i].addr;
+      if (w->sge[i].length) {
+        /* a registration whose pages were unmapped since would read stale
+         * pinned pages on a NIC: refuse it; a read's data lands locally */
+        emu_mr_sh *m = &me->mr[w->sge[i].lkey & 1023];
+        if (emu_mr_check(me, w->sge[i].lkey, s.pd_id, at, w->sge[i].length,
+                         read ? IBV_ACCESS_LOCAL_WRITE : 0) ||
+            emu_mr_unmapped(me, w->sge[i].lkey)) {
+          emu_unlock(me);
+          *status = IBV_WC_LOC_PROT_ERR;
+          return EMU_FAILED;
+        }
+        if (m->dmabuf) { /* the NIC's reads and writes see its own earlier writes */
+          emu_mr_flush(me, m);
+          at = m->alias + (at - m->addr);
+        }
       }
-      local[nl++] = (struct iovec){(void *)(uintptr_t)w->sge[i].addr, w->sge[i].length};
+      local[nl++] = (struct iovec){(void *)(uintptr_t)at, w->sge[i].length};
       len += w->sge[i].length;
     }
     emu_unlock(me);
@@ -943,7 +1182,7 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
   emu_region *r = s.dest_pid ? emu_remote(s.dest_pid) : NULL;
   if (!r) return EMU_UNREACHABLE;
   bool write = w->opcode == IBV_WR_RDMA_WRITE || w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-  bool consumes = w->opcode != IBV_WR_RDMA_WRITE;
+  bool consumes = !read && w->opcode != IBV_WR_RDMA_WRITE;
   bool imm = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || w->opcode == IBV_WR_SEND_WITH_IMM;
   emu_lock(r);
   uint32_t ri = s.dest_qpn & 0xff;
@@ -955,9 +1194,12 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
   }
   struct iovec remote[EMU_MAX_SGE];
   int nr = 0;
-  if (write) {
-    if (!(t->access & IBV_ACCESS_REMOTE_WRITE) ||
-        emu_mr_check(r, w->rkey, t->pd_id, w->raddr, len, IBV_ACCESS_REMOTE_WRITE)) {
+  /* what lands in dma-buf MRs' pending buffers, recorded once it is there */
+  emu_landing defer[EMU_MAX_SGE];
+  int nd = 0;
+  if (write || read) {
+    int need = read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+    if (!(t->access & need) || emu_mr_check(r, w->rkey, t->pd_id, w->raddr, len, need)) {
       /* a responder-side protection error: both ends go to ERR */
       emu_qp_flush_rq(r, t);
       t->state = IBV_QPS_ERR;
@@ -966,7 +1208,26 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
       *status = IBV_WC_REM_ACCESS_ERR;
       return EMU_FAILED;
     }
-    remote[nr++] = (struct iovec){(void *)(uintptr_t)w->raddr, len};
+    emu_mr_sh *m = &r->mr[w->rkey & 1023];
+    uint64_t at = w->raddr;
+    if (m->dmabuf && read) {
+      /* the flush: a read of GPU memory through the NIC comes after the
+       * NIC's earlier writes to it, which the GPU then sees */
+      int64_t applied = emu_mr_flush(r, m);
+      if (applied < 0) {
+        int e = errno;
+        emu_unlock(r);
+        if (e == ESRCH) return EMU_UNREACHABLE;
+        *status = IBV_WC_REM_OP_ERR;
+        return EMU_FAILED;
+      }
+      if (applied) EMU_COUNT(flushes, 1);
+      at = m->alias + (at - m->addr);
+    } else if (m->dmabuf) {
+      at = m->pending + (at - m->addr);
+      if (len) defer[nd++] = (emu_landing){m, w->raddr - m->addr, len};
+    }
+    remote[nr++] = (struct iovec){(void *)(uintptr_t)at, len};
   }
   emu_rwqe *rw = NULL;
   if (consumes) {
@@ -984,7 +1245,15 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
           *status = IBV_WC_REM_OP_ERR;
           return EMU_FAILED;
         }
-        remote[nr++] = (struct iovec){(void *)(uintptr_t)rw->sge[i].addr, rw->sge[i].length};
+        emu_mr_sh *m = &r->mr[rw->sge[i].lkey & 1023];
+        uint64_t at = rw->sge[i].addr;
+        if (m->dmabuf) { /* a send into GPU memory is a NIC write like any other */
+          uint64_t lands = len > room ? len - room : 0;
+          if (lands > rw->sge[i].length) lands = rw->sge[i].length;
+          if (lands) defer[nd++] = (emu_landing){m, at - m->addr, lands};
+          at = m->pending + (at - m->addr);
+        }
+        remote[nr++] = (struct iovec){(void *)(uintptr_t)at, rw->sge[i].length};
         room += rw->sge[i].length;
       }
       if (room < len) {
@@ -1005,23 +1274,12 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
   }
   if (len) {
     ssize_t n;
-    if (r == me) {
-      n = 0;
-      size_t off = 0;
-      for (int i = 0, j = 0; i < nl && j < nr;) { /* same process: plain copies */
-        size_t a = local[i].iov_len - off, room = remote[j].iov_len;
-        size_t take = a < room ? a : room;
-        memcpy(remote[j].iov_base, (char *)local[i].iov_base + off, take);
-        n += (ssize_t)take;
-        remote[j].iov_base = (char *)remote[j].iov_base + take;
-        remote[j].iov_len -= take;
-        off += take;
-        if (off == local[i].iov_len) i++, off = 0;
-        if (remote[j].iov_len == 0) j++;
-      }
-    } else {
+    if (r == me) /* same process: plain copies */
+      n = read ? emu_copy(local, nl, remote, nr) : emu_copy(remote, nr, local, nl);
+    else if (read)
+      n = process_vm_readv((pid_t)r->pid, local, (unsigned long)nl, remote, (unsigned long)nr, 0);
+    else
       n = process_vm_writev((pid_t)r->pid, local, (unsigned long)nl, remote, (unsigned long)nr, 0);
-    }
     if (n != (ssize_t)len) {
       int e = errno;
       emu_unlock(r);
@@ -1030,6 +1288,7 @@ static enum emu_outcome emu_execute(emu_qp *q, emu_swqe *w, enum ibv_wc_status *
       return EMU_FAILED;
     }
   }
+  for (int i = 0; i < nd; i++) emu_mr_dirty(r, defer[i].m, defer[i].off, defer[i].len);
   if (consumes) {
     struct ibv_wc wc = {.wr_id = rw->wr_id,
                         .status = IBV_WC_SUCCESS,
@@ -1059,7 +1318,8 @@ static void emu_complete_send(emu_qp *q, const emu_swqe *w, enum ibv_wc_status s
   static const enum ibv_wc_opcode op[] = {[IBV_WR_RDMA_WRITE] = IBV_WC_RDMA_WRITE,
                                           [IBV_WR_RDMA_WRITE_WITH_IMM] = IBV_WC_RDMA_WRITE,
                                           [IBV_WR_SEND] = IBV_WC_SEND,
-                                          [IBV_WR_SEND_WITH_IMM] = IBV_WC_SEND};
+                                          [IBV_WR_SEND_WITH_IMM] = IBV_WC_SEND,
+                                          [IBV_WR_RDMA_READ] = IBV_WC_RDMA_READ};
   struct ibv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = op[w->opcode], .qp_num = s->qpn};
   if (emu_cq_push(me, s->send_cq, &wc) == 0) {
     q->batches[(q->b_head + q->b_count) % (q->sq_cap + 1)] = q->unsignaled;
@@ -1197,8 +1457,11 @@ static int emu_data_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct 
     else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > s->max_send_sge)
       rc = EINVAL;
     else if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
-             wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM)
+             wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
+             wr->opcode != IBV_WR_RDMA_READ)
       rc = EINVAL;
+    else if (wr->opcode == IBV_WR_RDMA_READ && (wr->send_flags & IBV_SEND_INLINE))
+      rc = EINVAL; /* a read's data comes back: nothing to inline */
     else if ((wr->send_flags & IBV_SEND_INLINE) && total > s->max_inline)
       rc = EINVAL;
     else if (q->outstanding >= s->max_send_wr)
