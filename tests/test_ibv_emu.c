@@ -701,6 +701,7 @@ static void gpudirect_write_visible_after_flush_across_processes(void **state) {
   gpu_buf g = make_gpu_buf(OFF + 2 * LEN, 0xee);
   pid_t child = fork();
   if (child == 0) { /* the writer */
+    alarm(20); /* never outlive a parent that failed before telling us to go on */
     int n;
     ctx = V.open_device(V.get_device_list(&n)[0]); /* a fresh region for this process */
     pd = V.alloc_pd(ctx);
@@ -801,6 +802,7 @@ static void gpudirect_write_visible_after_flush_across_processes(void **state) {
   assert_int_equal(after.flushes, before.flushes); /* counted where it was executed */
   assert_int_equal(V.dereg_mr(gmr), 0);
   free_gpu_buf(&g);
+  for (int i = 0; i < 2; i++) close(to_child[i]), close(to_parent[i]);
 }
 
 /* The GPU's memory as a write's source and as a read's destination (through
