@@ -569,7 +569,8 @@ static void free_gpu_buf(gpu_buf *g) {
 
 /* NCCL's flush: a one-byte read of the MR through a QP connected to itself. */
 static void flush_read(end *f, struct ibv_mr *fmr, uint64_t raddr, uint32_t rkey) {
-  assert_int_equal(post_read(f->qp, fmr->lkey, fmr->addr, 1, raddr, rkey, 99, IBV_SEND_SIGNALED), 0);
+  assert_int_equal(post_read(f->qp, fmr->lkey, fmr->addr, 1, raddr, rkey, 99, IBV_SEND_SIGNALED),
+                   0);
   struct ibv_wc wc;
   assert_int_equal(poll_n(f->cq, &wc, 1), 1);
   assert_int_equal(wc.status, IBV_WC_SUCCESS);
@@ -701,6 +702,7 @@ static void gpudirect_write_visible_after_flush_across_processes(void **state) {
   gpu_buf g = make_gpu_buf(OFF + 2 * LEN, 0xee);
   pid_t child = fork();
   if (child == 0) { /* the writer */
+    alarm(20);      /* never outlive a parent that failed before telling us to go on */
     int n;
     ctx = V.open_device(V.get_device_list(&n)[0]); /* a fresh region for this process */
     pd = V.alloc_pd(ctx);
@@ -760,8 +762,8 @@ static void gpudirect_write_visible_after_flush_across_processes(void **state) {
   assert_int_equal(to_rts(p.qp, 7, 7), 0);
   struct ibv_mr *fmr;
   end f = make_flusher(&fmr);
-  mine = (struct msg){(uint32_t)getpid(), p.qp->qp_num, gmr->rkey, hmr->rkey, g.iova,
-                      (uintptr_t)host};
+  mine =
+      (struct msg){(uint32_t)getpid(), p.qp->qp_num, gmr->rkey, hmr->rkey, g.iova, (uintptr_t)host};
   assert_int_equal(write(to_child[1], &mine, sizeof mine), sizeof mine);
   struct ibv_wc wc;
   assert_int_equal(poll_n(p.cq, &wc, 1), 1);
@@ -801,6 +803,7 @@ static void gpudirect_write_visible_after_flush_across_processes(void **state) {
   assert_int_equal(after.flushes, before.flushes); /* counted where it was executed */
   assert_int_equal(V.dereg_mr(gmr), 0);
   free_gpu_buf(&g);
+  for (int i = 0; i < 2; i++) close(to_child[i]), close(to_parent[i]);
 }
 
 /* The GPU's memory as a write's source and as a read's destination (through
@@ -836,9 +839,8 @@ static void gpudirect_source_and_read_destination(void **state) {
   assert_memory_equal(g.view + OFF + 100, src, 512);
   /* a write into it is not seen by the GPU, but the NIC's own read of it
    * as a source sees it */
-  assert_int_equal(post_write(a.qp, smr, src, 64, g.iova + 2000, gmr->rkey, 0, 0,
-                              IBV_SEND_SIGNALED),
-                   0);
+  assert_int_equal(
+      post_write(a.qp, smr, src, 64, g.iova + 2000, gmr->rkey, 0, 0, IBV_SEND_SIGNALED), 0);
   assert_int_equal(poll_n(a.cq, &wc, 1), 1);
   assert_int_equal(wc.status, IBV_WC_SUCCESS);
   assert_int_equal(g.view[OFF + 2000], pat(6, OFF + 2000));
@@ -849,8 +851,8 @@ static void gpudirect_source_and_read_destination(void **state) {
   assert_int_equal(wc.status, IBV_WC_SUCCESS);
   assert_memory_equal(dst, src, 64);
   /* past the MR's end is a local protection error, as for host memory */
-  assert_int_equal(post_write(b.qp, gmr, (void *)(uintptr_t)(g.iova + LEN - 8), 16,
-                              (uintptr_t)dst, dmr->rkey, 0, 0, 0),
+  assert_int_equal(post_write(b.qp, gmr, (void *)(uintptr_t)(g.iova + LEN - 8), 16, (uintptr_t)dst,
+                              dmr->rkey, 0, 0, 0),
                    0);
   assert_int_equal(poll_n(b.cq, &wc, 1), 1);
   assert_int_equal(wc.status, IBV_WC_LOC_PROT_ERR);
@@ -922,8 +924,8 @@ static void mr_counters_and_dereg(void **state) {
   /* what the NIC wrote and nobody flushed still reaches the GPU in the end */
   end a = make_end(8, 8, 32, 0), b = make_end(8, 8, 32, 0);
   connect_pair_access(&a, &b, 7, RD_ACCESS);
-  assert_int_equal(
-      post_write(a.qp, hmr, buf, 64, g.iova + 8, gmr->rkey, 0, 0, IBV_SEND_SIGNALED), 0);
+  assert_int_equal(post_write(a.qp, hmr, buf, 64, g.iova + 8, gmr->rkey, 0, 0, IBV_SEND_SIGNALED),
+                   0);
   struct ibv_wc wc;
   assert_int_equal(poll_n(a.cq, &wc, 1), 1);
   assert_int_equal(wc.status, IBV_WC_SUCCESS);
@@ -974,9 +976,8 @@ static void pending_overflow_keeps_bytes_right(void **state) {
   size_t last = 0;
   for (size_t k = 0; k < 40; k++) {
     size_t at = 2048 + 256 * k + (k % 5);
-    assert_int_equal(post_write(a.qp, smr, src + at, 8, g.iova + at, gmr->rkey, 0, 0,
-                                IBV_SEND_SIGNALED),
-                     0);
+    assert_int_equal(
+        post_write(a.qp, smr, src + at, 8, g.iova + at, gmr->rkey, 0, 0, IBV_SEND_SIGNALED), 0);
     assert_int_equal(poll_n(a.cq, &wc, 1), 1);
     assert_int_equal(wc.status, IBV_WC_SUCCESS);
     memcpy(want + at, src + at, 8);
@@ -984,8 +985,8 @@ static void pending_overflow_keeps_bytes_right(void **state) {
   }
   V.stats(&mid);
   assert_true(mid.pending_applied_bytes > before.pending_applied_bytes);
-  assert_memory_equal(g.view, src, 1024); /* the oldest range went early */
-  assert_int_equal(g.view[last], 0xee);   /* the newest waits for the flush */
+  assert_memory_equal(g.view, src, 1024);            /* the oldest range went early */
+  assert_int_equal(g.view[last], 0xee);              /* the newest waits for the flush */
   flush_read(&f, fmr, g.iova + SIZE - 1, gmr->rkey); /* any byte of the MR flushes all of it */
   assert_memory_equal(g.view, want, SIZE);
   V.stats(&mid);

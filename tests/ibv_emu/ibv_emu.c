@@ -580,7 +580,7 @@ EMU_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
 
 /* ---- memory regions ---------------------------------------------------------------- */
 
-/* Puts `rec` in a free slot of this process's table; the key, or NULL
+/* Puts `rec` in a free slot of this process's table; &em->mr keyed, or NULL
  * (errno set) when the table is full. */
 static struct ibv_mr *emu_mr_add(struct ibv_pd *pd, emu_mr *em, emu_mr_sh rec) {
   emu_region *r = emu.region;

@@ -19,16 +19,16 @@
 #include <stdint.h>
 
 typedef struct ibv_emu_stats {
-  uint64_t send_wrs;       /* work requests executed by this process's queue pairs */
-  uint64_t rnr_naks;       /* writes that found no posted receive (receiver not ready) */
-  uint64_t recv_landed;    /* writes with immediate that landed in this process */
-  uint32_t max_rq_deficit; /* most receives of one QP consumed and not yet re-posted */
-  uint64_t emu_ns;         /* time spent inside the emulator's data-path calls */
-  uint64_t data_calls;     /* post_send + post_recv + poll_cq calls */
-  uint64_t mrs_live;              /* this process's MRs registered and not deregistered, all kinds */
-  uint64_t dmabuf_mrs_live;       /* of which dma-buf MRs */
-  uint64_t dmabuf_registered;     /* dma-buf MRs ever registered by this process */
-  uint64_t flushes;               /* RDMA reads this process executed that applied pending bytes */
+  uint64_t send_wrs;          /* work requests executed by this process's queue pairs */
+  uint64_t rnr_naks;          /* writes that found no posted receive (receiver not ready) */
+  uint64_t recv_landed;       /* writes with immediate that landed in this process */
+  uint32_t max_rq_deficit;    /* most receives of one QP consumed and not yet re-posted */
+  uint64_t emu_ns;            /* time spent inside the emulator's data-path calls */
+  uint64_t data_calls;        /* post_send + post_recv + poll_cq calls */
+  uint64_t mrs_live;          /* this process's MRs registered and not deregistered, all kinds */
+  uint64_t dmabuf_mrs_live;   /* of which dma-buf MRs */
+  uint64_t dmabuf_registered; /* dma-buf MRs ever registered by this process */
+  uint64_t flushes;           /* RDMA reads this process executed that applied pending bytes */
   uint64_t pending_applied_bytes; /* pending bytes this process made visible, for any reason */
 } ibv_emu_counters;
 
