@@ -29,6 +29,10 @@
 
 #define CHUNK 4096
 
+/* The channels of host chunks (COLL, P2P); the device channel's chunks
+ * are device memory (transport.h), checked in test_ibv_gdr.c. */
+#define HOST_CHANNELS 2
+
 typedef struct pair {
   const weft_transport *tp;
   weft_place place;
@@ -88,11 +92,11 @@ static bool pair_init(pair *p, const weft_transport *tp, size_t chunk_bytes) {
 static bool pair_open_chunk(pair *p, const weft_transport *tp, size_t chunk_bytes) {
   if (!pair_init(p, tp, chunk_bytes)) return false;
   /* channel 1 first: the order of connects must not matter */
-  for (int ch = WEFT_TP_CHANNELS - 1; ch >= 0; ch--) {
+  for (int ch = HOST_CHANNELS - 1; ch >= 0; ch--) {
     assert_int_equal(tp->connect(p->ctx[1], 0, ch, p->addr[0], p->alen[0], &p->rx[ch]), WEFT_OK);
     assert_int_equal(tp->connect(p->ctx[0], 1, ch, p->addr[1], p->alen[1], &p->tx[ch]), WEFT_OK);
   }
-  for (int ch = 0; ch < WEFT_TP_CHANNELS; ch++) {
+  for (int ch = 0; ch < HOST_CHANNELS; ch++) {
     weft_tp_conn *again;
     assert_int_equal(tp->connect(p->ctx[0], 1, ch, p->addr[1], p->alen[1], &again), WEFT_OK);
     assert_ptr_equal(again, p->tx[ch]);
@@ -181,7 +185,7 @@ static void channels_on(const weft_transport *tp) {
   assert_int_equal(tp->connect(p.ctx[0], 1, WEFT_TP_CHANNELS, p.addr[1], p.alen[1], &c),
                    WEFT_ERR_INVALID);
   assert_int_equal(tp->connect(p.ctx[0], 1, -1, p.addr[1], p.alen[1], &c), WEFT_ERR_INVALID);
-  for (int ch = 0; ch < WEFT_TP_CHANNELS; ch++) {
+  for (int ch = 0; ch < HOST_CHANNELS; ch++) {
     double deadline = harness_now() + 5;
     while (tp->send_idle(p.tx[ch]) == WEFT_AGAIN && harness_now() < deadline) drive(&p);
     assert_int_equal(tp->send_idle(p.tx[ch]), WEFT_OK);

@@ -788,7 +788,8 @@ static uint64_t grad_rng(uint64_t *x) {
  * false on a real driver. */
 typedef struct emu_counts {
   int allocations, host_allocations, streams, events, modules, ipc_mappings, pending, primary_refs, reclaimed,
-      ipc_opened, ipc_exported;
+      ipc_opened, ipc_exported, dmabuf_exported, dmabuf_open;
+  int room[16]; /* counters a later stand-in appends: never written past */
 } emu_counts;
 static bool emu_counts_now(emu_counts *c) {
   static void (*fn)(emu_counts *);

@@ -28,3 +28,8 @@ weft_status weft_tp_no_map(weft_tp_conn *conn, const weft_mem_desc *desc, void *
   *local = NULL;
   return WEFT_ERR_UNSUPPORTED;
 }
+
+bool weft_tp_no_device_channel(const void *peer_addr, size_t addr_len) {
+  (void)peer_addr, (void)addr_len;
+  return false;
+}

@@ -52,8 +52,10 @@
  * 6: one send with flags (send_for_copy and send_now folded in), one recv
  *    for a chunk or a run (recv_into and recv_run folded in).
  * 7: chunks carry a 64-bit tag (call number and signature, call_tag.h) for
- *    the 32-bit sequence number. */
-#define WEFT_TRANSPORT_ABI 7
+ *    the 32-bit sequence number.
+ * 8: the device channel (WEFT_TP_CHANNEL_DEVICE, caps.device_channel, the
+ *    init args' device and device_stream). */
+#define WEFT_TRANSPORT_ABI 8
 
 /* Longest address blob a transport publishes through the rendezvous. */
 #define WEFT_TRANSPORT_ADDR_MAX 160
@@ -73,8 +75,16 @@ struct weft_mem_ops;
  * channel); ibv: queue pairs per channel in the same device context,
  * protection domain and side listener. A channel costs nothing until
  * connect is called for it. */
-#define WEFT_TP_CHANNELS 2
-enum { WEFT_TP_CHANNEL_COLL = 0, WEFT_TP_CHANNEL_P2P = 1 };
+/* WEFT_TP_CHANNEL_DEVICE, only where caps.device_channel says so: chunks
+ * of device memory, on the GPU the init args name (device, device_stream,
+ * set by the core before it connects the channel): `send` reads them from
+ * device memory, `recv` writes them into device memory, and recv_peek's
+ * *data is device memory, visible to kernels queued on device_stream from
+ * the moment recv_peek answers OK (the transport did what the NIC needs for
+ * that: a flush). The chunks' tags travel apart (the processor cannot read
+ * device memory), and are checked as on every channel. */
+#define WEFT_TP_CHANNELS 3
+enum { WEFT_TP_CHANNEL_COLL = 0, WEFT_TP_CHANNEL_P2P = 1, WEFT_TP_CHANNEL_DEVICE = 2 };
 
 /* A buffer to register (register_mem). */
 typedef struct weft_mem_region {
@@ -113,6 +123,11 @@ typedef struct weft_transport_caps {
    * open to hear it, and a caller that needs every peer to hear opens the
    * connections first (a timeout's culprit exchange, src/engine/engine.c). */
   bool notices_reach_unconnected;
+  /* True when WEFT_TP_CHANNEL_DEVICE carries device chunks (above): ibv,
+   * straight from and into GPU memory where it is registered (GPUDirect
+   * RDMA, transports/ibv/ibv_gdr.c), staged inside the transport where it
+   * is not. */
+  bool device_channel;
 } weft_transport_caps;
 
 typedef struct weft_transport_init_args {
@@ -135,6 +150,13 @@ typedef struct weft_transport_init_args {
   const struct weft_mem_ops *slot_mem; /* the table whose alloc_slots gives the receive
                                 slots and bounce buffers (mem.h; a CUDA build: pinned
                                 host memory); NULL: the host table */
+  /* The device channel's GPU and the stream its copies go on (the
+   * communicator's, src/coll/coll_device.c): device_stream is NULL until
+   * the core knows them, which it does before it connects that channel. A transport
+   * reads them when it sets the channel up, and a peer's hello for the
+   * channel that comes earlier waits for them. */
+  int device;
+  struct weft_mem_stream *device_stream;
 } weft_transport_init_args;
 
 /* What a chunk is for (send's flags); 0: an ordinary chunk, which the
@@ -192,6 +214,13 @@ typedef struct weft_transport {
    * answer covers every channel. */
   bool (*can_reach)(weft_tp_ctx *ctx, int peer, const void *peer_addr, size_t addr_len,
                     char *why, size_t why_len);
+
+  /* Pure: whether the rank that published `peer_addr` (any rank, this one
+   * too) carries device chunks on WEFT_TP_CHANNEL_DEVICE: its settings
+   * allow the channel (ibv: WEFT_IB_GDR is not off). The core routes calls
+   * on device buffers over the channel only where every rank says so, from
+   * the same published facts on every rank. Stub: false. */
+  bool (*publishes_device_channel)(const void *peer_addr, size_t addr_len);
 
   /* Starts the connection to `peer` on `channel` (< WEFT_TP_CHANNELS, else
    * WEFT_ERR_INVALID) and returns its handle at once; the connection
@@ -348,6 +377,7 @@ weft_status weft_tp_no_register(weft_tp_ctx *ctx, const weft_mem_region *region,
 void weft_tp_no_deregister(weft_tp_ctx *ctx, weft_tp_mem *handle);
 weft_status weft_tp_no_map(weft_tp_conn *conn, const weft_mem_desc *desc, void **local);
 void weft_tp_no_release(weft_tp_conn *conn, bool kept_too);
+bool weft_tp_no_device_channel(const void *peer_addr, size_t addr_len);
 
 /* The transports built into this library. */
 extern const weft_transport weft_transport_shm;

@@ -154,6 +154,11 @@ struct weft_coll {
    * wrong; a phase's links write its call's, so a phase's stays unused. */
   int fail_peer;
   void *scratch; /* weft_coll_scratch's memory, freed when the call ends */
+  /* where weft_coll_scratch takes it from: NULL, host memory (what the
+   * processor reads: messages, words); the device table where the
+   * algorithm runs on device buffers over the device channel, whose
+   * scratch only ever holds data (partial sums, gathered blocks) */
+  const weft_mem_ops *scratch_mem;
   /* scratch an algorithm handed over with the call (the direct rounds to
    * their fall-back: sends from it may still be in flight, and the new
    * algorithm may take scratch of its own), freed when the call ends; two:

@@ -35,13 +35,27 @@ typedef struct exchange_state {
 _Static_assert(sizeof(exchange_state) <= WEFT_ALGO_STATE_BYTES,
                "exchange_state fits weft_coll.algo_state");
 
-enum { EXCHANGE_SEND_WORD, EXCHANGE_RECV_WORDS, EXCHANGE_SEND, EXCHANGE_FOLD, EXCHANGE_DRAIN };
+enum {
+  EXCHANGE_COPY, /* in place: the input into the scratch first */
+  EXCHANGE_SEND_WORD,
+  EXCHANGE_RECV_WORDS,
+  EXCHANGE_SEND,
+  EXCHANGE_FOLD,
+  EXCHANGE_DRAIN
+};
 
 static weft_status exchange_advance(weft_coll *coll) {
   exchange_state *x = WEFT_ALGO_STATE(coll, exchange_state);
   int n = coll->size, r = coll->rank;
   size_t bytes = coll->count * coll->elem;
   switch (x->phase) {
+    case EXCHANGE_COPY:
+      /* in the first advance, not at the start: staged or device buffers
+       * are not there yet when the call starts */
+      coll->mem->copy((void *)x->own, coll->sendbuf, bytes);
+      x->phase = x->words ? EXCHANGE_SEND_WORD : EXCHANGE_SEND;
+      if (!x->words) goto send;
+      /* fall through */
     case EXCHANGE_SEND_WORD: /* asking only: the word goes before the data */
       WEFT_STEP(weft_step_send_all(coll, &x->next, &x->word, sizeof x->word));
       x->phase++;
@@ -55,6 +69,7 @@ static weft_status exchange_advance(weft_coll *coll) {
     }
       /* fall through */
     case EXCHANGE_SEND:
+    send:
       WEFT_STEP(weft_step_send_all(coll, &x->next, x->own, bytes));
       x->phase++;
       /* fall through */
@@ -102,13 +117,11 @@ weft_status weft_exchange_allreduce_start(weft_coll *coll, bool asking) {
   char *scratch = NULL;
   if (copy_bytes + word_bytes)
     WEFT_CHECK(weft_coll_scratch(coll, copy_bytes + word_bytes, (void **)&scratch));
-  const void *own = coll->sendbuf;
-  if (in_place) {
-    coll->mem->copy(scratch, coll->sendbuf, bytes);
-    own = scratch;
-  }
+  const void *own = in_place ? scratch : coll->sendbuf; /* copied in EXCHANGE_COPY */
   *WEFT_ALGO_STATE(coll, exchange_state) =
-      (exchange_state){.phase = asking ? EXCHANGE_SEND_WORD : EXCHANGE_SEND,
+      (exchange_state){.phase = in_place ? EXCHANGE_COPY
+                                : asking ? EXCHANGE_SEND_WORD
+                                         : EXCHANGE_SEND,
                        .own = own,
                        .word = coll->hint.sends_are_stores ? 1 : 0,
                        .words = asking ? (uint32_t *)(scratch + copy_bytes) : NULL};

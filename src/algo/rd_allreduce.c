@@ -22,7 +22,8 @@
 #include "src/algo/algo.h"
 
 typedef struct rd_state {
-  int phase; /* 0 fold-in, 1 doubling rounds, 2 fold-out, 3 done */
+  int phase; /* -1 own copy (a wire dtype, out of place), 0 fold-in, 1 doubling rounds,
+                2 fold-out, 3 done */
   int mask;
   bool sent;   /* this round's send is posted */
   int newrank; /* rank among the power-of-two group, -1 if folded out */
@@ -120,6 +121,14 @@ static weft_status rd_advance(weft_coll *coll) {
   int n = coll->size, r = coll->rank;
   int p2 = pow2_floor(n), rem = n - p2;
   size_t bytes = rd->count * coll->elem;
+  if (rd->phase == -1) {
+    /* a wire dtype rounds buf in place before the first send (rd_round):
+     * the input goes there first. In the first advance, not at the start:
+     * staged or device buffers are not there yet when the call starts (a
+     * staged input is copied in up to the first advance) */
+    coll->mem->copy(coll->recvbuf, coll->sendbuf, coll->count * coll->elem);
+    rd->phase = 0;
+  }
   if (rd->phase == 0) { /* fold in */
     if (r < 2 * rem && r % 2 == 0) {
       if (!rd->sent) {
@@ -188,11 +197,10 @@ static weft_status rd_advance(weft_coll *coll) {
 
 weft_status weft_rd_allreduce_start(weft_coll *coll) {
   if (coll->count * coll->elem > coll->chunk_bytes) return WEFT_ERR_INTERNAL;
-  /* a wire dtype rounds buf in place before the first send (rd_round) */
+  /* a wire dtype rounds buf in place before the first send (rd_round):
+   * the input is copied there first (phase -1) */
   bool wire = weft_wire_on(coll);
-  if (wire && coll->sendbuf != coll->recvbuf)
-    coll->mem->copy(coll->recvbuf, coll->sendbuf, coll->count * coll->elem);
-  *WEFT_ALGO_STATE(coll, rd_state) = (rd_state){.phase = 0,
+  *WEFT_ALGO_STATE(coll, rd_state) = (rd_state){.phase = wire && coll->sendbuf != coll->recvbuf ? -1 : 0,
                                                 .mask = 1,
                                                 .sent = false,
                                                 .newrank = -1,

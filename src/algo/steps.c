@@ -16,10 +16,10 @@ size_t weft_chunk_elems(const weft_coll *coll) {
 /* Host memory: what algorithms keep here is read by the processor (every
  * member's message, pointers, a piece of a running sum). An algorithm that
  * works on device buffers in place takes its device scratch from
- * coll->mem->alloc_scratch itself (the direct allreduce). */
+ * coll->mem->alloc_scratch itself (the direct allreduce). Over the device
+ * channel the caller says device memory (algo.h, scratch_mem). */
 static const weft_mem_ops *scratch_mem(const weft_coll *coll) {
-  (void)coll;
-  return &weft_mem_host;
+  return coll->scratch_mem ? coll->scratch_mem : &weft_mem_host;
 }
 
 weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out) {

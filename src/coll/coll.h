@@ -34,6 +34,9 @@ typedef enum weft_coll_route {
                           copy of them in weft's device memory where peers cannot map them
                           (bounced: no legacy IPC handle); STAGED after all where a rank
                           cannot map one (weft_coll_device_restage) */
+  WEFT_ROUTE_DEVICE_CHANNEL, /* device buffers where they lie, the host algorithm over the
+                                transports' device channel (verbs: GPUDirect RDMA), its
+                                reductions as kernels on this GPU (core.h, device_channel_all) */
 } weft_coll_route;
 
 /* One collective call as its caller holds it: set up here, driven by the

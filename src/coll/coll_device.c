@@ -302,6 +302,56 @@ static bool device_in_place_ok(const weft_coll_task *task) {
          one_host_mapping(task->comm, WEFT_MEMORY_DEVICE);
 }
 
+/* Device buffers where they lie, over the device channel (verbs with
+ * GPUDirect RDMA: coll.h, WEFT_ROUTE_DEVICE_CHANNEL): every rank decides alike
+ * from what all published (core.h, device_channel_all), the build's
+ * kernels, and the call's dtype and op (an integer avg sums in 64 bits on
+ * the host: staged). */
+static bool device_channel_ok(const weft_coll_task *task) {
+  const weft_coll *coll = &task->coll;
+  bool int_avg = coll->op == WEFT_AVG && coll->dtype != WEFT_F32 && coll->dtype != WEFT_F64 &&
+                 coll->dtype != WEFT_F16 && coll->dtype != WEFT_BF16;
+  return task->comm->device_channel_all && weft_cuda_has_kernels() && !int_avg &&
+         !task->device_restaging;
+}
+
+/* The route's setup: the algorithm (the host one, on the links of the
+ * device channel) starts once the user's work queued on the buffers before
+ * this call is done (the token on `in`, which device_channel_step polls
+ * first); its copies and kernels then run on the communicator's stream, each
+ * waited for before the next step (weft_cuda_sync_begin), and the
+ * transport's copies too (the init args' device_stream). A `staged` record
+ * with no host copy carries the token and the end's signal. */
+static weft_status device_channel_in(weft_coll_task *task, struct weft_coll_device *d) {
+  weft_coll *coll = &task->coll;
+  struct weft_coll_staged *st = calloc(1, sizeof *st);
+  if (!st) return staged_fail(task, WEFT_ERR_NOMEM, "no memory for a device call's record");
+  st->block = -1;
+  st->in_on = d->in;
+  weft_status rc = weft_mem_device.stream_after_user(d->in, task->user_stream);
+  if (!rc) rc = weft_mem_device.record(d->in, &st->in);
+  if (rc) {
+    free(st);
+    return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
+  }
+  task->staged = st;
+  weft_transport_init_args *a = task->comm->tp_args;
+  if (a && !__atomic_load_n(&a->device_stream, __ATOMIC_ACQUIRE)) {
+    /* before the channel's first connection; a peer's hello that came
+     * earlier waits for it on the progress thread (transport.h) */
+    a->device = d->ordinal;
+    __atomic_store_n(&a->device_stream, d->stream, __ATOMIC_RELEASE);
+  }
+  coll->mem = &weft_mem_device;
+  coll->scratch_mem = &weft_mem_device;
+  coll->stream = d->stream;
+  coll->ready_stream = d->in;
+  coll->ready = st->in;
+  ((weft_call_links *)(void *)task->link_ctx)->channel = WEFT_TP_CHANNEL_DEVICE;
+  task->route = WEFT_ROUTE_DEVICE_CHANNEL;
+  return WEFT_OK;
+}
+
 /* The communicator's device scratch for the call whose kernels are about to
  * be queued, grown when it needs more (WEFT_ALGO_NEED_SCRATCH). Taken then, by
  * the driver at the head of the queue, never at issue: calls run one at a
@@ -481,6 +531,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
                        ordinal, ordinal);
   struct weft_coll_device *d = NULL;
   WEFT_CHECK(device_state(task, ordinal, &d));
+  if (!now && device_channel_ok(task)) return device_channel_in(task, d);
   if (!now && device_in_place_ok(task)) {
     /* the buffers stay where they are; the algorithm starts once the
      * user's work queued on them before this call is done (the token on
@@ -840,10 +891,37 @@ static weft_status staged_first_step(weft_coll *coll) {
   return coll->advance(coll);
 }
 
+/* The device channel's steps: the user's earlier work first, then the
+ * algorithm with the device table's synchronous members on the
+ * communicator's stream; an error of theirs fails the call. An algorithm
+ * that hands over to another advance (the direct rounds' fall-back) is
+ * followed. */
+static weft_status device_channel_step(weft_coll *coll) {
+  weft_coll_task *task = weft_coll_task_of(coll);
+  struct weft_coll_staged *st = task->staged;
+  if (st->in) {
+    WEFT_STEP(weft_mem_device.poll(st->in_on, st->in));
+    st->in = 0;
+  }
+  weft_cuda_sync_begin(task->comm->device->stream);
+  weft_status rc = st->then(coll);
+  weft_status sync = weft_cuda_sync_end();
+  if (coll->advance != device_channel_step) {
+    st->then = coll->advance;
+    coll->advance = device_channel_step;
+  }
+  if (sync < 0) {
+    coll->link.ops->set_error(coll->link.ctx, task->comm->links.sink.msg);
+    return sync;
+  }
+  return rc;
+}
+
 void weft_coll_stage_wrap(weft_coll_task *task) {
   if (!task->staged || task->staged->nslices) return; /* in slices: each waits for its own */
   task->staged->then = task->coll.advance;
-  task->coll.advance = staged_first_step;
+  task->coll.advance =
+      task->route == WEFT_ROUTE_DEVICE_CHANNEL ? device_channel_step : staged_first_step;
 }
 
 static weft_status stage_queue_out(weft_coll_task *task) {
@@ -902,6 +980,11 @@ void weft_coll_stage_release_copy(weft_coll_task *task) {
     pool[st->block].until_out = out;
     pool[st->block].busy = false; /* last: a taker reads the tokens after it */
     pthread_mutex_unlock(&d->lock);
+  } else if (task->route == WEFT_ROUTE_DEVICE_CHANNEL) {
+    /* a call that failed may leave the transport's copy into the user's
+     * buffer queued: done before the buffer is the user's again */
+    weft_mem_token all = 0;
+    if (!weft_mem_device.record(d->stream, &all)) token_wait(task->comm, d->stream, all);
   } else if (st->own) {
     token_wait(task->comm, st->in_on, in);
     token_wait(task->comm, d->stream, out);

@@ -51,6 +51,15 @@ typedef struct weft_core {
    * stream they are ordered on (weft_comm_set_stream; NULL: the default) */
   struct weft_coll_device *device;
   void *user_stream;
+  /* Calls on device buffers take the device channel (transport.h): every
+   * pair of ranks is linked by a transport that carries device chunks
+   * (verbs: GPUDirect RDMA), so the algorithms run on the buffers where
+   * they lie (route WEFT_ROUTE_DEVICE_CHANNEL). Decided once, at init, from
+   * what every rank published, so every rank decides alike. */
+  bool device_channel_all;
+  /* the transports' init args (the communicator's): the device channel's
+   * GPU and stream are set there before its first connection */
+  weft_transport_init_args *tp_args;
   /* weft.h's rule "a communicator is used by one thread at a time", checked
    * where it costs nothing (src/api/api.h): set while a thread is inside a
    * call, and how many calls found it set */

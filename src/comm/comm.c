@@ -275,6 +275,49 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
   return WEFT_OK;
 }
 
+/* Whether calls on device buffers take the device channel (core.h): a
+ * transport that carries device chunks was started by every rank, each
+ * published that its channel is on (ibv: WEFT_IB_GDR is not off), and no
+ * two ranks share a host, or that transport
+ * is forced (WEFT_TRANSPORT): then the selection links every pair through
+ * it, on every rank alike. Shared hosts take CUDA IPC and staging as
+ * before (the hierarchical form, IPC within a host and the device channel
+ * across, is not built yet). */
+static void device_channel_decide(weft_comm *comm) {
+  weft_peer_table *l = &comm->core.links;
+  comm->core.device_channel_all = false;
+  int dc = -1;
+  for (int t = 0; t < l->ntps; t++)
+    if (l->tps[t].ops->caps.device_channel) dc = t;
+  if (dc < 0 || comm->core.size < 2) return;
+  bool forced = weft_settings()->transport != WEFT_TRANSPORT_AUTO &&
+                !strcmp(weft_setting_str(WEFT_SETTING_TRANSPORT), l->tps[dc].ops->name);
+  if (!forced && comm->core.hosts.nhosts != comm->core.size) return;
+  for (int p = 0; p < comm->core.size; p++) {
+    const void *addr;
+    size_t len;
+    weft_comm_peer_address(comm, p, l->tps[dc].builtin, &addr, &len);
+    if (!addr || !l->tps[dc].ops->publishes_device_channel(addr, len)) return;
+  }
+  for (int p = 0; p < comm->core.size; p++)
+    if (p != comm->core.rank && l->peers[p].tp != dc) {
+      /* every rank published it, yet this pair took another (ports of
+       * another link layer): the others may decide otherwise, said loudly */
+      WEFT_WARN(WEFT_SUBSYS_INIT,
+                "rank %d reaches peer %d over %s though every rank started %s: device buffers "
+                "are staged through host memory on this rank (set WEFT_IB_GDR=off on every rank "
+                "if calls on device buffers then disagree)",
+                comm->core.rank, p, l->tps[l->peers[p].tp].ops->name, l->tps[dc].ops->name);
+      return;
+    }
+  comm->core.device_channel_all = true;
+  /* no pair's sends are stores: the exchange never asks (its question is a
+   * host word, which the device channel does not carry) */
+  comm->core.choice.exchange_verdict = -1;
+  WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d: calls on device buffers take %s's device channel",
+            comm->core.rank, l->tps[dc].ops->name);
+}
+
 /* First transport, in order, that reaches each peer; its reason is kept. */
 /* The peer table (core.links) gets the transport and the address the
  * links connect to; the reason stays here, for weft_comm_peer_transport. */
@@ -314,6 +357,7 @@ static weft_status transports_choose(weft_comm *comm, const char *call) {
               l->tps[lp->tp].ops->name, peer->why);
     comm->core.choice.sends_are_stores &= l->tps[lp->tp].ops->caps.sends_are_stores;
   }
+  device_channel_decide(comm);
   return WEFT_OK;
 }
 
@@ -369,6 +413,7 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
  * the interface the rendezvous was reached from. */
 static void comm_tp_args(weft_comm *comm, const weft_comm *like) {
   weft_transport_init_args *a = &comm->tp_args;
+  comm->core.tp_args = a;
   a->rank = comm->core.rank;
   a->size = comm->core.size;
   a->chunk_bytes = comm->core.chunk_bytes;

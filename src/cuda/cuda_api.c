@@ -72,6 +72,8 @@ static const char *cuda_api_fill(void *handle, weft_cuda_api *api) {
   CUDA_API_SYM(ipc_get_mem_handle, "cuIpcGetMemHandle");
   CUDA_API_SYM(ipc_open_mem_handle, "cuIpcOpenMemHandle_v2");
   CUDA_API_SYM(ipc_close_mem_handle, "cuIpcCloseMemHandle");
+  /* optional: a driver without it still runs everything but GPUDirect by dma-buf */
+  *(void **)&api->mem_get_handle_for_address_range = dlsym(handle, "cuMemGetHandleForAddressRange");
   return missing;
 }
 

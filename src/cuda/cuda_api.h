@@ -94,6 +94,14 @@ typedef struct weft_cuda_api {
   CUresult (*ipc_open_mem_handle)(CUdeviceptr *ptr, CUipcMemHandle handle,
                                   unsigned int flags); /* cuIpcOpenMemHandle_v2 */
   CUresult (*ipc_close_mem_handle)(CUdeviceptr ptr);   /* cuIpcCloseMemHandle */
+
+  /* across hosts: an allocation as a dma-buf a NIC registers (GPUDirect
+   * RDMA, ibv_reg_dmabuf_mr). Optional (CUDA >= 11.7 and a kernel with
+   * dma-buf): NULL where the driver lacks it, and GPUDirect then goes by
+   * nvidia-peermem or staging. */
+  CUresult (*mem_get_handle_for_address_range)(void *handle, CUdeviceptr ptr, size_t size,
+                                               CUmemRangeHandleType type,
+                                               unsigned long long flags); /* cuMemGetHandleForAddressRange */
 } weft_cuda_api;
 
 /* The table for the library WEFT_CUDA_LIBRARY names (default libcuda.so.1),

@@ -621,13 +621,43 @@ static void *device_alloc(size_t bytes) {
 
 /* ---- the synchronous members ----------------------------------------------------- */
 
-/* A copy within device memory, done when it returns (the default stream). */
+/* The synchronous members run on the legacy default stream, unless the
+ * calling thread said otherwise (weft_cuda_sync_begin): an algorithm that
+ * works on device buffers over the device channel runs them on the
+ * communicator's stream, which does not wait for the user's streams as the
+ * legacy one does (a user stream may wait for this very call's signal). */
+static __thread weft_mem_stream *sync_on;
+static __thread weft_status sync_error;
+
+void weft_cuda_sync_begin(weft_mem_stream *s) {
+  sync_on = s;
+  sync_error = WEFT_OK;
+}
+
+weft_status weft_cuda_sync_end(void) {
+  weft_status st = sync_error;
+  sync_on = NULL;
+  sync_error = WEFT_OK;
+  return st;
+}
+
+static CUstream sync_stream(void) {
+  return sync_on ? sync_on->stream : NULL;
+}
+
+/* A failed synchronous member: said, and kept for weft_cuda_sync_end. */
+static void sync_fail(CUresult r, const char *what, int device, const void *dst, size_t n) {
+  weft_status st = cuda_fail(sync_on ? sync_on->errors : NULL, r, what, device, dst, n);
+  if (sync_on && !sync_error) sync_error = st;
+}
+
+/* A copy within device memory, done when it returns. */
 static void device_copy(void *dst, const void *src, size_t bytes) {
   if (!bytes || dst == src || !cuda || !enter_device(device_of(dst))) return;
   CUresult r = cuda->memcpy_dtod_async((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
-                                       bytes, NULL);
-  if (r == CUDA_SUCCESS) r = cuda->stream_synchronize(NULL);
-  if (r != CUDA_SUCCESS) cuda_fail(NULL, r, "cuMemcpyDtoDAsync", -1, dst, bytes);
+                                       bytes, sync_stream());
+  if (r == CUDA_SUCCESS) r = cuda->stream_synchronize(sync_stream());
+  if (r != CUDA_SUCCESS) sync_fail(r, "cuMemcpyDtoDAsync", device_of(dst), dst, bytes);
 }
 
 /* ---- the kernels (kernels.cu, kernels.h) ----------------------------------------- */
@@ -698,16 +728,17 @@ static CUresult launch(CUfunction fn, size_t n, CUstream stream, void **params) 
   return cuda->launch_kernel(fn, (unsigned)blocks, 1, 1, 256, 1, 1, 0, stream, params, NULL);
 }
 
-/* A synchronous member: launch on the legacy default stream, wait for it. */
+/* A synchronous member: launch (on sync_stream), wait for it. */
 static void launch_sync(CUfunction fn, size_t n, void **params, const char *what, const void *dst) {
-  CUresult r = launch(fn, n, NULL, params);
-  if (r == CUDA_SUCCESS) r = cuda->stream_synchronize(NULL);
-  if (r != CUDA_SUCCESS) cuda_fail(NULL, r, what, device_of(dst), dst, n);
+  CUresult r = launch(fn, n, sync_stream(), params);
+  if (r == CUDA_SUCCESS) r = cuda->stream_synchronize(sync_stream());
+  if (r != CUDA_SUCCESS) sync_fail(r, what, device_of(dst), dst, n);
 }
 
 static void device_reduce(void *dst, const void *a, const void *b, size_t count, weft_dtype dtype,
                           weft_op op, int postdiv) {
-  const cuda_kernels *k = count ? kernels_for(device_of(dst), NULL) : NULL;
+  const cuda_kernels *k = count ? kernels_for(device_of(dst), sync_on ? sync_on->errors : NULL) : NULL;
+  if (count && !k && sync_on && !sync_error) sync_error = WEFT_ERR_UNSUPPORTED;
   if (!k || (unsigned)dtype >= WEFT_DTYPE_COUNT) return;
   int op_i = (int)op;
   void *params[] = {&dst, &a, &b, &count, &op_i, &postdiv};
@@ -924,6 +955,87 @@ static bool device_describe(const void *buf, size_t bytes, weft_mem_desc *desc) 
   if (weft_mem_is_kept(buf, bytes)) desc->flags |= WEFT_MEM_DESC_KEEP;
   memcpy(desc->body, &body, sizeof body);
   return true;
+}
+
+/* ---- GPUDirect RDMA: an allocation as a dma-buf -------------------------------- */
+
+static bool device_range_of(const void *buf, size_t bytes, weft_mem_range *out) {
+  int ordinal = 0;
+  unsigned long long id = 0;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  bool legacy_ipc = true;
+  if (!cuda_load() || !device_range(buf, &ordinal, &id, &base, &size, &legacy_ipc)) return false;
+  if ((uintptr_t)buf - base + bytes > size) return false;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  *out = (weft_mem_range){.base = (void *)(uintptr_t)base,
+                          .bytes = (size + page - 1) / page * page,
+                          .buffer_id = id,
+                          .device = ordinal};
+  return true;
+}
+
+static bool device_dmabuf_supported(int device, char *why, size_t why_len) {
+  char unused[8];
+  if (!why) why = unused, why_len = sizeof unused;
+  if (!cuda_load()) {
+    snprintf(why, why_len, "%s", cuda_why);
+    return false;
+  }
+  if (!cuda->mem_get_handle_for_address_range) {
+    snprintf(why, why_len, "the driver (%s) has no cuMemGetHandleForAddressRange (CUDA >= 11.7)",
+             cuda->library);
+    return false;
+  }
+  CUdevice dev;
+  int dmabuf = 0;
+  if (cuda->device_get(&dev, device) != CUDA_SUCCESS ||
+      cuda->device_get_attribute(&dmabuf, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) !=
+          CUDA_SUCCESS) {
+    snprintf(why, why_len, "device %d: its dma-buf attribute cannot be read", device);
+    return false;
+  }
+  if (!dmabuf) {
+    snprintf(why, why_len,
+             "device %d: the driver says no dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 0: "
+             "an open kernel module and Linux >= 5.12 are needed)",
+             device);
+    return false;
+  }
+  snprintf(why, why_len, "device %d exports dma-bufs", device);
+  return true;
+}
+
+static weft_status device_export_dmabuf(const weft_mem_range *range, int *fd, void *errors) {
+  weft_error_sink *sink = errors;
+  char why[200];
+  *fd = -1;
+  if (!device_dmabuf_supported(range->device, why, sizeof why)) {
+    if (sink) weft_error_sink_set(sink, "cuda: %s", why);
+    return WEFT_ERR_UNSUPPORTED;
+  }
+  if (!enter_device(range->device)) {
+    if (sink)
+      weft_error_sink_set(sink, "cuda: device %d's context cannot be made current", range->device);
+    return WEFT_ERR_SYSTEM;
+  }
+  int out = -1;
+  CUresult r = cuda->mem_get_handle_for_address_range(
+      &out, (CUdeviceptr)(uintptr_t)range->base, range->bytes, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+      0);
+  if (r != CUDA_SUCCESS) {
+    char words[160];
+    weft_cuda_error_words(cuda, r, words, sizeof words);
+    if (sink)
+      weft_error_sink_set(sink,
+                          "cuda: cuMemGetHandleForAddressRange of device %d's allocation at %p "
+                          "(%zu bytes): %s",
+                          range->device, range->base, range->bytes, words);
+    return r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE ? WEFT_ERR_UNSUPPORTED
+                                                                          : WEFT_ERR_SYSTEM;
+  }
+  *fd = out;
+  return WEFT_OK;
 }
 
 /* The process's IPC mappings: a handle is opened once and shared by every
@@ -1182,10 +1294,14 @@ const weft_mem_ops weft_mem_device = {
     .free_slots = device_free_slots,
     .alloc_scratch = device_alloc_scratch,
     .free_scratch = device_free_scratch,
+    .alloc_on = weft_cuda_alloc_on,
     .describe = device_describe,
     .reduce_all_async = device_reduce_all_async,
     .map_peer = device_map_peer,
     .unmap_peer = device_unmap_peer,
+    .range_of = device_range_of,
+    .export_dmabuf = device_export_dmabuf,
+    .dmabuf_supported = device_dmabuf_supported,
     .pieces_create = device_pieces_create,
     .pieces_destroy = device_pieces_destroy,
     .pieces_move = device_pieces_move,

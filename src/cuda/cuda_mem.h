@@ -59,6 +59,15 @@ bool weft_cuda_ipc_exportable(const void *buf);
  * Freed with weft_mem_device.free_scratch. */
 void *weft_cuda_alloc_on(int ordinal, size_t bytes);
 
+/* The synchronous members (copy, reduce, finish, ...) of the device table
+ * run on `stream` on this thread until weft_cuda_sync_end, which returns the
+ * first error they met (worded into the stream's sink) or WEFT_OK. Outside
+ * such a bracket they run on the legacy default stream and only log an
+ * error. An algorithm on device buffers over the device channel runs in
+ * one (src/coll/coll_device.c). */
+void weft_cuda_sync_begin(weft_mem_stream *stream);
+weft_status weft_cuda_sync_end(void);
+
 /* The CUDA context that was current on this thread before weft switched
  * it (to a buffer's device's primary context) goes back; nothing where
  * weft switched none. Called as a public entry point returns. */

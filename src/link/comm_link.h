@@ -94,6 +94,9 @@ typedef struct weft_call_links {
    * failure and what was awaited from it, the peer whose link failed */
   int *waiting_peer, *fail_peer;
   const char **waiting_for;
+  /* the transports' channel the call's chunks take: WEFT_TP_CHANNEL_COLL,
+   * or WEFT_TP_CHANNEL_DEVICE for device buffers where they lie */
+  int channel;
 } weft_call_links;
 
 _Static_assert(sizeof(weft_call_links) <= WEFT_LINK_CTX_BYTES,
@@ -109,7 +112,8 @@ static inline weft_link weft_call_links_init(weft_call_links *cl, weft_peer_tabl
   *cl = (weft_call_links){.links = links,
                           .waiting_peer = waiting_peer,
                           .fail_peer = fail_peer,
-                          .waiting_for = waiting_for};
+                          .waiting_for = waiting_for,
+                          .channel = WEFT_TP_CHANNEL_COLL};
   return (weft_link){.ops = &weft_call_links_ops, .ctx = cl};
 }
 

@@ -65,7 +65,7 @@ typedef struct weft_link_ops {
 } weft_link_ops;
 
 /* The links of one algorithm run: a table and its context (the caller's). */
-#define WEFT_LINK_CTX_BYTES 32 /* room a call keeps for its links' context (weft_coll) */
+#define WEFT_LINK_CTX_BYTES 40 /* room a call keeps for its links' context (weft_coll) */
 typedef struct weft_link {
   const weft_link_ops *ops;
   void *ctx;

@@ -1,6 +1,7 @@
 /* mem.c - the host memory table. */
 #include "src/mem/mem.h"
 
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,6 +234,28 @@ static weft_status host_mark_poll(void *mark, void *errors) {
   return WEFT_OK;
 }
 
+static void *host_alloc_on(int device, size_t bytes) {
+  (void)device;
+  return host_alloc_scratch(bytes);
+}
+
+static bool host_range_of(const void *buf, size_t bytes, weft_mem_range *out) {
+  (void)buf, (void)bytes, (void)out;
+  return false;
+}
+
+static weft_status host_export_dmabuf(const weft_mem_range *range, int *fd, void *errors) {
+  (void)range, (void)errors;
+  *fd = -1;
+  return WEFT_ERR_UNSUPPORTED;
+}
+
+static bool host_dmabuf_supported(int device, char *why, size_t why_len) {
+  (void)device;
+  if (why && why_len) snprintf(why, why_len, "host memory is not exported");
+  return false;
+}
+
 const weft_mem_ops weft_mem_host = {
     .kind = WEFT_MEMORY_HOST,
     .name = "host",
@@ -261,9 +284,13 @@ const weft_mem_ops weft_mem_host = {
     .free_slots = host_free_slots,
     .alloc_scratch = host_alloc_scratch,
     .free_scratch = host_free_scratch,
+    .alloc_on = host_alloc_on,
     .describe = weft_shared_mem_describe,
     .map_peer = host_map_peer,
     .unmap_peer = host_unmap_peer,
+    .range_of = host_range_of,
+    .export_dmabuf = host_export_dmabuf,
+    .dmabuf_supported = host_dmabuf_supported,
     .pieces_create = host_pieces_create,
     .pieces_destroy = host_pieces_destroy,
     .pieces_move = host_pieces_move,

@@ -108,6 +108,17 @@ typedef struct weft_mem_piece {
   size_t offset, count;
 } weft_mem_piece;
 
+/* Device memory as a NIC reaches it (GPUDirect RDMA, transports/ibv/ibv_gdr.c):
+ * the allocation that holds a buffer, and with export_dmabuf its dma-buf. */
+typedef struct weft_mem_range {
+  void *base;         /* the allocation's first byte: byte 0 of its dma-buf */
+  size_t bytes;       /* the allocation, rounded up to the host's page */
+  uint64_t buffer_id; /* the driver's number for the allocation, never given to
+                         another (memory freed and allocated again at the same
+                         address has a new one); 0 where the driver has none */
+  int device;         /* its GPU's ordinal */
+} weft_mem_range;
+
 /* The table's stream for one communicator: opaque (CUDA: a CUstream and its
  * event ring). The host table's is NULL: work happens at once. */
 typedef struct weft_mem_stream weft_mem_stream;
@@ -204,6 +215,10 @@ typedef struct weft_mem_ops {
    * cleared. NULL when there is no memory; free_scratch(NULL) is a no-op. */
   void *(*alloc_scratch)(size_t bytes);
   void (*free_scratch)(void *ptr);
+  /* Scratch of this kind on GPU `device` (a transport's device ring,
+   * transports/ibv): as alloc_scratch, freed with free_scratch. Host: the
+   * device is ignored. */
+  void *(*alloc_on)(int device, size_t bytes);
 
   /* ---- buffers a process of this host reaches (the direct allreduce) ---- */
 
@@ -219,6 +234,23 @@ typedef struct weft_mem_ops {
    * maps SHARED itself): WEFT_ERR_UNSUPPORTED. */
   weft_status (*map_peer)(const weft_mem_desc *desc, void **base, void **local, void *errors);
   void (*unmap_peer)(void *base);
+
+  /* ---- device memory a NIC reads and writes (GPUDirect RDMA) ---- */
+
+  /* The allocation holding [buf, buf + bytes): one driver query, no export
+   * (a registration cache looks its entries up by it every call). False
+   * for anything but device memory. Host: false. */
+  bool (*range_of)(const void *buf, size_t bytes, weft_mem_range *out);
+  /* The whole allocation `range` as a dma-buf: *fd is a new descriptor the
+   * caller closes once it registered it (the registration holds the
+   * memory, as NCCL does). WEFT_ERR_UNSUPPORTED, the reason worded into
+   * `errors` (a weft_error_sink), where the driver cannot export it (no
+   * cuMemGetHandleForAddressRange, a kernel without dma-buf, memory from
+   * an allocator that did not ask for it). Host: WEFT_ERR_UNSUPPORTED. */
+  weft_status (*export_dmabuf)(const weft_mem_range *range, int *fd, void *errors);
+  /* Whether device `device` can export dma-bufs at all (the driver's
+   * attribute), with the reason in `why` either way. Host: false. */
+  bool (*dmabuf_supported)(int device, char *why, size_t why_len);
 
   /* ---- a gradient set's work on the user's stream (src/grad) ----
    * A device set's packing, scaling and links run where its gradients are

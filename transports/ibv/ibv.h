@@ -48,12 +48,53 @@ void ibv_mr_cache_put(ibv_mr_cache *cache, ibv_mr_entry *e);
 void ibv_mr_cache_invalidate(ibv_mr_cache *cache, const void *addr, size_t len);
 void ibv_mr_cache_fini(ibv_mr_cache *cache);
 
+/* GPUDirect RDMA (ibv_gdr.c): registrations of device allocations, kept
+ * per buffer ID. */
+#define IBV_GDR_ENTRIES 256
+typedef struct ibv_gdr_entry {
+  uint64_t buffer_id; /* the driver's, never reused for another allocation */
+  uintptr_t base;     /* the allocation (the MR covers all of it) */
+  size_t bytes;
+  struct ibv_mr *mr; /* NULL: a free entry */
+  int refs;          /* posted writes and connections using it */
+  uint64_t last_use;
+} ibv_gdr_entry;
+
+typedef struct ibv_gdr {
+  const ibv_api *api;
+  struct ibv_pd *pd;
+  int device;    /* the GPU decided for (-1: none seen yet) */
+  int mode;      /* enum ibv_gdr_choice: DMABUF, PEERMEM or OFF */
+  char why[300]; /* the choice in words */
+  bool warned;   /* a refusal was said at WARN once */
+  size_t bytes;  /* registered */
+  int live;      /* entries holding a registration */
+  uint64_t clock, hits, misses, refused;
+  ibv_gdr_entry e[IBV_GDR_ENTRIES];
+} ibv_gdr;
+
+/* The way to register device `device`'s memory here, as a choice of
+ * WEFT_IB_GDR's words (never AUTO), with the reason in `why`. */
+int ibv_gdr_choose(const ibv_api *api, int device, char *why, size_t why_len);
+void ibv_gdr_init(ibv_gdr *g, const ibv_api *api, struct ibv_pd *pd);
+/* The registration of the allocation holding [buf, buf + bytes), made or
+ * found, with a reference for the caller (ibv_gdr_put). WEFT_ERR_UNSUPPORTED
+ * when it is not device memory or cannot be registered (the caller stages;
+ * the refusal is said once per context). */
+weft_status ibv_gdr_get(ibv_gdr *g, const void *buf, size_t bytes, ibv_gdr_entry **out);
+void ibv_gdr_put(ibv_gdr *g, ibv_gdr_entry *e);
+/* Drops unused registrations overlapping [buf, buf + bytes) (the memory is
+ * about to be freed). */
+void ibv_gdr_forget(ibv_gdr *g, const void *buf, size_t bytes);
+void ibv_gdr_fini(ibv_gdr *g);
+
 /* What a rank publishes (packed into the rendezvous). */
 typedef struct ibv_addr {
   uint32_t magic;
   uint8_t link_layer;  /* IBV_LINK_LAYER_INFINIBAND or _ETHERNET */
   uint8_t loopback_ok; /* WEFT_TRANSPORT=ibv: same-host peers go through the NIC too */
-  uint8_t reserved[2];
+  uint8_t device_channel; /* WEFT_IB_GDR is not off: device chunks on WEFT_TP_CHANNEL_DEVICE */
+  uint8_t reserved;
   weft_place place;              /* rdma_devices: usable ports found through the verbs table */
   uint8_t sock[NET_ADDR_PACKED]; /* the side socket's listener */
 } ibv_addr;
@@ -70,6 +111,9 @@ typedef struct ibv_qp_info {
   uint32_t psn, stride;
   uint64_t slots_addr, credit_addr;
   uint32_t slots_rkey, credit_rkey;
+  uint64_t tags_addr; /* the device channel: where the chunks' tags go (host memory) */
+  uint32_t tags_rkey;
+  uint32_t gdr; /* the device channel: 1 when the slots are GPU memory the NIC writes */
 } ibv_qp_info;
 
 /* Memory the peer writes into: the receive slots are separate; this is the
@@ -144,8 +188,37 @@ struct ibv_conn {
   uint32_t slot_len[IBV_MAX_SLOTS]; /* bytes the write carried, tag included */
   uint32_t max_in_flight;           /* most chunks this rank had posted and not released */
   ibv_mr_entry *zc[IBV_MAX_SLOTS];  /* the user region chunk k was written from, or NULL */
+  ibv_gdr_entry *gz[IBV_MAX_SLOTS]; /* the device allocation chunk k was written from, or NULL */
   uint32_t zc_tail;                 /* oldest chunk whose region reference may still be held */
   uint32_t zc_pending;              /* chunks holding a region reference */
+
+  /* WEFT_TP_CHANNEL_DEVICE (ibv_conn.c, "the device channel") */
+  bool device;       /* this connection carries device chunks */
+  bool set_up;       /* its GPU memory is made (the init args named the GPU) */
+  bool hello_held;   /* the peer's hello came first: answered once set up */
+  bool dial_held;    /* we dial, once set up, to dial_addr */
+  struct sockaddr_storage dial_addr;
+  socklen_t dial_len;
+  uint8_t held[IBV_HELLO_BYTES];
+  char *rx_dev;      /* the GPU ring the NIC writes (GPUDirect), or NULL: ... */
+  char *rx_mirror;   /* ... chunks land in rx_buf and are copied up into this GPU ring */
+  ibv_gdr_entry *rx_gdr;
+  uint8_t *rx_tags;  /* host: chunk k's tag {seq, sig, len, 0} at k % nslots */
+  struct ibv_mr *tags_mr;
+  uint64_t r_tags;
+  uint32_t r_tags_rkey;
+  bool r_gdr;        /* the peer's slots are GPU memory */
+  struct ibv_qp *flush_qp; /* loopback: its RDMA read makes the NIC's writes visible */
+  struct ibv_mr *flush_mr;
+  uint64_t *flush_word;
+  uint32_t flushed;    /* chunks before this one are visible to the GPU */
+  uint32_t flush_upto; /* what the posted flush makes visible */
+  bool flush_posted;
+  bool up_busy, up_done; /* the chunk at rx_tail: copied up into rx_mirror */
+  weft_mem_token up_token;
+  bool out_busy;         /* recv: the chunk at rx_tail copied into the caller's buffer */
+  weft_mem_token out_token;
+  uint64_t staged_sends; /* chunks whose source could not be registered: copied down first */
 };
 
 struct ibv_ctx {
@@ -176,6 +249,7 @@ struct ibv_ctx {
   bool moved;               /* a data call completed something since the last progress */
   size_t zcopy_bytes;       /* chunks at least this long go from user memory; 0 = never */
   ibv_mr_cache mr;
+  ibv_gdr gdr; /* device memory's registrations (ibv_gdr.c) */
 };
 
 static inline int ibv_conn_index(int peer, int channel) {

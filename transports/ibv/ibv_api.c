@@ -73,6 +73,7 @@ static const char *ibv_api_fill(void *h, ibv_api *api) {
   IBV_API_REQUIRED(api, h, wc_status_str, "ibv_wc_status_str", "IBVERBS_1.1", &missing);
   IBV_API_REQUIRED(api, h, event_type_str, "ibv_event_type_str", "IBVERBS_1.1", &missing);
   *(void **)&api->query_gid_ex = ibv_api_sym(h, "_ibv_query_gid_ex", "IBVERBS_1.11");
+  *(void **)&api->reg_dmabuf_mr = ibv_api_sym(h, "ibv_reg_dmabuf_mr", "IBVERBS_1.12");
   *(void **)&api->is_fork_initialized = ibv_api_sym(h, "ibv_is_fork_initialized", "IBVERBS_1.13");
   api->post_send = ibv_api_post_send;
   api->post_recv = ibv_api_post_recv;

@@ -41,6 +41,10 @@ typedef struct ibv_api {
   enum ibv_fork_status (*is_fork_initialized)(void);
   const char *(*wc_status_str)(enum ibv_wc_status status);
   const char *(*event_type_str)(enum ibv_event_type event);
+  /* optional (rdma-core >= 34, IBVERBS_1.12): device memory by its dma-buf
+   * (GPUDirect RDMA without nvidia-peermem); NULL where the library lacks it */
+  struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *pd, uint64_t offset, size_t length,
+                                  uint64_t iova, int fd, int access);
   /* the inline data path */
   int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
   int (*post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);

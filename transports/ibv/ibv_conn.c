@@ -29,6 +29,7 @@
 #define IBV_WR_SIGNALED_KIND (1ull << 63)
 #define IBV_WR_CREDIT_KIND (1ull << 62)
 #define IBV_WR_DATA_KIND (1ull << 61)
+#define IBV_WR_FLUSH_KIND (1ull << 60)
 
 static const char ibv_hello_context[] = "weft ibv hello";
 static const uint8_t ibv_no_challenge[WEFT_AUTH_CHALLENGE_BYTES];
@@ -36,7 +37,7 @@ static const uint8_t ibv_no_challenge[WEFT_AUTH_CHALLENGE_BYTES];
 /* Per queue pair: room for every slot's chunk plus as many credit writes,
  * with slack so periodic signalling never starves the queue. */
 static int ibv_sq_depth(const ibv_ctx *ctx) {
-  return 2 * ctx->nslots + 8;
+  return 3 * ctx->nslots + 8; /* the device channel: a tag and a data write per chunk */
 }
 static int ibv_rq_depth(const ibv_ctx *ctx) {
   return (ctx->nslots + ctx->nqp - 1) / ctx->nqp + 1;
@@ -110,12 +111,124 @@ static weft_status ibv_post_recv_for(ibv_conn *c, uint32_t chunk) {
   return WEFT_OK;
 }
 
+static weft_status ibv_qp_to_rts(ibv_conn *c, struct ibv_qp *qp, const ibv_qp_info *in, int q);
+
+/* ---- the device channel ---------------------------------------------------------
+ *
+ * Chunks of GPU memory. Where the NIC can register this rank's GPU memory
+ * (GPUDirect RDMA, ibv_gdr.c) the receive slots are a GPU ring it writes
+ * into, and a chunk whose source is registered is written straight from
+ * it: no copy through host memory at either end. The processor cannot read
+ * GPU memory, so each chunk's tag goes first, by its own RDMA write into a
+ * host array (one queue pair: it lands before the data's write with
+ * immediate completes). A NIC's writes into GPU memory are not promised to
+ * be visible to the GPU's kernels when the completion is (PCIe lets them
+ * sit in flight): before a chunk is handed over, a flush makes them so, an
+ * RDMA read of the ring through a loopback queue pair (as NCCL does by
+ * default; a read completes only after the writes before it landed), one
+ * per batch of chunks that arrived. cuFlushGPUDirectRDMAWrites would do it
+ * too, where the driver has it; the read needs nothing but the NIC.
+ * Where registration is refused (or WEFT_IB_GDR=off) each end stages by
+ * itself: chunks land in host slots and are copied up into a GPU ring
+ * before they are handed over, or are copied down before they are sent. */
+
+static const weft_mem_ops *ibv_dev_mem(void) {
+  return weft_mem_by_kind(WEFT_MEMORY_DEVICE);
+}
+
+/* The loopback queue pair whose reads flush the NIC's writes into the ring. */
+static weft_status ibv_flush_qp(ibv_conn *c) {
+  ibv_ctx *ctx = c->ctx;
+  const ibv_api *api = ctx->api;
+  struct ibv_qp_init_attr ia = {.send_cq = c->cq,
+                                .recv_cq = c->cq,
+                                .qp_type = IBV_QPT_RC,
+                                .cap = {.max_send_wr = 4, .max_recv_wr = 1, .max_send_sge = 1,
+                                        .max_recv_sge = 1}};
+  c->flush_word = ibv_alloc_pages(sizeof *c->flush_word);
+  c->flush_qp = c->flush_word ? api->create_qp(ctx->pd, &ia) : NULL;
+  c->flush_mr = c->flush_qp ? api->reg_mr(ctx->pd, c->flush_word, sizeof *c->flush_word,
+                                          IBV_ACCESS_LOCAL_WRITE)
+                            : NULL;
+  if (!c->flush_mr)
+    return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: the flush queue pair for peer %d: %s", c->peer,
+                         strerror(errno));
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                          .port_num = ctx->port,
+                          .qp_access_flags = IBV_ACCESS_REMOTE_READ};
+  if (api->modify_qp(c->flush_qp, &a,
+                     IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: flush QP to INIT: %s", strerror(errno));
+  /* connected to itself: our own address, queue pair and sequence number */
+  ibv_qp_info self;
+  memset(&self, 0, sizeof self);
+  self.mtu = htonl((uint32_t)ctx->mtu);
+  self.lid = htonl(ctx->lid);
+  memcpy(self.gid, ctx->gid.raw, 16);
+  self.qpn[0] = htonl(c->flush_qp->qp_num);
+  self.psn = htonl(c->psn);
+  return ibv_qp_to_rts(c, c->flush_qp, &self, 0);
+}
+
+/* Makes the device channel's GPU memory, once the core named the GPU
+ * (WEFT_AGAIN before). */
+static weft_status ibv_device_setup(ibv_conn *c) {
+  ibv_ctx *ctx = c->ctx;
+  if (c->set_up) return WEFT_OK;
+  const weft_mem_ops *dev = ibv_dev_mem();
+  if (!__atomic_load_n(&ctx->args->device_stream, __ATOMIC_ACQUIRE)) return WEFT_AGAIN;
+  if (!dev)
+    return ibv_conn_fail(c, WEFT_ERR_UNSUPPORTED,
+                         "ibv: the device channel to peer %d without a usable CUDA driver", c->peer);
+  size_t ring = (size_t)ctx->nslots * ctx->stride;
+  c->rx_tags = ibv_alloc_pages((size_t)ctx->nslots * IBV_TAG_BYTES);
+  c->tags_mr = c->rx_tags ? ctx->api->reg_mr(ctx->pd, c->rx_tags,
+                                             (size_t)ctx->nslots * IBV_TAG_BYTES,
+                                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+                          : NULL;
+  if (!c->tags_mr)
+    return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: registering the tag array for peer %d: %s",
+                         c->peer, strerror(errno));
+  char *gpu = dev->alloc_on(ctx->args->device, ring);
+  if (!gpu)
+    return ibv_conn_fail(c, WEFT_ERR_NOMEM, "ibv: %zu bytes of device %d's memory for peer %d",
+                         ring, ctx->args->device, c->peer);
+  if (ibv_gdr_get(&ctx->gdr, gpu, ring, &c->rx_gdr) == WEFT_OK) {
+    c->rx_dev = gpu;
+    if (ibv_settings()->gdr_flush) WEFT_CHECK(ibv_flush_qp(c));
+  } else {
+    c->rx_mirror = gpu;
+  }
+  WEFT_INFO(WEFT_SUBSYS_NET, "ibv: device channel to peer %d: %s", c->peer,
+            c->rx_dev ? "chunks land in GPU memory (GPUDirect RDMA)"
+                      : "chunks land in host memory and are copied up");
+  c->set_up = true;
+  return WEFT_OK;
+}
+
+static void ibv_device_destroy(ibv_conn *c) {
+  const ibv_api *api = c->ctx->api;
+  if (c->flush_qp) api->destroy_qp(c->flush_qp);
+  if (c->flush_mr) api->dereg_mr(c->flush_mr);
+  if (c->tags_mr) api->dereg_mr(c->tags_mr);
+  free(c->flush_word);
+  free(c->rx_tags);
+  char *gpu = c->rx_dev ? c->rx_dev : c->rx_mirror;
+  if (c->rx_gdr) {
+    ibv_gdr_put(&c->ctx->gdr, c->rx_gdr);
+    ibv_gdr_forget(&c->ctx->gdr, gpu, (size_t)c->ctx->nslots * c->ctx->stride);
+  }
+  const weft_mem_ops *dev = ibv_dev_mem();
+  if (gpu && dev) dev->free_scratch(gpu);
+}
+
 weft_status ibv_conn_create(ibv_ctx *ctx, int peer, int channel, ibv_conn **out) {
   ibv_conn *c = calloc(1, sizeof *c);
   if (!c) return WEFT_ERR_NOMEM;
   c->ctx = ctx;
   c->peer = peer;
   c->channel = channel;
+  c->device = channel == WEFT_TP_CHANNEL_DEVICE;
   c->fd = -1;
   c->state = ctx->args->rank < peer ? IBV_CONN_AWAIT_INFO : IBV_CONN_AWAIT_HELLO;
   snprintf(c->where, sizeof c->where, "not connected");
@@ -149,15 +262,22 @@ weft_status ibv_conn_create(ibv_ctx *ctx, int peer, int channel, ibv_conn **out)
   uint64_t r = ((uint64_t)getpid() << 20) ^ (uint64_t)time(NULL) ^ ((uint64_t)peer << 8) ^
                (uint64_t)(uintptr_t)c;
   c->psn = (uint32_t)(r * 0x9E3779B97F4A7C15ull >> 40) & 0xffffff;
+  if (c->device) {
+    weft_status st = ibv_device_setup(c);
+    if (st < 0) return st;
+  }
   return WEFT_OK;
 }
 
 void ibv_conn_destroy(ibv_conn *c) {
   const ibv_api *api = c->ctx->api;
-  for (int s = 0; s < IBV_MAX_SLOTS; s++)
+  for (int s = 0; s < IBV_MAX_SLOTS; s++) {
     if (c->zc[s]) ibv_mr_cache_put(&c->ctx->mr, c->zc[s]);
+    if (c->gz[s]) ibv_gdr_put(&c->ctx->gdr, c->gz[s]);
+  }
   for (int q = 0; q < c->ctx->nqp; q++)
     if (c->qps[q].qp) api->destroy_qp(c->qps[q].qp);
+  if (c->device) ibv_device_destroy(c);
   if (c->cq) api->destroy_cq(c->cq);
   if (c->rx_mr) api->dereg_mr(c->rx_mr);
   if (c->tx_mr) api->dereg_mr(c->tx_mr);
@@ -271,10 +391,15 @@ static void ibv_info_fill(ibv_conn *c, ibv_qp_info *in) {
   for (int q = 0; q < ctx->nqp; q++) in->qpn[q] = htonl(c->qps[q].qp->qp_num);
   in->psn = htonl(c->psn);
   in->stride = htonl((uint32_t)ctx->stride);
-  in->slots_addr = htobe64((uint64_t)(uintptr_t)c->rx_buf);
+  in->slots_addr = htobe64((uint64_t)(uintptr_t)(c->rx_dev ? c->rx_dev : c->rx_buf));
   in->credit_addr = htobe64((uint64_t)(uintptr_t)&c->ctrl->credits);
-  in->slots_rkey = htonl(c->rx_mr->rkey);
+  in->slots_rkey = htonl(c->rx_dev ? c->rx_gdr->mr->rkey : c->rx_mr->rkey);
   in->credit_rkey = htonl(c->ctrl_mr->rkey);
+  if (c->device) {
+    in->tags_addr = htobe64((uint64_t)(uintptr_t)c->rx_tags);
+    in->tags_rkey = htonl(c->tags_mr->rkey);
+    in->gdr = htonl(c->rx_dev ? 1u : 0u);
+  }
 }
 
 /* Our queue pairs and buffers, proven with the job key: queued, and sent as
@@ -367,6 +492,9 @@ static weft_status ibv_conn_use_info(ibv_conn *c, const uint8_t *msg) {
   c->r_credit = be64toh(in.credit_addr);
   c->r_slots_rkey = ntohl(in.slots_rkey);
   c->r_credit_rkey = ntohl(in.credit_rkey);
+  c->r_tags = be64toh(in.tags_addr);
+  c->r_tags_rkey = ntohl(in.tags_rkey);
+  c->r_gdr = ntohl(in.gdr) != 0;
   return WEFT_OK;
 }
 
@@ -441,6 +569,13 @@ static weft_status ibv_conn_take_hello(ibv_ctx *ctx, int fd, const uint8_t *msg,
   c->fd = fd;
   ibv_conn_set_where(c);
   *progressed = true;
+  if (c->device && !c->set_up) {
+    /* the peer's first device call came before ours: our GPU ring is not
+     * made yet, so the answer waits (ibv_conn_poll) */
+    memcpy(c->held, msg, sizeof c->held);
+    c->hello_held = true;
+    return WEFT_OK;
+  }
   WEFT_CHECK(ibv_conn_use_info(c, msg));
   WEFT_CHECK(ibv_send_info(c));
   c->state = IBV_CONN_AWAIT_READY;
@@ -615,11 +750,17 @@ static weft_status ibv_completion(ibv_conn *c, const struct ibv_wc *wc) {
                          "error %#x) on %s port %u",
                          c->peer, c->where, ctx->api->wc_status_str(wc->status), wc->status,
                          wc->vendor_err, ctx->dev_name, ctx->port);
+  if (wc->wr_id & IBV_WR_FLUSH_KIND) {
+    c->flushed = c->flush_upto;
+    c->flush_posted = false;
+    return WEFT_OK;
+  }
   if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     uint32_t k = ntohl(wc->imm_data);
     uint32_t slot = k % (uint32_t)ctx->nslots;
     if (!(wc->wc_flags & IBV_WC_WITH_IMM) || k - c->rx_tail >= (uint32_t)ctx->nslots ||
-        c->slot_full[slot] || wc->byte_len < IBV_TAG_BYTES || wc->byte_len > ctx->stride)
+        c->slot_full[slot] || wc->byte_len < (c->device ? 0u : IBV_TAG_BYTES) ||
+        wc->byte_len > ctx->stride)
       return ibv_conn_fail(c, WEFT_ERR_PROTOCOL,
                            "ibv: peer %d wrote chunk %u (%u bytes) "
                            "outside its credits (next expected %u)",
@@ -736,6 +877,25 @@ weft_status ibv_conn_take_late_notice(ibv_conn *c) {
 
 weft_status ibv_conn_poll(ibv_conn *c, bool *progressed) {
   if (c->state == IBV_CONN_DEAD) return c->dead_status;
+  if (c->dial_held && c->fd < 0) {
+    weft_status st = ibv_device_setup(c);
+    if (st < 0) return st;
+    if (st == WEFT_AGAIN) return WEFT_OK; /* the GPU is not named yet */
+    c->dial_held = false;
+    *progressed = true;
+    WEFT_CHECK(ibv_conn_dial(c, &c->dial_addr, c->dial_len));
+  }
+  if (c->hello_held) {
+    weft_status st = ibv_device_setup(c);
+    if (st < 0) return st;
+    if (st == WEFT_OK) {
+      c->hello_held = false;
+      *progressed = true;
+      WEFT_CHECK(ibv_conn_use_info(c, c->held));
+      WEFT_CHECK(ibv_send_info(c));
+      c->state = IBV_CONN_AWAIT_READY;
+    }
+  }
   if (c->dialing) {
     WEFT_CHECK(ibv_side_dialed(c));
     if (c->dialing) return WEFT_OK; /* nothing to read before the connect completes */
@@ -768,6 +928,12 @@ static void ibv_zc_reap(ibv_conn *c, bool all_done) {
       *e = NULL;
       c->zc_pending--;
     }
+    ibv_gdr_entry **g = &c->gz[c->zc_tail % (uint32_t)c->ctx->nslots];
+    if (*g) {
+      ibv_gdr_put(&c->ctx->gdr, *g);
+      *g = NULL;
+      c->zc_pending--;
+    }
     c->zc_tail++;
   }
   if (!c->zc_pending) c->zc_tail = c->tx_head;
@@ -777,7 +943,8 @@ static weft_status ibv_send_room(ibv_conn *c) {
   if (c->zc_pending) ibv_zc_reap(c, false);
   uint32_t in_flight = c->tx_head - (uint32_t)c->ctrl->credits;
   int q = (int)(c->tx_head % (uint32_t)c->ctx->nqp);
-  return in_flight < (uint32_t)c->ctx->nslots && c->qps[q].sq_used < ibv_sq_depth(c->ctx)
+  int wrs = c->device ? 2 : 1; /* the device channel: the tag's write, then the data's */
+  return in_flight < (uint32_t)c->ctx->nslots && c->qps[q].sq_used + wrs <= ibv_sq_depth(c->ctx)
              ? WEFT_OK
              : WEFT_AGAIN;
 }
@@ -808,6 +975,74 @@ weft_status ibv_send_ready(weft_tp_conn *conn) {
   return ibv_ready(ibv_conn_of(conn));
 }
 
+/* A source that cannot be registered: copied down into the bounce slot on
+ * the channel's stream first. The one wait inside a data call: bounded by a
+ * copy of one chunk, and by the timeout where the GPU stops. */
+static weft_status ibv_copy_down(ibv_conn *c, void *host, const void *src, size_t bytes) {
+  ibv_ctx *ctx = c->ctx;
+  const weft_mem_ops *dev = ibv_dev_mem();
+  weft_mem_token token = 0;
+  weft_status st = dev->copy_to_host(host, src, bytes, ctx->args->device_stream, &token);
+  double deadline = weft_now() + ctx->args->timeout_s;
+  if (st == WEFT_OK)
+    while ((st = dev->poll(ctx->args->device_stream, token)) == WEFT_AGAIN)
+      if (weft_now() > deadline) {
+        st = WEFT_ERR_TIMEOUT;
+        break;
+      }
+  if (st < 0)
+    return ibv_conn_fail(c, st, "ibv: copying a chunk for peer %d out of device %d: %s", c->peer,
+                         ctx->args->device, ctx->args->errors->msg);
+  c->staged_sends++;
+  return WEFT_OK;
+}
+
+/* The device channel's send: the tag into the peer's tag array, then the
+ * data with the immediate, on one queue pair (in order). */
+static weft_status ibv_send_device(ibv_conn *c, const void *src, size_t bytes, weft_tag tag) {
+  ibv_ctx *ctx = c->ctx;
+  uint32_t k = c->tx_head, slot = k % (uint32_t)ctx->nslots;
+  int q = (int)(k % (uint32_t)ctx->nqp);
+  char *bounce = c->tx_buf + (size_t)slot * ctx->stride;
+  uint32_t head[4] = {weft_tag_seq(tag), weft_tag_sig(tag), (uint32_t)bytes, 0};
+  memcpy(bounce, head, sizeof head);
+  struct ibv_sge tag_sge = {
+      .addr = (uintptr_t)bounce, .length = IBV_TAG_BYTES, .lkey = c->tx_mr->lkey};
+  struct ibv_send_wr tag_wr = {.wr_id = IBV_WR_DATA_KIND,
+                               .sg_list = &tag_sge,
+                               .num_sge = 1,
+                               .opcode = IBV_WR_RDMA_WRITE};
+  tag_wr.wr.rdma.remote_addr = c->r_tags + (uint64_t)slot * IBV_TAG_BYTES;
+  tag_wr.wr.rdma.rkey = c->r_tags_rkey;
+  ibv_gdr_entry *g = NULL;
+  struct ibv_sge data = {.addr = (uintptr_t)bounce + IBV_TAG_BYTES,
+                         .length = (uint32_t)bytes,
+                         .lkey = c->tx_mr->lkey};
+  if (bytes && ibv_gdr_get(&ctx->gdr, src, bytes, &g) == WEFT_OK)
+    data = (struct ibv_sge){.addr = (uintptr_t)src, .length = (uint32_t)bytes, .lkey = g->mr->lkey};
+  else if (bytes)
+    WEFT_CHECK(ibv_copy_down(c, bounce + IBV_TAG_BYTES, src, bytes));
+  struct ibv_send_wr wr = {.wr_id = IBV_WR_DATA_KIND,
+                           .sg_list = &data,
+                           .num_sge = bytes ? 1 : 0,
+                           .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                           .imm_data = htonl(k)};
+  wr.wr.rdma.remote_addr = c->r_slots + (uint64_t)slot * ctx->stride;
+  wr.wr.rdma.rkey = c->r_slots_rkey;
+  weft_status st = ibv_post_write(c, q, &tag_wr, false);
+  if (st == WEFT_OK) st = ibv_post_write(c, q, &wr, false);
+  if (st != WEFT_OK) {
+    if (g) ibv_gdr_put(&ctx->gdr, g);
+    return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st; /* ibv_send_room promised both */
+  }
+  c->gz[slot] = g;
+  if (g) c->zc_pending++;
+  c->tx_head++;
+  uint32_t in_flight = c->tx_head - (uint32_t)c->ctrl->credits;
+  if (in_flight > c->max_in_flight) c->max_in_flight = in_flight;
+  return WEFT_OK;
+}
+
 weft_status ibv_send(weft_tp_conn *conn, const void *src, size_t bytes, weft_tag tag,
                      const struct weft_mem_ops *mem, unsigned flags) {
   (void)flags; /* a posted write moves at once; the receiver copies out of its slot either way */
@@ -816,6 +1051,7 @@ weft_status ibv_send(weft_tp_conn *conn, const void *src, size_t bytes, weft_tag
   if (st) return st == WEFT_AGAIN ? WEFT_ERR_INTERNAL : st;
   ibv_ctx *ctx = c->ctx;
   if (bytes > ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
+  if (c->device) return ibv_send_device(c, src, bytes, tag);
   uint32_t k = c->tx_head, slot = k % (uint32_t)ctx->nslots;
   char *bounce = c->tx_buf + (size_t)slot * ctx->stride;
   uint32_t head[4] = {weft_tag_seq(tag), weft_tag_sig(tag), (uint32_t)bytes, 0};
@@ -886,11 +1122,73 @@ weft_status ibv_send_idle(weft_tp_conn *conn) {
   return WEFT_AGAIN;
 }
 
+/* The device channel: the chunk at rx_tail made visible to the GPU, where
+ * it lies in GPU memory: flushed (GPUDirect) or copied up (staged). */
+static weft_status ibv_device_visible(ibv_conn *c, size_t bytes, const void **data) {
+  ibv_ctx *ctx = c->ctx;
+  uint32_t slot = c->rx_tail % (uint32_t)ctx->nslots;
+  if (c->rx_dev) {
+    if (c->flush_qp && (int32_t)(c->rx_tail - c->flushed) >= 0) {
+      if (!c->flush_posted) {
+        /* one read flushes every write that landed before it: all the
+         * chunks that have arrived in order from here */
+        uint32_t upto = c->rx_tail;
+        while (upto - c->rx_tail < (uint32_t)ctx->nslots && c->slot_full[upto % (uint32_t)ctx->nslots])
+          upto++;
+        struct ibv_sge sge = {.addr = (uintptr_t)c->flush_word,
+                              .length = sizeof *c->flush_word,
+                              .lkey = c->flush_mr->lkey};
+        struct ibv_send_wr wr = {.wr_id = IBV_WR_FLUSH_KIND,
+                                 .sg_list = &sge,
+                                 .num_sge = 1,
+                                 .opcode = IBV_WR_RDMA_READ,
+                                 .send_flags = IBV_SEND_SIGNALED},
+                           *bad;
+        wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)c->rx_dev + (uint64_t)slot * ctx->stride;
+        wr.wr.rdma.rkey = c->rx_gdr->mr->rkey;
+        int rc = ctx->api->post_send(c->flush_qp, &wr, &bad);
+        if (rc)
+          return ibv_conn_fail(c, WEFT_ERR_SYSTEM, "ibv: the flush read for peer %d: %s", c->peer,
+                               strerror(rc));
+        c->flush_upto = upto;
+        c->flush_posted = true;
+      }
+      WEFT_CHECK(ibv_conn_usable(c, false));
+      if ((int32_t)(c->rx_tail - c->flushed) >= 0) return WEFT_AGAIN;
+    }
+    *data = c->rx_dev + (size_t)slot * ctx->stride;
+    return WEFT_OK;
+  }
+  const weft_mem_ops *dev = ibv_dev_mem();
+  char *up = c->rx_mirror + (size_t)slot * ctx->stride;
+  if (!c->up_done) {
+    if (!c->up_busy) {
+      weft_status st = dev->copy_from_host(up, c->rx_buf + (size_t)slot * ctx->stride, bytes,
+                                           ctx->args->device_stream, &c->up_token);
+      if (st < 0)
+        return ibv_conn_fail(c, st, "ibv: copying a chunk from peer %d up to device %d: %s",
+                             c->peer, ctx->args->device, ctx->args->errors->msg);
+      c->up_busy = true;
+    }
+    weft_status st = dev->poll(ctx->args->device_stream, c->up_token);
+    if (st == WEFT_AGAIN) return WEFT_AGAIN;
+    if (st < 0)
+      return ibv_conn_fail(c, st, "ibv: copying a chunk from peer %d up to device %d: %s", c->peer,
+                           ctx->args->device, ctx->args->errors->msg);
+    c->up_busy = false;
+    c->up_done = true;
+  }
+  *data = up;
+  return WEFT_OK;
+}
+
 static weft_status ibv_peek(ibv_conn *c, weft_tag tag, size_t bytes, const void **data) {
   ibv_ctx *ctx = c->ctx;
   if (bytes > ctx->args->chunk_bytes) return WEFT_ERR_INVALID;
   uint32_t slot = c->rx_tail % (uint32_t)ctx->nslots;
-  char *p = c->rx_buf + (size_t)slot * ctx->stride;
+  /* the device channel's tags lie apart from its chunks, in host memory */
+  char *p = c->device ? (char *)c->rx_tags + (size_t)slot * IBV_TAG_BYTES
+                      : c->rx_buf + (size_t)slot * ctx->stride;
   if (!c->peeked) {
     if (!c->slot_full[slot]) WEFT_CHECK(ibv_conn_usable(c, false));
     if (!c->slot_full[slot]) WEFT_CHECK(ibv_conn_usable(c, true));
@@ -905,7 +1203,7 @@ static weft_status ibv_peek(ibv_conn *c, weft_tag tag, size_t bytes, const void 
     uint32_t head[4]; /* {seq, sig, len, 0}: ibv_send */
     memcpy(head, p, sizeof head);
     weft_error_sink *sink = ctx->args->errors;
-    size_t carried = c->slot_len[slot] - IBV_TAG_BYTES;
+    size_t carried = c->slot_len[slot] - (c->device ? 0 : IBV_TAG_BYTES);
     if (weft_chunk_check(sink, c->peer, weft_tag_make(head[0], head[1]), tag, head[2], bytes))
       return ibv_conn_fail(c, WEFT_ERR_MISMATCH, "%s", sink->msg);
     if (carried != head[2])
@@ -915,6 +1213,7 @@ static weft_status ibv_peek(ibv_conn *c, weft_tag tag, size_t bytes, const void 
                            c->peer, head[2], carried);
     c->peeked = true;
   }
+  if (c->device) return ibv_device_visible(c, bytes, data);
   *data = p + IBV_TAG_BYTES;
   return WEFT_OK;
 }
@@ -926,6 +1225,7 @@ weft_status ibv_recv_peek(weft_tp_conn *conn, weft_tag tag, size_t bytes, const 
 static weft_status ibv_release(ibv_conn *c) {
   if (!c->peeked) return c->state == IBV_CONN_DEAD ? c->dead_status : WEFT_ERR_INTERNAL;
   c->peeked = false;
+  c->up_done = false;
   c->slot_full[c->rx_tail % (uint32_t)c->ctx->nslots] = 0;
   /* the receive for the chunk that will reuse this slot, then the credit:
    * the peer cannot write before it sees the credit */
@@ -942,6 +1242,26 @@ static weft_status ibv_recv_into(weft_tp_conn *conn, weft_tag tag, size_t bytes,
                                  const struct weft_mem_ops *mem) {
   ibv_conn *c = ibv_conn_of(conn);
   const void *slot = NULL;
+  if (c->device) {
+    /* copied on the channel's stream; the slot goes back once it is done */
+    ibv_ctx *ctx = c->ctx;
+    const weft_mem_ops *dev = ibv_dev_mem();
+    if (!c->out_busy) {
+      WEFT_STATUS_PASS(ibv_peek(c, tag, bytes, &slot));
+      weft_status st = dev->copy_async(dst, slot, bytes, ctx->args->device_stream, &c->out_token);
+      if (st < 0)
+        return ibv_conn_fail(c, st, "ibv: copying a chunk from peer %d on device %d: %s", c->peer,
+                             ctx->args->device, ctx->args->errors->msg);
+      c->out_busy = true;
+    }
+    weft_status st = dev->poll(ctx->args->device_stream, c->out_token);
+    if (st == WEFT_AGAIN) return WEFT_AGAIN;
+    c->out_busy = false;
+    if (st < 0)
+      return ibv_conn_fail(c, st, "ibv: copying a chunk from peer %d on device %d: %s", c->peer,
+                           ctx->args->device, ctx->args->errors->msg);
+    return ibv_release(c);
+  }
   WEFT_STATUS_PASS(ibv_peek(c, tag, bytes, &slot));
   if (bytes) mem->copy(dst, slot, bytes);
   return ibv_release(c);

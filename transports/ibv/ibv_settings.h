@@ -10,6 +10,10 @@
 
 /* QPS_PER_PEER's upper bound is IBV_MAX_QPS (ibv.h); TIMEOUT and RETRY_CNT
  * are the widths of the fields verbs has for them. */
+/* WEFT_IB_GDR's words (GPUDirect RDMA, ibv_gdr.c) */
+#define WEFT_IBV_GDR_WORDS(W) \
+  W(IBV_GDR_AUTO, "auto") W(IBV_GDR_DMABUF, "dmabuf") W(IBV_GDR_PEERMEM, "peermem") W(IBV_GDR_OFF, "off")
+
 #define WEFT_IBV_SETTINGS(X)                                                                     \
   X(IB_HCA, hca, STRING, "", 0, 0, WEFT_NO_WORDS,                                                \
     "RDMA devices/ports for verbs: mlx5 (prefix), =mlx5_0 (exact), mlx5_0:1 (port), ^mlx5_1 (exclude)") \
@@ -23,8 +27,14 @@
     "verbs ACK timeout exponent: 4.096 us * 2^N per try")                                        \
   X(IB_RETRY_CNT, retry_cnt, INT, "7", 0, 7, WEFT_NO_WORDS,                                      \
     "verbs transport retries before a work request fails")                                       \
+  X(IB_GDR, gdr, ENUM_ANYCASE, "auto", 0, 0, WEFT_IBV_GDR_WORDS,                                 \
+    "GPUDirect RDMA for device buffers over verbs: auto (dma-buf, else nvidia-peermem, else staged), dmabuf, peermem, off (staged through host memory)") \
+  X(IB_GDR_FLUSH, gdr_flush, BOOL, "1", 0, 0, WEFT_NO_WORDS,                                     \
+    "for tests: 0 leaves out the RDMA-read flush that makes a NIC's writes visible to the GPU (results then go wrong on the emulator, as they may on a GPU)") \
   X(IB_LIBRARY, library, STRING, "", 0, 0, WEFT_NO_WORDS,                                        \
     "for tests: the verbs library to dlopen instead of libibverbs.so.1 (the in-tree emulator)")
+
+enum ibv_gdr_choice { WEFT_IBV_GDR_WORDS(WEFT_SETTING_WORD_ENUM) };
 
 typedef struct ibv_settings_values {
   WEFT_IBV_SETTINGS(WEFT_SETTING_FIELD)

@@ -279,6 +279,7 @@ static weft_status ibv_check_memlock(ibv_ctx *ctx) {
 
 static void ibv_close(ibv_ctx *ctx) {
   ibv_mr_cache_fini(&ctx->mr);
+  ibv_gdr_fini(&ctx->gdr);
   if (ctx->pd) ctx->api->dealloc_pd(ctx->pd);
   if (ctx->dev) ctx->api->close_device(ctx->dev);
   if (ctx->listen_fd >= 0) close(ctx->listen_fd);
@@ -358,6 +359,7 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_tp_ctx **
   long long zc = (long long)ibv_settings()->zcopy_bytes;
   ctx->zcopy_bytes = zc > 0 ? (size_t)zc : 0;
   ctx->mr = (ibv_mr_cache){.api = api, .pd = ctx->pd, .max_bytes = (size_t)1 << 30};
+  ibv_gdr_init(&ctx->gdr, api, ctx->pd);
   /* The side socket listens where the rendezvous was reached from: that
    * interface reaches the peers. */
   struct sockaddr_storage local = args->local_addr;
@@ -375,6 +377,7 @@ static weft_status ibv_init(const weft_transport_init_args *args, weft_tp_ctx **
   ctx->self.magic = IBV_ADDR_MAGIC;
   ctx->self.link_layer = ctx->link_layer;
   ctx->self.loopback_ok = weft_settings()->transport == WEFT_TRANSPORT_IBV;
+  ctx->self.device_channel = ibv_settings()->gdr != IBV_GDR_OFF;
   ctx->self.place = *args->place;
   ctx->self.place.rdma_devices = 1; /* what the verbs table found, not hwloc's count */
   net_addr_pack(&ctx->addr, ctx->self.sock);
@@ -391,6 +394,11 @@ static bool ibv_addr_read(const void *blob, size_t len, ibv_addr *out) {
   if (len != sizeof *out) return false;
   memcpy(out, blob, sizeof *out);
   return out->magic == IBV_ADDR_MAGIC;
+}
+
+static bool ibv_publishes_device_channel(const void *peer_addr, size_t addr_len) {
+  ibv_addr pa;
+  return ibv_addr_read(peer_addr, addr_len, &pa) && pa.device_channel;
 }
 
 static int ibv_send_depth(const weft_tp_ctx *ctx) {
@@ -441,6 +449,16 @@ static weft_status ibv_connect(weft_tp_ctx *tctx, int peer, int channel, const v
   socklen_t alen;
   if (!ibv_addr_read(peer_addr, addr_len, &pa) || !net_addr_unpack(pa.sock, &a, &alen))
     return ibv_conn_fail(c, WEFT_ERR_PROTOCOL, "peer %d published a malformed verbs address", peer);
+  if (c->device && !c->set_up) {
+    /* our hello carries the GPU ring's address: dialed once it is made
+     * (ibv_conn_poll), when the core has named the GPU */
+    if (!c->dial_held) {
+      c->dial_held = true;
+      c->dial_addr = a;
+      c->dial_len = alen;
+    }
+    return WEFT_OK;
+  }
   return ibv_conn_dial(c, &a, alen);
 }
 
@@ -537,17 +555,82 @@ static void ibv_fini(weft_tp_ctx *tctx) {
   ibv_close(ctx);
 }
 
+/* Device memory for RDMA to and from it (GPUDirect, ibv_gdr.c): DEVICE
+ * through the context's registration cache, DMABUF from the caller's fd.
+ * The descriptor carries what a peer's RDMA needs: address, length, rkey. */
+typedef struct ibv_mem_body {
+  uint64_t addr, len;
+  uint32_t rkey, reserved;
+} ibv_mem_body;
+
+static weft_status ibv_register_mem(weft_tp_ctx *tctx, const weft_mem_region *region,
+                                    weft_tp_mem *handle, weft_mem_desc *desc) {
+  handle->region = *region;
+  handle->region.kind = WEFT_MEMORY_COUNT; /* refused until registered */
+  handle->priv[0] = handle->priv[1] = 0;
+  const weft_mem_ops *dev = weft_mem_by_kind(WEFT_MEMORY_DEVICE);
+  weft_mem_range range;
+  if (region->kind == WEFT_MEMORY_DEVICE) {
+    if (!dev || !dev->range_of(region->ptr, region->bytes, &range)) return WEFT_ERR_UNSUPPORTED;
+  } else if (region->kind != WEFT_MEMORY_DMABUF || region->dmabuf_fd < 0) {
+    return WEFT_ERR_UNSUPPORTED;
+  }
+  ibv_ctx *ctx = ibv_ctx_of(tctx);
+  struct ibv_mr *mr;
+  if (region->kind == WEFT_MEMORY_DEVICE) {
+    ibv_gdr_entry *e;
+    WEFT_CHECK(ibv_gdr_get(&ctx->gdr, region->ptr, region->bytes, &e));
+    handle->priv[0] = (uintptr_t)e;
+    mr = e->mr;
+  } else {
+    if (!ctx->api->reg_dmabuf_mr) return WEFT_ERR_UNSUPPORTED;
+    mr = ctx->api->reg_dmabuf_mr(ctx->pd, region->dmabuf_offset, region->bytes,
+                                 (uint64_t)(uintptr_t)region->ptr, region->dmabuf_fd,
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                     IBV_ACCESS_REMOTE_READ);
+    if (!mr) {
+      weft_error_sink_set(ctx->args->errors, "ibv: ibv_reg_dmabuf_mr of %zu bytes (fd %d): %s",
+                          region->bytes, region->dmabuf_fd, strerror(errno));
+      return errno == EOPNOTSUPP || errno == ENOSYS ? WEFT_ERR_UNSUPPORTED : WEFT_ERR_SYSTEM;
+    }
+    handle->priv[1] = (uintptr_t)mr;
+  }
+  handle->region.kind = region->kind;
+  if (desc) {
+    ibv_mem_body body = {.addr = (uint64_t)(uintptr_t)region->ptr,
+                         .len = region->bytes,
+                         .rkey = mr->rkey};
+    memset(desc, 0, sizeof *desc);
+    desc->version = WEFT_MEM_DESC_VERSION;
+    desc->kind = (uint8_t)region->kind;
+    desc->body_len = (uint16_t)sizeof body;
+    desc->len = region->bytes;
+    memcpy(desc->body, &body, sizeof body);
+  }
+  return WEFT_OK;
+}
+
+static void ibv_deregister_mem(weft_tp_ctx *tctx, weft_tp_mem *handle) {
+  if (handle->region.kind == WEFT_MEMORY_DEVICE)
+    ibv_gdr_put(&ibv_ctx_of(tctx)->gdr, (ibv_gdr_entry *)handle->priv[0]);
+  else if (handle->region.kind == WEFT_MEMORY_DMABUF)
+    ibv_ctx_of(tctx)->api->dereg_mr((struct ibv_mr *)handle->priv[1]);
+  handle->region.kind = WEFT_MEMORY_COUNT;
+}
+
 const weft_transport weft_transport_ibv = {
     .abi_version = WEFT_TRANSPORT_ABI,
     .name = "ibv",
     .caps = {.send_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_HOST) | WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
              .recv_kinds = WEFT_MEMORY_BIT(WEFT_MEMORY_HOST) | WEFT_MEMORY_BIT(WEFT_MEMORY_SHARED),
-             .map_kinds = 0, /* its registrations stay inside (ibv_mr.c) for now */
-             .sends_are_stores = false},
+             .map_kinds = 0, /* its registrations stay inside (ibv_mr.c, ibv_gdr.c) */
+             .sends_are_stores = false,
+             .device_channel = true},
     .probe = ibv_probe,
     .init = ibv_init,
     .send_depth = ibv_send_depth,
     .can_reach = ibv_can_reach,
+    .publishes_device_channel = ibv_publishes_device_channel,
     .connect = ibv_connect,
     .send_ready = ibv_send_ready,
     .send = ibv_send,
@@ -555,8 +638,8 @@ const weft_transport weft_transport_ibv = {
     .recv_peek = ibv_recv_peek,
     .recv_release = ibv_recv_release,
     .recv = ibv_recv,
-    .register_mem = weft_tp_no_register,
-    .deregister_mem = weft_tp_no_deregister,
+    .register_mem = ibv_register_mem,
+    .deregister_mem = ibv_deregister_mem,
     .map_peer_mem = weft_tp_no_map, /* no shared address space with a remote peer */
     .release_peer_mem = weft_tp_no_release,
     .progress = ibv_progress,

@@ -280,6 +280,7 @@ const weft_transport weft_transport_shm = {
     .init = shm_init,
     .send_depth = shm_send_depth,
     .can_reach = shm_can_reach,
+    .publishes_device_channel = weft_tp_no_device_channel,
     .connect = shm_connect,
     .send_ready = shm_send_ready,
     .send = shm_send,

@@ -642,6 +642,7 @@ const weft_transport weft_transport_tcp = {
     .init = tcp_init,
     .send_depth = tcp_send_depth,
     .can_reach = tcp_can_reach,
+    .publishes_device_channel = weft_tp_no_device_channel,
     .connect = tcp_connect,
     .send_ready = tcp_send_ready,
     .send = tcp_send,
