@@ -922,12 +922,16 @@ static void dmabuf_counters_in_the_report(void **state) {
   assert_true(read);
   int pid, ipc_opened, ipc_exported, ipc_mappings, allocations, host_allocations, primary_refs;
   int exported = -1, open_now = -1, end = 0;
+  long long htod = -1, dtoh = -1;
   assert_int_equal(sscanf(line,
                           "pid %d ipc_opened %d ipc_exported %d ipc_mappings %d allocations %d "
-                          "host_allocations %d primary_refs %d dmabuf_exported %d dmabuf_open %d%n",
+                          "host_allocations %d primary_refs %d dmabuf_exported %d dmabuf_open %d "
+                          "htod_bytes %lld dtoh_bytes %lld%n",
                           &pid, &ipc_opened, &ipc_exported, &ipc_mappings, &allocations,
-                          &host_allocations, &primary_refs, &exported, &open_now, &end),
-                   9);
+                          &host_allocations, &primary_refs, &exported, &open_now, &htod, &dtoh,
+                          &end),
+                   11);
+  assert_true(htod >= 0 && dtoh >= 0);
   assert_string_equal(line + end, "\n");
   assert_int_equal(allocations, 0);
   assert_int_equal(exported, 2);
@@ -970,6 +974,9 @@ static void counters_follow_handles(void **state) {
   CU(api->mem_free_host(pinned));
   CU(api->mem_free(d));
   c = counts();
+  assert_true(c.dtoh_bytes == before.dtoh_bytes + 4096); /* the one copy down, counted when it ran */
+  assert_true(c.htod_bytes == before.htod_bytes);
+  c.dtoh_bytes = before.dtoh_bytes;
   assert_memory_equal(&c, &before, sizeof c);
 }
 

@@ -13,6 +13,10 @@
 # build passed; any FAIL, or a failed build, exits 1. Stages:
 #   build       meson -Dcuda=enabled -Dtests=false, release
 #   info        weft-info: what CUDA support was built and whether it runs here
+#   gdr         GPUDirect RDMA's part this machine can show (it has no RDMA NIC):
+#               whether GPU 0's memory exports as a dma-buf (weft-device-check
+#               --gdr-probe), whether nvidia-peermem is loaded, and what weft-info
+#               says verbs would choose (dma-buf, peermem or staged) and why
 #   device N    every collective x dtype x op on device buffers, N = 1..4 ranks
 #               sharing the GPU (tools/weft_device_check.c), in and out of place;
 #               from 2 ranks every collective goes through CUDA IPC (the direct
@@ -167,7 +171,7 @@ probe=$?
 if [ "$probe" -eq 77 ]; then
   why=$(sed -n 's/^device-check: SKIP: //p' "$out/probe.log" | head -1)
   row info SKIP "no GPU: $why"
-  for s in "device 1" "device 2" "device 3" "device 4" tcp "in flight" order sanitizer bench resnet \
+  for s in gdr "device 1" "device 2" "device 3" "device 4" tcp "in flight" order sanitizer bench resnet \
       churn "two GPUs" "host only" "resnet lent" "resnet vmm" "grad resnet" "grad backward" "grad tcp" p2p \
       "grad example" "torch cuda" "torch premul" "torch grad" "torch expandable" "torch host"; do
     row "$s" SKIP "no GPU: $why"
@@ -175,6 +179,20 @@ if [ "$probe" -eq 77 ]; then
   finish
 fi
 row info PASS "$cuda_line"
+
+# ---- GPUDirect RDMA: what this GPU and driver allow (no NIC to register with) --
+if time_for gdr; then
+  log="$out/gdr.log"
+  timeout "$(limit 30)" "$bin/weft-device-check" --gdr-probe > "$log" 2>&1
+  rc=$?
+  gdr_line=$(grep -m1 '^gdr:' "$out/info.log" | sed 's/^gdr: //' | cut -c1-200)
+  peermem=no
+  if [ -e /sys/module/nvidia_peermem ] || [ -e /sys/kernel/mm/memory_peers/nv_mem/version ]; then peermem=yes; fi
+  nics=$(ls /sys/class/infiniband 2>/dev/null | wc -l)
+  export_line=$(sed -n 's/^gdr-probe: export: //p' "$log" | cut -c1-200)
+  what="dma-buf export: ${export_line:-?}; nvidia-peermem loaded: $peermem; weft-info: ${gdr_line:-no gdr line}; RDMA NICs: $nics (registration with a NIC not tried end to end here)"
+  if [ "$rc" -eq 0 ]; then row gdr PASS "$what"; else row gdr FAIL "exit $rc: $what"; fi
+fi
 
 # ---- correctness on device buffers -------------------------------------------
 for n in 1 2 3 4; do

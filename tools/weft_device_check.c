@@ -11,7 +11,11 @@
  * Prints one line per failure and "device-check: N passed, M failed";
  * exit 0 when all passed, 77 when no CUDA device is usable (the reason on
  * stdout), 1 otherwise. --quick: fewer counts. --probe: only whether a
- * device is usable (no communicator). --resnet TSV: no checks, a figure:
+ * device is usable (no communicator). --gdr-probe: whether GPU 0's memory
+ * exports as a dma-buf (GPUDirect RDMA's first step: an allocation, its
+ * export, the fd closed; the registration with a NIC is not tried), as
+ * "gdr-probe: ..." (exit 0 either way, 1 when the probe itself failed).
+ * --resnet TSV: no checks, a figure:
  * the gradient set TSV lists (index, name, shape, numel) as f32 device
  * tensors, one non-blocking allreduce (avg) per tensor waited for together,
  * then the same bytes as one flat buffer; prints ms per step, medians of 20
@@ -1570,6 +1574,49 @@ static int mode_end(weft_comm *comm, int rc) {
   return rc || all_failed ? 1 : 0;
 }
 
+/* --gdr-probe (above): 2 MiB of GPU 0, exported the way transports/ibv
+ * registers device memory (the device table's range_of and export_dmabuf). */
+static int gdr_probe(void) {
+  const weft_mem_ops *dev = weft_mem_by_kind(WEFT_MEMORY_DEVICE);
+  char why[300];
+  if (!dev) {
+    printf("gdr-probe: no device table\n");
+    return 1;
+  }
+  bool driver = dev->dmabuf_supported(0, why, sizeof why);
+  printf("gdr-probe: driver: %s\n", why);
+  size_t bytes = (size_t)2 << 20;
+  weft_error_sink err = {{0}, {0}};
+  weft_mem_stream *stream = NULL; /* holds GPU 0's primary context, as a communicator's does */
+  void *buf = weft_cuda_stream_create(0, &stream, &err) == WEFT_OK ? dev->alloc_on(0, bytes) : NULL;
+  if (!buf) {
+    printf("gdr-probe: no 2 MiB of device memory (%s)\n", err.msg);
+    weft_cuda_stream_destroy(stream);
+    return 1;
+  }
+  weft_mem_range range;
+  int rc = 0;
+  if (!dev->range_of(buf, bytes, &range)) {
+    printf("gdr-probe: the allocation's range is unknown to the driver\n");
+    rc = 1;
+  } else {
+    weft_error_sink sink = {{0}, {0}};
+    int fd = -1;
+    weft_status st = dev->export_dmabuf(&range, &fd, &sink);
+    if (st == WEFT_OK) {
+      printf("gdr-probe: export: dma-buf fd of the %zu-byte allocation (buffer id %llu): works\n",
+             range.bytes, (unsigned long long)range.buffer_id);
+      close(fd);
+    } else {
+      printf("gdr-probe: export: refused (%s)%s\n", sink.msg,
+             driver ? "" : ", as the driver's attribute says");
+    }
+  }
+  dev->free_scratch(buf);
+  weft_cuda_stream_destroy(stream);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   bool quick = argc > 1 && !strcmp(argv[1], "--quick");
   const char *resnet_tsv = argc > 2 && !strcmp(argv[1], "--resnet") ? argv[2] : NULL;
@@ -1583,6 +1630,7 @@ int main(int argc, char **argv) {
     printf("device-check: %s\n", why);
     return 0;
   }
+  if (argc > 1 && !strcmp(argv[1], "--gdr-probe")) return gdr_probe();
   weft_error_sink err = {0};
   cu = weft_cuda_api_load(&err);
   /* WEFT_DEVICE_CHECK_HOSTS=H: the ranks as H pretend hosts (WEFT_HOST_ID,

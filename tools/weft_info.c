@@ -16,7 +16,11 @@
 #ifdef WEFT_HAVE_CUDA
 #include <cuda.h>
 
+#include "src/cuda/cuda_api.h"
 #include "src/cuda/cuda_mem.h"
+#endif
+#ifdef WEFT_HAVE_IBV
+#include "transports/ibv/ibv.h"
 #endif
 
 /* What CUDA support this build has and whether it runs here. */
@@ -37,6 +41,36 @@ static void print_cuda(void) {
          usable ? "usable here" : "not usable here", why);
 #else
   printf("cuda: not built (no cuda.h at build time, or -Dcuda=disabled): host buffers only\n");
+#endif
+}
+
+/* GPUDirect RDMA: per GPU, how verbs would register its memory here
+ * (transports/ibv/ibv_gdr.c: dma-buf, nvidia-peermem, or staged) and why. */
+static void print_gdr(void) {
+#if defined(WEFT_HAVE_CUDA) && defined(WEFT_HAVE_IBV)
+  weft_error_sink err = {{0}, {0}};
+  const ibv_api *api = ibv_api_load(&err);
+  if (!api) {
+    printf("gdr: no verbs library here (%s): device buffers across hosts go over tcp, staged\n",
+           err.msg);
+    return;
+  }
+  const weft_cuda_api *cu = weft_cuda_usable(NULL, 0) ? weft_cuda_api_load(&err) : NULL;
+  int n = 0;
+  if (!cu || cu->device_get_count(&n) != CUDA_SUCCESS || n == 0) {
+    char why[300];
+    ibv_gdr_choose(api, 0, why, sizeof why);
+    printf("gdr: no GPU here: %s\n", why);
+    return;
+  }
+  for (int d = 0; d < n; d++) {
+    char why[300];
+    ibv_gdr_choose(api, d, why, sizeof why);
+    printf("gdr: device %d: %s (WEFT_IB_GDR)\n", d, why);
+  }
+#elif defined(WEFT_HAVE_CUDA)
+  printf("gdr: not built (no rdma-core headers at build time): device buffers across hosts are "
+         "staged\n");
 #endif
 }
 
@@ -145,6 +179,7 @@ int main(int argc, char **argv) {
     weft_transports_describe(transports, sizeof transports);
     printf("transports: %s\n", transports);
     print_cuda();
+    print_gdr();
     printf("dtypes: f32 f64 f16 bf16 i8 u8 i32 i64; ops: sum prod min max avg\n\n");
     print_topology(NULL); /* a failure is said on stderr; the settings still help */
     printf("\n");

@@ -223,7 +223,7 @@ static size_t rule_max(const choice_rule *r, const weft_choice_state *c, int siz
 static bool rule_holds(const choice_rule *r, const weft_choice_state *c, const choice_call *k,
                        bool auto_choice) {
   size_t bytes = measured(r, k);
-  if (r->needs_one_host && c->nhosts != 1) return false;
+  if (r->needs_one_host && (c->nhosts != 1 || c->no_shared_maps)) return false;
   if (r->cap_chunks && bytes > (size_t)r->cap_chunks * k->chunk_bytes) return false;
   if (r->no_wire && k->wire) return false;
   if (r->confirmed && !c->bcast_confirm) return false;

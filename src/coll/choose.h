@@ -38,6 +38,12 @@ typedef struct weft_choice_state {
   int nhosts;            /* hosts they run on */
   size_t chunk_bytes;    /* the largest chunk a link carries */
   bool sends_are_stores; /* every peer's transport says so (transport.h) */
+  /* every pair of ranks over verbs with the device channel on (core.h,
+   * device_channel_all): no transport maps a peer's memory, so the direct
+   * rounds never find shared buffers to be worth their question, and on
+   * device buffers their messages (host memory they read) could not live
+   * in the device scratch those calls take */
+  bool no_shared_maps;
   bool core_per_rank;    /* one host, with an online CPU for every rank: the steps of a
                             ring run at once, and a round's wait is a cache line, not a
                             turn of the scheduler (weft_choice_learn) */

@@ -314,6 +314,7 @@ static void device_channel_decide(weft_comm *comm) {
   /* no pair's sends are stores: the exchange never asks (its question is a
    * host word, which the device channel does not carry) */
   comm->core.choice.exchange_verdict = -1;
+  comm->core.choice.no_shared_maps = true;
   WEFT_INFO(WEFT_SUBSYS_INIT, "rank %d: calls on device buffers take %s's device channel",
             comm->core.rank, l->tps[dc].ops->name);
 }

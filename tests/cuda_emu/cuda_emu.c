@@ -619,10 +619,12 @@ static CUresult op_execute(const emu_stream *s, emu_op *op) {
     case OP_HTOD:
       if (!(d = emu_span(s->ctx, op->dst, op->bytes, false))) return CUDA_ERROR_ILLEGAL_ADDRESS;
       memcpy(d, op->host, op->bytes);
+      emu.counts.htod_bytes += (long long)op->bytes;
       return CUDA_SUCCESS;
     case OP_DTOH:
       if (!(src = emu_span(s->ctx, op->src, op->bytes, false))) return CUDA_ERROR_ILLEGAL_ADDRESS;
       memcpy(op->host, src, op->bytes);
+      emu.counts.dtoh_bytes += (long long)op->bytes;
       return CUDA_SUCCESS;
     case OP_DTOD:
       if (!(d = emu_span(s->ctx, op->dst, op->bytes, false)) ||
@@ -897,10 +899,11 @@ static void emu_report(void) {
   if (!f) return;
   emu.counts.dmabuf_open = dmabuf_count_open();
   fprintf(f, "pid %d ipc_opened %d ipc_exported %d ipc_mappings %d allocations %d host_allocations %d "
-          "primary_refs %d dmabuf_exported %d dmabuf_open %d\n",
+          "primary_refs %d dmabuf_exported %d dmabuf_open %d htod_bytes %lld dtoh_bytes %lld\n",
           (int)getpid(), emu.counts.ipc_opened, emu.counts.ipc_exported, emu.counts.ipc_mappings,
           emu.counts.allocations, emu.counts.host_allocations, emu.counts.primary_refs,
-          emu.counts.dmabuf_exported, emu.counts.dmabuf_open);
+          emu.counts.dmabuf_exported, emu.counts.dmabuf_open, emu.counts.htod_bytes,
+          emu.counts.dtoh_bytes);
   fclose(f);
 }
 

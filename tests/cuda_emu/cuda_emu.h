@@ -21,6 +21,9 @@ typedef struct weft_cuda_emu_counters {
   int dmabuf_exported;  /* cuMemGetHandleForAddressRange (a dma-buf) that succeeded, ever */
   int dmabuf_open;      /* of those descriptors, how many are still open in this process
                            (the same file behind the number, checked when counted) */
+  /* bytes the copies between host and device memory moved, ever (what
+   * staging costs; GPUDirect RDMA moves none for a device collective) */
+  long long htod_bytes, dtoh_bytes;
 } weft_cuda_emu_counters;
 
 typedef void (*weft_cuda_emu_counts_fn)(weft_cuda_emu_counters *out);

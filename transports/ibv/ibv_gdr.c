@@ -141,8 +141,8 @@ weft_status ibv_gdr_get(ibv_gdr *g, const void *buf, size_t bytes, ibv_gdr_entry
     int fd = -1;
     weft_status st = dev->export_dmabuf(&range, &fd, &sink);
     if (st == WEFT_OK) {
-      mr = g->api->reg_dmabuf_mr(g->pd, 0, range.bytes, (uint64_t)(uintptr_t)range.base, fd,
-                                 access);
+      mr =
+          g->api->reg_dmabuf_mr(g->pd, 0, range.bytes, (uint64_t)(uintptr_t)range.base, fd, access);
       if (!mr)
         snprintf(why, sizeof why, "ibv_reg_dmabuf_mr of %zu bytes: %s", range.bytes,
                  strerror(errno));

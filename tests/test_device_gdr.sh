@@ -1,0 +1,163 @@
+#!/bin/sh
+# test_device_gdr.sh WEFTRUN DEVICE_CHECK - every collective x dtype x op on
+# device buffers over verbs (tools/weft_device_check.c), on the verbs
+# emulator and the CUDA stand-in together (WEFT_IB_LIBRARY and
+# WEFT_CUDA_LIBRARY, set by meson): GPUDirect RDMA (issue 47).
+#
+# With WEFT_TRANSPORT=ibv every pair of ranks is linked by verbs, so calls
+# on device buffers take the device channel: the host algorithms run on the
+# buffers where they lie, chunks go from GPU memory to GPU memory through the
+# emulated NIC (dma-buf registrations of the stand-in's memory), and the
+# reductions are kernels. Each run says which way it went and every result
+# must be right:
+#   - registered: dma-bufs exported and none left open at exit, "chunks land
+#     in GPU memory" on every rank;
+#   - a NIC without dma-buf (IBV_EMU_CONFIG=no_dmabuf): one warning per rank
+#     naming the device and the reason, both ends staged, still right;
+#   - WEFT_IB_GDR=off: the device channel is not taken (staged through host
+#     memory as before), no dma-buf exported;
+#   - sources from cuMemCreate (WEFT_DEVICE_CHECK_VMM=1), which the stand-in
+#     does not export: those chunks are copied down first, still right;
+#   - gradient sets and messages over verbs;
+#   - WEFT_IB_GDR_FLUSH=0 leaves out the flush: the emulator keeps a NIC's
+#     writes into GPU memory from the GPU until a read flushes them, so the
+#     results must come out wrong (the check that the flush is what makes
+#     them right);
+#   - two hosts (network namespaces joined by a veth pair, this test's own,
+#     removed at the end; where they cannot be made those runs are skipped
+#     and said so): 1 and 2 ranks a host over verbs, and 2 a host over tcp
+#     (staged).
+set -u
+weftrun=${1:?usage: test_device_gdr.sh WEFTRUN DEVICE_CHECK}
+check=${2:?usage: test_device_gdr.sh WEFTRUN DEVICE_CHECK}
+[ -n "${WEFT_IB_LIBRARY:-}" ] && [ -n "${WEFT_CUDA_LIBRARY:-}" ] || {
+  echo "WEFT_IB_LIBRARY and WEFT_CUDA_LIBRARY must name the emulator and the stand-in"
+  exit 1
+}
+tmp=$(mktemp -d)
+a= b=
+cleanup() {
+  [ -n "$a" ] && ip netns del "$a" 2>/dev/null
+  [ -n "$b" ] && ip netns del "$b" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+out=$tmp/out report=$tmp/report
+rc=0
+sum_of() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) s += $(i + 1)} END {print s + 0}' "$report"; }
+passed() { grep -c 'device-check: rank [0-9]*: [0-9]* passed, 0 failed' "$out"; }
+
+# run N WANT [--mode ARGS] [VAR=VALUE ...]
+run() {
+  n=$1 want=$2
+  shift 2
+  mode= envs=
+  for x in "$@"; do
+    case $x in
+      *=*) envs="$envs $x" ;;
+      *) mode="$mode $x" ;;
+    esac
+  done
+  rm -f "$report"
+  env WEFT_TRANSPORT=ibv WEFT_CUDA_EMU_REPORT="$report" WEFT_DEBUG=INFO WEFT_DEBUG_SUBSYS=NET,INIT $envs \
+    "$weftrun" -n "$n" --timeout 240 "$check" $mode > "$out" 2>&1
+  status=$?
+  landed=$(grep -c 'chunks land in GPU memory' "$out")
+  staged=$(grep -c 'chunks land in host memory' "$out")
+  channel=$(grep -c "calls on device buffers take ibv's device channel" "$out")
+  warned=$(grep -c 'WARN .*GPUDirect RDMA refused for device 0' "$out")
+  ok=$(passed)
+  line="$n ranks${envs:+ ($envs )}${mode:+ [$mode ]}: $ok of $n ranks right, device channel on $channel,"
+  line="$line GPU-ring connections $landed, staged $staged, refusals said $warned,"
+  line="$line dma-bufs exported $(sum_of dmabuf_exported), left open $(sum_of dmabuf_open)"
+  bad=
+  case $want in
+    gdr) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$channel" = "$n" ] && [ "$landed" -gt 0 ] &&
+           [ "$staged" = 0 ] && [ "$(sum_of dmabuf_exported)" -gt 0 ] && [ "$(sum_of dmabuf_open)" = 0 ] || bad=1 ;;
+    refused) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$channel" = "$n" ] && [ "$landed" = 0 ] &&
+               [ "$staged" -gt 0 ] && [ "$warned" = "$n" ] || bad=1 ;;
+    off) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$channel" = 0 ] && [ "$(sum_of dmabuf_exported)" = 0 ] || bad=1 ;;
+    right) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$channel" = "$n" ] || bad=1 ;;
+    wrong) wrong=$(grep -c 'device-check: rank [0-9]*: [0-9]* passed, [1-9][0-9]* failed' "$out")
+           line="$line; ranks with wrong results: $wrong"
+           [ "$wrong" -gt 0 ] || bad=1 ;;
+  esac
+  if [ -n "$bad" ]; then
+    echo "FAIL $line"
+    grep -v ' INFO ' "$out" | head -20
+    rc=1
+  else
+    echo "ok - $line"
+  fi
+}
+
+run 2 gdr
+run 3 gdr --quick
+run 4 gdr --quick
+run 2 refused --quick IBV_EMU_CONFIG=no_dmabuf
+run 2 off --quick WEFT_IB_GDR=off
+run 2 right --quick WEFT_DEVICE_CHECK_VMM=1
+run 3 right --grad 10
+run 2 right --p2p 12
+run 2 wrong --quick WEFT_IB_GDR_FLUSH=0
+
+# ---- two hosts: network namespaces joined by a veth pair ----
+ns_skip() {
+  echo "ok - SKIP two hosts: $*"
+  exit $rc
+}
+[ "$(id -u)" = 0 ] || ns_skip "needs root to create network namespaces"
+command -v ip >/dev/null || ns_skip "needs the ip command (iproute2)"
+tag=$$
+net=10.$((150 + tag % 50)).$((tag % 250)).0
+addr_a=${net%.0}.1 addr_b=${net%.0}.2
+ip netns add "weft_g_a_$tag" 2>/dev/null || ns_skip "cannot create network namespaces here"
+a=weft_g_a_$tag
+ip netns add "weft_g_b_$tag" || exit 1
+b=weft_g_b_$tag
+ip link add "ga$tag" netns "$a" type veth peer name "gb$tag" netns "$b" || ns_skip "cannot create a veth pair"
+ip -n "$a" addr add "$addr_a/24" dev "ga$tag" && ip -n "$b" addr add "$addr_b/24" dev "gb$tag" || exit 1
+for ns in "$a" "$b"; do ip -n "$ns" link set lo up || exit 1; done
+ip -n "$a" link set "ga$tag" up && ip -n "$b" link set "gb$tag" up || exit 1
+
+# hosts PER_HOST TRANSPORT WANT [ARGS]: 2 hosts x PER_HOST ranks, started by hand
+hosts() {
+  per=$1 tp=$2 want=$3
+  shift 3
+  n=$((2 * per))
+  port=$((20000 + (tag + per) % 20000))
+  rm -f "$report"
+  pids=
+  r=0
+  while [ "$r" -lt "$n" ]; do
+    if [ "$r" -lt "$per" ]; then ns=$a host=hostA; else ns=$b host=hostB; fi
+    ip netns exec "$ns" env WEFT_RANK=$r WEFT_SIZE=$n WEFT_RENDEZVOUS="$addr_a:$port" WEFT_HOST_ID=$host \
+      WEFT_TRANSPORT=$tp WEFT_TIMEOUT=60 WEFT_CUDA_EMU_REPORT="$report" WEFT_DEBUG=INFO WEFT_DEBUG_SUBSYS=NET,INIT \
+      timeout -k 5 200 "$check" "$@" > "$tmp/out.$r" 2>&1 &
+    pids="$pids $!"
+    r=$((r + 1))
+  done
+  status=0
+  for p in $pids; do wait "$p" || status=1; done
+  cat "$tmp"/out.* > "$out"
+  ok=$(passed)
+  landed=$(grep -c 'chunks land in GPU memory' "$out")
+  channel=$(grep -c "calls on device buffers take ibv's device channel" "$out")
+  line="2 hosts x $per ranks over $tp: $ok of $n ranks right, device channel on $channel, GPU-ring connections $landed"
+  bad=
+  case $want in
+    gdr) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$channel" = "$n" ] && [ "$landed" -gt 0 ] || bad=1 ;;
+    staged) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$channel" = 0 ] || bad=1 ;;
+  esac
+  if [ -n "$bad" ]; then
+    echo "FAIL $line"
+    grep -v ' INFO ' "$out" | head -20
+    rc=1
+  else
+    echo "ok - $line"
+  fi
+}
+hosts 1 ibv gdr
+hosts 2 ibv gdr --quick
+hosts 2 tcp staged --quick
+exit $rc
