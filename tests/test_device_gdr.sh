@@ -26,7 +26,13 @@
 #   - two hosts (network namespaces joined by a veth pair, this test's own,
 #     removed at the end; where they cannot be made those runs are skipped
 #     and said so): 1 and 2 ranks a host over verbs, and 2 a host over tcp
-#     (staged).
+#     (staged); and 2 a host as a cluster has them, hwloc shown an RDMA NIC
+#     (tests/topo/rdma_host.xml: verbs between the hosts, shm within): the
+#     hierarchical allreduce (CUDA IPC within a host, the device channel
+#     between the leaders) on every rank, its IPC handles opened and none
+#     left open, every result right, cuMemCreate buffers (bounced) and
+#     gradient sets too; with every IPC open refused (WEFT_CUDA_EMU_IPC=0)
+#     every rank fails, saying the buffers cannot be mapped.
 set -u
 weftrun=${1:?usage: test_device_gdr.sh WEFTRUN DEVICE_CHECK}
 check=${2:?usage: test_device_gdr.sh WEFTRUN DEVICE_CHECK}
@@ -78,6 +84,13 @@ run() {
                [ "$staged" -gt 0 ] && [ "$warned" = "$n" ] || bad=1 ;;
     off) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$channel" = 0 ] && [ "$(sum_of dmabuf_exported)" = 0 ] || bad=1 ;;
     right) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$channel" = "$n" ] || bad=1 ;;
+    exit0) # the modes that judge themselves (--in-flight, --order, --fault): their exit status
+      line="$line; $(grep -m1 -o 'device-check: [a-z -]*: rank 0: .*' "$out" | cut -c1-120)"
+      [ "$status" = 0 ] && [ "$channel" = "$n" ] || bad=1 ;;
+    fault) failed=$(grep -c 'device-check: fault: rank .*: WEFT_ERR' "$out")
+           named=$(grep 'device-check: fault: rank' "$out" | grep -c 'CUDA_ERROR_ILLEGAL_ADDRESS')
+           line="$line; ranks failed: $failed, naming the kernel's fault: $named"
+           [ "$status" = 0 ] && [ "$failed" = "$n" ] && [ "$named" -gt 0 ] || bad=1 ;;
     wrong) wrong=$(grep -c 'device-check: rank [0-9]*: [0-9]* passed, [1-9][0-9]* failed' "$out")
            line="$line; ranks with wrong results: $wrong"
            [ "$wrong" -gt 0 ] || bad=1 ;;
@@ -99,6 +112,9 @@ run 2 off --quick WEFT_IB_GDR=off
 run 2 right --quick WEFT_DEVICE_CHECK_VMM=1
 run 3 right --grad 10
 run 2 right --p2p 12
+run 2 exit0 --in-flight 2000
+run 2 exit0 --order 10
+run 3 fault --fault WEFT_CUDA_EMU_KERNEL_FAULT=5 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20
 run 2 wrong --quick WEFT_IB_GDR_FLUSH=0
 
 # ---- two hosts: network namespaces joined by a veth pair ----
@@ -124,6 +140,13 @@ ip -n "$a" link set "ga$tag" up && ip -n "$b" link set "gb$tag" up || exit 1
 hosts() {
   per=$1 tp=$2 want=$3
   shift 3
+  mode= envs=
+  for x in "$@"; do
+    case $x in
+      *=*) envs="$envs $x" ;;
+      *) mode="$mode $x" ;;
+    esac
+  done
   n=$((2 * per))
   port=$((20000 + (tag + per) % 20000))
   rm -f "$report"
@@ -131,9 +154,13 @@ hosts() {
   r=0
   while [ "$r" -lt "$n" ]; do
     if [ "$r" -lt "$per" ]; then ns=$a host=hostA; else ns=$b host=hostB; fi
-    ip netns exec "$ns" env WEFT_RANK=$r WEFT_SIZE=$n WEFT_RENDEZVOUS="$addr_a:$port" WEFT_HOST_ID=$host \
-      WEFT_TRANSPORT=$tp WEFT_TIMEOUT=60 WEFT_CUDA_EMU_REPORT="$report" WEFT_DEBUG=INFO WEFT_DEBUG_SUBSYS=NET,INIT \
-      timeout -k 5 200 "$check" "$@" > "$tmp/out.$r" 2>&1 &
+    # auto: hwloc is shown an RDMA NIC (tests/topo/rdma_host.xml), so verbs
+    # links the hosts and shm a host's ranks, as on a cluster
+    topo= debug=INFO
+    [ "$tp" = auto ] && topo="HWLOC_XMLFILE=$(dirname "$0")/topo/rdma_host.xml" debug=TRACE
+    ip netns exec "$ns" env $topo $envs WEFT_RANK=$r WEFT_SIZE=$n WEFT_RENDEZVOUS="$addr_a:$port" WEFT_HOST_ID=$host \
+      WEFT_TRANSPORT=$tp WEFT_TIMEOUT=60 WEFT_CUDA_EMU_REPORT="$report" WEFT_DEBUG=$debug WEFT_DEBUG_SUBSYS=NET,INIT,COLL \
+      timeout -k 5 200 "$check" $mode > "$tmp/out.$r" 2>&1 &
     pids="$pids $!"
     r=$((r + 1))
   done
@@ -143,11 +170,20 @@ hosts() {
   ok=$(passed)
   landed=$(grep -c 'chunks land in GPU memory' "$out")
   channel=$(grep -c "calls on device buffers take ibv's device channel" "$out")
-  line="2 hosts x $per ranks over $tp: $ok of $n ranks right, device channel on $channel, GPU-ring connections $landed"
+  hier=$(grep -c "allreduces on device buffers take CUDA IPC within a host and ibv's device channel" "$out")
+  ran=$(grep -c 'hier, cuda ipc and the device channel' "$out")
+  opened=$(sum_of ipc_opened) left=$(sum_of ipc_mappings)
+  line="2 hosts x $per ranks over $tp${envs:+ ($envs )}${mode:+ [$mode ]}: $ok of $n ranks right, device channel on $channel, hierarchical on $hier"
+  line="$line (calls traced $ran), GPU-ring connections $landed, IPC handles opened $opened, left open $left"
   bad=
   case $want in
     gdr) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$channel" = "$n" ] && [ "$landed" -gt 0 ] || bad=1 ;;
     staged) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$channel" = 0 ] || bad=1 ;;
+    fails) failed=$(grep -c 'WEFT_ERR' "$out")
+           line="$line; ranks that failed: $failed, saying: $(grep -m1 -o 'cannot be mapped over CUDA IPC[^;]*' "$out")"
+           [ "$status" != 0 ] && [ "$failed" -gt 0 ] && grep -q 'cannot be mapped over CUDA IPC' "$out" || bad=1 ;;
+    hier) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$hier" = "$n" ] && [ "$landed" -gt 0 ] &&
+            [ "$opened" -gt 0 ] && [ "$left" = 0 ] && [ "$ran" -gt 0 ] || bad=1 ;;
   esac
   if [ -n "$bad" ]; then
     echo "FAIL $line"
@@ -160,4 +196,8 @@ hosts() {
 hosts 1 ibv gdr
 hosts 2 ibv gdr --quick
 hosts 2 tcp staged --quick
+hosts 2 auto hier
+hosts 2 auto hier --quick WEFT_DEVICE_CHECK_VMM=1
+hosts 2 auto hier --grad 10
+hosts 2 auto fails --quick WEFT_CUDA_EMU_IPC=0
 exit $rc

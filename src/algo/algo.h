@@ -357,6 +357,10 @@ weft_status weft_flat_scatter_start(weft_coll *coll);
 weft_status weft_pairwise_alltoall_start(weft_coll *coll);
 weft_status weft_pairwise_allgather_start(weft_coll *coll);
 weft_status weft_hier_allreduce_start(weft_coll *coll);
+/* Device buffers over several hosts: the host's sum to its leader over CUDA
+ * IPC (the direct rounds), the leaders' allreduce over the device channel,
+ * the result back over IPC (hier_device.c). coll->hosts set, nhosts >= 2. */
+weft_status weft_hier_device_allreduce_start(weft_coll *coll);
 weft_status weft_direct_allreduce_start(weft_coll *coll);
 /* Whether the algorithm running on `coll` is the direct rounds (a choice
  * may have started them): their caller then acts on their answers. */

@@ -311,7 +311,8 @@ static bool device_channel_ok(const weft_coll_task *task) {
   const weft_coll *coll = &task->coll;
   bool int_avg = coll->op == WEFT_AVG && coll->dtype != WEFT_F32 && coll->dtype != WEFT_F64 &&
                  coll->dtype != WEFT_F16 && coll->dtype != WEFT_BF16;
-  return task->comm->device_channel_all && weft_cuda_has_kernels() && !int_avg &&
+  bool hier = task->comm->device_channel_hier && task->allreduce && weft_settings()->cuda_ipc;
+  return (task->comm->device_channel_all || hier) && weft_cuda_has_kernels() && !int_avg &&
          !task->device_restaging;
 }
 
@@ -322,19 +323,33 @@ static bool device_channel_ok(const weft_coll_task *task) {
  * waited for before the next step (weft_cuda_sync_begin), and the
  * transport's copies too (the init args' device_stream). A `staged` record
  * with no host copy carries the token and the end's signal. */
-static weft_status device_channel_in(weft_coll_task *task, struct weft_coll_device *d) {
+static weft_status bounce_in(weft_coll_task *task, struct weft_coll_device *d, const weft_coll_span *span,
+                             const void *send, void *recv);
+
+static weft_status device_channel_in(weft_coll_task *task, struct weft_coll_device *d,
+                                     const weft_coll_span *span, const void *send, void *recv) {
   weft_coll *coll = &task->coll;
-  struct weft_coll_staged *st = calloc(1, sizeof *st);
-  if (!st) return staged_fail(task, WEFT_ERR_NOMEM, "no memory for a device call's record");
-  st->block = -1;
-  st->in_on = d->in;
   weft_status rc = weft_mem_device.stream_after_user(d->in, task->user_stream);
-  if (!rc) rc = weft_mem_device.record(d->in, &st->in);
-  if (rc) {
-    free(st);
-    return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
+  if (rc) return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
+  if (task->comm->device_channel_hier &&
+      ((send && !weft_cuda_ipc_exportable(send)) || (recv && !weft_cuda_ipc_exportable(recv)))) {
+    /* the hierarchical form maps the buffers within a host over CUDA IPC:
+     * buffers without a legacy handle are bounced, as in place */
+    rc = bounce_in(task, d, span, send, recv);
+    if (rc) return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
+  } else {
+    struct weft_coll_staged *st = calloc(1, sizeof *st);
+    if (!st) return staged_fail(task, WEFT_ERR_NOMEM, "no memory for a device call's record");
+    st->block = -1;
+    st->in_on = d->in;
+    rc = weft_mem_device.record(d->in, &st->in);
+    if (rc) {
+      free(st);
+      return weft_core_error(task->comm, rc, coll->call, "%s", task->comm->links.sink.msg);
+    }
+    task->staged = st;
+    coll->ready = st->in;
   }
-  task->staged = st;
   weft_transport_init_args *a = task->comm->tp_args;
   if (a && !__atomic_load_n(&a->device_stream, __ATOMIC_ACQUIRE)) {
     /* before the channel's first connection; a peer's hello that came
@@ -346,8 +361,7 @@ static weft_status device_channel_in(weft_coll_task *task, struct weft_coll_devi
   coll->scratch_mem = &weft_mem_device;
   coll->stream = d->stream;
   coll->ready_stream = d->in;
-  coll->ready = st->in;
-  ((weft_call_links *)(void *)task->link_ctx)->channel = WEFT_TP_CHANNEL_DEVICE;
+  ((weft_call_links *)(void *)task->link_ctx)->device = true;
   task->route = WEFT_ROUTE_DEVICE_CHANNEL;
   return WEFT_OK;
 }
@@ -531,7 +545,7 @@ weft_status weft_coll_stage_in(weft_coll_task *task, const weft_coll_span *span,
                        ordinal, ordinal);
   struct weft_coll_device *d = NULL;
   WEFT_CHECK(device_state(task, ordinal, &d));
-  if (!now && device_channel_ok(task)) return device_channel_in(task, d);
+  if (!now && device_channel_ok(task)) return device_channel_in(task, d, span, send, recv);
   if (!now && device_in_place_ok(task)) {
     /* the buffers stay where they are; the algorithm starts once the
      * user's work queued on them before this call is done (the token on
@@ -957,7 +971,7 @@ void weft_coll_stage_release(weft_coll_task *task) {
   /* a call over IPC that failed part-way may still map the peers' lent
    * buffers (the done round closes them on success): closed here, as the
    * call ends, not at the next call or the destroy */
-  if (task->route == WEFT_ROUTE_IN_PLACE)
+  if (task->route == WEFT_ROUTE_IN_PLACE || task->route == WEFT_ROUTE_DEVICE_CHANNEL)
     weft_peer_table_release_mem(&task->comm->links, task->comm->size, false);
   weft_coll_stage_release_copy(task);
 }
@@ -980,11 +994,6 @@ void weft_coll_stage_release_copy(weft_coll_task *task) {
     pool[st->block].until_out = out;
     pool[st->block].busy = false; /* last: a taker reads the tokens after it */
     pthread_mutex_unlock(&d->lock);
-  } else if (task->route == WEFT_ROUTE_DEVICE_CHANNEL) {
-    /* a call that failed may leave the transport's copy into the user's
-     * buffer queued: done before the buffer is the user's again */
-    weft_mem_token all = 0;
-    if (!weft_mem_device.record(d->stream, &all)) token_wait(task->comm, d->stream, all);
   } else if (st->own) {
     token_wait(task->comm, st->in_on, in);
     token_wait(task->comm, d->stream, out);
@@ -992,6 +1001,12 @@ void weft_coll_stage_release_copy(weft_coll_task *task) {
       weft_mem_device.free_scratch(st->own);
     else
       weft_mem_device.free_slots(st->own, st->own_bytes);
+  }
+  if (task->route == WEFT_ROUTE_DEVICE_CHANNEL && !st->bounced) {
+    /* a call that failed may leave the transport's copy into the user's
+     * buffer queued: done before the buffer is the user's again */
+    weft_mem_token all = 0;
+    if (!weft_mem_device.record(d->stream, &all)) token_wait(task->comm, d->stream, all);
   }
   for (int i = 0; i < st->nspent; i++) weft_coll_scratch_free(&task->coll, st->spent[i]);
   free(st->spent);

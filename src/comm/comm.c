@@ -276,40 +276,59 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
 }
 
 /* Whether calls on device buffers take the device channel (core.h): a
- * transport that carries device chunks was started by every rank, each
- * published that its channel is on (ibv: WEFT_IB_GDR is not off), and no
- * two ranks share a host, or that transport
- * is forced (WEFT_TRANSPORT): then the selection links every pair through
- * it, on every rank alike. Shared hosts take CUDA IPC and staging as
- * before (the hierarchical form, IPC within a host and the device channel
- * across, is not built yet). */
+ * transport that carries device chunks was started by every rank and each
+ * published that its channel is on (ibv: WEFT_IB_GDR is not off). Then,
+ * where no two ranks share a host, or that transport is forced
+ * (WEFT_TRANSPORT), the selection links every pair through it, on every
+ * rank alike: every call on device buffers takes it (device_channel_all).
+ * Where several hosts hold several ranks, ranks of one host reach each
+ * other over shm (CUDA IPC) and the hosts over it: allreduces take the
+ * hierarchical form (device_channel_hier). */
 static void device_channel_decide(weft_comm *comm) {
   weft_peer_table *l = &comm->core.links;
-  comm->core.device_channel_all = false;
+  comm->core.device_channel_all = comm->core.device_channel_hier = false;
   int dc = -1;
   for (int t = 0; t < l->ntps; t++)
     if (l->tps[t].ops->caps.device_channel) dc = t;
   if (dc < 0 || comm->core.size < 2) return;
   bool forced = weft_settings()->transport != WEFT_TRANSPORT_AUTO &&
                 !strcmp(weft_setting_str(WEFT_SETTING_TRANSPORT), l->tps[dc].ops->name);
-  if (!forced && comm->core.hosts.nhosts != comm->core.size) return;
   for (int p = 0; p < comm->core.size; p++) {
     const void *addr;
     size_t len;
     weft_comm_peer_address(comm, p, l->tps[dc].builtin, &addr, &len);
     if (!addr || !l->tps[dc].ops->publishes_device_channel(addr, len)) return;
   }
-  for (int p = 0; p < comm->core.size; p++)
-    if (p != comm->core.rank && l->peers[p].tp != dc) {
+  bool flat = forced || comm->core.hosts.nhosts == comm->core.size;
+  if (!flat && comm->core.hosts.nhosts < 2) return; /* one host: CUDA IPC, as before */
+  const char *my_host = comm->peers[comm->core.rank].info.host;
+  for (int p = 0; p < comm->core.size; p++) {
+    if (p == comm->core.rank) continue;
+    const weft_transport *ops = l->tps[l->peers[p].tp].ops;
+    bool same_host = !strcmp(comm->peers[p].info.host, my_host);
+    /* flat: the device channel to every peer; else it between hosts and
+     * a transport that maps device memory (shm: CUDA IPC) within one */
+    bool fits = flat || !same_host ? l->peers[p].tp == dc
+                                   : (ops->caps.map_kinds & WEFT_MEMORY_BIT(WEFT_MEMORY_DEVICE)) != 0;
+    if (!fits) {
       /* every rank published it, yet this pair took another (ports of
        * another link layer): the others may decide otherwise, said loudly */
       WEFT_WARN(WEFT_SUBSYS_INIT,
-                "rank %d reaches peer %d over %s though every rank started %s: device buffers "
-                "are staged through host memory on this rank (set WEFT_IB_GDR=off on every rank "
-                "if calls on device buffers then disagree)",
-                comm->core.rank, p, l->tps[l->peers[p].tp].ops->name, l->tps[dc].ops->name);
+                "rank %d reaches peer %d over %s though every rank started %s with its device "
+                "channel: device buffers are staged through host memory on this rank (set "
+                "WEFT_IB_GDR=off on every rank if calls on device buffers then disagree)",
+                comm->core.rank, p, ops->name, l->tps[dc].ops->name);
       return;
     }
+  }
+  if (!flat) {
+    comm->core.device_channel_hier = true;
+    WEFT_INFO(WEFT_SUBSYS_INIT,
+              "rank %d: allreduces on device buffers take CUDA IPC within a host and %s's device "
+              "channel between hosts",
+              comm->core.rank, l->tps[dc].ops->name);
+    return;
+  }
   comm->core.device_channel_all = true;
   /* no pair's sends are stores: the exchange never asks (its question is a
    * host word, which the device channel does not carry) */

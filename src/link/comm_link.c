@@ -27,15 +27,17 @@ static weft_status link_result(weft_call_links *cl, int peer, weft_status st,
 static weft_status link_conn(weft_call_links *cl, int peer, weft_tp_conn **out) {
   weft_peer_table *l = cl->links;
   weft_peer_route *p = &l->peers[peer];
-  if (!p->conn[cl->channel]) {
-    weft_status st = weft_peer_table_conn(l, peer, cl->channel, out);
+  int channel = cl->device && peer_ops(l, peer)->caps.device_channel ? WEFT_TP_CHANNEL_DEVICE
+                                                                     : WEFT_TP_CHANNEL_COLL;
+  if (!p->conn[channel]) {
+    weft_status st = weft_peer_table_conn(l, peer, channel, out);
     if (st < 0) return link_result(cl, peer, st, "a connection to");
   }
   if (!p->is_active) {
     p->is_active = true;
     l->active[l->nactive++] = peer;
   }
-  *out = p->conn[cl->channel];
+  *out = p->conn[channel];
   return WEFT_OK;
 }
 

@@ -94,9 +94,11 @@ typedef struct weft_call_links {
    * failure and what was awaited from it, the peer whose link failed */
   int *waiting_peer, *fail_peer;
   const char **waiting_for;
-  /* the transports' channel the call's chunks take: WEFT_TP_CHANNEL_COLL,
-   * or WEFT_TP_CHANNEL_DEVICE for device buffers where they lie */
-  int channel;
+  /* device buffers where they lie (coll.h, WEFT_ROUTE_DEVICE_CHANNEL):
+   * chunks to a peer whose transport carries device chunks take its
+   * device channel (transport.h), the rest (CUDA IPC's descriptors to the
+   * ranks of this host) the collectives' */
+  bool device;
 } weft_call_links;
 
 _Static_assert(sizeof(weft_call_links) <= WEFT_LINK_CTX_BYTES,
@@ -113,7 +115,7 @@ static inline weft_link weft_call_links_init(weft_call_links *cl, weft_peer_tabl
                           .waiting_peer = waiting_peer,
                           .fail_peer = fail_peer,
                           .waiting_for = waiting_for,
-                          .channel = WEFT_TP_CHANNEL_COLL};
+                          .device = false};
   return (weft_link){.ops = &weft_call_links_ops, .ctx = cl};
 }
 

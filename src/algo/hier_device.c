@@ -1,0 +1,175 @@
+/* hier_device.c - allreduce on device buffers of ranks spread over several
+ * hosts with several ranks on some (issue 47): CUDA IPC within a host, the
+ * device channel (verbs, GPUDirect RDMA) between hosts. The leader form of
+ * hier_allreduce.c with phases that work on the buffers where they lie:
+ *   1. the host's sum into its leader's recvbuf: the direct rounds' reduce
+ *      (direct_device.c), the leader reading every member's sendbuf over
+ *      CUDA IPC and summing in member order with kernels;
+ *   2. the leaders' allreduce of that sum, in place, over the device
+ *      channel (recursive doubling for one chunk, else the ring: the same
+ *      choice as the host form), divided there for avg by the call's size;
+ *   3. the result from the leader to its host: the direct rounds'
+ *      broadcast, every member copying the leader's recvbuf over IPC.
+ * The links know which channel each peer takes (comm_link.c: the device
+ * channel to another host, the collectives' to this one, which carries
+ * the direct rounds' descriptors). A phase that finds a buffer some member
+ * of its host cannot map (GPUs without peer access) fails the call on every
+ * rank, saying so: staging it after all would need every host to agree
+ * (WEFT_CUDA_IPC=0 stages every call). */
+#include <stdlib.h>
+
+#include "src/algo/algo.h"
+
+typedef struct hdev_ctl {
+  weft_coll inner;        /* the phase in progress */
+  weft_group_links group; /* its links: its group's members on the call's links */
+  bool running;
+  int next;       /* the phase: 0 reduce, 1 the leaders' allreduce, 2 broadcast, 3 done */
+  void *sum;      /* the leader's device scratch for phase 1's sum (count elements) */
+  void *spent[3]; /* finished phases' host scratch: their last sends may read it */
+  int nspent;
+} hdev_ctl;
+
+typedef struct hdev_state {
+  hdev_ctl *ctl;
+} hdev_state;
+_Static_assert(sizeof(hdev_state) <= WEFT_ALGO_STATE_BYTES, "hdev_state fits weft_coll.algo_state");
+
+static void hdev_cleanup(weft_coll *coll) {
+  hdev_ctl *ctl = WEFT_ALGO_STATE(coll, hdev_state)->ctl;
+  if (!ctl) return;
+  if (ctl->running && ctl->inner.cleanup) ctl->inner.cleanup(&ctl->inner);
+  for (int i = 0; i < ctl->nspent; i++) weft_coll_scratch_free(&ctl->inner, ctl->spent[i]);
+  weft_coll_scratch_free(&ctl->inner, ctl->inner.scratch);
+  /* at the call's end: the direct rounds end only once their kernels ran */
+  if (ctl->sum) coll->mem->free_scratch(ctl->sum);
+  free(ctl);
+  WEFT_ALGO_STATE(coll, hdev_state)->ctl = NULL;
+}
+
+/* Phase `next` as a `size`-member run on `group` (this rank `rank`). */
+static weft_coll *phase_init(weft_coll *coll, hdev_ctl *ctl, const int *group, int rank,
+                             int size, const void *src, void *dst, int avg_div, bool across) {
+  weft_coll *in = &ctl->inner;
+  *in = (weft_coll){.link = weft_group_links_init(&ctl->group, coll->link, group),
+                    .call = coll->call,
+                    .rank = rank,
+                    .size = size,
+                    .avg_div = avg_div,
+                    .sendbuf = src,
+                    .recvbuf = dst,
+                    .count = coll->count,
+                    .dtype = coll->dtype,
+                    .op = coll->op,
+                    .root = 0,
+                    .elem = coll->elem,
+                    .chunk_bytes = coll->chunk_bytes,
+                    .mem = coll->mem,
+                    .stream = coll->stream,
+                    .ready_stream = coll->ready_stream,
+                    .ready = coll->ready,
+                    .seq = coll->seq,
+                    .sig = coll->sig,
+                    .fail_peer = -1};
+  if (across) {
+    /* the network phase: its scratch is device memory (what it holds is
+     * data), and the call's wire dtype is its own */
+    in->scratch_mem = coll->scratch_mem;
+    in->wire = coll->wire;
+    in->wire_stage = coll->wire_stage;
+  }
+  ctl->running = true;
+  return in;
+}
+
+/* Advances the phase in progress: OK once it is done, AGAIN, or an error.
+ * The direct rounds' questions are answered here (algo.h). */
+static weft_status phase_step(weft_coll *coll, hdev_ctl *ctl) {
+  weft_coll *in = &ctl->inner;
+  for (;;) {
+    weft_status st = in->advance(in);
+    if (st == WEFT_ALGO_NEED_SCRATCH) {
+      if (!ctl->sum) ctl->sum = coll->mem->alloc_scratch(coll->count * coll->elem + 64);
+      if (!ctl->sum) {
+        coll->link.ops->set_error(coll->link.ctx, "no device memory for the host's sum");
+        return WEFT_ERR_NOMEM;
+      }
+      in->device_scratch = ctl->sum;
+      continue;
+    }
+    if (st == WEFT_ALGO_FALL_BACK) {
+      coll->link.ops->set_error(
+          coll->link.ctx,
+          "a device buffer of this host's ranks cannot be mapped over CUDA IPC (GPUs without peer "
+          "access?): the hierarchical allreduce over the device channel needs it; set "
+          "WEFT_CUDA_IPC=0 on every rank to stage such calls through host memory");
+      return WEFT_ERR_UNSUPPORTED;
+    }
+    if (st != WEFT_OK) return st;
+    if (in->cleanup) in->cleanup(in);
+    if (in->scratch) {
+      if (ctl->nspent == (int)(sizeof ctl->spent / sizeof *ctl->spent)) return WEFT_ERR_INTERNAL;
+      ctl->spent[ctl->nspent++] = in->scratch;
+      in->scratch = NULL;
+    }
+    ctl->running = false;
+    return WEFT_OK;
+  }
+}
+
+static weft_status hdev_advance(weft_coll *coll) {
+  hdev_ctl *ctl = WEFT_ALGO_STATE(coll, hdev_state)->ctl;
+  const weft_hosts *h = &coll->hosts;
+  for (;;) {
+    if (ctl->running) {
+      WEFT_STEP(phase_step(coll, ctl));
+      ctl->next++;
+    }
+    switch (ctl->next) {
+      case 0: /* the host's sum into its leader's recvbuf */
+        if (h->local_size > 1) {
+          WEFT_CHECK(weft_direct_reduce_start(phase_init(coll, ctl, h->host_members, h->host_index,
+                                                         h->local_size, coll->sendbuf,
+                                                         coll->recvbuf, 1, false)));
+          continue;
+        }
+        ctl->next++;
+        continue;
+      case 1: /* the leaders' allreduce, in place; avg divides by the call's size */
+        if (h->host_index == 0) {
+          const void *from = h->local_size > 1 ? coll->recvbuf : coll->sendbuf;
+          weft_coll *in = phase_init(coll, ctl, h->leaders, h->leader_index, h->nhosts, from,
+                                     coll->recvbuf, coll->avg_div, true);
+          size_t bytes = coll->count * coll->elem;
+          bool rd = bytes <= coll->chunk_bytes && bytes <= coll->hint.rd_max_bytes;
+          WEFT_CHECK(rd ? weft_rd_allreduce_start(in) : weft_ring_allreduce_start(in));
+          continue;
+        }
+        ctl->next++;
+        continue;
+      case 2: /* the result to the host */
+        if (h->local_size > 1) {
+          WEFT_CHECK(weft_direct_broadcast_start(phase_init(coll, ctl, h->host_members,
+                                                            h->host_index, h->local_size,
+                                                            coll->recvbuf, coll->recvbuf, 1,
+                                                            false)));
+          continue;
+        }
+        ctl->next++;
+        continue;
+      default:
+        return WEFT_OK;
+    }
+  }
+}
+
+weft_status weft_hier_device_allreduce_start(weft_coll *coll) {
+  if (coll->hosts.nhosts < 2) return WEFT_ERR_INTERNAL; /* the caller's rule: several hosts */
+  hdev_ctl *ctl = calloc(1, sizeof *ctl);
+  if (!ctl) return WEFT_ERR_NOMEM;
+  WEFT_ALGO_STATE(coll, hdev_state)->ctl = ctl;
+  coll->algo = "hier, cuda ipc and the device channel";
+  coll->cleanup = hdev_cleanup;
+  coll->advance = hdev_advance;
+  return WEFT_OK;
+}
