@@ -167,6 +167,7 @@ hosts() {
   status=0
   for p in $pids; do wait "$p" || status=1; done
   cat "$tmp"/out.* > "$out"
+  [ -z "${WEFT_TEST_KEEP:-}" ] || cp "$out" "$WEFT_TEST_KEEP.$want.$per"
   ok=$(passed)
   landed=$(grep -c 'chunks land in GPU memory' "$out")
   channel=$(grep -c "calls on device buffers take ibv's device channel" "$out")

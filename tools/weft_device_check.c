@@ -339,6 +339,8 @@ static void one_call(weft_comm *comm, coll_id id, int c, weft_dtype dt, weft_op 
     printf("rank %d: FAIL %s call %d %s %s count %zu: %s: %s\n", rank, coll_names[id], c,
            weft_dtype_name(dt), weft_op_name(op), count, weft_status_name(st),
            weft_last_error(comm));
+    free(in);
+    free(out);
     exit(1); /* the communicator is failed: the other checks would only repeat it */
   }
   read_dev(out, (CUdeviceptr)(uintptr_t)r, out_elems * elem);

@@ -35,7 +35,8 @@ static void print_cuda(void) {
                         "staged through host memory; install the CUDA toolkit and build again)";
 #endif
   printf("cuda: built (CUDA %d.%d headers; the driver loaded at run time) %s, %s: %s; device "
-         "buffers: every collective within a host through CUDA IPC (WEFT_CUDA_IPC), else staged "
+         "buffers: every collective within a host through CUDA IPC (WEFT_CUDA_IPC), across hosts over "
+         "verbs with GPUDirect RDMA where it registers them (the gdr line), else staged "
          "through pinned host memory\n",
          CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10, kernels,
          usable ? "usable here" : "not usable here", why);

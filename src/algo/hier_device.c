@@ -40,7 +40,9 @@ static void hdev_cleanup(weft_coll *coll) {
   if (!ctl) return;
   if (ctl->running && ctl->inner.cleanup) ctl->inner.cleanup(&ctl->inner);
   for (int i = 0; i < ctl->nspent; i++) weft_coll_scratch_free(&ctl->inner, ctl->spent[i]);
-  weft_coll_scratch_free(&ctl->inner, ctl->inner.scratch);
+  /* the phase in progress's, and what its direct rounds handed over as
+   * they fell back (algo.h) */
+  weft_coll_scratch_release(&ctl->inner);
   /* at the call's end: the direct rounds end only once their kernels ran */
   if (ctl->sum) coll->mem->free_scratch(ctl->sum);
   free(ctl);
