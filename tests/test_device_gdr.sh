@@ -51,6 +51,16 @@ trap cleanup EXIT INT TERM
 out=$tmp/out report=$tmp/report
 rc=0
 sum_of() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) s += $(i + 1)} END {print s + 0}' "$report"; }
+# verdict BAD LINE: the run's line, with the output's first lines when BAD is set
+verdict() {
+  if [ -n "$1" ]; then
+    echo "FAIL $2"
+    grep -v ' INFO ' "$out" | head -20
+    rc=1
+  else
+    echo "ok - $2"
+  fi
+}
 passed() { grep -c 'device-check: rank [0-9]*: [0-9]* passed, 0 failed' "$out"; }
 
 # run N WANT [--mode ARGS] [VAR=VALUE ...]
@@ -95,13 +105,7 @@ run() {
            line="$line; ranks with wrong results: $wrong"
            [ "$wrong" -gt 0 ] || bad=1 ;;
   esac
-  if [ -n "$bad" ]; then
-    echo "FAIL $line"
-    grep -v ' INFO ' "$out" | head -20
-    rc=1
-  else
-    echo "ok - $line"
-  fi
+  verdict "$bad" "$line"
 }
 
 run 2 gdr
@@ -186,13 +190,7 @@ hosts() {
     hier) [ "$status" = 0 ] && [ "$ok" = "$n" ] && [ "$hier" = "$n" ] && [ "$landed" -gt 0 ] &&
             [ "$opened" -gt 0 ] && [ "$left" = 0 ] && [ "$ran" -gt 0 ] || bad=1 ;;
   esac
-  if [ -n "$bad" ]; then
-    echo "FAIL $line"
-    grep -v ' INFO ' "$out" | head -20
-    rc=1
-  else
-    echo "ok - $line"
-  fi
+  verdict "$bad" "$line"
 }
 hosts 1 ibv gdr
 hosts 2 ibv gdr --quick

@@ -234,6 +234,15 @@ static inline void weft_link_release(weft_coll *coll, int peer) {
 /* Scratch memory of the call's memory kind (steps.c), `bytes` long, freed
  * when the call ends; one allocation per call. WEFT_ERR_NOMEM if none. */
 weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out);
+
+/* A phase of `outer` (the hierarchical forms): `inner` set up as a
+ * `size`-member run on the members `group` of outer's links (this rank
+ * `rank`), `count` elements from src into dst, avg divided by avg_div, root
+ * member 0, the call's tag, memory table and stream; the caller starts an
+ * algorithm on it. `links` is the caller's storage for the group's links. */
+weft_coll *weft_coll_phase(weft_coll *inner, const weft_coll *outer, weft_group_links *links,
+                           const int *group, int rank, int size, const void *src, void *dst,
+                           size_t count, int avg_div);
 /* Frees memory weft_coll_scratch gave `coll` (NULL is a no-op), through
  * the same table: the caller clears coll->scratch. */
 void weft_coll_scratch_free(weft_coll *coll, void *scratch);

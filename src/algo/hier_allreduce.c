@@ -97,24 +97,8 @@ static void hier_cleanup(weft_coll *coll) {
 static weft_coll *phase_init(weft_coll *coll, hier_chain *ch, const int *group, int rank, int size,
                              const void *src, void *dst, size_t count, int avg_div,
                              bool across_hosts) {
-  weft_coll *inner = &ch->inner;
-  *inner = (weft_coll){.link = weft_group_links_init(&ch->group, coll->link, group),
-                       .call = coll->call,
-                       .rank = rank,
-                       .size = size,
-                       .avg_div = avg_div,
-                       .sendbuf = src,
-                       .recvbuf = dst,
-                       .count = count,
-                       .dtype = coll->dtype,
-                       .op = coll->op,
-                       .root = 0,
-                       .elem = coll->elem,
-                       .chunk_bytes = coll->chunk_bytes,
-                       .mem = coll->mem,
-                       .seq = coll->seq,
-                       .sig = coll->sig,
-                       .fail_peer = -1};
+  weft_coll *inner = weft_coll_phase(&ch->inner, coll, &ch->group, group, rank, size, src, dst,
+                                     count, avg_div);
   if (across_hosts) { /* the call's stage: it lives until the call's flush */
     inner->wire = coll->wire;
     inner->wire_stage = coll->wire_stage;

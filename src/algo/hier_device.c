@@ -52,27 +52,8 @@ static void hdev_cleanup(weft_coll *coll) {
 /* Phase `next` as a `size`-member run on `group` (this rank `rank`). */
 static weft_coll *phase_init(weft_coll *coll, hdev_ctl *ctl, const int *group, int rank,
                              int size, const void *src, void *dst, int avg_div, bool across) {
-  weft_coll *in = &ctl->inner;
-  *in = (weft_coll){.link = weft_group_links_init(&ctl->group, coll->link, group),
-                    .call = coll->call,
-                    .rank = rank,
-                    .size = size,
-                    .avg_div = avg_div,
-                    .sendbuf = src,
-                    .recvbuf = dst,
-                    .count = coll->count,
-                    .dtype = coll->dtype,
-                    .op = coll->op,
-                    .root = 0,
-                    .elem = coll->elem,
-                    .chunk_bytes = coll->chunk_bytes,
-                    .mem = coll->mem,
-                    .stream = coll->stream,
-                    .ready_stream = coll->ready_stream,
-                    .ready = coll->ready,
-                    .seq = coll->seq,
-                    .sig = coll->sig,
-                    .fail_peer = -1};
+  weft_coll *in = weft_coll_phase(&ctl->inner, coll, &ctl->group, group, rank, size, src, dst,
+                                  coll->count, avg_div);
   if (across) {
     /* the network phase: its scratch is device memory (what it holds is
      * data), and the call's wire dtype is its own */

@@ -30,6 +30,32 @@ weft_status weft_coll_scratch(weft_coll *coll, size_t bytes, void **out) {
   return WEFT_OK;
 }
 
+weft_coll *weft_coll_phase(weft_coll *inner, const weft_coll *outer, weft_group_links *links,
+                           const int *group, int rank, int size, const void *src, void *dst,
+                           size_t count, int avg_div) {
+  *inner = (weft_coll){.link = weft_group_links_init(links, outer->link, group),
+                       .call = outer->call,
+                       .rank = rank,
+                       .size = size,
+                       .avg_div = avg_div,
+                       .sendbuf = src,
+                       .recvbuf = dst,
+                       .count = count,
+                       .dtype = outer->dtype,
+                       .op = outer->op,
+                       .root = 0,
+                       .elem = outer->elem,
+                       .chunk_bytes = outer->chunk_bytes,
+                       .mem = outer->mem,
+                       .stream = outer->stream,
+                       .ready_stream = outer->ready_stream,
+                       .ready = outer->ready,
+                       .seq = outer->seq,
+                       .sig = outer->sig,
+                       .fail_peer = -1};
+  return inner;
+}
+
 void weft_coll_scratch_free(weft_coll *coll, void *scratch) {
   scratch_mem(coll)->free_scratch(scratch);
 }
