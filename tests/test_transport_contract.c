@@ -31,7 +31,7 @@
 
 /* The channels of host chunks (COLL, P2P); the device channel's chunks
  * are device memory (transport.h), checked in test_ibv_gdr.c. */
-#define HOST_CHANNELS 2
+#define HOST_CHANNELS WEFT_TP_HOST_CHANNELS
 
 typedef struct pair {
   const weft_transport *tp;

@@ -85,6 +85,9 @@ struct weft_mem_ops;
  * device memory), and are checked as on every channel. */
 #define WEFT_TP_CHANNELS 3
 enum { WEFT_TP_CHANNEL_COLL = 0, WEFT_TP_CHANNEL_P2P = 1, WEFT_TP_CHANNEL_DEVICE = 2 };
+/* The channels a transport without caps.device_channel is ever asked for
+ * (COLL and P2P): what it sizes its shared resources by. */
+#define WEFT_TP_HOST_CHANNELS 2
 
 /* A buffer to register (register_mem). */
 typedef struct weft_mem_region {

@@ -127,7 +127,7 @@ static bool shm_can_reach(weft_tp_ctx *tctx, int peer, const void *peer_addr, si
    * goes between them, and the room for it must be there then too. */
   uint64_t pairs = (uint64_t)ctx->args->local_size * (uint64_t)(ctx->args->local_size - 1) / 2;
   uint64_t need =
-      pairs * WEFT_TP_CHANNELS * shm_segment_bytes(ctx->nslots, ctx->args->chunk_bytes);
+      pairs * WEFT_TP_HOST_CHANNELS * shm_segment_bytes(ctx->nslots, ctx->args->chunk_bytes);
   uint64_t have = ctx->self.shm_free < pa->shm_free ? ctx->self.shm_free : pa->shm_free;
   if (have < need + need / 16) {
     snprintf(why, why_len,
