@@ -253,9 +253,10 @@ static weft_status ibv_check_memlock(ibv_ctx *ctx) {
   struct rlimit rl;
   if (getrlimit(RLIMIT_MEMLOCK, &rl) || rl.rlim_cur == RLIM_INFINITY) return WEFT_OK;
   /* a connection registers its receive and send rings and a control page;
-   * a peer may get one per channel (collectives, and p2p once a message
-   * goes to it) */
-  uint64_t per_peer = WEFT_TP_CHANNELS * (2 * (uint64_t)ctx->nslots * ctx->stride + 4096);
+   * a peer may get one per host channel (collectives, and p2p once a
+   * message goes to it); the device channel's, in a job on device buffers,
+   * are checked by their registration (ENOMEM names ulimit -l there) */
+  uint64_t per_peer = WEFT_TP_HOST_CHANNELS * (2 * (uint64_t)ctx->nslots * ctx->stride + 4096);
   uint64_t need = per_peer * (uint64_t)(ctx->args->size > 1 ? ctx->args->size - 1 : 1);
   if (rl.rlim_cur >= need) return WEFT_OK;
   FILE *f = fopen("/proc/self/status", "r");
