@@ -10,7 +10,8 @@
 # emulated NIC (dma-buf registrations of the stand-in's memory), and the
 # reductions are kernels. Each run says which way it went and every result
 # must be right:
-#   - registered: dma-bufs exported and none left open at exit, "chunks land
+#   - registered (also with 3 queue pairs a peer served in random order:
+#     a chunk's tag and data go on one, in order): dma-bufs exported and none left open at exit, "chunks land
 #     in GPU memory" on every rank;
 #   - a NIC without dma-buf (IBV_EMU_CONFIG=no_dmabuf): one warning per rank
 #     naming the device and the reason, both ends staged, still right;
@@ -28,8 +29,8 @@
 #     and said so): 1 and 2 ranks a host over verbs, and 2 a host over tcp
 #     (staged); and 2 a host as a cluster has them, hwloc shown an RDMA NIC
 #     (tests/topo/rdma_host.xml: verbs between the hosts, shm within): the
-#     hierarchical allreduce (CUDA IPC within a host, the device channel
-#     between the leaders) on every rank, its IPC handles opened and none
+#     hierarchical allreduce and broadcast (CUDA IPC within a host, the
+#     device channel between the leaders) on every rank, its IPC handles opened and none
 #     left open, every result right, cuMemCreate buffers (bounced) and
 #     gradient sets too; with every IPC open refused (WEFT_CUDA_EMU_IPC=0)
 #     every rank fails, saying the buffers cannot be mapped.
@@ -110,6 +111,7 @@ run() {
 
 run 2 gdr
 run 3 gdr --quick
+run 3 gdr --quick IBV_EMU_CONFIG=reorder WEFT_IB_QPS_PER_PEER=3
 run 4 gdr --quick
 run 2 refused --quick IBV_EMU_CONFIG=no_dmabuf
 run 2 off --quick WEFT_IB_GDR=off

@@ -56,6 +56,8 @@ typedef struct weft_hosts {
    * on every host, in the leaders' order (this rank is leader_index
    * there); NULL otherwise. */
   const int *index_peers;
+  /* every rank's host: its index among the leaders (size of them) */
+  const int *host_of;
 } weft_hosts;
 
 /* What the caller knows that an algorithm may use: settings and what
@@ -370,6 +372,9 @@ weft_status weft_hier_allreduce_start(weft_coll *coll);
  * IPC (the direct rounds), the leaders' allreduce over the device channel,
  * the result back over IPC (hier_device.c). coll->hosts set, nhosts >= 2. */
 weft_status weft_hier_device_allreduce_start(weft_coll *coll);
+/* The same hosts' broadcast: within the root's host over CUDA IPC, among
+ * the leaders over the device channel, within the other hosts over IPC. */
+weft_status weft_hier_device_broadcast_start(weft_coll *coll);
 weft_status weft_direct_allreduce_start(weft_coll *coll);
 /* Whether the algorithm running on `coll` is the direct rounds (a choice
  * may have started them): their caller then acts on their answers. */

@@ -501,6 +501,7 @@ static weft_status coll_begin(weft_core *comm, weft_coll_task *task, const char 
                            .comm = comm,
                            .kind = (uint8_t)kind,
                            .allreduce = kind == KIND_ALLREDUCE,
+                           .broadcast = kind == KIND_BROADCAST,
                            .waiting_peer = -1,
                            .wire_dtype = -1,
                            .user_stream = comm->user_stream};
@@ -907,10 +908,12 @@ static weft_status coll_setup(weft_coll_task *task, const char *call, weft_core 
   if (d->late) coll->hosts = comm->hosts;
   if (task->route == WEFT_ROUTE_DEVICE_CHANNEL && comm->device_channel_hier) {
     /* several hosts, some with several ranks: CUDA IPC within, the device
-     * channel across (coll_device.c took only allreduces here) */
+     * channel across (coll_device.c took only allreduces and broadcasts) */
     coll->hosts = comm->hosts;
     coll->hint.rd_max_bytes = comm->choice.rd_max_bytes;
-    return coll_start(coll, weft_hier_device_allreduce_start(coll));
+    coll->hint.bcast_chain_bytes = comm->choice.bcast_chain_bytes;
+    return coll_start(coll, task->broadcast ? weft_hier_device_broadcast_start(coll)
+                                            : weft_hier_device_allreduce_start(coll));
   }
   if (task->route == WEFT_ROUTE_SLICED) return coll_start(coll, weft_coll_stage_slices_start(task));
   if (!d->late) return coll_start(coll, d->host_start(coll));

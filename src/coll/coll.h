@@ -46,8 +46,9 @@ typedef struct weft_coll_task {
   weft_coll coll;    /* first: an advance of coll.c's finds its task (weft_coll_task_of) */
   weft_core *comm;   /* the communicator's core */
   uint8_t kind;      /* which call it is, for its checks and messages */
-  bool allreduce;    /* it is an allreduce (a gradient set's bucket too): the hierarchical
-                        form on device buffers takes only those (coll_device.c) */
+  bool allreduce;    /* it is an allreduce (a gradient set's bucket too) */
+  bool broadcast;    /* it is a broadcast: with allreduce, what the hierarchical form on
+                        device buffers takes (coll_device.c) */
   double issued;     /* weft_now() when issued (engine.c): the recorder's and the timeout's start */
   uint32_t rec_slot; /* its flight recorder entry (recorder.c) */
   /* written by the communicator's links (comm_link.c): the peer of the last

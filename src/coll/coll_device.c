@@ -311,7 +311,8 @@ static bool device_channel_ok(const weft_coll_task *task) {
   const weft_coll *coll = &task->coll;
   bool int_avg = coll->op == WEFT_AVG && coll->dtype != WEFT_F32 && coll->dtype != WEFT_F64 &&
                  coll->dtype != WEFT_F16 && coll->dtype != WEFT_BF16;
-  bool hier = task->comm->device_channel_hier && task->allreduce && weft_settings()->cuda_ipc;
+  bool hier = task->comm->device_channel_hier && (task->allreduce || task->broadcast) &&
+              weft_settings()->cuda_ipc;
   return (task->comm->device_channel_all || hier) && weft_cuda_has_kernels() && !int_avg &&
          !task->device_restaging;
 }

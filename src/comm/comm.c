@@ -156,6 +156,7 @@ static void comm_free(weft_comm *comm) {
   free((void *)comm->core.hosts.host_members);
   free((void *)comm->core.hosts.leaders);
   free((void *)comm->core.hosts.index_peers);
+  free((void *)comm->core.hosts.host_of);
   weft_choice_free(&comm->core.choice);
   weft_coll_device_free(&comm->core); /* its stream, events and staging */
   for (size_t i = 0; i < comm->nregistered; i++) weft_mem_unkeep(comm->registered[i]);
@@ -514,6 +515,12 @@ static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64
     if (!strcmp(all[p].host, my_host)) h->leader_index = h->nhosts;
     leaders[h->nhosts++] = p;
   }
+  int *host_of = malloc(sizeof(int) * (size_t)comm->core.size);
+  if (!host_of) return weft_init_error(WEFT_ERR_NOMEM, comm->core.rank, call, "out of memory");
+  for (int p = 0; p < comm->core.size; p++)
+    for (int k = 0; k < h->nhosts; k++)
+      if (!strcmp(all[leaders[k]].host, all[p].host)) host_of[p] = k;
+  h->host_of = host_of;
   WEFT_CHECK(hosts_index_peers(comm, all, call));
   weft_choice_learn(&comm->core.choice, comm->core.size, h->nhosts, comm->core.chunk_bytes);
   comm->engine.spin_us = spin_default(h->local_size);
