@@ -177,7 +177,7 @@ hosts() {
   ok=$(passed)
   landed=$(grep -c 'chunks land in GPU memory' "$out")
   channel=$(grep -c "calls on device buffers take ibv's device channel" "$out")
-  hier=$(grep -c "allreduces on device buffers take CUDA IPC within a host and ibv's device channel" "$out")
+  hier=$(grep -c "allreduces and broadcasts on device buffers take CUDA IPC within a host and ibv's device channel" "$out")
   ran=$(grep -c 'hier, cuda ipc and the device channel' "$out")
   opened=$(sum_of ipc_opened) left=$(sum_of ipc_mappings)
   line="2 hosts x $per ranks over $tp${envs:+ ($envs )}${mode:+ [$mode ]}: $ok of $n ranks right, device channel on $channel, hierarchical on $hier"

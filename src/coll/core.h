@@ -57,9 +57,10 @@ typedef struct weft_core {
    * they lie (route WEFT_ROUTE_DEVICE_CHANNEL). Decided once, at init, from
    * what every rank published, so every rank decides alike. */
   bool device_channel_all;
-  /* Allreduces on device buffers take CUDA IPC within a host and the
-   * device channel between hosts (src/algo/hier_device.c): several hosts,
-   * shm within each, the device channel across, decided as the above. */
+  /* Allreduces and broadcasts on device buffers take CUDA IPC within a
+   * host and the device channel between hosts (src/algo/hier_device.c):
+   * several hosts, shm within each, the device channel across, decided as
+   * the above. */
   bool device_channel_hier;
   /* the transports' init args (the communicator's): the device channel's
    * GPU and stream are set there before its first connection */

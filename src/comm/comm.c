@@ -283,8 +283,8 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
  * (WEFT_TRANSPORT), the selection links every pair through it, on every
  * rank alike: every call on device buffers takes it (device_channel_all).
  * Where several hosts hold several ranks, ranks of one host reach each
- * other over shm (CUDA IPC) and the hosts over it: allreduces take the
- * hierarchical form (device_channel_hier). */
+ * other over shm (CUDA IPC) and the hosts over it: allreduces and
+ * broadcasts take the hierarchical form (device_channel_hier). */
 static void device_channel_decide(weft_comm *comm) {
   weft_peer_table *l = &comm->core.links;
   comm->core.device_channel_all = comm->core.device_channel_hier = false;
@@ -325,8 +325,8 @@ static void device_channel_decide(weft_comm *comm) {
   if (!flat) {
     comm->core.device_channel_hier = true;
     WEFT_INFO(WEFT_SUBSYS_INIT,
-              "rank %d: allreduces on device buffers take CUDA IPC within a host and %s's device "
-              "channel between hosts",
+              "rank %d: allreduces and broadcasts on device buffers take CUDA IPC within a host "
+              "and %s's device channel between hosts",
               comm->core.rank, l->tps[dc].ops->name);
     return;
   }
