@@ -21,6 +21,9 @@
 # And staged allreduces, broadcasts and reduces in slices (WEFT_DEVICE_SLICE_BYTES=4096 over tcp, the
 # full counts: up to 64 slices a call), each slice copied off, reduced and
 # copied back on its own: every result right, and the calls said they ran so.
+# And 2 ranks as 2 pretend hosts with f32 carried as bf16 between them: the
+# staged recursive doubling copies its input once it has arrived (it once
+# copied at its start, before the staged copy landed: NaN on the first call).
 # And --mixed: rank 0 passes host memory, the others device memory, over shm:
 # every rank fails, and the words say to pass one kind on every rank.
 # And --resnet: ResNet-50's 161 gradients as one non-blocking allreduce each,
@@ -144,6 +147,7 @@ for run in "1 shm -" "2 shm ipc" "3 shm ipcall --quick WEFT_DEBUG=TRACE" "2 tcp 
            "2 shm foreignctx --foreign-ctx WEFT_TIMEOUT=20" \
            "1 shm grad --grad=10" "2 shm grad --grad=20" "3 tcp grad --grad=20" "4 shm grad --grad=10" \
            "2 shm grad --grad=10 WEFT_DEVICE_CHECK_VMM=1" "4 auto grad --grad=10 WEFT_DEVICE_CHECK_HOSTS=2" \
+           "2 auto - --quick WEFT_DEVICE_CHECK_HOSTS=2 WEFT_WIRE_DTYPE=bf16" \
            "2 shm gradoverlap --grad-overlap" "2 tcp gradoverlap --grad-overlap" \
            "3 shm gradfault --grad-fault WEFT_CUDA_EMU_KERNEL_FAULT=6 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \
            "3 tcp gradfault --grad-fault WEFT_CUDA_EMU_KERNEL_FAULT=8 WEFT_CUDA_EMU_FAULT_RANK=1 WEFT_TIMEOUT=20" \

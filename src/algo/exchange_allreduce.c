@@ -54,8 +54,7 @@ static weft_status exchange_advance(weft_coll *coll) {
        * are not there yet when the call starts */
       coll->mem->copy((void *)x->own, coll->sendbuf, bytes);
       x->phase = x->words ? EXCHANGE_SEND_WORD : EXCHANGE_SEND;
-      if (!x->words) goto send;
-      /* fall through */
+      return exchange_advance(coll);
     case EXCHANGE_SEND_WORD: /* asking only: the word goes before the data */
       WEFT_STEP(weft_step_send_all(coll, &x->next, &x->word, sizeof x->word));
       x->phase++;
@@ -69,7 +68,6 @@ static weft_status exchange_advance(weft_coll *coll) {
     }
       /* fall through */
     case EXCHANGE_SEND:
-    send:
       WEFT_STEP(weft_step_send_all(coll, &x->next, x->own, bytes));
       x->phase++;
       /* fall through */

@@ -110,6 +110,15 @@ static weft_status phase_step(weft_coll *coll, hdev_ctl *ctl) {
   }
 }
 
+/* The last phase of both forms: the leader's recvbuf to its host's ranks,
+ * each copying it over CUDA IPC (the direct rounds' broadcast). */
+static weft_status from_leader_start(weft_coll *coll, hdev_ctl *ctl) {
+  const weft_hosts *h = &coll->hosts;
+  return weft_direct_broadcast_start(phase_init(coll, ctl, h->host_members, h->host_index,
+                                                h->local_size, coll->recvbuf, coll->recvbuf, 1,
+                                                false));
+}
+
 static weft_status hdev_advance(weft_coll *coll) {
   hdev_ctl *ctl = WEFT_ALGO_STATE(coll, hdev_state)->ctl;
   const weft_hosts *h = &coll->hosts;
@@ -142,10 +151,7 @@ static weft_status hdev_advance(weft_coll *coll) {
         continue;
       case 2: /* the result to the host */
         if (h->local_size > 1) {
-          WEFT_CHECK(weft_direct_broadcast_start(phase_init(coll, ctl, h->host_members,
-                                                            h->host_index, h->local_size,
-                                                            coll->recvbuf, coll->recvbuf, 1,
-                                                            false)));
+          WEFT_CHECK(from_leader_start(coll, ctl));
           continue;
         }
         ctl->next++;
@@ -199,10 +205,7 @@ static weft_status hdev_bcast_advance(weft_coll *coll) {
         continue;
       case 2: /* within the other hosts, from their leader */
         if (!mine && h->local_size > 1) {
-          WEFT_CHECK(weft_direct_broadcast_start(phase_init(coll, ctl, h->host_members,
-                                                            h->host_index, h->local_size,
-                                                            coll->recvbuf, coll->recvbuf, 1,
-                                                            false)));
+          WEFT_CHECK(from_leader_start(coll, ctl));
           continue;
         }
         ctl->next++;
@@ -213,24 +216,23 @@ static weft_status hdev_bcast_advance(weft_coll *coll) {
   }
 }
 
-weft_status weft_hier_device_broadcast_start(weft_coll *coll) {
+/* Either form's start: several hosts (the caller's rule), the control
+ * state, then `advance`. */
+static weft_status hdev_start(weft_coll *coll, weft_status (*advance)(weft_coll *)) {
   if (coll->hosts.nhosts < 2 || !coll->hosts.host_of) return WEFT_ERR_INTERNAL;
   hdev_ctl *ctl = calloc(1, sizeof *ctl);
   if (!ctl) return WEFT_ERR_NOMEM;
   WEFT_ALGO_STATE(coll, hdev_state)->ctl = ctl;
   coll->algo = "hier, cuda ipc and the device channel";
   coll->cleanup = hdev_cleanup;
-  coll->advance = hdev_bcast_advance;
+  coll->advance = advance;
   return WEFT_OK;
 }
 
+weft_status weft_hier_device_broadcast_start(weft_coll *coll) {
+  return hdev_start(coll, hdev_bcast_advance);
+}
+
 weft_status weft_hier_device_allreduce_start(weft_coll *coll) {
-  if (coll->hosts.nhosts < 2) return WEFT_ERR_INTERNAL; /* the caller's rule: several hosts */
-  hdev_ctl *ctl = calloc(1, sizeof *ctl);
-  if (!ctl) return WEFT_ERR_NOMEM;
-  WEFT_ALGO_STATE(coll, hdev_state)->ctl = ctl;
-  coll->algo = "hier, cuda ipc and the device channel";
-  coll->cleanup = hdev_cleanup;
-  coll->advance = hdev_advance;
-  return WEFT_OK;
+  return hdev_start(coll, hdev_advance);
 }
