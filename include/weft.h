@@ -74,7 +74,8 @@ extern "C" {
   X(ERR_ABORTED, -8, "the communicator was aborted")                                    \
   X(ERR_UNSUPPORTED, -9, "not supported by this build or this machine")                 \
   X(ERR_PROTOCOL, -10, "a peer sent a malformed or unexpected message")                 \
-  X(ERR_INTERNAL, -11, "internal error in weft (please report it)")
+  X(ERR_INTERNAL, -11, "internal error in weft (please report it)")                    \
+  X(ERR_REVOKED, -12, "the communicator was revoked: recover with weft_comm_shrink")
 
 typedef enum weft_status {
 #define WEFT_STATUS_ENUM_(name, value, msg) WEFT_##name = value,
@@ -292,6 +293,50 @@ WEFT_API weft_status weft_comm_destroy(weft_comm *comm);
  * and from a signal-free context only. The communicator must still be
  * destroyed. */
 WEFT_API weft_status weft_comm_abort(weft_comm *comm);
+
+/* ---- surviving a lost rank ------------------------------------------------
+ * A rank that dies fails every rank's calls on the communicator (the dead
+ * one is named); the survivors need not end the job. They call
+ * weft_comm_shrink and go on with a communicator of the survivors. These
+ * calls run over a control plane of their own (a listener per
+ * communicator, opened at creation), never over the data transports, and
+ * need no rendezvous through rank 0, which may be the rank that died. A
+ * peer counts as lost when its process ended (its listener refuses, its
+ * connections end, or, on this host, its pid is gone), or when its host
+ * does not answer for WEFT_SUSPECT seconds; a live rank that is late is
+ * waited for, up to the communicator's timeout. docs/faults.md has the
+ * protocol and the recovery times measured. */
+
+/* Every rank's pending and later calls on `comm` fail with
+ * WEFT_ERR_REVOKED, promptly (the peers are told as a failure is), except
+ * weft_comm_agree, weft_comm_shrink and weft_comm_destroy. For a rank that
+ * decides on its own that the communicator must go (an error of its own,
+ * a peer it wants out). Not collective; safe from any thread. */
+WEFT_API weft_status weft_comm_revoke(weft_comm *comm);
+
+/* A fault-tolerant agreement among the live ranks of `comm` (collective
+ * over them; works on a failed or revoked communicator too): *flags
+ * becomes the bitwise or of every survivor's *flags, and failed[0..
+ * *nfailed) the ranks that are lost, ascending (failed has room for
+ * weft_comm_size entries; NULL to skip). Every rank that returns WEFT_OK
+ * returns the same, even when ranks die during it, the coordinating one
+ * among them (MPI ULFM's MPI_Comm_agree). A rank that the others counted
+ * as lost (a cut link) gets WEFT_ERR_REVOKED; past the timeout,
+ * WEFT_ERR_TIMEOUT naming the rank waited for. It does not change the
+ * communicator; the agreements on one communicator are numbered, so every
+ * survivor must make the same ones, as with collectives. */
+WEFT_API weft_status weft_comm_agree(weft_comm *comm, uint32_t *flags, int *failed,
+                                     int *nfailed);
+
+/* A new communicator of the ranks of `comm` that are alive, numbered
+ * densely in their old order (rank 3 of 4, after rank 1 died, is rank 2 of
+ * 3). Collective over the survivors; `comm` is revoked first if it is not
+ * failed already (its pending calls end), and stays to be destroyed. It
+ * agrees on the lost ranks (weft_comm_agree), then the survivors start new
+ * transports and agree on their addresses; a rank lost meanwhile makes it
+ * agree again, so it returns a communicator of ranks alive at that moment.
+ * Errors as weft_comm_agree. */
+WEFT_API weft_status weft_comm_shrink(weft_comm *comm, weft_comm **newcomm);
 
 /* ---- collectives (blocking, collective over all ranks) ------------------ */
 

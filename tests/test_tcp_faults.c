@@ -19,9 +19,39 @@
 
 #define FAIL_WITHIN_S 10.0
 
+/* A rank's record, on stdout, where a CI log keeps it whole (stderr's
+ * lines of every rank may be cut). */
+static void print_record(int rank) {
+  print_message("rank %d: %s after %.2f s: %s\n", rank,
+                weft_status_name((weft_status)harness_shm->status[rank]),
+                harness_shm->seconds[rank], harness_shm->message[rank]);
+}
+
 static void expect_fails_soon(int rank) {
+  if (harness_shm->status[rank] >= 0 || harness_shm->seconds[rank] >= FAIL_WITHIN_S)
+    print_record(rank);
   assert_true(harness_shm->status[rank] < 0);
   assert_true(harness_shm->seconds[rank] < FAIL_WITHIN_S);
+}
+
+/* The rank failed with `status` and its message names `peer` (as the peer
+ * or as the rank a notice quotes). */
+static void expect_names(int rank, weft_status status, int peer) {
+  char as_peer[24], as_rank[24];
+  snprintf(as_peer, sizeof as_peer, "peer %d", peer);
+  snprintf(as_rank, sizeof as_rank, "rank %d", peer);
+  const char *m = harness_shm->message[rank];
+  bool named = strstr(m, as_peer) || strstr(m, as_rank);
+  if (harness_shm->status[rank] != (int)status || !named) print_record(rank);
+  assert_int_equal(harness_shm->status[rank], status);
+  assert_true(named);
+}
+
+/* harness_run's result, with every rank's record when it is not `want`. */
+static void expect_run(int got, int want, int size) {
+  if (got != want)
+    for (int r = 0; r < size; r++) print_record(r);
+  assert_int_equal(got, want);
 }
 
 /* Allreduces until one fails; rank `who` leaves as `how` says first. */
@@ -93,7 +123,7 @@ static void rank_exits_after_init(void **state) {
   static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
   leaver l = {1, EXITS_AFTER_INIT, false};
   harness_init();
-  assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
+  expect_run(harness_run(4, env, 60, allreduce_until_failure, &l), 0, 4);
   for (int r = 0; r < 4; r++)
     if (r != 1) {
       expect_fails_soon(r);
@@ -108,7 +138,7 @@ static void rank_exits_after_init_of_12(void **state) {
   static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
   leaver l = {5, EXITS_AFTER_INIT, false};
   harness_init();
-  assert_int_equal(harness_run(12, env, 60, allreduce_until_failure, &l), 0);
+  expect_run(harness_run(12, env, 60, allreduce_until_failure, &l), 0, 12);
   for (int r = 0; r < 12; r++)
     if (r != 5) {
       expect_fails_soon(r);
@@ -124,13 +154,10 @@ static void lowest_rank_exits_after_init_on_another_host(void **state) {
   static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
   leaver l = {0, EXITS_AFTER_INIT, true};
   harness_init();
-  assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
+  expect_run(harness_run(4, env, 60, allreduce_until_failure, &l), 0, 4);
   for (int r = 1; r < 4; r++) {
     expect_fails_soon(r);
-    assert_int_equal(harness_shm->status[r], WEFT_ERR_PEER_LOST);
-    assert_non_null(strstr(harness_shm->message[r], "peer 0")
-                        ? harness_shm->message[r]
-                        : strstr(harness_shm->message[r], "rank 0"));
+    expect_names(r, WEFT_ERR_PEER_LOST, 0);
   }
 }
 
@@ -142,7 +169,7 @@ static void late_rank_is_not_taken_for_dead(void **state) {
   for (int hosts = 0; hosts < 2; hosts++) {
     leaver l = {0, COMES_LATE, hosts == 1};
     harness_init();
-    assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
+    expect_run(harness_run(4, env, 60, allreduce_until_failure, &l), 0, 4);
     for (int r = 0; r < 4; r++) assert_int_equal(harness_shm->status[r], WEFT_OK);
   }
 }
@@ -154,7 +181,7 @@ static void check_set_on_one_rank(void **state) {
   static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
   leaver l = {1, CHECKS_ALONE, false};
   harness_init();
-  assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 0);
+  expect_run(harness_run(4, env, 60, allreduce_until_failure, &l), 0, 4);
   for (int r = 0; r < 4; r++) expect_fails_soon(r);
 }
 
@@ -164,13 +191,11 @@ static void run_forked_then_killed(bool as_hosts) {
   static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
   leaver l = {1, FORKS_THEN_KILLED, as_hosts};
   harness_init();
-  assert_int_equal(harness_run(4, env, 60, allreduce_until_failure, &l), 1);
+  expect_run(harness_run(4, env, 60, allreduce_until_failure, &l), 1, 4);
   for (int r = 0; r < 4; r++) {
     if (r == 1) continue;
     expect_fails_soon(r);
-    assert_non_null(strstr(harness_shm->message[r], "peer 1")
-                        ? harness_shm->message[r]
-                        : strstr(harness_shm->message[r], "rank 1"));
+    expect_names(r, harness_shm->status[r], 1);
   }
 }
 
@@ -229,7 +254,7 @@ static void shm_notice_reaches_a_rank_sleeping_on_tcp(void **state) {
   static const char *const env[] = {"WEFT_TIMEOUT=30", NULL};
   for (int run = 0; run < 3; run++) {
     harness_init();
-    assert_int_equal(harness_run(3, env, 60, sleeps_on_tcp_while_shm_peer_aborts, NULL), 0);
+    expect_run(harness_run(3, env, 60, sleeps_on_tcp_while_shm_peer_aborts, NULL), 0, 3);
     double aborted_at, failed_at;
     memcpy(&aborted_at, &harness_shm->word[1], sizeof aborted_at);
     memcpy(&failed_at, &harness_shm->word[0], sizeof failed_at);
@@ -295,7 +320,7 @@ static void silent_client_holds_no_rank_up(void **state) {
   (void)state;
   static const char *const env[] = {"WEFT_TIMEOUT=30", "WEFT_TRANSPORT=tcp", NULL};
   harness_init();
-  assert_int_equal(harness_run(3, env, 60, allreduces_beside_a_silent_client, NULL), 0);
+  expect_run(harness_run(3, env, 60, allreduces_beside_a_silent_client, NULL), 0, 3);
   for (int r = 0; r < 3; r++) {
     assert_int_equal(harness_shm->status[r], WEFT_OK);
     if (harness_shm->seconds[r] > 1.0)

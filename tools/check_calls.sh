@@ -24,7 +24,7 @@ function layer(obj,    p) {
   return p[2]
 }
 BEGIN {
-  n = split("base topo mem transports link algo coll engine comm api grad", order, " ")
+  n = split("base topo mem transports link algo coll engine elastic comm api grad", order, " ")
   for (i = 1; i <= n; i++) rank[order[i]] = i
 }
 {

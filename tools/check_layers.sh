@@ -3,7 +3,7 @@
 # circle among files: of includes, or of calls in the built library.
 #
 # The library is built in layers, each a folder, lowest first:
-#   base < topo < mem < transports < link < algo < coll < engine < comm < api < grad
+#   base < topo < mem < transports < link < algo < coll < engine < elastic < comm < api < grad
 # A file may include its own layer and the layers below it, and weft.h (the
 # public header) from anywhere; a lower layer that needs something from a
 # higher one gets it passed down (a function pointer), never by #include.
@@ -70,7 +70,7 @@ function exists(path,    line, r) {
   return r >= 0
 }
 BEGIN {
-  n = split("base topo mem transports link algo coll engine comm api grad", order, " ")
+  n = split("base topo mem transports link algo coll engine elastic comm api grad", order, " ")
   for (i = 1; i <= n; i++) rank[order[i]] = i
   rank["public"] = 0
   while ((getline line < allow_file) > 0) {

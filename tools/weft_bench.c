@@ -9,8 +9,11 @@
  * --peers switches to the CLI, data, checks and row format of ../shared/peers
  * (bench_common.h): median of per-iteration times with a barrier before
  * each, max over ranks; for side-by-side tables with Open MPI and Gloo. */
+#include <fcntl.h>
 #include <math.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1044,6 +1047,108 @@ static int overlap_mode(int argc, char **argv) {
   return 0;
 }
 
+/* --recover [-b bytes] [-k rank]: what a lost rank costs. Every rank runs
+ * allreduces of `bytes`; at the sixth, rank k (default 1) kills itself
+ * (SIGKILL, as the kernel's OOM killer or a failed node would). The
+ * survivors' call fails, they weft_comm_shrink and run one allreduce on the
+ * new communicator, checked. The phases, max over the survivors, from the
+ * moment of the SIGKILL (the victim writes it to a shared page first; one
+ * host only): the first survivor's error (detect), the last one's (every
+ * rank told), the shrink (its agreements and the new transports), the first
+ * allreduce; then a weft_comm_agree with no failure on the new
+ * communicator (median of 5). Run it under weftrun --elastic, which lets
+ * the job go on after a rank died. */
+static int recover_mode(int argc, char **argv) {
+  size_t bytes = 4096;
+  int victim = 1, c;
+  while ((c = getopt(argc, argv, "b:k:")) != -1) {
+    switch (c) {
+      case 'b': bytes = parse_size(optarg); break;
+      case 'k': victim = atoi(optarg); break;
+      default:
+        fprintf(stderr, "usage: weftrun --elastic -n N weft-bench --recover [-b bytes] [-k rank]\n");
+        return 2;
+    }
+  }
+  /* the page the victim stamps: named after weftrun (the ranks' parent) */
+  char name[64];
+  snprintf(name, sizeof name, "/weft-bench-recover-%d", (int)getppid());
+  int fd = shm_open(name, O_CREAT | O_RDWR, 0600);
+  if (fd < 0 || ftruncate(fd, sizeof(double)) != 0) {
+    perror("weft-bench: shm_open");
+    return 1;
+  }
+  volatile double *killed_at = mmap(NULL, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (killed_at == MAP_FAILED) return 1;
+  weft_comm *comm;
+  weft_status st = weft_comm_init_env(&comm);
+  if (st) die(NULL, st, "init");
+  int rank = weft_comm_rank(comm), size = weft_comm_size(comm);
+  if (size < 2 || victim < 0 || victim >= size) {
+    if (rank == 0) fprintf(stderr, "weft-bench --recover: needs 2 ranks or more and -k below %d\n", size);
+    return 2;
+  }
+  size_t count = bytes / 4 ? bytes / 4 : 1;
+  float *buf = calloc(count, 4);
+  if (!buf) die(comm, WEFT_ERR_NOMEM, "buffer");
+  if (rank == 0) *killed_at = 0;
+  if ((st = weft_barrier(comm))) die(comm, st, "barrier");
+  double t_err = 0;
+  for (int it = 0; it < 1000000; it++) {
+    if (it == 5 && rank == victim) {
+      *killed_at = now_us();
+      raise(SIGKILL);
+    }
+    st = weft_allreduce(comm, buf, buf, count, WEFT_F32, WEFT_SUM);
+    if (st) {
+      t_err = now_us();
+      break;
+    }
+  }
+  weft_comm *shrunk;
+  if ((st = weft_comm_shrink(comm, &shrunk))) die(comm, st, "shrink");
+  double t_shrunk = now_us();
+  for (size_t i = 0; i < count; i++) buf[i] = (float)(rank + 1);
+  if ((st = weft_allreduce(shrunk, buf, buf, count, WEFT_F32, WEFT_SUM))) die(shrunk, st, "allreduce");
+  double t_first = now_us();
+  /* every survivor had rank+1; the victim's is missing */
+  float want = (float)(size * (size + 1) / 2 - (victim + 1));
+  long wrong = 0;
+  for (size_t i = 0; i < count; i++) wrong += buf[i] != want;
+  double agree[5];
+  for (int k = 0; k < 5; k++) {
+    uint32_t flags = 0;
+    if ((st = weft_barrier(shrunk))) die(shrunk, st, "barrier");
+    double t0 = now_us();
+    if ((st = weft_comm_agree(shrunk, &flags, NULL, NULL))) die(shrunk, st, "agree");
+    agree[k] = max_over_ranks(shrunk, now_us() - t0);
+  }
+  qsort(agree, 5, sizeof(double), cmp_double);
+  double t0 = *killed_at;
+  double first_err = -max_over_ranks(shrunk, -(t_err - t0));
+  double last_err = max_over_ranks(shrunk, t_err - t0);
+  double shrink = max_over_ranks(shrunk, t_shrunk - t_err);
+  double first = max_over_ranks(shrunk, t_first - t_shrunk);
+  double total = max_over_ranks(shrunk, t_first - t0);
+  wrong = sum_over_ranks(shrunk, wrong);
+  if (weft_comm_rank(shrunk) == 0) {
+    const char *tp = "?", *why = "";
+    weft_comm_peer_transport(shrunk, weft_comm_size(shrunk) > 1 ? 1 : 0, &tp, &why);
+    printf("# weft-bench --recover: %d ranks, rank %d SIGKILLed in an allreduce of %zu bytes, %s\n",
+           size, victim, count * 4, tp);
+    printf("# %12s %12s %12s %14s %12s %12s %8s\n", "detect(ms)", "all told(ms)", "shrink(ms)",
+           "1st allred(ms)", "total(ms)", "agree(ms)", "#wrong");
+    printf("  %12.2f %12.2f %12.2f %14.2f %12.2f %12.2f %8ld\n", first_err / 1e3, last_err / 1e3,
+           shrink / 1e3, first / 1e3, total / 1e3, agree[2] / 1e3, wrong);
+    shm_unlink(name);
+  }
+  weft_comm_destroy(shrunk);
+  weft_comm_destroy(comm);
+  free(buf);
+  return wrong ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) /* --bind, --shared, --test-corrupt may stand anywhere */
     if (!strcmp(argv[i], "--bind") || !strcmp(argv[i], "--shared") ||
@@ -1058,6 +1163,10 @@ int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "--overlap")) {
     argv[1] = argv[0];
     return overlap_mode(argc - 1, argv + 1);
+  }
+  if (argc > 1 && !strcmp(argv[1], "--recover")) {
+    argv[1] = argv[0];
+    return recover_mode(argc - 1, argv + 1);
   }
   if (argc > 1 && !strcmp(argv[1], "--peers")) {
     argv[1] = argv[0];

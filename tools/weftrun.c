@@ -60,6 +60,7 @@ struct options {
     double timeout_s; /* 0: no limit */
     bool prefix;
     enum bind_mode bind;
+    bool elastic; /* a rank killed by a signal leaves the others running */
     char **prog_argv;
 };
 
@@ -160,7 +161,8 @@ static int decimal_digits(int value)
 static void print_usage(FILE *to)
 {
     fprintf(to,
-            "usage: weftrun [-n N] [--timeout SECONDS] [--bind core|none] [--no-prefix] [--] PROG [ARGS...]\n"
+            "usage: weftrun [-n N] [--timeout SECONDS] [--bind core|none] [--no-prefix] [--elastic]\n"
+            "               [--] PROG [ARGS...]\n"
             "Start N ranks of PROG on this machine, each with WEFT_RANK, WEFT_SIZE,\n"
             "WEFT_LOCAL_RANK, WEFT_LOCAL_SIZE, WEFT_RENDEZVOUS and the torchrun variables\n"
             "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.\n"
@@ -169,6 +171,9 @@ static void print_usage(FILE *to)
             "  --bind core|none    pin rank r to one CPU (r modulo the CPUs weftrun may use);\n"
             "                      default: core when ranks <= CPUs, as mpirun does\n"
             "  --no-prefix         do not start output lines with \"[rank] \"\n"
+            "  --elastic           a rank killed by a signal is reported, and the others go on\n"
+            "                      (they recover with weft_comm_shrink); a rank that exits\n"
+            "                      non-zero still stops the job\n"
             "  -h, --help          print this help\n"
             "If a rank fails, the others are stopped and weftrun exits with its status\n"
             "(128+N for signal N). WEFT_RENDEZVOUS, if set, is kept; otherwise a free\n"
@@ -212,6 +217,7 @@ static enum parse_result parse_options(int argc, char **argv, struct options *op
         {.name = "timeout", .has_arg = required_argument, .val = 't'},
         {.name = "no-prefix", .has_arg = no_argument, .val = 'p'},
         {.name = "bind", .has_arg = required_argument, .val = 'b'},
+        {.name = "elastic", .has_arg = no_argument, .val = 'e'},
         {.name = "help", .has_arg = no_argument, .val = 'h'},
         {0},
     };
@@ -231,6 +237,8 @@ static enum parse_result parse_options(int argc, char **argv, struct options *op
         }
         if (option == 'p')
             opt->prefix = false;
+        if (option == 'e')
+            opt->elastic = true;
         if (option == 'b') {
             if (!strcmp(optarg, "core")) {
                 opt->bind = BIND_CORE;
@@ -671,6 +679,11 @@ static void note_rank_exit(struct job *job, int rank, int status)
     /* Once stopping, ranks are expected to die; only the first failure counts. */
     if ((WIFEXITED(status) && WEXITSTATUS(status) == 0) || job->stopping)
         return;
+    if (job->opt.elastic && WIFSIGNALED(status)) {
+        say("weftrun: rank %d was killed by signal %d (%s); --elastic: the others go on\n", rank,
+            WTERMSIG(status), strsignal(WTERMSIG(status)));
+        return;
+    }
     job->failed = true;
     job->exit_code = exit_code_of(status);
     report_failure(job, rank, status);

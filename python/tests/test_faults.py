@@ -70,3 +70,63 @@ def test_killed_rank(size, victim, call):
         assert r["seconds"] < 3 * TIMEOUT_S + 10, "rank %d: %r" % (rank, r)
         if r["status"] == "WEFT_ERR_PEER_LOST":
             assert r["type"] == "PeerLost", r
+
+
+def shrink_after_kill(comm, victim):
+    """The survivors of a SIGKILL shrink and go on (issue 48)."""
+    x = np.ones(50000, np.float32)
+    comm.allreduce(x)
+    if comm.rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in range(3):
+            comm.allreduce(x)
+        return {"error": None}
+    except weft.WeftError as e:
+        err = type(e).__name__
+    flags, lost = comm.agree(1 << comm.rank)
+    new = comm.shrink()
+    y = np.full(1000, comm.rank + 1, np.float64)
+    new.allreduce(y)
+    out = {"error": err, "flags": flags, "lost": lost, "rank": new.rank, "size": new.size,
+           "sum": float(y[0])}
+    new.destroy()
+    return out
+
+
+@pytest.mark.parametrize("size,victim", [(3, 1), (4, 0)])
+def test_shrink_after_kill(size, victim):
+    got = ranks.run(size, shrink_after_kill, victim, may_die=(victim,), timeout=60,
+                    env={"WEFT_TIMEOUT": "20"})
+    survivors = [r for r in range(size) if r != victim]
+    want_sum = float(sum(r + 1 for r in survivors))
+    want_flags = sum(1 << r for r in survivors)
+    for rank in survivors:
+        r = got[rank]
+        assert r["error"] == "PeerLost", r
+        assert r["lost"] == [victim] and r["flags"] == want_flags, r
+        assert r["size"] == size - 1 and r["rank"] == survivors.index(rank), r
+        assert r["sum"] == want_sum, r
+
+
+def revoked(comm):
+    if comm.rank == 0:
+        time.sleep(0.2)
+        comm.revoke()
+    status = None
+    try:
+        comm.allreduce(np.ones(10, np.float32))
+    except weft.Revoked as e:
+        status = e.status
+    # every rank stays until all have seen it (a revoker that left at once
+    # would show as a death); then they go on together
+    new = comm.shrink()
+    y = np.ones(10, np.float32)
+    new.allreduce(y)
+    new.destroy()
+    return status, float(y[0])
+
+
+def test_revoke():
+    got = ranks.run(3, revoked, timeout=60, env={"WEFT_TIMEOUT": "20"})
+    assert got == [("WEFT_ERR_REVOKED", 3.0)] * 3, got

@@ -19,12 +19,12 @@ import weakref
 
 from . import _lib
 from ._buffers import DTYPE_NAMES, DTYPES, as_buf
-from ._errors import (Aborted, InvalidArgument, InvalidDtype, Mismatch, PeerLost, Timeout,
-                      WeftError, from_status)
+from ._errors import (Aborted, InvalidArgument, InvalidDtype, Mismatch, PeerLost, Revoked,
+                      Timeout, WeftError, from_status)
 
 __all__ = [
     "init", "get_unique_id", "Communicator", "Request", "WeftError", "InvalidArgument",
-    "InvalidDtype", "PeerLost", "Timeout", "Aborted", "Mismatch", "OPS", "DTYPES",
+    "InvalidDtype", "PeerLost", "Timeout", "Aborted", "Revoked", "Mismatch", "OPS", "DTYPES",
     "library_path", "library_version", "UNDEFINED",
 ]
 __version__ = "0.1.0"
@@ -330,6 +330,39 @@ class Communicator:
         handle = self._s.handle
         if handle is not None:
             self._s.lib.weft_comm_abort(handle)
+
+    def revoke(self):
+        """Every rank's pending and later calls on this communicator fail
+        with weft.Revoked, promptly. Any thread; recover with shrink()."""
+        handle = self._s.handle
+        if handle is not None:
+            self._s.lib.weft_comm_revoke(handle)
+
+    def agree(self, flags=0):
+        """Fault-tolerant agreement among the live ranks: returns (the
+        bitwise or of every survivor's flags, the sorted list of lost
+        ranks), the same on every survivor even when ranks die during it."""
+        s = self._s
+        cflags = s.ffi.new("uint32_t *", int(flags) & 0xFFFFFFFF)
+        failed = s.ffi.new("int[]", max(self.size, 1))
+        nfailed = s.ffi.new("int *")
+        with s.lock:
+            st = s.lib.weft_comm_agree(self._handle("agree"), cflags, failed, nfailed)
+            if st:
+                raise s.error(st)
+        return int(cflags[0]), [int(failed[i]) for i in range(nfailed[0])]
+
+    def shrink(self):
+        """Collective over the live ranks: a new communicator of them,
+        numbered densely in the old order. This one is revoked first (if it
+        has not failed already) and stays to be destroyed."""
+        s = self._s
+        out = s.ffi.new("weft_comm **")
+        with s.lock:
+            st = s.lib.weft_comm_shrink(self._handle("shrink"), out)
+            if st:
+                raise s.error(st)
+        return Communicator._wrap(out[0])
 
     def __enter__(self):
         return self

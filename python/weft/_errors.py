@@ -41,6 +41,11 @@ class Aborted(WeftError):
     """WEFT_ERR_ABORTED: the communicator was aborted or destroyed."""
 
 
+class Revoked(WeftError):
+    """WEFT_ERR_REVOKED: the communicator was revoked (by a rank, or by a
+    recovery that counted this rank lost); recover with shrink()."""
+
+
 class Mismatch(WeftError):
     """WEFT_ERR_MISMATCH: ranks called a collective with different arguments."""
 
@@ -49,6 +54,7 @@ _BY_STATUS = {
     "WEFT_ERR_PEER_LOST": PeerLost,
     "WEFT_ERR_TIMEOUT": Timeout,
     "WEFT_ERR_ABORTED": Aborted,
+    "WEFT_ERR_REVOKED": Revoked,
     "WEFT_ERR_MISMATCH": Mismatch,
 }
 

@@ -17,7 +17,7 @@ typedef enum weft_status {
   WEFT_OK = 0, WEFT_ERR_INVALID = -1, WEFT_ERR_NOMEM = -2, WEFT_ERR_TIMEOUT = -3,
   WEFT_ERR_PEER_LOST = -4, WEFT_ERR_SYSTEM = -5, WEFT_ERR_BOOTSTRAP = -6,
   WEFT_ERR_MISMATCH = -7, WEFT_ERR_ABORTED = -8, WEFT_ERR_UNSUPPORTED = -9,
-  WEFT_ERR_PROTOCOL = -10, WEFT_ERR_INTERNAL = -11
+  WEFT_ERR_PROTOCOL = -10, WEFT_ERR_INTERNAL = -11, WEFT_ERR_REVOKED = -12
 } weft_status;
 typedef enum weft_dtype {
   WEFT_F32 = 0, WEFT_F64 = 1, WEFT_F16 = 2, WEFT_BF16 = 3,
@@ -59,6 +59,9 @@ weft_status weft_comm_destroy(weft_comm *comm);
 weft_status weft_comm_abort(weft_comm *comm);
 weft_status weft_comm_set_wire_dtype(weft_comm *comm, weft_dtype wire);
 weft_status weft_comm_split(weft_comm *comm, int color, int key, weft_comm **newcomm);
+weft_status weft_comm_revoke(weft_comm *comm);
+weft_status weft_comm_agree(weft_comm *comm, uint32_t *flags, int *failed, int *nfailed);
+weft_status weft_comm_shrink(weft_comm *comm, weft_comm **newcomm);
 
 weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                            weft_dtype dtype, weft_op op);

@@ -4,6 +4,8 @@
 
 #include "src/base/status.h"
 
+#include <string.h>
+
 const char *weft_strerror(weft_status status) {
   switch (status) {
 #define WEFT_STATUS_MSG_(name, value, msg) \
@@ -60,4 +62,9 @@ void weft_appendf(char *buf, size_t len, size_t *used, const char *fmt, ...) {
   int n = vsnprintf(buf + *used, len - *used, fmt, ap);
   va_end(ap);
   if (n > 0) *used = *used + (size_t)n < len ? *used + (size_t)n : len - 1;
+}
+
+weft_status weft_status_revoked_or(weft_status st, const char *words) {
+  return st == WEFT_ERR_PEER_LOST && words && strstr(words, WEFT_REVOKED_WORDS) ? WEFT_ERR_REVOKED
+                                                                               : st;
 }

@@ -11,6 +11,12 @@
  * yet). Never returned through the public API. */
 #define WEFT_AGAIN ((weft_status)1)
 
+/* weft_comm_revoke: the words a revoking rank's notice carries, and how a
+ * peer that fails by that notice (WEFT_ERR_PEER_LOST, as for any notice)
+ * turns it into WEFT_ERR_REVOKED, as weft.h promises every rank. */
+#define WEFT_REVOKED_WORDS "revoked the communicator (weft_comm_revoke)"
+weft_status weft_status_revoked_or(weft_status st, const char *words);
+
 #define WEFT_CHECK(expr)                                                          \
   do {                                                                            \
     weft_status check_status_ = (expr);                                           \

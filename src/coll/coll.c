@@ -108,6 +108,7 @@ static weft_status coll_fail(weft_coll *coll, weft_status st, const char *fmt, .
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
+  st = weft_status_revoked_or(st, what);
   coll_describe(coll, desc, sizeof desc);
   weft_core_error(comm, st, desc, "%s", what);
   comm->fail.failed = st;
@@ -268,6 +269,10 @@ weft_status weft_coll_failed(weft_coll_task *task, weft_status st) {
       weft_recorder_update(&comm->recorder, task, WEFT_REC_FAILED, st, 0);
       weft_recorder_dump(&comm->recorder, comm->rank, comm->size, "aborted");
       return coll_fail(coll, st, "weft_comm_abort was called");
+    case WEFT_ERR_REVOKED: /* this rank revoked it: its peers hear these words */
+      comm->links.sink.origin[0] = 0;
+      weft_recorder_update(&comm->recorder, task, WEFT_REC_FAILED, st, 0);
+      return coll_fail(coll, st, "rank %d %s", comm->rank, WEFT_REVOKED_WORDS);
     case WEFT_ERR_TIMEOUT:
       comm->links.sink.origin[0] = 0;
       weft_recorder_update(&comm->recorder, task, WEFT_REC_FAILED, st, 0);
@@ -512,8 +517,10 @@ static weft_status coll_begin(weft_core *comm, weft_coll_task *task, const char 
                                     &task->waiting_peer, &coll->fail_peer, &task->waiting_for);
   coll->chunk_bytes = comm->chunk_bytes;
   coll->size = coll->avg_div = comm->size;
-  if (atomic_load(&comm->fail.aborted) && !comm->fail.failed)
-    return weft_core_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
+  int stopped = atomic_load(&comm->fail.aborted);
+  if (stopped && !comm->fail.failed)
+    return weft_core_error(comm, weft_fail_stopped(stopped), call, "%s",
+                           weft_fail_stopped_words(stopped));
   if (comm->fail.failed) return comm->fail.failed; /* last_error keeps the first cause */
   const coll_kind *k = coll_kind_of(coll);
   if (k->has_root && (root < 0 || root >= comm->size))

@@ -19,12 +19,26 @@
 #include "weft.h"
 
 /* Failure: sticky, so every later call fails fast with the first cause. */
+/* How a communicator was stopped from outside a call (weft_fail.aborted). */
+enum { WEFT_STOP_ABORT = 1, WEFT_STOP_REVOKE = 2 };
+
 typedef struct weft_fail {
-  atomic_int aborted;   /* weft_comm_abort was called (from any thread) */
+  /* 0, or WEFT_STOP_ABORT (weft_comm_abort) or WEFT_STOP_REVOKE
+   * (weft_comm_revoke), from any thread: weft_fail_stopped says the status */
+  atomic_int aborted;
   weft_status failed;   /* sticky first failure, 0 while healthy */
   double timeout_s;     /* no progress for this long fails the communicator */
   char last_error[768]; /* what weft_last_error returns */
 } weft_fail;
+
+/* The status and the sentence of a stopped communicator (aborted != 0). */
+static inline weft_status weft_fail_stopped(int how) {
+  return how == WEFT_STOP_REVOKE ? WEFT_ERR_REVOKED : WEFT_ERR_ABORTED;
+}
+static inline const char *weft_fail_stopped_words(int how) {
+  return how == WEFT_STOP_REVOKE ? "the communicator was revoked (weft_comm_revoke)"
+                                 : "the communicator was aborted";
+}
 
 struct weft_engine;
 

@@ -142,6 +142,7 @@ static weft_status settings_usable(int rank, const char *call) {
 }
 
 static void comm_free(weft_comm *comm) {
+  weft_ctl_close(comm->ctl);
   weft_p2p_lane_free(&comm->core);
   weft_peer_table *l = &comm->core.links;
   for (int t = 0; t < l->ntps; t++) l->tps[t].ops->fini(l->tps[t].ctx);
@@ -272,6 +273,22 @@ static weft_status transports_start(weft_comm *comm, boot_rank_info *mine, const
     memcpy(&mine->addr[off + 2], blob, len);
     off += 2 + len;
   }
+  /* the control plane, for recovery (recover.c) */
+  uint8_t ctl_addr[NET_ADDR_PACKED];
+  weft_status st = weft_ctl_open(comm->core.rank, comm->core.size, 0, &comm->auth_key,
+                                 &comm->tp_args.local_addr, comm->tp_args.local_addr_len,
+                                 weft_settings()->suspect_s, &comm->ctl, ctl_addr,
+                                 &comm->core.links.sink);
+  if (st)
+    return weft_init_error(st, comm->core.rank, call, "control plane: %s",
+                           comm->core.links.sink.msg);
+  if (off + 2 + NET_ADDR_PACKED > sizeof mine->addr)
+    return weft_init_error(WEFT_ERR_INTERNAL, comm->core.rank, call,
+                           "transport addresses too long");
+  mine->addr[off] = WEFT_COMM_CTL_ADDR_ID;
+  mine->addr[off + 1] = NET_ADDR_PACKED;
+  memcpy(&mine->addr[off + 2], ctl_addr, NET_ADDR_PACKED);
+  off += 2 + NET_ADDR_PACKED;
   mine->addr_len = (uint16_t)off;
   return WEFT_OK;
 }
@@ -522,6 +539,16 @@ static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64
       if (!strcmp(all[leaders[k]].host, all[p].host)) host_of[p] = k;
   h->host_of = host_of;
   WEFT_CHECK(hosts_index_peers(comm, all, call));
+  if (comm->ctl) {
+    weft_ctl_set_id(comm->ctl, id);
+    for (int p = 0; p < comm->core.size; p++) {
+      const void *addr;
+      size_t len;
+      weft_comm_peer_address(comm, p, WEFT_COMM_CTL_ADDR_ID, &addr, &len);
+      if (p != comm->core.rank && addr && len == NET_ADDR_PACKED)
+        weft_ctl_set_peer(comm->ctl, p, addr, all[p].pid, !strcmp(all[p].host, my_host));
+    }
+  }
   weft_choice_learn(&comm->core.choice, comm->core.size, h->nhosts, comm->core.chunk_bytes);
   comm->engine.spin_us = spin_default(h->local_size);
   if (comm->core.size == 1) {
@@ -683,6 +710,44 @@ static uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+uint64_t weft_comm_derive_id(const weft_comm *parent, uint64_t salt) {
+  return mix64(parent->id ^ mix64(salt));
+}
+
+weft_status weft_comm_child_start(weft_comm *parent, int rank, int size, const char *call,
+                                  weft_comm **out, boot_rank_info *mine) {
+  weft_comm *comm = comm_alloc(rank, size, -1, parent->core.fail.timeout_s);
+  *out = comm;
+  if (!comm) return weft_core_error(&parent->core, WEFT_ERR_NOMEM, call, "out of memory");
+  comm->place = parent->place;
+  comm->auth_key = parent->auth_key;
+  comm_tp_args(comm, parent);
+  memset(mine, 0, sizeof *mine);
+  mine->rank = (uint32_t)rank;
+  mine->pid = (uint32_t)getpid();
+  snprintf(mine->host, sizeof mine->host, "%s", parent->place.host_id);
+  weft_status st = size > 1 ? transports_start(comm, mine, call) : WEFT_OK;
+  if (st)
+    snprintf(parent->core.fail.last_error, sizeof parent->core.fail.last_error, "%s",
+             weft_last_error(NULL));
+  return st;
+}
+
+weft_status weft_comm_child_finish(weft_comm *parent, weft_comm *comm, const boot_rank_info *all,
+                                   uint64_t id, const char *call) {
+  comm->local_rank = -1;
+  weft_status st = comm_learn(comm, all, id, call);
+  if (!st) st = comm_publish(comm, call);
+  if (st)
+    snprintf(parent->core.fail.last_error, sizeof parent->core.fail.last_error, "%s",
+             weft_last_error(NULL));
+  return st;
+}
+
+void weft_comm_child_drop(weft_comm *comm) {
+  if (comm) comm_free(comm);
+}
+
 typedef struct split_entry {
   int32_t color, key;
   boot_rank_info info; /* the new communicator's addresses */
@@ -737,23 +802,7 @@ WEFT_API weft_status weft_comm_split(weft_comm *parent, int color, int key, weft
   }
   split_entry me = {.color = color, .key = key};
   weft_status local = WEFT_OK;
-  if (color != WEFT_UNDEFINED) {
-    comm = comm_alloc(rank, size, -1, parent->core.fail.timeout_s);
-    if (!comm) {
-      local = weft_core_error(&parent->core, WEFT_ERR_NOMEM, call, "out of memory");
-    } else {
-      comm->place = parent->place;
-      comm->auth_key = parent->auth_key;
-      comm_tp_args(comm, parent);
-      me.info.rank = (uint32_t)rank;
-      me.info.pid = (uint32_t)getpid();
-      snprintf(me.info.host, sizeof me.info.host, "%s", parent->place.host_id);
-      local = size > 1 ? transports_start(comm, &me.info, call) : WEFT_OK;
-      if (local)
-        snprintf(parent->core.fail.last_error, sizeof parent->core.fail.last_error, "%s",
-                 weft_last_error(NULL));
-    }
-  }
+  if (color != WEFT_UNDEFINED) local = weft_comm_child_start(parent, rank, size, call, &comm, &me.info);
   /* a rank that failed locally still takes part (color -2 tells the others) */
   if (local) me.color = -2;
   st = parent_allgather(parent, &me, all, sizeof me, WEFT_U8);
@@ -775,23 +824,16 @@ WEFT_API weft_status weft_comm_split(weft_comm *parent, int color, int key, weft
   for (int p = 0; p < n; p++)
     if (all[p].color == color) infos[all[p].info.rank] = all[p].info;
   /* the same on every member: the parent, how many calls it has seen, the color */
-  uint64_t id = mix64(parent->id ^ mix64(((uint64_t)parent->core.seq << 32) | (uint32_t)color));
-  comm->local_rank = -1;
-  st = comm_learn(comm, infos, id, call);
+  uint64_t id = weft_comm_derive_id(parent, ((uint64_t)parent->core.seq << 32) | (uint32_t)color);
+  st = weft_comm_child_finish(parent, comm, infos, id, call);
   free(infos);
-  if (st) {
-    snprintf(parent->core.fail.last_error, sizeof parent->core.fail.last_error, "%s",
-             weft_last_error(NULL));
-    goto done;
-  }
-  st = comm_publish(comm, call);
   if (st) goto done;
   WEFT_INFO(WEFT_SUBSYS_INIT, "split: parent rank %d, color %d, key %d -> rank %d of %d",
             parent->core.rank, color, key, rank, size);
   *newcomm = comm;
   comm = NULL;
 done:
-  if (comm) comm_free(comm);
+  weft_comm_child_drop(comm);
   free(ck);
   free(all);
   return st;
@@ -998,8 +1040,9 @@ WEFT_API weft_status weft_comm_destroy(weft_comm *comm) {
   return st;
 }
 
-static void comm_abort_one(weft_comm *comm, int rank) {
-  atomic_store(&comm->core.fail.aborted, 1);
+static void comm_stop(weft_comm *comm, int how) {
+  int none = 0;
+  atomic_compare_exchange_strong(&comm->core.fail.aborted, &none, how); /* the first one holds */
   uint64_t one = 1;
   if (write(comm->engine.wake_fd, &one, sizeof one) < 0) { /* already signalled: fine */
   }
@@ -1007,11 +1050,28 @@ static void comm_abort_one(weft_comm *comm, int rank) {
    * itself when it sees the flag (one thread drives the transport). */
   if (pthread_mutex_trylock(&comm->engine.call_lock) == 0) {
     if (!comm->core.fail.failed) {
-      comm->core.fail.failed = WEFT_ERR_ABORTED;
-      weft_core_error(&comm->core, WEFT_ERR_ABORTED, "weft_comm_abort",
-                      "the communicator was aborted");
+      how = atomic_load(&comm->core.fail.aborted);
+      comm->core.fail.failed = weft_fail_stopped(how);
+      const char *call = how == WEFT_STOP_REVOKE ? "weft_comm_revoke" : "weft_comm_abort";
+      weft_core_error(&comm->core, comm->core.fail.failed, call, "%s",
+                      weft_fail_stopped_words(how));
+      /* A peer waiting for a pair this rank never opened (shm: the lower
+       * rank makes the segment) would hear nothing until its timeout:
+       * open those pairs first, so the notice has somewhere to go, as a
+       * timeout's culprit exchange does (src/engine/engine.c). */
+      weft_peer_table *l = &comm->core.links;
+      for (int p = 0; p < comm->core.size; p++) {
+        weft_tp_conn *conn;
+        if (p == comm->core.rank || l->peers[p].tp < 0 || l->peers[p].conn[WEFT_TP_CHANNEL_COLL] ||
+            l->tps[l->peers[p].tp].ops->caps.notices_reach_unconnected)
+          continue;
+        (void)weft_peer_table_conn(l, p, WEFT_TP_CHANNEL_COLL, &conn);
+      }
       char reason[128];
-      snprintf(reason, sizeof reason, "rank %d called weft_comm_abort", rank);
+      if (how == WEFT_STOP_REVOKE)
+        snprintf(reason, sizeof reason, "rank %d %s", comm->core.rank, WEFT_REVOKED_WORDS);
+      else
+        snprintf(reason, sizeof reason, "rank %d called weft_comm_abort", comm->core.rank);
       weft_peer_table_abort_all(&comm->core.links, reason);
     }
     pthread_mutex_unlock(&comm->engine.call_lock);
@@ -1021,6 +1081,13 @@ static void comm_abort_one(weft_comm *comm, int rank) {
 WEFT_API weft_status weft_comm_abort(weft_comm *comm) {
   if (!weft_comm_is_live(comm))
     return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_abort", "not a live communicator");
-  comm_abort_one(comm, comm->core.rank);
+  comm_stop(comm, WEFT_STOP_ABORT);
+  return WEFT_OK;
+}
+
+WEFT_API weft_status weft_comm_revoke(weft_comm *comm) {
+  if (!weft_comm_is_live(comm))
+    return weft_init_error(WEFT_ERR_INVALID, -1, "weft_comm_revoke", "not a live communicator");
+  comm_stop(comm, WEFT_STOP_REVOKE);
   return WEFT_OK;
 }

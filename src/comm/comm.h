@@ -13,6 +13,7 @@
 #include "src/base/auth.h"
 #include "src/coll/core.h"
 #include "src/comm/bootstrap.h"
+#include "src/elastic/ctl.h"
 #include "src/engine/engine_state.h"
 #include "src/topo/select.h"
 #include "transports/transport.h"
@@ -47,13 +48,37 @@ struct weft_comm {
    * process's kept ranges (mem.h), given back at deregister or destroy */
   const void **registered;
   size_t nregistered, registered_cap;
+  /* recovery (recover.c): the control plane (NULL for a single rank), and
+   * how many agreements this rank made on the communicator (the survivors
+   * count alike: it numbers them) */
+  weft_ctl *ctl;
+  uint32_t agreements;
 };
+
+/* The entry of the published addresses that holds the control plane's
+ * listener (the transports' entries are their built-in index). */
+#define WEFT_COMM_CTL_ADDR_ID 0xC7
 
 /* A failure's sentence on a communicator is weft_core_error (core.h); this
  * is the one for failures before a communicator exists, or on a handle that
  * is not one (thread-local: weft_last_error(NULL) reads it). */
 weft_status weft_init_error(weft_status st, int rank, const char *call, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* Making a communicator out of a live one (weft_comm_split, and
+ * weft_comm_shrink in recover.c): child_start makes rank `rank` of `size`
+ * with the parent's place, key and local address, and starts its
+ * transports and control plane; *mine gets what it publishes. Once every
+ * member's is known (all, by new rank), child_finish learns them and makes
+ * it live under `id` (weft_comm_derive_id: the same on every member).
+ * child_drop frees one that never went live. Errors are also written to
+ * the parent's last_error. */
+weft_status weft_comm_child_start(weft_comm *parent, int rank, int size, const char *call,
+                                  weft_comm **out, boot_rank_info *mine);
+weft_status weft_comm_child_finish(weft_comm *parent, weft_comm *comm, const boot_rank_info *all,
+                                   uint64_t id, const char *call);
+void weft_comm_child_drop(weft_comm *comm);
+uint64_t weft_comm_derive_id(const weft_comm *parent, uint64_t salt);
 
 /* The address `peer` published for built-in transport `builtin` (NULL, 0 if none). */
 void weft_comm_peer_address(const weft_comm *comm, int peer, int builtin, const void **addr,

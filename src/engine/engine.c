@@ -429,8 +429,8 @@ static weft_status culprit_fail(weft_core *comm, weft_request *head, bool trigge
 static weft_status drive_failed(weft_core *comm, weft_request *head, weft_status st) {
   weft_engine *e = comm->engine;
   if (!head) head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
-  bool timeout_notice =
-      st < 0 && st != WEFT_ERR_ABORTED && strstr(comm->links.sink.origin, WAITS_TAG);
+  bool timeout_notice = st < 0 && st != WEFT_ERR_ABORTED && st != WEFT_ERR_REVOKED &&
+                        strstr(comm->links.sink.origin, WAITS_TAG);
   if (head && !comm->fail.failed && comm->size > 1 && (st == WEFT_ERR_TIMEOUT || timeout_notice)) {
     st = culprit_fail(comm, head, st != WEFT_ERR_TIMEOUT);
   } else if (head) {
@@ -445,9 +445,14 @@ static weft_status drive_failed(weft_core *comm, weft_request *head, weft_status
                       comm->fail.timeout_s, what ? what : "", peer, peer);
     else if (st == WEFT_ERR_ABORTED)
       weft_core_error(comm, st, "weft_send/weft_recv", "weft_comm_abort was called");
-    else
-      weft_core_error(comm, st, "weft_send/weft_recv", "%s",
-                      comm->links.sink.origin[0] ? comm->links.sink.origin : comm->links.sink.msg);
+    else if (st == WEFT_ERR_REVOKED)
+      weft_core_error(comm, st, "weft_send/weft_recv", "rank %d %s", comm->rank,
+                      WEFT_REVOKED_WORDS);
+    else {
+      const char *words = comm->links.sink.origin[0] ? comm->links.sink.origin : comm->links.sink.msg;
+      st = weft_status_revoked_or(st, words);
+      weft_core_error(comm, st, "weft_send/weft_recv", "%s", words);
+    }
     comm->fail.failed = st;
     weft_peer_table_abort_all(&comm->links, comm->fail.last_error);
   }
@@ -561,9 +566,10 @@ static weft_status drive_sleep(weft_core *comm, weft_engine *e, drive_backoff *b
  * else the driver spins, yields or sleeps (drive_backoff) and goes on. */
 static weft_status drive_idle(weft_core *comm, weft_engine *e, const weft_request *target,
                               drive_backoff *b) {
-  if (atomic_load_explicit(&comm->fail.aborted, memory_order_relaxed)) {
+  int stopped = atomic_load_explicit(&comm->fail.aborted, memory_order_relaxed);
+  if (stopped) {
     comm->links.sink.origin[0] = 0;
-    return WEFT_ERR_ABORTED;
+    return weft_fail_stopped(stopped);
   }
   /* a reading from this round or the last is fresh enough here */
   bool fresh = b->stamp || b->idle_rounds % CLOCK_ROUNDS == 0;

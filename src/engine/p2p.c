@@ -612,8 +612,10 @@ void weft_p2p_post(weft_request *req) {
 
 weft_status weft_p2p_setup(weft_request *r, weft_core *comm, const char *call, bool is_send,
                            const void *buf, size_t count, weft_dtype dtype, int peer, int tag) {
-  if (atomic_load(&comm->fail.aborted))
-    return weft_core_error(comm, WEFT_ERR_ABORTED, call, "the communicator was aborted");
+  int stopped = atomic_load(&comm->fail.aborted);
+  if (stopped)
+    return weft_core_error(comm, weft_fail_stopped(stopped), call, "%s",
+                           weft_fail_stopped_words(stopped));
   /* its connections were aborted with it: the first cause is in last_error */
   if (comm->fail.failed) return comm->fail.failed;
   weft_p2p_lane *l = comm->engine->lane;

@@ -1,0 +1,360 @@
+/* test_elastic.c - surviving a lost rank (issue 48): weft_comm_revoke,
+ * weft_comm_agree and weft_comm_shrink, with ranks killed (SIGKILL) the way
+ * production loses them: during a collective, between collectives, rank 0,
+ * two at once, and during the recovery itself. Every survivor must end with
+ * a communicator of exactly the ranks alive, numbered densely in the old
+ * order, whose allreduce matches a serial reduction over the survivors'
+ * data (i64, exact); the agreement must give every survivor the same
+ * answer. Each case runs over shm and over tcp. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "harness.h"
+
+enum { N = 1 << 16 };           /* elements per allreduce: several chunks in flight */
+#define RECOVER_WITHIN_S 5.0 /* far above the targets; a miss means a wait on a timeout */
+
+typedef enum kill_when {
+  KILL_NONE,
+  KILL_IN_CALL,    /* at a random moment of an allreduce */
+  KILL_BETWEEN,    /* before its next call */
+  KILL_IN_SHRINK,  /* a second victim, at a random moment of the shrink */
+  KILL_IN_AGREE    /* at a random moment of weft_comm_agree */
+} kill_when;
+
+typedef struct scenario {
+  int victim[2];
+  int nvictims;
+  kill_when when[2];
+  uint64_t seed;
+} scenario;
+
+static const char *const transports[] = {"WEFT_TRANSPORT=shm", "WEFT_TRANSPORT=tcp"};
+
+/* The moment a victim dies, for the survivors' recovery times. */
+static volatile sig_atomic_t victim_slot = -1;
+static void die_now(int sig) {
+  (void)sig;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double t = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+  if (victim_slot >= 0) memcpy(&harness_shm->word[victim_slot], &t, sizeof t);
+  raise(SIGKILL);
+}
+/* SIGKILL after a random 0.1..3 ms: whatever weft is doing then. */
+static void die_soon(int rank, uint64_t *rng) {
+  victim_slot = rank;
+  signal(SIGALRM, die_now);
+  ualarm((useconds_t)(100 + harness_rng(rng) % 2900), 0);
+}
+
+static int victim_index(const scenario *s, int rank) {
+  for (int v = 0; v < s->nvictims; v++)
+    if (s->victim[v] == rank) return v;
+  return -1;
+}
+
+/* Contribution of old rank `q` to allreduce `round`. */
+typedef struct contrib {
+  uint64_t seed;
+  int round;
+  const int *old_rank; /* by new rank */
+} contrib;
+static void fill_contrib(void *buf, size_t count, int i, void *ctx) {
+  const contrib *c = ctx;
+  harness_fill(buf, count, WEFT_I64, WEFT_SUM, harness_seed(c->seed + (uint64_t)c->round,
+                                                             c->old_rank[i], 0));
+}
+
+/* An allreduce of this round's data, checked against the serial sum over
+ * the members (old ranks, by new rank). 0 when right. */
+static int checked_allreduce(weft_comm *comm, uint64_t seed, int round, int old_rank,
+                             const int *members, int64_t *buf) {
+  contrib c = {seed, round, members};
+  harness_fill(buf, N, WEFT_I64, WEFT_SUM, harness_seed(seed + (uint64_t)round, old_rank, 0));
+  weft_status st = weft_allreduce(comm, buf, buf, N, WEFT_I64, WEFT_SUM);
+  if (st) {
+    fprintf(stderr, "rank %d: allreduce after recovery: %s\n", old_rank, weft_last_error(comm));
+    return 1;
+  }
+  return harness_check_reduced(buf, N, WEFT_I64, WEFT_SUM, weft_comm_size(comm), fill_contrib,
+                               &c, "after shrink");
+}
+
+/* A rank: allreduces until one fails (a victim dies as its scenario says),
+ * then shrinks and checks the new communicator. Records the seconds from
+ * the (first) death to the first right allreduce on the new one. */
+static int elastic_rank(int rank, int size, const weft_unique_id *id, void *arg) {
+  const scenario *s = arg;
+  uint64_t rng = harness_seed(s->seed, rank, 7);
+  int v = victim_index(s, rank);
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  int64_t *buf = malloc(sizeof(int64_t) * N);
+  int members[HARNESS_MAX_RANKS];
+  for (int p = 0; p < size; p++) members[p] = p;
+  weft_status st = WEFT_OK;
+  int round = 0;
+  for (; round < 1000 && !st; round++) {
+    if (v >= 0 && round == 3 && s->when[v] == KILL_BETWEEN) {
+      victim_slot = rank;
+      die_now(0);
+    }
+    if (v >= 0 && round == 3 && s->when[v] == KILL_IN_CALL) die_soon(rank, &rng);
+    harness_fill(buf, N, WEFT_I64, WEFT_SUM, harness_seed(s->seed + (uint64_t)round, rank, 0));
+    st = weft_allreduce(comm, buf, buf, N, WEFT_I64, WEFT_SUM);
+    if (!st && round < 3) {
+      contrib c = {s->seed, round, members};
+      if (harness_check_reduced(buf, N, WEFT_I64, WEFT_SUM, size, fill_contrib, &c, "before"))
+        return 1;
+    }
+    if (round >= 5 && s->nvictims == 0) break; /* nobody dies: a revoke-free shrink */
+  }
+  if (s->nvictims && !st) {
+    fprintf(stderr, "rank %d: 1000 allreduces and no failure\n", rank);
+    return 1;
+  }
+  if (v >= 0 && s->when[v] == KILL_IN_SHRINK) die_soon(rank, &rng);
+  /* who is left in the end: the ranks that do not die (the victims all do) */
+  int n = 0, my_new = -1;
+  for (int p = 0; p < size; p++)
+    if (victim_index(s, p) < 0) {
+      if (p == rank) my_new = n;
+      members[n++] = p;
+    }
+  /* A victim killed during the shrink may die after it returned: then the
+   * new communicator still holds it, its first call fails, and the
+   * survivors shrink once more. */
+  weft_comm *shrunk = NULL, *from = comm;
+  for (int attempt = 0;; attempt++) {
+    st = weft_comm_shrink(from, &shrunk);
+    if (st) {
+      fprintf(stderr, "rank %d: shrink #%d: %s\n", rank, attempt, weft_last_error(from));
+      harness_record(rank, st, harness_now(), from);
+      return 1;
+    }
+    if (v >= 0) pause(); /* a victim that outlived the shrink dies here */
+    if (from != comm) weft_comm_destroy(from);
+    from = shrunk;
+    if (weft_comm_size(shrunk) == n || attempt == 3) break;
+    harness_fill(buf, N, WEFT_I64, WEFT_SUM, 1);
+    if (!weft_allreduce(shrunk, buf, buf, N, WEFT_I64, WEFT_SUM)) {
+      fprintf(stderr, "rank %d: an allreduce with a rank gone succeeded\n", rank);
+      return 1;
+    }
+  }
+  int bad = 0;
+  if (weft_comm_size(shrunk) != n || weft_comm_rank(shrunk) != my_new) {
+    fprintf(stderr, "rank %d: shrunk to rank %d of %d, want %d of %d\n", rank,
+            weft_comm_rank(shrunk), weft_comm_size(shrunk), my_new, n);
+    bad = 1;
+  }
+  for (int k = 0; k < 3 && !bad; k++) {
+    bad |= checked_allreduce(shrunk, s->seed, 100 + k, rank, members, buf);
+    if (k == 0) {
+      double died = 0;
+      for (int w = 0; w < s->nvictims; w++) {
+        double t;
+        memcpy(&t, &harness_shm->word[s->victim[w]], sizeof t);
+        if (t > 0 && (died == 0 || t < died)) died = t;
+      }
+      harness_shm->seconds[rank] = died > 0 ? harness_now() - died : 0;
+    }
+  }
+  harness_shm->status[rank] = bad ? WEFT_ERR_INTERNAL : WEFT_OK;
+  weft_comm_destroy(shrunk);
+  weft_comm_destroy(comm);
+  free(buf);
+  return bad;
+}
+
+static void run_scenario(int n, scenario s, const char *what) {
+  for (int t = 0; t < 2; t++) {
+    const char *env[] = {transports[t], "WEFT_TIMEOUT=30", NULL};
+    harness_init();
+    s.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)t;
+    int failed = harness_run(n, env, 90, elastic_rank, &s);
+    double worst = 0;
+    for (int r = 0; r < n; r++) {
+      if (victim_index(&s, r) >= 0) continue;
+      if (harness_shm->status[r] != WEFT_OK)
+        print_message("%s over %s: rank %d: %s\n", what, transports[t] + 15,
+                      r, harness_shm->message[r]);
+      assert_int_equal(harness_shm->status[r], WEFT_OK);
+      if (harness_shm->seconds[r] > worst) worst = harness_shm->seconds[r];
+    }
+    print_message("%s over %s: %d of %d ranks recovered, %.3f s from the death to the first "
+                  "right allreduce (worst rank)\n",
+                  what, transports[t] + 15, n - s.nvictims, n, worst);
+    assert_int_equal(failed, s.nvictims); /* the victims, by SIGKILL */
+    for (int v = 0; v < s.nvictims; v++)
+      assert_int_equal(harness_shm->ended_by[s.victim[v]], SIGKILL);
+    assert_true(worst < RECOVER_WITHIN_S);
+  }
+}
+
+static void one_killed_during_a_collective(void **state) {
+  (void)state;
+  run_scenario(4, (scenario){{1}, 1, {KILL_IN_CALL}, 0}, "rank 1 of 4 killed in an allreduce");
+}
+
+static void rank0_killed_between_calls(void **state) {
+  (void)state;
+  run_scenario(4, (scenario){{0}, 1, {KILL_BETWEEN}, 0}, "rank 0 of 4 killed between calls");
+}
+
+static void two_killed(void **state) {
+  (void)state;
+  run_scenario(6, (scenario){{0, 3}, 2, {KILL_IN_CALL, KILL_IN_CALL}, 0},
+               "ranks 0 and 3 of 6 killed in an allreduce");
+}
+
+static void killed_during_shrink(void **state) {
+  (void)state;
+  /* rank 0 coordinates the agreements: it dies in the middle of them */
+  run_scenario(5, (scenario){{2, 0}, 2, {KILL_IN_CALL, KILL_IN_SHRINK}, 0},
+               "rank 2 of 5 killed in an allreduce, rank 0 in the shrink");
+}
+
+static void nobody_lost(void **state) {
+  (void)state;
+  run_scenario(3, (scenario){{0}, 0, {KILL_NONE}, 0}, "no rank lost (a shrink of a live job)");
+}
+
+/* ---- agree ------------------------------------------------------------------- */
+
+typedef struct agree_case {
+  int victim; /* -1: none; else killed at a random moment of the agreement */
+} agree_case;
+
+/* word[r]: this survivor's outcome, (flags << 32) | the lost ranks' mask */
+static int agree_rank(int rank, int size, const weft_unique_id *id, void *arg) {
+  const agree_case *a = arg;
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  uint64_t rng = harness_seed((uint64_t)time(NULL), rank, 3);
+  if (rank == a->victim) die_soon(rank, &rng);
+  uint32_t flags = 1u << rank;
+  int failed[HARNESS_MAX_RANKS], nfailed = -1;
+  weft_status st = weft_comm_agree(comm, &flags, failed, &nfailed);
+  harness_record(rank, st, harness_now(), comm);
+  if (rank == a->victim) pause(); /* it dies here if not before */
+  uint64_t mask = 0;
+  for (int i = 0; i < nfailed; i++) mask |= 1ull << failed[i];
+  harness_shm->word[rank] = ((uint64_t)flags << 32) | mask;
+  /* a second agreement, which must see the victim lost */
+  flags = 0;
+  st = weft_comm_agree(comm, &flags, failed, &nfailed);
+  if (st || (a->victim >= 0 && (nfailed != 1 || failed[0] != a->victim))) {
+    fprintf(stderr, "rank %d: second agreement: %s, %d lost\n", rank, weft_status_name(st),
+            nfailed);
+    return 1;
+  }
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+static void agree_gives_every_rank_the_same(void **state) {
+  (void)state;
+  for (int t = 0; t < 2; t++)
+    for (int victim = -1; victim < 4; victim++) {
+      const char *env[] = {transports[t], "WEFT_TIMEOUT=30", NULL};
+      agree_case a = {victim};
+      harness_init();
+      int failed = harness_run(4, env, 60, agree_rank, &a);
+      assert_int_equal(failed, victim >= 0 ? 1 : 0);
+      uint64_t first = 0;
+      bool have = false;
+      for (int r = 0; r < 4; r++) {
+        if (r == victim) continue;
+        assert_int_equal(harness_shm->status[r], WEFT_OK);
+        uint64_t w = harness_shm->word[r];
+        if (!have) first = w;
+        have = true;
+        if (w != first)
+          print_message("over %s, victim %d: rank %d agreed 0x%llx, another 0x%llx\n",
+                        transports[t] + 15, victim, r, (unsigned long long)w,
+                        (unsigned long long)first);
+        assert_true(w == first);
+        /* every survivor's flag is in; the victim's is there only if it
+         * was not counted lost */
+        uint32_t flags = (uint32_t)(w >> 32), lost = (uint32_t)w;
+        for (int q = 0; q < 4; q++)
+          if (q != victim) assert_true(flags & (1u << q));
+        if (victim >= 0) assert_true(((flags >> victim) & 1u) != ((lost >> victim) & 1u));
+        else assert_int_equal(lost, 0);
+      }
+    }
+}
+
+/* ---- revoke ------------------------------------------------------------------ */
+
+/* One rank revokes, before its first call, while the others wait in an
+ * allreduce: all fail with WEFT_ERR_REVOKED, then all shrink (nobody lost)
+ * and go on. Rank 0 as the revoker is the hard case on shm: the others wait
+ * for pairs that only it makes. */
+static int revoke_rank(int rank, int size, const weft_unique_id *id, void *arg) {
+  const int revoker = *(const int *)arg;
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  static int64_t buf[1024];
+  double t0 = harness_now();
+  weft_status st;
+  if (rank == revoker) {
+    usleep(200000);
+    t0 = harness_now();
+    if (weft_comm_revoke(comm)) return 1;
+    st = weft_allreduce(comm, buf, buf, 1024, WEFT_I64, WEFT_SUM); /* later calls fail too */
+  } else {
+    st = weft_allreduce(comm, buf, buf, 1024, WEFT_I64, WEFT_SUM);
+  }
+  harness_record(rank, st, t0, comm);
+  weft_comm *shrunk = NULL;
+  if (weft_comm_shrink(comm, &shrunk)) {
+    fprintf(stderr, "rank %d: shrink: %s\n", rank, weft_last_error(comm));
+    return 1;
+  }
+  int members[HARNESS_MAX_RANKS];
+  for (int p = 0; p < size; p++) members[p] = p;
+  int bad = weft_comm_size(shrunk) != size || weft_comm_rank(shrunk) != rank;
+  static int64_t big[N];
+  bad |= checked_allreduce(shrunk, 42, 1, rank, members, big);
+  weft_comm_destroy(shrunk);
+  weft_comm_destroy(comm);
+  return bad;
+}
+
+static void revoke_fails_every_rank(void **state) {
+  (void)state;
+  for (int t = 0; t < 4; t++) {
+    const char *env[] = {transports[t % 2], "WEFT_TIMEOUT=30", NULL};
+    int revoker = t < 2 ? 2 : 0;
+    harness_init();
+    assert_int_equal(harness_run(4, env, 60, revoke_rank, &revoker), 0);
+    for (int r = 0; r < 4; r++) {
+      if (harness_shm->status[r] != WEFT_ERR_REVOKED)
+        print_message("over %s, rank %d revoking: rank %d: %s\n", transports[t % 2] + 15,
+                      revoker, r, harness_shm->message[r]);
+      assert_int_equal(harness_shm->status[r], WEFT_ERR_REVOKED);
+      assert_true(harness_shm->seconds[r] < 2.0);
+    }
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(revoke_fails_every_rank),
+      cmocka_unit_test(nobody_lost),
+      cmocka_unit_test(agree_gives_every_rank_the_same),
+      cmocka_unit_test(one_killed_during_a_collective),
+      cmocka_unit_test(rank0_killed_between_calls),
+      cmocka_unit_test(two_killed),
+      cmocka_unit_test(killed_during_shrink),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
