@@ -31,7 +31,12 @@
  *    scatter, the other ranks of a reduce or a gather) may return WEFT_OK
  *    and fail in its next call on the communicator, weft_comm_destroy
  *    included. WEFT_CHECK=1 also catches what no message shows (a rank
- *    that passes count 0), and fails every rank in the very call.
+ *    that passes count 0), and fails every rank in the very call. Calls
+ *    that differ where no chunk ever crosses (each rank waits for another to
+ *    send first; a rank that skipped a call waits in its next one) are found
+ *    by the stall probe: a collective that has moved nothing for
+ *    WEFT_STALL_PROBE seconds (default 1, 0 = off) asks its peers which call
+ *    they are in, over the control plane (below), off the data path.
  *  - Buffers are passed as pointers plus a count of elements, in host memory
  *    or, for the collectives, in a GPU's memory (weft_comm_set_stream says how
  *    such a call is ordered).
@@ -365,8 +370,10 @@ WEFT_API weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *
  * call on this communicator (weft_comm_destroy included, which then
  * returns the error), quoting it. No rank's data is wrong: the root's is
  * the source, and the agreeing ranks received it. Roots that differ so
- * that no rank sends first are found at the timeout, when the ranks compare
- * the calls they wait in (WEFT_ERR_MISMATCH naming both). WEFT_CHECK=1
+ * that no rank sends first are found by the stall probe, once the call has
+ * moved nothing for WEFT_STALL_PROBE seconds (1; with it 0, at the
+ * timeout): the ranks compare the calls they wait in over the control
+ * plane (WEFT_ERR_MISMATCH naming both). WEFT_CHECK=1
  * confirms every rank's count, dtype and root over the edges of a hypercube
  * beside the data, so that every rank fails in that very call. */
 WEFT_API weft_status weft_broadcast(weft_comm *comm, const void *sendbuf, void *recvbuf,
@@ -788,6 +795,17 @@ WEFT_API weft_status weft_grad_get_stats(const weft_grad *grad, weft_grad_stats 
 /* Frees the set and its owned storage, after waiting for buckets still in
  * flight. Not collective. NULL is a no-op. */
 WEFT_API weft_status weft_grad_destroy(weft_grad *grad);
+
+/* After a lost rank (weft_comm_shrink): moves the set onto `comm`, the
+ * survivors' communicator, keeping its tensors, buckets and owned storage.
+ * It waits for the buckets of the failed step (they failed with the old
+ * communicator) and clears the set's failure. Redo the failed step on it:
+ * compute the gradients again and mark them ready; avg is then over the
+ * survivors. (The failed step's buckets may hold partly reduced data, so
+ * the gradients must be computed again, not reused.) Not collective, but
+ * every survivor must do it before the set's next step, as with any call.
+ * WEFT_ERR_INVALID for a set not finalized or a communicator not live. */
+WEFT_API weft_status weft_grad_rebind(weft_grad *grad, weft_comm *comm);
 
 /* Collective: every rank's tensors get the root's values. First checks that
  * every rank passes the same number of tensors with the same counts, dtypes

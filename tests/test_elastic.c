@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 
 #include "harness.h"
 
@@ -346,6 +347,101 @@ static void revoke_fails_every_rank(void **state) {
   }
 }
 
+
+/* ---- a gradient set survives a shrink ---------------------------------------- */
+
+enum { GRAD_STEPS = 8, GRAD_VICTIM = 2, GRAD_KILL_STEP = 3, T0 = 3000, T1 = 70000 };
+
+/* Rank r's gradient element i in step s: small integers, exact in f32 sums. */
+static float grad_value(int step, int r, int t, size_t i) {
+  return (float)((step * 7 + r * 13 + t * 5 + (int)(i % 97)) % 64);
+}
+
+/* Every rank: a set of two tensors (copy mode) averaged over the ranks;
+ * rank 2 dies in step 3, with its first bucket in flight (SIGKILL right
+ * after it marked tensor 1 ready). The survivors shrink, move the set onto the new
+ * communicator (weft_grad_rebind), redo step 3 and go on: each step's
+ * result is the mean over the ranks of that step, no step lost. */
+static int grad_rank(int rank, int size, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  weft_comm *comm = harness_comm(rank, size, id);
+  if (!comm) return 1;
+  static float t0[T0], t1[T1];
+  weft_grad_options o;
+  weft_grad_options_init(&o);
+  o.op = WEFT_AVG;
+  o.bucket_cap_bytes = 64 << 10;
+  weft_grad *g;
+  weft_tensor ts[2] = {{t0, T0, WEFT_F32, WEFT_MEMORY_HOST}, {t1, T1, WEFT_F32, WEFT_MEMORY_HOST}};
+  if (weft_grad_create(comm, &o, &g) || weft_grad_register(g, &ts[0], NULL) ||
+      weft_grad_register(g, &ts[1], NULL) || weft_grad_finalize(g))
+    return 1;
+  int members[HARNESS_MAX_RANKS], n = size;
+  for (int p = 0; p < size; p++) members[p] = p;
+  int recoveries = 0;
+  for (int step = 0; step < GRAD_STEPS;) {
+    for (size_t i = 0; i < T0; i++) t0[i] = grad_value(step, rank, 0, i);
+    for (size_t i = 0; i < T1; i++) t1[i] = grad_value(step, rank, 1, i);
+    weft_status st = weft_grad_ready(g, 1); /* backward: the last layer first */
+    if (rank == GRAD_VICTIM && step == GRAD_KILL_STEP) raise(SIGKILL);
+    if (!st) st = weft_grad_ready(g, 0);
+    if (!st) st = weft_grad_wait(g);
+    if (st) {
+      weft_comm *smaller;
+      if (weft_comm_shrink(comm, &smaller) || weft_grad_rebind(g, smaller)) {
+        fprintf(stderr, "rank %d: recovery: %s\n", rank, weft_last_error(comm));
+        return 1;
+      }
+      weft_comm_destroy(comm);
+      comm = smaller;
+      n = 0;
+      for (int p = 0; p < size; p++)
+        if (p != GRAD_VICTIM) members[n++] = p;
+      recoveries++;
+      continue; /* redo the step */
+    }
+    if (weft_comm_size(comm) != n) {
+      fprintf(stderr, "rank %d: step %d on %d ranks, want %d\n", rank, step, weft_comm_size(comm), n);
+      return 1;
+    }
+    for (int t = 0; t < 2; t++) {
+      const float *got = t ? t1 : t0;
+      size_t cnt = t ? T1 : T0;
+      for (size_t i = 0; i < cnt; i++) {
+        double want = 0;
+        for (int k = 0; k < n; k++) want += grad_value(step, members[k], t, i);
+        want /= n;
+        if (fabs(got[i] - want) > 1e-5 * (1 + fabs(want))) {
+          fprintf(stderr, "rank %d step %d tensor %d [%zu]: %g, want %g over %d ranks\n", rank,
+                  step, t, i, got[i], want, n);
+          return 1;
+        }
+      }
+    }
+    step++;
+  }
+  harness_shm->word[rank] = (uint64_t)recoveries;
+  weft_grad_destroy(g);
+  weft_comm_destroy(comm);
+  return 0;
+}
+
+static void grad_set_survives_a_shrink(void **state) {
+  (void)state;
+  for (int t = 0; t < 2; t++) {
+    const char *env[] = {transports[t], "WEFT_TIMEOUT=30", NULL};
+    harness_init();
+    int failed = harness_run(4, env, 90, grad_rank, NULL);
+    assert_int_equal(failed, 1);
+    assert_int_equal(harness_shm->ended_by[GRAD_VICTIM], SIGKILL);
+    for (int r = 0; r < 4; r++)
+      if (r != GRAD_VICTIM) assert_int_equal(harness_shm->word[r], 1);
+    print_message("gradient set over %s: rank %d killed in step %d, %d steps done on the "
+                  "survivors, each the mean over its ranks\n",
+                  transports[t] + 15, GRAD_VICTIM, GRAD_KILL_STEP, GRAD_STEPS);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(revoke_fails_every_rank),
@@ -355,6 +451,7 @@ int main(void) {
       cmocka_unit_test(rank0_killed_between_calls),
       cmocka_unit_test(two_killed),
       cmocka_unit_test(killed_during_shrink),
+      cmocka_unit_test(grad_set_survives_a_shrink),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

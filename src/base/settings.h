@@ -130,6 +130,8 @@
     "the same where every link is shm; 0 = never") \
   X(CHECK, check, BOOL, "0", 0, 0, WEFT_NO_WORDS,                                                \
     "1: every collective first compares a fingerprint (call, count, dtype, op, root) across ranks, and broadcasts confirm every rank's count, dtype and root: a difference fails every rank in that call naming both sides. 0: each chunk still carries its call's signature, so a difference fails every rank in that call or, where a rank only sent (a broadcast's root), in its next one") \
+  X(STALL_PROBE, stall_probe_s, SECONDS, "1", 0, 86400, WEFT_NO_WORDS,                            \
+    "a collective that has moved nothing for this long asks its peers which call they are in (over the control plane, off the data path): one in another call of the same number (a root, a count or a collective that differs, a call one rank skipped) fails every rank then with WEFT_ERR_MISMATCH naming both, instead of at WEFT_TIMEOUT; 0: off") \
   X(SUSPECT, suspect_s, SECONDS, "2", 0.05, 3600, WEFT_NO_WORDS,                                 \
     "recovery (weft_comm_agree, weft_comm_shrink) counts a peer as lost when its host does not answer a dial or a write for this long (a cut link, a host that is down); a peer that ended is seen at once, and a live one that is late is waited for up to WEFT_TIMEOUT") \
   X(RECORDER, recorder, INT, "64", 0, 100000, WEFT_NO_WORDS,                                     \

@@ -87,6 +87,17 @@ typedef struct weft_core {
   /* the engine's part (src/engine/engine_state.h), held beside this core in
    * the same communicator; only the engine reads it */
   struct weft_engine *engine;
+  /* The stall probe (src/comm/probe.c, passed down: the communicator owns
+   * the control plane it runs over). A driver whose collective has moved
+   * nothing for a while calls it with the head call, the peer it waits
+   * on (-1: none known) and how long it has been idle, every few tens of
+   * milliseconds (never while data flows): it answers its peers' questions
+   * and, past WEFT_STALL_PROBE, asks them which call they are in.
+   * WEFT_ERR_MISMATCH, its sentence in links.sink.msg, when a peer is in
+   * another call of the same number, or the peer it waits on is past this
+   * call; WEFT_OK to wait on. NULL: no probe. */
+  weft_status (*stall_probe)(struct weft_core *core, const weft_coll *head, int waits_on,
+                             double idle_s);
 } weft_core;
 
 /* Records a failure on `core` with the sentence the user reads (its

@@ -148,6 +148,7 @@ static void comm_free(weft_comm *comm) {
   for (int t = 0; t < l->ntps; t++) l->tps[t].ops->fini(l->tps[t].ctx);
   if (comm->engine.wake_fd >= 0) close(comm->engine.wake_fd);
   pthread_mutex_destroy(&comm->engine.call_lock);
+  pthread_mutex_destroy(&comm->ctl_lock);
   pthread_mutex_destroy(&comm->engine.q_lock);
   pthread_cond_destroy(&comm->engine.q_cond);
   free(comm->peers);
@@ -411,6 +412,7 @@ static weft_comm *comm_alloc(int rank, int size, int local_rank, double timeout_
   comm->core.fail.timeout_s = timeout_s;
   comm->engine.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   pthread_mutex_init(&comm->engine.call_lock, NULL);
+  pthread_mutex_init(&comm->ctl_lock, NULL);
   pthread_mutex_init(&comm->engine.q_lock, NULL);
   pthread_cond_init(&comm->engine.q_cond, NULL);
   const weft_settings_values *set = weft_settings();
@@ -540,6 +542,7 @@ static weft_status comm_learn(weft_comm *comm, const boot_rank_info *all, uint64
   h->host_of = host_of;
   WEFT_CHECK(hosts_index_peers(comm, all, call));
   if (comm->ctl) {
+    if (weft_settings()->stall_probe_s > 0) comm->core.stall_probe = weft_comm_stall_probe;
     weft_ctl_set_id(comm->ctl, id);
     for (int p = 0; p < comm->core.size; p++) {
       const void *addr;

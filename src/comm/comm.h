@@ -52,8 +52,18 @@ struct weft_comm {
    * how many agreements this rank made on the communicator (the survivors
    * count alike: it numbers them) */
   weft_ctl *ctl;
+  pthread_mutex_t ctl_lock; /* the control plane's user: a recovery, or the probe
+                               (from the progress thread; it skips when taken) */
   uint32_t agreements;
+  /* the stall probe (probe.c): the call it last asked about, and when */
+  uint32_t probe_seq;
+  double probe_asked_at;
 };
+
+/* The stall probe (probe.c), installed on a communicator of several ranks
+ * when WEFT_STALL_PROBE is not 0: core.stall_probe. */
+weft_status weft_comm_stall_probe(weft_core *core, const weft_coll *head, int waits_on,
+                                  double idle_s);
 
 /* The entry of the published addresses that holds the control plane's
  * listener (the transports' entries are their built-in index). */

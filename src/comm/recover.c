@@ -28,7 +28,9 @@ static weft_status comm_agree(weft_comm *comm, const char *call, uint32_t flags,
   weft_error_sink err = {0};
   uint32_t epoch = comm->agreements++;
   double deadline = weft_now() + comm->core.fail.timeout_s;
+  pthread_mutex_lock(&comm->ctl_lock);
   weft_status st = weft_agree(comm->ctl, epoch, flags, data, len, deadline, out, &err);
+  pthread_mutex_unlock(&comm->ctl_lock);
   if (st) {
     /* the communicator's own failure stays the first cause; the message
      * of this call is ours */

@@ -44,8 +44,10 @@ typedef struct weft_ctl weft_ctl;
 
 /* What a message is for (the agreement's kinds; ctl itself uses the rest). */
 enum {
-  WEFT_CTL_PROPOSAL = 16, /* a participant's input, to the coordinator */
-  WEFT_CTL_DECISION = 17  /* the outcome, from whoever holds it, to everyone */
+  WEFT_CTL_PROPOSAL = 16,    /* a participant's input, to the coordinator */
+  WEFT_CTL_DECISION = 17,    /* the outcome, from whoever holds it, to everyone */
+  WEFT_CTL_PROBE_ASK = 18,   /* the stall probe: which call are you in? */
+  WEFT_CTL_PROBE_STATE = 19  /* its answer */
 };
 
 /* One received message; `body` stays valid until weft_ctl_take or close. */

@@ -492,7 +492,13 @@ typedef struct drive_backoff {
   unsigned idle_rounds; /* rounds since the clock was last read */
   double now;           /* the last reading */
   bool placed;          /* keep_place was called in this wait (the thread never steps) */
+  double probe_at;      /* the stall probe's next turn (clock reading) */
 } drive_backoff;
+
+/* A stalled driver starts answering its peers' stall probes after this long
+ * without progress, and turns to the probe once per this interval. */
+#define WEFT_STALL_ANSWER_S 0.1
+#define WEFT_STALL_POLL_S 0.02
 
 /* Whether the driver leaves now: its target is done, or (the progress
  * thread) a caller wants to drive or no work is left. */
@@ -585,10 +591,23 @@ static weft_status drive_idle(weft_core *comm, weft_engine *e, const weft_reques
   double idle = b->now - e->last_moved;
   if (e->lane) weft_p2p_clock(comm, b->now); /* the lane fails its own timed-out messages */
   if (target && atomic_load_explicit(&target->done, memory_order_acquire)) return WEFT_OK;
-  bool colls = atomic_load_explicit(&e->q_head, memory_order_relaxed) != NULL;
+  weft_request *head = atomic_load_explicit(&e->q_head, memory_order_relaxed);
+  bool colls = head != NULL;
   if (colls && idle >= comm->fail.timeout_s) {
     comm->links.sink.origin[0] = 0;
     return WEFT_ERR_TIMEOUT;
+  }
+  /* a stalled collective: its peers may be in another call (the probe
+   * asks them, off the data path); gated by the clock, so rounds that
+   * spin cost nothing */
+  if (colls && comm->stall_probe && fresh && idle >= WEFT_STALL_ANSWER_S &&
+      b->now >= b->probe_at) {
+    b->probe_at = b->now + WEFT_STALL_POLL_S;
+    weft_status st = comm->stall_probe(comm, &head->task.coll, head->task.waiting_peer, idle);
+    if (st) {
+      comm->links.sink.origin[0] = 0;
+      return st;
+    }
   }
   if (idle * 1e6 < e->spin_us) {
     cpu_relax();

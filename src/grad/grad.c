@@ -1367,6 +1367,22 @@ WEFT_API weft_status weft_grad_get_stats(const weft_grad *g, weft_grad_stats *st
   return WEFT_OK;
 }
 
+WEFT_API weft_status weft_grad_rebind(weft_grad *g, weft_comm *comm) {
+  static const char call[] = "weft_grad_rebind";
+  if (!grad_ok(g)) return bad_handle(call);
+  WEFT_CHECK(comm_check(comm, call));
+  if (!g->finalized)
+    return weft_api_error(comm, WEFT_ERR_INVALID, call,
+                          "the set is not finalized (call weft_grad_finalize first)");
+  /* the failed step's requests end with the old communicator's failure */
+  for (int b = 0; b < g->nbuckets; b++)
+    if (g->buckets[b].req) (void)weft_wait(&g->buckets[b].req);
+  if (g->in_step) step_reset(g);
+  g->comm = comm;
+  g->broken = WEFT_OK;
+  return WEFT_OK;
+}
+
 WEFT_API weft_status weft_grad_destroy(weft_grad *g) {
   if (!g) return WEFT_OK;
   if (!grad_ok(g)) return bad_handle("weft_grad_destroy");
