@@ -343,6 +343,24 @@ WEFT_API weft_status weft_comm_agree(weft_comm *comm, uint32_t *flags, int *fail
  * Errors as weft_comm_agree. */
 WEFT_API weft_status weft_comm_shrink(weft_comm *comm, weft_comm **newcomm);
 
+/* Growing: a process that starts later (a replacement, or one more) joins
+ * an existing communicator. A member writes an id (weft_comm_grow_id:
+ * local, no communication; it names the control planes of the lowest ranks
+ * and the communicator, and carries the job key unless WEFT_AUTH_TOKEN
+ * holds it, which the new process must then have too) and hands it to the
+ * new process, which calls weft_comm_join: it asks in at the first member
+ * that answers and blocks until it is admitted. The members call
+ * weft_comm_grow (collective over them), which waits until `nnew` processes
+ * asked in (up to the timeout), admits them together by agreement, and
+ * makes the new communicator: the members keep their ranks, the newcomers
+ * follow in the order the agreement lists them. `comm` stays usable and is
+ * not changed. A member lost in the meantime fails it on every member with
+ * WEFT_ERR_PEER_LOST (shrink first); a newcomer lost in the meantime fails
+ * it too, and the newcomers that were admitted get WEFT_ERR_PEER_LOST. */
+WEFT_API weft_status weft_comm_grow_id(const weft_comm *comm, weft_unique_id *id);
+WEFT_API weft_status weft_comm_grow(weft_comm *comm, int nnew, weft_comm **newcomm);
+WEFT_API weft_status weft_comm_join(const weft_unique_id *id, weft_comm **newcomm);
+
 /* ---- collectives (blocking, collective over all ranks) ------------------ */
 
 /* Count 0 (of any call): no data moves. Every rank must still make the call

@@ -442,6 +442,90 @@ static void grad_set_survives_a_shrink(void **state) {
   }
 }
 
+/* ---- grow ---------------------------------------------------------------------- */
+
+/* Ranks 0..3 make a communicator of 4; rank 1 dies; the 3 survivors shrink
+ * and grow back to 4 with process 4, a replacement that joins with the id
+ * rank 0 of the survivors writes (to the shared page). Every allreduce
+ * after is checked against the members' data (the newcomer's as launch
+ * rank 4). word[4] = 1 once the id is in message[4]. */
+enum { GROW_VICTIM = 1 };
+
+static int grow_rank(int rank, int size, const weft_unique_id *id, void *arg) {
+  (void)arg;
+  (void)size;
+  static int64_t buf[N];
+  int members[HARNESS_MAX_RANKS] = {0, 2, 3, 4};
+  weft_comm *comm = NULL;
+  double t0;
+  if (rank == 4) { /* the replacement: waits for the id, then joins */
+    while (!__atomic_load_n(&harness_shm->word[4], __ATOMIC_ACQUIRE)) usleep(1000);
+    weft_unique_id gid;
+    memcpy(&gid, harness_shm->message[4], sizeof gid);
+    t0 = harness_now();
+    weft_status st = weft_comm_join(&gid, &comm);
+    if (st) {
+      fprintf(stderr, "rank 4: join: %s\n", weft_last_error(NULL));
+      return 1;
+    }
+    harness_shm->seconds[4] = harness_now() - t0;
+  } else {
+    if (weft_comm_init_rank(&comm, id, rank, 4)) return 1;
+    if (rank == GROW_VICTIM) {
+      usleep(20000);
+      raise(SIGKILL);
+    }
+    weft_status st = WEFT_OK;
+    for (int k = 0; k < 1000 && !st; k++)
+      st = weft_allreduce(comm, buf, buf, 1024, WEFT_I64, WEFT_SUM);
+    weft_comm *shrunk, *grown;
+    if (weft_comm_shrink(comm, &shrunk)) {
+      fprintf(stderr, "rank %d: shrink: %s\n", rank, weft_last_error(comm));
+      return 1;
+    }
+    weft_comm_destroy(comm);
+    if (weft_comm_rank(shrunk) == 0) {
+      weft_unique_id gid;
+      if (weft_comm_grow_id(shrunk, &gid)) return 1;
+      memcpy(harness_shm->message[4], &gid, sizeof gid);
+      __atomic_store_n(&harness_shm->word[4], 1, __ATOMIC_RELEASE);
+    }
+    t0 = harness_now();
+    st = weft_comm_grow(shrunk, 1, &grown);
+    if (st) {
+      fprintf(stderr, "rank %d: grow: %s\n", rank, weft_last_error(shrunk));
+      return 1;
+    }
+    harness_shm->seconds[rank] = harness_now() - t0;
+    weft_comm_destroy(shrunk);
+    comm = grown;
+  }
+  int want_rank = rank == 4 ? 3 : (rank == 0 ? 0 : rank - 1);
+  if (weft_comm_size(comm) != 4 || weft_comm_rank(comm) != want_rank) {
+    fprintf(stderr, "launch rank %d: rank %d of %d after the grow, want %d of 4\n", rank,
+            weft_comm_rank(comm), weft_comm_size(comm), want_rank);
+    return 1;
+  }
+  int bad = 0;
+  for (int k = 0; k < 3 && !bad; k++) bad = checked_allreduce(comm, 77, k, rank, members, buf);
+  weft_comm_destroy(comm);
+  return bad;
+}
+
+static void shrink_then_grow_back(void **state) {
+  (void)state;
+  for (int t = 0; t < 2; t++) {
+    const char *env[] = {transports[t], "WEFT_TIMEOUT=30", NULL};
+    harness_init();
+    int failed = harness_run(5, env, 90, grow_rank, NULL);
+    assert_int_equal(failed, 1);
+    assert_int_equal(harness_shm->ended_by[GROW_VICTIM], SIGKILL);
+    print_message("over %s: shrunk to 3, grown back to 4 by a replacement: grow %.1f ms, join "
+                  "%.1f ms (from the id's write)\n",
+                  transports[t] + 15, harness_shm->seconds[0] * 1e3, harness_shm->seconds[4] * 1e3);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(revoke_fails_every_rank),
@@ -452,6 +536,7 @@ int main(void) {
       cmocka_unit_test(two_killed),
       cmocka_unit_test(killed_during_shrink),
       cmocka_unit_test(grad_set_survives_a_shrink),
+      cmocka_unit_test(shrink_then_grow_back),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

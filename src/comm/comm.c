@@ -163,6 +163,7 @@ static void comm_free(weft_comm *comm) {
   weft_coll_device_free(&comm->core); /* its stream, events and staging */
   for (size_t i = 0; i < comm->nregistered; i++) weft_mem_unkeep(comm->registered[i]);
   free(comm->registered);
+  free(comm->guests);
   comm->magic = 0;
   free(comm);
 }
@@ -741,10 +742,32 @@ weft_status weft_comm_child_finish(weft_comm *parent, weft_comm *comm, const boo
   comm->local_rank = -1;
   weft_status st = comm_learn(comm, all, id, call);
   if (!st) st = comm_publish(comm, call);
-  if (st)
+  if (st && parent)
     snprintf(parent->core.fail.last_error, sizeof parent->core.fail.last_error, "%s",
              weft_last_error(NULL));
+  if (!st && !parent) spread_once(comm);
   return st;
+}
+
+weft_status weft_comm_guest_start(int rank, int size, double timeout_s,
+                                  const struct sockaddr_storage *local, socklen_t local_len,
+                                  const weft_auth_key *key, const char *call, weft_comm **out,
+                                  boot_rank_info *mine) {
+  weft_comm *comm = comm_alloc(rank, size, -1, timeout_s);
+  *out = comm;
+  if (!comm) return weft_init_error(WEFT_ERR_NOMEM, rank, call, "out of memory");
+  WEFT_CHECK(settings_usable(rank, call));
+  weft_log_set_rank(rank);
+  weft_place_here(topo_here(), &comm->place);
+  comm->auth_key = *key;
+  comm_tp_args(comm, comm);
+  comm->tp_args.local_addr = *local;
+  comm->tp_args.local_addr_len = local_len;
+  memset(mine, 0, sizeof *mine);
+  mine->rank = (uint32_t)rank;
+  mine->pid = (uint32_t)getpid();
+  snprintf(mine->host, sizeof mine->host, "%s", comm->place.host_id);
+  return size > 1 ? transports_start(comm, mine, call) : WEFT_OK;
 }
 
 void weft_comm_child_drop(weft_comm *comm) {

@@ -55,6 +55,10 @@ struct weft_comm {
   pthread_mutex_t ctl_lock; /* the control plane's user: a recovery, or the probe
                                (from the progress thread; it skips when taken) */
   uint32_t agreements;
+  /* guests that asked in (weft_comm_join) and were not admitted yet:
+   * their control-plane guest index, pid and host (recover.c) */
+  struct weft_guest *guests;
+  int nguests;
   /* the stall probe (probe.c): the call it last asked about, and when */
   uint32_t probe_seq;
   double probe_asked_at;
@@ -88,6 +92,13 @@ weft_status weft_comm_child_start(weft_comm *parent, int rank, int size, const c
 weft_status weft_comm_child_finish(weft_comm *parent, weft_comm *comm, const boot_rank_info *all,
                                    uint64_t id, const char *call);
 void weft_comm_child_drop(weft_comm *comm);
+/* The same for a process that joins (weft_comm_join) and has no parent:
+ * rank `rank` of `size`, its transports' local address and the job key
+ * given. child_finish with parent NULL then makes it live. */
+weft_status weft_comm_guest_start(int rank, int size, double timeout_s,
+                                  const struct sockaddr_storage *local, socklen_t local_len,
+                                  const weft_auth_key *key, const char *call, weft_comm **out,
+                                  boot_rank_info *mine);
 uint64_t weft_comm_derive_id(const weft_comm *parent, uint64_t salt);
 
 /* The address `peer` published for built-in transport `builtin` (NULL, 0 if none). */

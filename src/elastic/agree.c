@@ -156,7 +156,8 @@ static void inbox_read(agree_state *s) {
   weft_ctl_msg *m = weft_ctl_inbox(s->ctl);
   while (m) {
     weft_ctl_msg *next = m->next;
-    if (m->epoch > s->epoch) {
+    /* the probe's and the guests' are not the agreement's */
+    if ((m->kind != WEFT_CTL_PROPOSAL && m->kind != WEFT_CTL_DECISION) || m->epoch > s->epoch) {
       m = next;
       continue;
     }

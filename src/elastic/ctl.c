@@ -15,6 +15,7 @@
 #include <linux/sockios.h>
 
 #include "src/base/log.h"
+#include "src/base/status.h"
 
 #define CTL_MAGIC 0x57464354u /* "WFCT" */
 #define CTL_HDR_BYTES 20
@@ -34,7 +35,8 @@ enum { CONN_CONNECTING, CONN_WAIT_HELLO, CONN_READY };
 
 typedef struct ctl_conn {
   int fd;
-  int peer; /* -1 for an inbound one until its hello */
+  int peer;  /* -1 for an inbound one until its hello, and for a guest's */
+  int guest; /* >= 0: a guest's connection (inbound; it carries frames both ways) */
   bool outbound;
   int state;
   double since; /* when it entered its state */
@@ -71,6 +73,7 @@ struct weft_ctl {
   struct pollfd *pfds;
   int pfds_cap;
   weft_ctl_msg *inbox, *inbox_tail;
+  int nguests; /* guests that said hello so far */
 };
 
 /* ---- bytes ---------------------------------------------------------------- */
@@ -177,6 +180,7 @@ static ctl_conn *conn_add(weft_ctl *ctl, int fd, int peer, bool outbound, int st
   if (!c) return NULL;
   c->fd = fd;
   c->peer = peer;
+  c->guest = -1;
   c->outbound = outbound;
   c->state = state;
   c->since = weft_now();
@@ -310,12 +314,96 @@ void weft_ctl_send(weft_ctl *ctl, int peer, uint32_t kind, uint32_t epoch, const
 bool weft_ctl_flushed(weft_ctl *ctl) {
   for (int i = 0; i < ctl->nconns; i++) {
     ctl_conn *c = ctl->conns[i];
-    if (!c->outbound || (c->peer >= 0 && ctl->peers[c->peer].lost)) continue;
+    if ((!c->outbound && c->guest < 0) || (c->peer >= 0 && ctl->peers[c->peer].lost)) continue;
     if (c->out_len > c->out_off || c->state != CONN_READY) return false;
     int unacked = 0;
     if (!ioctl(c->fd, SIOCOUTQ, &unacked) && unacked > 0) return false;
   }
   return true;
+}
+
+static ctl_conn *guest_conn(const weft_ctl *ctl, int g) {
+  for (int i = 0; i < ctl->nconns; i++)
+    if (ctl->conns[i]->guest == g) return ctl->conns[i];
+  return NULL;
+}
+
+bool weft_ctl_guest_alive(const weft_ctl *ctl, int g) { return guest_conn(ctl, g) != NULL; }
+
+bool weft_ctl_send_guest(weft_ctl *ctl, int g, uint32_t kind, const void *body, size_t len) {
+  ctl_conn *c = guest_conn(ctl, g);
+  return c && conn_queue(c, ctl, kind, 0, body, len, false);
+}
+
+/* ---- the guest's side ------------------------------------------------------ */
+
+static weft_status guest_frame(int fd, const weft_auth_key *key,
+                               const uint8_t nonce[WEFT_AUTH_CHALLENGE_BYTES], uint32_t kind,
+                               const void *body, size_t len, double deadline,
+                               weft_error_sink *err) {
+  size_t whole = CTL_HDR_BYTES + len + WEFT_AUTH_MAC_BYTES;
+  uint8_t *f = malloc(whole);
+  if (!f) return WEFT_ERR_NOMEM;
+  put32(f, CTL_MAGIC);
+  put32(f + 4, kind);
+  put32(f + 8, WEFT_CTL_GUEST_HELLO);
+  put32(f + 12, 0);
+  put32(f + 16, (uint32_t)len);
+  if (len) memcpy(f + CTL_HDR_BYTES, body, len);
+  weft_auth_mac(key, CTL_MAC_CONTEXT, nonce, f, CTL_HDR_BYTES + len, f + CTL_HDR_BYTES + len);
+  weft_status st = net_send_all(fd, f, whole, deadline, err);
+  free(f);
+  return st;
+}
+
+weft_status weft_ctl_guest_hello(int fd, uint64_t comm_id, const weft_auth_key *key,
+                                 uint8_t nonce[WEFT_AUTH_CHALLENGE_BYTES], double deadline,
+                                 weft_error_sink *err) {
+  weft_auth_challenge(nonce);
+  uint8_t hello[CTL_HELLO_BYTES];
+  put64(hello, comm_id);
+  put32(hello + 8, WEFT_CTL_GUEST_HELLO);
+  memcpy(hello + 12, nonce, WEFT_AUTH_CHALLENGE_BYTES);
+  return guest_frame(fd, key, nonce, CTL_HELLO, hello, sizeof hello, deadline, err);
+}
+
+weft_status weft_ctl_guest_send(int fd, const weft_auth_key *key,
+                                const uint8_t nonce[WEFT_AUTH_CHALLENGE_BYTES], uint32_t kind,
+                                const void *body, size_t len, double deadline,
+                                weft_error_sink *err) {
+  return guest_frame(fd, key, nonce, kind, body, len, deadline, err);
+}
+
+weft_status weft_ctl_guest_recv(int fd, const weft_auth_key *key,
+                                const uint8_t nonce[WEFT_AUTH_CHALLENGE_BYTES], uint32_t *kind,
+                                uint8_t **body, uint32_t *len, double deadline,
+                                weft_error_sink *err) {
+  *body = NULL;
+  uint8_t h[CTL_HDR_BYTES];
+  WEFT_CHECK(net_recv_all(fd, h, sizeof h, deadline, err));
+  uint32_t n = get32(h + 16);
+  if (get32(h) != CTL_MAGIC || n > CTL_BODY_MAX) {
+    weft_error_sink_set(err, "the member sent a malformed control message");
+    return WEFT_ERR_PROTOCOL;
+  }
+  uint8_t *f = malloc(CTL_HDR_BYTES + (size_t)n + WEFT_AUTH_MAC_BYTES);
+  if (!f) return WEFT_ERR_NOMEM;
+  memcpy(f, h, sizeof h);
+  weft_status st = net_recv_all(fd, f + CTL_HDR_BYTES, (size_t)n + WEFT_AUTH_MAC_BYTES, deadline, err);
+  if (!st && !weft_auth_verify(key, CTL_MAC_CONTEXT, nonce, f, CTL_HDR_BYTES + n,
+                               f + CTL_HDR_BYTES + n)) {
+    weft_error_sink_set(err, "a message from the member failed its proof (another job's key?)");
+    st = WEFT_ERR_PROTOCOL;
+  }
+  if (st) {
+    free(f);
+    return st;
+  }
+  *kind = get32(h + 4);
+  *len = n;
+  memmove(f, f + CTL_HDR_BYTES, n);
+  *body = f;
+  return WEFT_OK;
 }
 
 /* ---- progress ------------------------------------------------------------- */
@@ -324,7 +412,8 @@ static void inbox_add(weft_ctl *ctl, int from, uint32_t kind, uint32_t epoch, co
                       uint32_t len) {
   weft_ctl_msg *m = malloc(sizeof *m + len);
   if (!m) {
-    weft_ctl_mark_lost(ctl, from, "this rank could not hold a message of it (out of memory)");
+    if (from >= 0)
+      weft_ctl_mark_lost(ctl, from, "this rank could not hold a message of it (out of memory)");
     return;
   }
   m->from = from;
@@ -362,14 +451,22 @@ static bool conn_frame(weft_ctl *ctl, int i, const uint8_t *frame, uint32_t len)
   uint32_t kind = get32(frame + 4), from = get32(frame + 8), epoch = get32(frame + 12);
   const uint8_t *body = frame + CTL_HDR_BYTES;
   if (c->state == CONN_WAIT_HELLO) { /* only a proof may come first */
+    bool guest = from == WEFT_CTL_GUEST_HELLO;
     if (kind != CTL_HELLO || len != CTL_HELLO_BYTES || get64(body) != ctl->comm_id ||
-        get32(body + 8) != from || from >= (uint32_t)ctl->size || (int)from == ctl->rank)
+        get32(body + 8) != from ||
+        (!guest && (from >= (uint32_t)ctl->size || (int)from == ctl->rank)))
       goto unproven;
     memcpy(c->nonce, body + 12, sizeof c->nonce);
     if (!weft_auth_verify(&ctl->key, CTL_MAC_CONTEXT, c->nonce, frame, CTL_HDR_BYTES + len,
                           body + len))
       goto unproven;
-    c->peer = (int)from;
+    if (guest) {
+      c->guest = ctl->nguests++;
+      WEFT_INFO(WEFT_SUBSYS_INIT, "control plane: rank %d has guest %d (a process asking in)",
+                ctl->rank, c->guest);
+    } else {
+      c->peer = (int)from;
+    }
     c->state = CONN_READY;
     return true;
   unproven:
@@ -377,9 +474,14 @@ static bool conn_frame(weft_ctl *ctl, int i, const uint8_t *frame, uint32_t len)
               "it belongs to this communicator", ctl->rank);
     return false;
   }
-  if (c->outbound || (int)from != c->peer ||
-      !weft_auth_verify(&ctl->key, CTL_MAC_CONTEXT, c->nonce, frame, CTL_HDR_BYTES + len,
-                        body + len)) {
+  bool proven = weft_auth_verify(&ctl->key, CTL_MAC_CONTEXT, c->nonce, frame, CTL_HDR_BYTES + len,
+                                 body + len);
+  if (c->guest >= 0) { /* a guest's: dropped when it misbehaves, nobody is lost */
+    if (!proven || from != WEFT_CTL_GUEST_HELLO) return false;
+    if (kind >= WEFT_CTL_PROPOSAL) inbox_add(ctl, WEFT_CTL_GUEST(c->guest), kind, epoch, body, len);
+    return true;
+  }
+  if (c->outbound || (int)from != c->peer || !proven) {
     weft_ctl_mark_lost(ctl, c->peer, "a control message on its connection failed its proof");
     return false;
   }

@@ -47,8 +47,20 @@ enum {
   WEFT_CTL_PROPOSAL = 16,    /* a participant's input, to the coordinator */
   WEFT_CTL_DECISION = 17,    /* the outcome, from whoever holds it, to everyone */
   WEFT_CTL_PROBE_ASK = 18,   /* the stall probe: which call are you in? */
-  WEFT_CTL_PROBE_STATE = 19  /* its answer */
+  WEFT_CTL_PROBE_STATE = 19, /* its answer */
+  /* growing (recover.c): a guest, a process that is no rank yet, talks to
+   * the member it dialed (its sponsor) on its one connection, both ways */
+  WEFT_CTL_JOIN = 20,  /* guest: let me in (its pid and host) */
+  WEFT_CTL_ADMIT = 21, /* sponsor: your rank and the new size */
+  WEFT_CTL_INFO = 22,  /* guest: what it publishes for the new communicator */
+  WEFT_CTL_TABLE = 23  /* sponsor: the new communicator's id and every rank's */
 };
+
+/* The `from` of a guest's hello, and of its messages in the inbox: guest g
+ * (in the order they arrived) is from WEFT_CTL_GUEST(g), a negative number. */
+#define WEFT_CTL_GUEST_HELLO 0xFFFFFFFFu
+#define WEFT_CTL_GUEST(g) (-2 - (g))
+#define WEFT_CTL_GUEST_INDEX(from) (-2 - (from))
 
 /* One received message; `body` stays valid until weft_ctl_take or close. */
 typedef struct weft_ctl_msg {
@@ -90,9 +102,31 @@ void weft_ctl_send(weft_ctl *ctl, int peer, uint32_t kind, uint32_t epoch, const
 /* Dials `peer` if no connection to it is open or under way, with nothing
  * to say yet: a dead peer then shows as lost at once. */
 void weft_ctl_touch(weft_ctl *ctl, int peer);
-/* Whether every message queued so far has reached each peer's host (its
- * kernel acknowledged it) or that peer is lost. */
+/* Whether every message queued so far (to peers and guests) has reached
+ * its host (its kernel acknowledged it), or that peer is lost. */
 bool weft_ctl_flushed(weft_ctl *ctl);
+
+/* A message to guest `g` on its connection; false if it is gone. */
+bool weft_ctl_send_guest(weft_ctl *ctl, int g, uint32_t kind, const void *body, size_t len);
+/* Whether guest g's connection is still open. */
+bool weft_ctl_guest_alive(const weft_ctl *ctl, int g);
+
+/* The guest's side, blocking, on a connection it dialed to a member's
+ * listener: its hello and messages (hello: comm_id, and the nonce that every
+ * frame's MAC covers, both ways), and reading one whole frame until the
+ * deadline (WEFT_ERR_TIMEOUT, WEFT_ERR_PEER_LOST when it ends, or
+ * WEFT_ERR_PROTOCOL when a frame fails its proof). *body is malloc'ed. */
+weft_status weft_ctl_guest_hello(int fd, uint64_t comm_id, const weft_auth_key *key,
+                                 uint8_t nonce[WEFT_AUTH_CHALLENGE_BYTES], double deadline,
+                                 weft_error_sink *err);
+weft_status weft_ctl_guest_send(int fd, const weft_auth_key *key,
+                                const uint8_t nonce[WEFT_AUTH_CHALLENGE_BYTES], uint32_t kind,
+                                const void *body, size_t len, double deadline,
+                                weft_error_sink *err);
+weft_status weft_ctl_guest_recv(int fd, const weft_auth_key *key,
+                                const uint8_t nonce[WEFT_AUTH_CHALLENGE_BYTES], uint32_t *kind,
+                                uint8_t **body, uint32_t *len, double deadline,
+                                weft_error_sink *err);
 
 /* Moves every connection once: accepts, dials, writes, reads whole
  * messages into the inbox, notices losses. Waits in poll at most until
