@@ -443,9 +443,11 @@ WEFT_API weft_status weft_comm_grow(weft_comm *comm, int nnew, weft_comm **newco
   while (!weft_ctl_flushed(comm->ctl) && weft_now() < deadline)
     (void)weft_ctl_progress(comm->ctl, weft_now() + 0.01, &err);
   /* the admitted leave the waiting list */
-  memmove(comm->guests, comm->guests + admitted,
-          sizeof *comm->guests * (size_t)(comm->nguests - admitted));
-  comm->nguests -= admitted;
+  if (admitted) {
+    memmove(comm->guests, comm->guests + admitted,
+            sizeof *comm->guests * (size_t)(comm->nguests - admitted));
+    comm->nguests -= admitted;
+  }
   pthread_mutex_unlock(&comm->ctl_lock);
   free(table);
   st = weft_comm_child_finish(comm, child, infos, id, call);
