@@ -130,3 +130,52 @@ def revoked(comm):
 def test_revoke():
     got = ranks.run(3, revoked, timeout=60, env={"WEFT_TIMEOUT": "20"})
     assert got == [("WEFT_ERR_REVOKED", 3.0)] * 3, got
+
+
+_REPLACEMENT = """
+import os, sys
+import numpy as np
+import weft
+c = weft.join(bytes.fromhex(sys.argv[1]))
+y = np.full(10, c.rank + 1, np.float64)
+c.allreduce(y)
+ok = c.size == 4 and c.rank == 3 and y[0] == 10.0
+c.destroy()
+sys.exit(0 if ok else 1)
+"""
+
+
+def grown_back(comm, victim):
+    """A rank dies; the survivors shrink, a replacement process (a new
+    python) joins with the id rank 0 of the survivors hands it, and the 4
+    ranks sum again."""
+    import subprocess
+    import sys
+    comm.allreduce(np.ones(10, np.float32))
+    if comm.rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in range(3):
+            comm.allreduce(np.ones(50000, np.float32))
+    except weft.WeftError:
+        pass
+    small = comm.shrink()
+    child = None
+    if small.rank == 0:
+        child = subprocess.Popen([sys.executable, "-c", _REPLACEMENT, small.grow_id().hex()])
+    big = small.grow(1)
+    y = np.full(10, big.rank + 1, np.float64)
+    big.allreduce(y)
+    out = (big.rank, big.size, float(y[0]))
+    if child is not None:
+        out += (child.wait(30),)
+    big.destroy()
+    small.destroy()
+    return out
+
+
+def test_grow_back_after_kill():
+    got = ranks.run(4, grown_back, 2, may_die=(2,), timeout=60, env={"WEFT_TIMEOUT": "20"})
+    assert got[2] is None
+    assert got[0] == (0, 4, 10.0, 0), got
+    assert got[1] == (1, 4, 10.0) and got[3] == (2, 4, 10.0), got

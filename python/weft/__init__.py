@@ -23,7 +23,7 @@ from ._errors import (Aborted, InvalidArgument, InvalidDtype, Mismatch, PeerLost
                       Timeout, WeftError, from_status)
 
 __all__ = [
-    "init", "get_unique_id", "Communicator", "Request", "WeftError", "InvalidArgument",
+    "init", "get_unique_id", "join", "Communicator", "Request", "WeftError", "InvalidArgument",
     "InvalidDtype", "PeerLost", "Timeout", "Aborted", "Revoked", "Mismatch", "OPS", "DTYPES",
     "library_path", "library_version", "UNDEFINED",
 ]
@@ -103,6 +103,24 @@ def init(rank=None, size=None, unique_id=None, **config):
             st = _init_from_id(ffi, lib, out, rank, size, unique_id, config)
         else:
             st = _init_from_config(ffi, lib, out, rank, size, config)
+    if st:
+        _raise_init(ffi, lib, st)
+    return Communicator._wrap(out[0])
+
+
+def join(grow_id):
+    """A process that starts later (a replacement) joins a running
+    communicator with the 128 bytes a member's Communicator.grow_id()
+    returned; blocks until the members admit it (Communicator.grow)."""
+    ffi, lib = _lib.load()
+    gid = bytes(grow_id)
+    if len(gid) != 128:
+        raise InvalidArgument("weft.join: grow_id has %d bytes, expected the 128 of "
+                              "Communicator.grow_id()" % len(gid))
+    cid = ffi.new("weft_unique_id *")
+    ffi.memmove(cid.bytes, gid, 128)
+    out = ffi.new("weft_comm **")
+    st = lib.weft_comm_join(cid, out)
     if st:
         _raise_init(ffi, lib, st)
     return Communicator._wrap(out[0])
@@ -351,6 +369,29 @@ class Communicator:
             if st:
                 raise s.error(st)
         return int(cflags[0]), [int(failed[i]) for i in range(nfailed[0])]
+
+    def grow_id(self):
+        """128 bytes a new process passes to weft.join() to ask in (local:
+        nothing is sent). They carry the job key unless WEFT_AUTH_TOKEN
+        holds it: hand them over as privately as a unique id."""
+        s = self._s
+        gid = s.ffi.new("weft_unique_id *")
+        st = s.lib.weft_comm_grow_id(self._handle("grow_id"), gid)
+        if st:
+            raise s.error(st)
+        return bytes(s.ffi.buffer(gid.bytes))
+
+    def grow(self, nnew=1):
+        """Collective over the members: waits until `nnew` processes asked in
+        with weft.join(), admits them together, and returns the new
+        communicator (members keep their ranks; the newcomers follow)."""
+        s = self._s
+        out = s.ffi.new("weft_comm **")
+        with s.lock:
+            st = s.lib.weft_comm_grow(self._handle("grow"), int(nnew), out)
+            if st:
+                raise s.error(st)
+        return Communicator._wrap(out[0])
 
     def shrink(self):
         """Collective over the live ranks: a new communicator of them,

@@ -62,6 +62,9 @@ weft_status weft_comm_split(weft_comm *comm, int color, int key, weft_comm **new
 weft_status weft_comm_revoke(weft_comm *comm);
 weft_status weft_comm_agree(weft_comm *comm, uint32_t *flags, int *failed, int *nfailed);
 weft_status weft_comm_shrink(weft_comm *comm, weft_comm **newcomm);
+weft_status weft_comm_grow_id(const weft_comm *comm, weft_unique_id *id);
+weft_status weft_comm_grow(weft_comm *comm, int nnew, weft_comm **newcomm);
+weft_status weft_comm_join(const weft_unique_id *id, weft_comm **newcomm);
 
 weft_status weft_allreduce(weft_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
                            weft_dtype dtype, weft_op op);
