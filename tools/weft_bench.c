@@ -14,6 +14,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1056,8 +1057,11 @@ static int overlap_mode(int argc, char **argv) {
  * host only): the first survivor's error (detect), the last one's (every
  * rank told), the shrink (its agreements and the new transports), the first
  * allreduce; then a weft_comm_agree with no failure on the new
- * communicator (median of 5). Run it under weftrun --elastic, which lets
- * the job go on after a rank died. */
+ * communicator (median of 5); then the time to grow back by one rank: the
+ * new rank 0 starts a replacement (this program, --recover-join), which
+ * joins (weft_comm_join) while the survivors weft_comm_grow, from the call
+ * to its return, the replacement's start included. Run it under weftrun
+ * --elastic, which lets the job go on after a rank died. */
 static int recover_mode(int argc, char **argv) {
   size_t bytes = 4096;
   int victim = 1, c;
@@ -1125,6 +1129,23 @@ static int recover_mode(int argc, char **argv) {
     agree[k] = max_over_ranks(shrunk, now_us() - t0);
   }
   qsort(agree, 5, sizeof(double), cmp_double);
+  /* back to full size: the new rank 0 starts a replacement (this program
+   * again, --recover-join), and the survivors grow by one */
+  weft_unique_id gid;
+  if ((st = weft_comm_grow_id(shrunk, &gid))) die(shrunk, st, "grow id");
+  pid_t replacement = weft_comm_rank(shrunk) == 0 ? fork() : -1;
+  if (replacement == 0) {
+    char hex[2 * sizeof gid.bytes + 1];
+    for (size_t i = 0; i < sizeof gid.bytes; i++)
+      snprintf(hex + 2 * i, 3, "%02x", (unsigned char)gid.bytes[i]);
+    execl("/proc/self/exe", "weft-bench", "--recover-join", hex, (char *)NULL);
+    _exit(127);
+  }
+  double t_grow0 = now_us();
+  weft_comm *grown;
+  if ((st = weft_comm_grow(shrunk, 1, &grown))) die(shrunk, st, "grow");
+  double grow = max_over_ranks(grown, now_us() - t_grow0);
+  if ((st = weft_barrier(grown))) die(grown, st, "barrier after the grow");
   double t0 = *killed_at;
   double first_err = -max_over_ranks(shrunk, -(t_err - t0));
   double last_err = max_over_ranks(shrunk, t_err - t0);
@@ -1137,16 +1158,39 @@ static int recover_mode(int argc, char **argv) {
     weft_comm_peer_transport(shrunk, weft_comm_size(shrunk) > 1 ? 1 : 0, &tp, &why);
     printf("# weft-bench --recover: %d ranks, rank %d SIGKILLed in an allreduce of %zu bytes, %s\n",
            size, victim, count * 4, tp);
-    printf("# %12s %12s %12s %14s %12s %12s %8s\n", "detect(ms)", "all told(ms)", "shrink(ms)",
-           "1st allred(ms)", "total(ms)", "agree(ms)", "#wrong");
-    printf("  %12.2f %12.2f %12.2f %14.2f %12.2f %12.2f %8ld\n", first_err / 1e3, last_err / 1e3,
-           shrink / 1e3, first / 1e3, total / 1e3, agree[2] / 1e3, wrong);
+    printf("# %12s %12s %12s %14s %12s %12s %12s %8s\n", "detect(ms)", "all told(ms)",
+           "shrink(ms)", "1st allred(ms)", "total(ms)", "agree(ms)", "grow(ms)", "#wrong");
+    printf("  %12.2f %12.2f %12.2f %14.2f %12.2f %12.2f %12.2f %8ld\n", first_err / 1e3,
+           last_err / 1e3, shrink / 1e3, first / 1e3, total / 1e3, agree[2] / 1e3, grow / 1e3,
+           wrong);
     shm_unlink(name);
   }
+  weft_comm_destroy(grown);
   weft_comm_destroy(shrunk);
   weft_comm_destroy(comm);
   free(buf);
+  int rstatus = 0;
+  if (replacement > 0 && (waitpid(replacement, &rstatus, 0) != replacement || rstatus)) {
+    fprintf(stderr, "weft-bench --recover: the replacement ended with status %d\n", rstatus);
+    return 1;
+  }
   return wrong ? 1 : 0;
+}
+
+/* The replacement --recover starts: joins, takes part in the barrier,
+ * leaves. */
+static int recover_join(const char *hex) {
+  weft_unique_id gid;
+  for (size_t i = 0; i < sizeof gid.bytes; i++)
+    if (sscanf(hex + 2 * i, "%2hhx", (unsigned char *)&gid.bytes[i]) != 1) return 2;
+  weft_comm *comm;
+  weft_status st = weft_comm_join(&gid, &comm);
+  if (st) die(NULL, st, "join");
+  double v = 0;
+  if ((st = weft_allreduce(comm, &v, &v, 1, WEFT_F64, WEFT_MAX))) die(comm, st, "allreduce");
+  if ((st = weft_barrier(comm))) die(comm, st, "barrier");
+  weft_comm_destroy(comm);
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -1164,6 +1208,7 @@ int main(int argc, char **argv) {
     argv[1] = argv[0];
     return overlap_mode(argc - 1, argv + 1);
   }
+  if (argc == 3 && !strcmp(argv[1], "--recover-join")) return recover_join(argv[2]);
   if (argc > 1 && !strcmp(argv[1], "--recover")) {
     argv[1] = argv[0];
     return recover_mode(argc - 1, argv + 1);
