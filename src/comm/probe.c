@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "src/base/bytes.h"
 #include "src/base/call_tag.h"
 #include "src/base/log.h"
 #include "src/base/net.h"
@@ -25,14 +26,6 @@
 
 #define STATE_BYTES 16
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
 
 static weft_comm *comm_of(weft_core *core) {
   return (weft_comm *)(void *)((char *)core - offsetof(weft_comm, core));
@@ -47,10 +40,10 @@ weft_status weft_comm_stall_probe(weft_core *core, const weft_coll *head, int wa
   weft_error_sink err;
   (void)weft_ctl_progress(ctl, 0, &err); /* a failure here only delays the probe */
   uint8_t mine[STATE_BYTES];
-  put32(mine, head->seq);
-  put32(mine + 4, head->sig);
-  put32(mine + 8, (uint32_t)head->count);
-  put32(mine + 12, (uint32_t)((uint64_t)head->count >> 32));
+  weft_put32(mine, head->seq);
+  weft_put32(mine + 4, head->sig);
+  weft_put32(mine + 8, (uint32_t)head->count);
+  weft_put32(mine + 12, (uint32_t)((uint64_t)head->count >> 32));
   int other = -1;
   uint32_t other_seq = 0, other_sig = 0;
   uint64_t other_count = 0;
@@ -59,8 +52,8 @@ weft_status weft_comm_stall_probe(weft_core *core, const weft_coll *head, int wa
     if (m->kind == WEFT_CTL_PROBE_ASK) {
       weft_ctl_send(ctl, m->from, WEFT_CTL_PROBE_STATE, 0, mine, sizeof mine);
     } else if (m->kind == WEFT_CTL_PROBE_STATE && m->len == STATE_BYTES) {
-      uint32_t seq = get32(m->body), sig = get32(m->body + 4);
-      uint64_t count = get32(m->body + 8) | (uint64_t)get32(m->body + 12) << 32;
+      uint32_t seq = weft_get32(m->body), sig = weft_get32(m->body + 4);
+      uint64_t count = weft_get32(m->body + 8) | (uint64_t)weft_get32(m->body + 12) << 32;
       bool differs = seq == head->seq && (sig != head->sig || count != head->count);
       bool past = m->from == waits_on && seq > head->seq && seq != UINT32_MAX;
       if ((differs || past) && other < 0) {

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "src/base/bytes.h"
 #include "src/base/log.h"
 #include "src/base/net.h"
 #include "src/base/settings.h"
@@ -222,19 +223,6 @@ struct weft_guest {
   char host[BOOT_HOST_BYTES];
 };
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
-static void put64(uint8_t *p, uint64_t v) {
-  put32(p, (uint32_t)v);
-  put32(p + 4, (uint32_t)(v >> 32));
-}
-static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 WEFT_API weft_status weft_comm_grow_id(const weft_comm *comm, weft_unique_id *id) {
   const char *call = "weft_comm_grow_id";
@@ -243,9 +231,9 @@ WEFT_API weft_status weft_comm_grow_id(const weft_comm *comm, weft_unique_id *id
   if (!id) return weft_init_error(WEFT_ERR_INVALID, comm->core.rank, call, "id is NULL");
   memset(id, 0, sizeof *id);
   uint8_t *b = (uint8_t *)id->bytes;
-  put32(b, GROW_MAGIC);
+  weft_put32(b, GROW_MAGIC);
   bool token = *weft_setting_str(WEFT_SETTING_AUTH_TOKEN) != 0;
-  put64(b + 5, comm->id);
+  weft_put64(b + 5, comm->id);
   if (!token) memcpy(b + 13, comm->auth_key.key, 32);
   int n = 0;
   for (int p = 0; p < comm->core.size && n < GROW_ADDRS; p++) {
@@ -272,7 +260,7 @@ static void guests_take(weft_comm *comm) {
         comm->guests = g;
         g += comm->nguests++;
         g->index = WEFT_CTL_GUEST_INDEX(m->from);
-        g->pid = get32(m->body);
+        g->pid = weft_get32(m->body);
         memset(g->host, 0, sizeof g->host);
         memcpy(g->host, m->body + 5, m->body[4] < m->len - 5 ? m->body[4] : m->len - 5);
       }
@@ -304,12 +292,12 @@ static weft_status grow_admit(weft_comm *comm, const char *call, int nnew, int *
     uint32_t mine = (uint32_t)comm->nguests;
     weft_agreement a;
     uint8_t payload[4];
-    put32(payload, mine);
+    weft_put32(payload, mine);
     WEFT_CHECK(comm_agree(comm, call, 0, payload, sizeof payload, &a));
     int before = 0, total = 0;
     bool lost = a.nlost > 0;
     for (int p = 0; p < a.size && !lost; p++) {
-      uint32_t n = a.data_len[p] == 4 ? get32(a.data[p]) : 0;
+      uint32_t n = a.data_len[p] == 4 ? weft_get32(a.data[p]) : 0;
       if (p < comm->core.rank) before += (int)n;
       total += (int)n;
     }
@@ -350,8 +338,8 @@ WEFT_API weft_status weft_comm_grow(weft_comm *comm, int nnew, weft_comm **newco
   pthread_mutex_lock(&comm->ctl_lock);
   for (int k = 0; k < admitted; k++) {
     uint8_t admit[8];
-    put32(admit, (uint32_t)(first + k));
-    put32(admit + 4, (uint32_t)size);
+    weft_put32(admit, (uint32_t)(first + k));
+    weft_put32(admit + 4, (uint32_t)size);
     weft_ctl_send_guest(comm->ctl, comm->guests[k].index, WEFT_CTL_ADMIT, admit, sizeof admit);
   }
   pthread_mutex_unlock(&comm->ctl_lock);
@@ -364,7 +352,7 @@ WEFT_API weft_status weft_comm_grow(weft_comm *comm, int nnew, weft_comm **newco
   bool guests_ok = payload != NULL;
   if (payload && !st) {
     len = 4 + info_pack(&mine, payload + 4);
-    put32(payload, (uint32_t)(len - 4));
+    weft_put32(payload, (uint32_t)(len - 4));
   }
   pthread_mutex_lock(&comm->ctl_lock);
   for (int k = 0; k < admitted && guests_ok && !st; k++) {
@@ -379,9 +367,9 @@ WEFT_API weft_status weft_comm_grow(weft_comm *comm, int nnew, weft_comm **newco
       break;
     }
     weft_ctl_take(comm->ctl, m);
-    put32(payload + len, (uint32_t)(first + k));
+    weft_put32(payload + len, (uint32_t)(first + k));
     size_t n = info_pack(&g, payload + len + 8);
-    put32(payload + len + 4, (uint32_t)n);
+    weft_put32(payload + len + 4, (uint32_t)n);
     len += 8 + n;
   }
   pthread_mutex_unlock(&comm->ctl_lock);
@@ -399,12 +387,12 @@ WEFT_API weft_status weft_comm_grow(weft_comm *comm, int nnew, weft_comm **newco
     for (int p = 0; p < b.size; p++) {
       const uint8_t *d = b.data[p];
       uint32_t dl = b.data_len[p], at = 0;
-      if (dl < 4 || get32(d) > dl - 4 || !info_unpack(d + 4, get32(d), (uint32_t)p, &infos[p]))
+      if (dl < 4 || weft_get32(d) > dl - 4 || !info_unpack(d + 4, weft_get32(d), (uint32_t)p, &infos[p]))
         break;
       have++;
-      at = 4 + get32(d);
+      at = 4 + weft_get32(d);
       while (dl - at >= 8) {
-        uint32_t r = get32(d + at), n = get32(d + at + 4);
+        uint32_t r = weft_get32(d + at), n = weft_get32(d + at + 4);
         if (r >= (uint32_t)size || n > dl - at - 8 || !info_unpack(d + at + 8, n, r, &infos[r]))
           break;
         have++;
@@ -428,11 +416,11 @@ WEFT_API weft_status weft_comm_grow(weft_comm *comm, int nnew, weft_comm **newco
   size_t tlen = 12;
   uint8_t *table = malloc(12 + (size_t)size * (4 + sizeof(boot_rank_info)));
   if (table) {
-    put64(table, id);
-    put32(table + 8, (uint32_t)size);
+    weft_put64(table, id);
+    weft_put32(table + 8, (uint32_t)size);
     for (int r = 0; r < size; r++) {
       size_t n = info_pack(&infos[r], table + tlen + 4);
-      put32(table + tlen, (uint32_t)n);
+      weft_put32(table + tlen, (uint32_t)n);
       tlen += 4 + n;
     }
   }
@@ -469,10 +457,10 @@ WEFT_API weft_status weft_comm_join(const weft_unique_id *id, weft_comm **newcom
   weft_status st;
   const uint8_t *b = (const uint8_t *)id->bytes;
   int naddrs = b[4] & 0x7f;
-  if (get32(b) != GROW_MAGIC || naddrs < 1 || naddrs > GROW_ADDRS)
+  if (weft_get32(b) != GROW_MAGIC || naddrs < 1 || naddrs > GROW_ADDRS)
     return weft_init_error(WEFT_ERR_INVALID, -1, call,
                            "the id is not one weft_comm_grow_id wrote");
-  uint64_t comm_id = get64(b + 5);
+  uint64_t comm_id = weft_get64(b + 5);
   weft_auth_key key;
   if (b[4] & GROW_KEY_INCLUDED) {
     memcpy(key.key, b + 13, 32);
@@ -507,14 +495,14 @@ WEFT_API weft_status weft_comm_join(const weft_unique_id *id, weft_comm **newcom
     weft_comm_child_drop(comm);
     comm = NULL;
     size_t host = strnlen(probe.host, sizeof probe.host);
-    put32(join, (uint32_t)getpid());
+    weft_put32(join, (uint32_t)getpid());
     join[4] = (uint8_t)host;
     memcpy(join + 5, probe.host, host);
     if (!st) st = weft_ctl_guest_send(fd, &key, nonce, WEFT_CTL_JOIN, join, 5 + host, deadline, &err);
   }
   if (!st) st = weft_ctl_guest_recv(fd, &key, nonce, &kind, &body, &len, deadline, &err);
   if (!st && (kind != WEFT_CTL_ADMIT || len != 8)) st = WEFT_ERR_PROTOCOL;
-  int rank = st ? -1 : (int)get32(body), size = st ? 0 : (int)get32(body + 4);
+  int rank = st ? -1 : (int)weft_get32(body), size = st ? 0 : (int)weft_get32(body + 4);
   free(body);
   body = NULL;
   boot_rank_info mine;
@@ -527,14 +515,14 @@ WEFT_API weft_status weft_comm_join(const weft_unique_id *id, weft_comm **newcom
   if (!st) st = weft_ctl_guest_recv(fd, &key, nonce, &kind, &body, &len, deadline, &err);
   boot_rank_info *infos = NULL;
   uint64_t new_id = 0;
-  if (!st && (kind != WEFT_CTL_TABLE || len < 12 || get32(body + 8) != (uint32_t)size))
+  if (!st && (kind != WEFT_CTL_TABLE || len < 12 || weft_get32(body + 8) != (uint32_t)size))
     st = WEFT_ERR_PROTOCOL;
   if (!st) {
-    new_id = get64(body);
+    new_id = weft_get64(body);
     infos = calloc((size_t)size, sizeof *infos);
     size_t at = 12;
     for (int r = 0; r < size && !st; r++) {
-      uint32_t n = len - at >= 4 ? get32(body + at) : UINT32_MAX;
+      uint32_t n = len - at >= 4 ? weft_get32(body + at) : UINT32_MAX;
       if (!infos || n > len - at - 4 || !info_unpack(body + at + 4, n, (uint32_t)r, &infos[r]))
         st = WEFT_ERR_PROTOCOL;
       at += 4 + (size_t)n;

@@ -5,17 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/base/bytes.h"
 #include "src/base/log.h"
 #include "src/base/net.h"
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
 
 /* A proposal as held by whoever may coordinate. */
 typedef struct proposal {
@@ -48,7 +41,7 @@ static void props_free(agree_state *s) {
 static bool proposal_take(agree_state *s, int from, const uint8_t *b, uint32_t len) {
   size_t n = (size_t)s->size;
   if (len < 8 + n) return false;
-  uint32_t dlen = get32(b + 4 + n);
+  uint32_t dlen = weft_get32(b + 4 + n);
   if (len != 8 + n + dlen) return false;
   proposal *p = &s->props[from];
   uint8_t *lost = malloc(n), *data = malloc(dlen ? dlen : 1);
@@ -61,7 +54,7 @@ static bool proposal_take(agree_state *s, int from, const uint8_t *b, uint32_t l
   memcpy(data, b + 8 + n, dlen);
   free(p->lost);
   free(p->data);
-  *p = (proposal){.got = true, .flags = get32(b), .lost = lost, .data = data, .len = dlen};
+  *p = (proposal){.got = true, .flags = weft_get32(b), .lost = lost, .data = data, .len = dlen};
   return true;
 }
 
@@ -70,9 +63,9 @@ static uint8_t *proposal_bytes(const agree_state *s, uint32_t flags, const void 
   size_t n = (size_t)s->size;
   uint8_t *b = malloc(8 + n + len);
   if (!b) return NULL;
-  put32(b, flags);
+  weft_put32(b, flags);
   for (int p = 0; p < s->size; p++) b[4 + p] = weft_ctl_lost(s->ctl, p) ? 1 : 0;
-  put32(b + 4 + n, (uint32_t)len);
+  weft_put32(b + 4 + n, (uint32_t)len);
   if (len) memcpy(b + 8 + n, payload, len);
   *out_len = 8 + n + len;
   return b;
@@ -81,10 +74,10 @@ static uint8_t *proposal_bytes(const agree_state *s, uint32_t flags, const void 
 /* Checks a decision's bytes and parses them into *out (pointing into them). */
 static bool decision_parse(const uint8_t *b, size_t len, int size, weft_agreement *out) {
   size_t n = (size_t)size;
-  if (len < 12 + n || get32(b + 4) != (uint32_t)size) return false;
-  out->flags = get32(b);
+  if (len < 12 + n || weft_get32(b + 4) != (uint32_t)size) return false;
+  out->flags = weft_get32(b);
   out->size = size;
-  out->coordinator = (int)get32(b + 8);
+  out->coordinator = (int)weft_get32(b + 8);
   out->lost = calloc(n, 1);
   out->data = calloc(n, sizeof *out->data);
   out->data_len = calloc(n, sizeof *out->data_len);
@@ -98,7 +91,7 @@ static bool decision_parse(const uint8_t *b, size_t len, int size, weft_agreemen
       continue;
     }
     if (len - at < 4) return false;
-    uint32_t dl = get32(b + at);
+    uint32_t dl = weft_get32(b + at);
     at += 4;
     if (len - at < dl) return false;
     out->data[p] = b + at;
@@ -132,14 +125,14 @@ static bool decide(agree_state *s) {
     free(lost);
     return false;
   }
-  put32(b, flags);
-  put32(b + 4, (uint32_t)s->size);
-  put32(b + 8, (uint32_t)s->rank);
+  weft_put32(b, flags);
+  weft_put32(b + 4, (uint32_t)s->size);
+  weft_put32(b + 8, (uint32_t)s->rank);
   memcpy(b + 12, lost, n);
   size_t at = 12 + n;
   for (int p = 0; p < s->size; p++)
     if (!lost[p]) {
-      put32(b + at, s->props[p].len);
+      weft_put32(b + at, s->props[p].len);
       memcpy(b + at + 4, s->props[p].data, s->props[p].len);
       at += 4 + s->props[p].len;
     }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <linux/sockios.h>
 
+#include "src/base/bytes.h"
 #include "src/base/log.h"
 #include "src/base/status.h"
 
@@ -78,19 +79,6 @@ struct weft_ctl {
 
 /* ---- bytes ---------------------------------------------------------------- */
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
-static void put64(uint8_t *p, uint64_t v) {
-  put32(p, (uint32_t)v);
-  put32(p + 4, (uint32_t)(v >> 32));
-}
-static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 static bool grow(uint8_t **buf, size_t *cap, size_t need) {
   if (need <= *cap) return true;
@@ -122,11 +110,11 @@ static bool conn_queue(ctl_conn *c, const weft_ctl *ctl, uint32_t kind, uint32_t
   } else {
     at = c->out + c->out_len;
   }
-  put32(at, CTL_MAGIC);
-  put32(at + 4, kind);
-  put32(at + 8, (uint32_t)ctl->rank);
-  put32(at + 12, epoch);
-  put32(at + 16, (uint32_t)len);
+  weft_put32(at, CTL_MAGIC);
+  weft_put32(at + 4, kind);
+  weft_put32(at + 8, (uint32_t)ctl->rank);
+  weft_put32(at + 12, epoch);
+  weft_put32(at + 16, (uint32_t)len);
   if (len) memcpy(at + CTL_HDR_BYTES, body, len);
   weft_auth_mac(&ctl->key, CTL_MAC_CONTEXT, c->nonce, at, CTL_HDR_BYTES + len,
                 at + CTL_HDR_BYTES + len);
@@ -288,8 +276,8 @@ static void ctl_dial(weft_ctl *ctl, int peer) {
   }
   weft_auth_challenge(c->nonce);
   uint8_t hello[CTL_HELLO_BYTES];
-  put64(hello, ctl->comm_id);
-  put32(hello + 8, (uint32_t)ctl->rank);
+  weft_put64(hello, ctl->comm_id);
+  weft_put32(hello + 8, (uint32_t)ctl->rank);
   memcpy(hello + 12, c->nonce, sizeof c->nonce);
   if (!conn_queue(c, ctl, CTL_HELLO, 0, hello, sizeof hello, false)) {
     conn_end(ctl, ctl->nconns - 1, NULL);
@@ -344,11 +332,11 @@ static weft_status guest_frame(int fd, const weft_auth_key *key,
   size_t whole = CTL_HDR_BYTES + len + WEFT_AUTH_MAC_BYTES;
   uint8_t *f = malloc(whole);
   if (!f) return WEFT_ERR_NOMEM;
-  put32(f, CTL_MAGIC);
-  put32(f + 4, kind);
-  put32(f + 8, WEFT_CTL_GUEST_HELLO);
-  put32(f + 12, 0);
-  put32(f + 16, (uint32_t)len);
+  weft_put32(f, CTL_MAGIC);
+  weft_put32(f + 4, kind);
+  weft_put32(f + 8, WEFT_CTL_GUEST_HELLO);
+  weft_put32(f + 12, 0);
+  weft_put32(f + 16, (uint32_t)len);
   if (len) memcpy(f + CTL_HDR_BYTES, body, len);
   weft_auth_mac(key, CTL_MAC_CONTEXT, nonce, f, CTL_HDR_BYTES + len, f + CTL_HDR_BYTES + len);
   weft_status st = net_send_all(fd, f, whole, deadline, err);
@@ -361,8 +349,8 @@ weft_status weft_ctl_guest_hello(int fd, uint64_t comm_id, const weft_auth_key *
                                  weft_error_sink *err) {
   weft_auth_challenge(nonce);
   uint8_t hello[CTL_HELLO_BYTES];
-  put64(hello, comm_id);
-  put32(hello + 8, WEFT_CTL_GUEST_HELLO);
+  weft_put64(hello, comm_id);
+  weft_put32(hello + 8, WEFT_CTL_GUEST_HELLO);
   memcpy(hello + 12, nonce, WEFT_AUTH_CHALLENGE_BYTES);
   return guest_frame(fd, key, nonce, CTL_HELLO, hello, sizeof hello, deadline, err);
 }
@@ -381,8 +369,8 @@ weft_status weft_ctl_guest_recv(int fd, const weft_auth_key *key,
   *body = NULL;
   uint8_t h[CTL_HDR_BYTES];
   WEFT_CHECK(net_recv_all(fd, h, sizeof h, deadline, err));
-  uint32_t n = get32(h + 16);
-  if (get32(h) != CTL_MAGIC || n > CTL_BODY_MAX) {
+  uint32_t n = weft_get32(h + 16);
+  if (weft_get32(h) != CTL_MAGIC || n > CTL_BODY_MAX) {
     weft_error_sink_set(err, "the member sent a malformed control message");
     return WEFT_ERR_PROTOCOL;
   }
@@ -399,7 +387,7 @@ weft_status weft_ctl_guest_recv(int fd, const weft_auth_key *key,
     free(f);
     return st;
   }
-  *kind = get32(h + 4);
+  *kind = weft_get32(h + 4);
   *len = n;
   memmove(f, f + CTL_HDR_BYTES, n);
   *body = f;
@@ -448,12 +436,12 @@ void weft_ctl_take(weft_ctl *ctl, weft_ctl_msg *msg) {
  * connection ends. */
 static bool conn_frame(weft_ctl *ctl, int i, const uint8_t *frame, uint32_t len) {
   ctl_conn *c = ctl->conns[i];
-  uint32_t kind = get32(frame + 4), from = get32(frame + 8), epoch = get32(frame + 12);
+  uint32_t kind = weft_get32(frame + 4), from = weft_get32(frame + 8), epoch = weft_get32(frame + 12);
   const uint8_t *body = frame + CTL_HDR_BYTES;
   if (c->state == CONN_WAIT_HELLO) { /* only a proof may come first */
     bool guest = from == WEFT_CTL_GUEST_HELLO;
-    if (kind != CTL_HELLO || len != CTL_HELLO_BYTES || get64(body) != ctl->comm_id ||
-        get32(body + 8) != from ||
+    if (kind != CTL_HELLO || len != CTL_HELLO_BYTES || weft_get64(body) != ctl->comm_id ||
+        weft_get32(body + 8) != from ||
         (!guest && (from >= (uint32_t)ctl->size || (int)from == ctl->rank)))
       goto unproven;
     memcpy(c->nonce, body + 12, sizeof c->nonce);
@@ -500,8 +488,8 @@ static bool conn_read(weft_ctl *ctl, int i) {
     size_t at = 0;
     while (c->in_len - at >= CTL_HDR_BYTES) {
       const uint8_t *h = c->in + at;
-      uint32_t len = get32(h + 16);
-      if (get32(h) != CTL_MAGIC || len > CTL_BODY_MAX) {
+      uint32_t len = weft_get32(h + 16);
+      if (weft_get32(h) != CTL_MAGIC || len > CTL_BODY_MAX) {
         if (c->peer >= 0 && c->state == CONN_READY)
           weft_ctl_mark_lost(ctl, c->peer, "it sent a malformed control message");
         return false;
