@@ -23,7 +23,12 @@ PYBIND11_MODULE(_backend, m) {
   py::class_<weft_torch::ProcessGroupWeft, c10::intrusive_ptr<weft_torch::ProcessGroupWeft>, Base>(
       m, "ProcessGroupWeft")
       .def("peer_transport", &weft_torch::ProcessGroupWeft::peerTransport, py::arg("peer"),
-           "the transport weft chose for peer (\"shm\", \"tcp\", \"self\", ...)");
+           "the transport weft chose for peer (\"shm\", \"tcp\", \"self\", ...)")
+      // weft.torch.recover's steps (the survivors agree, then meet again)
+      .def("_shrink", &weft_torch::ProcessGroupWeft::shrink, py::call_guard<py::gil_scoped_release>())
+      .def("_shrunk_broadcast", &weft_torch::ProcessGroupWeft::shrunkBroadcast, py::arg("from_rank0"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("_shrunk_destroy", &weft_torch::ProcessGroupWeft::shrunkDestroy);
   // the creator torch.distributed calls: (store, rank, size, timeout); the
   // rendezvous blocks, so the GIL is released for it
   m.def(

@@ -605,12 +605,42 @@ void ProcessGroupWeft::shutdown() {
   if (p2p_thread_.joinable()) p2p_thread_.join();
   weft_comm_destroy(comm_);
   comm_ = nullptr;
+  shrunkDestroy();
 }
 
 void ProcessGroupWeft::shutdownAll() {
   // held throughout: a group's destructor waits here before it goes
   std::lock_guard<std::mutex> lock(live_mu);
   for (auto *pg : live_groups) pg->shutdown();
+}
+
+std::tuple<int, int> ProcessGroupWeft::shrink() {
+  std::lock_guard<std::mutex> issue(issue_mu_);
+  checkLive("recover");
+  TORCH_CHECK(shrunk_ == nullptr, "weft: recover: a shrink of this group is already held");
+  // revokes comm_ first: a call the collective thread is blocked in ends
+  weft_status st = weft_comm_shrink(comm_, &shrunk_);
+  TORCH_CHECK(st == WEFT_OK, "weft: recover: shrinking the group to its live ranks: ",
+              weftSentence(comm_, st));
+  return {weft_comm_rank(shrunk_), weft_comm_size(shrunk_)};
+}
+
+std::string ProcessGroupWeft::shrunkBroadcast(const std::string &from_rank0) {
+  TORCH_CHECK(shrunk_ != nullptr, "weft: recover: no shrink held");
+  char buf[512] = {0};
+  if (weft_comm_rank(shrunk_) == 0) {
+    TORCH_CHECK(from_rank0.size() < sizeof buf, "weft: recover: ", from_rank0.size(),
+                " bytes to pass on, at most ", sizeof buf - 1);
+    std::memcpy(buf, from_rank0.data(), from_rank0.size());
+  }
+  weft_status st = weft_broadcast(shrunk_, buf, buf, sizeof buf, WEFT_U8, 0);
+  TORCH_CHECK(st == WEFT_OK, "weft: recover: ", weftSentence(shrunk_, st));
+  return std::string(buf);
+}
+
+void ProcessGroupWeft::shrunkDestroy() {
+  if (shrunk_) weft_comm_destroy(shrunk_);
+  shrunk_ = nullptr;
 }
 
 weft_comm *ProcessGroupWeft::splitForGradients(const char *call) {

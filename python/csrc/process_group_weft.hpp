@@ -138,6 +138,13 @@ class ProcessGroupWeft : public BackendBase {
   // A communicator of the same ranks for a gradient set (weft_comm_split):
   // its buckets leave at moments that differ between ranks, which must not
   // interleave with this group's calls. Collective; the caller destroys it.
+  // Recovery after a lost rank (weft.torch.recover): weft_comm_shrink on
+  // this group's communicator, kept here, with (its rank, its size); then
+  // rank 0's bytes to every survivor over it; then it is destroyed. The
+  // group itself is revoked by the shrink and stays to be destroyed.
+  std::tuple<int, int> shrink();
+  std::string shrunkBroadcast(const std::string &from_rank0);
+  void shrunkDestroy();
   weft_comm *splitForGradients(const char *call);
 
   // Stops the completer threads and destroys the communicator (aborting it
@@ -175,6 +182,7 @@ class ProcessGroupWeft : public BackendBase {
   void p2pLoop();
   void finishWork(WorkWeft &work, weft_status st);
 
+  weft_comm *shrunk_ = nullptr; // shrink()'s, until shrunkDestroy
   weft_comm *comm_ = nullptr;
   // weft: one thread issues on a communicator at a time; torch may call from
   // several (autograd threads, the user's).

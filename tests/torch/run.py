@@ -57,6 +57,7 @@ def main():
     ap.add_argument("--weftrun")
     ap.add_argument("--built", type=int, default=1, help="0: meson built no backend (no torch)")
     ap.add_argument("--kill", action="store_true")
+    ap.add_argument("--elastic", action="store_true", help="weftrun --elastic: a killed rank stops nobody")
     ap.add_argument("--limit", type=float, default=110)
     ap.add_argument("--script", default="ranks.py", help="the rank script, in this folder")
     ap.add_argument("rest", nargs="*")
@@ -87,7 +88,8 @@ def main():
                "--redirects", "1", "--tee", "1", "--monitor_interval", "0.1"] + ranks[1:]
         rc, out = run(cmd, env, a.limit)
     elif a.launcher == "weftrun":
-        cmd = [a.weftrun, "-n", str(n), "--timeout", str(a.limit - 10)] + ranks
+        cmd = [a.weftrun, "-n", str(n), "--timeout", str(a.limit - 10)] + \
+            (["--elastic"] if a.elastic else []) + ranks
         rc, out = run(cmd, env, a.limit)
     elif a.launcher == "mpirun":
         mpirun = shutil.which("mpirun")
@@ -155,6 +157,11 @@ def main():
         return SKIP
     if rc != 0:
         sys.exit(f"FAIL: the launcher exited {rc}")
+    if a.elastic:  # one rank kills itself; every other must end well
+        ok = [r for r in range(n) if f"RANK {r} OK" in out]
+        if len(ok) != n - 1 or "was killed by signal 9" not in out:
+            sys.exit(f"FAIL: ranks {ok} finished OK, want all but the one killed")
+        return 0
     check_ok(out, n)
     return 0
 

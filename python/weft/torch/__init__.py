@@ -16,7 +16,7 @@ import os
 import torch as _torch
 import torch.distributed as _dist
 
-__all__ = ["BACKEND", "ProcessGroupWeft", "peer_transport"]
+__all__ = ["BACKEND", "ProcessGroupWeft", "peer_transport", "recover"]
 
 BACKEND = "weft"
 
@@ -99,6 +99,56 @@ def peer_transport(peer, group=None):
         # torch 2.x wraps backends in a ProcessGroup
         pg = pg._get_backend(_torch.device("cpu"))
     return pg.peer_transport(peer)
+
+
+_recovery_stores = []  # rank 0's store server must outlive the group made on it
+
+
+def _reachable_host():
+    """An address of this host the other ranks can reach: the one a socket
+    toward MASTER_ADDR leaves from (nothing is sent), else 127.0.0.1."""
+    import socket
+    target = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((target, int(os.environ.get("MASTER_PORT", "29500") or 29500)))
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def recover(group=None, timeout=None):
+    """After a collective raised because a rank was lost: the survivors
+    agree on who is alive (weft_comm_shrink over weft's control plane, no
+    rendezvous through the old rank 0, which may be the one that died),
+    the new rank 0 starts a TCPStore and passes its address to the others
+    over the shrunk communicator, and every survivor destroys the default
+    process group and makes a new one of the survivors on that store.
+    Returns (rank, world_size) of the new group. Call it on every survivor;
+    modules wrapped in DDP must be wrapped again (their group is gone)."""
+    import datetime
+    be = _dist.distributed_c10d._get_default_group() if group is None else group
+    if not isinstance(be, ProcessGroupWeft):
+        be = be._get_backend(_torch.device("cpu"))  # torch 2.x wraps backends
+    rank, size = be._shrink()
+    wait = timeout if timeout is not None else datetime.timedelta(seconds=300)
+    try:
+        if rank == 0:
+            host = _reachable_host()
+            store = _dist.TCPStore(host, 0, size, True, wait, wait_for_workers=False)
+            where = "%s:%d" % (host, store.port)
+        else:
+            where = ""
+        where = be._shrunk_broadcast(where)
+    finally:
+        be._shrunk_destroy()
+    if rank != 0:
+        host, port = where.rsplit(":", 1)
+        store = _dist.TCPStore(host, int(port), size, False, wait)
+    _recovery_stores.append(store)
+    _dist.destroy_process_group()
+    _dist.init_process_group(BACKEND, store=store, rank=rank, world_size=size, timeout=wait)
+    return rank, size
 
 
 _env_from_launcher()
