@@ -14,6 +14,13 @@
  * with the parameters of a 1-rank run, up to float rounding
  * (tests/test_elastic_train.sh compares them).
  *
+ * --restart: after each loss, rank 0 of the survivors starts a replacement
+ * (this program again), which joins (weft_comm_join) while the survivors
+ * weft_comm_grow; it gets the parameters and the step from rank 0, and
+ * the run goes on at full size:
+ *
+ *   weftrun --elastic -n 4 build/examples/weft-elastic-train --kill 10:1,30:0 --restart
+ *
  * --kill STEP:RANK,...: the rank launched as RANK kills itself (SIGKILL) a
  * random 0 to 200 microseconds after it entered the allreduce of STEP: in
  * it, or in one of the next calls. */
@@ -23,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "mlp.h"
@@ -37,6 +45,7 @@ typedef struct options {
   double lr;
   const char *out;
   int nkills, kill_step[MAX_KILLS], kill_rank[MAX_KILLS];
+  int restart;
 } options;
 
 static int parse_kills(const char *v, options *o) {
@@ -55,11 +64,17 @@ static int parse(int argc, char **argv, options *o) {
   *o = (options){.steps = 60, .batch = 48, .lr = 0.5};
   for (int i = 1; i < argc; i += 2) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--restart")) { /* takes no value */
+      o->restart = 1;
+      i--;
+      continue;
+    }
     if (!v) return -1;
     if (!strcmp(a, "--steps")) o->steps = atoi(v);
     else if (!strcmp(a, "--batch")) o->batch = atoi(v);
     else if (!strcmp(a, "--lr")) o->lr = atof(v);
     else if (!strcmp(a, "--out")) o->out = v;
+
     else if (!strcmp(a, "--kill")) {
       if (parse_kills(v, o)) return -1;
     } else return -1;
@@ -78,17 +93,56 @@ static void die_now(int sig) {
   raise(SIGKILL);
 }
 
+/* A replacement: rank 0 runs this program again with --join HEX first. */
+static pid_t start_replacement(weft_comm *comm, int argc, char **argv) {
+  weft_unique_id gid;
+  if (weft_comm_grow_id(comm, &gid)) return -1;
+  char hex[2 * sizeof gid.bytes + 1];
+  for (size_t i = 0; i < sizeof gid.bytes; i++)
+    snprintf(hex + 2 * i, 3, "%02x", (unsigned char)gid.bytes[i]);
+  char **args = calloc((size_t)argc + 3, sizeof *args);
+  args[0] = argv[0];
+  args[1] = "--join";
+  args[2] = hex;
+  for (int i = 1; i < argc; i++) args[i + 2] = argv[i];
+  pid_t pid = fork();
+  if (pid == 0) {
+    execv("/proc/self/exe", args);
+    _exit(127);
+  }
+  free(args);
+  return pid;
+}
+
 int main(int argc, char **argv) {
+  const char *join_hex = NULL;
+  if (argc > 2 && !strcmp(argv[1], "--join")) { /* a replacement */
+    join_hex = argv[2];
+    argv[2] = argv[0];
+    argv += 2;
+    argc -= 2;
+  }
   options o;
   if (parse(argc, argv, &o)) {
     fprintf(stderr, "usage: elastic_train [--steps N] [--batch B] [--lr X] [--out FILE]\n"
-                    "                     [--kill STEP:RANK,...]\n");
+                    "                     [--kill STEP:RANK,...] [--restart]\n");
     return 2;
   }
   weft_comm *comm = NULL;
-  weft_status st = weft_comm_init_env(&comm);
-  if (st) mlp_die("elastic_train", NULL, st, "weft_comm_init_env");
-  const int launched_as = weft_comm_rank(comm);
+  weft_status st;
+  if (join_hex) {
+    weft_unique_id gid;
+    for (size_t i = 0; i < sizeof gid.bytes; i++)
+      if (sscanf(join_hex + 2 * i, "%2hhx", (unsigned char *)&gid.bytes[i]) != 1) return 2;
+    st = weft_comm_join(&gid, &comm);
+    if (st) mlp_die("elastic_train", NULL, st, "weft_comm_join");
+  } else {
+    st = weft_comm_init_env(&comm);
+    if (st) mlp_die("elastic_train", NULL, st, "weft_comm_init_env");
+  }
+  const int launched_as = join_hex ? -1 : weft_comm_rank(comm); /* -1: no --kill applies */
+  int replacements = 0;
+  pid_t children[MAX_KILLS] = {0};
 
   /* the parameters and their gradients, one buffer each */
   size_t total = 0, off[NPARAMS];
@@ -104,10 +158,17 @@ int main(int argc, char **argv) {
     g[k] = gbuf + off[k];
   }
   mlp_init(p, weft_comm_rank(comm));
-  CHECK(weft_broadcast(comm, pbuf, pbuf, total, WEFT_F32, 0)); /* rank 0's start */
+  int recoveries = 0, step = 0;
+  /* rank 0's start; a replacement gets the parameters and the step the
+   * others are at (below, after each grow) */
+  if (join_hex) {
+    int64_t at = 0;
+    CHECK(weft_broadcast(comm, &at, &at, 1, WEFT_I64, 0));
+    step = (int)at;
+  }
+  CHECK(weft_broadcast(comm, pbuf, pbuf, total, WEFT_F32, 0));
 
-  int recoveries = 0;
-  for (int step = 0; step < o.steps;) {
+  while (step < o.steps) {
     int rank = weft_comm_rank(comm), size = weft_comm_size(comm);
     if (o.batch % size) {
       fprintf(stderr, "elastic_train: batch %d does not split over %d ranks\n", o.batch, size);
@@ -149,8 +210,28 @@ int main(int argc, char **argv) {
         memcpy(pbuf, before, total * sizeof(float));
         step = (int)earliest;
       }
+      if (o.restart) { /* back to full size: a replacement for each rank lost */
+        int lost = size - weft_comm_size(comm);
+        for (int k = 0; k < lost; k++) {
+          pid_t child = weft_comm_rank(comm) == 0 ? start_replacement(comm, argc, argv) : 0;
+          if (child < 0) mlp_die("elastic_train", comm, WEFT_ERR_SYSTEM, "starting a replacement");
+          if (child > 0 && replacements < MAX_KILLS) children[replacements] = child;
+          replacements++;
+        }
+        weft_comm *bigger;
+        CHECK(weft_comm_grow(comm, lost, &bigger));
+        weft_comm_destroy(comm);
+        comm = bigger;
+        int64_t at = step;
+        CHECK(weft_broadcast(comm, &at, &at, 1, WEFT_I64, 0));
+        CHECK(weft_broadcast(comm, pbuf, pbuf, total, WEFT_F32, 0));
+        if (weft_comm_rank(comm) == 0)
+          printf("step %3d: %d replacement(s) joined, %d ranks\n", step, lost,
+                 weft_comm_size(comm));
+      }
       if (weft_comm_rank(comm) == 0)
-        printf("step %3d: %d ranks left, redoing the step\n", step, weft_comm_size(comm));
+        printf("step %3d: going on with %d ranks, redoing the step\n", step,
+               weft_comm_size(comm));
       continue;
     }
     memcpy(before, pbuf, total * sizeof(float));
@@ -162,6 +243,7 @@ int main(int argc, char **argv) {
   if (weft_comm_rank(comm) == 0) {
     printf("elastic_train: %d steps, %d recoveries, %d ranks at the end\n", o.steps, recoveries,
            weft_comm_size(comm));
+    if (replacements) printf("elastic_train: %d replacements joined\n", replacements);
     FILE *f = o.out ? fopen(o.out, "w") : NULL;
     if (o.out && !f) perror(o.out);
     for (size_t i = 0; f && i < total; i++) fprintf(f, "%.9e\n", pbuf[i]);
@@ -169,6 +251,8 @@ int main(int argc, char **argv) {
   }
   CHECK(weft_barrier(comm));
   weft_comm_destroy(comm);
+  for (int i = 0; i < replacements && i < MAX_KILLS; i++) /* this rank's, started above */
+    if (children[i] > 0) waitpid(children[i], NULL, 0);
   free(pbuf);
   free(gbuf);
   free(before);
