@@ -207,9 +207,11 @@ weft_status weft_agree(weft_ctl *ctl, uint32_t epoch, uint32_t flags, const void
     if (s.decision) break;
     int c = coordinator_of(&s);
     if (c == s.rank) {
-      if (!dialed_all) { /* the dead show at once: their listeners refuse */
-        for (int p = 0; p < s.size; p++)
-          weft_ctl_touch(ctl, p);
+      /* the dead show at once (their listeners refuse), a cut link within
+       * WEFT_SUSPECT (the pings): every rank not heard from yet */
+      for (int p = 0; p < s.size; p++)
+        if (!s.props[p].got) weft_ctl_touch(ctl, p);
+      if (!dialed_all) {
         dialed_all = true;
         continue;
       }
@@ -230,6 +232,8 @@ weft_status weft_agree(weft_ctl *ctl, uint32_t epoch, uint32_t flags, const void
     } else if (sent_to != c) {
       weft_ctl_send(ctl, c, WEFT_CTL_PROPOSAL, epoch, mine, mine_len);
       sent_to = c;
+    } else {
+      weft_ctl_touch(ctl, c); /* a coordinator behind a cut link shows */
     }
     double now = weft_now();
     if (now >= deadline) {

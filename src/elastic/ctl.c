@@ -24,8 +24,11 @@
 #define CTL_MAC_CONTEXT "weft control frame"
 #define CTL_HELLO_BYTES (12 + WEFT_AUTH_CHALLENGE_BYTES)
 
-/* ctl's own kind (the agreement's start at 16, ctl.h) */
-enum { CTL_HELLO = 2 };
+/* ctl's own kinds (the agreement's start at 16, ctl.h): the hello, and a
+ * ping that nobody answers: a write the peer's kernel must acknowledge, so
+ * a cut link shows within WEFT_SUSPECT (TCP_USER_TIMEOUT) even while we
+ * only wait to hear from that peer */
+enum { CTL_HELLO = 2, CTL_PING = 3 };
 
 /* A connection's state. An outbound one: CONNECTING until the kernel
  * connected it, then READY: its hello and frames go out at once, without
@@ -40,7 +43,8 @@ typedef struct ctl_conn {
   int guest; /* >= 0: a guest's connection (inbound; it carries frames both ways) */
   bool outbound;
   int state;
-  double since; /* when it entered its state */
+  double since;     /* when it entered its state */
+  double pinged_at; /* the last ping (weft_ctl_touch) */
   /* the dialer's nonce: every frame after the hello carries a MAC over
    * it, its header and its body, under the job key */
   uint8_t nonce[WEFT_AUTH_CHALLENGE_BYTES];
@@ -287,7 +291,17 @@ static void ctl_dial(weft_ctl *ctl, int peer) {
 }
 
 void weft_ctl_touch(weft_ctl *ctl, int peer) {
-  if (peer != ctl->rank && !ctl->peers[peer].lost && !ctl->peers[peer].dial) ctl_dial(ctl, peer);
+  if (peer == ctl->rank || ctl->peers[peer].lost) return;
+  ctl_conn *c = ctl->peers[peer].dial;
+  if (!c) {
+    ctl_dial(ctl, peer);
+    return;
+  }
+  double now = weft_now();
+  if (c->state == CONN_READY && c->out_len == c->out_off && now - c->pinged_at >= ctl->suspect_s / 4) {
+    c->pinged_at = now;
+    (void)conn_queue(c, ctl, CTL_PING, 0, NULL, 0, false);
+  }
 }
 
 void weft_ctl_send(weft_ctl *ctl, int peer, uint32_t kind, uint32_t epoch, const void *body,

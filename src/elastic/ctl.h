@@ -100,7 +100,9 @@ void weft_ctl_mark_lost(weft_ctl *ctl, int peer, const char *why);
 void weft_ctl_send(weft_ctl *ctl, int peer, uint32_t kind, uint32_t epoch, const void *body,
                    size_t len);
 /* Dials `peer` if no connection to it is open or under way, with nothing
- * to say yet: a dead peer then shows as lost at once. */
+ * to say yet: a dead peer then shows as lost at once. On an open one,
+ * pings it now and then (at most every WEFT_SUSPECT / 4): a cut link then
+ * shows within WEFT_SUSPECT. For whoever waits to hear from `peer`. */
 void weft_ctl_touch(weft_ctl *ctl, int peer);
 /* Whether every message queued so far (to peers and guests) has reached
  * its host (its kernel acknowledged it), or that peer is lost. */
