@@ -35,8 +35,8 @@
  *    that differ where no chunk ever crosses (each rank waits for another to
  *    send first; a rank that skipped a call waits in its next one) are found
  *    by the stall probe: a collective that has moved nothing for
- *    WEFT_STALL_PROBE seconds (default 1, 0 = off) asks its peers which call
- *    they are in, over the control plane (below), off the data path.
+ *    WEFT_STALL_PROBE seconds (default 1, 0 = off) asks the peer it waits on
+ *    which call it is in, over the control plane (below), off the data path.
  *  - Buffers are passed as pointers plus a count of elements, in host memory
  *    or, for the collectives, in a GPU's memory (weft_comm_set_stream says how
  *    such a call is ordered).

@@ -3,8 +3,9 @@
  * each other in different calls do not, when no chunk ever crosses to show
  * it (broadcasts whose roots differ so that no rank sends first, a call one
  * rank skipped while its next one waits on others). So a collective that
- * has moved nothing for WEFT_STALL_PROBE seconds asks every peer, over the
- * control plane (src/elastic/ctl.h), which call it waits in: a peer in a
+ * has moved nothing for WEFT_STALL_PROBE seconds asks the peer it waits on
+ * (every peer when it knows none), over the control plane
+ * (src/elastic/ctl.h), which call it waits in: a peer in a
  * call of the same number with another signature or count is a mismatch,
  * and this rank fails with both calls named (its notice then fails the
  * others, as any failure does). So is the peer this rank waits on when it
@@ -72,10 +73,16 @@ weft_status weft_comm_stall_probe(weft_core *core, const weft_coll *head, int wa
       (comm->probe_seq != head->seq || now - comm->probe_asked_at >= probe_s)) {
     comm->probe_seq = head->seq;
     comm->probe_asked_at = now;
-    WEFT_INFO(WEFT_SUBSYS_COLL, "stall probe: rank %d has waited %.1f s in call #%u: asking its peers",
-              core->rank, idle_s, head->seq);
+    /* The peer this rank waits on is enough: every stalled rank asks the
+     * one it waits on, so the chain of waits is asked link by link, and a
+     * whole job that waits (one rank checkpointing) sends n frames a
+     * probe interval, not n * (n - 1). Without a known peer: all. */
+    bool one = waits_on >= 0 && waits_on < core->size && waits_on != core->rank;
+    WEFT_INFO(WEFT_SUBSYS_COLL, "stall probe: rank %d has waited %.1f s in call #%u: asking %s",
+              core->rank, idle_s, head->seq, one ? "the peer it waits on" : "its peers");
     for (int p = 0; p < core->size; p++)
-      if (p != core->rank) weft_ctl_send(ctl, p, WEFT_CTL_PROBE_ASK, 0, NULL, 0);
+      if (p != core->rank && (!one || p == waits_on))
+        weft_ctl_send(ctl, p, WEFT_CTL_PROBE_ASK, 0, NULL, 0);
   }
   (void)weft_ctl_progress(ctl, 0, &err);
   pthread_mutex_unlock(&comm->ctl_lock);
