@@ -113,12 +113,7 @@ def join(grow_id):
     communicator with the 128 bytes a member's Communicator.grow_id()
     returned; blocks until the members admit it (Communicator.grow)."""
     ffi, lib = _lib.load()
-    gid = bytes(grow_id)
-    if len(gid) != 128:
-        raise InvalidArgument("weft.join: grow_id has %d bytes, expected the 128 of "
-                              "Communicator.grow_id()" % len(gid))
-    cid = ffi.new("weft_unique_id *")
-    ffi.memmove(cid.bytes, gid, 128)
+    cid = _id_struct(ffi, grow_id, "weft.join: grow_id", "Communicator.grow_id()")
     out = ffi.new("weft_comm **")
     st = lib.weft_comm_join(cid, out)
     if st:
@@ -131,13 +126,18 @@ def _init_from_id(ffi, lib, out, rank, size, unique_id, config):
         raise TypeError("weft.init: %s cannot be combined with unique_id (the id names "
                         "the rendezvous; set WEFT_TIMEOUT in the environment)"
                         % ", ".join(sorted(config)))
-    uid = bytes(unique_id)
-    if len(uid) != 128:
-        raise InvalidArgument("weft.init: unique_id has %d bytes, expected the 128 of "
-                              "weft.get_unique_id()" % len(uid))
-    cuid = ffi.new("weft_unique_id *")
-    ffi.memmove(cuid.bytes, uid, 128)
+    cuid = _id_struct(ffi, unique_id, "weft.init: unique_id", "weft.get_unique_id()")
     return lib.weft_comm_init_rank(out, cuid, rank, size)
+
+
+def _id_struct(ffi, raw, what, maker):
+    """128 bytes from `maker` as a weft_unique_id, or InvalidArgument."""
+    b = bytes(raw)
+    if len(b) != 128:
+        raise InvalidArgument("%s has %d bytes, expected the 128 of %s" % (what, len(b), maker))
+    cid = ffi.new("weft_unique_id *")
+    ffi.memmove(cid.bytes, b, 128)
+    return cid
 
 
 def _init_from_config(ffi, lib, out, rank, size, config):

@@ -749,6 +749,12 @@ weft_status weft_comm_child_finish(weft_comm *parent, weft_comm *comm, const boo
   return st;
 }
 
+void weft_comm_host_here(char *out, size_t len) {
+  weft_place place;
+  weft_place_here(topo_here(), &place);
+  snprintf(out, len, "%s", place.host_id);
+}
+
 weft_status weft_comm_guest_start(int rank, int size, double timeout_s,
                                   const struct sockaddr_storage *local, socklen_t local_len,
                                   const weft_auth_key *key, const char *call, weft_comm **out,
@@ -1081,18 +1087,11 @@ static void comm_stop(weft_comm *comm, int how) {
       const char *call = how == WEFT_STOP_REVOKE ? "weft_comm_revoke" : "weft_comm_abort";
       weft_core_error(&comm->core, comm->core.fail.failed, call, "%s",
                       weft_fail_stopped_words(how));
-      /* A peer waiting for a pair this rank never opened (shm: the lower
-       * rank makes the segment) would hear nothing until its timeout:
-       * open those pairs first, so the notice has somewhere to go, as a
-       * timeout's culprit exchange does (src/engine/engine.c). */
-      weft_peer_table *l = &comm->core.links;
-      for (int p = 0; p < comm->core.size; p++) {
-        weft_tp_conn *conn;
-        if (p == comm->core.rank || l->peers[p].tp < 0 || l->peers[p].conn[WEFT_TP_CHANNEL_COLL] ||
-            l->tps[l->peers[p].tp].ops->caps.notices_reach_unconnected)
-          continue;
-        (void)weft_peer_table_conn(l, p, WEFT_TP_CHANNEL_COLL, &conn);
-      }
+      /* A peer of this host waiting for a pair this rank never opened
+       * would hear nothing until its timeout (a revoke before any call) */
+      weft_peer_table_open_for_notices(&comm->core.links, comm->core.hosts.host_members,
+                                       comm->core.hosts.local_size, comm->core.size,
+                                       comm->core.rank);
       char reason[128];
       if (how == WEFT_STOP_REVOKE)
         snprintf(reason, sizeof reason, "rank %d %s", comm->core.rank, WEFT_REVOKED_WORDS);

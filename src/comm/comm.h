@@ -92,6 +92,10 @@ weft_status weft_comm_child_start(weft_comm *parent, int rank, int size, const c
 weft_status weft_comm_child_finish(weft_comm *parent, weft_comm *comm, const boot_rank_info *all,
                                    uint64_t id, const char *call);
 void weft_comm_child_drop(weft_comm *comm);
+/* This process's host identity, as a communicator publishes it
+ * (WEFT_HOST_ID, else hostname and boot id): what a joining process tells
+ * the members before it has a communicator. */
+void weft_comm_host_here(char *out, size_t len);
 /* The same for a process that joins (weft_comm_join) and has no parent:
  * rank `rank` of `size`, its transports' local address and the job key
  * given. child_finish with parent NULL then makes it live. */

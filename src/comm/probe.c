@@ -43,8 +43,7 @@ weft_status weft_comm_stall_probe(weft_core *core, const weft_coll *head, int wa
   uint8_t mine[STATE_BYTES];
   weft_put32(mine, head->seq);
   weft_put32(mine + 4, head->sig);
-  weft_put32(mine + 8, (uint32_t)head->count);
-  weft_put32(mine + 12, (uint32_t)((uint64_t)head->count >> 32));
+  weft_put64(mine + 8, head->count);
   int other = -1;
   uint32_t other_seq = 0, other_sig = 0;
   uint64_t other_count = 0;
@@ -54,7 +53,7 @@ weft_status weft_comm_stall_probe(weft_core *core, const weft_coll *head, int wa
       weft_ctl_send(ctl, m->from, WEFT_CTL_PROBE_STATE, 0, mine, sizeof mine);
     } else if (m->kind == WEFT_CTL_PROBE_STATE && m->len == STATE_BYTES) {
       uint32_t seq = weft_get32(m->body), sig = weft_get32(m->body + 4);
-      uint64_t count = weft_get32(m->body + 8) | (uint64_t)weft_get32(m->body + 12) << 32;
+      uint64_t count = weft_get64(m->body + 8);
       bool differs = seq == head->seq && (sig != head->sig || count != head->count);
       bool past = m->from == waits_on && seq > head->seq && seq != UINT32_MAX;
       if ((differs || past) && other < 0) {

@@ -488,17 +488,14 @@ WEFT_API weft_status weft_comm_join(const weft_unique_id *id, weft_comm **newcom
   uint8_t *body = NULL;
   uint32_t kind = 0, len = 0;
   st = weft_ctl_guest_hello(fd, comm_id, &key, nonce, deadline, &err);
-  if (!st) {
-    /* the host as the members will see it: WEFT_HOST_ID or hostname+boot id */
-    boot_rank_info probe;
-    st = weft_comm_guest_start(0, 1, timeout, &local, local_len, &key, call, &comm, &probe);
-    weft_comm_child_drop(comm);
-    comm = NULL;
-    size_t host = strnlen(probe.host, sizeof probe.host);
+  if (!st) { /* its pid and host, as the members will see them */
+    char host[BOOT_HOST_BYTES];
+    weft_comm_host_here(host, sizeof host);
+    size_t hlen = strnlen(host, sizeof host);
     weft_put32(join, (uint32_t)getpid());
-    join[4] = (uint8_t)host;
-    memcpy(join + 5, probe.host, host);
-    if (!st) st = weft_ctl_guest_send(fd, &key, nonce, WEFT_CTL_JOIN, join, 5 + host, deadline, &err);
+    join[4] = (uint8_t)hlen;
+    memcpy(join + 5, host, hlen);
+    st = weft_ctl_guest_send(fd, &key, nonce, WEFT_CTL_JOIN, join, 5 + hlen, deadline, &err);
   }
   if (!st) st = weft_ctl_guest_recv(fd, &key, nonce, &kind, &body, &len, deadline, &err);
   if (!st && (kind != WEFT_CTL_ADMIT || len != 8)) st = WEFT_ERR_PROTOCOL;
@@ -536,8 +533,8 @@ WEFT_API weft_status weft_comm_join(const weft_unique_id *id, weft_comm **newcom
     weft_comm_child_drop(comm);
     if (st == WEFT_ERR_PROTOCOL && !err.msg[0])
       weft_error_sink_set(&err, "the member answered out of turn");
-    if (*weft_last_error(NULL) == 0 || err.msg[0])
-      weft_init_error(st, rank, call, "%s", err.msg[0] ? err.msg : "failed");
+    /* without a sentence here, making the communicator failed and said why */
+    if (err.msg[0]) weft_init_error(st, rank, call, "%s", err.msg);
     return st;
   }
   WEFT_INFO(WEFT_SUBSYS_INIT, "join: rank %d of %d", rank, size);

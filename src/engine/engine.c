@@ -253,19 +253,10 @@ static void culprit_gather(weft_core *comm, const weft_coll *coll, int *waits_on
   int n = comm->size, me = comm->rank;
   double start = weft_now(), grace = culprit_grace_s(comm);
   double send_at = start + grace * (triggered ? 0.25 : 0.5), until = start + grace;
-  /* this host's peers only, and not over tcp: its notice goes to every
-   * listener without a connection, while a new connection costs an fd and
-   * an accept that waits for the dialer's proof (on 2 loaded cores, 8
-   * ranks' dials kept notices unread past the grace); shm and ibv tell only
-   * the peers they are connected to */
-  for (int i = 0; comm->hosts.host_members && i < comm->hosts.local_size; i++) {
-    int p = comm->hosts.host_members[i];
-    weft_tp_conn *conn;
-    if (p < 0 || p >= n || p == me || l->peers[p].tp < 0 || l->peers[p].conn[WEFT_TP_CHANNEL_COLL])
-      continue;
-    if (!l->tps[l->peers[p].tp].ops->caps.notices_reach_unconnected)
-      (void)weft_peer_table_conn(l, p, WEFT_TP_CHANNEL_COLL, &conn);
-  }
+  /* this host's peers only (on 2 loaded cores, 8 ranks' tcp dials kept
+   * notices unread past the grace); shm and ibv tell only the peers they
+   * are connected to */
+  weft_peer_table_open_for_notices(l, comm->hosts.host_members, comm->hosts.local_size, n, me);
   bool sent = false;
   for (;;) {
     if (atomic_load_explicit(&comm->fail.aborted, memory_order_relaxed)) break;

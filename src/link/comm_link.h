@@ -82,6 +82,24 @@ static inline void weft_peer_table_release_mem(weft_peer_table *l, int size, boo
   }
 }
 
+/* Before a failure notice: opens the collectives' pair with each of
+ * `peers` (n ranks) whose transport carries no notice to a peer it never
+ * connected to (shm: the lower rank makes the segment the higher one waits
+ * for), so the notice reaches a peer waiting for that pair. Over tcp a
+ * notice goes to every listener without a connection, so none is opened
+ * (a new one costs an fd and an accept that waits for the dialer's proof). */
+static inline void weft_peer_table_open_for_notices(weft_peer_table *l, const int *peers, int n,
+                                                    int size, int me) {
+  for (int i = 0; peers && i < n; i++) {
+    int p = peers[i];
+    weft_tp_conn *conn;
+    if (p < 0 || p >= size || p == me || l->peers[p].tp < 0 || l->peers[p].conn[WEFT_TP_CHANNEL_COLL] ||
+        l->tps[l->peers[p].tp].ops->caps.notices_reach_unconnected)
+      continue;
+    (void)weft_peer_table_conn(l, p, WEFT_TP_CHANNEL_COLL, &conn);
+  }
+}
+
 /* Tells every peer, through every transport, that this rank failed. */
 static inline void weft_peer_table_abort_all(weft_peer_table *l, const char *reason) {
   for (int t = 0; t < l->ntps; t++) l->tps[t].ops->abort_all(l->tps[t].ctx, reason);
