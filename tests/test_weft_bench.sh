@@ -151,4 +151,17 @@ check "an injected wrong element marks every --peers row FAIL" peers_tables_righ
 check "an injected wrong element fails the run (--peers format)" failed_loudly
 unset WEFT_TRANSPORT
 
+# ---- --recover: a rank SIGKILLed, the survivors shrink, grow back, right ----
+for tp in shm tcp; do
+  WEFT_TRANSPORT=$tp WEFT_TIMEOUT=30 "$WEFTRUN" --elastic -n 3 --timeout 120 "$BENCH" --recover \
+    >"$TMP/raw" 2>"$TMP/err"
+  rc=$?
+  sed -n 's/^\[0\] //p' "$TMP/raw" >"$TMP/out"
+  recovered() {
+    [ "$rc" = 0 ] && grep -q "rank 1 SIGKILLed" "$TMP/out" &&
+      awk '!/^#/ && NF == 8 { ok = $8 == 0 } END { exit !ok }' "$TMP/out"
+  }
+  check "--recover over $tp: 2 of 3 ranks shrink, grow back, every phase printed, #wrong 0" recovered
+done
+
 [ "$failures" = 0 ] || { echo "$failures failed"; exit 1; }
